@@ -1,0 +1,35 @@
+# Every install step lives here so a fresh clone (and CI) needs nothing but python3.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN     = $(VENV)/bin
+
+.PHONY: setup demo test validate bench clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $@
+
+# The main job on the embedded default: generated mirror served on 127.0.0.1, local storage,
+# a SQLite Dagster instance under $(MIRAI_DATA_DIR)/dagster_home.
+demo: setup
+	$(BIN)/mirai demo
+
+# pytest exits 5 when it collects nothing: for this project that means a broken suite (a bad
+# testpaths or an import-time skip of everything), so it fails with a message instead of passing.
+test: setup
+	@$(BIN)/python -m pytest -q; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: the suite is broken, failing" >&2; exit 1; fi; \
+	exit $$rc
+
+validate: setup
+	$(BIN)/dagster definitions validate -w workspace.yaml
+
+bench: setup
+	$(BIN)/python bench/ingest.py
+
+clean:
+	rm -rf $(VENV) data .pytest_cache

@@ -1,0 +1,228 @@
+"""``mirai``: the user's entry point outside the Dagster UI."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from datetime import date, datetime, timedelta, timezone
+from pathlib import Path
+
+import polars as pl
+
+from pipeline.config import Settings, env_names
+
+
+def _day(text: str) -> date:
+    try:
+        return date.fromisoformat(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected YYYY-MM-DD, got {text!r}") from exc
+
+
+def _days(start: date, end: date) -> list[date]:
+    return [start + timedelta(days=i) for i in range((end - start).days + 1)]
+
+
+def cmd_ledger(args: argparse.Namespace) -> int:
+    from pipeline.gdelt.ledger import problems, read_ledger, summarize, to_markdown
+    from pipeline.storage import DataLayout
+
+    settings = Settings.from_env()
+    ledger = read_ledger(DataLayout(settings.data_dir), args.day)
+    if ledger.height == 0:
+        print(f"no ledger for {args.day} under {settings.data_dir} (the day has not been ingested)", file=sys.stderr)
+        return 1
+    counts = summarize(ledger)
+    print(f"ledger {args.day}: " + ", ".join(f"{k}={v}" for k, v in counts.items()))
+    if args.all:
+        view = ledger.select("slot", "kind", "status", "size", "attempts", "http_status", "last_error")
+        with pl.Config(tbl_rows=-1, tbl_width_chars=200, fmt_str_lengths=80):
+            print(view)
+    else:
+        print(to_markdown(problems(ledger), limit=200))
+    return 0
+
+
+def cmd_ingest(args: argparse.Namespace) -> int:
+    from pipeline.gdelt.ingest import ingest_day, parse_day
+
+    settings = Settings.from_env()
+    for day in _days(args.day, args.end or args.day):
+        result = ingest_day(day, settings, log=print)
+        print(f"{day}: files " + ", ".join(f"{k}={v}" for k, v in result.counts.items() if v))
+        for kind in ("export", "mentions"):
+            parsed = parse_day(day, kind, settings)
+            print(f"{day}: {kind} rows={parsed.rows} rejects={parsed.rejects} parsed_now={parsed.parsed}")
+    return 0
+
+
+def cmd_gaps(args: argparse.Namespace) -> int:
+    from pipeline.gdelt.index import parse_index, slot_gaps
+    from pipeline.storage import DataLayout
+
+    path = args.index or DataLayout(Settings.from_env().data_dir).index_dir() / "masterfilelist.txt"
+    table = parse_index(Path(path).read_bytes())
+    entries = table.entries
+    if entries.height == 0:
+        print(f"{path}: no entries", file=sys.stderr)
+        return 1
+    start = entries["slot"].min() if args.start is None else datetime.combine(args.start, datetime.min.time(), timezone.utc)
+    end = entries["slot"].max() if args.end is None else datetime.combine(args.end, datetime.min.time(), timezone.utc) + timedelta(hours=23, minutes=45)
+    gaps = slot_gaps(entries, start, end)
+    print(f"{path}: {entries.height} entries, {table.bad_lines.height} malformed lines, {gaps.height} slots with gaps in {start} .. {end}")
+    for slot, kinds in gaps.iter_rows():
+        print(f"  {slot:%Y-%m-%d %H:%M} UTC  missing {'+'.join(kinds)}")
+    for line_number, line in table.bad_lines.iter_rows():
+        print(f"  malformed line {line_number}: {line[:120]!r}")
+    return 0
+
+
+def cmd_mirror_generate(args: argparse.Namespace) -> int:
+    from pipeline.mirror.generate import generate_mirror
+
+    started = time.perf_counter()
+    manifest = generate_mirror(Path(args.out), args.start, args.end, seed=args.seed)
+    print(json.dumps(manifest.get("totals", {}), indent=2))
+    print(f"mirror written to {args.out} in {time.perf_counter() - started:.1f}s")
+    return 0
+
+
+def cmd_mirror_serve(args: argparse.Namespace) -> int:
+    from pipeline.mirror.serve import MirrorServer
+
+    server = MirrorServer(Path(args.dir), port=args.port, latency_s=args.latency_ms / 1000.0)
+    if args.faults:
+        for fault in json.loads(Path(args.faults).read_text()):
+            server.faults.add(**fault)
+    print(f"serving {args.dir} at {server.base_url} (Ctrl-C to stop)", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+DEMO_START = date(2024, 1, 1)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """Generate a sample GDELT mirror, serve it on 127.0.0.1 and ingest it through Dagster."""
+    from pipeline.gdelt.ledger import read_ledger, summarize
+    from pipeline.mirror.generate import generate_mirror
+    from pipeline.mirror.serve import MirrorServer
+    from pipeline.storage import DataLayout
+
+    settings = Settings.from_env()
+    data_dir = settings.data_dir.resolve()
+    days = _days(args.start, args.start + timedelta(days=args.days - 1))
+    mirror_dir = data_dir / "mirror"
+    manifest_path = mirror_dir / "manifest.json"
+    if not manifest_path.exists() or json.loads(manifest_path.read_text()).get("end") != days[-1].isoformat():
+        print(f"[1/3] generating a GDELT mirror for {days[0]} .. {days[-1]} in {mirror_dir}", flush=True)
+        generate_mirror(mirror_dir, days[0], days[-1], seed=args.seed)
+    else:
+        print(f"[1/3] reusing the generated mirror in {mirror_dir}", flush=True)
+
+    dagster_home = data_dir / "dagster_home"
+    dagster_home.mkdir(parents=True, exist_ok=True)
+    (dagster_home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    with MirrorServer(mirror_dir) as server:
+        env = {
+            **os.environ,
+            "MIRAI_DATA_DIR": str(data_dir),
+            "GDELT_BASE_URL": server.base_url,
+            "DAGSTER_HOME": str(dagster_home),
+            "MIRAI_BACKOFF_BASE_S": os.environ.get("MIRAI_BACKOFF_BASE_S", "0.2"),
+        }
+        print(f"[2/3] mirror served at {server.base_url}; Dagster instance in {dagster_home}", flush=True)
+        root = Path(__file__).resolve().parents[1]
+        for day in days:
+            started = time.perf_counter()
+            cmd = [
+                str(Path(sys.executable).with_name("dagster")), "asset", "materialize",
+                "-m", "definitions", "--select", "gdelt_files,gdelt_events,gdelt_mentions",
+                "--partition", day.isoformat(),
+            ]
+            proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True)
+            if proc.returncode != 0:
+                print(proc.stdout[-4000:], proc.stderr[-4000:], sep="\n", file=sys.stderr)
+                print(f"dagster run for {day} failed (exit {proc.returncode})", file=sys.stderr)
+                return proc.returncode
+            print(f"      {day}: materialised in Dagster in {time.perf_counter() - started:.1f}s", flush=True)
+
+    print("[3/3] summary", flush=True)
+    layout = DataLayout(data_dir)
+    for day in days:
+        counts = summarize(read_ledger(layout, day))
+        rows = {
+            kind: pl.scan_parquet(layout.parsed_dir(kind, day) / "*.parquet").select(pl.len()).collect().item()
+            for kind in ("export", "mentions")
+        }
+        print(
+            f"      {day}: files " + ", ".join(f"{k}={v}" for k, v in counts.items() if v)
+            + f" | events={rows['export']:,} mentions={rows['mentions']:,}"
+        )
+    print(f"\nLedger of a day:  MIRAI_DATA_DIR={data_dir} .venv/bin/mirai ledger --day {days[0]}")
+    print(f"Dagster UI:       DAGSTER_HOME={dagster_home} MIRAI_DATA_DIR={data_dir} .venv/bin/dagster dev -w workspace.yaml")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mirai",
+        description="mirai-pipeline: GDELT 2.0 ingestion for the MIRAI benchmark.",
+        epilog="Settings come from the environment: " + ", ".join(env_names().values()),
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("ledger", help="print a day's slot ledger")
+    p.add_argument("--day", type=_day, required=True)
+    p.add_argument("--all", action="store_true", help="every slot, not only the ones needing attention")
+    p.set_defaults(func=cmd_ledger)
+
+    p = sub.add_parser("ingest", help="land and parse a day (or range) without Dagster")
+    p.add_argument("--day", type=_day, required=True)
+    p.add_argument("--end", type=_day, help="last day (inclusive) of a range")
+    p.set_defaults(func=cmd_ingest)
+
+    p = sub.add_parser("gaps", help="report slots missing from a GDELT index file")
+    p.add_argument("--index", type=Path, help="a masterfilelist.txt (default: the cached copy)")
+    p.add_argument("--start", type=_day)
+    p.add_argument("--end", type=_day)
+    p.set_defaults(func=cmd_gaps)
+
+    mirror = sub.add_parser("mirror", help="a generated GDELT mirror for demos and tests").add_subparsers(
+        dest="mirror_command", required=True
+    )
+    p = mirror.add_parser("generate", help="write deterministic GDELT-format sample data")
+    p.add_argument("--start", type=_day, required=True)
+    p.add_argument("--end", type=_day, required=True)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_mirror_generate)
+    p = mirror.add_parser("serve", help="serve a mirror over HTTP on 127.0.0.1")
+    p.add_argument("dir", type=Path)
+    p.add_argument("--port", type=int, default=8765)
+    p.add_argument("--latency-ms", type=float, default=0.0)
+    p.add_argument("--faults", type=Path, help="JSON list of faults: [{match, fault, times, ...}]")
+    p.set_defaults(func=cmd_mirror_serve)
+
+    p = sub.add_parser("demo", help="generate, serve and ingest a sample mirror through Dagster")
+    p.add_argument("--start", type=_day, default=DEMO_START)
+    p.add_argument("--days", type=int, default=3)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,98 @@
+"""One settings object, read from the environment (documented in README.md).
+
+Dagster resources wrap this; the CLI and tests build it directly. Nothing else reads os.environ.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields, replace
+from datetime import date
+from pathlib import Path
+from typing import Mapping
+
+DEFAULT_GDELT_BASE_URL = "http://data.gdeltproject.org/gdeltv2"
+
+
+@dataclass(frozen=True)
+class Settings:
+    data_dir: Path = Path("./data")
+    gdelt_base_url: str = DEFAULT_GDELT_BASE_URL
+    start_date: date = date(2023, 1, 1)
+    # HTTP: GDELT files are small (~100-400 KB) but a catch-up burst can be 10x that.
+    connect_timeout_s: float = 10.0
+    read_timeout_s: float = 60.0
+    # Wall-clock cap per file: a server trickling bytes never trips the read timeout.
+    download_deadline_s: float = 600.0
+    download_concurrency: int = 8
+    download_attempts: int = 4
+    backoff_base_s: float = 2.0
+    backoff_max_s: float = 120.0
+    # A slot GDELT has not listed (or 404s) is "pending" until this many hours after its slot,
+    # then "missing"; later runs keep retrying it either way.
+    missing_grace_hours: float = 24.0
+    # A file that landed this many hours after its slot, having been unavailable before, is "late".
+    late_after_hours: float = 2.0
+    # Zip-bomb cap for one member; real 15-minute exports unpack to well under 20 MB.
+    max_uncompressed_mb: int = 512
+    user_agent: str = "mirai-pipeline/0.1 (+https://github.com/mirai-pipeline; GDELT benchmark builder)"
+    day_lock_timeout_s: float = 1800.0
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides) -> "Settings":
+        env = os.environ if env is None else env
+        values: dict[str, object] = {}
+        for f in fields(cls):
+            raw = env.get(_ENV_NAMES[f.name])
+            if raw is None or raw == "":
+                continue
+            try:
+                values[f.name] = _convert(f.type, raw)
+            except ValueError as exc:
+                raise ValueError(f"{_ENV_NAMES[f.name]}={raw!r}: {exc}") from exc
+        values.update(overrides)
+        return cls(**values)
+
+    def with_(self, **changes) -> "Settings":
+        return replace(self, **changes)
+
+    @property
+    def max_uncompressed_bytes(self) -> int:
+        return self.max_uncompressed_mb * 2**20
+
+
+# Environment variable for each setting; the README's table is generated from this mapping.
+_ENV_NAMES: dict[str, str] = {
+    "data_dir": "MIRAI_DATA_DIR",
+    "gdelt_base_url": "GDELT_BASE_URL",
+    "start_date": "MIRAI_START_DATE",
+    "connect_timeout_s": "MIRAI_HTTP_CONNECT_TIMEOUT_S",
+    "read_timeout_s": "MIRAI_HTTP_READ_TIMEOUT_S",
+    "download_deadline_s": "MIRAI_DOWNLOAD_DEADLINE_S",
+    "download_concurrency": "MIRAI_DOWNLOAD_CONCURRENCY",
+    "download_attempts": "MIRAI_DOWNLOAD_ATTEMPTS",
+    "backoff_base_s": "MIRAI_BACKOFF_BASE_S",
+    "backoff_max_s": "MIRAI_BACKOFF_MAX_S",
+    "missing_grace_hours": "MIRAI_MISSING_GRACE_HOURS",
+    "late_after_hours": "MIRAI_LATE_AFTER_HOURS",
+    "max_uncompressed_mb": "MIRAI_MAX_UNCOMPRESSED_MB",
+    "user_agent": "MIRAI_USER_AGENT",
+    "day_lock_timeout_s": "MIRAI_DAY_LOCK_TIMEOUT_S",
+}
+
+
+def env_names() -> dict[str, str]:
+    return dict(_ENV_NAMES)
+
+
+def _convert(type_name: str, raw: str) -> object:
+    # dataclass field types are strings under `from __future__ import annotations`
+    if type_name == "Path":
+        return Path(raw)
+    if type_name == "date":
+        return date.fromisoformat(raw)
+    if type_name == "int":
+        return int(raw)
+    if type_name == "float":
+        return float(raw)
+    return raw

@@ -1,0 +1,152 @@
+"""Download one GDELT file so that only verified bytes ever reach the raw store.
+
+The body streams to a temp file next to its target while size and md5 are computed; the file is
+renamed into place only when both match GDELT's index and the zip opens. Anything else is moved to
+quarantine with a JSON note saying why, and never parsed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import requests
+
+from pipeline.config import Settings
+from pipeline.gdelt.archive import CorruptArchiveError, open_gdelt_zip
+from pipeline.http import RETRYABLE_EXCEPTIONS, RetryLog, TransientHTTPError, describe, raise_for_transient, with_retries
+from pipeline.storage import commit_temp, temp_path_for
+
+CHUNK = 64 * 1024
+
+
+class CorruptDownload(Exception):
+    """The bytes received are not the bytes GDELT's index lists (size or md5)."""
+
+
+@dataclass
+class FetchResult:
+    status: str  # landed | corrupt | not_found | failed
+    attempts: int
+    http_status: int | None = None
+    error: str | None = None
+    size: int | None = None
+    quarantined: list[str] = field(default_factory=list)
+
+
+def md5_of_file(path: Path) -> tuple[int, str]:
+    digest = hashlib.md5()
+    size = 0
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            size += len(chunk)
+            digest.update(chunk)
+    return size, digest.hexdigest()
+
+
+def already_landed(target: Path, expected_size: int, expected_md5: str) -> bool:
+    """A verified file can be on disk without a ledger row (a crash between the rename and the
+    ledger write); re-verify it locally instead of downloading it again."""
+    return target.exists() and md5_of_file(target) == (expected_size, expected_md5)
+
+
+def _quarantine(temp: Path, quarantine_dir: Path, name: str, note: dict) -> str:
+    quarantine_dir.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
+    dest = quarantine_dir / f"{name}.{stamp}.bad"
+    temp.replace(dest)
+    (quarantine_dir / f"{dest.name}.json").write_text(json.dumps(note, indent=2, sort_keys=True))
+    return str(dest)
+
+
+def fetch_verified(
+    session: requests.Session,
+    url: str,
+    target: Path,
+    expected_size: int,
+    expected_md5: str,
+    settings: Settings,
+    quarantine_dir: Path,
+) -> FetchResult:
+    log = RetryLog()
+    quarantined: list[str] = []
+    target.parent.mkdir(parents=True, exist_ok=True)
+
+    def attempt() -> FetchResult:
+        deadline = time.monotonic() + settings.download_deadline_s
+        resp = session.get(url, stream=True, timeout=(settings.connect_timeout_s, settings.read_timeout_s))
+        with resp:
+            raise_for_transient(resp)
+            log.last_status = resp.status_code
+            if resp.status_code in (404, 410):
+                return FetchResult("not_found", log.attempts, resp.status_code, f"HTTP {resp.status_code}")
+            if resp.status_code != 200:
+                return FetchResult("failed", log.attempts, resp.status_code, f"HTTP {resp.status_code}")
+            temp = temp_path_for(target)
+            try:
+                digest, size = hashlib.md5(), 0
+                with open(temp, "wb") as fh:
+                    for chunk in resp.iter_content(CHUNK):
+                        size += len(chunk)
+                        if size > expected_size:
+                            break  # more than the index lists: already wrong, stop reading
+                        digest.update(chunk)
+                        fh.write(chunk)
+                        if time.monotonic() > deadline:
+                            raise requests.Timeout(f"total deadline of {settings.download_deadline_s:.0f}s exceeded")
+                got_md5 = digest.hexdigest()
+                problem = None
+                if size != expected_size:
+                    problem = f"size {'>' if size > expected_size else ''}{size} != listed {expected_size}"
+                elif got_md5 != expected_md5:
+                    problem = f"md5 {got_md5} != listed {expected_md5}"
+                if problem is None:
+                    try:
+                        open_gdelt_zip(temp.read_bytes(), max_uncompressed_bytes=settings.max_uncompressed_bytes)
+                    except CorruptArchiveError as exc:
+                        # The bytes are exactly what GDELT lists, so fetching again won't help now.
+                        note = {"url": url, "reason": f"zip: {exc}", "size": size, "md5": got_md5}
+                        quarantined.append(_quarantine(temp, quarantine_dir, target.name, note))
+                        return FetchResult("corrupt", log.attempts, 200, f"zip: {exc}", size)
+                if problem is not None:
+                    note = {
+                        "url": url,
+                        "reason": problem,
+                        "expected_size": expected_size,
+                        "expected_md5": expected_md5,
+                        "received_size": size,
+                        "received_md5": got_md5 if size <= expected_size else None,
+                    }
+                    quarantined.append(_quarantine(temp, quarantine_dir, target.name, note))
+                    raise CorruptDownload(problem)
+                commit_temp(temp, target)
+                return FetchResult("landed", log.attempts, 200, None, size)
+            finally:
+                temp.unlink(missing_ok=True)
+
+    try:
+        result = with_retries(
+            attempt,
+            attempts=settings.download_attempts,
+            backoff_base_s=settings.backoff_base_s,
+            backoff_max_s=settings.backoff_max_s,
+            log=log,
+            retry_on=(CorruptDownload,),
+        )
+    except CorruptDownload as exc:
+        result = FetchResult("corrupt", log.attempts, log.last_status, f"CorruptDownload: {exc}")
+    except TransientHTTPError as exc:
+        result = FetchResult("failed", log.attempts, exc.status, str(exc))
+    except RETRYABLE_EXCEPTIONS as exc:
+        result = FetchResult("failed", log.attempts, None, describe(exc))
+    result.attempts = log.attempts
+    result.quarantined = quarantined
+    if result.error is None and log.errors and result.status != "landed":
+        result.error = log.errors[-1]
+    elif result.status == "landed" and log.errors:
+        result.error = f"landed after: {log.errors[-1]}"
+    return result

@@ -1,0 +1,89 @@
+"""The slot ledger: one row per 15-minute slot and file kind of a day, saying what happened to it.
+
+Statuses (a file is "green" when landed or late):
+- ``landed``   verified against the index and stored in the raw store
+- ``late``     landed, but more than ``late_after_hours`` after its slot, having been unavailable
+               to an earlier run (unlisted, 404, failed or corrupt): GDELT published it late
+- ``pending``  not listed / not downloadable yet, still inside the grace period; retried
+- ``missing``  still not listed / 404 after the grace period (a GDELT gap); still retried by runs
+- ``corrupt``  the last attempt's bytes failed size, md5 or zip verification (kept in quarantine)
+- ``failed``   the last attempt hit network or HTTP errors after all retries
+- ``not_due``  the slot lies in the future
+"""
+
+from __future__ import annotations
+
+from datetime import date
+
+import polars as pl
+
+from pipeline.storage import DataLayout, atomic_write_parquet
+
+LEDGER_VERSION = "1"
+STATUSES = ("landed", "late", "pending", "missing", "corrupt", "failed", "not_due")
+GREEN = ("landed", "late")
+TS = pl.Datetime("us", "UTC")
+
+LEDGER_SCHEMA = pl.Schema(
+    [
+        ("day", pl.Date),
+        ("slot", TS),
+        ("kind", pl.String),
+        ("status", pl.String),
+        ("listed", pl.Boolean),
+        ("expected_size", pl.Int64),
+        ("expected_md5", pl.String),
+        ("size", pl.Int64),
+        ("path", pl.String),  # relative to MIRAI_DATA_DIR
+        ("attempts", pl.Int32),  # HTTP attempts over all runs
+        ("http_status", pl.Int16),  # of the last attempt
+        ("last_error", pl.String),
+        ("quarantined", pl.Int32),  # bad copies kept under quarantine/
+        ("first_checked_at", TS),
+        ("unavailable_since", TS),  # first run that could not get it
+        ("landed_at", TS),
+        ("updated_at", TS),
+    ]
+)
+
+
+def read_ledger(layout: DataLayout, day: date) -> pl.DataFrame:
+    path = layout.slot_ledger_path(day)
+    if not path.exists():
+        return LEDGER_SCHEMA.to_frame()
+    return pl.read_parquet(path).match_to_schema(LEDGER_SCHEMA)
+
+
+def write_ledger(layout: DataLayout, day: date, ledger: pl.DataFrame) -> None:
+    atomic_write_parquet(
+        ledger.match_to_schema(LEDGER_SCHEMA).sort("slot", "kind"),
+        layout.slot_ledger_path(day),
+        metadata={"ledger_version": LEDGER_VERSION},
+    )
+
+
+def summarize(ledger: pl.DataFrame) -> dict[str, int]:
+    """Count of files per status (every status present, zeros included)."""
+    counts = dict(ledger.group_by("status").len().iter_rows())
+    return {status: int(counts.get(status, 0)) for status in STATUSES}
+
+
+def problems(ledger: pl.DataFrame) -> pl.DataFrame:
+    """Rows a maintainer should look at: everything not green and not simply in the future."""
+    return ledger.filter(~pl.col("status").is_in([*GREEN, "not_due"]) | (pl.col("status") == "late")).select(
+        "slot", "kind", "status", "attempts", "http_status", "last_error"
+    )
+
+
+def to_markdown(df: pl.DataFrame, limit: int = 50) -> str:
+    """A small Markdown table for Dagster metadata and the CLI."""
+    if df.height == 0:
+        return "_none_"
+    cols = df.columns
+    head = "| " + " | ".join(cols) + " |\n|" + "---|" * len(cols) + "\n"
+    body = "".join(
+        "| " + " | ".join("" if v is None else str(v).replace("|", "\\|") for v in row) + " |\n"
+        for row in df.head(limit).iter_rows()
+    )
+    more = f"\n… and {df.height - limit} more rows\n" if df.height > limit else ""
+    return head + body + more

@@ -1,0 +1,145 @@
+"""Where everything lives under MIRAI_DATA_DIR, and how it is written.
+
+One class owns every path so the layout in docs/architecture.md has a single source of truth.
+Every write goes to a uniquely named temp file in the destination directory, is fsynced, then
+renamed over the target: a reader (or a crash) never sees half a file, and two writers of the same
+file race only on an atomic rename.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import io
+import os
+import time
+import uuid
+from contextlib import contextmanager
+from datetime import date, datetime
+from pathlib import Path
+from typing import Iterator
+
+import polars as pl
+
+KINDS = ("export", "mentions")
+
+
+def slot_ts(slot: datetime) -> str:
+    """GDELT's 14-digit UTC timestamp for a 15-minute slot."""
+    return slot.strftime("%Y%m%d%H%M%S")
+
+
+def raw_file_name(slot: datetime, kind: str) -> str:
+    return f"{slot_ts(slot)}.{kind}.CSV.zip"
+
+
+class DataLayout:
+    def __init__(self, root: Path | str):
+        self.root = Path(root)
+
+    def _day_dir(self, base: str, day: date) -> Path:
+        return self.root / base / f"{day:%Y}" / f"{day:%m}" / f"{day:%d}"
+
+    # raw/gdeltv2/YYYY/MM/DD/<ts>.<kind>.CSV.zip: verified bytes, never rewritten
+    def raw_path(self, slot: datetime, kind: str) -> Path:
+        return self._day_dir("raw/gdeltv2", slot.date()) / raw_file_name(slot, kind)
+
+    def quarantine_dir(self, day: date) -> Path:
+        return self._day_dir("quarantine/gdeltv2", day)
+
+    def slot_ledger_path(self, day: date) -> Path:
+        return self.root / "ledger" / "slots" / f"date={day.isoformat()}.parquet"
+
+    def parsed_path(self, kind: str, slot: datetime) -> Path:
+        return self.root / "parsed" / kind / f"date={slot.date().isoformat()}" / f"{slot_ts(slot)}.parquet"
+
+    def parsed_dir(self, kind: str, day: date) -> Path:
+        return self.root / "parsed" / kind / f"date={day.isoformat()}"
+
+    def rejects_path(self, kind: str, slot: datetime) -> Path:
+        return (
+            self.root / "parsed" / "rejects" / f"date={slot.date().isoformat()}" / f"{slot_ts(slot)}.{kind}.parquet"
+        )
+
+    def index_dir(self) -> Path:
+        return self.root / "index" / "gdeltv2"
+
+    def lock_path(self, name: str) -> Path:
+        return self.root / "locks" / f"{name}.lock"
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def temp_path_for(target: Path) -> Path:
+    # Hidden, unique per writer, same directory (rename must not cross filesystems).
+    return target.with_name(f".{target.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.part")
+
+
+def commit_temp(temp: Path, target: Path) -> None:
+    """fsync a finished temp file and rename it over the target."""
+    with open(temp, "rb") as fh:
+        os.fsync(fh.fileno())
+    os.replace(temp, target)
+    _fsync_dir(target.parent)
+
+
+def atomic_write_bytes(target: Path, data: bytes) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    temp = temp_path_for(target)
+    try:
+        with open(temp, "wb") as fh:
+            fh.write(data)
+        commit_temp(temp, target)
+    finally:
+        temp.unlink(missing_ok=True)
+
+
+def atomic_write_parquet(df: pl.DataFrame, target: Path, metadata: dict[str, str] | None = None) -> None:
+    """Parquet with key-value metadata (rule/parser versions) written atomically.
+
+    Statistics are off and the compression fixed so the same frame gives byte-identical files.
+    """
+    buf = io.BytesIO()
+    df.write_parquet(buf, compression="zstd", statistics=False, metadata=metadata or {})
+    atomic_write_bytes(target, buf.getvalue())
+
+
+def read_parquet_metadata(path: Path) -> dict[str, str]:
+    import pyarrow.parquet as pq
+
+    meta = pq.read_schema(path).metadata or {}
+    return {k.decode(): v.decode() for k, v in meta.items() if not k.startswith(b"ARROW:")}
+
+
+class LockTimeout(TimeoutError):
+    pass
+
+
+@contextmanager
+def file_lock(path: Path, timeout_s: float) -> Iterator[None]:
+    """An exclusive advisory lock (flock), so a schedule run and a backfill of the same day
+    serialise instead of interleaving; the second one then finds the slots already landed.
+    The kernel drops the lock if the holder dies, so a crash never leaves it stuck."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as exc:
+                if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                    raise
+                if time.monotonic() >= deadline:
+                    raise LockTimeout(f"{path} is held by another run for more than {timeout_s:.0f}s") from exc
+                time.sleep(0.2)
+        yield
+    finally:
+        os.close(fd)

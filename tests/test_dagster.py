@@ -1,0 +1,155 @@
+"""The Dagster side, for real: materialize on a real instance, the dagster CLI, definitions
+validation, the 15-minute schedule's targets, and the webserver listing it."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import dagster as dg
+import polars as pl
+import pytest
+import requests
+
+from assets.ingest import gdelt_events, gdelt_files, gdelt_mentions
+from assets.resources import MiraiSettings
+from pipeline.gdelt.ledger import read_ledger
+from pipeline.storage import DataLayout
+
+from .conftest import MIRROR_DAY, ROOT
+
+BIN = Path(sys.executable).parent
+
+
+def _env(tmp_path: Path, mirror) -> dict[str, str]:
+    home = tmp_path / "dagster_home"
+    home.mkdir(exist_ok=True)
+    return {
+        **os.environ,
+        "DAGSTER_HOME": str(home),
+        "MIRAI_DATA_DIR": str(tmp_path / "data"),
+        "GDELT_BASE_URL": mirror.base_url,
+        "MIRAI_BACKOFF_BASE_S": "0.01",
+    }
+
+
+def _expected_rows(mirror_dir: Path, kind: str) -> int:
+    manifest = json.loads((mirror_dir / "manifest.json").read_text())
+    return sum(s[kind]["valid_rows"] for s in manifest["slots"] if s[kind]["listed"])
+
+
+def test_materialize_a_day_on_a_real_instance(tmp_path, mirror, mirror_dir):
+    resources = {"mirai": MiraiSettings(data_dir=str(tmp_path / "data"), gdelt_base_url=mirror.base_url)}
+    with dg.instance_for_test() as instance:
+        result = dg.materialize(
+            [gdelt_files, gdelt_events, gdelt_mentions],
+            partition_key=MIRROR_DAY.isoformat(),
+            resources=resources,
+            instance=instance,
+        )
+        assert result.success
+        files_meta = result.asset_materializations_for_node("gdelt_files")[0].metadata
+        ledger = read_ledger(DataLayout(tmp_path / "data"), MIRROR_DAY)
+        assert files_meta["files_landed"].value == ledger.filter(pl.col("listed")).height
+        assert files_meta["files_corrupt"].value == 0 and files_meta["files_failed"].value == 0
+        events_meta = result.asset_materializations_for_node("gdelt_events")[0].metadata
+        assert events_meta["dagster/row_count"].value == _expected_rows(mirror_dir, "export")
+        mentions_meta = result.asset_materializations_for_node("gdelt_mentions")[0].metadata
+        assert mentions_meta["dagster/row_count"].value == _expected_rows(mirror_dir, "mentions")
+        # The materialisation is recorded in the instance, per partition.
+        record = instance.get_latest_materialization_event(dg.AssetKey("gdelt_files"))
+        assert record.dagster_event.partition == MIRROR_DAY.isoformat()
+
+
+def test_dagster_cli_materializes_and_mirai_ledger_prints_it(tmp_path, mirror, mirror_dir):
+    env = _env(tmp_path, mirror)
+    proc = subprocess.run(
+        [str(BIN / "dagster"), "asset", "materialize", "-m", "definitions",
+         "--select", "gdelt_files,gdelt_events,gdelt_mentions", "--partition", MIRROR_DAY.isoformat()],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = pl.scan_parquet(DataLayout(tmp_path / "data").parsed_dir("export", MIRROR_DAY) / "*.parquet")
+    assert rows.select(pl.len()).collect().item() == _expected_rows(mirror_dir, "export")
+    out = subprocess.run([str(BIN / "mirai"), "ledger", "--day", MIRROR_DAY.isoformat()],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "landed=" in out.stdout and "missing=" in out.stdout
+    # The gaps the generator left out of the index are named in the report.
+    assert "missing" in out.stdout.split("\n", 1)[1]
+
+
+def test_definitions_validate():
+    proc = subprocess.run([str(BIN / "dagster"), "definitions", "validate", "-w", "workspace.yaml"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("tick", "expected"),
+    [
+        (datetime(2024, 3, 10, 23, 50, tzinfo=timezone.utc), ["2024-03-10"]),
+        # 00:05: the 00:00 slot of the new day is out, and the previous day is reconciled.
+        (datetime(2024, 3, 11, 0, 5, tzinfo=timezone.utc), ["2024-03-11", "2024-03-10"]),
+        (datetime(2024, 3, 11, 0, 20, tzinfo=timezone.utc), ["2024-03-11"]),
+        (datetime(2024, 3, 11, 7, 5, tzinfo=timezone.utc), ["2024-03-11"]),
+    ],
+)
+def test_schedule_targets_the_right_day(tick, expected):
+    from definitions import defs
+    from sensors.schedules import gdelt_every_15_minutes
+
+    with dg.instance_for_test() as instance:
+        context = dg.build_schedule_context(
+            instance=instance, scheduled_execution_time=tick, repository_def=defs.get_repository_def()
+        )
+        requests_ = list(gdelt_every_15_minutes.evaluate_tick(context).run_requests)
+    assert [r.partition_key for r in requests_] == expected
+    assert len({r.run_key for r in requests_}) == len(requests_)
+    assert gdelt_every_15_minutes.cron_schedule == "5,20,35,50 * * * *"
+    assert gdelt_every_15_minutes.execution_timezone == "UTC"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_webserver_lists_the_schedule(tmp_path):
+    port = _free_port()
+    env = {**os.environ, "DAGSTER_HOME": str(tmp_path)}
+    server = subprocess.Popen(
+        [str(BIN / "dagster-webserver"), "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(port)],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+    query = """{ repositoriesOrError { ... on RepositoryConnection { nodes { name
+        schedules { name cronSchedule executionTimezone pipelineName }
+        assetNodes { assetKey { path } } } } } }"""
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                resp = requests.post(f"http://127.0.0.1:{port}/graphql", json={"query": query}, timeout=10)
+                nodes = resp.json()["data"]["repositoriesOrError"]["nodes"]
+                if nodes:
+                    break
+            except (requests.ConnectionError, KeyError, TypeError):
+                pass
+            assert server.poll() is None, server.stderr.read().decode()[-2000:]
+            assert time.monotonic() < deadline, "webserver did not come up"
+            time.sleep(1)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    schedules = {s["name"]: s for n in nodes for s in n["schedules"]}
+    assert schedules["gdelt_every_15_minutes"]["cronSchedule"] == "5,20,35,50 * * * *"
+    assert schedules["gdelt_every_15_minutes"]["pipelineName"] == "gdelt_ingest"
+    assets = {"/".join(a["assetKey"]["path"]) for n in nodes for a in n["assetNodes"]}
+    assert {"gdelt_files", "gdelt_events", "gdelt_mentions"} <= assets
