@@ -113,7 +113,7 @@ def atomic_write_parquet(df: pl.DataFrame, target: Path, metadata: dict[str, str
 def read_parquet_metadata(path: Path) -> dict[str, str]:
     import pyarrow.parquet as pq
 
-    meta = pq.read_schema(path).metadata or {}
+    meta = pq.read_metadata(path).metadata or {}
     return {k.decode(): v.decode() for k, v in meta.items() if not k.startswith(b"ARROW:")}
 
 

@@ -12,15 +12,13 @@ from datetime import datetime, timedelta, timezone
 import dagster as dg
 
 from assets.ingest import gdelt_events, gdelt_files, gdelt_mentions
-from assets.partitions import daily_partitions
 
 PUBLISH_DELAY = timedelta(minutes=5)
 RECONCILE_PREVIOUS_DAY_HOURS = 6
 
 gdelt_ingest_job = dg.define_asset_job(
     "gdelt_ingest",
-    selection=[gdelt_files, gdelt_events, gdelt_mentions],
-    partitions_def=daily_partitions,
+    selection=[gdelt_files, gdelt_events, gdelt_mentions],  # daily partitions, inferred from the assets
     # Small, frequent runs: one process, no per-step subprocess start-up (dagster.md §4).
     executor_def=dg.in_process_executor,
 )

@@ -1,0 +1,363 @@
+"""An HTTP server for a generated mirror on 127.0.0.1, with faults injected on demand.
+
+The downloader must survive what GDELT's server and the network do to it (404 for a listed file,
+5xx, 429 with Retry-After, dropped connections, stalls, short or corrupted bodies), so tests
+reproduce each of those against real sockets here, never against a mocked HTTP layer.
+
+``MirrorServer(root)`` serves the files under ``root`` (``root/gdeltv2/...`` is what
+``generate_mirror`` writes) at ``http://127.0.0.1:<port>/``. Files are read on every request, so
+a test may rewrite ``masterfilelist.txt`` between runs. GET and HEAD, with a single
+``Range: bytes=N-`` or ``bytes=N-M`` (206, or 416 when N is past the end), because the index
+refresh asks for the tail of the master list only.
+
+Faults: ``srv.faults.add(match, fault, times=None, **params)`` makes the next ``times`` requests
+(every request when None) whose path contains ``match`` fail as ``fault``:
+
+=================  ==========================================================  =================
+fault              what the client sees                                        params (default)
+=================  ==========================================================  =================
+``404`` ``500``    that status, a short text body
+``503`` ``429``    that status; ``Retry-After`` header when retry_after given  retry_after (429: 1)
+``reset``          the connection closed (RST) with no response at all
+``reset_mid_body`` full headers, half the body, then the connection closed
+``slow``           the body in chunks with a pause before each                 delay_s (0.05),
+                                                                               chunk_size (4096)
+``stall``          nothing for delay_s, then the response (a read timeout)     delay_s (10)
+``wrong_bytes``    200, right length, a few bytes changed (md5 mismatch)
+``truncate``       200 with the first half only and a matching Content-Length
+``empty``          200 with Content-Length 0
+=================  ==========================================================  =================
+
+The same rules over HTTP: ``POST /_mirror/faults`` with a JSON list of
+``{"match", "fault", "times", <params>...}`` objects, ``GET``/``DELETE /_mirror/faults``; and
+``GET``/``DELETE /_mirror/requests`` for the request log (path, status, fault, time), which tests
+assert on. Control requests are neither faulted nor logged.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import struct
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+CONTROL_PREFIX = "/_mirror/"
+# Accepted params per fault; anything else is refused so a typo in a test cannot pass silently.
+FAULTS: dict[str, frozenset[str]] = {
+    "404": frozenset(),
+    "500": frozenset(),
+    "503": frozenset({"retry_after"}),
+    "429": frozenset({"retry_after"}),
+    "reset": frozenset(),
+    "reset_mid_body": frozenset(),
+    "slow": frozenset({"delay_s", "chunk_size"}),
+    "stall": frozenset({"delay_s"}),
+    "wrong_bytes": frozenset(),
+    "truncate": frozenset(),
+    "empty": frozenset(),
+}
+_CONTENT_TYPES = {".zip": "application/zip", ".txt": "text/plain; charset=utf-8", ".json": "application/json"}
+_RANGE = re.compile(r"bytes=(\d+)-(\d*)")
+
+
+@dataclass
+class FaultRule:
+    match: str  # substring of the request path
+    fault: str
+    times: int | None  # requests still to affect; None = all
+    params: dict = field(default_factory=dict)
+    hits: int = 0
+
+
+class FaultSet:
+    """Thread-safe list of fault rules; the first live rule whose ``match`` is in the path wins."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._rules: list[FaultRule] = []
+
+    def add(self, match: str, fault: str | int, times: int | None = None, **params) -> FaultRule:
+        fault = str(fault)
+        if fault not in FAULTS:
+            raise ValueError(f"unknown fault {fault!r}; known: {', '.join(FAULTS)}")
+        unknown = set(params) - FAULTS[fault]
+        if unknown:
+            raise ValueError(f"fault {fault!r} takes no parameter(s) {', '.join(sorted(unknown))}")
+        if times is not None and (not isinstance(times, int) or times < 1):
+            raise ValueError(f"times must be a positive integer or None, not {times!r}")
+        rule = FaultRule(str(match), fault, times, dict(params))
+        with self._lock:
+            self._rules.append(rule)
+        return rule
+
+    def load(self, specs: list[dict] | dict) -> None:
+        """Add rules from JSON-style dicts: ``{"match", "fault", "times", <params>...}``."""
+        for spec in [specs] if isinstance(specs, dict) else specs:
+            self.add(**spec)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._rules.clear()
+
+    def take(self, path: str) -> FaultRule | None:
+        """The rule to apply to this request (its count consumed), or None."""
+        with self._lock:
+            for rule in self._rules:
+                if rule.match in path and (rule.times is None or rule.times > 0):
+                    if rule.times is not None:
+                        rule.times -= 1
+                    rule.hits += 1
+                    return FaultRule(rule.match, rule.fault, rule.times, dict(rule.params), rule.hits)
+        return None
+
+    def snapshot(self) -> list[dict]:
+        with self._lock:
+            return [asdict(rule) for rule in self._rules]
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    daemon_threads = True  # a stalled handler must not keep the process alive
+    mirror: MirrorServer
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, as GDELT's server and requests sessions use
+    server: _HTTPServer
+
+    def log_message(self, format: str, *args) -> None:
+        """Silenced: the mirror's own request log is what tests read."""
+
+    def do_GET(self) -> None:
+        self._serve(send_body=True)
+
+    def do_HEAD(self) -> None:
+        self._serve(send_body=False)
+
+    def do_POST(self) -> None:
+        self._control()
+
+    def do_DELETE(self) -> None:
+        self._control()
+
+    # --- control endpoints ---
+
+    def _control(self) -> None:
+        mirror = self.server.mirror
+        path = urlsplit(self.path).path
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else b""
+        if path == CONTROL_PREFIX + "faults":
+            if self.command == "POST":
+                try:
+                    mirror.faults.load(json.loads(body or b"[]"))
+                except (ValueError, TypeError) as exc:  # bad JSON, unknown fault, bad params
+                    return self._json(400, {"error": str(exc)})
+            elif self.command == "DELETE":
+                mirror.faults.clear()
+            return self._json(200, mirror.faults.snapshot())
+        if path == CONTROL_PREFIX + "requests" and self.command in ("GET", "HEAD", "DELETE"):
+            if self.command == "DELETE":
+                mirror.clear_requests()
+            return self._json(200, mirror.requests)
+        self._json(404, {"error": f"no control endpoint {self.command} {path}"})
+
+    def _json(self, status: int, payload) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(data)
+
+    # --- files ---
+
+    def _serve(self, send_body: bool) -> None:
+        path = urlsplit(self.path).path
+        if path.startswith(CONTROL_PREFIX):
+            return self._control()
+        mirror = self.server.mirror
+        entry = {"time": time.time(), "method": self.command, "path": path, "range": self.headers.get("Range"),
+                 "status": None, "fault": None, "bytes": 0}
+        try:
+            if mirror.latency_s:
+                mirror.wait(mirror.latency_s)
+            rule = mirror.faults.take(path)
+            entry["fault"] = rule.fault if rule else None
+            self._respond(rule, path, send_body, entry)
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True  # the client went away (e.g. after its read timeout)
+        finally:
+            mirror.record(entry)
+
+    def _respond(self, rule: FaultRule | None, path: str, send_body: bool, entry: dict) -> None:
+        mirror = self.server.mirror
+        fault = rule.fault if rule else None
+        if fault == "stall":
+            mirror.wait(float(rule.params.get("delay_s", 10)))
+        if fault == "reset":
+            # SO_LINGER 0 turns the close into a RST: the client gets no status line at all.
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            self.close_connection = True
+            return
+        if fault in ("404", "500", "503", "429"):
+            headers = {}
+            if "retry_after" in rule.params or fault == "429":
+                headers["Retry-After"] = str(rule.params.get("retry_after", 1))
+            return self._send(int(fault), f"fault injected: {fault}\n".encode(), "text/plain", headers, send_body, entry)
+
+        target = mirror.resolve(path)
+        if target is None:
+            return self._send(403, b"forbidden\n", "text/plain", {}, send_body, entry)
+        try:
+            data = target.read_bytes()
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            return self._send(404, b"not found\n", "text/plain", {}, send_body, entry)
+        content_type = _CONTENT_TYPES.get(target.suffix, "application/octet-stream")
+
+        status, headers, size = 200, {"Accept-Ranges": "bytes"}, len(data)
+        wanted = _RANGE.fullmatch(self.headers.get("Range", "").strip())
+        if wanted:
+            first = int(wanted.group(1))
+            last = min(int(wanted.group(2)) if wanted.group(2) else size - 1, size - 1)
+            if first >= size:
+                headers["Content-Range"] = f"bytes */{size}"
+                return self._send(416, b"", content_type, headers, send_body, entry)
+            if last >= first:  # an inverted range is invalid, and RFC 9110 says to ignore it
+                status, data = 206, data[first : last + 1]
+                headers["Content-Range"] = f"bytes {first}-{last}/{size}"
+        if fault == "wrong_bytes" and data:
+            corrupt = bytearray(data)
+            for pos in {len(data) // 3, len(data) // 2, (2 * len(data)) // 3}:
+                corrupt[pos] ^= 0xFF
+            data = bytes(corrupt)
+        elif fault == "truncate":
+            data = data[: len(data) // 2]
+        elif fault == "empty":
+            data = b""
+        self._send(status, data, content_type, headers, send_body, entry, rule)
+
+    def _send(self, status: int, data: bytes, content_type: str, headers: dict, send_body: bool, entry: dict,
+              rule: FaultRule | None = None) -> None:
+        entry["status"] = status
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        for name, value in headers.items():
+            self.send_header(name, value)
+        self.end_headers()
+        if not send_body:
+            return
+        fault = rule.fault if rule else None
+        if fault == "reset_mid_body":
+            self.wfile.write(data[: len(data) // 2])
+            entry["bytes"] = len(data) // 2
+            self.close_connection = True  # the rest never comes: the client sees a short body
+        elif fault == "slow":
+            delay = float(rule.params.get("delay_s", 0.05))
+            chunk = int(rule.params.get("chunk_size", 4096))
+            for offset in range(0, len(data), chunk):
+                if self.server.mirror.wait(delay):
+                    self.close_connection = True  # server stopping: abandon the response
+                    return
+                self.wfile.write(data[offset : offset + chunk])
+                entry["bytes"] = offset + len(data[offset : offset + chunk])
+        else:
+            self.wfile.write(data)
+            entry["bytes"] = len(data)
+
+
+class MirrorServer:
+    """Serve ``root`` on 127.0.0.1 in a background thread (``with MirrorServer(root) as srv``) or
+    in the calling thread (``serve_forever``, for the CLI). ``port=0`` picks a free port."""
+
+    def __init__(self, root: Path, port: int = 0, latency_s: float = 0.0, faults_file: Path | None = None):
+        self.root = Path(root).resolve()
+        if not self.root.is_dir():
+            raise FileNotFoundError(f"mirror directory {self.root} does not exist")
+        self.latency_s = latency_s  # added before every file request
+        self.faults = FaultSet()
+        if faults_file is not None:
+            self.faults.load(json.loads(Path(faults_file).read_text()))
+        self._log: list[dict] = []
+        self._log_lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._httpd = _HTTPServer(("127.0.0.1", port), _Handler)
+        self._httpd.mirror = self
+
+    @property
+    def port(self) -> int:
+        return self._httpd.server_address[1]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        """Where GDELT's ``/gdeltv2`` lives on this mirror: the pipeline's GDELT base URL."""
+        return f"{self.url}/gdeltv2"
+
+    @property
+    def requests(self) -> list[dict]:
+        """The request log so far: dicts with time, method, path, range, status (None when the
+        connection was reset before a status), fault and bytes (body bytes sent)."""
+        with self._log_lock:
+            return [dict(e) for e in self._log]
+
+    def clear_requests(self) -> None:
+        with self._log_lock:
+            self._log.clear()
+
+    def record(self, entry: dict) -> None:
+        with self._log_lock:
+            self._log.append(entry)
+
+    def wait(self, seconds: float) -> bool:
+        """Sleep, but wake when the server stops; True if it is stopping."""
+        return self._stopping.wait(seconds)
+
+    def resolve(self, url_path: str) -> Path | None:
+        """The file for a URL path, or None when the path would leave the mirror directory."""
+        relative = unquote(url_path).lstrip("/")
+        if "\\" in relative or "\0" in relative or ".." in relative.split("/"):
+            return None
+        target = (self.root / relative).resolve()
+        return target if target.is_relative_to(self.root) else None
+
+    def start(self) -> MirrorServer:
+        # A short poll interval: stop() waits up to one interval, and tests start many servers.
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, name=f"mirror:{self.port}", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def serve_forever(self) -> None:
+        """Serve in the calling thread until interrupted (Ctrl-C raises KeyboardInterrupt)."""
+        try:
+            self._httpd.serve_forever()
+        finally:
+            self._stopping.set()
+            self._httpd.server_close()
+
+    def stop(self) -> None:
+        self._stopping.set()  # wakes handlers sleeping in stall/slow/latency
+        if self._thread is not None:
+            self._httpd.shutdown()
+            self._thread.join()
+            self._thread = None
+        self._httpd.server_close()
+
+    def __enter__(self) -> MirrorServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,99 @@
+"""Settings, atomic storage, locks and the retry loop."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import date
+from pathlib import Path
+
+import polars as pl
+import pytest
+import requests
+
+from pipeline.config import Settings, env_names
+from pipeline.http import TransientHTTPError, parse_retry_after, with_retries
+from pipeline.storage import LockTimeout, atomic_write_parquet, file_lock, read_parquet_metadata
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_settings_from_env_and_clear_errors():
+    s = Settings.from_env({"MIRAI_DATA_DIR": "/tmp/x", "MIRAI_START_DATE": "2024-02-01", "MIRAI_DOWNLOAD_ATTEMPTS": "7"})
+    assert (s.data_dir, s.start_date, s.download_attempts) == (Path("/tmp/x"), date(2024, 2, 1), 7)
+    assert Settings.from_env({}).gdelt_base_url == "http://data.gdeltproject.org/gdeltv2"
+    with pytest.raises(ValueError, match="MIRAI_START_DATE"):
+        Settings.from_env({"MIRAI_START_DATE": "01/02/2024"})
+
+
+def test_every_setting_is_documented_in_the_readme():
+    readme = (ROOT / "README.md").read_text()
+    assert [name for name in env_names().values() if f"`{name}`" not in readme] == []
+
+
+def test_atomic_parquet_write_keeps_metadata_and_leaves_no_temp(tmp_path):
+    target = tmp_path / "a" / "b.parquet"
+    df = pl.DataFrame({"x": [1, 2, 3]})
+    atomic_write_parquet(df, target, metadata={"format_version": "9"})
+    atomic_write_parquet(df, target, metadata={"format_version": "9"})
+    assert pl.read_parquet(target).equals(df)
+    assert read_parquet_metadata(target) == {"format_version": "9"}
+    assert [p.name for p in target.parent.iterdir()] == ["b.parquet"]
+
+
+def test_file_lock_serialises_and_times_out(tmp_path):
+    lock = tmp_path / "day.lock"
+    order = []
+
+    def holder():
+        with file_lock(lock, timeout_s=5):
+            order.append("first-in")
+            time.sleep(0.5)
+            order.append("first-out")
+
+    t = threading.Thread(target=holder)
+    t.start()
+    time.sleep(0.1)
+    with pytest.raises(LockTimeout):
+        with file_lock(lock, timeout_s=0.2):
+            pass
+    with file_lock(lock, timeout_s=5):
+        order.append("second-in")
+    t.join()
+    assert order == ["first-in", "first-out", "second-in"]
+
+
+def test_retry_after_forms():
+    assert parse_retry_after("7") == 7.0
+    assert parse_retry_after("Thu, 01 Jan 2099 00:00:10 GMT", now=4070908800.0) == 10.0
+    assert parse_retry_after("soon") is None and parse_retry_after(None) is None
+
+
+def test_retry_loop_backs_off_honours_retry_after_and_gives_up():
+    sleeps: list[float] = []
+    calls = {"n": 0}
+
+    def flaky():
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise TransientHTTPError(429, "u", retry_after_s=3.0)
+        if calls["n"] == 2:
+            raise requests.ConnectionError("reset")
+        return "ok"
+
+    assert with_retries(flaky, attempts=3, backoff_base_s=1, backoff_max_s=10, sleep=sleeps.append) == "ok"
+    assert sleeps[0] == 3.0 and 1.0 <= sleeps[1] <= 2.0  # Retry-After, then jittered 2^1 backoff
+
+    def always():
+        raise TransientHTTPError(503, "u", retry_after_s=999)
+
+    sleeps.clear()
+    with pytest.raises(TransientHTTPError):
+        with_retries(always, attempts=3, backoff_base_s=1, backoff_max_s=10, sleep=sleeps.append)
+    assert sleeps == [10, 10]  # capped at our own maximum
+
+    def bug():
+        raise KeyError("not transient")
+
+    with pytest.raises(KeyError):
+        with_retries(bug, attempts=3, backoff_base_s=1, backoff_max_s=10, sleep=sleeps.append)
