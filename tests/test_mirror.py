@@ -452,7 +452,9 @@ def test_http_control_endpoints(srv):
     assert requests.get(f"{control}/faults").json()[0]["times"] == 1
     r = requests.get(f"{srv.base_url}/lastupdate.txt")
     assert (r.status_code, r.headers["Retry-After"]) == (429, "9")
-    assert requests.post(f"{control}/faults", json=[{"match": "x", "fault": "nope"}]).status_code == 400
+    rejected = [{"match": "masterfile", "fault": "500"}, {"match": "x", "fault": "nope"}]
+    assert requests.post(f"{control}/faults", json=rejected).status_code == 400
+    assert len(requests.get(f"{control}/faults").json()) == 1  # nothing of the rejected list
     assert requests.post(f"{control}/faults", data=b"not json").status_code == 400
     requests.post(f"{control}/faults", json=[{"match": "lastupdate", "fault": "500"}])
     assert requests.delete(f"{control}/faults").json() == []

@@ -135,7 +135,9 @@ def _parse(data: bytes, source: str, kind: str) -> ParsedFile:
         _, data = open_gdelt_zip(data)
     if not data:
         # A real 15-minute file can be near-empty (an outage, quirk 2); empty is its limit.
-        return ParsedFile(kind, source, pl.DataFrame(schema=schema), _shape_rejects(data, pl.DataFrame(schema=_FOUND), source), 0)
+        return ParsedFile(
+            kind, source, pl.DataFrame(schema=schema), pl.DataFrame(schema=REJECTS_SCHEMA), 0
+        )
 
     total_lines = data.count(b"\n") + (not data.endswith(b"\n"))
     fields = _read_if_clean(data, text_schema, total_lines)
@@ -161,10 +163,11 @@ def _parse(data: bytes, source: str, kind: str) -> ParsedFile:
     reasons = _value_reasons(fields, rows, REQUIRED_COLUMNS[kind])
     if reasons is not None:
         failed = reasons.is_not_null()
-        located = (lines if lines is not None else _index_lines(data, total_lines)).select("line_number", "start", "length")
+        if lines is None:
+            lines = _index_lines(data, total_lines)
         bad_values = pl.DataFrame(
             {"line_number": line_numbers.filter(failed), "reason": reasons.filter(failed)}
-        ).join(located, on="line_number", how="left")
+        ).join(lines.select("line_number", "start", "length"), on="line_number", how="left")
         rows = rows.filter(~failed)
         found = pl.concat([found, bad_values.select(_FOUND.names())]).sort("line_number")
     return ParsedFile(kind, source, rows, _shape_rejects(data, found, source), total_lines)
@@ -364,7 +367,8 @@ def _value_reasons(
     A cast never turns null into a value, so equal null counts per column prove that nothing
     failed. That costs nothing, and the row-level search only runs for the columns that differ.
     """
-    failing = [name for name in rows.columns if rows[name].null_count() != fields[name].null_count()]
+    before, after = fields.null_count().row(0), rows.null_count().row(0)
+    failing = [name for name, was, now in zip(rows.columns, before, after) if now != was]
     missing = [name for name in required if rows[name].null_count()]
     if not failing and not missing:
         return None
@@ -393,6 +397,8 @@ def _value_reasons(
 
 def _shape_rejects(data: bytes, found: pl.DataFrame, source: str) -> pl.DataFrame:
     """REJECTS_SCHEMA rows for ``found``, each with its line's bytes exactly as received."""
+    if found.is_empty():
+        return pl.DataFrame(schema=REJECTS_SCHEMA)
     raw = [data[start : start + length] for start, length in found.select("start", "length").iter_rows()]
     return pl.DataFrame(
         {

@@ -24,10 +24,8 @@ import hashlib
 import io
 import json
 import math
-import os
 import random
 import re
-import tempfile
 import zipfile
 from bisect import bisect_right
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -36,6 +34,8 @@ from datetime import date, datetime, timedelta
 from functools import lru_cache
 from itertools import accumulate
 from pathlib import Path
+
+from pipeline.storage import atomic_write_bytes
 
 SLOTS_PER_DAY = 96
 GDELT_URL = "http://data.gdeltproject.org/gdeltv2/"
@@ -683,18 +683,6 @@ def _mention(eid: int, event_ts: str, ts: str, rng: random.Random, document: tup
 # --- Files ---------------------------------------------------------------------------------------
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            os.fchmod(fh.fileno(), 0o644)  # mkstemp's 0600 would hide the mirror from other users
-            fh.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
 def _zip_file(path: Path, member: str, data: bytes, when: datetime) -> dict:
     """Write a one-member zip atomically; its timestamp is the slot time so bytes never depend on
     when or where the generator ran."""
@@ -706,7 +694,7 @@ def _zip_file(path: Path, member: str, data: bytes, when: datetime) -> dict:
     with zipfile.ZipFile(buf, "w") as zf:
         zf.writestr(info, data, compresslevel=ZIP_LEVEL)
     blob = buf.getvalue()
-    _atomic_write(path, blob)
+    atomic_write_bytes(path, blob)
     return {"size": len(blob), "md5": hashlib.md5(blob).hexdigest()}
 
 
@@ -794,11 +782,11 @@ def generate_mirror(out: Path, start: date, end: date, seed: int = 0, slots: int
     for stale in feed.iterdir():
         if _FILE_NAME.match(stale.name) and stale.name not in written_names:
             stale.unlink()
-    _atomic_write(feed / "masterfilelist.txt", "".join(line + "\n" for lines in index_lines for line in lines).encode())
-    _atomic_write(feed / "lastupdate.txt", "".join(line + "\n" for line in index_lines[-1]).encode() if index_lines else b"")
+    atomic_write_bytes(feed / "masterfilelist.txt", "".join(line + "\n" for lines in index_lines for line in lines).encode())
+    atomic_write_bytes(feed / "lastupdate.txt", "".join(line + "\n" for line in index_lines[-1]).encode() if index_lines else b"")
 
     manifest = _manifest(start, end, seed, slots, slot_entries)
-    _atomic_write(Path(out) / "manifest.json", (json.dumps(manifest, indent=1) + "\n").encode())
+    atomic_write_bytes(Path(out) / "manifest.json", (json.dumps(manifest, indent=1) + "\n").encode())
     return manifest
 
 

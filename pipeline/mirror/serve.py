@@ -75,6 +75,18 @@ class FaultRule:
     hits: int = 0
 
 
+def _rule(match: str, fault: str | int, times: int | None = None, **params) -> FaultRule:
+    fault = str(fault)
+    if fault not in FAULTS:
+        raise ValueError(f"unknown fault {fault!r}; known: {', '.join(FAULTS)}")
+    unknown = set(params) - FAULTS[fault]
+    if unknown:
+        raise ValueError(f"fault {fault!r} takes no parameter(s) {', '.join(sorted(unknown))}")
+    if times is not None and (not isinstance(times, int) or times < 1):
+        raise ValueError(f"times must be a positive integer or None, not {times!r}")
+    return FaultRule(str(match), fault, times, dict(params))
+
+
 class FaultSet:
     """Thread-safe list of fault rules; the first live rule whose ``match`` is in the path wins."""
 
@@ -83,23 +95,17 @@ class FaultSet:
         self._rules: list[FaultRule] = []
 
     def add(self, match: str, fault: str | int, times: int | None = None, **params) -> FaultRule:
-        fault = str(fault)
-        if fault not in FAULTS:
-            raise ValueError(f"unknown fault {fault!r}; known: {', '.join(FAULTS)}")
-        unknown = set(params) - FAULTS[fault]
-        if unknown:
-            raise ValueError(f"fault {fault!r} takes no parameter(s) {', '.join(sorted(unknown))}")
-        if times is not None and (not isinstance(times, int) or times < 1):
-            raise ValueError(f"times must be a positive integer or None, not {times!r}")
-        rule = FaultRule(str(match), fault, times, dict(params))
+        rule = _rule(match, fault, times, **params)
         with self._lock:
             self._rules.append(rule)
         return rule
 
     def load(self, specs: list[dict] | dict) -> None:
-        """Add rules from JSON-style dicts: ``{"match", "fault", "times", <params>...}``."""
-        for spec in [specs] if isinstance(specs, dict) else specs:
-            self.add(**spec)
+        """Add rules from JSON-style dicts ``{"match", "fault", "times", <params>...}``; all or
+        none, so a rejected list leaves no half-applied faults behind."""
+        rules = [_rule(**spec) for spec in ([specs] if isinstance(specs, dict) else specs)]
+        with self._lock:
+            self._rules.extend(rules)
 
     def clear(self) -> None:
         with self._lock:
