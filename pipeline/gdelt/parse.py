@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import Literal
 
 import polars as pl
 
@@ -95,11 +96,12 @@ class GdeltFormatError(ValueError):
         self.detected = detected
 
 
-@dataclass(frozen=True)
+# eq=False: the generated __eq__ would compare DataFrames with ``==``, which is element-wise.
+@dataclass(frozen=True, eq=False)
 class ParsedFile:
     """One parsed file: typed rows, rejected lines, and the line count they add up to."""
 
-    kind: str  # "export" | "mentions"
+    kind: Literal["export", "mentions"]
     source: str  # where the bytes came from, as given by the caller; copied into rejects.file
     rows: pl.DataFrame  # exactly EXPORT_SCHEMA or MENTIONS_SCHEMA
     rejects: pl.DataFrame  # REJECTS_SCHEMA, sorted by line_number
@@ -114,12 +116,16 @@ class ParsedFile:
 
 
 def parse_export(data: bytes, source: str = "<bytes>") -> ParsedFile:
-    """Parse a GDELT 2.0 events export (61 fields), given as the ``.zip`` or the CSV bytes."""
+    """Parse a GDELT 2.0 events export (61 fields), given as the ``.zip`` or the CSV bytes.
+
+    ``data`` is unzipped when it starts with a zip signature or ``source`` ends in ``.zip``.
+    Raises :class:`GdeltFormatError` for another format, ``CorruptArchiveError`` for a bad zip.
+    """
     return _parse(data, source, "export")
 
 
 def parse_mentions(data: bytes, source: str = "<bytes>") -> ParsedFile:
-    """Parse a GDELT 2.0 mentions file (16 fields), given as the ``.zip`` or the CSV bytes."""
+    """Parse a GDELT 2.0 mentions file (16 fields); otherwise as :func:`parse_export`."""
     return _parse(data, source, "mentions")
 
 
@@ -129,9 +135,11 @@ _FOUND = pl.Schema(
 )
 
 
-def _parse(data: bytes, source: str, kind: str) -> ParsedFile:
+def _parse(data: bytes, source: str, kind: Literal["export", "mentions"]) -> ParsedFile:
     schema, text_schema = _SCHEMAS[kind], _TEXT_SCHEMAS[kind]
-    if is_zip(data):
+    # A source named *.zip must be one: text saved under a zip's name (quirk 3) is a broken
+    # download, to be reported as such rather than parsed as a CSV of the wrong format.
+    if is_zip(data) or source.lower().endswith(".zip"):
         _, data = open_gdelt_zip(data)
     if not data:
         # A real 15-minute file can be near-empty (an outage, quirk 2); empty is its limit.
@@ -373,26 +381,21 @@ def _value_reasons(
     if not failing and not missing:
         return None
     flags = pl.DataFrame(
-        [(fields[name].is_not_null() & rows[name].is_null()).alias(f"bad:{name}") for name in failing]
-        + [rows[name].is_null().alias(f"missing:{name}") for name in missing]
+        [(fields[name].is_not_null() & rows[name].is_null()).alias(f"bad_value:{name}") for name in failing]
+        + [rows[name].is_null().alias(f"missing_value:{name}") for name in missing]
     )
-
-    def listing(prefix: str, names: list[str]) -> pl.Expr:
-        return pl.concat_str(
-            [pl.when(pl.col(f"{prefix}:{name}")).then(pl.lit(name)) for name in names],
-            separator=",",
-            ignore_nulls=True,
-        )
-
-    any_bad = pl.any_horizontal(f"bad:{name}" for name in failing) if failing else pl.lit(False)
-    any_missing = pl.any_horizontal(f"missing:{name}" for name in missing) if missing else pl.lit(False)
-    return flags.select(
-        pl.when(any_bad)
-        .then(pl.lit("bad_value:") + listing("bad", failing))
-        .when(any_missing)
-        .then(pl.lit("missing_value:") + listing("missing", missing))
-        .alias("reason")
-    ).to_series()
+    # Built from the last check to the first, so a bad value wins over a missing key.
+    reason = pl.lit(None, pl.String)
+    for label, names in (("missing_value", missing), ("bad_value", failing)):
+        if names:
+            columns = [f"{label}:{name}" for name in names]
+            listed = pl.concat_str(
+                [pl.when(pl.col(column)).then(pl.lit(name)) for column, name in zip(columns, names)],
+                separator=",",
+                ignore_nulls=True,
+            )
+            reason = pl.when(pl.any_horizontal(columns)).then(f"{label}:" + listed).otherwise(reason)
+    return flags.select(reason.alias("reason")).to_series()
 
 
 def _shape_rejects(data: bytes, found: pl.DataFrame, source: str) -> pl.DataFrame:
