@@ -15,6 +15,9 @@ from pipeline.gdelt.ledger import LEDGER_VERSION, problems, to_markdown
     group_name="ingestion",
     kinds={"http"},
     code_version=LEDGER_VERSION,
+    # File-level faults are retried inside the run and recorded in the ledger; this covers what
+    # fails the whole run (GDELT's index unreachable with no cached copy, a lock held too long).
+    retry_policy=dg.RetryPolicy(max_retries=2, delay=60, backoff=dg.Backoff.EXPONENTIAL),
     description="Every 15-minute GDELT 2.0 export and mentions zip of the day, verified against "
     "GDELT's size/md5 index, plus the slot ledger (landed, late, pending, missing, corrupt, failed).",
 )

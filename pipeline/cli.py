@@ -85,7 +85,7 @@ def cmd_mirror_generate(args: argparse.Namespace) -> int:
     from pipeline.mirror.generate import generate_mirror
 
     started = time.perf_counter()
-    manifest = generate_mirror(Path(args.out), args.start, args.end, seed=args.seed)
+    manifest = generate_mirror(Path(args.out), args.start, args.end, seed=args.seed, slots=args.slots)
     print(json.dumps(manifest.get("totals", {}), indent=2))
     print(f"mirror written to {args.out} in {time.perf_counter() - started:.1f}s")
     return 0
@@ -94,10 +94,7 @@ def cmd_mirror_generate(args: argparse.Namespace) -> int:
 def cmd_mirror_serve(args: argparse.Namespace) -> int:
     from pipeline.mirror.serve import MirrorServer
 
-    server = MirrorServer(Path(args.dir), port=args.port, latency_s=args.latency_ms / 1000.0)
-    if args.faults:
-        for fault in json.loads(Path(args.faults).read_text()):
-            server.faults.add(**fault)
+    server = MirrorServer(Path(args.dir), port=args.port, latency_s=args.latency_ms / 1000.0, faults_file=args.faults)
     print(f"serving {args.dir} at {server.base_url} (Ctrl-C to stop)", flush=True)
     try:
         server.serve_forever()
@@ -203,6 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--end", type=_day, required=True)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--slots", type=int, help="only the first N 15-minute slots (fast partial mirrors)")
     p.set_defaults(func=cmd_mirror_generate)
     p = mirror.add_parser("serve", help="serve a mirror over HTTP on 127.0.0.1")
     p.add_argument("dir", type=Path)
