@@ -153,3 +153,26 @@ def test_webserver_lists_the_schedule(tmp_path):
     assert schedules["gdelt_every_15_minutes"]["pipelineName"] == "gdelt_ingest"
     assets = {"/".join(a["assetKey"]["path"]) for n in nodes for a in n["assetNodes"]}
     assert {"gdelt_files", "gdelt_events", "gdelt_mentions"} <= assets
+
+
+def test_ledger_check_warns_on_a_corrupt_file(tmp_path, mirror, monkeypatch):
+    from quality.ingest_checks import gdelt_files_all_green
+
+    mirror.faults.add(match="20240101101500.export", fault="wrong_bytes")
+    resources = {
+        "mirai": MiraiSettings(data_dir=str(tmp_path / "data"), gdelt_base_url=mirror.base_url),
+    }
+    monkeypatch.setenv("MIRAI_BACKOFF_BASE_S", "0.01")
+    with dg.instance_for_test() as instance:
+        result = dg.materialize(
+            [gdelt_files, gdelt_files_all_green],
+            partition_key=MIRROR_DAY.isoformat(),
+            resources=resources,
+            instance=instance,
+        )
+    assert result.success  # a corrupt file never fails the day
+    (evaluation,) = result.get_asset_check_evaluations()
+    assert not evaluation.passed
+    assert evaluation.severity == dg.AssetCheckSeverity.WARN
+    assert evaluation.metadata["corrupt_or_failed"].value == 1
+    assert "10:15:00" in evaluation.metadata["details"].value and "corrupt" in evaluation.metadata["details"].value

@@ -138,6 +138,14 @@ class GdeltIndex:
     def _url(self, name: str) -> str:
         return f"{self.settings.gdelt_base_url.rstrip('/')}/{name}"
 
+    def _retrying(self, operation):
+        return with_retries(
+            operation,
+            attempts=self.settings.download_attempts,
+            backoff_base_s=self.settings.backoff_base_s,
+            backoff_max_s=self.settings.backoff_max_s,
+        )
+
     def _get(self, name: str, headers: dict[str, str] | None = None) -> requests.Response:
         def op() -> requests.Response:
             resp = self.session.get(
@@ -148,12 +156,7 @@ class GdeltIndex:
             raise_for_transient(resp)
             return resp
 
-        return with_retries(
-            op,
-            attempts=self.settings.download_attempts,
-            backoff_base_s=self.settings.backoff_base_s,
-            backoff_max_s=self.settings.backoff_max_s,
-        )
+        return self._retrying(op)
 
     def refresh(self) -> RefreshResult:
         """Bring the master list and lastupdate up to date. If GDELT is unreachable but a copy
@@ -209,12 +212,10 @@ class GdeltIndex:
                         fh.flush()
                         os.fsync(fh.fileno())
                     return RefreshResult("range", len(body), size + len(new))
-            elif resp.status_code == 200:
+            elif resp.status_code == 200:  # the server ignores Range: it sent the whole list
                 return self._store_full(resp.content)
             # 416 (the server's list is shorter than ours) or a changed prefix: start over.
-        resp = self._get(MASTER_LIST)
-        resp.raise_for_status()
-        return self._store_full(resp.content)
+        return self._download_full()
 
     def _store_full(self, body: bytes) -> RefreshResult:
         temp = temp_path_for(self.master_path)
@@ -224,6 +225,31 @@ class GdeltIndex:
         finally:
             temp.unlink(missing_ok=True)
         return RefreshResult("full", len(body), len(body))
+
+    def _download_full(self) -> RefreshResult:
+        """Stream the whole list (~115 MB for the real GDELT) to a temp file, then swap it in."""
+
+        def op() -> RefreshResult:
+            temp = temp_path_for(self.master_path)
+            try:
+                with self.session.get(
+                    self._url(MASTER_LIST),
+                    stream=True,
+                    timeout=(self.settings.connect_timeout_s, self.settings.read_timeout_s),
+                ) as resp:
+                    raise_for_transient(resp)
+                    resp.raise_for_status()
+                    size = 0
+                    with open(temp, "wb") as fh:
+                        for chunk in resp.iter_content(1 << 20):
+                            fh.write(chunk)
+                            size += len(chunk)
+                commit_temp(temp, self.master_path)
+                return RefreshResult("full", size, size)
+            finally:
+                temp.unlink(missing_ok=True)
+
+        return self._retrying(op)
 
     def entries_for_day(self, day: date) -> IndexTable:
         """Every listed file of ``day`` (from the master list, plus lastupdate in case the master
