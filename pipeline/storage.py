@@ -61,6 +61,21 @@ class DataLayout:
             self.root / "parsed" / "rejects" / f"date={slot.date().isoformat()}" / f"{slot_ts(slot)}.{kind}.parquet"
         )
 
+    def event_keys_path(self, day: date) -> Path:
+        return self.root / "keys" / "events" / f"date={day.isoformat()}.parquet"
+
+    def event_keys_dir(self) -> Path:
+        return self.root / "keys" / "events"
+
+    def events_path(self, day: date) -> Path:
+        return self.root / "events" / f"date={day.isoformat()}.parquet"
+
+    def daily_quads_path(self, day: date) -> Path:
+        return self.root / "daily_quads" / f"date={day.isoformat()}.parquet"
+
+    def unmapped_codes_path(self, day: date) -> Path:
+        return self.root / "reports" / "unmapped_codes" / f"date={day.isoformat()}.parquet"
+
     def index_dir(self) -> Path:
         return self.root / "index" / "gdeltv2"
 

@@ -11,6 +11,7 @@ from datetime import datetime, timedelta, timezone
 
 import dagster as dg
 
+from assets.events import daily_quads, events
 from assets.ingest import gdelt_events, gdelt_files, gdelt_mentions
 
 PUBLISH_DELAY = timedelta(minutes=5)
@@ -18,7 +19,8 @@ RECONCILE_PREVIOUS_DAY_HOURS = 6
 
 gdelt_ingest_job = dg.define_asset_job(
     "gdelt_ingest",
-    selection=[gdelt_files, gdelt_events, gdelt_mentions],  # daily partitions, inferred from the assets
+    # The day's whole chain, so events and quads follow every new slot; partitions are inferred.
+    selection=[gdelt_files, gdelt_events, gdelt_mentions, events, daily_quads],
     # Small, frequent runs: one process, no per-step subprocess start-up (dagster.md §4).
     executor_def=dg.in_process_executor,
 )

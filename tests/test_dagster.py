@@ -17,6 +17,7 @@ import polars as pl
 import pytest
 import requests
 
+from assets.events import daily_quads, events
 from assets.ingest import gdelt_events, gdelt_files, gdelt_mentions
 from assets.resources import MiraiSettings
 from pipeline.gdelt.ledger import read_ledger
@@ -48,7 +49,7 @@ def test_materialize_a_day_on_a_real_instance(tmp_path, mirror, mirror_dir):
     resources = {"mirai": MiraiSettings(data_dir=str(tmp_path / "data"), gdelt_base_url=mirror.base_url)}
     with dg.instance_for_test() as instance:
         result = dg.materialize(
-            [gdelt_files, gdelt_events, gdelt_mentions],
+            [gdelt_files, gdelt_events, gdelt_mentions, events, daily_quads],
             partition_key=MIRROR_DAY.isoformat(),
             resources=resources,
             instance=instance,
@@ -62,6 +63,14 @@ def test_materialize_a_day_on_a_real_instance(tmp_path, mirror, mirror_dir):
         assert events_meta["dagster/row_count"].value == _expected_rows(mirror_dir, "export")
         mentions_meta = result.asset_materializations_for_node("gdelt_mentions")[0].metadata
         assert mentions_meta["dagster/row_count"].value == _expected_rows(mirror_dir, "mentions")
+        # Every exclusion reason is counted in the UI; the rows add up.
+        ev_meta = result.asset_materializations_for_node("events")
+        ev = next(m for m in ev_meta if m.asset_key == dg.AssetKey("events")).metadata
+        excluded = sum(v.value for k, v in ev.items() if k.startswith("excluded_"))
+        assert ev["dagster/row_count"].value + excluded == ev["input_rows"].value == _expected_rows(mirror_dir, "export")
+        assert ev["rules_version"].value == "rules-v1"
+        quads_meta = result.asset_materializations_for_node("daily_quads")[0].metadata
+        assert quads_meta["quads_ge_50_mentions"].value > 0
         # The materialisation is recorded in the instance, per partition.
         record = instance.get_latest_materialization_event(dg.AssetKey("gdelt_files"))
         assert record.dagster_event.partition == MIRROR_DAY.isoformat()

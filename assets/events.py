@@ -1,0 +1,77 @@
+"""Normalised international events and daily quads (MIRAI's rules, pipeline/normalize.py)."""
+
+from datetime import date
+
+import dagster as dg
+
+from assets.ingest import gdelt_events, gdelt_mentions
+from assets.partitions import daily_partitions
+from assets.resources import MiraiSettings
+from pipeline.events import build_daily_quads, build_events
+from pipeline.gdelt.ledger import to_markdown
+from pipeline.normalize import RULES_VERSION
+
+
+@dg.multi_asset(
+    specs=[
+        dg.AssetSpec(
+            "events",
+            deps=[gdelt_events],
+            description="One row per kept international event (date, s, r, o, …) after MIRAI's rules, "
+            "with every excluded row counted under the first rule it failed.",
+            kinds={"polars", "parquet"},
+            group_name="events",
+            code_version=RULES_VERSION,
+        ),
+        dg.AssetSpec(
+            "unmapped_codes",
+            deps=[gdelt_events],
+            description="Actor country codes the CAMEO→ISO table does not know (a schema-drift signal).",
+            kinds={"polars", "parquet"},
+            group_name="events",
+            code_version=RULES_VERSION,
+        ),
+    ],
+    partitions_def=daily_partitions,
+)
+def events(context: dg.AssetExecutionContext, mirai: MiraiSettings):
+    day = date.fromisoformat(context.partition_key)
+    result = build_events(day, mirai.settings())
+    n = result.normalized
+    yield dg.MaterializeResult(
+        asset_key="events",
+        metadata={
+            "dagster/row_count": n.events.height,
+            "input_rows": n.input_rows,
+            **{f"excluded_{reason}": count for reason, count in n.exclusions.items()},
+            "history_days": result.history_days,
+            **n.metadata,
+        },
+    )
+    yield dg.MaterializeResult(
+        asset_key="unmapped_codes",
+        metadata={
+            "dagster/row_count": n.unmapped_codes.height,
+            "codes": dg.MetadataValue.md(to_markdown(n.unmapped_codes)),
+        },
+    )
+
+
+@dg.asset(
+    partitions_def=daily_partitions,
+    deps=["events", gdelt_mentions],
+    group_name="events",
+    kinds={"polars", "parquet"},
+    code_version=RULES_VERSION,
+    description="One row per (date, s, r, o): daily mentions, event count, article URLs and the "
+    "number of distinct first-day WEB mention URLs.",
+)
+def daily_quads(context: dg.AssetExecutionContext, mirai: MiraiSettings) -> dg.MaterializeResult:
+    quads = build_daily_quads(date.fromisoformat(context.partition_key), mirai.settings())
+    return dg.MaterializeResult(
+        metadata={
+            "dagster/row_count": quads.height,
+            "quads_ge_50_mentions": quads.filter(quads["daily_mentions"] >= 50).height,
+            "quads_ge_100_mentions": quads.filter(quads["daily_mentions"] >= 100).height,
+        }
+    )

@@ -1,0 +1,23 @@
+"""Versioned reference tables: CAMEO actor countries -> ISO 3166-1 alpha-3, and MIRAI's CAMEO relations."""
+
+from pipeline.reference.tables import (
+    COUNTRY_TABLE_VERSION,
+    RELATION_TABLE_VERSION,
+    cameo_to_iso3,
+    country_table,
+    iso3_codes,
+    level1_codes,
+    level2_codes,
+    relation_table,
+)
+
+__all__ = [
+    "COUNTRY_TABLE_VERSION",
+    "RELATION_TABLE_VERSION",
+    "cameo_to_iso3",
+    "country_table",
+    "iso3_codes",
+    "level1_codes",
+    "level2_codes",
+    "relation_table",
+]

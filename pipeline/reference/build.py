@@ -1,0 +1,171 @@
+"""Regenerate countries.csv from GDELT's CAMEO actor-country lookup, pycountry and the rules below.
+
+    python -m pipeline.reference.build --cameo ../shared/fixtures/reference/CAMEO.country.txt
+
+The committed countries.csv is this script's output; tests/test_reference.py rebuilds it and fails
+on any difference, so a rule change (or a pycountry release that renames a country) must be
+followed by a rerun and a bump of COUNTRY_TABLE_VERSION in tables.py.
+
+Row rules, one row per code (sorted by code):
+  identity  every current ISO 3166-1 alpha-3 code (pycountry) plus EXTRA_IDENTITY; iso3 = code
+  alias     a CAMEO code for a place that ISO codes differently (ALIASES); iso3 = that ISO code
+  excluded  any other CAMEO code (EXCLUDED): regions, blocs, a dissolved country; iso3 empty
+A CAMEO code that is neither ISO nor in ALIASES/EXCLUDED stops the build: each one needs a
+decision with a reason, not a silent default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+import polars as pl
+import pycountry
+
+from pipeline.reference.tables import COUNTRIES_CSV, COUNTRY_COLUMNS
+
+# Kosovo has no ISO 3166-1 code. XKX is the user-assigned code used by the World Bank and
+# GeoNames, and MIRAI's own country list (paper Table 14) includes "XKX Kosovo", so the benchmark
+# must accept it even though CAMEO.country.txt has no Kosovo row.
+EXTRA_IDENTITY: dict[str, tuple[str, str]] = {
+    "XKX": (
+        "Kosovo",
+        "not in ISO 3166-1: user-assigned code (World Bank, GeoNames); listed in MIRAI paper Table 14",
+    ),
+}
+
+# CAMEO code -> (ISO 3166-1 alpha-3, why). Sources: ISO 3166-1 change history as recorded in
+# pycountry.historic_countries (TMP), the ISO 3166 maintenance-agency newsletters (ROM, IMN, MNE),
+# and the CAMEO labels themselves for the sub-national codes.
+ALIASES: dict[str, tuple[str, str]] = {
+    "ROM": ("ROU", "renamed code: ISO 3166-1 replaced Romania's ROM with ROU in 2002; CAMEO kept ROM"),
+    "TMP": ("TLS", "renamed code: ISO 3166-1 withdrew TMP (East Timor) on 2002-05-20 for TLS; CAMEO kept TMP"),
+    "IMY": ("IMN", "CAMEO-only code for the Isle of Man, which received ISO 3166-1 IMN in 2006"),
+    "MTN": ("MNE", "CAMEO-only code for Montenegro, which received ISO 3166-1 MNE on independence in 2006"),
+    "WSB": ("PSE", "sub-national: the West Bank is part of ISO PSE (Palestine)"),
+    "GZS": ("PSE", "sub-national: the Gaza Strip is part of ISO PSE (Palestine)"),
+    "BAG": ("IRQ", "sub-national: Baghdad, capital of Iraq, which CAMEO codes like a country"),
+}
+
+# CAMEO code -> why it maps to no country. The region list is CAMEO.country.txt's own (see
+# ../shared/fixtures/reference/SOURCES.md); ANT's dates come from pycountry.historic_countries.
+EXCLUDED: dict[str, str] = {
+    "AFR": "region: the African continent",
+    "ASA": "region: the Asian continent",
+    "BLK": "region: the Balkans, several states of south-east Europe",
+    "CRB": "region: the Caribbean, island and coastal states",
+    "CAU": "region: the Caucasus, spanning ARM, AZE, GEO and part of RUS",
+    "CFR": "region: Central Africa, several states",
+    "CAS": "region: Central Asia, several states",
+    "CEU": "region: Central Europe, several states",
+    "EIN": "region: the East Indies (Malay Archipelago), spanning IDN, MYS, PHL and others",
+    "EAF": "region: Eastern Africa, several states",
+    "EEU": "region: Eastern Europe, several states",
+    "EUR": "region: the European continent (EUR also appears inside actor codes such as IGOEUREEC)",
+    "LAM": "region: Latin America, spanning two continents",
+    "MEA": "region: the Middle East, several states",
+    "MDT": "region: the Mediterranean basin, states on three continents",
+    "NAF": "region: North Africa, several states",
+    "NMR": "region: North America, several states",
+    "PGS": "region: the Persian Gulf littoral states",
+    "SCN": "region: Scandinavia (DNK, NOR, SWE)",
+    "SAM": "region: the South American continent",
+    "SAS": "region: South Asia, several states",
+    "SEA": "region: Southeast Asia, several states",
+    "SAF": "region: Southern Africa, several states",
+    "WAF": "region: West Africa, several states",
+    "WST": "pseudo-country: 'The West', a political bloc rather than a territory",
+    "ANT": (
+        "dissolved: the Netherlands Antilles split on 2010-10-10 into CUW, SXM and BES; "
+        "ISO 3166-1 withdrew ANT on 2010-12-15, so it has no single successor"
+    ),
+}
+
+_CODE = re.compile(r"[A-Z]{3}")
+
+
+def read_cameo_countries(path: Path) -> dict[str, str]:
+    """CAMEO.country.txt as {code: label}.
+
+    The published copies differ in line endings (CRLF vs LF) and some labels carry broken bytes
+    (`REU Runion`), so lines are split on any newline and undecodable bytes are replaced rather
+    than fatal; labels only name alias and excluded rows.
+    """
+    text = path.read_bytes().decode("utf-8-sig", errors="replace")
+    table: dict[str, str] = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        code, sep, label = line.partition("\t")
+        code = code.strip()
+        if number == 1 and code == "CODE":
+            continue
+        if not sep or not _CODE.fullmatch(code):
+            raise ValueError(f"{path}:{number}: expected 'CODE<TAB>LABEL', got {line!r}")
+        if code in table:
+            raise ValueError(f"{path}:{number}: code {code} appears twice")
+        table[code] = label.strip()
+    return table
+
+
+def iso_names() -> dict[str, str]:
+    """Current ISO 3166-1 alpha-3 -> display name: pycountry's common_name where it has one
+    ("Iran", "South Korea"), else its ISO short name ("Russian Federation")."""
+    return {c.alpha_3: getattr(c, "common_name", None) or c.name for c in pycountry.countries}
+
+
+def build_country_table(cameo: dict[str, str], iso: dict[str, str]) -> pl.DataFrame:
+    """The countries table from the CAMEO lookup and the ISO list; see the module docstring."""
+    for code in [*ALIASES, *EXCLUDED]:
+        if code not in cameo:
+            raise ValueError(f"rule for {code} but no such code in the CAMEO table: drop or fix the rule")
+        if code in iso:
+            raise ValueError(f"rule for {code} but {code} is an ISO code and so an identity row")
+    for code, (target, _) in ALIASES.items():
+        if target not in iso:
+            raise ValueError(f"alias {code} -> {target}: {target} is not a current ISO 3166-1 code")
+    unruled = sorted(set(cameo) - set(iso) - set(EXTRA_IDENTITY) - set(ALIASES) - set(EXCLUDED))
+    if unruled:
+        raise ValueError(f"CAMEO codes without a rule (add them to ALIASES or EXCLUDED): {unruled}")
+
+    cameo_name_of = {target: code for code, (target, _) in ALIASES.items() if target not in cameo}
+    rows: list[dict[str, str | None]] = []
+    for code, name in iso.items():
+        if code in cameo:
+            reason = "ISO 3166-1 alpha-3, same code in CAMEO"
+        elif code in cameo_name_of:
+            reason = f"ISO 3166-1 alpha-3; CAMEO lists it only as {cameo_name_of[code]}"
+        else:
+            # GDELT's coder knows codes its published lookup lacks: SSD occurs in real exports.
+            reason = "ISO 3166-1 alpha-3 missing from CAMEO; kept as GDELT emits codes beyond its lookup (e.g. SSD)"
+        rows.append({"cameo_code": code, "iso3": code, "name": name, "status": "identity", "reason": reason})
+    for code, (name, reason) in EXTRA_IDENTITY.items():
+        rows.append({"cameo_code": code, "iso3": code, "name": name, "status": "identity", "reason": reason})
+    for code, (target, reason) in ALIASES.items():
+        rows.append({"cameo_code": code, "iso3": target, "name": cameo[code], "status": "alias", "reason": reason})
+    for code, reason in EXCLUDED.items():
+        rows.append({"cameo_code": code, "iso3": None, "name": cameo[code], "status": "excluded", "reason": reason})
+
+    schema = dict.fromkeys(COUNTRY_COLUMNS, pl.String)
+    return pl.DataFrame(rows, schema=schema).sort("cameo_code")
+
+
+def render_csv(table: pl.DataFrame) -> str:
+    """The exact committed text: LF endings, quoting only where a field needs it."""
+    return table.write_csv(line_terminator="\n")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cameo", type=Path, required=True, help="GDELT's CAMEO.country.txt")
+    parser.add_argument("--out", type=Path, default=COUNTRIES_CSV, help="default: the committed countries.csv")
+    args = parser.parse_args(argv)
+    table = build_country_table(read_cameo_countries(args.cameo), iso_names())
+    args.out.write_text(render_csv(table), encoding="utf-8", newline="")
+    counts = dict(table.group_by("status").len().sort("status").iter_rows())
+    print(f"wrote {args.out}: {table.height} rows {counts} (pycountry {pycountry.__version__})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,70 @@
+"""The versioned reference tables: CAMEO actor country -> ISO 3166-1 alpha-3, and MIRAI's CAMEO relations.
+
+Both are CSV files committed next to this module, so the pipeline needs nothing outside the
+repository at run time. Every column is read as text because codes carry leading zeros ("010")
+that a numeric type would drop. Frames are cached: treat them as read-only.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+
+import polars as pl
+
+# Bump when countries.csv changes (rerun build.py); data built under one version is not
+# comparable with data built under another, because rows may move between kept and dropped.
+COUNTRY_TABLE_VERSION = "countries-v1"
+# Bump when cameo_relations.csv changes.
+RELATION_TABLE_VERSION = "cameo-relations-v1"
+
+COUNTRIES_CSV = Path(__file__).with_name("countries.csv")
+RELATIONS_CSV = Path(__file__).with_name("cameo_relations.csv")
+
+COUNTRY_COLUMNS = ("cameo_code", "iso3", "name", "status", "reason")
+_RELATION_SCHEMA = {
+    "code": pl.String,
+    "name": pl.String,
+    "level1": pl.String,
+    "level1_name": pl.String,
+    "quad_class": pl.Int8,
+    "mirai_quad_class": pl.Int8,
+}
+
+
+@cache
+def country_table() -> pl.DataFrame:
+    """One row per code: cameo_code, iso3 (null when excluded), name, status, reason."""
+    return pl.read_csv(COUNTRIES_CSV, schema=dict.fromkeys(COUNTRY_COLUMNS, pl.String))
+
+
+@cache
+def cameo_to_iso3() -> pl.DataFrame:
+    """The join table for normalising actor country codes: identity and alias rows only, so an
+    inner join drops regions and other excluded codes."""
+    return country_table().filter(pl.col("status") != "excluded").select("cameo_code", "iso3")
+
+
+@cache
+def iso3_codes() -> frozenset[str]:
+    """Every code a normalised country can take: current ISO 3166-1 alpha-3 plus XKX."""
+    return frozenset(country_table().get_column("iso3").drop_nulls())
+
+
+@cache
+def relation_table() -> pl.DataFrame:
+    """MIRAI's second-level CAMEO relations: code, name, level1, level1_name, quad_class
+    (GDELT's QuadClass), mirai_quad_class (the grouping MIRAI's evaluation uses)."""
+    return pl.read_csv(RELATIONS_CSV, schema=_RELATION_SCHEMA)
+
+
+@cache
+def level2_codes() -> frozenset[str]:
+    """The 3-digit relation codes, e.g. "042"."""
+    return frozenset(relation_table().get_column("code"))
+
+
+@cache
+def level1_codes() -> frozenset[str]:
+    """The 2-digit root codes, "01" to "20"."""
+    return frozenset(relation_table().get_column("level1"))

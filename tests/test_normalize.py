@@ -1,0 +1,261 @@
+"""MIRAI's event rules, each with targeted rows; conformance on real GDELT files against an
+independent plain-Python implementation; idempotence of the daily outputs."""
+
+from __future__ import annotations
+
+import hashlib
+from collections import defaultdict
+from datetime import date, datetime, timedelta, timezone
+
+import polars as pl
+import pytest
+
+from pipeline.config import Settings
+from pipeline.events import build_daily_quads, build_events
+from pipeline.gdelt import parse_export
+from pipeline.gdelt.schema import EXPORT_SCHEMA
+from pipeline.normalize import EXCLUSIONS, History, daily_quads, normalize_events, normalize_with_report
+from pipeline.reference.tables import cameo_to_iso3, country_table, level2_codes
+from pipeline.storage import DataLayout, atomic_write_parquet
+
+from .conftest import shared_fixture
+
+UTC = timezone.utc
+DAY1 = date(2024, 3, 1)
+_ids = iter(range(1_000_000, 2_000_000))
+
+
+def event(day: date = DAY1, *, s: str | None = "USA", o: str | None = "CHN", code: str = "042", sqldate: date | None = None,
+          url: str | None = "https://news.example/a", mentions: int = 10, event_id: int | None = None, minute: int = 0) -> dict:
+    """One GDELT export row with every column of EXPORT_SCHEMA (unset ones null)."""
+    row = {name: None for name in EXPORT_SCHEMA.names()}
+    row.update(
+        GLOBALEVENTID=event_id if event_id is not None else next(_ids),
+        SQLDATE=sqldate or day,
+        Actor1CountryCode=s,
+        Actor2CountryCode=o,
+        EventCode=code,
+        EventBaseCode=code[:3],
+        EventRootCode=code[:2],
+        QuadClass=1,
+        GoldsteinScale=1.0,
+        NumMentions=mentions,
+        NumSources=1,
+        NumArticles=mentions,
+        AvgTone=0.5,
+        DATEADDED=datetime(day.year, day.month, day.day, 0, minute, tzinfo=UTC),
+        SOURCEURL=url,
+    )
+    return row
+
+
+def frame(*rows: dict) -> pl.DataFrame:
+    return pl.DataFrame(list(rows), schema=EXPORT_SCHEMA)
+
+
+def reason_of(row: dict) -> str | None:
+    result = normalize_with_report(frame(row))
+    return next((r for r, n in result.exclusions.items() if n), None)
+
+
+def test_alias_rom_is_kept_as_rou():
+    events = normalize_events(frame(event(s="ROM", o="USA")))
+    assert events.select("s", "o", "s_cameo").rows() == [("ROU", "USA", "ROM")]
+
+
+def test_west_bank_and_gaza_both_map_to_pse_and_become_domestic():
+    assert reason_of(event(s="WSB", o="GZS")) == "domestic"
+    assert normalize_events(frame(event(s="WSB", o="ISR")))["s"].to_list() == ["PSE"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "reason"),
+    [
+        ({"s": "AFR"}, "actor_not_a_country"),
+        ({"o": "ANT"}, "actor_not_a_country"),
+        ({"s": None}, "actor_blank"),
+        ({"o": "QQQ"}, "actor_unknown_code"),
+        ({"s": "USA", "o": "USA"}, "domestic"),
+        ({"code": "---"}, "invalid_relation"),
+        ({"code": "999"}, "invalid_relation"),
+        ({"sqldate": DAY1 - timedelta(days=365)}, "date_not_aligned"),
+        ({"sqldate": DAY1 - timedelta(days=1)}, "date_not_aligned"),
+    ],
+)
+def test_each_rule_excludes_and_counts(overrides, reason):
+    assert reason_of(event(**overrides)) == reason
+
+
+def test_unknown_codes_are_reported_not_fatal():
+    result = normalize_with_report(frame(event(o="QQQ"), event(s="QQQ", o="ZZZ"), event()))
+    assert result.events.height == 1
+    assert dict(result.unmapped_codes.iter_rows()) == {"QQQ": 2, "ZZZ": 1}
+
+
+def test_every_row_is_kept_or_counted_once():
+    rows = frame(event(), event(s="AFR"), event(code="--"), event(s="CHN", o="CHN"), event(o=None))
+    result = normalize_with_report(rows)
+    assert result.events.height + sum(result.exclusions.values()) == result.input_rows == 5
+    assert list(result.exclusions) == list(EXCLUSIONS)
+
+
+def test_replayed_rows_add_nothing():
+    a = event(event_id=42)
+    replay = dict(a, DATEADDED=a["DATEADDED"] + timedelta(minutes=15))
+    result = normalize_with_report(frame(a, replay))
+    assert result.events["event_id"].to_list() == [42]
+    assert result.exclusions["duplicate_event_id"] == 1
+    seen = History(pl.LazyFrame({"event_id": [42]}), History.empty().url_first_day)
+    assert normalize_events(frame(a), seen).height == 0
+
+
+def test_url_first_day_wins_within_one_input():
+    day2 = DAY1 + timedelta(days=1)
+    rows = frame(event(DAY1, url="u1"), event(day2, url="u1", o="RUS"), event(day2, url="u2", o="RUS"))
+    result = normalize_with_report(rows)
+    assert sorted(result.events.select("date", "url").rows()) == [(DAY1, "u1"), (day2, "u2")]
+    assert result.exclusions["url_reported_earlier"] == 1
+
+
+def test_url_rule_comes_before_other_rules():
+    """The URL's first day counts rows that other rules drop: a URL first seen on day 1 in a
+    misaligned row still owns no events on day 2."""
+    day2 = DAY1 + timedelta(days=1)
+    rows = frame(event(DAY1, url="u1", sqldate=DAY1 - timedelta(days=7)), event(day2, url="u1"))
+    result = normalize_with_report(rows)
+    assert result.events.height == 0
+    assert result.exclusions["url_reported_earlier"] == 1 and result.exclusions["date_not_aligned"] == 1
+
+
+def _write_parsed(settings: Settings, day: date, rows: pl.DataFrame) -> None:
+    layout = DataLayout(settings.data_dir)
+    slot = datetime(day.year, day.month, day.day, tzinfo=UTC)
+    atomic_write_parquet(rows, layout.parsed_path("export", slot))
+
+
+def test_url_across_two_daily_partitions_keeps_day_one(tmp_path):
+    settings = Settings(data_dir=tmp_path)
+    day2 = DAY1 + timedelta(days=1)
+    _write_parsed(settings, DAY1, frame(event(DAY1, url="shared", o="RUS"), event(DAY1, url="only1")))
+    _write_parsed(settings, day2, frame(event(day2, url="shared", o="IND"), event(day2, url="only2"),
+                                        event(day2, url="x", event_id=None)))
+    first = build_events(DAY1, settings)
+    second = build_events(day2, settings)
+    assert first.history_days == 0 and second.history_days == 1
+    assert sorted(first.normalized.events["url"]) == ["only1", "shared"]
+    assert sorted(second.normalized.events["url"]) == ["only2", "x"]
+    assert second.normalized.exclusions["url_reported_earlier"] == 1
+
+
+def test_event_replayed_on_a_later_day_adds_nothing(tmp_path):
+    settings = Settings(data_dir=tmp_path)
+    day2 = DAY1 + timedelta(days=1)
+    original = event(DAY1, event_id=7, url="a")
+    _write_parsed(settings, DAY1, frame(original))
+    _write_parsed(settings, day2, frame(dict(original, DATEADDED=original["DATEADDED"] + timedelta(days=1), SQLDATE=day2)))
+    build_events(DAY1, settings)
+    assert build_events(day2, settings).normalized.exclusions["duplicate_event_id"] == 1
+
+
+def test_daily_outputs_are_byte_identical_on_rerun(tmp_path):
+    settings = Settings(data_dir=tmp_path)
+    _write_parsed(settings, DAY1, frame(*(event(o=o, url=f"u{i}", mentions=60) for i, o in enumerate(["CHN", "RUS", "CHN"]))))
+    layout = DataLayout(tmp_path)
+
+    def digest() -> tuple[str, str]:
+        build_events(DAY1, settings)
+        build_daily_quads(DAY1, settings)
+        return tuple(hashlib.sha256(p.read_bytes()).hexdigest() for p in (layout.events_path(DAY1), layout.daily_quads_path(DAY1)))
+
+    assert digest() == digest()
+
+
+def test_daily_quads_sum_mentions_and_count_first_day_web_mentions():
+    rows = frame(event(o="CHN", url="a", mentions=30, event_id=1), event(o="CHN", url="b", mentions=25, event_id=2),
+                 event(o="RUS", url="c", mentions=5, event_id=3))
+    events = normalize_events(rows)
+    day_start = datetime(2024, 3, 1, tzinfo=UTC)
+    mentions = pl.DataFrame(
+        {
+            "GLOBALEVENTID": [1, 1, 2, 2, 1],
+            "MentionType": [1, 1, 1, 2, 1],
+            "MentionTimeDate": [day_start, day_start, day_start, day_start, day_start + timedelta(days=1)],
+            "MentionIdentifier": ["m1", "m2", "m1", "BBC Monitoring", "late"],
+        },
+        schema={"GLOBALEVENTID": pl.Int64, "MentionType": pl.Int8, "MentionTimeDate": pl.Datetime("us", "UTC"),
+                "MentionIdentifier": pl.String},
+    )
+    quads = daily_quads(events, mentions)
+    china = quads.filter(pl.col("o") == "CHN").row(0, named=True)
+    assert (china["daily_mentions"], china["n_events"], china["urls"], china["web_mention_urls"]) == (55, 2, ["a", "b"], 2)
+    russia = quads.filter(pl.col("o") == "RUS").row(0, named=True)
+    assert (russia["daily_mentions"], russia["web_mention_urls"]) == (5, 0)
+    assert quads.select(pl.struct("date", "s", "r", "o").is_unique().all()).item()
+
+
+REAL_EXPORTS = [
+    "narayave-Insight-GDELT-Feed/b412634/20190121220000.export.CSV",
+    "narayave-Insight-GDELT-Feed/HEAD/events.csv",
+    "epournaras-DIAS-GDELT/b61e972/20180326044500.export.CSV",
+    "aamend-spark-gdelt-cae6b57/events.csv",
+    "aamend-spark-gdelt/events.csv",
+]
+
+
+def reference_rules(rows: list[dict]) -> list[tuple]:
+    """The same rules in plain Python, written independently of pipeline.normalize."""
+    iso = dict(cameo_to_iso3().iter_rows())
+    relations = level2_codes()
+    first_day: dict[str, date] = {}
+    for r in rows:
+        day = r["DATEADDED"].date()
+        if r["SOURCEURL"] is not None:
+            first_day[r["SOURCEURL"]] = min(first_day.get(r["SOURCEURL"], day), day)
+    seen: set[int] = set()
+    kept = []
+    for r in sorted(rows, key=lambda r: r["DATEADDED"]):
+        eid, day = r["GLOBALEVENTID"], r["DATEADDED"].date()
+        if eid in seen:
+            continue
+        seen.add(eid)
+        if r["SOURCEURL"] is not None and first_day[r["SOURCEURL"]] < day:
+            continue
+        if r["SQLDATE"] != day:
+            continue
+        s, o = iso.get(r["Actor1CountryCode"]), iso.get(r["Actor2CountryCode"])
+        if s is None or o is None or s == o:
+            continue
+        if r["EventBaseCode"] not in relations:
+            continue
+        kept.append((eid, day, s, r["EventBaseCode"], o))
+    return sorted(kept)
+
+
+@pytest.mark.parametrize("relative", REAL_EXPORTS)
+def test_conformance_on_real_gdelt_files(relative):
+    rows = parse_export(shared_fixture(f"gdelt/{relative}").read_bytes(), source=relative).rows
+    result = normalize_with_report(rows)
+    events = result.events
+    # invariants
+    assert set(events["s"]) | set(events["o"]) <= set(cameo_to_iso3()["iso3"])
+    assert set(events["r"]) <= level2_codes()
+    assert events.filter(pl.col("s") == pl.col("o")).height == 0
+    assert events.filter(pl.col("date") != pl.col("date_added").dt.date()).height == 0
+    assert (events["r1"] == events["r"].str.slice(0, 2)).all()
+    # the same counts as an independent implementation
+    expected = reference_rules(rows.to_dicts())
+    assert sorted(events.select("event_id", "date", "s", "r", "o").rows()) == expected
+    assert events.height + sum(result.exclusions.values()) == rows.height
+    quads = daily_quads(events)
+    assert quads["n_events"].sum() == events.height
+    assert quads["daily_mentions"].sum() == events["num_mentions"].sum()
+
+
+def test_country_table_knows_every_code_in_real_files():
+    """Real data's actor codes are all in the table (mapped or excluded on purpose)."""
+    known = set(country_table()["cameo_code"])
+    codes: set[str] = set()
+    for relative in REAL_EXPORTS:
+        rows = parse_export(shared_fixture(f"gdelt/{relative}").read_bytes(), source=relative).rows
+        codes |= set(rows["Actor1CountryCode"].drop_nulls()) | set(rows["Actor2CountryCode"].drop_nulls())
+    assert codes - known == set()
