@@ -160,9 +160,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
             kind: pl.scan_parquet(layout.parsed_dir(kind, day) / "*.parquet").select(pl.len()).collect().item()
             for kind in ("export", "mentions")
         }
+        events = pl.scan_parquet(layout.events_path(day)).select(pl.len()).collect().item()
+        quads = pl.read_parquet(layout.daily_quads_path(day), columns=["daily_mentions"])["daily_mentions"]
         print(
             f"      {day}: files " + ", ".join(f"{k}={v}" for k, v in counts.items() if v)
-            + f" | events={rows['export']:,} mentions={rows['mentions']:,}"
+            + f" | export rows={rows['export']:,} mentions={rows['mentions']:,}"
+            + f" | events kept={events:,} daily quads={quads.len():,} (>=50 mentions: {(quads >= 50).sum():,})"
         )
     print(f"\nLedger of a day:  MIRAI_DATA_DIR={data_dir} .venv/bin/mirai ledger --day {days[0]}")
     print(f"Dagster UI:       DAGSTER_HOME={dagster_home} MIRAI_DATA_DIR={data_dir} .venv/bin/dagster dev -w workspace.yaml")
