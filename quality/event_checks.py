@@ -1,0 +1,83 @@
+"""Great Expectations suites (quality/suites.py) as Dagster asset checks on the event tables.
+
+Each check reads its partition's parquet from disk through DataLayout (the assets write files
+themselves, there is no IO manager to load from), runs the suite and reports the statistics and
+the failed expectations. GX is imported inside the suites, never when this module loads.
+
+- ``gdelt_events_valid``: non-blocking; a bad raw day is reported, the events rules still run
+  (they drop duplicates and misaligned rows on their own).
+- ``events_valid``: blocking; a failure stops ``daily_quads`` (and anything else downstream) in
+  the same run, so bad events never reach the benchmark.
+- ``daily_quads_valid``: blocking, for the monthly/benchmark assets that will sit downstream.
+"""
+
+import json
+from datetime import date
+from pathlib import Path
+
+import dagster as dg
+import polars as pl
+
+from assets.ingest import gdelt_events
+from assets.partitions import daily_partitions
+from assets.resources import MiraiSettings
+from pipeline.storage import DataLayout
+from quality.suites import SuiteResult, read_raw_events_day, validate_daily_quads, validate_events, validate_raw_events
+
+
+def _result(res: SuiteResult, source: Path) -> dg.AssetCheckResult:
+    metadata: dict[str, dg.RawMetadataValue] = {
+        "suite": res.suite,
+        "source": dg.MetadataValue.path(str(source)),
+        **{k: v for k, v in res.statistics.items() if v is not None},
+        "failed_expectations": len(res.failures),
+    }
+    if res.failures:
+        metadata["failures"] = dg.MetadataValue.md(res.failures_markdown())
+        metadata["failures_json"] = dg.MetadataValue.json(json.loads(json.dumps(res.failures, default=str)))
+    if res.note:
+        metadata["note"] = res.note
+    description = res.note or (
+        f"{res.suite}: all expectations met" if res.passed
+        else f"{res.suite}: failed " + ", ".join(sorted(res.failed_expectations))
+    )
+    return dg.AssetCheckResult(passed=res.passed, severity=dg.AssetCheckSeverity.ERROR, metadata=metadata,
+                               description=description)
+
+
+def _missing(path: Path, what: str) -> dg.AssetCheckResult:
+    return dg.AssetCheckResult(
+        passed=False,
+        severity=dg.AssetCheckSeverity.ERROR,
+        metadata={"source": dg.MetadataValue.path(str(path))},
+        description=f"{what} file is missing: the asset was not materialised for this partition",
+    )
+
+
+@dg.asset_check(asset=gdelt_events, partitions_def=daily_partitions, blocking=False)
+def gdelt_events_valid(context: dg.AssetCheckExecutionContext, mirai: MiraiSettings) -> dg.AssetCheckResult:
+    """The day's parsed export rows: 61 typed columns in order, GLOBALEVENTID non-null and unique
+    over the day, DATEADDED inside the 15-minute slot of its file. A day without landed slots
+    passes with a note."""
+    day = date.fromisoformat(context.partition_key)
+    directory = DataLayout(mirai.settings().data_dir).parsed_dir("export", day)
+    return _result(validate_raw_events(read_raw_events_day(directory)), directory)
+
+
+@dg.asset_check(asset=dg.AssetKey("events"), partitions_def=daily_partitions, blocking=True)
+def events_valid(context: dg.AssetCheckExecutionContext, mirai: MiraiSettings) -> dg.AssetCheckResult:
+    """The day's events obey MIRAI's rules: event_id unique, s/o ISO alpha-3 and different,
+    r a level-2 CAMEO code with r1 its root, date the UTC day of date_added. Blocking."""
+    path = DataLayout(mirai.settings().data_dir).events_path(date.fromisoformat(context.partition_key))
+    if not path.exists():
+        return _missing(path, "events")
+    return _result(validate_events(pl.read_parquet(path)), path)
+
+
+@dg.asset_check(asset=dg.AssetKey("daily_quads"), partitions_def=daily_partitions, blocking=True)
+def daily_quads_valid(context: dg.AssetCheckExecutionContext, mirai: MiraiSettings) -> dg.AssetCheckResult:
+    """One row per (date, s, r, o), each with daily_mentions >= 1 and n_events >= 1. Blocking."""
+    path = DataLayout(mirai.settings().data_dir).daily_quads_path(date.fromisoformat(context.partition_key))
+    if not path.exists():
+        return _missing(path, "daily_quads")
+    return _result(validate_daily_quads(pl.read_parquet(path)), path)

@@ -1,0 +1,280 @@
+"""Great Expectations 1.x suites for the pipeline's tables, run on polars frames.
+
+Plain functions: no dagster here (quality/event_checks.py wraps them in asset checks). GX is
+imported inside the functions only, because ``import great_expectations`` costs seconds and
+everything that loads the code location (``dg check defs``, sensors, the code server) would pay it.
+
+GX has no polars engine, so each suite:
+1. checks the stored dtypes on the polars side (GX only sees pandas dtypes after conversion);
+2. adds the derived columns an expectation needs (``_``-prefixed; e.g. a slot offset in seconds);
+3. converts to pandas and validates on a fresh ephemeral context (nothing written to disk).
+
+Suites and the rules they guard:
+- ``raw_events`` (parsed export rows of one day, ingestion): 61 columns in order with the stored
+  dtypes; GLOBALEVENTID non-null and unique over the day; DATEADDED inside its file's 15-minute slot.
+- ``events`` (pipeline/normalize.py rules 1-5): event_id unique; s, o ISO alpha-3; s != o; r a
+  MIRAI level-2 code and r1 its first two digits; date the UTC day of date_added.
+- ``daily_quads``: (date, s, r, o) unique; daily_mentions >= 1; n_events >= 1.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from pipeline.gdelt.schema import EXPORT_SCHEMA
+
+SLOT_MINUTES = 15
+MAX_UNEXPECTED_VALUES = 5
+SCHEMA_CHECK = "polars_schema_matches"  # the failure type of the polars-side dtype check
+
+
+@dataclass(frozen=True)
+class SuiteResult:
+    suite: str
+    passed: bool
+    statistics: dict[str, Any]
+    # One dict per failed expectation: expectation (GX type or SCHEMA_CHECK), column, rule,
+    # unexpected_count, unexpected_values (a few), and observed / exception when GX gives them.
+    failures: list[dict[str, Any]] = field(default_factory=list)
+    note: str | None = None
+
+    @property
+    def failed_expectations(self) -> set[str]:
+        return {f["expectation"] for f in self.failures}
+
+    def failures_markdown(self) -> str:
+        if not self.failures:
+            return "No failed expectation."
+        lines = ["| expectation | column | rule | unexpected | examples |", "|---|---|---|---|---|"]
+        for f in self.failures:
+            examples = f.get("unexpected_values") or f.get("exception") or f.get("observed") or ""
+            cells = [f["expectation"], f.get("column") or "", f.get("rule") or "",
+                     "" if f.get("unexpected_count") is None else str(f["unexpected_count"]),
+                     json.dumps(examples, default=str) if not isinstance(examples, str) else examples]
+            lines.append("| " + " | ".join(c.replace("|", "\\|").replace("\n", " ")[:300] for c in cells) + " |")
+        return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# Shared machinery
+
+
+def _schema_failures(df: pl.DataFrame, expected: pl.Schema, where: str | None = None) -> list[dict[str, Any]]:
+    """Column names, order and dtypes as stored, checked on the polars side."""
+    actual = df.schema
+    if actual == expected:
+        return []
+    problems: list[str] = []
+    if list(actual.names()) != list(expected.names()):
+        missing = [c for c in expected.names() if c not in actual]
+        extra = [c for c in actual.names() if c not in expected]
+        problems.append(f"columns differ: missing={missing}, extra={extra}, count={len(actual)}/{len(expected)}"
+                        if missing or extra else "columns out of order")
+    problems += [f"{c}: {actual[c]} != {dtype}" for c, dtype in expected.items() if c in actual and actual[c] != dtype]
+    return [{
+        "expectation": SCHEMA_CHECK,
+        "column": None,
+        "rule": f"stored schema{' of ' + where if where else ''}",
+        "unexpected_count": len(problems),
+        "unexpected_values": problems[:MAX_UNEXPECTED_VALUES],
+    }]
+
+
+def _jsonable(value: Any) -> Any:
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return None if math.isnan(value) else value
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return str(value)
+
+
+def _failure(r) -> dict[str, Any]:
+    kwargs = r.expectation_config.kwargs
+    result = r.result or {}
+    column = kwargs.get("column") or kwargs.get("column_list")
+    if column is None and "column_A" in kwargs:
+        column = [kwargs["column_A"], kwargs["column_B"]]
+    if r.expectation_config.type.startswith("expect_table_"):
+        column = "(table)"
+    out: dict[str, Any] = {
+        "expectation": r.expectation_config.type,
+        "column": column if isinstance(column, str) or column is None else ", ".join(map(str, column)),
+        "rule": (r.expectation_config.meta or {}).get("rule"),
+        "unexpected_count": result.get("unexpected_count"),
+        "unexpected_values": _jsonable(list(result.get("partial_unexpected_list") or [])[:MAX_UNEXPECTED_VALUES]),
+    }
+    if "observed_value" in result:
+        out["observed"] = str(_jsonable(result["observed_value"]))[:300]
+    if (result.get("details") or {}).get("mismatched"):
+        out["observed"] = str(_jsonable(result["details"]["mismatched"]))[:300]
+    info = r.exception_info or {}
+    messages = [info.get("exception_message")] if "raised_exception" in info else [
+        v.get("exception_message") for v in info.values() if isinstance(v, dict)
+    ]
+    messages = [m for m in messages if m]
+    if messages:
+        out["exception"] = messages[0][:300]
+    return out
+
+
+def _run(suite_name: str, df: pl.DataFrame, expectations: list, schema_failures: list[dict[str, Any]],
+         extra_stats: dict[str, Any]) -> SuiteResult:
+    """Validate ``df`` (polars, derived columns included) with GX on a throwaway context."""
+    import great_expectations as gx
+    from great_expectations.data_context.types.base import ProgressBarsConfig
+
+    ctx = gx.get_context(mode="ephemeral")
+    ctx.variables.progress_bars = ProgressBarsConfig(globally=False)  # no tqdm spam in Dagster logs
+    batch = (
+        ctx.data_sources.add_pandas(f"{suite_name}_source")
+        .add_dataframe_asset(suite_name)
+        .add_batch_definition_whole_dataframe("whole")
+    )
+    suite = ctx.suites.add(gx.ExpectationSuite(name=suite_name, expectations=expectations))
+    vd = ctx.validation_definitions.add(gx.ValidationDefinition(name=f"{suite_name}_vd", data=batch, suite=suite))
+    res = vd.run(batch_parameters={"dataframe": df.to_pandas()}, result_format="SUMMARY")
+    failures = schema_failures + [_failure(r) for r in res.results if not r.success]
+    stats = {
+        **extra_stats,
+        **{k: (round(v, 2) if isinstance(v, float) else v) for k, v in dict(res.statistics).items()},
+        "schema_problems": sum(f["unexpected_count"] for f in schema_failures),
+    }
+    return SuiteResult(suite_name, passed=bool(res.success) and not schema_failures, statistics=stats, failures=failures)
+
+
+def _empty(suite_name: str, schema_failures: list[dict[str, Any]], note: str, **stats: Any) -> SuiteResult:
+    return SuiteResult(suite_name, passed=not schema_failures, statistics={"rows": 0, **stats},
+                       failures=schema_failures, note=note)
+
+
+def _derived(df: pl.DataFrame, column: str, expected: pl.DataType, expr: pl.Expr, name: str, out: pl.DataType) -> pl.Expr:
+    """A derived column, or nulls when its source column is absent or not of the stored type
+    (the schema check reports that; the expectation on the derived column then fails too)."""
+    ok = column in df.columns and df.schema[column] == expected
+    return (expr if ok else pl.lit(None, out)).alias(name)
+
+
+# ---------------------------------------------------------------------------------------------
+# raw_events: the parsed GDELT export rows of one day, one frame per 15-minute slot
+
+
+def slot_of_file(path: Path) -> datetime:
+    """``20240101101500.parquet`` -> 2024-01-01 10:15 UTC."""
+    return datetime.strptime(path.name.split(".", 1)[0], "%Y%m%d%H%M%S").replace(tzinfo=timezone.utc)
+
+
+def read_raw_events_day(directory: Path) -> dict[datetime, pl.DataFrame]:
+    """Every slot parquet of a day's ``parsed/export/date=…`` directory, keyed by its slot."""
+    if not directory.exists():
+        return {}
+    return {slot_of_file(p): pl.read_parquet(p) for p in sorted(directory.glob("[0-9]*.parquet"))}
+
+
+RAW_DERIVED = ["slot", "_dateadded_offset_s"]
+
+
+def validate_raw_events(slots: Mapping[datetime, pl.DataFrame]) -> SuiteResult:
+    """The parsed export rows of one day, given per slot (the time in the file's name)."""
+    import great_expectations.expectations as gxe
+
+    schema_failures = [f for slot, df in slots.items()
+                       for f in _schema_failures(df, EXPORT_SCHEMA, where=f"slot {slot:%Y%m%d%H%M%S}")]
+    frames = [df.with_columns(pl.lit(slot, pl.Datetime("us", "UTC")).alias("slot")) for slot, df in slots.items()]
+    total = sum(df.height for df in frames)
+    if total == 0:
+        return _empty("raw_events", schema_failures, "no parsed export rows for this day", files=len(frames))
+    rows = pl.concat(frames, how="diagonal_relaxed")
+    rows = rows.with_columns(
+        _derived(rows, "DATEADDED", EXPORT_SCHEMA["DATEADDED"],
+                 (pl.col("DATEADDED") - pl.col("slot")).dt.total_seconds(), "_dateadded_offset_s", pl.Int64)
+    )
+    slot_seconds = SLOT_MINUTES * 60
+    expectations = [
+        gxe.ExpectTableColumnsToMatchOrderedList(column_list=[*EXPORT_SCHEMA.names(), *RAW_DERIVED], meta={"rule": "raw: exactly the 61 export columns, in order"}),  # raw schema (dtypes: polars side)
+        gxe.ExpectColumnValuesToNotBeNull(column="GLOBALEVENTID", meta={"rule": "raw: GLOBALEVENTID present"}),  # raw: event key
+        gxe.ExpectColumnValuesToBeUnique(column="GLOBALEVENTID", meta={"rule": "raw: GLOBALEVENTID unique over the day"}),  # raw: event key (rule 1 input)
+        gxe.ExpectColumnValuesToNotBeNull(column="_dateadded_offset_s", meta={"rule": "raw: DATEADDED present"}),  # raw: publication time (rule 2 input)
+        gxe.ExpectColumnValuesToBeBetween(column="_dateadded_offset_s", min_value=0, max_value=slot_seconds, strict_max=True, meta={"rule": "raw: DATEADDED within [slot, slot + 15 min)"}),  # raw: file/slot consistency
+    ]
+    return _run("raw_events", rows, expectations, schema_failures,
+                {"rows": total, "files": len(frames), "first_slot": str(min(slots)), "last_slot": str(max(slots))})
+
+
+# ---------------------------------------------------------------------------------------------
+# events: the normalised international events of one day (pipeline/normalize.py rules)
+
+EVENTS_DERIVED = ["_r_prefix", "_date_added_day"]
+
+
+def validate_events(events: pl.DataFrame) -> SuiteResult:
+    import great_expectations.expectations as gxe
+
+    from pipeline.normalize import EVENTS_SCHEMA
+    from pipeline.reference.tables import iso3_codes, level2_codes
+
+    schema_failures = _schema_failures(events, EVENTS_SCHEMA)
+    if events.height == 0:
+        return _empty("events", schema_failures, "no events on this day")
+    df = events.with_columns(
+        _derived(events, "r", pl.String(), pl.col("r").str.slice(0, 2), "_r_prefix", pl.String),
+        # date_added is stored in UTC, so its calendar day is the UTC day.
+        _derived(events, "date_added", EVENTS_SCHEMA["date_added"], pl.col("date_added").dt.date(),
+                 "_date_added_day", pl.Date),
+    )
+    iso3, level2 = sorted(iso3_codes()), sorted(level2_codes())
+    expectations = [
+        gxe.ExpectTableColumnsToMatchOrderedList(column_list=[*EVENTS_SCHEMA.names(), *EVENTS_DERIVED], meta={"rule": "events: stored columns, in order"}),  # schema (dtypes: polars side)
+        gxe.ExpectColumnValuesToNotBeNull(column="event_id", meta={"rule": "1: event_id present"}),  # rule 1
+        gxe.ExpectColumnValuesToBeUnique(column="event_id", meta={"rule": "1: GLOBALEVENTID deduplicated"}),  # rule 1
+        gxe.ExpectColumnValuesToNotBeNull(column="date", meta={"rule": "2: date present"}),  # rule 2
+        gxe.ExpectColumnPairValuesToBeEqual(column_A="date", column_B="_date_added_day", meta={"rule": "2: date is the UTC day of date_added"}),  # rule 2
+        gxe.ExpectColumnValuesToNotBeNull(column="s", meta={"rule": "3: s mapped"}),  # rule 3
+        gxe.ExpectColumnValuesToBeInSet(column="s", value_set=iso3, meta={"rule": "3: s is an ISO 3166-1 alpha-3 country"}),  # rule 3
+        gxe.ExpectColumnValuesToNotBeNull(column="o", meta={"rule": "3: o mapped"}),  # rule 3
+        gxe.ExpectColumnValuesToBeInSet(column="o", value_set=iso3, meta={"rule": "3: o is an ISO 3166-1 alpha-3 country"}),  # rule 3
+        gxe.ExpectSelectColumnValuesToBeUniqueWithinRecord(column_list=["s", "o"], meta={"rule": "4: no domestic event (s != o)"}),  # rule 4
+        gxe.ExpectColumnValuesToNotBeNull(column="r", meta={"rule": "5: r present"}),  # rule 5
+        gxe.ExpectColumnValuesToBeInSet(column="r", value_set=level2, meta={"rule": "5: r is a MIRAI level-2 CAMEO code"}),  # rule 5
+        gxe.ExpectColumnPairValuesToBeEqual(column_A="r1", column_B="_r_prefix", meta={"rule": "5: r1 is the first two digits of r"}),  # rule 5
+    ]
+    days = events.get_column("date").drop_nulls().unique().sort().to_list() if "date" in events.columns else []
+    return _run("events", df, expectations, schema_failures,
+                {"rows": events.height, "days": ", ".join(str(d) for d in days[:3]) + (" …" if len(days) > 3 else "")})
+
+
+# ---------------------------------------------------------------------------------------------
+# daily_quads: one row per (date, s, r, o)
+
+QUAD_KEY = ["date", "s", "r", "o"]
+
+
+def validate_daily_quads(quads: pl.DataFrame) -> SuiteResult:
+    import great_expectations.expectations as gxe
+
+    from pipeline.normalize import QUADS_SCHEMA
+
+    schema_failures = _schema_failures(quads, QUADS_SCHEMA)
+    if quads.height == 0:
+        return _empty("daily_quads", schema_failures, "no quads on this day")
+    expectations = [
+        gxe.ExpectTableColumnsToMatchOrderedList(column_list=QUADS_SCHEMA.names(), meta={"rule": "quads: stored columns, in order"}),  # schema (dtypes: polars side)
+        *[gxe.ExpectColumnValuesToNotBeNull(column=c, meta={"rule": f"quads: key column {c} present"}) for c in QUAD_KEY],  # compound key complete
+        gxe.ExpectCompoundColumnsToBeUnique(column_list=QUAD_KEY, meta={"rule": "quads: one row per (date, s, r, o)"}),  # compound key unique
+        gxe.ExpectColumnValuesToBeBetween(column="daily_mentions", min_value=1, meta={"rule": "quads: daily_mentions >= 1"}),  # a quad is mentioned
+        gxe.ExpectColumnValuesToBeBetween(column="n_events", min_value=1, meta={"rule": "quads: n_events >= 1"}),  # a quad has events
+    ]
+    return _run("daily_quads", quads, expectations, schema_failures,
+                {"rows": quads.height, "total_mentions": int(quads.get_column("daily_mentions").sum())
+                 if "daily_mentions" in quads.columns and quads.schema["daily_mentions"].is_numeric() else None})
