@@ -48,13 +48,31 @@ def _keys_current(layout: DataLayout, day: date) -> bool:
     return path.exists() and read_parquet_metadata(path).get("keys_format") == KEYS_FORMAT
 
 
+def _key_days_before(layout: DataLayout, day: date) -> list[date]:
+    directory = layout.event_keys_dir()
+    if not directory.exists():
+        return []
+    found = (date.fromisoformat(p.stem.removeprefix("date=")) for p in directory.glob("date=*.parquet"))
+    return sorted(d for d in found if d < day)
+
+
+def history_fingerprint(layout: DataLayout, day: date) -> str:
+    """A digest of the history a day is normalised against (which earlier days, how many key
+    rows each). It changes when an earlier day is ingested later (an out-of-order backfill) or
+    gains late slots: the day's events must then be rebuilt (the events_history_current check)."""
+    import hashlib
+
+    import pyarrow.parquet as pq
+
+    digest = hashlib.sha256()
+    for earlier in _key_days_before(layout, day):
+        digest.update(f"{earlier}:{pq.read_metadata(layout.event_keys_path(earlier)).num_rows};".encode())
+    return digest.hexdigest()[:16]
+
+
 def history_before(layout: DataLayout, day: date) -> tuple[History, list[date]]:
     """Event ids and URL first days of every ingested day before ``day``."""
-    directory = layout.event_keys_dir()
-    days = sorted(
-        date.fromisoformat(p.stem.removeprefix("date=")) for p in directory.glob("date=*.parquet")
-    ) if directory.exists() else []
-    days = [d for d in days if d < day]
+    days = _key_days_before(layout, day)
     for earlier in days:
         if not _keys_current(layout, earlier):
             rows = scan_parsed(layout, "export", earlier)
@@ -95,6 +113,7 @@ def build_events(day: date, settings: Settings) -> DayEvents:
         "day": day.isoformat(),
         "history_days": str(len(days)),
         "history_through": days[-1].isoformat() if days else "",
+        "history_fingerprint": history_fingerprint(layout, day),
         "input_rows": str(normalized.input_rows),
         "exclusions": json.dumps(normalized.exclusions, sort_keys=True),
     }

@@ -147,6 +147,24 @@ def test_url_across_two_daily_partitions_keeps_day_one(tmp_path):
     assert second.normalized.exclusions["url_reported_earlier"] == 1
 
 
+def test_out_of_order_backfill_is_detected_and_a_rebuild_fixes_it(tmp_path):
+    from pipeline.events import history_fingerprint
+    from pipeline.storage import read_parquet_metadata
+
+    settings = Settings(data_dir=tmp_path)
+    layout = DataLayout(tmp_path)
+    day2 = DAY1 + timedelta(days=1)
+    _write_parsed(settings, DAY1, frame(event(DAY1, url="shared", o="RUS")))
+    _write_parsed(settings, day2, frame(event(day2, url="shared", o="IND")))
+    early = build_events(day2, settings)  # day 2 first: it cannot know day 1 yet
+    assert early.normalized.events.height == 1
+    built = read_parquet_metadata(layout.events_path(day2))["history_fingerprint"]
+    assert built == history_fingerprint(layout, day2)
+    build_events(DAY1, settings)
+    assert history_fingerprint(layout, day2) != built  # what events_history_current reports
+    assert build_events(day2, settings).normalized.events.height == 0
+
+
 def test_event_replayed_on_a_later_day_adds_nothing(tmp_path):
     settings = Settings(data_dir=tmp_path)
     day2 = DAY1 + timedelta(days=1)
