@@ -70,21 +70,30 @@ def history_fingerprint(layout: DataLayout, day: date) -> str:
     return digest.hexdigest()[:16]
 
 
-def history_before(layout: DataLayout, day: date) -> tuple[History, list[date]]:
-    """Event ids and URL first days of every ingested day before ``day``."""
+def history_before(layout: DataLayout, day: date, rows: pl.LazyFrame | None = None) -> tuple[History, list[date]]:
+    """Event ids and URL first days of every ingested day before ``day``.
+
+    With ``rows``, only the ids and URLs those rows carry are kept: the history of a year is tens
+    of millions of keys, the part that can matter for one day a few thousand, and semi-joins let
+    polars stream the key files instead of holding them.
+    """
     days = _key_days_before(layout, day)
     for earlier in days:
         if not _keys_current(layout, earlier):
-            rows = scan_parsed(layout, "export", earlier)
-            if rows is not None:
-                write_event_keys(layout, earlier, rows)
+            parsed = scan_parsed(layout, "export", earlier)
+            if parsed is not None:
+                write_event_keys(layout, earlier, parsed)
     if not days:
         return History.empty(), []
     keys = pl.scan_parquet([layout.event_keys_path(d) for d in days])
+    ids, urls = keys.select("event_id"), keys.filter("has_url").select("url_hash", "day")
+    if rows is not None:
+        ids = ids.join(rows.select(pl.col("GLOBALEVENTID").alias("event_id")).unique(), on="event_id", how="semi")
+        urls = urls.join(rows.select(url_hash("SOURCEURL").alias("url_hash")).unique(), on="url_hash", how="semi")
     return (
         History(
-            event_ids=keys.select("event_id").unique(),
-            url_first_day=keys.filter("has_url").group_by("url_hash").agg(pl.col("day").min().alias("first_day")),
+            event_ids=ids.unique(),
+            url_first_day=urls.group_by("url_hash").agg(pl.col("day").min().alias("first_day")),
         ),
         days,
     )
@@ -106,7 +115,7 @@ def build_events(day: date, settings: Settings) -> DayEvents:
         rows = EXPORT_SCHEMA.to_frame().lazy()  # a day with no landed slot gets empty outputs
     else:
         write_event_keys(layout, day, rows)
-    history, days = history_before(layout, day)
+    history, days = history_before(layout, day, rows)
     normalized = normalize_with_report(rows, history)
     meta = {
         **normalized.metadata,
