@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, fields, replace
-from datetime import date
+from datetime import date, timedelta
 from pathlib import Path
 from typing import Mapping
 
@@ -37,6 +37,24 @@ class Settings:
     max_uncompressed_mb: int = 512
     user_agent: str = "mirai-pipeline/0.1 (+https://github.com/mirai-pipeline; GDELT benchmark builder)"
     day_lock_timeout_s: float = 1800.0
+    # Article fetching (pipeline/articles): bounded, polite, and safe against hostile servers.
+    fetch_concurrency: int = 16  # worker threads, each with its own pooled session
+    fetch_per_host: int = 2  # requests in flight to one host at a time
+    fetch_max_bytes: int = 5 * 2**20  # cap on a body *after* decompression (gzip-bomb guard)
+    fetch_connect_timeout_s: float = 5.0
+    fetch_read_timeout_s: float = 15.0
+    # Wall-clock cap per URL over all attempts, redirects and backoff: a slow-drip body ends here.
+    fetch_deadline_s: float = 60.0
+    fetch_attempts: int = 3  # per URL per run (timeouts, resets, 429, 5xx)
+    fetch_backoff_base_s: float = 1.0
+    # Longest in-run wait (also for Retry-After); a longer Retry-After defers the URL to a later run.
+    fetch_backoff_max_s: float = 20.0
+    fetch_max_redirects: int = 5
+    fetch_allow_loopback: bool = False  # tests and the local demo only
+    fetch_respect_robots: bool = True
+    fetch_robots_ttl_s: float = 86400.0  # RFC 9309 §2.4: a cached robots.txt is used for at most 24 h
+    # Later runs retry a failed URL this many hours after each failure, then give up.
+    fetch_retry_schedule_h: str = "1,6,24"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides) -> "Settings":
@@ -60,6 +78,17 @@ class Settings:
     def max_uncompressed_bytes(self) -> int:
         return self.max_uncompressed_mb * 2**20
 
+    @property
+    def fetch_retry_schedule(self) -> tuple[timedelta, ...]:
+        """``fetch_retry_schedule_h`` ("1,6,24") as delays after the 1st, 2nd, 3rd… failed run."""
+        try:
+            hours = [float(part) for part in self.fetch_retry_schedule_h.split(",") if part.strip()]
+        except ValueError as exc:
+            raise ValueError(f"MIRAI_FETCH_RETRY_SCHEDULE_H={self.fetch_retry_schedule_h!r}: {exc}") from exc
+        if any(h <= 0 for h in hours):
+            raise ValueError(f"MIRAI_FETCH_RETRY_SCHEDULE_H={self.fetch_retry_schedule_h!r}: delays must be > 0")
+        return tuple(timedelta(hours=h) for h in hours)
+
 
 # Environment variable for each setting; the README's table is generated from this mapping.
 _ENV_NAMES: dict[str, str] = {
@@ -78,6 +107,20 @@ _ENV_NAMES: dict[str, str] = {
     "max_uncompressed_mb": "MIRAI_MAX_UNCOMPRESSED_MB",
     "user_agent": "MIRAI_USER_AGENT",
     "day_lock_timeout_s": "MIRAI_DAY_LOCK_TIMEOUT_S",
+    "fetch_concurrency": "MIRAI_FETCH_CONCURRENCY",
+    "fetch_per_host": "MIRAI_FETCH_PER_HOST",
+    "fetch_max_bytes": "MIRAI_FETCH_MAX_BYTES",
+    "fetch_connect_timeout_s": "MIRAI_FETCH_CONNECT_TIMEOUT_S",
+    "fetch_read_timeout_s": "MIRAI_FETCH_READ_TIMEOUT_S",
+    "fetch_deadline_s": "MIRAI_FETCH_DEADLINE_S",
+    "fetch_attempts": "MIRAI_FETCH_ATTEMPTS",
+    "fetch_backoff_base_s": "MIRAI_FETCH_BACKOFF_BASE_S",
+    "fetch_backoff_max_s": "MIRAI_FETCH_BACKOFF_MAX_S",
+    "fetch_max_redirects": "MIRAI_FETCH_MAX_REDIRECTS",
+    "fetch_allow_loopback": "MIRAI_FETCH_ALLOW_LOOPBACK",
+    "fetch_respect_robots": "MIRAI_FETCH_RESPECT_ROBOTS",
+    "fetch_robots_ttl_s": "MIRAI_FETCH_ROBOTS_TTL_S",
+    "fetch_retry_schedule_h": "MIRAI_FETCH_RETRY_SCHEDULE_H",
 }
 
 
@@ -95,4 +138,11 @@ def _convert(type_name: str, raw: str) -> object:
         return int(raw)
     if type_name == "float":
         return float(raw)
+    if type_name == "bool":
+        value = raw.strip().lower()
+        if value in ("1", "true", "yes", "on"):
+            return True
+        if value in ("0", "false", "no", "off"):
+            return False
+        raise ValueError("expected a boolean: 1/0, true/false, yes/no or on/off")
     return raw

@@ -82,6 +82,14 @@ class DataLayout:
     def lock_path(self, name: str) -> Path:
         return self.root / "locks" / f"{name}.lock"
 
+    # raw_html/<md5[:2]>/<md5>.html.gz: the decoded body of a fetched article, gzip-compressed
+    def raw_html_path(self, url_md5: str) -> Path:
+        return self.root / "raw_html" / url_md5[:2] / f"{url_md5}.html.gz"
+
+    # One global fetch ledger: fetch-once-ever dedup across days needs a global view of every URL.
+    def fetch_ledger_path(self) -> Path:
+        return self.root / "ledger" / "articles" / "fetch_ledger.parquet"
+
 
 def _fsync_dir(directory: Path) -> None:
     fd = os.open(directory, os.O_RDONLY)

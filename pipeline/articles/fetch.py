@@ -1,0 +1,567 @@
+"""Fetch the news article behind each well-reported event: bounded, polite and safe.
+
+``fetch_article`` gets one URL; ``fetch_many`` a batch with bounded global and per-host
+concurrency; ``fetch_articles`` is a whole run: it asks the fetch ledger which candidate URLs are
+due (never tried, or failed and due for a retry), fetches them, stores the HTML and records every
+outcome in the ledger.
+
+Every URL is bounded in time and size, whatever the server does:
+
+- connect/read timeouts per request and a wall-clock deadline per URL over all attempts, redirect
+  hops and backoff waits (``MIRAI_FETCH_DEADLINE_S``), checked after every socket read, so a
+  slow-drip body ends at the deadline;
+- redirects followed by hand (at most ``MIRAI_FETCH_MAX_REDIRECTS``), each hop re-checked by
+  ``safety.check_url`` and robots.txt, a hop back to a URL already visited is a ``redirect_loop``;
+  and every connection goes through ``safety.SafeHTTPAdapter``, which resolves, checks every address
+  and connects to the checked address (no DNS rebinding);
+- the body is read with ``read1`` (returns as soon as any bytes arrive) and decoded by urllib3
+  (≥ 2.6 bounds each decompression step to the bytes asked for), and the *decoded* byte count is
+  capped (``MIRAI_FETCH_MAX_BYTES``): a 50 MB page or a gzip bomb stops at the cap, holding at
+  most one chunk beyond it in memory; a Content-Length over the cap is refused before reading;
+- only text/html and application/xhtml+xml are read; with no Content-Type the first bytes are
+  sniffed (WHATWG-style HTML signatures);
+- timeouts, resets, 429 and 5xx are retried through ``pipeline.http.with_retries`` (Retry-After
+  honoured up to ``MIRAI_FETCH_BACKOFF_MAX_S``; a longer one ends the URL for this run and sets its
+  earliest retry in the ledger).
+
+Statuses (``FetchOutcome.status``); "retryable" ones are tried again by later runs on the ledger's
+schedule (``MIRAI_FETCH_RETRY_SCHEDULE_H``), the others are final:
+
+=====================  ==========================================================  =========
+status                 meaning                                                     retryable
+=====================  ==========================================================  =========
+fetched                HTML stored under raw_html/                                 —
+http_error             a non-200 final response (408/425/429/5xx retryable)        by code
+not_html               a content type other than HTML/XHTML (or sniffed as not)    no
+too_large              Content-Length or decoded body over MIRAI_FETCH_MAX_BYTES   no
+empty                  200 with an empty body                                      no
+blocked_unsafe         scheme, credentials or address refused (any hop)            no
+blocked_robots         robots.txt disallows it (or robots.txt unreachable)         if unreachable
+timeout                connect/read timeout or the per-URL deadline                yes
+connection_error       refused, reset, broken body                                 yes
+dns_error              the host name does not resolve                              yes
+redirect_loop          a redirect back to a URL already visited                    no
+too_many_redirects     more than MIRAI_FETCH_MAX_REDIRECTS hops                    no
+decode_error           a Content-Encoding that does not decode                     no
+invalid_url            a URL requests cannot even parse                            no
+error                  an unexpected exception (a bug): recorded, the run goes on  no
+=====================  ==========================================================  =========
+"""
+
+from __future__ import annotations
+
+import gzip
+import threading
+import time
+from collections import deque
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable, Iterable
+from urllib.parse import urldefrag, urljoin
+
+import requests
+import urllib3.exceptions as u3
+
+from pipeline.articles.ledger import plan_fetch, read_ledger, record_outcomes, write_ledger
+from pipeline.articles.robots import ROBOTS_DEADLINE_S, ROBOTS_MAX_BYTES, RobotsCache, RobotsFetch
+from pipeline.articles.safety import UnsafeURL, check_url, make_safe_session
+from pipeline.articles.urls import host_key, normalize_url, url_md5
+from pipeline.config import Settings
+from pipeline.http import (
+    RETRYABLE_STATUS,
+    RetryLog,
+    TransientHTTPError,
+    describe,
+    parse_retry_after,
+    utc_now,
+    with_retries,
+)
+from pipeline.storage import DataLayout, atomic_write_bytes, file_lock
+
+CHUNK = 64 * 1024
+HTML_TYPES = frozenset({"text/html", "application/xhtml+xml"})
+REDIRECT_CODES = frozenset({301, 302, 303, 307, 308})
+# What we ask for (Accept-Encoding) and urllib3 decodes; anything else would be stored undecoded.
+DECODABLE_ENCODINGS = frozenset({"", "identity", "gzip", "x-gzip", "deflate"})
+SNIFF_BYTES = 512
+STATUSES = (
+    "fetched", "http_error", "not_html", "too_large", "empty", "blocked_unsafe", "blocked_robots", "timeout",
+    "connection_error", "dns_error", "redirect_loop", "too_many_redirects", "decode_error", "invalid_url", "error",
+)
+# WHATWG MIME sniffing, "text/html" patterns: a tag name followed by a space or '>'.
+_HTML_SIGNATURES = tuple(
+    f"<{tag}".encode()
+    for tag in ("!doctype html", "html", "head", "script", "iframe", "h1", "div", "font", "table", "a", "style",
+                "title", "b", "body", "br", "p", "meta", "link", "article", "section", "header", "nav")
+)
+
+
+@dataclass
+class FetchOutcome:
+    url: str  # normalised: the ledger key
+    url_md5: str
+    status: str
+    http_status: int | None = None
+    final_url: str | None = None  # the last URL requested (or the redirect target refused)
+    error_class: str | None = None
+    error: str | None = None
+    attempts: int = 0  # HTTP attempts (each one follows the redirect chain from the start)
+    bytes: int = 0  # decoded body bytes
+    content_type: str | None = None
+    fetched_at: datetime | None = None
+    elapsed_s: float = 0.0
+    retryable: bool = False  # should a later run try again (ledger schedule)
+    retry_after_s: float | None = None  # server's Retry-After beyond our in-run wait
+    html_path: str | None = None  # relative to MIRAI_DATA_DIR, when stored
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+class FetchFailure(Exception):
+    """A final verdict reached inside an attempt (not retried in this run)."""
+
+    def __init__(self, status: str, error: str, *, http_status: int | None = None, retryable: bool = False,
+                 retry_after_s: float | None = None, error_class: str | None = None):
+        super().__init__(error)
+        self.status = status
+        self.http_status = http_status
+        self.retryable = retryable
+        self.retry_after_s = retry_after_s
+        self.error_class = error_class or type(self).__name__
+
+
+class DeadlineExceeded(Exception):
+    """The per-URL wall-clock deadline passed."""
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+@dataclass
+class _Hop:
+    url: str
+    http_status: int | None = None
+
+
+def _remaining(deadline: float) -> float:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise DeadlineExceeded("per-URL deadline exceeded")
+    return left
+
+
+def _timeouts(settings: Settings, deadline: float) -> tuple[float, float]:
+    left = _remaining(deadline)
+    return min(settings.fetch_connect_timeout_s, left), min(settings.fetch_read_timeout_s, left)
+
+
+def looks_like_html(head: bytes) -> bool:
+    data = head.lstrip(b"\xef\xbb\xbf").lstrip(b" \t\r\n\x0c").lower()
+    if b"\x00" in head[:SNIFF_BYTES]:
+        return False
+    if data.startswith(b"<!--"):
+        return True
+    return any(data.startswith(sig) and data[len(sig) : len(sig) + 1] in (b" ", b">") for sig in _HTML_SIGNATURES)
+
+
+def read_capped(response: requests.Response, max_bytes: int, deadline: float, *, truncate: bool = False,
+                on_head: Callable[[bytes], None] | None = None) -> bytes:
+    """Read the decoded body, at most ``max_bytes`` (BodyTooLarge, or cut there with ``truncate``),
+    giving up at ``deadline``. ``read1`` returns whatever one socket read brought, so the deadline is
+    checked however slowly the server drips; urllib3 errors become the requests errors that
+    ``with_retries`` knows."""
+    raw = response.raw
+    parts: list[bytes] = []
+    size = 0
+    head_done = on_head is None
+    while True:
+        _remaining(deadline)
+        try:
+            chunk = raw.read1(CHUNK, decode_content=True)
+        except u3.ReadTimeoutError as exc:
+            raise requests.ReadTimeout(str(exc)) from exc
+        except u3.DecodeError as exc:
+            raise requests.exceptions.ContentDecodingError(str(exc)) from exc
+        except u3.SSLError as exc:
+            raise requests.exceptions.SSLError(str(exc)) from exc
+        except (u3.ProtocolError, OSError) as exc:
+            raise requests.exceptions.ChunkedEncodingError(str(exc)) from exc
+        if not chunk:
+            break
+        size += len(chunk)
+        if size > max_bytes:
+            if truncate:
+                parts.append(chunk[: len(chunk) - (size - max_bytes)])
+                break
+            raise BodyTooLarge(f"body exceeds {max_bytes} bytes after decoding")
+        parts.append(chunk)
+        if not head_done and size >= SNIFF_BYTES:
+            head_done = True
+            on_head(b"".join(parts))
+    body = b"".join(parts)
+    if not head_done and body:
+        on_head(body)
+    return body
+
+
+def _get_following_redirects(session: requests.Session, url: str, settings: Settings, deadline: float,
+                             hop: _Hop, robots: RobotsCache | None = None) -> requests.Response:
+    """GET ``url`` following redirects by hand; every hop is checked (safety, then robots). Returns
+    the final, non-redirect response (streaming, unread)."""
+    visited = {url}
+    current = url
+    for hops in range(settings.fetch_max_redirects + 1):
+        hop.url, hop.http_status = current, None
+        check_url(current, settings.fetch_allow_loopback, resolve=False)  # the adapter resolves and checks
+        if robots is not None:
+            verdict = robots.check(session, current)
+            if not verdict.allowed and verdict.failure_status == "dns_error":
+                raise FetchFailure("dns_error", verdict.reason, retryable=True, error_class="NameResolutionError")
+            if not verdict.allowed:
+                raise FetchFailure("blocked_robots", verdict.reason, retryable=verdict.unreachable,
+                                   error_class="RobotsUnavailable" if verdict.unreachable else "RobotsDisallowed")
+        try:
+            response = session.get(current, stream=True, allow_redirects=False, timeout=_timeouts(settings, deadline))
+        except requests.ConnectionError as exc:
+            if _is_name_resolution_error(exc):
+                raise FetchFailure("dns_error", describe(exc), retryable=True,
+                                   error_class="NameResolutionError") from exc
+            raise
+        hop.http_status = response.status_code
+        if response.status_code not in REDIRECT_CODES:
+            return response
+        location = response.headers.get("Location", "").strip()
+        response.close()
+        if not location:
+            raise FetchFailure("http_error", f"HTTP {response.status_code} without Location",
+                               http_status=response.status_code)
+        target = urldefrag(urljoin(current, location))[0]
+        # A consent or cookie wall redirects to the same URL once, after setting a cookie: that is
+        # not a loop. Any other return to a visited URL is (and max_redirects bounds both).
+        if target in visited and "Set-Cookie" not in response.headers:
+            hop.url = target
+            raise FetchFailure("redirect_loop", f"redirect back to {target} after {hops + 1} hop(s)",
+                               http_status=response.status_code)
+        visited.add(target)
+        current = target
+    hop.url = current
+    raise FetchFailure("too_many_redirects", f"more than {settings.fetch_max_redirects} redirects",
+                       http_status=hop.http_status)
+
+
+def _is_name_resolution_error(exc: BaseException) -> bool:
+    seen = set()
+    stack = [exc]
+    while stack:
+        e = stack.pop()
+        if id(e) in seen or e is None:
+            continue
+        seen.add(id(e))
+        if isinstance(e, u3.NameResolutionError):
+            return True
+        stack.extend([getattr(e, "reason", None), e.__cause__, e.__context__])
+        stack.extend(a for a in e.args if isinstance(a, BaseException))
+    return False
+
+
+def fetch_article(session: requests.Session, url: str, settings: Settings,
+                  robots: RobotsCache | None = None) -> tuple[FetchOutcome, bytes | None]:
+    """Fetch one article URL: (outcome, decoded HTML bytes or None). Never raises for anything a
+    server or a URL can do; ``robots=None`` skips robots.txt."""
+    started = time.monotonic()
+    deadline = started + settings.fetch_deadline_s
+    url = normalize_url(url)
+    outcome = FetchOutcome(url=url, url_md5=url_md5(url), status="error")
+    log = RetryLog()
+    hop = _Hop(url)
+    last: dict[str, BaseException] = {}
+
+    def attempt() -> tuple[requests.Response, bytes, str | None]:
+        try:
+            response = _get_following_redirects(session, url, settings, deadline, hop, robots)
+            with response:
+                code = response.status_code
+                log.last_status = code
+                if code in RETRYABLE_STATUS:
+                    retry_after = parse_retry_after(response.headers.get("Retry-After"))
+                    if retry_after is not None and retry_after > settings.fetch_backoff_max_s:
+                        raise FetchFailure("http_error", f"HTTP {code}, Retry-After {retry_after:.0f}s",
+                                           http_status=code, retryable=True, retry_after_s=retry_after)
+                    raise TransientHTTPError(code, hop.url, retry_after)
+                if code != 200:
+                    raise FetchFailure("http_error", f"HTTP {code}", http_status=code, retryable=code >= 500)
+                content_type = response.headers.get("Content-Type", "").strip() or None
+                media = content_type.split(";", 1)[0].strip().lower() if content_type else None
+                if media is not None and media not in HTML_TYPES:
+                    raise FetchFailure("not_html", f"content type {content_type!r}", http_status=code)
+                encodings = {e.strip().lower() for e in response.headers.get("Content-Encoding", "").split(",")}
+                if not encodings <= DECODABLE_ENCODINGS:
+                    encoding = response.headers["Content-Encoding"]
+                    raise FetchFailure("decode_error", f"unsupported Content-Encoding {encoding!r}",
+                                       http_status=code, error_class="UnsupportedContentEncoding")
+                length = response.headers.get("Content-Length", "")
+                if length.isdigit() and int(length) > settings.fetch_max_bytes:
+                    raise FetchFailure("too_large", f"Content-Length {length} > {settings.fetch_max_bytes}",
+                                       http_status=code)
+
+                def sniff(head: bytes) -> None:
+                    if media is None and not looks_like_html(head):
+                        raise FetchFailure("not_html", "no content type, and the body does not look like HTML",
+                                           http_status=code)
+
+                try:
+                    body = read_capped(response, settings.fetch_max_bytes, deadline, on_head=sniff)
+                except BodyTooLarge as exc:
+                    raise FetchFailure("too_large", str(exc), http_status=code) from exc
+                if not body:
+                    raise FetchFailure("empty", "empty body", http_status=code)
+                return response, body, content_type
+        except BaseException as exc:
+            last["exc"] = exc
+            raise
+
+    def sleep(seconds: float) -> None:
+        # Out of time for another attempt: report the failure we have now instead of waiting.
+        if time.monotonic() + seconds >= deadline:
+            raise last["exc"]
+        time.sleep(seconds)
+
+    body: bytes | None = None
+    try:
+        check_url(url, settings.fetch_allow_loopback, resolve=False)  # refused before any attempt
+        response, body, content_type = with_retries(
+            attempt,
+            attempts=max(1, settings.fetch_attempts),
+            backoff_base_s=settings.fetch_backoff_base_s,
+            backoff_max_s=settings.fetch_backoff_max_s,
+            log=log,
+            sleep=sleep,
+        )
+        outcome.status, outcome.http_status = "fetched", response.status_code
+        outcome.content_type, outcome.bytes = content_type, len(body)
+        outcome.fetched_at = datetime.now(timezone.utc)
+    except UnsafeURL as exc:
+        reason = exc.reason if hop.url == url else f"redirect to {hop.url} refused: {exc.reason}"
+        _fail(outcome, "blocked_unsafe", exc, reason)
+    except FetchFailure as exc:
+        _fail(outcome, exc.status, exc, str(exc), retryable=exc.retryable, error_class=exc.error_class)
+        outcome.http_status = exc.http_status
+        outcome.retry_after_s = exc.retry_after_s
+    except DeadlineExceeded as exc:
+        _fail(outcome, "timeout", exc, f"deadline of {settings.fetch_deadline_s:g}s exceeded", retryable=True)
+    except TransientHTTPError as exc:
+        _fail(outcome, "http_error", exc, str(exc), retryable=True)
+        outcome.http_status = exc.status
+    except requests.Timeout as exc:
+        _fail(outcome, "timeout", exc, describe(exc), retryable=True)
+    except requests.exceptions.ContentDecodingError as exc:
+        _fail(outcome, "decode_error", exc, describe(exc))
+    except (requests.ConnectionError, requests.exceptions.ChunkedEncodingError) as exc:
+        _fail(outcome, "connection_error", exc, describe(exc), retryable=True)
+    except (requests.exceptions.InvalidURL, requests.exceptions.InvalidSchema, requests.exceptions.MissingSchema,
+            u3.LocationParseError) as exc:
+        _fail(outcome, "invalid_url", exc, describe(exc))
+    except Exception as exc:  # a bug or something unforeseen: recorded, and the batch goes on
+        _fail(outcome, "error", exc, describe(exc))
+    if outcome.status != "fetched" and outcome.http_status is None:
+        outcome.http_status = hop.http_status if hop.http_status not in REDIRECT_CODES else None
+    outcome.final_url = hop.url
+    outcome.attempts = log.attempts
+    outcome.elapsed_s = round(time.monotonic() - started, 3)
+    return outcome, body
+
+
+def _fail(outcome: FetchOutcome, status: str, exc: BaseException, message: str, *, retryable: bool = False,
+          error_class: str | None = None) -> None:
+    outcome.status = status
+    outcome.error_class = error_class or type(exc).__name__
+    outcome.error = message[:500]
+    outcome.retryable = retryable
+
+
+def fetch_robots_txt(session: requests.Session, robots_url: str, settings: Settings) -> RobotsFetch:
+    """GET a robots.txt through the article path's safety (checked hops, ≤ 5 redirects, capped
+    size and time), one attempt; ``robots.interpret`` decides what the result means."""
+    deadline = time.monotonic() + min(ROBOTS_DEADLINE_S, settings.fetch_deadline_s)
+    hop = _Hop(robots_url)
+    try:
+        response = _get_following_redirects(session, robots_url, settings, deadline, hop, robots=None)
+        with response:
+            if not 200 <= response.status_code < 300:
+                return RobotsFetch(response.status_code)
+            body = read_capped(response, ROBOTS_MAX_BYTES, deadline, truncate=True)
+            return RobotsFetch(response.status_code, body.decode("utf-8", errors="replace"))
+    except FetchFailure as exc:
+        if exc.status in ("too_many_redirects", "redirect_loop"):
+            return RobotsFetch(None, error=str(exc), unavailable=True)
+        return RobotsFetch(None, error=f"{exc.status}: {exc}", failure_status=exc.status)
+    except UnsafeURL as exc:
+        return RobotsFetch(None, error=f"unsafe redirect: {exc.reason}", unavailable=True)
+    except (requests.Timeout, DeadlineExceeded) as exc:
+        return RobotsFetch(None, error=describe(exc), failure_status="timeout")
+    except Exception as exc:  # resets, refused connections, decode errors: unreachable
+        return RobotsFetch(None, error=describe(exc), failure_status="connection_error")
+
+
+def store_html(layout: DataLayout, md5: str, body: bytes) -> str:
+    """gzip the decoded body to raw_html/<md5[:2]>/<md5>.html.gz (atomic); the relative path."""
+    path = layout.raw_html_path(md5)
+    atomic_write_bytes(path, gzip.compress(body, compresslevel=6, mtime=0))
+    return str(path.relative_to(layout.root))
+
+
+def read_html(layout: DataLayout, md5: str) -> bytes:
+    return gzip.decompress(layout.raw_html_path(md5).read_bytes())
+
+
+@dataclass
+class FetchBatch:
+    outcomes: list[FetchOutcome]
+    started_at: datetime
+    elapsed_s: float
+    robots_requests: int = 0
+
+    def counts(self) -> dict[str, int]:
+        counts = {status: 0 for status in STATUSES}
+        for outcome in self.outcomes:
+            counts[outcome.status] = counts.get(outcome.status, 0) + 1
+        return counts
+
+    def by_url(self) -> dict[str, FetchOutcome]:
+        return {o.url: o for o in self.outcomes}
+
+
+def fetch_many(urls: Iterable[str], settings: Settings, *, now: datetime | None = None,
+               on_outcome: Callable[[FetchOutcome], None] | None = None) -> FetchBatch:
+    """Fetch URLs (normalised and deduplicated here) with at most ``fetch_concurrency`` requests in
+    flight and at most ``fetch_per_host`` to any one host, storing fetched HTML under raw_html/.
+
+    A scheduler in the calling thread hands a URL to the pool only when its host has a free slot,
+    round-robin over hosts, so no worker ever blocks on a busy host while another host waits. Each
+    worker thread has its own pooled session (no shared pool, no lock on the request path).
+    ``on_outcome`` is called in the calling thread as each URL finishes (ledger checkpoints)."""
+    started_at = now or utc_now()
+    clock = time.monotonic()
+    layout = DataLayout(settings.data_dir)
+    robots = RobotsCache(settings) if settings.fetch_respect_robots else None
+    concurrency = max(1, settings.fetch_concurrency)
+    per_host = max(1, settings.fetch_per_host)
+
+    queues: dict[str, deque[str]] = {}
+    for url in dict.fromkeys(normalize_url(u) for u in urls):
+        queues.setdefault(host_key(url), deque()).append(url)
+    ready: deque[str] = deque(queues)
+    active: dict[str, int] = {host: 0 for host in queues}
+
+    local = threading.local()
+    sessions: list[requests.Session] = []
+    sessions_lock = threading.Lock()
+
+    def session() -> requests.Session:
+        s = getattr(local, "session", None)
+        if s is None:
+            s = local.session = make_safe_session(settings, pool_maxsize=1)
+            with sessions_lock:
+                sessions.append(s)
+        return s
+
+    def work(url: str) -> FetchOutcome:
+        try:
+            outcome, body = fetch_article(session(), url, settings, robots)
+            if body is not None:
+                outcome.html_path = store_html(layout, outcome.url_md5, body)
+            return outcome
+        except Exception as exc:  # storage errors etc.: recorded, the batch goes on
+            outcome = FetchOutcome(url=url, url_md5=url_md5(url), status="error")
+            _fail(outcome, "error", exc, describe(exc))
+            return outcome
+
+    outcomes: list[FetchOutcome] = []
+    running: dict[Future, str] = {}
+    pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="fetch")
+    try:
+        def fill() -> None:
+            while len(running) < concurrency and ready:
+                progressed = False
+                for _ in range(len(ready)):
+                    if len(running) >= concurrency:
+                        break
+                    host = ready.popleft()
+                    if active[host] < per_host:
+                        active[host] += 1
+                        running[pool.submit(work, queues[host].popleft())] = host
+                        progressed = True
+                    if queues[host]:
+                        ready.append(host)
+                if not progressed:
+                    return
+
+        fill()
+        while running:
+            done, _ = wait(list(running), return_when=FIRST_COMPLETED)
+            for future in done:
+                host = running.pop(future)
+                active[host] -= 1
+                outcome = future.result()
+                outcomes.append(outcome)
+                if on_outcome is not None:
+                    on_outcome(outcome)
+            fill()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+        for s in sessions:
+            s.close()
+    return FetchBatch(outcomes, started_at, round(time.monotonic() - clock, 3), robots.requests if robots else 0)
+
+
+@dataclass
+class FetchRun:
+    candidates: int  # distinct normalised candidate URLs
+    due: int  # fetched (or tried) in this run
+    already_fetched: int  # fetched by an earlier run: never fetched again
+    waiting: int  # failed earlier, next retry not due yet
+    given_up: int  # failed on every step of the schedule (or permanently)
+    batch: FetchBatch
+    ledger_path: Path = field(default=Path())
+
+
+def fetch_articles(candidate_urls: Iterable[str], settings: Settings, *, now: datetime | None = None,
+                   checkpoint_s: float = 30.0) -> FetchRun:
+    """One fetch run: the due URLs among the candidates are fetched and every outcome is merged
+    into the global fetch ledger (under its file lock, re-read before each write so concurrent
+    runs for other days lose nothing). The ledger is also written every ``checkpoint_s`` during a
+    long run, so a crash loses at most that much bookkeeping (the HTML files are already stored)."""
+    now = now or utc_now()
+    schedule = settings.fetch_retry_schedule  # fail early on a bad MIRAI_FETCH_RETRY_SCHEDULE_H
+    layout = DataLayout(settings.data_dir)
+    lock = layout.lock_path("fetch_ledger")
+    with file_lock(lock, settings.day_lock_timeout_s):
+        ledger = read_ledger(layout)
+        if not layout.fetch_ledger_path().exists():
+            write_ledger(layout, ledger)  # the asset exists (empty) from the first run on
+        plan = plan_fetch(ledger, candidate_urls, now)
+
+    pending: list[FetchOutcome] = []
+    last_flush = [time.monotonic()]
+
+    def flush() -> None:
+        if not pending:
+            return
+        with file_lock(lock, settings.day_lock_timeout_s):
+            write_ledger(layout, record_outcomes(read_ledger(layout), pending, now, schedule))
+        pending.clear()
+        last_flush[0] = time.monotonic()
+
+    def on_outcome(outcome: FetchOutcome) -> None:
+        pending.append(outcome)
+        if time.monotonic() - last_flush[0] >= checkpoint_s:
+            flush()
+
+    batch = fetch_many(plan.due, settings, now=now, on_outcome=on_outcome)
+    flush()
+    return FetchRun(plan.candidates, len(plan.due), plan.already_fetched, plan.waiting, plan.given_up, batch,
+                    layout.fetch_ledger_path())

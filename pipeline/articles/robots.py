@@ -1,0 +1,159 @@
+"""robots.txt, fetched once per origin and cached, with RFC 9309 error semantics.
+
+The file is requested through the same safe path as articles (``fetch.fetch_robots_txt``: address
+checks on every hop, at most 5 redirects, a total deadline, and a size cap), and parsed with
+``urllib.robotparser`` against our User-Agent's product token (``mirai-pipeline``).
+
+What a fetch result means (RFC 9309 §2.3.1):
+
+- 2xx: the rules apply. A body over 512 KiB is truncated, not refused (§2.5: parse at least 500 KiB).
+- 3xx beyond 5 hops, or a redirect that may not be followed (unsafe target): "unavailable",
+  treated like 4xx (§2.3.1.2).
+- 4xx ("unavailable"): every URL on the origin is allowed (§2.3.1.3) — except 429, which says
+  "slow down", not "no file": it is treated as unreachable, as Google's crawler does.
+- 5xx, timeouts, resets, DNS errors ("unreachable"): the origin is completely disallowed (§2.3.1.4).
+  URLs refused that way are recorded as ``blocked_robots`` with ``RobotsUnavailable`` and are
+  retried by later runs on the ledger's schedule; an explicit ``Disallow`` is final.
+
+One cache lives for one fetch run (``fetch_many`` makes it), entries expire after
+``MIRAI_FETCH_ROBOTS_TTL_S`` (default 24 h, §2.4), and a per-origin lock makes concurrent workers
+wait for a single robots.txt request instead of each sending one. Known limitation of the stdlib
+parser: first-match instead of longest-match, and no ``*``/``$`` wildcards in paths.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+from urllib.parse import urlsplit
+from urllib.robotparser import RobotFileParser
+
+import requests
+
+from pipeline.config import Settings
+
+ROBOTS_MAX_BYTES = 512 * 1024
+ROBOTS_DEADLINE_S = 10.0
+
+
+@dataclass(frozen=True)
+class RobotsVerdict:
+    allowed: bool
+    reason: str  # "allowed" | "disallowed by robots.txt" | "robots.txt unreachable: …" | …
+    unreachable: bool = False  # refused because robots.txt could not be read (5xx/timeout)
+    # The fetch status of an unreachable robots.txt when it says the host itself is unusable
+    # ("dns_error"): the article is then recorded with that status, not as blocked_robots.
+    failure_status: str | None = None
+
+
+@dataclass
+class RobotsFetch:
+    """What fetching /robots.txt produced: an HTTP status with text, or an error."""
+
+    status: int | None
+    text: str | None = None
+    error: str | None = None
+    unavailable: bool = False  # too many redirects / refused redirect target: treat as 4xx
+    failure_status: str | None = None  # the fetch status of a network failure (timeout, dns_error…)
+
+
+@dataclass
+class _Entry:
+    mode: str  # rules | allow_all | disallow_all
+    parser: RobotFileParser | None
+    reason: str
+    expires: float
+    failure_status: str | None = None
+
+
+def origin_of(url: str) -> tuple[str, str] | None:
+    """(origin key, robots.txt URL) for an http(s) URL; robots.txt is per scheme, host and port."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return None
+    host = (parts.hostname or "").rstrip(".")
+    if parts.scheme not in ("http", "https") or not host:
+        return None
+    if ":" in host:
+        host = f"[{host}]"
+    netloc = host if port is None else f"{host}:{port}"
+    return f"{parts.scheme}://{netloc}", f"{parts.scheme}://{netloc}/robots.txt"
+
+
+def interpret(fetched: RobotsFetch, user_agent: str) -> tuple[str, RobotFileParser | None, str]:
+    """RFC 9309 §2.3.1: turn a robots.txt fetch into (mode, parser, reason)."""
+    if fetched.unavailable:
+        return "allow_all", None, f"robots.txt unavailable ({fetched.error}): allowed"
+    if fetched.status is None:
+        return "disallow_all", None, f"robots.txt unreachable: {fetched.error}"
+    if 200 <= fetched.status < 300:
+        parser = RobotFileParser()
+        parser.parse((fetched.text or "").lstrip("\ufeff").splitlines())  # parse() marks it as read
+        return "rules", parser, "robots.txt rules"
+    if fetched.status == 429 or fetched.status >= 500:
+        return "disallow_all", None, f"robots.txt unreachable: HTTP {fetched.status}"
+    if 400 <= fetched.status < 500:
+        return "allow_all", None, f"robots.txt unavailable (HTTP {fetched.status}): allowed"
+    return "disallow_all", None, f"robots.txt unreachable: unexpected HTTP {fetched.status}"
+
+
+class RobotsCache:
+    """Thread-safe robots.txt verdicts for one run."""
+
+    def __init__(self, settings: Settings, *, clock: Callable[[], float] = time.monotonic,
+                 fetcher: Callable[[requests.Session, str, Settings], RobotsFetch] | None = None):
+        self.settings = settings
+        self.user_agent = settings.user_agent
+        self._clock = clock
+        self._fetcher = fetcher
+        self._entries: dict[str, _Entry] = {}
+        self._locks: dict[str, threading.Lock] = {}
+        self._guard = threading.Lock()
+        self.requests = 0  # robots.txt fetches made (one per origin unless the TTL expired)
+
+    def _fetch(self, session: requests.Session, robots_url: str) -> RobotsFetch:
+        if self._fetcher is not None:
+            return self._fetcher(session, robots_url, self.settings)
+        from pipeline.articles.fetch import fetch_robots_txt  # fetch imports this module
+
+        return fetch_robots_txt(session, robots_url, self.settings)
+
+    def _entry(self, session: requests.Session, origin: str, robots_url: str) -> _Entry:
+        entry = self._entries.get(origin)  # fast path, no lock: every request of a run asks
+        if entry is not None and entry.expires > self._clock():
+            return entry
+        with self._guard:
+            lock = self._locks.setdefault(origin, threading.Lock())
+        with lock:  # one fetch per origin; other workers for the origin wait for its answer
+            entry = self._entries.get(origin)
+            if entry is not None and entry.expires > self._clock():
+                return entry
+            with self._guard:
+                self.requests += 1
+            fetched = self._fetch(session, robots_url)
+            mode, parser, reason = interpret(fetched, self.user_agent)
+            expires = self._clock() + self.settings.fetch_robots_ttl_s
+            entry = _Entry(mode, parser, reason, expires, fetched.failure_status)
+            self._entries[origin] = entry
+            return entry
+
+    def check(self, session: requests.Session, url: str) -> RobotsVerdict:
+        origin = origin_of(url)
+        if origin is None:
+            return RobotsVerdict(True, "no robots.txt for this URL")
+        entry = self._entry(session, *origin)
+        if entry.mode == "allow_all":
+            return RobotsVerdict(True, entry.reason)
+        if entry.mode == "disallow_all":
+            return RobotsVerdict(False, entry.reason, unreachable=True, failure_status=entry.failure_status)
+        assert entry.parser is not None
+        if entry.parser.can_fetch(self.user_agent, url):
+            return RobotsVerdict(True, "allowed by robots.txt")
+        return RobotsVerdict(False, "disallowed by robots.txt")
+
+    def allowed(self, session: requests.Session, url: str) -> bool:
+        return self.check(session, url).allowed

@@ -1,0 +1,225 @@
+"""Outbound safety: which URLs the article fetcher may request, and which addresses it may connect to.
+
+GDELT article URLs are untrusted input, and so is every redirect a news server sends. Two layers:
+
+1. ``check_url`` — a static check of every URL before it is requested (the first URL and every
+   redirect hop): only ``http``/``https``, no credentials in the URL, a host present, and when the
+   host is an IP literal, that address must be public. With ``resolve=True`` it also resolves the
+   host and checks *every* address (a name with one public and one private address is refused).
+
+2. ``SafeHTTPAdapter`` — the check at connection time, which is the one that matters. Its
+   connection classes resolve the host once, refuse the connection unless every resolved address is
+   allowed, and then connect to exactly those checked addresses. Checking and connecting with the
+   same answer closes the DNS-rebinding window (a name that resolves to a public address for the
+   check and to 169.254.169.254 for the connect), and it covers every hop and every new keep-alive
+   connection without the fetcher having to remember. Only the socket's target is pinned: the
+   Host header, TLS SNI and certificate verification still use the hostname, so HTTPS works as
+   usual. Sessions made with ``make_safe_session`` also ignore proxy environment variables and
+   ``.netrc`` (a proxy would do its own resolution and defeat the check).
+
+Refused: loopback, private (RFC 1918, IPv6 ULA fc00::/7), link-local (169.254/16, fe80::/10),
+multicast, reserved, unspecified, shared/CGNAT (100.64/10, via ``is_global``), any other non-global
+address, IPv4-mapped/6to4/Teredo addresses wrapping one of those, and the cloud metadata addresses
+(169.254.169.254, fd00:ec2::254, 100.100.100.200) explicitly. ``allow_loopback`` (tests and the
+local demo, ``MIRAI_FETCH_ALLOW_LOOPBACK``) lets loopback addresses through and nothing else.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from typing import Any
+from urllib.parse import urlsplit
+
+import requests
+from requests.adapters import HTTPAdapter
+from urllib3.connection import HTTPConnection, HTTPSConnection
+from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
+from urllib3.exceptions import ConnectTimeoutError, NameResolutionError, NewConnectionError
+from urllib3.util.connection import _set_socket_options, allowed_gai_family
+from urllib3.util.timeout import _DEFAULT_TIMEOUT
+
+from pipeline.config import Settings
+from pipeline.http import make_session
+
+ALLOWED_SCHEMES = ("http", "https")
+METADATA_ADDRESSES = frozenset(
+    ipaddress.ip_address(a) for a in ("169.254.169.254", "fd00:ec2::254", "100.100.100.200")
+)
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+class UnsafeURL(Exception):
+    """A URL or address the fetcher must not request; ``reason`` says which rule refused it.
+
+    Deliberately not an OSError: urllib3 wraps OSErrors from a connect in its own errors (and
+    requests would retry them); this one must surface unchanged."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+def address_problem(ip: IPAddress, allow_loopback: bool = False) -> str | None:
+    """Why ``ip`` may not be connected to, or None when it is a public address."""
+    if ip in METADATA_ADDRESSES:
+        return f"cloud metadata address {ip}"
+    if isinstance(ip, ipaddress.IPv6Address):
+        embedded = ip.ipv4_mapped or ip.sixtofour or (ip.teredo[1] if ip.teredo else None)
+        if embedded is not None:
+            problem = address_problem(embedded, allow_loopback)
+            return f"{ip} embeds {embedded}: {problem}" if problem else None
+        if ip.scope_id:
+            return f"scoped IPv6 address {ip}"
+    if ip.is_loopback:
+        return None if allow_loopback else f"loopback address {ip}"
+    for label, flag in (
+        ("unspecified", ip.is_unspecified),
+        ("link-local", ip.is_link_local),
+        ("multicast", ip.is_multicast),
+        ("private", ip.is_private),
+        ("reserved", ip.is_reserved),
+    ):
+        if flag:
+            return f"{label} address {ip}"
+    if not ip.is_global:  # e.g. 100.64.0.0/10 shared address space (CGNAT)
+        return f"non-global address {ip}"
+    return None
+
+
+def resolve_host(host: str, port: int) -> list[tuple[Any, ...]]:
+    """``getaddrinfo`` for a TCP connection (a module-level seam, so tests can fake DNS)."""
+    return socket.getaddrinfo(host, port, allowed_gai_family(), socket.SOCK_STREAM)
+
+
+def checked_addresses(host: str, port: int, allow_loopback: bool = False) -> list[tuple[Any, ...]]:
+    """Resolve ``host`` and return its addrinfo entries, or raise UnsafeURL if *any* address is
+    refused (socket.gaierror when the name does not resolve)."""
+    host = host.strip("[]")
+    infos = resolve_host(host, port)
+    if not infos:
+        raise socket.gaierror(f"no address for {host}")
+    for info in infos:
+        ip = ipaddress.ip_address(info[4][0].split("%", 1)[0])
+        problem = address_problem(ip, allow_loopback)
+        if problem:
+            raise UnsafeURL(f"{host} resolves to {problem}")
+    return infos
+
+
+def check_url(url: str, allow_loopback: bool = False, *, resolve: bool = True) -> None:
+    """Raise UnsafeURL unless ``url`` may be fetched. ``resolve=False`` skips DNS (the fetcher's
+    connection layer resolves and checks at connect time); DNS failures raise socket.gaierror."""
+    if any(ch in url for ch in "\\\r\n\t\0 "):
+        raise UnsafeURL("URL contains whitespace, control characters or backslashes")
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise UnsafeURL(f"unparseable URL: {exc}") from exc
+    scheme = parts.scheme.lower()
+    if scheme not in ALLOWED_SCHEMES:
+        raise UnsafeURL(f"scheme {scheme or '(none)'!r} is not http or https")
+    if "@" in parts.netloc or parts.username is not None or parts.password is not None:
+        raise UnsafeURL("URL carries credentials")
+    host = (parts.hostname or "").rstrip(".")
+    if not host:
+        raise UnsafeURL("URL has no host")
+    try:
+        literal: IPAddress | None = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        literal = None
+    if literal is not None:
+        problem = address_problem(literal, allow_loopback)
+        if problem:
+            raise UnsafeURL(problem)
+    if resolve:
+        checked_addresses(host, port or (443 if scheme == "https" else 80), allow_loopback)
+
+
+# --- connection layer: resolve, check, connect to what was checked ---
+
+
+def _connect_checked(conn: HTTPConnection, allow_loopback: bool):
+    """The body of ``_new_conn`` for the safe connection classes (urllib3 2.x)."""
+    try:
+        infos = checked_addresses(conn._dns_host, conn.port, allow_loopback)
+    except socket.gaierror as exc:
+        raise NameResolutionError(conn.host, conn, exc) from exc
+    error: OSError | None = None
+    for family, socktype, proto, _canon, sockaddr in infos:
+        sock = socket.socket(family, socktype, proto)
+        try:
+            _set_socket_options(sock, conn.socket_options)
+            if conn.timeout is not _DEFAULT_TIMEOUT:
+                sock.settimeout(conn.timeout)
+            if conn.source_address:
+                sock.bind(conn.source_address)
+            sock.connect(sockaddr)  # the address that was checked, not a fresh lookup
+            return sock
+        except socket.timeout as exc:
+            sock.close()
+            message = f"Connection to {conn.host} timed out. (connect timeout={conn.timeout})"
+            raise ConnectTimeoutError(conn, message) from exc
+        except OSError as exc:
+            sock.close()
+            error = exc
+    raise NewConnectionError(conn, f"Failed to establish a new connection: {error}")
+
+
+def _pool_classes(allow_loopback: bool) -> dict[str, type]:
+    class SafeHTTPConnection(HTTPConnection):
+        def _new_conn(self):
+            return _connect_checked(self, allow_loopback)
+
+    class SafeHTTPSConnection(HTTPSConnection):
+        def _new_conn(self):
+            return _connect_checked(self, allow_loopback)
+
+    class SafeHTTPConnectionPool(HTTPConnectionPool):
+        ConnectionCls = SafeHTTPConnection
+
+    class SafeHTTPSConnectionPool(HTTPSConnectionPool):
+        ConnectionCls = SafeHTTPSConnection
+
+    return {"http": SafeHTTPConnectionPool, "https": SafeHTTPSConnectionPool}
+
+
+_POOL_CLASSES = {False: _pool_classes(False), True: _pool_classes(True)}
+
+
+class SafeHTTPAdapter(HTTPAdapter):
+    """An HTTPAdapter whose connections go only to checked addresses (see the module docstring)."""
+
+    def __init__(self, allow_loopback: bool = False, **kwargs):
+        self.allow_loopback = allow_loopback
+        super().__init__(**kwargs)
+
+    def init_poolmanager(self, *args, **kwargs) -> None:
+        super().init_poolmanager(*args, **kwargs)
+        self.poolmanager.pool_classes_by_scheme = dict(_POOL_CLASSES[self.allow_loopback])
+
+    def proxy_manager_for(self, proxy, **proxy_kwargs):
+        raise UnsafeURL("proxies are not used for article fetching (they would bypass the address check)")
+
+    __attrs__ = [*HTTPAdapter.__attrs__, "allow_loopback"]  # pickling keeps the policy
+
+
+def make_safe_session(settings: Settings, pool_maxsize: int = 1) -> requests.Session:
+    """A session for untrusted URLs: safe adapter on http and https, no proxies or .netrc from the
+    environment, our User-Agent, and only the encodings the fetcher decodes itself."""
+    session = make_session(settings)  # our User-Agent; its plain adapters are replaced below
+    session.trust_env = False
+    session.headers.update(
+        {
+            "Accept": "text/html,application/xhtml+xml;q=0.9,*/*;q=0.1",
+            "Accept-Encoding": "gzip, deflate",
+        }
+    )
+    adapter = SafeHTTPAdapter(
+        allow_loopback=settings.fetch_allow_loopback, pool_connections=16, pool_maxsize=pool_maxsize, max_retries=0
+    )
+    session.mount("http://", adapter)
+    session.mount("https://", adapter)
+    return session
