@@ -37,6 +37,12 @@ class Settings:
     max_uncompressed_mb: int = 512
     user_agent: str = "mirai-pipeline/0.1 (+https://github.com/mirai-pipeline; GDELT benchmark builder)"
     day_lock_timeout_s: float = 1800.0
+    # Articles: MIRAI fetched the articles of quads with more than 50 daily mentions (§2).
+    article_min_mentions: int = 50
+    article_include_mention_urls: bool = False  # also first-day WEB mention URLs of those quads
+    article_profile: str = "mirai"  # OBELICS filter profile: mirai | obelics
+    extract_workers: int = 2
+    extract_timeout_s: float = 10.0
     # Article fetching (pipeline/articles): bounded, polite, and safe against hostile servers.
     fetch_concurrency: int = 16  # worker threads, each with its own pooled session
     fetch_per_host: int = 2  # requests in flight to one host at a time
@@ -107,6 +113,11 @@ _ENV_NAMES: dict[str, str] = {
     "max_uncompressed_mb": "MIRAI_MAX_UNCOMPRESSED_MB",
     "user_agent": "MIRAI_USER_AGENT",
     "day_lock_timeout_s": "MIRAI_DAY_LOCK_TIMEOUT_S",
+    "article_min_mentions": "MIRAI_ARTICLE_MIN_MENTIONS",
+    "article_include_mention_urls": "MIRAI_ARTICLE_INCLUDE_MENTION_URLS",
+    "article_profile": "MIRAI_ARTICLE_PROFILE",
+    "extract_workers": "MIRAI_EXTRACT_WORKERS",
+    "extract_timeout_s": "MIRAI_EXTRACT_TIMEOUT_S",
     "fetch_concurrency": "MIRAI_FETCH_CONCURRENCY",
     "fetch_per_host": "MIRAI_FETCH_PER_HOST",
     "fetch_max_bytes": "MIRAI_FETCH_MAX_BYTES",

@@ -73,6 +73,9 @@ class DataLayout:
     def daily_quads_path(self, day: date) -> Path:
         return self.root / "daily_quads" / f"date={day.isoformat()}.parquet"
 
+    def articles_path(self, day: date) -> Path:
+        return self.root / "articles" / f"date={day.isoformat()}.parquet"
+
     def unmapped_codes_path(self, day: date) -> Path:
         return self.root / "reports" / "unmapped_codes" / f"date={day.isoformat()}.parquet"
 

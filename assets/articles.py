@@ -1,0 +1,45 @@
+"""News articles of the well-reported quads: fetched once ever, extracted, OBELICS-filtered."""
+
+from datetime import date
+
+import dagster as dg
+
+from assets.events import daily_quads
+from assets.partitions import daily_partitions
+from assets.resources import MiraiSettings
+from pipeline.articles.day import ARTICLES_VERSION, build_articles
+from pipeline.articles.ledger import read_ledger, summarize
+from pipeline.storage import DataLayout
+
+# The fetch ledger spans every day (an article is fetched once ever), so it is an asset of its
+# own, unpartitioned; each articles run records a new materialisation of it with its counts.
+fetch_ledger = dg.AssetSpec(
+    "fetch_ledger",
+    description="One row per normalised article URL ever selected: status, HTTP code, final URL, "
+    "error class, attempts, next retry time (widening schedule), the stored HTML.",
+    kinds={"parquet"},
+    group_name="articles",
+)
+
+
+@dg.asset(
+    partitions_def=daily_partitions,
+    deps=[daily_quads],
+    group_name="articles",
+    kinds={"http", "polars", "parquet"},
+    code_version=ARTICLES_VERSION,
+    # Fetching talks to thousands of news sites: one articles run at a time per deployment.
+    pool="article_fetch",
+    description="The day's selected articles (quads with daily_mentions ≥ MIRAI_ARTICLE_MIN_MENTIONS): "
+    "title, filtered text, abstract, language, and the OBELICS decision with its first failing filter.",
+)
+def articles(context: dg.AssetExecutionContext, mirai: MiraiSettings) -> dg.MaterializeResult:
+    settings = mirai.settings()
+    result = build_articles(date.fromisoformat(context.partition_key), settings)
+    ledger_counts = summarize(read_ledger(DataLayout(settings.data_dir)))
+    context.log_event(
+        dg.AssetMaterialization(asset_key="fetch_ledger", metadata={f"urls_{k}" if k != "urls" else k: v for k, v in ledger_counts.items()})
+    )
+    return dg.MaterializeResult(
+        metadata={"dagster/row_count": result.articles.height, "profile": settings.article_profile, **result.counts}
+    )

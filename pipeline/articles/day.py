@@ -1,0 +1,146 @@
+"""A day of articles: select the URLs of well-reported quads, fetch what the ledger says is due,
+extract and filter every stored page of the day's selection, and write ``articles/date=…``.
+
+Extraction and filtering always run from the stored HTML, so a new profile or extractor version
+re-runs without fetching anything again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import date, datetime
+
+import polars as pl
+
+from pipeline.articles.extract import ExtractionPool
+from pipeline.articles.fetch import FetchRun, fetch_articles, read_html
+from pipeline.articles.ledger import read_ledger
+from pipeline.articles.obelics import filter_document
+from pipeline.articles.urls import normalize_url
+from pipeline.config import Settings
+from pipeline.events import scan_parsed
+from pipeline.http import utc_now
+from pipeline.storage import DataLayout, atomic_write_parquet
+
+ARTICLES_VERSION = "articles-v1"
+ABSTRACT_MIN_CHARS = 50  # MIRAI's data_news.csv: add paragraphs while the abstract is ≤ 50 chars
+
+ARTICLES_SCHEMA = pl.Schema(
+    [
+        ("url", pl.String),  # normalised
+        ("url_md5", pl.String),
+        ("day", pl.Date),  # the publication day of the events that selected it
+        ("fetched_at", pl.Datetime("us", "UTC")),
+        ("http_status", pl.Int16),
+        ("final_url", pl.String),
+        ("title", pl.String),
+        ("text", pl.String),  # the paragraphs that survive the filters, "\n"-separated
+        ("abstract", pl.String),
+        ("date_published", pl.String),
+        ("lang", pl.String),
+        ("lang_score", pl.Float64),
+        ("n_words", pl.Int64),
+        ("extraction_error", pl.String),
+        ("kept", pl.Boolean),
+        ("failing_filter", pl.String),
+        ("failing_value", pl.Float64),
+        ("paragraphs_in", pl.Int32),
+        ("paragraphs_kept", pl.Int32),
+        ("profile", pl.String),
+    ]
+)
+
+
+def abstract(title: str | None, text: str) -> str:
+    """Title, then the first paragraph, then more paragraphs while it is still short (MIRAI)."""
+    parts = [title or ""]
+    for paragraph in text.split("\n"):
+        parts.append(paragraph)
+        if len("\n".join(parts)) > ABSTRACT_MIN_CHARS:
+            break
+    return "\n".join(parts).strip()
+
+
+def select_urls(day: date, settings: Settings) -> list[str]:
+    """Normalised article URLs of the day's quads with daily_mentions ≥ the threshold (plus,
+    optionally, the first-day WEB mention URLs of their events), sorted and unique."""
+    layout = DataLayout(settings.data_dir)
+    quads = pl.scan_parquet(layout.daily_quads_path(day)).filter(pl.col("daily_mentions") >= settings.article_min_mentions)
+    urls = quads.select(pl.col("urls").explode().alias("url"))
+    mentions = scan_parsed(layout, "mentions", day) if settings.article_include_mention_urls else None
+    if mentions is not None:
+        events = pl.scan_parquet(layout.events_path(day)).join(quads.select("date", "s", "r", "o"), on=["date", "s", "r", "o"], how="semi")
+        web = (
+            mentions.filter(pl.col("MentionType") == 1, pl.col("MentionTimeDate").dt.date() == day)
+            .join(events.select(pl.col("event_id").alias("GLOBALEVENTID")), on="GLOBALEVENTID", how="semi")
+            .select(pl.col("MentionIdentifier").alias("url"))
+        )
+        urls = pl.concat([urls, web])
+    raw = urls.drop_nulls().unique().collect()["url"].to_list()
+    return sorted({normalize_url(u) for u in raw})
+
+
+@dataclass
+class DayArticles:
+    day: date
+    selected: int
+    fetch: FetchRun
+    articles: pl.DataFrame
+    counts: dict[str, int]
+
+
+def build_articles(day: date, settings: Settings, *, now: datetime | None = None) -> DayArticles:
+    layout = DataLayout(settings.data_dir)
+    selected = select_urls(day, settings)
+    run = fetch_articles(selected, settings, now=now or utc_now())
+    ledger = read_ledger(layout).filter(pl.col("url").is_in(pl.Series(selected, dtype=pl.String).implode()))
+    stored = ledger.filter(pl.col("html_path").is_not_null()).sort("url")
+    rows = []
+    docs = ((read_html(layout, r["url_md5"]), r["final_url"] or r["url"]) for r in stored.iter_rows(named=True))
+    with ExtractionPool(settings.extract_workers, timeout_s=settings.extract_timeout_s) as pool:
+        for r, extracted in zip(stored.iter_rows(named=True), pool.map(docs)):
+            decision = filter_document(extracted.text, settings.article_profile) if extracted.error is None else None
+            text = decision.text if decision else ""
+            rows.append(
+                {
+                    "url": r["url"],
+                    "url_md5": r["url_md5"],
+                    "day": day,
+                    "fetched_at": r["fetched_at"],
+                    "http_status": r["http_status"],
+                    "final_url": r["final_url"],
+                    "title": extracted.title,
+                    "text": text,
+                    "abstract": abstract(extracted.title, text) if decision and decision.kept else None,
+                    "date_published": extracted.date,
+                    "lang": decision.lang if decision and decision.lang else extracted.lang,
+                    "lang_score": decision.lang_score if decision and decision.lang_score is not None else extracted.lang_score,
+                    "n_words": extracted.n_words,
+                    "extraction_error": extracted.error,
+                    "kept": bool(decision and decision.kept),
+                    "failing_filter": (decision.failing_filter if decision else f"extraction:{extracted.error}"),
+                    "failing_value": decision.value if decision else None,
+                    "paragraphs_in": decision.paragraphs_in if decision else 0,
+                    "paragraphs_kept": decision.paragraphs_kept if decision else 0,
+                    "profile": settings.article_profile,
+                }
+            )
+    articles = pl.DataFrame(rows, schema=ARTICLES_SCHEMA)
+    atomic_write_parquet(
+        articles, layout.articles_path(day), metadata={"articles_version": ARTICLES_VERSION, "profile": settings.article_profile}
+    )
+    not_stored = ledger.filter(pl.col("html_path").is_null())
+    counts = {
+        "selected": len(selected),
+        "fetched_this_run": run.due,
+        "already_fetched": run.already_fetched,
+        "stored": stored.height,
+        "failed": not_stored.height,
+        "extracted": articles.filter(pl.col("extraction_error").is_null()).height,
+        "kept": articles.filter("kept").height,
+    }
+    counts.update({f"failed_{k}": v for k, v in not_stored.group_by("status").len().iter_rows()})
+    counts.update(
+        {f"dropped_{k}": v for k, v in articles.filter(~pl.col("kept")).group_by("failing_filter").len().iter_rows()}
+    )
+    return DayArticles(day, len(selected), run, articles, counts)

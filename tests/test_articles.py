@@ -1,0 +1,111 @@
+"""A day of articles end to end: quads -> selection -> fetch (real local news server) -> stored
+HTML -> extraction workers -> OBELICS decision -> articles parquet, and the Dagster asset."""
+
+from __future__ import annotations
+
+from datetime import date, datetime, timezone
+
+import dagster as dg
+import polars as pl
+import pytest
+
+from pipeline.articles.day import ARTICLES_SCHEMA, abstract, build_articles, select_urls
+from pipeline.articles.urls import normalize_url
+from pipeline.config import Settings
+from pipeline.mirror.news import NewsServer
+from pipeline.normalize import QUADS_SCHEMA
+from pipeline.storage import DataLayout, atomic_write_parquet
+
+from .conftest import FIXTURES
+
+DAY = date(2024, 1, 1)
+HTML = FIXTURES / "html"
+
+
+def _quads(rows: list[tuple[str, int, list[str]]]) -> pl.DataFrame:
+    return pl.DataFrame(
+        [
+            {"date": DAY, "s": "USA", "r": r, "o": "CHN", "r1": r[:2], "daily_mentions": m, "n_events": 1,
+             "urls": urls, "n_urls": len(urls), "web_mention_urls": 0}
+            for r, m, urls in rows
+        ],
+        schema=QUADS_SCHEMA,
+    )
+
+
+@pytest.fixture
+def news():
+    if not HTML.exists():
+        pytest.skip("../shared/fixtures/html is absent (real news pages are served from there)")
+    pages = {f"/{name}": (HTML / name).read_bytes() for name in ("reuters.com.parasite.html", "zeit.de.zugverkehr.html")}
+    with NewsServer(pages) as server:
+        yield server
+
+
+def _settings(tmp_path, **overrides) -> Settings:
+    return Settings(data_dir=tmp_path, fetch_allow_loopback=True, fetch_backoff_base_s=0.01, extract_workers=1, **overrides)
+
+
+def test_a_day_of_articles(tmp_path, news):
+    settings = _settings(tmp_path)
+    reuters, zeit, missing = (news.url_for(p) for p in ("/reuters.com.parasite.html", "/zeit.de.zugverkehr.html", "/hostile/404"))
+    quiet = news.url_for("/quiet.html")
+    atomic_write_parquet(
+        _quads([("042", 80, [reuters, zeit]), ("043", 120, [missing, reuters]), ("010", 49, [quiet])]),
+        DataLayout(tmp_path).daily_quads_path(DAY),
+    )
+    assert select_urls(DAY, settings) == sorted(normalize_url(u) for u in (reuters, zeit, missing))
+
+    first = build_articles(DAY, settings, now=datetime(2024, 1, 2, tzinfo=timezone.utc))
+    assert first.counts["selected"] == 3 and first.counts["stored"] == 2 and first.counts["failed_http_error"] == 1
+    assert news.count("/quiet.html") == 0  # below the mention threshold: never fetched
+    arts = first.articles.sort("url")
+    assert arts.schema == ARTICLES_SCHEMA
+    by_page = {r["url"].rsplit("/", 1)[1]: r for r in arts.iter_rows(named=True)}
+    kept = by_page["reuters.com.parasite.html"]
+    assert kept["kept"] and "Despite an unknown cast," in kept["text"] and "Factbox: Key winners" not in kept["text"]
+    assert kept["abstract"].startswith(kept["title"]) and len(kept["abstract"]) > 50
+    german = by_page["zeit.de.zugverkehr.html"]
+    assert not german["kept"] and german["failing_filter"] == "language_id" and german["lang"] == "de"
+    assert first.counts["kept"] == 1 and first.counts["dropped_language_id"] == 1
+    on_disk = pl.read_parquet(DataLayout(tmp_path).articles_path(DAY))
+    assert on_disk.equals(first.articles)
+
+    # Fetched once ever: a re-run re-extracts from the stored HTML and fetches nothing.
+    requests_before = news.count("/reuters.com.parasite.html")
+    again = build_articles(DAY, settings, now=datetime(2024, 1, 2, 0, 5, tzinfo=timezone.utc))
+    assert again.counts["fetched_this_run"] == 0 and news.count("/reuters.com.parasite.html") == requests_before
+    assert again.articles.equals(first.articles)
+
+
+def test_obelics_profile_is_applied_when_chosen(tmp_path, news):
+    settings = _settings(tmp_path, article_profile="obelics")
+    atomic_write_parquet(_quads([("042", 80, [news.url_for("/zeit.de.zugverkehr.html")])]), DataLayout(tmp_path).daily_quads_path(DAY))
+    result = build_articles(DAY, settings)
+    assert result.articles["profile"].to_list() == ["obelics"]
+    assert result.articles["kept"].to_list() == [False]
+
+
+def test_abstract_follows_mirai():
+    assert abstract("Title", "Short.\nSecond paragraph is here and quite long indeed.\nThird.") == (
+        "Title\nShort.\nSecond paragraph is here and quite long indeed."
+    )
+    assert abstract(None, "") == ""
+
+
+def test_articles_asset_records_the_fetch_ledger(tmp_path, news, monkeypatch):
+    from assets.articles import articles
+    from assets.resources import MiraiSettings
+
+    atomic_write_parquet(_quads([("042", 80, [news.url_for("/reuters.com.parasite.html")])]), DataLayout(tmp_path).daily_quads_path(DAY))
+    monkeypatch.setenv("MIRAI_FETCH_ALLOW_LOOPBACK", "1")
+    monkeypatch.setenv("MIRAI_EXTRACT_WORKERS", "1")
+    with dg.instance_for_test() as instance:
+        result = dg.materialize([articles], partition_key=DAY.isoformat(), instance=instance,
+                                resources={"mirai": MiraiSettings(data_dir=str(tmp_path))})
+        assert result.success
+        events = {m.asset_key.to_user_string(): m.metadata for m in result.asset_materializations_for_node("articles")}
+        assert events["articles"]["kept"].value == 1 and events["articles"]["selected"].value == 1
+        # The ledger is its own asset: every articles run records it, with its counts.
+        ledger_event = instance.get_latest_materialization_event(dg.AssetKey("fetch_ledger"))
+        assert ledger_event.asset_materialization.metadata["urls_fetched"].value == 1
