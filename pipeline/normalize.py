@@ -20,6 +20,7 @@ Every excluded row is counted under the first rule it fails, in the order of ``E
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 
 import polars as pl
 
@@ -112,100 +113,170 @@ class Normalized:
         }
 
 
-def _flagged(rows: pl.LazyFrame, history: History) -> pl.LazyFrame:
-    """Every input row with its first failing rule in ``exclusion`` (null = kept)."""
-    table = country_table().lazy().select(pl.col("cameo_code"), pl.col("status"))
-    iso = cameo_to_iso3().lazy()
+@cache
+def _country_lookups() -> tuple[pl.Enum, pl.Series, pl.Series, int]:
+    """The country table for rules 3 and 4 as small integers instead of joins on strings.
+
+    Returns an Enum of the table's CAMEO codes; the country id of each code by the Enum's
+    physical index (the position of its ISO alpha-3 in the sorted ISO codes, or ``excluded`` for
+    a code the table excludes); those ISO codes; and ``excluded``. Two codes are the same country
+    exactly when their ids are equal. A code not in the table casts to a null index, so to a null
+    id, like a blank one.
+    """
+    table = country_table()
+    iso = dict(cameo_to_iso3().iter_rows())
+    if None in iso.values():  # tests/test_reference.py: only excluded codes lack an ISO code
+        raise ValueError("the country table gives no ISO code for a code it does not exclude")
+    countries = sorted(set(iso.values()))
+    position = {code: i for i, code in enumerate(countries)}
+    excluded = len(countries)
+    codes = table.get_column("cameo_code")
+    ids = pl.Series([position[iso[code]] if code in iso else excluded for code in codes], dtype=pl.UInt16)
+    return pl.Enum(codes), ids, pl.Series(countries, dtype=pl.String), excluded
+
+
+_ACTORS = (("Actor1CountryCode", "s"), ("Actor2CountryCode", "o"))
+
+
+@dataclass(frozen=True)
+class _Pass:
+    keys: pl.DataFrame  # every input row, in order: what rules 1 and 6 need, and row_rule
+    candidates: pl.DataFrame  # the rows that rules 2 to 5 keep, all columns; _row = input position
+    unmapped: pl.DataFrame  # as unmapped_codes(rows)
+
+
+def _read(rows: pl.LazyFrame) -> _Pass:
+    """One streaming pass over the input.
+
+    Rules 2 to 5 need one row at a time, so they are decided while reading: ``row_rule`` is the
+    number of the first of them a row fails (``EXCLUSIONS[row_rule - 1]``; 0 = passes). Rules 1
+    and 6 need every row, but only a few narrow columns of it (``keys``); the full columns are
+    kept only for the rows rules 2 to 5 pass. So a month of input never sits in memory as
+    strings: on the benchmark month a quarter of the rows are candidates.
+    """
+    enum, country_ids, _, excluded = _country_lookups()
     level2 = pl.Series(sorted(level2_codes()), dtype=pl.String).implode()
 
-    def actor(side: str, code_col: str) -> tuple[pl.LazyFrame, pl.LazyFrame]:
-        return (
-            iso.select(pl.col("cameo_code").alias(code_col), pl.col("iso3").alias(side)),
-            table.select(pl.col("cameo_code").alias(code_col), pl.col("status").alias(f"{side}_status")),
-        )
+    def country(code: str) -> pl.Expr:
+        return pl.lit(country_ids).gather(pl.col(code).cast(enum, strict=False).to_physical())
 
-    s_iso, s_status = actor("s", "Actor1CountryCode")
-    o_iso, o_status = actor("o", "Actor2CountryCode")
-    seen_ids = history.event_ids.select("event_id", pl.lit(True).alias("id_seen_before"))
+    s, o = pl.col("s_id"), pl.col("o_id")
+    # The same conditions, in the same order and with the same null handling, as the rules in
+    # the module docstring: a null condition does not exclude.
+    row_rules = {
+        "date_not_aligned": pl.col("SQLDATE") != pl.col("pub_day"),
+        "actor_blank": pl.col("Actor1CountryCode").is_null() | pl.col("Actor2CountryCode").is_null(),
+        "actor_not_a_country": (s == excluded) | (o == excluded),
+        "actor_unknown_code": s.is_null() | o.is_null(),
+        "domestic": s == o,
+        "invalid_relation": ~pl.col("EventBaseCode").is_in(level2),
+    }
+    assert tuple(row_rules) == EXCLUSIONS[EXCLUSIONS.index("date_not_aligned") :]
+    row_rule = pl.lit(0, pl.UInt8)
+    for reason, failed in reversed(row_rules.items()):
+        row_rule = pl.when(failed).then(pl.lit(EXCLUSIONS.index(reason) + 1, pl.UInt8)).otherwise(row_rule)
 
-    lf = (
+    base = (
         rows.select(INPUT_COLUMNS)
-        .with_row_index("_order")
+        .with_row_index("_row")
         .with_columns(
             pl.col("DATEADDED").dt.date().alias("pub_day"),
-            url_hash("SOURCEURL").alias("url_hash"),
+            *(country(code).alias(f"{side}_id") for code, side in _ACTORS),
         )
-        # Rule 6 comes before every other rule: the first day over all rows carrying the URL.
-        .with_columns(pl.col("pub_day").min().over("url_hash").alias("first_day_here"))
-        .join(history.url_first_day, on="url_hash", how="left")
-        .join(seen_ids, left_on="GLOBALEVENTID", right_on="event_id", how="left")
-        .join(s_iso, on="Actor1CountryCode", how="left")
-        .join(o_iso, on="Actor2CountryCode", how="left")
-        .join(s_status, on="Actor1CountryCode", how="left")
-        .join(o_status, on="Actor2CountryCode", how="left")
-        # Joins may reorder rows; the earliest copy of a duplicated id must be the one kept.
-        .sort("DATEADDED", "_order")
+        .with_columns(row_rule.alias("row_rule"))
     )
-    first_day = pl.min_horizontal("first_day_here", "first_day")
-    blank = pl.col("Actor1CountryCode").is_null() | pl.col("Actor2CountryCode").is_null()
-    not_country = (pl.col("s_status") == "excluded") | (pl.col("o_status") == "excluded")
-    unknown = pl.col("s_status").is_null() | pl.col("o_status").is_null()
-    duplicate = pl.col("id_seen_before").fill_null(False) | ~pl.col("GLOBALEVENTID").is_first_distinct()
+    keys = base.select(
+        "GLOBALEVENTID",
+        "DATEADDED",
+        "pub_day",
+        url_hash("SOURCEURL").alias("url_hash"),
+        pl.col("SOURCEURL").is_not_null().alias("has_url"),
+        "row_rule",
+    )
+    candidates = base.filter(pl.col("row_rule") == 0).drop("row_rule")
+    # Codes the table does not know are rare: keep just their rows and count them afterwards.
+    # (Counting inside this pass makes the engine buffer the whole input for the other outputs.)
+    unknown = [pl.col(code).is_not_null() & pl.col(f"{side}_id").is_null() for code, side in _ACTORS]
+    odd = base.filter(unknown[0] | unknown[1]).select(
+        pl.when(unknown[i]).then(pl.col(code)).alias(code) for i, (code, _) in enumerate(_ACTORS)
+    )
+    keys, candidates, odd = pl.collect_all([keys, candidates, odd])
+    return _Pass(keys, candidates, unmapped_codes(odd))
+
+
+def _exclusions(keys: pl.DataFrame, history: History) -> tuple[pl.Series, bool]:
+    """Every row's first failing rule (``EXCLUSIONS[i - 1]``; 0 = kept), in input order; and
+    whether the rows came in DATEADDED order with ascending ids, as parsed slot files do."""
+    seen_ids, url_days = pl.collect_all(
+        [history.event_ids.select("event_id"), history.url_first_day.select("url_hash", "first_day")]
+    )
+    keys = keys.rechunk()  # one chunk per input file otherwise, which slows the window below
+    lf = keys.lazy()
+    # Rule 6 comes before every other rule: the first day over all rows carrying the URL.
+    lf = lf.with_columns(pl.col("pub_day").min().over("url_hash").alias("first_day_here"))
+    if url_days.height:
+        lf = lf.join(url_days.lazy(), on="url_hash", how="left", maintain_order="left")
+        first_day = pl.min_horizontal("first_day_here", "first_day")
+    else:
+        first_day = pl.col("first_day_here")
+    # Rule 1: the earliest copy of an id (by DATEADDED, then input order) is the one kept.
+    ids, added = keys.get_column("GLOBALEVENTID"), keys.get_column("DATEADDED")
+    in_order = ids.null_count() == 0 and added.null_count() == 0 and added.is_sorted() and ids.is_sorted()
+    if in_order:  # the copies of an id are adjacent, and the first of them is the earliest
+        first_copy = (pl.col("GLOBALEVENTID") != pl.col("GLOBALEVENTID").shift(1)).fill_null(True)
+    else:  # mark the first copies in a stable DATEADDED order, then put the marks back in input order
+        by_time = pl.arg_sort_by("DATEADDED", maintain_order=True)
+        first_copy = pl.col("GLOBALEVENTID").gather(by_time).is_first_distinct().gather(by_time.arg_sort())
+    seen = pl.col("GLOBALEVENTID").is_in(seen_ids.get_column("event_id").implode()).fill_null(False)
     reason = (
-        pl.when(duplicate).then(pl.lit("duplicate_event_id"))
-        .when(pl.col("SOURCEURL").is_not_null() & (pl.col("pub_day") > first_day)).then(pl.lit("url_reported_earlier"))
-        .when(pl.col("SQLDATE") != pl.col("pub_day")).then(pl.lit("date_not_aligned"))
-        .when(blank).then(pl.lit("actor_blank"))
-        .when(not_country).then(pl.lit("actor_not_a_country"))
-        .when(unknown).then(pl.lit("actor_unknown_code"))
-        .when(pl.col("s") == pl.col("o")).then(pl.lit("domestic"))
-        .when(~pl.col("EventBaseCode").is_in(level2)).then(pl.lit("invalid_relation"))
+        pl.when(seen | ~first_copy).then(pl.lit(EXCLUSIONS.index("duplicate_event_id") + 1, pl.UInt8))
+        .when(pl.col("has_url") & (pl.col("pub_day") > first_day))
+        .then(pl.lit(EXCLUSIONS.index("url_reported_earlier") + 1, pl.UInt8))
+        .otherwise(pl.col("row_rule"))
     )
-    return lf.with_columns(reason.alias("exclusion"))
-
-
-def _events(flagged: pl.LazyFrame) -> pl.LazyFrame:
-    return (
-        flagged.filter(pl.col("exclusion").is_null())
-        .select(
-            pl.col("GLOBALEVENTID").alias("event_id"),
-            pl.col("pub_day").alias("date"),
-            "s",
-            pl.col("EventBaseCode").alias("r"),
-            "o",
-            pl.col("EventBaseCode").str.slice(0, 2).alias("r1"),
-            pl.col("Actor1CountryCode").alias("s_cameo"),
-            pl.col("Actor2CountryCode").alias("o_cameo"),
-            pl.col("EventCode").alias("event_code"),
-            pl.col("QuadClass").alias("quad_class"),
-            pl.col("GoldsteinScale").alias("goldstein"),
-            pl.col("NumMentions").alias("num_mentions"),
-            pl.col("NumSources").alias("num_sources"),
-            pl.col("NumArticles").alias("num_articles"),
-            pl.col("AvgTone").alias("avg_tone"),
-            pl.col("DATEADDED").alias("date_added"),
-            pl.col("SOURCEURL").alias("url"),
-        )
-        .sort("date_added", "event_id")
-    )
+    return lf.select(reason.alias("exclusion")).collect().to_series(), in_order
 
 
 def normalize_with_report(rows: pl.DataFrame | pl.LazyFrame, history: History | None = None) -> Normalized:
-    """Apply the rules to parsed export rows (any number of days) given what came before."""
-    flagged = _flagged(rows.lazy(), history or History.empty())
-    events, counts, total = pl.collect_all(
-        [
-            _events(flagged),
-            flagged.group_by("exclusion").len(),
-            flagged.select(pl.len()),
-        ]
+    """Apply the rules to parsed export rows (any number of days) given what came before.
+
+    Performance (bench/normalize.py, docs/benchmarks.md): the input is read once, streaming;
+    nothing joins or sorts the wide rows (the small tables are applied as integer lookups, rule 1
+    sorts only ids and only when the input is out of order), and full columns are kept only for
+    rows that can still be kept.
+    """
+    read = _read(rows.lazy())
+    exclusion, in_order = _exclusions(read.keys, history or History.empty())
+    countries = pl.lit(_country_lookups()[2])
+    events = read.candidates.filter(pl.lit(exclusion).gather(pl.col("_row")) == 0).select(
+        pl.col("GLOBALEVENTID").alias("event_id"),
+        pl.col("pub_day").alias("date"),
+        countries.gather(pl.col("s_id")).alias("s"),
+        pl.col("EventBaseCode").alias("r"),
+        countries.gather(pl.col("o_id")).alias("o"),
+        pl.col("EventBaseCode").str.slice(0, 2).alias("r1"),
+        pl.col("Actor1CountryCode").alias("s_cameo"),
+        pl.col("Actor2CountryCode").alias("o_cameo"),
+        pl.col("EventCode").alias("event_code"),
+        pl.col("QuadClass").alias("quad_class"),
+        pl.col("GoldsteinScale").alias("goldstein"),
+        pl.col("NumMentions").alias("num_mentions"),
+        pl.col("NumSources").alias("num_sources"),
+        pl.col("NumArticles").alias("num_articles"),
+        pl.col("AvgTone").alias("avg_tone"),
+        pl.col("DATEADDED").alias("date_added"),
+        pl.col("SOURCEURL").alias("url"),
     )
-    by_reason = {reason: n for reason, n in counts.iter_rows() if reason is not None}
+    # Kept ids are unique, so (date_added, event_id) orders the events completely; rows that came
+    # in DATEADDED order with ascending ids are in that order already.
+    if not in_order:
+        events = events.sort("date_added", "event_id")
+    by_code = dict(exclusion.value_counts().iter_rows())
     return Normalized(
         events=events.match_to_schema(EVENTS_SCHEMA),
-        exclusions={reason: int(by_reason.get(reason, 0)) for reason in EXCLUSIONS},
-        unmapped_codes=unmapped_codes(rows),
-        input_rows=int(total.item()),
+        exclusions={reason: int(by_code.get(i, 0)) for i, reason in enumerate(EXCLUSIONS, start=1)},
+        unmapped_codes=read.unmapped,
+        input_rows=read.keys.height,
     )
 
 
