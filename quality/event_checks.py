@@ -9,6 +9,9 @@ the failed expectations. GX is imported inside the suites, never when this modul
 - ``events_valid``: blocking; a failure stops ``daily_quads`` (and anything else downstream) in
   the same run, so bad events never reach the benchmark.
 - ``daily_quads_valid``: blocking, for the monthly/benchmark assets that will sit downstream.
+- ``articles_valid``: non-blocking; reports the day's articles file with its counts (rows, kept,
+  dropped per failing filter). The fetch counts (selected, fetched, failed) are in the articles
+  asset's own metadata: the file holds only the stored pages.
 """
 
 import json
@@ -22,7 +25,14 @@ from assets.ingest import gdelt_events
 from assets.partitions import daily_partitions
 from assets.resources import MiraiSettings
 from pipeline.storage import DataLayout
-from quality.suites import SuiteResult, read_raw_events_day, validate_daily_quads, validate_events, validate_raw_events
+from quality.suites import (
+    SuiteResult,
+    read_raw_events_day,
+    validate_articles,
+    validate_daily_quads,
+    validate_events,
+    validate_raw_events,
+)
 
 
 def _result(res: SuiteResult, source: Path) -> dg.AssetCheckResult:
@@ -104,3 +114,15 @@ def events_history_current(context: dg.AssetCheckExecutionContext, mirai: MiraiS
         metadata={"built_against": built or "", "history_now": now},
         description=None if built == now else "earlier days changed since this day was normalised: re-materialise it",
     )
+
+
+@dg.asset_check(asset=dg.AssetKey("articles"), partitions_def=daily_partitions, blocking=False)
+def articles_valid(context: dg.AssetCheckExecutionContext, mirai: MiraiSettings) -> dg.AssetCheckResult:
+    """The day's articles: url and url_md5 unique (url_md5 32 hex digits); kept rows carry text,
+    an abstract, lang "en" and no failing filter; dropped rows name their failing filter; profile
+    mirai/obelics; n_words >= 0. Metadata: rows, kept, dropped and dropped_<filter> from the file.
+    Non-blocking: a bad article row is reported, nothing downstream is held back."""
+    path = DataLayout(mirai.settings().data_dir).articles_path(date.fromisoformat(context.partition_key))
+    if not path.exists():
+        return _missing(path, "articles")
+    return _result(validate_articles(pl.read_parquet(path)), path)

@@ -15,12 +15,17 @@ Suites and the rules they guard:
 - ``events`` (pipeline/normalize.py rules 1-5): event_id unique; s, o ISO alpha-3; s != o; r a
   MIRAI level-2 code and r1 its first two digits; date the UTC day of date_added.
 - ``daily_quads``: (date, s, r, o) unique; daily_mentions >= 1; n_events >= 1.
+- ``articles`` (pipeline/articles/day.py): url and url_md5 present and unique, url_md5 32 lowercase
+  hex digits; a kept row has text, an abstract, lang "en" and no failing_filter; a dropped row names
+  its failing_filter; profile "mirai" or "obelics"; n_words >= 0. The kept/dropped rules use GX row
+  conditions (``Column("kept") == True``), so a failure names the column and its rule.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -278,3 +283,66 @@ def validate_daily_quads(quads: pl.DataFrame) -> SuiteResult:
     return _run("daily_quads", quads, expectations, schema_failures,
                 {"rows": quads.height, "total_mentions": int(quads.get_column("daily_mentions").sum())
                  if "daily_mentions" in quads.columns and quads.schema["daily_mentions"].is_numeric() else None})
+
+
+# ---------------------------------------------------------------------------------------------
+# articles: one row per stored article page of the day's selection (pipeline/articles/day.py)
+
+ARTICLE_PROFILES = ("mirai", "obelics")
+URL_MD5_REGEX = r"^[0-9a-f]{32}$"  # hashlib.md5(...).hexdigest()
+NON_BLANK_REGEX = r"\S"  # at least one non-whitespace character
+
+
+def filter_label(failing_filter: str) -> str:
+    """``failing_filter`` without the per-document detail: ``extraction:failed: ValueError: …`` and
+    ``extraction:crashed: exit code -9`` count as ``extraction:failed`` and ``extraction:crashed``."""
+    return failing_filter.split(": ", 1)[0]
+
+
+def article_counts(articles: pl.DataFrame) -> dict[str, int]:
+    """rows, kept, dropped, and dropped per failing filter (``dropped_<filter_label>``), from the file."""
+    if not {"kept", "failing_filter"} <= set(articles.columns) or articles.schema["kept"] != pl.Boolean:
+        return {"rows": articles.height}
+    kept = int(articles.get_column("kept").sum())
+    dropped = articles.filter(~pl.col("kept").fill_null(False))
+    counts = {"rows": articles.height, "kept": kept, "dropped": dropped.height}
+    labels = dropped.get_column("failing_filter").cast(pl.String).fill_null("(none)").to_list()
+    for label, n in sorted(Counter(filter_label(v) for v in labels).items()):
+        counts[f"dropped_{label}"] = n
+    return counts
+
+
+def validate_articles(articles: pl.DataFrame) -> SuiteResult:
+    """The day's articles parquet (``ARTICLES_SCHEMA``)."""
+    import great_expectations.expectations as gxe
+    from great_expectations.expectations.row_conditions import Column
+
+    from pipeline.articles.day import ARTICLES_SCHEMA
+
+    schema_failures = _schema_failures(articles, ARTICLES_SCHEMA)
+    counts = article_counts(articles)
+    if articles.height == 0:
+        return _empty("articles", schema_failures, "no articles on this day", **{k: v for k, v in counts.items() if k != "rows"})
+    kept, dropped = Column("kept") == True, Column("kept") == False  # noqa: E712 (GX conditions, not Python tests)
+    expectations = [
+        gxe.ExpectTableColumnsToMatchOrderedList(column_list=ARTICLES_SCHEMA.names(), meta={"rule": "articles: stored columns, in order"}),  # schema (dtypes: polars side)
+        gxe.ExpectColumnValuesToNotBeNull(column="url", meta={"rule": "articles: url present"}),  # key
+        gxe.ExpectColumnValuesToBeUnique(column="url", meta={"rule": "articles: one row per normalised url"}),  # key
+        gxe.ExpectColumnValuesToNotBeNull(column="url_md5", meta={"rule": "articles: url_md5 present"}),  # id in the ledger / HTML store
+        gxe.ExpectColumnValuesToBeUnique(column="url_md5", meta={"rule": "articles: url_md5 unique"}),
+        gxe.ExpectColumnValuesToMatchRegex(column="url_md5", regex=URL_MD5_REGEX, meta={"rule": "articles: url_md5 is 32 lowercase hex digits"}),
+        gxe.ExpectColumnValuesToNotBeNull(column="kept", meta={"rule": "articles: every row is kept or dropped"}),
+        gxe.ExpectColumnValuesToNotBeNull(column="text", row_condition=kept, meta={"rule": "kept: text present"}),
+        gxe.ExpectColumnValuesToMatchRegex(column="text", regex=NON_BLANK_REGEX, row_condition=kept, meta={"rule": "kept: text non-empty"}),
+        gxe.ExpectColumnValuesToNotBeNull(column="abstract", row_condition=kept, meta={"rule": "kept: abstract present"}),
+        gxe.ExpectColumnValuesToMatchRegex(column="abstract", regex=NON_BLANK_REGEX, row_condition=kept, meta={"rule": "kept: abstract non-empty"}),
+        gxe.ExpectColumnValuesToNotBeNull(column="lang", row_condition=kept, meta={"rule": "kept: lang present"}),
+        gxe.ExpectColumnValuesToBeInSet(column="lang", value_set=["en"], row_condition=kept, meta={"rule": "kept: lang is 'en'"}),
+        gxe.ExpectColumnValuesToBeNull(column="failing_filter", row_condition=kept, meta={"rule": "kept: no failing_filter"}),
+        gxe.ExpectColumnValuesToNotBeNull(column="failing_filter", row_condition=dropped, meta={"rule": "dropped: failing_filter named"}),
+        gxe.ExpectColumnValuesToNotBeNull(column="profile", meta={"rule": "articles: profile present"}),
+        gxe.ExpectColumnValuesToBeInSet(column="profile", value_set=list(ARTICLE_PROFILES), meta={"rule": "articles: profile is mirai or obelics"}),
+        gxe.ExpectColumnValuesToNotBeNull(column="n_words", meta={"rule": "articles: n_words present"}),
+        gxe.ExpectColumnValuesToBeBetween(column="n_words", min_value=0, meta={"rule": "articles: n_words >= 0"}),
+    ]
+    return _run("articles", articles, expectations, schema_failures, counts)
