@@ -25,6 +25,7 @@ from pipeline.gdelt import (
     parse_mentions,
 )
 from pipeline.gdelt.archive import is_zip
+from pipeline.gdelt.parse import parse_files
 from pipeline.gdelt.schema import EXPORT_SCHEMA, MENTIONS_SCHEMA, REJECTS_SCHEMA
 
 GDELT_FIXTURES = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "gdelt"
@@ -370,6 +371,33 @@ def test_a_short_and_a_long_line_that_balance_the_tab_total_are_both_rejected():
     assert parsed.rows.height == 8
 
 
+def test_a_long_last_line_without_a_newline_is_caught_even_when_the_tabs_balance():
+    # polars lets exactly this line through without raising: the last one, not ended by \n,
+    # with one extra empty field. With a short line balancing the TAB total, the clean-file proof
+    # would otherwise accept both lines.
+    lines = clean_export(5)
+    lines[1] = lines[1][: lines[1].rfind(b"\t")]
+    data = csv(lines[:4]) + lines[4] + b"\t"
+    assert data.count(b"\t") == 60 * 5
+    parsed = parse_export(data)
+    assert parsed.rejects.select("line_number", "reason").rows() == [(2, "field_count:60"), (5, "field_count:62")]
+    assert parsed.rows["GLOBALEVENTID"].to_list() == [FIRST_ID, FIRST_ID + 2, FIRST_ID + 3]
+
+
+def test_the_reader_gives_one_row_per_line_blank_lines_included():
+    # The clean-file proof counts lines by the reader's rows (see parse._plan); a reader that
+    # skipped blank lines would let one vanish from a file whose TABs otherwise add up.
+    schema = {"a": pl.String, "b": pl.String}
+    data = b"x\ty\n\n\r\n \nx\ty\n\n\r"
+    frame = pl.read_csv(data, has_header=False, separator="\t", quote_char=None, schema=schema)
+    assert frame.height == data.count(b"\n") + 1 == 7
+    for blank in (b"\n", b"\r\n", b"\n\n"):
+        lines = clean_export(3)
+        parsed = parse_export(csv(lines) + blank)
+        assert parsed.total_lines == 3 + blank.count(b"\n")
+        assert set(parsed.rejects["reason"]) == {"empty_line"}
+
+
 def test_several_kinds_of_rejects_in_one_file_keep_their_line_numbers():
     lines = clean_export(12)
     lines[1] = b""
@@ -495,6 +523,119 @@ def test_synthetic_zip_is_opened_before_parsing():
 def test_parsed_file_refuses_counts_that_do_not_add_up():
     with pytest.raises(ValueError, match="1 lines"):
         ParsedFile("export", "x", pl.DataFrame(schema=EXPORT_SCHEMA), pl.DataFrame(schema=REJECTS_SCHEMA), 1)
+
+
+def test_numbers_may_have_leading_spaces_and_read_the_same_on_every_path():
+    # polars' CSV number reader skips leading spaces, and a field of spaces is empty; the text
+    # path (taken when a number is refused) must agree, or a line's fate would depend on the
+    # other lines of its file.
+    spaced = export_line(
+        FIRST_ID + 1, NumMentions=" 10", GoldsteinScale="  2.8", NumSources="   ", Actor1Geo_Lat=" -3.5"
+    )
+    clean = parse_export(csv([export_line(FIRST_ID), spaced]))
+    assert clean.rejects.is_empty()
+    row = clean.rows.row(1, named=True)
+    assert (row["NumMentions"], row["GoldsteinScale"], row["NumSources"], row["Actor1Geo_Lat"]) == (10, 2.8, None, -3.5)
+
+    bad_number = export_line(FIRST_ID + 2, NumArticles="ten")
+    short = export_line(FIRST_ID + 3)[:40]
+    for lines in ([export_line(FIRST_ID), spaced, bad_number], [export_line(FIRST_ID), spaced, short]):
+        parsed = parse_export(csv(lines))
+        assert parsed.rows.head(2).equals(clean.rows)
+        assert parsed.rejects.height == 1
+
+    # Trailing spaces are not skipped, and dates get no leeway at all.
+    for damage, reason in (
+        ({"NumMentions": "10 "}, "bad_value:NumMentions"),
+        ({"SQLDATE": " 20240101"}, "bad_value:SQLDATE"),
+        ({"GLOBALEVENTID": "  "}, "missing_value:GLOBALEVENTID"),
+    ):
+        lines = [export_line(FIRST_ID + i) for i in range(3)]
+        lines[1] = export_line(FIRST_ID + 1, **damage)
+        assert parse_export(csv(lines)).rejects.select("line_number", "reason").rows() == [(2, reason)]
+
+
+def many_files() -> list[tuple[bytes, str]]:
+    """Files that take every path through the parser, to be parsed together and alone."""
+    lines = clean_export(6)
+    bom = b"\xef\xbb\xbf"
+    files = {
+        "clean": csv(lines),
+        "no final newline": csv(lines)[:-1],
+        "crlf, no final newline": csv([line + b"\r" for line in lines])[:-1],
+        "empty": b"",
+        "byte order mark": bom + csv(lines),
+        "two byte order marks": bom + bom + csv(lines),
+        "short line": csv([*lines[:2], lines[2][:50], *lines[3:]]),
+        "undecodable line": csv([*lines[:3], lines[3].replace(b"KYIV", b"K\xffIV"), *lines[4:]]),
+        "undecodable first line": bom + csv([lines[0].replace(b"KYIV", b"K\xffIV"), *lines[1:]]),
+        "long and short line": csv([lines[0] + b"\tx", lines[1][: lines[1].rfind(b"\t")], *lines[2:]]),
+        "bad number": csv([*lines[:4], export_line(FIRST_ID + 4, NumSources="2x"), lines[5]]),
+        "spaced number": csv([*lines[:4], export_line(FIRST_ID + 4, NumSources=" 2"), lines[5]]),
+        "bad date": csv([lines[0], export_line(FIRST_ID + 1, SQLDATE="2024011"), *lines[2:]]),
+        "near-miss timestamp": csv([*lines[:5], export_line(FIRST_ID + 5, DATEADDED="20240101000060")]),
+        "missing key": csv([export_line(FIRST_ID, GLOBALEVENTID=""), *lines[1:]]),
+        "blank lines": b"\n" + csv(lines[:3]) + b"\n" + csv(lines[3:]) + b"\r\n",
+        "zip": make_zip({"20240101000000.export.CSV": csv(lines)}),
+    }
+    return [(data, name) for name, data in files.items()]
+
+
+def outcome(parse) -> tuple:
+    try:
+        parsed = parse()
+    except Exception as exc:  # noqa: BLE001  (compared, not swallowed)
+        return (type(exc), str(exc))
+    return (parsed.source, parsed.rows.rows(), parsed.rejects.rows(), parsed.total_lines)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("batch_files", [1, 4, 5, 100])
+def test_parse_files_gives_each_file_what_it_gets_alone(monkeypatch, workers, batch_files):
+    monkeypatch.setattr("pipeline.gdelt.parse.BATCH_FILES", batch_files)
+    items = many_files()
+    alone = [outcome(lambda: parse_export(data, source)) for data, source in items]
+    together = list(parse_files(iter(items), "export", workers=workers))
+    assert [outcome(lambda: parsed) for parsed in together] == alone
+    # The files were damaged as meant: the paths were all taken.
+    rejects = {parsed.source: parsed.rejects["reason"].to_list() for parsed in together}
+    assert rejects["byte order mark"] == [] and rejects["bad number"] == ["bad_value:NumSources"]
+    assert rejects["long and short line"] == ["field_count:62", "field_count:60"]
+    assert rejects["undecodable first line"] == ["invalid_utf8"]
+    assert rejects["near-miss timestamp"] == ["bad_value:DATEADDED"]
+    assert rejects["blank lines"] == ["empty_line"] * 3
+    assert together[0].rows.equals(parse_export(csv(clean_export(6))).rows)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_parse_files_raises_a_files_error_when_its_turn_comes(monkeypatch, workers):
+    monkeypatch.setattr("pipeline.gdelt.parse.BATCH_FILES", 2)
+    good = (csv(clean_export(3)), "good")
+    v1 = (csv([b"\t".join([b"1"] * 58)] * 3), "v1")
+    items = [good, good, good, (b"not a zip", "broken.zip"), good, v1, good]
+    parsed = parse_files(iter(items), "export", workers=workers)
+    assert [next(parsed).source for _ in range(3)] == ["good"] * 3
+    with pytest.raises(CorruptArchiveError, match="not a zip archive"):
+        next(parsed)
+    after = parse_files(iter(items[4:]), "export", workers=workers)
+    assert next(after).source == "good"
+    with pytest.raises(GdeltFormatError, match=r"GDELT 1\.0 daily events"):
+        next(after)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_parse_files_yields_the_files_it_got_before_their_source_failed(monkeypatch, workers):
+    monkeypatch.setattr("pipeline.gdelt.parse.BATCH_FILES", 4)
+
+    def items():
+        for name in ("a", "b", "c", "d", "e"):
+            yield csv(clean_export(2)), name
+        raise OSError("disk gone")
+
+    parsed = parse_files(items(), "export", workers=workers)
+    assert [next(parsed).source for _ in range(5)] == ["a", "b", "c", "d", "e"]
+    with pytest.raises(OSError, match="disk gone"):
+        next(parsed)
 
 
 # --- Zip archives ----------------------------------------------------------------------------
