@@ -8,12 +8,12 @@ from assets.ingest import gdelt_events, gdelt_files, gdelt_mentions
 from assets.resources import MiraiSettings
 from quality.event_checks import articles_valid, daily_quads_valid, events_history_current, events_valid, gdelt_events_valid
 from quality.ingest_checks import gdelt_files_all_green
-from sensors.schedules import gdelt_every_15_minutes, gdelt_ingest_job
+from sensors.schedules import articles_hourly, articles_job, gdelt_every_15_minutes, gdelt_ingest_job
 
 defs = dg.Definitions(
     assets=[gdelt_files, gdelt_events, gdelt_mentions, events, daily_quads, articles, fetch_ledger],
     asset_checks=[gdelt_files_all_green, gdelt_events_valid, events_valid, events_history_current, daily_quads_valid, articles_valid],
-    jobs=[gdelt_ingest_job],
-    schedules=[gdelt_every_15_minutes],
+    jobs=[gdelt_ingest_job, articles_job],
+    schedules=[gdelt_every_15_minutes, articles_hourly],
     resources={"mirai": MiraiSettings()},
 )

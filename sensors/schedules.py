@@ -11,6 +11,7 @@ from datetime import datetime, timedelta, timezone
 
 import dagster as dg
 
+from assets.articles import articles
 from assets.events import daily_quads, events
 from assets.ingest import gdelt_events, gdelt_files, gdelt_mentions
 
@@ -41,4 +42,21 @@ def gdelt_every_15_minutes(context: dg.ScheduleEvaluationContext):
         requests.append(
             dg.RunRequest(run_key=f"{previous}@{tick:%Y%m%dT%H%M}", partition_key=previous.isoformat())
         )
+    return requests
+
+
+articles_job = dg.define_asset_job("articles_daily", selection=[articles], executor_def=dg.in_process_executor)
+
+
+@dg.schedule(cron_schedule="40 * * * *", job=articles_job, execution_timezone="UTC")
+def articles_hourly(context: dg.ScheduleEvaluationContext):
+    """Hourly, the articles of the current day's well-reported quads: soon after publication,
+    before links rot. Only new URLs (and failed ones whose retry is due) are fetched, so an hourly
+    run costs little; the 00:40 tick also finishes the previous day."""
+    tick = context.scheduled_execution_time.astimezone(timezone.utc)
+    day = newest_slot(tick).date()
+    requests = [dg.RunRequest(run_key=f"articles-{day}@{tick:%Y%m%dT%H%M}", partition_key=day.isoformat())]
+    if tick.hour == 0:
+        previous = day - timedelta(days=1)
+        requests.append(dg.RunRequest(run_key=f"articles-{previous}@{tick:%Y%m%dT%H%M}", partition_key=previous.isoformat()))
     return requests

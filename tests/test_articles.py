@@ -3,6 +3,7 @@ HTML -> extraction workers -> OBELICS decision -> articles parquet, and the Dags
 
 from __future__ import annotations
 
+import json
 from datetime import date, datetime, timezone
 
 import dagster as dg
@@ -65,6 +66,8 @@ def test_a_day_of_articles(tmp_path, news):
     kept = by_page["reuters.com.parasite.html"]
     assert kept["kept"] and "Despite an unknown cast," in kept["text"] and "Factbox: Key winners" not in kept["text"]
     assert kept["abstract"].startswith(kept["title"]) and len(kept["abstract"]) > 50
+    # Per-paragraph decisions are kept: each removed paragraph is counted under its filter.
+    assert sum(json.loads(kept["paragraph_drops"]).values()) == kept["paragraphs_in"] - kept["paragraphs_kept"]
     german = by_page["zeit.de.zugverkehr.html"]
     assert not german["kept"] and german["failing_filter"] == "language_id" and german["lang"] == "de"
     assert first.counts["kept"] == 1 and first.counts["dropped_language_id"] == 1

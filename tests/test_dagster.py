@@ -125,6 +125,27 @@ def test_schedule_targets_the_right_day(tick, expected):
     assert gdelt_every_15_minutes.execution_timezone == "UTC"
 
 
+@pytest.mark.parametrize(
+    ("tick", "expected"),
+    [
+        (datetime(2024, 3, 10, 23, 40, tzinfo=timezone.utc), ["2024-03-10"]),
+        (datetime(2024, 3, 11, 0, 40, tzinfo=timezone.utc), ["2024-03-11", "2024-03-10"]),
+        (datetime(2024, 3, 11, 13, 40, tzinfo=timezone.utc), ["2024-03-11"]),
+    ],
+)
+def test_articles_schedule_targets_the_day_and_finishes_the_previous_one(tick, expected):
+    from definitions import defs
+    from sensors.schedules import articles_hourly
+
+    with dg.instance_for_test() as instance:
+        context = dg.build_schedule_context(
+            instance=instance, scheduled_execution_time=tick, repository_def=defs.get_repository_def()
+        )
+        requests_ = list(articles_hourly.evaluate_tick(context).run_requests)
+    assert [r.partition_key for r in requests_] == expected
+    assert articles_hourly.job_name == "articles_daily"
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

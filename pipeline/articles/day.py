@@ -7,6 +7,7 @@ re-runs without fetching anything again.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import date, datetime
 
@@ -46,6 +47,7 @@ ARTICLES_SCHEMA = pl.Schema(
         ("failing_value", pl.Float64),
         ("paragraphs_in", pl.Int32),
         ("paragraphs_kept", pl.Int32),
+        ("paragraph_drops", pl.String),  # JSON {paragraph filter: paragraphs it removed}
         ("profile", pl.String),
     ]
 )
@@ -122,6 +124,7 @@ def build_articles(day: date, settings: Settings, *, now: datetime | None = None
                     "failing_value": decision.value if decision else None,
                     "paragraphs_in": decision.paragraphs_in if decision else 0,
                     "paragraphs_kept": decision.paragraphs_kept if decision else 0,
+                    "paragraph_drops": json.dumps(decision.paragraph_drops, sort_keys=True) if decision else None,
                     "profile": settings.article_profile,
                 }
             )
