@@ -47,12 +47,13 @@ import functools
 import socket
 import struct
 import sys
-import threading
 import time
 import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
+
+from pipeline.mirror.local import LocalServer, resolve_under
 
 DEFAULT_ROBOTS = "User-agent: *\nDisallow: /private/\n"
 METADATA_URL = "http://169.254.169.254/latest/meta-data/"
@@ -263,8 +264,10 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(404, b"no such hostile endpoint\n", "text/plain", entry, send_body)
 
 
-class NewsServer:
+class NewsServer(LocalServer):
     """Serve pages and hostile endpoints on 127.0.0.1 (``with NewsServer(...) as srv``)."""
+
+    thread_name = "news"
 
     def __init__(self, pages: dict[str, str | bytes] | None = None, root: Path | None = None, *, port: int = 0,
                  latency_s: float = 0.0, robots_txt: str | None = DEFAULT_ROBOTS, robots_status: int = 200,
@@ -279,43 +282,22 @@ class NewsServer:
         self.retry_after_s = retry_after_s
         self.drip_interval_s = drip_interval_s
         self.stall_s = stall_s
-        self._log: list[dict] = []
-        self._lock = threading.Lock()
         self._hits: dict[str, int] = {}
         self.in_flight = 0
         self.max_in_flight = 0  # most requests handled at the same time (per-host limit checks)
-        self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._httpd = _HTTPServer(("127.0.0.1", port), _Handler)
+        super().__init__(_HTTPServer(("127.0.0.1", port), _Handler))
         self._httpd.news = self
-
-    @property
-    def port(self) -> int:
-        return self._httpd.server_address[1]
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
     def url_for(self, path: str) -> str:
         return self.url + path
-
-    @property
-    def stopping(self) -> bool:
-        return self._stopping.is_set()
 
     def page(self, path: str) -> bytes | None:
         if path in self.pages:
             return self.pages[path]
         if self.root is None:
             return None
-        relative = path.lstrip("/")
-        if "\\" in relative or "\0" in relative or ".." in relative.split("/"):
-            return None
-        target = (self.root / relative).resolve()
-        if not target.is_relative_to(self.root) or not target.is_file():
-            return None
-        return target.read_bytes()
+        target = resolve_under(self.root, path)
+        return target.read_bytes() if target is not None and target.is_file() else None
 
     def enter(self) -> None:
         with self._lock:
@@ -332,49 +314,5 @@ class NewsServer:
             self._hits[key] = self._hits.get(key, 0) + 1
             return self._hits[key]
 
-    @property
-    def requests(self) -> list[dict]:
-        with self._lock:
-            return [dict(e) for e in self._log]
-
     def count(self, path: str) -> int:
         return sum(1 for e in self.requests if e["path"] == path)
-
-    def clear_requests(self) -> None:
-        with self._lock:
-            self._log.clear()
-
-    def record(self, entry: dict) -> None:
-        with self._lock:
-            self._log.append(entry)
-
-    def wait(self, seconds: float) -> bool:
-        """Sleep, waking early when the server stops; True if it is stopping."""
-        return self._stopping.wait(seconds)
-
-    def start(self) -> NewsServer:
-        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05},
-                                        name=f"news:{self.port}", daemon=True)
-        self._thread.start()
-        return self
-
-    def serve_forever(self) -> None:
-        try:
-            self._httpd.serve_forever()
-        finally:
-            self._stopping.set()
-            self._httpd.server_close()
-
-    def stop(self) -> None:
-        self._stopping.set()
-        if self._thread is not None:
-            self._httpd.shutdown()
-            self._thread.join()
-            self._thread = None
-        self._httpd.server_close()
-
-    def __enter__(self) -> NewsServer:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()

@@ -47,6 +47,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
+from pipeline.mirror.local import LocalServer, resolve_under
+
 CONTROL_PREFIX = "/_mirror/"
 # Accepted params per fault; anything else is refused so a typo in a test cannot pass silently.
 FAULTS: dict[str, frozenset[str]] = {
@@ -279,9 +281,13 @@ class _Handler(BaseHTTPRequestHandler):
             entry["bytes"] = len(data)
 
 
-class MirrorServer:
+class MirrorServer(LocalServer):
     """Serve ``root`` on 127.0.0.1 in a background thread (``with MirrorServer(root) as srv``) or
-    in the calling thread (``serve_forever``, for the CLI). ``port=0`` picks a free port."""
+    in the calling thread (``serve_forever``, for the CLI). ``port=0`` picks a free port.
+    ``requests`` logs time, method, path, range, status (None when the connection was reset
+    before a status), fault and bytes (body bytes sent)."""
+
+    thread_name = "mirror"
 
     def __init__(self, root: Path, port: int = 0, latency_s: float = 0.0, faults_file: Path | None = None):
         self.root = Path(root).resolve()
@@ -291,79 +297,14 @@ class MirrorServer:
         self.faults = FaultSet()
         if faults_file is not None:
             self.faults.load(json.loads(Path(faults_file).read_text()))
-        self._log: list[dict] = []
-        self._log_lock = threading.Lock()
-        self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._httpd = _HTTPServer(("127.0.0.1", port), _Handler)
+        super().__init__(_HTTPServer(("127.0.0.1", port), _Handler))
         self._httpd.mirror = self
-
-    @property
-    def port(self) -> int:
-        return self._httpd.server_address[1]
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
     @property
     def base_url(self) -> str:
         """Where GDELT's ``/gdeltv2`` lives on this mirror: the pipeline's GDELT base URL."""
         return f"{self.url}/gdeltv2"
 
-    @property
-    def requests(self) -> list[dict]:
-        """The request log so far: dicts with time, method, path, range, status (None when the
-        connection was reset before a status), fault and bytes (body bytes sent)."""
-        with self._log_lock:
-            return [dict(e) for e in self._log]
-
-    def clear_requests(self) -> None:
-        with self._log_lock:
-            self._log.clear()
-
-    def record(self, entry: dict) -> None:
-        with self._log_lock:
-            self._log.append(entry)
-
-    def wait(self, seconds: float) -> bool:
-        """Sleep, but wake when the server stops; True if it is stopping."""
-        return self._stopping.wait(seconds)
-
     def resolve(self, url_path: str) -> Path | None:
         """The file for a URL path, or None when the path would leave the mirror directory."""
-        relative = unquote(url_path).lstrip("/")
-        if "\\" in relative or "\0" in relative or ".." in relative.split("/"):
-            return None
-        target = (self.root / relative).resolve()
-        return target if target.is_relative_to(self.root) else None
-
-    def start(self) -> MirrorServer:
-        # A short poll interval: stop() waits up to one interval, and tests start many servers.
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, name=f"mirror:{self.port}", daemon=True
-        )
-        self._thread.start()
-        return self
-
-    def serve_forever(self) -> None:
-        """Serve in the calling thread until interrupted (Ctrl-C raises KeyboardInterrupt)."""
-        try:
-            self._httpd.serve_forever()
-        finally:
-            self._stopping.set()
-            self._httpd.server_close()
-
-    def stop(self) -> None:
-        self._stopping.set()  # wakes handlers sleeping in stall/slow/latency
-        if self._thread is not None:
-            self._httpd.shutdown()
-            self._thread.join()
-            self._thread = None
-        self._httpd.server_close()
-
-    def __enter__(self) -> MirrorServer:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
+        return resolve_under(self.root, unquote(url_path))
