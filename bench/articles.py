@@ -40,7 +40,6 @@ import argparse
 import json
 import multiprocessing
 import os
-import platform
 import resource
 import statistics
 import subprocess
@@ -49,6 +48,9 @@ import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+
+from common import machine as machine_summary
+from common import own_peak_rss_mib
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_HTML = ROOT.parent / "shared" / "fixtures" / "html"
@@ -59,14 +61,6 @@ OTHER_PROFILE = "obelics"
 
 
 # --- measurement ----------------------------------------------------------------------------------
-
-
-def own_peak_rss_mib() -> float:
-    """Peak RSS of this process alone (``VmHWM``; ``ru_maxrss`` is inherited across exec)."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmHWM in /proc/self/status (Linux only)")
 
 
 def cpu_seconds() -> float:
@@ -271,14 +265,7 @@ def machine() -> str:
     import lxml.etree
     import trafilatura
 
-    cpuinfo = Path("/proc/cpuinfo")
-    models = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
-              if line.startswith("model name")] if cpuinfo.exists() else []
-    mem = next((int(line.split()[1]) / 2**20 for line in Path("/proc/meminfo").read_text().splitlines()
-                if line.startswith("MemTotal:")), 0.0)
-    return (f"{models[0] if models else platform.processor() or 'unknown CPU'}, {os.cpu_count()} cores, {mem:.0f} GiB, "
-            f"{platform.system()} {platform.release()}; Python {platform.python_version()}, trafilatura "
-            f"{trafilatura.__version__}, lxml {'.'.join(map(str, lxml.etree.LXML_VERSION[:3]))}")
+    return machine_summary({"trafilatura": trafilatura.__version__, "lxml": ".".join(map(str, lxml.etree.LXML_VERSION[:3]))})
 
 
 def load() -> str:

@@ -35,8 +35,6 @@ import argparse
 import io
 import json
 import os
-import platform
-import resource
 import statistics
 import subprocess
 import sys
@@ -45,6 +43,9 @@ import time
 from collections.abc import Callable, Iterable
 from datetime import date
 from pathlib import Path
+
+from common import machine as machine_summary
+from common import own_peak_rss_mib
 
 from pipeline.gdelt import open_gdelt_zip, parse_export, parse_mentions
 from pipeline.gdelt.parse import default_workers, parse_files
@@ -118,22 +119,6 @@ def run_pandas(day: Callable[[], Iterable[File]]) -> dict[str, float]:
     return totals
 
 
-def peak_rss_mib() -> float:
-    """This process's peak RSS, from ``ru_maxrss`` (KiB on Linux)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def own_peak_rss_mib() -> float:
-    """Peak RSS of this program alone. Linux carries ``ru_maxrss`` across fork and exec, so a
-    worker would report its parent's peak; ``VmHWM`` belongs to the address space exec created."""
-    status = Path("/proc/self/status")
-    if status.exists():
-        for line in status.read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    return peak_rss_mib()
-
-
 def worker(side: str, feed: Path, workers: int) -> None:
     """Parse the day once with one side in a fresh process, straight from the zip files, reading
     each when its turn comes; print JSON for the parent."""
@@ -163,15 +148,10 @@ def machine() -> str:
     import pandas as pd
     import polars as pl
 
-    cpuinfo = Path("/proc/cpuinfo")
-    models = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines() if line.startswith("model name")] if cpuinfo.exists() else []
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
-    return (
-        f"{models[0] if models else platform.processor() or 'unknown CPU'}, {os.cpu_count()} cores, "
-        f"{platform.system()} {platform.release()}; Python {platform.python_version()}, "
-        f"polars {pl.__version__} ({pl.thread_pool_size()} threads), pandas {pd.__version__}"
-        + (f"; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}" if load else "")
-    )
+    return machine_summary(
+        {"polars": f"{pl.__version__} ({pl.thread_pool_size()} threads)", "pandas": pd.__version__}
+    ) + (f"; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}" if load else "")
 
 
 def main() -> None:
@@ -230,7 +210,7 @@ def main() -> None:
             med, best = statistics.median(seconds[side]), min(seconds[side])
             ratio = "" if side == "pandas" else f"   {pandas_med / med:5.2f}x / {pandas_best / best:5.2f}x pandas"
             print(f"  {side:22s} {med:7.3f} s / {best:7.3f} s   {lines / med:12,.0f} / {lines / best:12,.0f} rows/s{ratio}")
-        print(f"  peak RSS of this process (every side): {peak_rss_mib():.0f} MiB")
+        print(f"  peak RSS of this process (every side): {own_peak_rss_mib():.0f} MiB")
 
         print("fresh subprocess per side, from the zip files, unzipping included "
               "(one pass; peak RSS after imports -> after parsing):")

@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -48,6 +47,9 @@ import time
 from collections.abc import Callable
 from datetime import date, datetime, timedelta, timezone
 from pathlib import Path
+
+from common import machine as machine_summary
+from common import own_peak_rss_mib
 
 import polars as pl
 
@@ -281,14 +283,6 @@ def check_same(ours: dict, theirs: dict) -> str:
 # --- measurement --------------------------------------------------------------------------------
 
 
-def own_peak_rss_mib() -> float:
-    """Peak RSS of this process alone (``VmHWM``; ``ru_maxrss`` is inherited across exec)."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmHWM in /proc/self/status (Linux only)")
-
-
 def worker(side: str, args: argparse.Namespace) -> None:
     files = export_files(args.work, args.start, args.end)
     if side == "pandas":
@@ -313,16 +307,7 @@ def in_subprocess(side: str, args: argparse.Namespace) -> dict:
 def machine() -> str:
     import pandas as pd
 
-    cpuinfo = Path("/proc/cpuinfo")
-    models = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
-              if line.startswith("model name")] if cpuinfo.exists() else []
-    mem = next((int(line.split()[1]) / 2**20 for line in Path("/proc/meminfo").read_text().splitlines()
-                if line.startswith("MemTotal:")), 0.0)
-    return (
-        f"{models[0] if models else platform.processor() or 'unknown CPU'}, {os.cpu_count()} cores, {mem:.0f} GiB, "
-        f"{platform.system()} {platform.release()}; Python {platform.python_version()}, "
-        f"polars {pl.__version__}, pandas {pd.__version__}"
-    )
+    return machine_summary({"polars": pl.__version__, "pandas": pd.__version__})
 
 
 def main() -> None:

@@ -30,6 +30,7 @@ from quality.suites import (
 )
 
 from .conftest import MIRROR_DAY, shared_fixture
+from .gx_helpers import assert_fails_only, failure, set_row
 
 UTC = timezone.utc
 DAY = MIRROR_DAY  # inside the daily partitions (they start at MIRAI_START_DATE, 2023-01-01)
@@ -119,25 +120,10 @@ def good_events() -> pl.DataFrame:
     )
 
 
-def set_first(df: pl.DataFrame, **values) -> pl.DataFrame:
-    """``df`` with the given columns replaced in its first row only."""
-    first = pl.int_range(pl.len()) == 0
-    return df.with_columns(
-        pl.when(first).then(pl.lit(v, df.schema[c])).otherwise(pl.col(c)).alias(c) for c, v in values.items()
-    )
 
 
-def failure(res: SuiteResult, expectation: str, column: str | None = None) -> dict:
-    matches = [f for f in res.failures if f["expectation"] == expectation and (column is None or f["column"] == column)]
-    assert matches, f"{expectation} on {column} not among the failures: {res.failures}"
-    return matches[0]
 
 
-def assert_fails_only(res: SuiteResult, expectation: str, column: str | None = None) -> dict:
-    assert not res.passed
-    f = failure(res, expectation, column)
-    assert len(res.failures) == 1, res.failures
-    return f
 
 
 def test_reference_sets_hold_the_codes_the_builders_use():
@@ -168,7 +154,7 @@ def test_raw_events_pass_on_a_real_gdelt_file():
 def test_raw_duplicate_globaleventid_across_slots_fails():
     day = raw_day()
     first, second = list(day)[:2]
-    day[second] = set_first(day[second], GLOBALEVENTID=int(day[first]["GLOBALEVENTID"][0]))
+    day[second] = set_row(day[second], 0, GLOBALEVENTID=int(day[first]["GLOBALEVENTID"][0]))
     f = assert_fails_only(validate_raw_events(day), UNIQUE, "GLOBALEVENTID")
     assert f["unexpected_count"] == 2 and f["unexpected_values"] == [0, 0]
 
@@ -176,7 +162,7 @@ def test_raw_duplicate_globaleventid_across_slots_fails():
 def test_raw_null_globaleventid_fails():
     day = raw_day()
     slot = next(iter(day))
-    day[slot] = set_first(day[slot], GLOBALEVENTID=None)
+    day[slot] = set_row(day[slot], 0, GLOBALEVENTID=None)
     assert_fails_only(validate_raw_events(day), NOT_NULL, "GLOBALEVENTID")
 
 
@@ -184,7 +170,7 @@ def test_raw_null_globaleventid_fails():
 def test_raw_dateadded_outside_its_slot_fails(offset):
     day = raw_day()
     slot = list(day)[1]
-    day[slot] = set_first(day[slot], DATEADDED=slot + offset)
+    day[slot] = set_row(day[slot], 0, DATEADDED=slot + offset)
     f = assert_fails_only(validate_raw_events(day), BETWEEN, "_dateadded_offset_s")
     assert f["unexpected_count"] == 1 and f["unexpected_values"] == [int(offset.total_seconds())]
 
@@ -192,7 +178,7 @@ def test_raw_dateadded_outside_its_slot_fails(offset):
 def test_raw_dateadded_at_the_last_second_of_its_slot_passes():
     day = raw_day()
     slot = list(day)[0]
-    day[slot] = set_first(day[slot], DATEADDED=slot + timedelta(minutes=14, seconds=59))
+    day[slot] = set_row(day[slot], 0, DATEADDED=slot + timedelta(minutes=14, seconds=59))
     assert validate_raw_events(day).passed
 
 
@@ -265,14 +251,14 @@ def test_events_pass_on_the_normaliser_output_of_a_real_gdelt_file():
     ],
 )
 def test_events_fail_on_bad_rows(change, expectation, column):
-    f = assert_fails_only(validate_events(set_first(good_events(), **change)), expectation, column)
+    f = assert_fails_only(validate_events(set_row(good_events(), 0, **change)), expectation, column)
     assert f["unexpected_count"] == (2 if expectation == UNIQUE else 1)
     assert f["rule"]  # every expectation names the rule it guards
 
 
 def test_events_date_added_in_the_evening_of_the_previous_day_is_misaligned():
     # 23:59 UTC of Dec 31 belongs to Dec 31, whatever the local time elsewhere.
-    bad = set_first(good_events(), date_added=datetime(2023, 12, 31, 23, 59, tzinfo=UTC))
+    bad = set_row(good_events(), 0, date_added=datetime(2023, 12, 31, 23, 59, tzinfo=UTC))
     f = assert_fails_only(validate_events(bad), PAIR_EQUAL, "date, _date_added_day")
     ((stored, derived),) = f["unexpected_values"]  # GX reports the (date, day of date_added) pair
     assert stored.startswith("2024-01-01") and derived.startswith("2023-12-31")
@@ -309,13 +295,13 @@ def test_duplicate_quad_key_fails():
 
 
 def test_daily_mentions_zero_fails():
-    bad = set_first(daily_quads(good_events()), daily_mentions=0)
+    bad = set_row(daily_quads(good_events()), 0, daily_mentions=0)
     f = assert_fails_only(validate_daily_quads(bad), BETWEEN, "daily_mentions")
     assert f["unexpected_values"] == [0]
 
 
 def test_n_events_zero_fails():
-    assert_fails_only(validate_daily_quads(set_first(daily_quads(good_events()), n_events=0)), BETWEEN, "n_events")
+    assert_fails_only(validate_daily_quads(set_row(daily_quads(good_events()), 0, n_events=0)), BETWEEN, "n_events")
 
 
 def test_daily_quads_empty_day_passes_with_a_note():
@@ -324,7 +310,7 @@ def test_daily_quads_empty_day_passes_with_a_note():
 
 
 def test_failures_render_as_markdown():
-    res = validate_daily_quads(set_first(daily_quads(good_events()), daily_mentions=0))
+    res = validate_daily_quads(set_row(daily_quads(good_events()), 0, daily_mentions=0))
     md = res.failures_markdown()
     assert md.startswith("| expectation |") and "daily_mentions" in md and "quads: daily_mentions >= 1" in md
 
@@ -387,7 +373,7 @@ def test_empty_day_passes_every_check_with_a_note(tmp_path):
 def test_bad_raw_day_fails_gdelt_events_valid_without_blocking(tmp_path):
     day = raw_day()
     slot = list(day)[1]
-    day[slot] = set_first(day[slot], DATEADDED=slot + timedelta(hours=1))  # outside its slot
+    day[slot] = set_row(day[slot], 0, DATEADDED=slot + timedelta(hours=1))  # outside its slot
     _write_parsed_day(tmp_path, day)
     with dg.instance_for_test() as instance:
         result = _run(tmp_path, instance)
@@ -410,7 +396,7 @@ def test_failed_events_check_blocks_daily_quads(tmp_path, monkeypatch):
         """The real rules, then a bug: the first event becomes domestic (s == o)."""
         built = real_build_events(day, settings)
         path = DataLayout(settings.data_dir).events_path(day)
-        atomic_write_parquet(set_first(pl.read_parquet(path), o="USA", s="USA"), path)
+        atomic_write_parquet(set_row(pl.read_parquet(path), 0, o="USA", s="USA"), path)
         return built
 
     monkeypatch.setattr(event_assets, "build_events", build_domestic_events)
