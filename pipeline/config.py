@@ -41,6 +41,7 @@ class Settings:
     article_min_mentions: int = 50
     article_include_mention_urls: bool = False  # also first-day WEB mention URLs of those quads
     article_profile: str = "mirai"  # OBELICS filter profile: mirai | obelics
+    article_domain_dedup: bool = False  # obelics profile only: OBELICS' per-domain paragraph dedup
     extract_workers: int = 2
     extract_timeout_s: float = 10.0
     # Article fetching (pipeline/articles): bounded, polite, and safe against hostile servers.
@@ -116,6 +117,7 @@ _ENV_NAMES: dict[str, str] = {
     "article_min_mentions": "MIRAI_ARTICLE_MIN_MENTIONS",
     "article_include_mention_urls": "MIRAI_ARTICLE_INCLUDE_MENTION_URLS",
     "article_profile": "MIRAI_ARTICLE_PROFILE",
+    "article_domain_dedup": "MIRAI_ARTICLE_DOMAIN_DEDUP",
     "extract_workers": "MIRAI_EXTRACT_WORKERS",
     "extract_timeout_s": "MIRAI_EXTRACT_TIMEOUT_S",
     "fetch_concurrency": "MIRAI_FETCH_CONCURRENCY",

@@ -89,6 +89,38 @@ def test_obelics_profile_is_applied_when_chosen(tmp_path, news):
     assert result.articles["kept"].to_list() == [False]
 
 
+def test_domain_dedup_removes_boilerplate_repeated_across_a_sites_pages(tmp_path):
+    shared = "Subscribe to our newsletter for the best of world news, delivered every single morning to you."
+    stories = [
+        ["Dock workers walked out at dawn, halting container traffic along the northern quay.",
+         "Port officials said ferries would still sail, although freight could wait for days.",
+         "Union leaders promised talks with the shipping firms before the weekend ends."],
+        ["Wheat shipments rose sharply last month as buyers in Asia returned to the market.",
+         "Traders expect prices to ease once the southern harvest reaches the coast in spring.",
+         "The agriculture ministry will publish revised export quotas early next quarter."],
+        ["Envoys from both capitals met near the frontier to discuss crossing rules for trucks.",
+         "A joint statement mentioned patrols, customs software and a hotline for emergencies.",
+         "Observers called the meeting cordial but noted that no treaty text was signed yet."],
+    ]
+    pages = {
+        f"/p{i}.html": (f"<html><head><title>Story {i}</title></head><body><article><h1>Story {i}</h1>"
+                        + "".join(f"<p>{line}</p>" for line in lines) + f"<p>{shared}</p></article></body></html>").encode()
+        for i, lines in enumerate(stories)
+    }
+    with NewsServer(pages) as server:
+        urls = [server.url_for(p) for p in pages]
+        atomic_write_parquet(_quads([("042", 80, urls)]), DataLayout(tmp_path).daily_quads_path(DAY))
+        plain = build_articles(DAY, _settings(tmp_path, article_profile="obelics"))
+        deduped = build_articles(DAY, _settings(tmp_path, article_profile="obelics", article_domain_dedup=True))
+    assert plain.articles["kept"].to_list() == [True, True, True]
+    assert all(shared in t for t in plain.articles["text"])
+    assert not any(shared in t for t in deduped.articles["text"])
+    assert deduped.articles["kept"].to_list() == [True, True, True]
+    assert [json.loads(d)["domain_dedup"] for d in deduped.articles["paragraph_drops"]] == [1, 1, 1]
+    with pytest.raises(ValueError, match="obelics profile"):
+        build_articles(DAY, _settings(tmp_path, article_domain_dedup=True))
+
+
 def test_abstract_follows_mirai():
     assert abstract("Title", "Short.\nSecond paragraph is here and quite long indeed.\nThird.") == (
         "Title\nShort.\nSecond paragraph is here and quite long indeed."

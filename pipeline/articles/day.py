@@ -10,13 +10,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import date, datetime
+from urllib.parse import urlsplit
 
 import polars as pl
 
 from pipeline.articles.extract import ExtractionPool
 from pipeline.articles.fetch import FetchRun, fetch_articles, read_html
 from pipeline.articles.ledger import read_ledger
-from pipeline.articles.obelics import filter_document
+from pipeline.articles.obelics import PROFILES, DomainParagraphDedup, filter_document
 from pipeline.articles.urls import normalize_url
 from pipeline.config import Settings
 from pipeline.events import scan_parsed
@@ -92,42 +93,57 @@ class DayArticles:
 
 
 def build_articles(day: date, settings: Settings, *, now: datetime | None = None) -> DayArticles:
+    if settings.article_profile not in PROFILES:
+        raise ValueError(f"MIRAI_ARTICLE_PROFILE={settings.article_profile!r}: expected one of {', '.join(PROFILES)}")
+    if settings.article_domain_dedup and not PROFILES[settings.article_profile].allows_domain_dedup:
+        raise ValueError(f"MIRAI_ARTICLE_DOMAIN_DEDUP needs the obelics profile, not {settings.article_profile!r}")
     layout = DataLayout(settings.data_dir)
     selected = select_urls(day, settings)
     run = fetch_articles(selected, settings, now=now or utc_now())
     ledger = read_ledger(layout).filter(pl.col("url").is_in(pl.Series(selected, dtype=pl.String).implode()))
     stored = ledger.filter(pl.col("html_path").is_not_null()).sort("url")
-    rows = []
     docs = ((read_html(layout, r["url_md5"]), r["final_url"] or r["url"]) for r in stored.iter_rows(named=True))
     with ExtractionPool(settings.extract_workers, timeout_s=settings.extract_timeout_s) as pool:
-        for r, extracted in zip(stored.iter_rows(named=True), pool.map(docs)):
-            decision = filter_document(extracted.text, settings.article_profile) if extracted.error is None else None
-            text = decision.text if decision else ""
-            rows.append(
-                {
-                    "url": r["url"],
-                    "url_md5": r["url_md5"],
-                    "day": day,
-                    "fetched_at": r["fetched_at"],
-                    "http_status": r["http_status"],
-                    "final_url": r["final_url"],
-                    "title": extracted.title,
-                    "text": text,
-                    "abstract": abstract(extracted.title, text) if decision and decision.kept else None,
-                    "date_published": extracted.date,
-                    "lang": decision.lang if decision and decision.lang else extracted.lang,
-                    "lang_score": decision.lang_score if decision and decision.lang_score is not None else extracted.lang_score,
-                    "n_words": extracted.n_words,
-                    "extraction_error": extracted.error,
-                    "kept": bool(decision and decision.kept),
-                    "failing_filter": (decision.failing_filter if decision else f"extraction:{extracted.error}"),
-                    "failing_value": decision.value if decision else None,
-                    "paragraphs_in": decision.paragraphs_in if decision else 0,
-                    "paragraphs_kept": decision.paragraphs_kept if decision else 0,
-                    "paragraph_drops": json.dumps(decision.paragraph_drops, sort_keys=True) if decision else None,
-                    "profile": settings.article_profile,
-                }
-            )
+        judged = [
+            (r, extracted, filter_document(extracted.text, settings.article_profile) if extracted.error is None else None)
+            for r, extracted in zip(stored.iter_rows(named=True), pool.map(docs))
+        ]
+    if settings.article_domain_dedup:
+        # OBELICS step 09 over the day's batch: paragraphs repeated within a domain are boilerplate.
+        dedup = DomainParagraphDedup()
+        domain = lambda r: urlsplit(r["final_url"] or r["url"]).netloc  # noqa: E731
+        for r, _, decision in judged:
+            if decision is not None:
+                dedup.add(domain(r), decision)
+        judged = [(r, e, dedup.apply(domain(r), d) if d is not None else None) for r, e, d in judged]
+    rows = []
+    for r, extracted, decision in judged:
+        text = decision.text if decision else ""
+        rows.append(
+            {
+                "url": r["url"],
+                "url_md5": r["url_md5"],
+                "day": day,
+                "fetched_at": r["fetched_at"],
+                "http_status": r["http_status"],
+                "final_url": r["final_url"],
+                "title": extracted.title,
+                "text": text,
+                "abstract": abstract(extracted.title, text) if decision and decision.kept else None,
+                "date_published": extracted.date,
+                "lang": decision.lang if decision and decision.lang else extracted.lang,
+                "lang_score": decision.lang_score if decision and decision.lang_score is not None else extracted.lang_score,
+                "n_words": extracted.n_words,
+                "extraction_error": extracted.error,
+                "kept": bool(decision and decision.kept),
+                "failing_filter": (decision.failing_filter if decision else f"extraction:{extracted.error}"),
+                "failing_value": decision.value if decision else None,
+                "paragraphs_in": decision.paragraphs_in if decision else 0,
+                "paragraphs_kept": decision.paragraphs_kept if decision else 0,
+                "paragraph_drops": json.dumps(decision.paragraph_drops, sort_keys=True) if decision else None,
+                "profile": settings.article_profile,
+            }
+        )
     articles = pl.DataFrame(rows, schema=ARTICLES_SCHEMA)
     atomic_write_parquet(
         articles, layout.articles_path(day), metadata={"articles_version": ARTICLES_VERSION, "profile": settings.article_profile}
