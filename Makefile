@@ -30,6 +30,8 @@ validate: setup
 
 bench: setup
 	$(BIN)/python bench/ingest.py
+	$(BIN)/python bench/normalize.py
+	$(BIN)/python bench/articles.py
 
 clean:
 	rm -rf $(VENV) data .pytest_cache
