@@ -113,6 +113,7 @@ class _Handler(BaseHTTPRequestHandler):
         path = unquote(parts.path)
         entry = {"time": time.time(), "method": self.command, "path": path, "query": parts.query, "status": None,
                  "bytes": 0, "host": self.headers.get("Host"), "user_agent": self.headers.get("User-Agent")}
+        news.record(entry)  # on arrival, filled in as the response goes out (see serve.py)
         news.enter()
         try:
             if news.latency_s and news.wait(news.latency_s):
@@ -123,7 +124,6 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True  # the client gave up (as it should on hostile endpoints)
         finally:
             news.leave()
-            news.record(entry)
 
     # --- responses ---
 

@@ -193,6 +193,9 @@ class _Handler(BaseHTTPRequestHandler):
         mirror = self.server.mirror
         entry = {"time": time.time(), "method": self.command, "path": path, "range": self.headers.get("Range"),
                  "status": None, "fault": None, "bytes": 0}
+        # Logged on arrival and filled in as the response goes out, so a client that has read its
+        # whole response always finds the request in the log (recording afterwards raced it).
+        mirror.record(entry)
         try:
             if mirror.latency_s:
                 mirror.wait(mirror.latency_s)
@@ -201,8 +204,6 @@ class _Handler(BaseHTTPRequestHandler):
             self._respond(rule, path, send_body, entry)
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True  # the client went away (e.g. after its read timeout)
-        finally:
-            mirror.record(entry)
 
     def _respond(self, rule: FaultRule | None, path: str, send_body: bool, entry: dict) -> None:
         mirror = self.server.mirror
@@ -264,8 +265,8 @@ class _Handler(BaseHTTPRequestHandler):
             return
         fault = rule.fault if rule else None
         if fault == "reset_mid_body":
-            self.wfile.write(data[: len(data) // 2])
             entry["bytes"] = len(data) // 2
+            self.wfile.write(data[: len(data) // 2])
             self.close_connection = True  # the rest never comes: the client sees a short body
         elif fault == "slow":
             delay = float(rule.params.get("delay_s", 0.05))
@@ -274,11 +275,11 @@ class _Handler(BaseHTTPRequestHandler):
                 if self.server.mirror.wait(delay):
                     self.close_connection = True  # server stopping: abandon the response
                     return
-                self.wfile.write(data[offset : offset + chunk])
                 entry["bytes"] = offset + len(data[offset : offset + chunk])
+                self.wfile.write(data[offset : offset + chunk])
         else:
-            self.wfile.write(data)
             entry["bytes"] = len(data)
+            self.wfile.write(data)
 
 
 class MirrorServer(LocalServer):
