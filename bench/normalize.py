@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
 import subprocess
@@ -368,7 +367,7 @@ def main() -> None:
 
     med = {side: statistics.median(v) for side, v in seconds.items()}
     best = {side: min(v) for side, v in seconds.items()}
-    print(f"\nfresh subprocess per side, one run each, for peak RSS (VmHWM after imports -> after the run):")
+    print("\nfresh subprocess per side, one run each, for peak RSS (VmHWM after imports -> after the run):")
     fresh = {}
     for side in sides:
         fresh[side] = in_subprocess(side, args)

@@ -19,7 +19,7 @@ import pytest
 from assets.resources import MiraiSettings
 from pipeline.articles.day import ARTICLES_SCHEMA
 from pipeline.storage import DataLayout, atomic_write_parquet
-from quality.suites import SCHEMA_CHECK, SuiteResult, article_counts, filter_label, validate_articles
+from quality.suites import SCHEMA_CHECK, article_counts, filter_label, validate_articles
 
 from .conftest import FIXTURES
 from .gx_helpers import assert_fails_only, failure, set_row

@@ -4,7 +4,6 @@ independent plain-Python implementation; idempotence of the daily outputs."""
 from __future__ import annotations
 
 import hashlib
-from collections import defaultdict
 from datetime import date, datetime, timedelta, timezone
 
 import polars as pl

@@ -22,7 +22,6 @@ from pipeline.reference.tables import iso3_codes, level2_codes
 from pipeline.storage import DataLayout, atomic_write_parquet
 from quality.suites import (
     SCHEMA_CHECK,
-    SuiteResult,
     read_raw_events_day,
     validate_daily_quads,
     validate_events,

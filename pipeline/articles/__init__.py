@@ -4,3 +4,5 @@ text extraction (``extract``, ``langid``) and OBELICS filtering (``obelics``).""
 
 from pipeline.articles.extract import extract
 from pipeline.articles.obelics import filter_document
+
+__all__ = ["extract", "filter_document"]

@@ -9,7 +9,6 @@ so a 15-minute run transfers a few KB instead of 115 MB.
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta, timezone
 from pathlib import Path
