@@ -64,6 +64,13 @@ def _missing(path: Path, what: str) -> dg.AssetCheckResult:
     )
 
 
+def _validate_file(path: Path, what: str, validate) -> dg.AssetCheckResult:
+    """Run a suite on one partition's parquet file, or fail when the asset wrote none."""
+    if not path.exists():
+        return _missing(path, what)
+    return _result(validate(pl.read_parquet(path)), path)
+
+
 @dg.asset_check(asset=gdelt_events, partitions_def=daily_partitions, blocking=False)
 def gdelt_events_valid(context: dg.AssetCheckExecutionContext, mirai: MiraiSettings) -> dg.AssetCheckResult:
     """The day's parsed export rows: 61 typed columns in order, GLOBALEVENTID non-null and unique
@@ -79,18 +86,14 @@ def events_valid(context: dg.AssetCheckExecutionContext, mirai: MiraiSettings) -
     """The day's events obey MIRAI's rules: event_id unique, s/o ISO alpha-3 and different,
     r a level-2 CAMEO code with r1 its root, date the UTC day of date_added. Blocking."""
     path = DataLayout(mirai.settings().data_dir).events_path(date.fromisoformat(context.partition_key))
-    if not path.exists():
-        return _missing(path, "events")
-    return _result(validate_events(pl.read_parquet(path)), path)
+    return _validate_file(path, "events", validate_events)
 
 
 @dg.asset_check(asset=dg.AssetKey("daily_quads"), partitions_def=daily_partitions, blocking=True)
 def daily_quads_valid(context: dg.AssetCheckExecutionContext, mirai: MiraiSettings) -> dg.AssetCheckResult:
     """One row per (date, s, r, o), each with daily_mentions >= 1 and n_events >= 1. Blocking."""
     path = DataLayout(mirai.settings().data_dir).daily_quads_path(date.fromisoformat(context.partition_key))
-    if not path.exists():
-        return _missing(path, "daily_quads")
-    return _result(validate_daily_quads(pl.read_parquet(path)), path)
+    return _validate_file(path, "daily_quads", validate_daily_quads)
 
 
 @dg.asset_check(asset=dg.AssetKey("events"), partitions_def=daily_partitions, blocking=False)
@@ -123,6 +126,4 @@ def articles_valid(context: dg.AssetCheckExecutionContext, mirai: MiraiSettings)
     mirai/obelics; n_words >= 0. Metadata: rows, kept, dropped and dropped_<filter> from the file.
     Non-blocking: a bad article row is reported, nothing downstream is held back."""
     path = DataLayout(mirai.settings().data_dir).articles_path(date.fromisoformat(context.partition_key))
-    if not path.exists():
-        return _missing(path, "articles")
-    return _result(validate_articles(pl.read_parquet(path)), path)
+    return _validate_file(path, "articles", validate_articles)
