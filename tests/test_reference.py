@@ -14,10 +14,19 @@ from pipeline.reference import (
     iso3_codes,
     level1_codes,
     level2_codes,
+    region_table,
     relation_table,
 )
-from pipeline.reference.build import build_country_table, iso_names, read_cameo_countries, render_csv
-from pipeline.reference.tables import COUNTRIES_CSV
+from pipeline.reference.build import (
+    CONTINENTS,
+    build_country_table,
+    build_region_table,
+    iso_names,
+    read_cameo_countries,
+    read_geonames_continents,
+    render_csv,
+)
+from pipeline.reference.tables import COUNTRIES_CSV, REGIONS_CSV
 
 from .conftest import SHARED, shared_fixture
 
@@ -42,6 +51,28 @@ def test_committed_countries_csv_is_the_build_output():
         "countries.csv is stale: rerun `python -m pipeline.reference.build --cameo "
         "../shared/fixtures/reference/CAMEO.country.txt`, review the diff, bump COUNTRY_TABLE_VERSION"
     )
+
+
+def test_committed_regions_csv_is_the_build_output():
+    continents = read_geonames_continents(shared_fixture("reference/countryInfo.txt"))
+    rebuilt = render_csv(build_region_table(country_table(), continents))
+    assert rebuilt == REGIONS_CSV.read_text(encoding="utf-8"), (
+        "regions.csv is stale: rerun `python -m pipeline.reference.build` (see its docstring), "
+        "review the diff, bump REGION_TABLE_VERSION"
+    )
+
+
+def test_every_normalised_country_has_one_region():
+    regions = region_table()
+    assert set(regions.get_column("iso3")) == iso3_codes()
+    assert regions.get_column("iso3").is_unique().all()
+    assert dict(regions.select("iso3", "region").iter_rows())["XKX"] == "Europe"
+    assert set(regions.get_column("region")) <= set(CONTINENTS.values())
+
+
+def test_region_build_refuses_a_country_without_a_continent():
+    with pytest.raises(ValueError, match="without a GeoNames continent"):
+        build_region_table(country_table(), {"USA": "NA"})
 
 
 def test_every_iso_code_maps_to_itself():

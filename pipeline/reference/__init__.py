@@ -1,23 +1,30 @@
-"""Versioned reference tables: CAMEO actor countries -> ISO 3166-1 alpha-3, and MIRAI's CAMEO relations."""
+"""Versioned reference tables: CAMEO actor countries -> ISO 3166-1 alpha-3, their regions, and
+MIRAI's CAMEO relations."""
 
 from pipeline.reference.tables import (
     COUNTRY_TABLE_VERSION,
+    REGION_TABLE_VERSION,
     RELATION_TABLE_VERSION,
     cameo_to_iso3,
+    country_names,
     country_table,
     iso3_codes,
     level1_codes,
     level2_codes,
+    region_table,
     relation_table,
 )
 
 __all__ = [
     "COUNTRY_TABLE_VERSION",
+    "REGION_TABLE_VERSION",
     "RELATION_TABLE_VERSION",
     "cameo_to_iso3",
+    "country_names",
     "country_table",
     "iso3_codes",
     "level1_codes",
     "level2_codes",
+    "region_table",
     "relation_table",
 ]

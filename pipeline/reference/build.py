@@ -1,6 +1,7 @@
 """Regenerate countries.csv from GDELT's CAMEO actor-country lookup, pycountry and the rules below.
 
-    python -m pipeline.reference.build --cameo ../shared/fixtures/reference/CAMEO.country.txt
+    python -m pipeline.reference.build --cameo ../shared/fixtures/reference/CAMEO.country.txt \
+        --geonames ../shared/fixtures/reference/countryInfo.txt
 
 The committed countries.csv is this script's output; tests/test_reference.py rebuilds it and fails
 on any difference, so a rule change (or a pycountry release that renames a country) must be
@@ -23,7 +24,7 @@ from pathlib import Path
 import polars as pl
 import pycountry
 
-from pipeline.reference.tables import COUNTRIES_CSV, COUNTRY_COLUMNS
+from pipeline.reference.tables import COUNTRIES_CSV, COUNTRY_COLUMNS, REGION_COLUMNS, REGIONS_CSV
 
 # Kosovo has no ISO 3166-1 code. XKX is the user-assigned code used by the World Bank and
 # GeoNames, and MIRAI's own country list (paper Table 14) includes "XKX Kosovo", so the benchmark
@@ -151,6 +152,44 @@ def build_country_table(cameo: dict[str, str], iso: dict[str, str]) -> pl.DataFr
     return pl.DataFrame(rows, schema=schema).sort("cameo_code")
 
 
+# GeoNames countryInfo.txt's continent codes (https://download.geonames.org/export/dump/readme.txt).
+# MIRAI balanced its sample over regions from a continents2.csv it never published; GeoNames is
+# public, covers every code in countries.csv (XKX included) and gives one continent per country.
+CONTINENTS: dict[str, str] = {
+    "AF": "Africa",
+    "AN": "Antarctica",
+    "AS": "Asia",
+    "EU": "Europe",
+    "NA": "North America",
+    "OC": "Oceania",
+    "SA": "South America",
+}
+
+
+def read_geonames_continents(path: Path) -> dict[str, str]:
+    """GeoNames countryInfo.txt as {ISO3: continent code}; '#' lines are comments, and copies
+    differ in whether the header line ("ISO<TAB>ISO3...") keeps its '#'."""
+    table: dict[str, str] = {}
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        fields = line.split("\t")
+        if not line or line.startswith("#") or fields[:2] == ["ISO", "ISO3"]:
+            continue
+        if len(fields) < 9 or not _CODE.fullmatch(fields[1]) or fields[8] not in CONTINENTS:
+            raise ValueError(f"{path}:{number}: expected GeoNames countryInfo columns (ISO3 2nd, continent 9th)")
+        table[fields[1]] = fields[8]
+    return table
+
+
+def build_region_table(countries: pl.DataFrame, continents: dict[str, str]) -> pl.DataFrame:
+    """One row per ISO code of the countries table: iso3, continent (GeoNames code), region."""
+    codes = sorted(countries.get_column("iso3").drop_nulls().unique())
+    missing = [code for code in codes if code not in continents]
+    if missing:
+        raise ValueError(f"ISO codes without a GeoNames continent (add a rule): {missing}")
+    rows = [{"iso3": c, "continent": continents[c], "region": CONTINENTS[continents[c]]} for c in codes]
+    return pl.DataFrame(rows, schema=dict.fromkeys(REGION_COLUMNS, pl.String))
+
+
 def render_csv(table: pl.DataFrame) -> str:
     """The exact committed text: LF endings, quoting only where a field needs it."""
     return table.write_csv(line_terminator="\n")
@@ -159,12 +198,17 @@ def render_csv(table: pl.DataFrame) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cameo", type=Path, required=True, help="GDELT's CAMEO.country.txt")
+    parser.add_argument("--geonames", type=Path, required=True, help="GeoNames countryInfo.txt")
     parser.add_argument("--out", type=Path, default=COUNTRIES_CSV, help="default: the committed countries.csv")
+    parser.add_argument("--regions-out", type=Path, default=REGIONS_CSV, help="default: the committed regions.csv")
     args = parser.parse_args(argv)
     table = build_country_table(read_cameo_countries(args.cameo), iso_names())
     args.out.write_text(render_csv(table), encoding="utf-8", newline="")
     counts = dict(table.group_by("status").len().sort("status").iter_rows())
     print(f"wrote {args.out}: {table.height} rows {counts} (pycountry {pycountry.__version__})")
+    regions = build_region_table(table, read_geonames_continents(args.geonames))
+    args.regions_out.write_text(render_csv(regions), encoding="utf-8", newline="")
+    print(f"wrote {args.regions_out}: {regions.height} rows")
 
 
 if __name__ == "__main__":

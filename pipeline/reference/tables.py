@@ -15,13 +15,17 @@ import polars as pl
 # Bump when countries.csv changes (rerun build.py); data built under one version is not
 # comparable with data built under another, because rows may move between kept and dropped.
 COUNTRY_TABLE_VERSION = "countries-v1"
+# Bump when regions.csv changes (rerun build.py).
+REGION_TABLE_VERSION = "regions-v1"
 # Bump when cameo_relations.csv changes.
 RELATION_TABLE_VERSION = "cameo-relations-v1"
 
 COUNTRIES_CSV = Path(__file__).with_name("countries.csv")
 RELATIONS_CSV = Path(__file__).with_name("cameo_relations.csv")
+REGIONS_CSV = Path(__file__).with_name("regions.csv")
 
 COUNTRY_COLUMNS = ("cameo_code", "iso3", "name", "status", "reason")
+REGION_COLUMNS = ("iso3", "continent", "region")
 _RELATION_SCHEMA = {
     "code": pl.String,
     "name": pl.String,
@@ -68,3 +72,15 @@ def level2_codes() -> frozenset[str]:
 def level1_codes() -> frozenset[str]:
     """The 2-digit root codes, "01" to "20"."""
     return frozenset(relation_table().get_column("level1"))
+
+
+@cache
+def region_table() -> pl.DataFrame:
+    """One row per normalised country code: iso3, continent (GeoNames code), region (its name)."""
+    return pl.read_csv(REGIONS_CSV, schema=dict.fromkeys(REGION_COLUMNS, pl.String))
+
+
+@cache
+def country_names() -> pl.DataFrame:
+    """iso3 -> the display name of its identity row (aliases name the CAMEO spelling instead)."""
+    return country_table().filter(pl.col("status") == "identity").select("iso3", "name")
