@@ -106,6 +106,40 @@ def cmd_mirror_serve(args: argparse.Namespace) -> int:
 DEMO_START = date(2024, 1, 1)
 
 
+def _month(text: str) -> date:
+    try:
+        return date.fromisoformat(f"{text}-01" if len(text) == 7 else text).replace(day=1)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected YYYY-MM, got {text!r}") from exc
+
+
+def cmd_split(args: argparse.Namespace) -> int:
+    """Build a month's event database and test split outside Dagster (same code as the assets)."""
+    from pipeline.database import MonthNotReady, build_event_database
+    from pipeline.http import utc_now
+    from pipeline.splits import Override, build_split, month_closure
+
+    settings = Settings.from_env()
+    now = utc_now()
+    if args.check:
+        closure = month_closure(args.month, settings, now)
+        print(closure.describe())
+        return 0 if closure.closed else 1
+    if bool(args.override_by) != bool(args.override_reason):
+        print("an override needs both --override-by and --override-reason", file=sys.stderr)
+        return 2
+    override = Override(args.override_by, args.override_reason, now) if args.override_by else None
+    try:
+        db = build_event_database(args.month, settings)
+        split = build_split(args.month, settings, now=now, override=override)
+    except MonthNotReady as exc:
+        print(f"not built: {exc}", file=sys.stderr)
+        return 1
+    print(f"event database {args.month:%Y-%m}: {db.counts['events']} quads, {db.counts['news']} articles")
+    print(f"split {split.directory}: {split.queries.height} queries, sample {split.sample.height}")
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     """Generate a sample GDELT mirror, serve it on 127.0.0.1 and ingest it through Dagster."""
     from pipeline.gdelt.ledger import read_ledger, summarize
@@ -212,6 +246,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--latency-ms", type=float, default=0.0)
     p.add_argument("--faults", type=Path, help="JSON list of faults: [{match, fault, times, ...}]")
     p.set_defaults(func=cmd_mirror_serve)
+
+    p = sub.add_parser("split", help="build a closed month's event database and test split")
+    p.add_argument("--month", type=_month, required=True, help="YYYY-MM")
+    p.add_argument("--check", action="store_true", help="only say whether the month is closed (exit 1 if not)")
+    p.add_argument("--override-by", default="", help="operator forcing an open month (recorded in the manifest)")
+    p.add_argument("--override-reason", default="", help="why the month is forced (recorded in the manifest)")
+    p.set_defaults(func=cmd_split)
 
     p = sub.add_parser("demo", help="generate, serve and ingest a sample mirror through Dagster")
     p.add_argument("--start", type=_day, default=DEMO_START)

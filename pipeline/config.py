@@ -62,6 +62,13 @@ class Settings:
     fetch_robots_ttl_s: float = 86400.0  # RFC 9309 §2.4: a cached robots.txt is used for at most 24 h
     # Later runs retry a failed URL this many hours after each failure, then give up.
     fetch_retry_schedule_h: str = "1,6,24"
+    # Monthly test splits (MIRAI §2.3: 100 daily mentions, 5 articles, 100 sampled queries).
+    test_min_mentions: int = 100
+    test_min_articles: int = 5
+    split_sample_size: int = 100
+    split_seed: int = 0
+    split_grace_days: int = 3  # days after a month's end before its split is built
+    agent_distance_days: int = 1  # an agent answering for day t sees data up to t - distance
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides) -> "Settings":
@@ -134,6 +141,12 @@ _ENV_NAMES: dict[str, str] = {
     "fetch_respect_robots": "MIRAI_FETCH_RESPECT_ROBOTS",
     "fetch_robots_ttl_s": "MIRAI_FETCH_ROBOTS_TTL_S",
     "fetch_retry_schedule_h": "MIRAI_FETCH_RETRY_SCHEDULE_H",
+    "test_min_mentions": "MIRAI_TEST_MIN_MENTIONS",
+    "test_min_articles": "MIRAI_TEST_MIN_ARTICLES",
+    "split_sample_size": "MIRAI_SPLIT_SAMPLE_SIZE",
+    "split_seed": "MIRAI_SPLIT_SEED",
+    "split_grace_days": "MIRAI_SPLIT_GRACE_DAYS",
+    "agent_distance_days": "MIRAI_AGENT_DISTANCE_DAYS",
 }
 
 

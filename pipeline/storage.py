@@ -93,6 +93,18 @@ class DataLayout:
     def fetch_ledger_path(self) -> Path:
         return self.root / "ledger" / "articles" / "fetch_ledger.parquet"
 
+    # database/{events,news}/month=YYYY-MM.parquet: what agents query. One file per month, so a
+    # new month adds files and never rewrites history.
+    def database_dir(self) -> Path:
+        return self.root / "database"
+
+    def database_path(self, table: str, month: date) -> Path:
+        return self.database_dir() / table / f"month={month:%Y-%m}.parquet"
+
+    # splits/YYYY-MM/: queries.parquet, queries_sample.parquet, figures, manifest.json, README.md
+    def split_dir(self, month: date) -> Path:
+        return self.root / "splits" / f"{month:%Y-%m}"
+
 
 def _fsync_dir(directory: Path) -> None:
     fd = os.open(directory, os.O_RDONLY)

@@ -72,3 +72,26 @@ def test_gaps_of_the_real_master_list():
 def test_bad_date_argument_is_explained():
     result = run("ledger", "--day", "01/02/2024")
     assert result.returncode == 2 and "expected YYYY-MM-DD" in result.stderr
+
+
+def test_split_command_checks_closure_and_builds_with_an_override(tmp_path):
+    from datetime import date
+
+    from pipeline.config import Settings
+
+    from .month_builder import write_month
+    from .test_splits import QUADS
+
+    data = tmp_path / "data"
+    write_month(Settings(data_dir=data), date(2024, 2, 1), QUADS, slot_status="pending")
+    env = {"MIRAI_DATA_DIR": str(data)}
+    check = run("split", "--month", "2024-02", "--check", env=env)
+    assert check.returncode == 1 and "2024-02 is open: slots not settled: 5568 pending" in check.stdout
+    refused = run("split", "--month", "2024-02", env=env)
+    assert refused.returncode == 1 and "not built" in refused.stderr
+    half = run("split", "--month", "2024-02", "--override-by", "me", env=env)
+    assert half.returncode == 2
+    forced = run("split", "--month", "2024-02", "--override-by", "me", "--override-reason", "test", env=env)
+    assert forced.returncode == 0, forced.stderr
+    assert "2 queries, sample 2" in forced.stdout
+    assert json.loads((data / "splits" / "2024-02" / "manifest.json").read_text())["override"]["by"] == "me"

@@ -1,0 +1,30 @@
+"""The monthly event database agents query: event table + news table per month."""
+
+from datetime import date
+
+import dagster as dg
+
+from assets.articles import articles
+from assets.events import daily_quads
+from assets.partitions import monthly_partitions
+from assets.resources import MiraiSettings
+from pipeline.database import DATABASE_VERSION, MonthNotReady, build_event_database
+
+
+@dg.asset(
+    partitions_def=monthly_partitions,
+    # Daily upstreams map onto the month by time window (Dagster's default for time partitions).
+    deps=[daily_quads, articles],
+    group_name="splits",
+    kinds={"polars", "parquet"},
+    code_version=DATABASE_VERSION,
+    description="database/{events,news}/month=YYYY-MM.parquet: quads with daily_mentions ≥ "
+    "MIRAI_ARTICLE_MIN_MENTIONS that kept at least one filtered article, and those articles.",
+)
+def event_database(context: dg.AssetExecutionContext, mirai: MiraiSettings) -> dg.MaterializeResult:
+    month = date.fromisoformat(context.partition_key)
+    try:
+        db = build_event_database(month, mirai.settings())
+    except MonthNotReady as exc:
+        raise dg.Failure(description=str(exc), allow_retries=False) from exc
+    return dg.MaterializeResult(metadata={"dagster/row_count": db.events.height, **db.counts})

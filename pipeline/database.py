@@ -1,0 +1,172 @@
+"""The monthly event database: what agents query (MIRAI §2.3, reference code step 6).
+
+Two tables per month, written once as ``database/{events,news}/month=YYYY-MM.parquet``:
+
+- events: one row per (date, s, r, o) quad with daily_mentions ≥ MIRAI_ARTICLE_MIN_MENTIONS whose
+  source articles include at least one that survived the OBELICS filters; ``article_ids`` are
+  those articles. MIRAI's data_kg.csv repeats a quad once per article; one row with a list keeps
+  the same information without the duplicates its ``Docids`` column carried.
+- news: one row per kept article; ``date`` is the publication day (the day the URL first
+  appeared in GDELT, which rule 6 of normalisation made unique per URL).
+
+Article ids are the md5 of the normalised URL (as in the fetch ledger), not MIRAI's 0..N Docid:
+an md5 never changes when a later month is added, so a month's files never need rewriting.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import date, timedelta
+from pathlib import Path
+
+import polars as pl
+
+from pipeline.articles.urls import normalize_url, url_md5
+from pipeline.config import Settings
+from pipeline.reference import COUNTRY_TABLE_VERSION, RELATION_TABLE_VERSION, country_names, relation_table
+from pipeline.storage import DataLayout, atomic_write_parquet
+
+EVENT_DB_SCHEMA = pl.Schema(
+    [
+        ("date", pl.Date),
+        ("s", pl.String),  # ISO 3166-1 alpha-3 (or XKX)
+        ("r", pl.String),  # CAMEO level-2 code, e.g. "042"
+        ("o", pl.String),
+        ("r1", pl.String),  # CAMEO level-1 code, e.g. "04"
+        ("s_name", pl.String),
+        ("o_name", pl.String),
+        ("r_name", pl.String),
+        ("daily_mentions", pl.Int64),
+        ("n_articles", pl.UInt32),
+        ("article_ids", pl.List(pl.String)),  # sorted, unique
+    ]
+)
+
+NEWS_DB_SCHEMA = pl.Schema(
+    [
+        ("article_id", pl.String),  # md5 of the normalised URL
+        ("date", pl.Date),  # publication day
+        ("url", pl.String),
+        ("title", pl.String),
+        ("text", pl.String),  # paragraphs that survived the filters, "\n"-separated
+        ("abstract", pl.String),
+    ]
+)
+
+DATABASE_VERSION = "database-v1"
+
+
+class MonthNotReady(RuntimeError):
+    """A month's database or split cannot be built yet; the message says what is missing."""
+
+
+@dataclass(frozen=True)
+class DatabaseMonth:
+    month: date
+    events: pl.DataFrame
+    news: pl.DataFrame
+    counts: dict[str, int]
+
+
+def month_days(month: date) -> list[date]:
+    first = month.replace(day=1)
+    following = (first + timedelta(days=32)).replace(day=1)
+    return [first + timedelta(days=i) for i in range((following - first).days)]
+
+
+def _article_ids(quads: pl.LazyFrame) -> pl.DataFrame:
+    """(quad key, article_id) for every source URL of the quads, keyed the way the fetch ledger
+    keys articles: md5 of the normalised URL. normalize_url is Python, so it runs once per
+    distinct URL (a month holds ~10^5 of them above the mentions threshold)."""
+    pairs = quads.select("date", "s", "r", "o", pl.col("urls").alias("url")).explode("url").drop_nulls("url").collect()
+    distinct = pairs.get_column("url").unique()
+    ids = pl.DataFrame(
+        {"url": distinct, "article_id": [url_md5(normalize_url(u)) for u in distinct]},
+        schema={"url": pl.String, "article_id": pl.String},
+    )
+    return pairs.join(ids, on="url", how="left").drop("url").unique()
+
+
+def build_database_month(month: date, settings: Settings) -> DatabaseMonth:
+    """The month's event and news tables from its daily quads and articles (every day needed)."""
+    layout = DataLayout(settings.data_dir)
+    days = month_days(month)
+    missing = [
+        f"{d}: {what}"
+        for d in days
+        for what, path in (("daily_quads", layout.daily_quads_path(d)), ("articles", layout.articles_path(d)))
+        if not path.exists()
+    ]
+    if missing:
+        raise MonthNotReady(f"{month:%Y-%m}: {len(missing)} daily inputs missing, e.g. {missing[:5]}")
+    all_quads = pl.scan_parquet([layout.daily_quads_path(d) for d in days])
+    quads = all_quads.filter(pl.col("daily_mentions") >= settings.article_min_mentions)
+    articles = pl.scan_parquet([layout.articles_path(d) for d in days])
+    kept = articles.filter("kept").select(
+        pl.col("url_md5").alias("article_id"), pl.col("day").alias("date"), "url", "title", "text", "abstract"
+    )
+    linked = _article_ids(quads).join(kept.select("article_id").collect(), on="article_id", how="semi")
+    names = country_names()
+    events = (
+        quads.select("date", "s", "r", "o", "r1", "daily_mentions")
+        .collect()
+        .join(
+            linked.group_by("date", "s", "r", "o").agg(pl.col("article_id").unique().sort().alias("article_ids")),
+            on=["date", "s", "r", "o"],
+            how="inner",  # MIRAI step 6: a quad with no surviving article is not in the database
+        )
+        .join(names.rename({"iso3": "s", "name": "s_name"}), on="s", how="left")
+        .join(names.rename({"iso3": "o", "name": "o_name"}), on="o", how="left")
+        .join(relation_table().select(pl.col("code").alias("r"), pl.col("name").alias("r_name")), on="r", how="left")
+        .with_columns(pl.col("article_ids").list.len().alias("n_articles"))
+        .select(EVENT_DB_SCHEMA.names())
+        .sort("date", "s", "r", "o")
+        .match_to_schema(EVENT_DB_SCHEMA)
+    )
+    unnamed = events.filter(pl.any_horizontal(pl.col("s_name", "o_name", "r_name").is_null()))
+    if unnamed.height:
+        raise ValueError(f"{unnamed.height} quads carry codes outside the reference tables, e.g. {unnamed.row(0)}")
+    used = events.select(pl.col("article_ids").explode().unique().alias("article_id"))
+    news = (
+        kept.collect()
+        .join(used, on="article_id", how="semi")
+        .unique("article_id", keep="first")
+        .select(NEWS_DB_SCHEMA.names())
+        .sort("date", "article_id")
+        .match_to_schema(NEWS_DB_SCHEMA)
+    )
+    stored = articles.select("kept").collect()
+    counts = {
+        "quads": all_quads.select(pl.len()).collect().item(),
+        "quads_over_min_mentions": quads.select(pl.len()).collect().item(),
+        "events": events.height,
+        "news": news.height,
+        "articles_stored": stored.height,
+        "articles_kept": int(stored.get_column("kept").sum()),
+        "articles_kept_unlinked": int(stored.get_column("kept").sum()) - news.height,
+    }
+    return DatabaseMonth(month=month.replace(day=1), events=events, news=news, counts=counts)
+
+
+def write_database_month(db: DatabaseMonth, settings: Settings) -> dict[str, Path]:
+    layout = DataLayout(settings.data_dir)
+    meta = {
+        "database_version": DATABASE_VERSION,
+        "month": f"{db.month:%Y-%m}",
+        "min_mentions": str(settings.article_min_mentions),
+        "article_profile": settings.article_profile,
+        "country_table_version": COUNTRY_TABLE_VERSION,
+        "relation_table_version": RELATION_TABLE_VERSION,
+        "counts": json.dumps(db.counts, sort_keys=True),
+    }
+    paths = {"events": layout.database_path("events", db.month), "news": layout.database_path("news", db.month)}
+    atomic_write_parquet(db.events, paths["events"], metadata=meta)
+    atomic_write_parquet(db.news, paths["news"], metadata=meta)
+    return paths
+
+
+def build_event_database(month: date, settings: Settings) -> DatabaseMonth:
+    db = build_database_month(month, settings)
+    write_database_month(db, settings)
+    return db

@@ -1,0 +1,89 @@
+"""The monthly assets on a real Dagster instance: event_database and test_split materialised for a
+hand-built month, the closed-month rule surfacing as a failed run, the operator override, and the
+daily schedule's decisions."""
+
+from __future__ import annotations
+
+import json
+from datetime import date, datetime, timezone
+
+import dagster as dg
+import pytest
+
+from assets.database import event_database
+from assets.resources import MiraiSettings
+from assets.splits import test_split as split_asset
+from pipeline.config import Settings
+from pipeline.storage import DataLayout
+from sensors.monthly import monthly_split_daily
+
+from .month_builder import Quad, write_month
+from .test_splits import QUADS
+
+FEB = date(2024, 2, 1)
+
+
+@pytest.fixture
+def month_dir(tmp_path):
+    settings = Settings(data_dir=tmp_path / "data")
+    write_month(settings, FEB, QUADS)
+    return settings.data_dir
+
+
+def _materialize(data_dir, instance, run_config=None, raise_on_error=True):
+    return dg.materialize(
+        [event_database, split_asset],
+        partition_key="2024-02-01",
+        resources={"mirai": MiraiSettings(data_dir=str(data_dir))},
+        instance=instance,
+        run_config=run_config,
+        raise_on_error=raise_on_error,
+    )
+
+
+def test_materialize_a_closed_month(month_dir):
+    with dg.instance_for_test() as instance:
+        result = _materialize(month_dir, instance)
+        assert result.success
+        meta = result.asset_materializations_for_node("test_split")[0].metadata
+        assert meta["dagster/row_count"].value == 2
+        assert meta["relation_distribution.png"].value.startswith("![relation_distribution](data:image/png;base64,")
+        db_meta = result.asset_materializations_for_node("event_database")[0].metadata
+        assert db_meta["events"].value == 10  # 12 quads: one at 49 mentions, one with no kept article
+    assert (DataLayout(month_dir).split_dir(FEB) / "manifest.json").exists()
+
+
+def test_an_open_month_fails_with_the_reason_and_an_override_is_recorded(tmp_path):
+    settings = Settings(data_dir=tmp_path / "data")
+    write_month(settings, FEB, QUADS, slot_status="pending")
+    with dg.instance_for_test() as instance:
+        result = _materialize(settings.data_dir, instance, raise_on_error=False)
+        assert not result.success
+        failure = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"][0]
+        assert "slots not settled: 5568 pending" in failure.step_failure_data.error.message
+        forced = _materialize(
+            settings.data_dir,
+            instance,
+            run_config={"ops": {"test_split": {"config": {"override_by": "ops", "override_reason": "slots lost upstream"}}}},
+        )
+        assert forced.success
+    manifest = json.loads((DataLayout(settings.data_dir).split_dir(FEB) / "manifest.json").read_text())
+    assert manifest["override"]["by"] == "ops" and manifest["override"]["reason"] == "slots lost upstream"
+
+
+def test_schedule_waits_for_closure_then_requests_the_month_once(tmp_path):
+    settings = Settings(data_dir=tmp_path / "data", start_date=date(2024, 2, 1))
+    write_month(settings, FEB, [Quad(date(2024, 2, 3), "FRA", "036", "DEU", 100, kept=5)], slot_status="pending")
+    resources = {"mirai": MiraiSettings(data_dir=str(settings.data_dir))}
+
+    def tick(at: datetime):
+        with dg.build_schedule_context(scheduled_execution_time=at, resources=resources) as context:
+            return monthly_split_daily(context)
+
+    early = tick(datetime(2024, 3, 2, 6, tzinfo=timezone.utc))
+    assert isinstance(early, dg.SkipReason) and "grace period" in early.skip_message
+    pending = tick(datetime(2024, 3, 5, 6, tzinfo=timezone.utc))
+    assert "5568 pending" in pending.skip_message
+    write_month(settings, FEB, [Quad(date(2024, 2, 3), "FRA", "036", "DEU", 100, kept=5)], slot_status="landed")
+    requests = tick(datetime(2024, 3, 5, 6, tzinfo=timezone.utc))
+    assert [(r.partition_key, r.run_key) for r in requests] == [("2024-02-01", "split-2024-02-01")]

@@ -1,0 +1,178 @@
+"""Event database and monthly split: thresholds on their boundaries, answers, closure, determinism,
+the balanced sampler."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from datetime import date, datetime, timezone
+
+import polars as pl
+import pytest
+
+from pipeline.articles.urls import url_md5
+from pipeline.config import Settings
+from pipeline.database import EVENT_DB_SCHEMA, NEWS_DB_SCHEMA, MonthNotReady, build_event_database
+from pipeline.splits import (
+    QUERIES_SCHEMA,
+    Override,
+    balance_score,
+    balanced_sample,
+    build_split,
+    month_closure,
+    queries_from_events,
+)
+from pipeline.storage import DataLayout
+
+from .month_builder import Quad, write_month
+
+FEB = date(2024, 2, 1)
+D1, D2 = date(2024, 2, 3), date(2024, 2, 29)
+AFTER_GRACE = datetime(2024, 3, 4, tzinfo=timezone.utc)  # Feb 29 + 1 day + 3 grace days
+
+QUADS = [
+    # database threshold: 49 is out, 50 is in
+    Quad(D1, "USA", "042", "CHN", 49, kept=3),
+    Quad(D1, "USA", "043", "CHN", 50, kept=3),
+    # a quad whose articles were all filtered out is not in the database
+    Quad(D1, "USA", "051", "CHN", 80, kept=0, dropped=4),
+    # query (D1, FRA, DEU): test-grade 100 with exactly 5 articles -> kept; answers also include
+    # the 60-mention relation and the level-1 grouping
+    Quad(D1, "FRA", "036", "DEU", 100, kept=5, dropped=2),
+    Quad(D1, "FRA", "040", "DEU", 60, kept=1),
+    Quad(D1, "FRA", "190", "DEU", 70, kept=2),
+    # query (D1, FRA, ITA): test-grade 100 with 4 articles -> dropped
+    Quad(D1, "FRA", "036", "ITA", 100, kept=4),
+    # query (D1, FRA, ESP): only 99 mentions -> no test-grade quad -> no query
+    Quad(D1, "FRA", "036", "ESP", 99, kept=9),
+    # query (D2, RUS, UKR): two test-grade quads, one with 4 articles -> dropped ("every" quad)
+    Quad(D2, "RUS", "190", "UKR", 500, kept=8),
+    Quad(D2, "RUS", "173", "UKR", 150, kept=4),
+    # query (D2, UKR, RUS): both test-grade with >= 5 -> kept; last day of the month is included
+    Quad(D2, "UKR", "190", "RUS", 400, kept=6),
+    Quad(D2, "UKR", "112", "RUS", 100, kept=5),
+]
+
+
+@pytest.fixture
+def month_settings(tmp_path) -> Settings:
+    settings = Settings(data_dir=tmp_path / "data")
+    write_month(settings, FEB, QUADS)
+    return settings
+
+
+def test_event_database_keeps_quads_at_50_mentions_with_a_surviving_article(month_settings):
+    db = build_event_database(FEB, month_settings)
+    assert db.events.schema == EVENT_DB_SCHEMA and db.news.schema == NEWS_DB_SCHEMA
+    usa = db.events.filter(pl.col("s") == "USA")
+    assert usa.get_column("r").to_list() == ["043"]
+    row = usa.row(0, named=True)
+    assert row["s_name"] == "United States" and row["o_name"] == "China" and row["n_articles"] == 3
+    assert row["r_name"].startswith("Make a visit") is False  # 043 is "Host a visit"
+    assert row["r_name"] == "Host a visit"
+    assert row["article_ids"] == sorted(url_md5(f"https://news.example/{D1}/USA-043-CHN/kept-{i}") for i in range(3))
+    fra = db.events.filter(pl.col("s") == "FRA", pl.col("o") == "DEU", pl.col("r") == "036").row(0, named=True)
+    assert fra["n_articles"] == 5  # the 2 filtered articles do not count
+    # every article of the database is in the news table, dated on its publication day
+    ids = set(db.events.get_column("article_ids").explode())
+    assert set(db.news.get_column("article_id")) == ids
+    assert db.news.filter(pl.col("date") == D2).height == 8 + 4 + 6 + 5
+    assert db.counts["quads"] == len(QUADS) and db.counts["quads_over_min_mentions"] == len(QUADS) - 1
+    layout = DataLayout(month_settings.data_dir)
+    assert pl.read_parquet(layout.database_path("events", FEB)).equals(db.events)
+
+
+def test_event_database_refuses_a_month_with_missing_days(month_settings):
+    DataLayout(month_settings.data_dir).articles_path(date(2024, 2, 10)).unlink()
+    with pytest.raises(MonthNotReady, match="2024-02-10: articles"):
+        build_event_database(FEB, month_settings)
+
+
+def test_queries_thresholds_and_answers(month_settings):
+    events = build_event_database(FEB, month_settings).events
+    queries = queries_from_events(events, FEB, min_mentions=100, min_articles=5)
+    assert queries.schema == QUERIES_SCHEMA
+    assert queries.select("date", "s", "o").rows() == [(D1, "FRA", "DEU"), (D2, "UKR", "RUS")]
+    fra = queries.row(0, named=True)
+    assert fra["query_id"] == "2024-02-00001" and fra["query_code"] == "(2024-02-03, FRA, ?, DEU)"
+    assert fra["answer_list"] == ["036", "040", "190"]
+    assert fra["answer_level1"] == ["03", "04", "19"]
+    assert json.loads(fra["answer_dict"]) == {"03": ["036"], "04": ["040"], "19": ["190"]}
+    assert fra["daily_mentions"] == 230 and fra["n_articles"] == 8 and fra["min_articles"] == 5
+    assert (fra["s_region"], fra["o_region"]) == ("Europe", "Europe")
+    ukr = queries.row(1, named=True)
+    assert ukr["answer_list"] == ["112", "190"] and json.loads(ukr["answer_dict"]) == {"11": ["112"], "19": ["190"]}
+    # the article rule is "every test-grade quad": lowering it to 4 admits (D1, FRA, ITA) and (D2, RUS, UKR)
+    looser = queries_from_events(events, FEB, min_mentions=100, min_articles=4)
+    assert looser.height == 4
+    assert queries_from_events(events, FEB, min_mentions=99, min_articles=5).height == 3  # + (D1, FRA, ESP)
+
+
+def test_open_month_is_refused_and_an_override_is_recorded(month_settings):
+    build_event_database(FEB, month_settings)
+    before_grace = datetime(2024, 3, 3, 23, 59, tzinfo=timezone.utc)
+    closure = month_closure(FEB, month_settings, before_grace)
+    assert not closure.closed and "grace period" in closure.describe()
+    with pytest.raises(MonthNotReady, match="grace period"):
+        build_split(FEB, month_settings, now=before_grace)
+    override = Override(by="maintainer", reason="testing the override", at=before_grace)
+    split = build_split(FEB, month_settings, now=before_grace, override=override)
+    manifest = json.loads((split.directory / "manifest.json").read_text())
+    assert manifest["override"] == {"by": "maintainer", "reason": "testing the override", "at": before_grace.isoformat()}
+    assert manifest["closure"]["closed"] is False
+
+
+def test_unsettled_slots_keep_a_month_open(tmp_path):
+    settings = Settings(data_dir=tmp_path / "data")
+    write_month(settings, FEB, QUADS, slot_status="pending")
+    closure = month_closure(FEB, settings, AFTER_GRACE)
+    assert not closure.closed and "5568 pending" in closure.describe()
+    write_month(settings, FEB, QUADS, slot_status="missing")  # GDELT never published them: settled
+    assert month_closure(FEB, settings, AFTER_GRACE).closed
+
+
+def test_split_files_manifest_and_determinism(month_settings):
+    build_event_database(FEB, month_settings)
+    split = build_split(FEB, month_settings, now=AFTER_GRACE)
+    names = sorted(p.name for p in split.directory.iterdir())
+    assert {"queries.parquet", "queries_sample.parquet", "manifest.json", "README.md"} <= set(names)
+    manifest = json.loads((split.directory / "manifest.json").read_text())
+    for name, entry in manifest["files"].items():
+        data = (split.directory / name).read_bytes()
+        assert entry["sha256"] == hashlib.sha256(data).hexdigest() and entry["bytes"] == len(data)
+    assert manifest["files"]["queries.parquet"]["rows"] == 2
+    assert manifest["history_cutoff"] == "2024-01-31" and manifest["seed"] == 0
+    assert manifest["counts"]["slots"]["landed"] == 29 * 96 * 2
+    assert manifest["override"] is None and manifest["closure"]["closed"] is True
+    first = {p.name: p.read_bytes() for p in split.directory.iterdir()}
+    again = build_split(FEB, month_settings, now=AFTER_GRACE)
+    assert {p.name: p.read_bytes() for p in again.directory.iterdir()} == first
+    assert not [p for p in split.directory.parent.iterdir() if p.name.startswith(".")]  # no staging left
+
+
+def _synthetic_queries(n: int, seed: int) -> pl.DataFrame:
+    """Skewed like GDELT: a few countries, dates and level-1 codes dominate."""
+    rng = random.Random(seed)
+    countries = ["USA", "CHN", "RUS", "UKR", "ISR", "PSE", "IRN", "GBR", "FRA", "DEU", "IND", "PAK", "JPN", "KOR", "TUR", "EGY"]
+    regions = {"USA": "North America", "GBR": "Europe", "FRA": "Europe", "DEU": "Europe", "RUS": "Europe", "UKR": "Europe", "TUR": "Asia", "EGY": "Africa"}
+    rows = []
+    for i in range(n):
+        s, o = rng.choices(countries, weights=[1 / (k + 1) for k in range(len(countries))], k=2)
+        day = date(2024, 2, min(29, 1 + int(rng.expovariate(0.15))))
+        codes = sorted({rng.choice(["01", "04", "04", "04", "03", "19", "05", "11", "17"]) + "0" for _ in range(rng.randint(1, 3))})
+        rows.append({"query_id": f"2024-02-{i:05d}", "date": day, "s": s, "o": o, "s_region": regions.get(s, "Asia"),
+                     "o_region": regions.get(o, "Asia"), "answer_list": codes, "answer_level1": sorted({c[:2] for c in codes})})
+    return pl.DataFrame(rows).match_to_schema(QUERIES_SCHEMA, missing_columns="insert")
+
+
+def test_balanced_sample_beats_random_samples():
+    queries = _synthetic_queries(2000, seed=1)
+    sample = balanced_sample(queries, 100, seed=0)
+    assert sample.height == 100 and sample.get_column("query_id").is_unique().all()
+    ours = balance_score(sample, queries)
+    randoms = [balance_score(queries.sample(100, seed=k), queries) for k in range(20)]
+    assert ours < min(randoms)
+    assert balanced_sample(queries, 100, seed=0).equals(sample)  # seeded
+    assert not balanced_sample(queries, 100, seed=1).equals(sample)
+    assert balanced_sample(queries.head(50), 100, seed=0).height == 50  # small months keep every query
