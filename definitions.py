@@ -10,12 +10,13 @@ from assets.resources import MiraiSettings
 from assets.splits import test_split
 from quality.event_checks import articles_valid, daily_quads_valid, events_history_current, events_valid, gdelt_events_valid
 from quality.ingest_checks import gdelt_files_all_green
+from quality.split_checks import split_leakage_audit
 from sensors.monthly import monthly_split_daily, monthly_split_job
 from sensors.schedules import articles_hourly, articles_job, gdelt_every_15_minutes, gdelt_ingest_job
 
 defs = dg.Definitions(
     assets=[gdelt_files, gdelt_events, gdelt_mentions, events, daily_quads, articles, fetch_ledger, event_database, test_split],
-    asset_checks=[gdelt_files_all_green, gdelt_events_valid, events_valid, events_history_current, daily_quads_valid, articles_valid],
+    asset_checks=[gdelt_files_all_green, gdelt_events_valid, events_valid, events_history_current, daily_quads_valid, articles_valid, split_leakage_audit],
     jobs=[gdelt_ingest_job, articles_job, monthly_split_job],
     schedules=[gdelt_every_15_minutes, articles_hourly, monthly_split_daily],
     resources={"mirai": MiraiSettings()},

@@ -30,7 +30,13 @@ from pipeline.reference import (
     RELATION_TABLE_VERSION,
     region_table,
 )
-from pipeline.storage import DataLayout, atomic_write_bytes, atomic_write_parquet, read_parquet_metadata
+from pipeline.storage import (
+    DataLayout,
+    atomic_write_bytes,
+    atomic_write_parquet,
+    read_parquet_metadata,
+    replace_dir,
+)
 from pipeline.version import code_version
 
 QUERIES_SCHEMA = pl.Schema(
@@ -344,24 +350,52 @@ def build_split(month: date, settings: Settings, *, now: datetime, override: Ove
         }
         atomic_write_bytes(staging / "README.md", dataset_card(manifest, queries, sample, figures).encode())
         atomic_write_bytes(staging / "manifest.json", (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode())
-        _replace_dir(staging, final)
+        replace_dir(staging, final)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return Split(month=month, directory=final, queries=queries, sample=sample, manifest=manifest)
 
 
-def _replace_dir(new: Path, final: Path) -> None:
-    """Swap a finished directory into place: readers see the old split or the new, never a mix
-    (two renames; between them the month is briefly absent, which readers treat as not built)."""
-    old = final.with_name(f".{final.name}.old")
-    shutil.rmtree(old, ignore_errors=True)
-    if final.exists():
-        final.rename(old)
-    new.rename(final)
-    shutil.rmtree(old, ignore_errors=True)
-
-
 def read_manifest(settings: Settings, month: date) -> dict | None:
     path = DataLayout(settings.data_dir).split_dir(month) / "manifest.json"
     return json.loads(path.read_text()) if path.exists() else None
+
+
+@dataclass(frozen=True)
+class LeakageAudit:
+    month: date
+    dates_audited: int
+    sandbox_dates: tuple[date, ...]
+    violations: tuple[str, ...]
+
+
+def leakage_audit(settings: Settings, month: date) -> LeakageAudit:
+    """Audit a built split for leakage: the split month must start after the manifest's history
+    cutoff, every query must fall in the month, and for every query date the date-gated agent API
+    must show nothing dated after t − distance through any function (pipeline.agent_api.audit).
+    Queries on one date share an environment, so each distinct date is audited once; the code-
+    block sandbox (a child process per environment) is probed on the first and last dates."""
+    from pipeline.agent_api import EventDatabase
+    from pipeline.agent_api.audit import leakage_violations
+
+    month = month.replace(day=1)
+    manifest = read_manifest(settings, month)
+    if manifest is None:
+        raise MonthNotReady(f"{month:%Y-%m}: no split to audit")
+    queries = pl.read_parquet(DataLayout(settings.data_dir).split_dir(month) / "queries.parquet")
+    violations = []
+    cutoff = date.fromisoformat(manifest["history_cutoff"])
+    if month <= cutoff:
+        violations.append(f"the split month {month:%Y-%m} does not start after the history cutoff {cutoff}")
+    outside = queries.filter((pl.col("date") < month) | (pl.col("date") > month_days(month)[-1]))
+    if outside.height:
+        violations.append(f"{outside.height} queries are dated outside {month:%Y-%m}, e.g. {outside.row(0)[:4]}")
+    dates = sorted(set(queries.get_column("date")))
+    sandboxed = tuple(sorted({dates[0], dates[-1]})) if dates else ()
+    database = EventDatabase(settings.data_dir)
+    for day in dates:
+        with database.environment(day, manifest["distance_days"]) as env:
+            found = leakage_violations(env, rng=random.Random(f"{manifest['seed']}/{day}"), sandbox=day in sandboxed)
+        violations += [f"{day}: {v}" for v in found]
+    return LeakageAudit(month, len(dates), sandboxed, tuple(violations))

@@ -12,6 +12,7 @@ import errno
 import fcntl
 import io
 import os
+import shutil
 import time
 import uuid
 from contextlib import contextmanager
@@ -67,6 +68,10 @@ class DataLayout:
     def event_keys_dir(self) -> Path:
         return self.root / "keys" / "events"
 
+    # keys/history/{ids,urls}/<n>d/from=YYYY-MM-DD.parquet: the key files of n aligned days, merged
+    def event_history_path(self, kind: str, first: date, days: int) -> Path:
+        return self.root / "keys" / "history" / kind / f"{days}d" / f"from={first.isoformat()}.parquet"
+
     def events_path(self, day: date) -> Path:
         return self.root / "events" / f"date={day.isoformat()}.parquet"
 
@@ -100,6 +105,10 @@ class DataLayout:
 
     def database_path(self, table: str, month: date) -> Path:
         return self.database_dir() / table / f"month={month:%Y-%m}.parquet"
+
+    # evaluations/YYYY-MM/<agent>/<query set>/distance=<d>/: results.parquet, scores.json
+    def evaluation_dir(self, month: date, agent: str, query_set: str, distance: int) -> Path:
+        return self.root / "evaluations" / f"{month:%Y-%m}" / agent / query_set / f"distance={distance}"
 
     # splits/YYYY-MM/: queries.parquet, queries_sample.parquet, figures, manifest.json, README.md
     def split_dir(self, month: date) -> Path:
@@ -153,6 +162,17 @@ def read_parquet_metadata(path: Path) -> dict[str, str]:
 
     meta = pq.read_metadata(path).metadata or {}
     return {k.decode(): v.decode() for k, v in meta.items() if not k.startswith(b"ARROW:")}
+
+
+def replace_dir(new: Path, final: Path) -> None:
+    """Swap a finished directory into place: readers see the old split or the new, never a mix
+    (two renames; between them the month is briefly absent, which readers treat as not built)."""
+    old = final.with_name(f".{final.name}.old")
+    shutil.rmtree(old, ignore_errors=True)
+    if final.exists():
+        final.rename(old)
+    new.rename(final)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 class LockTimeout(TimeoutError):

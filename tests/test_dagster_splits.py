@@ -14,7 +14,9 @@ from assets.database import event_database
 from assets.resources import MiraiSettings
 from assets.splits import test_split as split_asset
 from pipeline.config import Settings
+from pipeline.splits import leakage_audit
 from pipeline.storage import DataLayout
+from quality.split_checks import split_leakage_audit
 from sensors.monthly import monthly_split_daily
 
 from .month_builder import Quad, write_month
@@ -32,7 +34,7 @@ def month_dir(tmp_path):
 
 def _materialize(data_dir, instance, run_config=None, raise_on_error=True):
     return dg.materialize(
-        [event_database, split_asset],
+        [event_database, split_asset, split_leakage_audit],
         partition_key="2024-02-01",
         resources={"mirai": MiraiSettings(data_dir=str(data_dir))},
         instance=instance,
@@ -50,6 +52,9 @@ def test_materialize_a_closed_month(month_dir):
         assert meta["relation_distribution.png"].value.startswith("![relation_distribution](data:image/png;base64,")
         db_meta = result.asset_materializations_for_node("event_database")[0].metadata
         assert db_meta["events"].value == 10  # 12 quads: one at 49 mentions, one with no kept article
+        [audit] = result.get_asset_check_evaluations()
+        assert audit.passed and audit.metadata["query dates audited"].value == 2
+        assert audit.metadata["sandbox probed on"].value == "2024-02-03, 2024-02-29"
     assert (DataLayout(month_dir).split_dir(FEB) / "manifest.json").exists()
 
 
@@ -87,3 +92,14 @@ def test_schedule_waits_for_closure_then_requests_the_month_once(tmp_path):
     write_month(settings, FEB, [Quad(date(2024, 2, 3), "FRA", "036", "DEU", 100, kept=5)], slot_status="landed")
     requests = tick(datetime(2024, 3, 5, 6, tzinfo=timezone.utc))
     assert [(r.partition_key, r.run_key) for r in requests] == [("2024-02-01", "split-2024-02-01")]
+
+
+def test_leakage_audit_fails_a_split_whose_month_is_not_after_its_history_cutoff(month_dir):
+    with dg.instance_for_test() as instance:
+        assert _materialize(month_dir, instance).success
+    manifest_path = DataLayout(month_dir).split_dir(FEB) / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["history_cutoff"] = "2024-02-10"  # as if the database had been built past the split's start
+    manifest_path.write_text(json.dumps(manifest))
+    audit = leakage_audit(Settings(data_dir=month_dir), FEB)
+    assert audit.violations == ("the split month 2024-02 does not start after the history cutoff 2024-02-10",)

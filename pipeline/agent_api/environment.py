@@ -1,0 +1,431 @@
+"""The date-gated forecasting environment: MIRAI's agent API over our monthly event database.
+
+One ``Environment`` answers for one query ``(t, s, ?, o)``: it holds the events and news dated on
+or before its cutoff ``t - distance_days`` and nothing later. That is the date gate, and it is
+structural: ``EventDatabase.environment`` builds the tables of an environment from the month files
+up to the cutoff month only (later files are never opened) and slices the cutoff month at the
+cutoff, so no later row ever enters an Environment object. On top, every function refuses a date
+or date range that reaches past the cutoff (or before the database starts) with a DateGateError
+naming the cutoff, so an agent learns the boundary instead of silently getting an empty answer.
+
+MIRAI v1 kept the whole database in module globals and filtered per call against a settable
+``DEFAULT_END_DATE``; its code blocks ran ``exec`` in those globals, so an agent could read
+future rows or move the end date. Here there is no global table and no end-date knob: an
+Environment is immutable, and agent code runs in a separate process that only ever receives the
+Environment's own gated tables (see sandbox.py).
+
+Layout in memory: events and news are sorted ascending (events by date, then mentions; news by
+date), so "newest first" is a reversed tail, and each event's ``article_idx`` holds row numbers in
+the concatenated news table. Months are concatenated oldest first, every month before the cutoff
+month is complete and the cutoff month's news is a date-sorted prefix, so these row numbers do not
+depend on the cutoff and are computed once per month in ``EventDatabase``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import date, timedelta
+from pathlib import Path
+from typing import Self
+
+import polars as pl
+
+from pipeline.agent_api import lookup
+from pipeline.agent_api.bm25 import bm25_scores, token_count
+from pipeline.agent_api.types import (
+    CAMEOCode,
+    Date,
+    DateGateError,
+    DateRange,
+    Event,
+    ISOCode,
+    coerce_cameo,
+    coerce_date,
+    coerce_date_range,
+    coerce_iso,
+    coerce_list,
+)
+from pipeline.reference.tables import iso3_codes, level1_codes, level2_codes
+from pipeline.storage import DataLayout
+
+MAX_EVENTS = 30
+MAX_ARTICLES = 15
+ENTITY_ROLES = ("head", "tail", "both")
+ISO_ENUM = pl.Enum(sorted(iso3_codes()))
+REL_ENUM = pl.Enum(sorted(level2_codes()))
+ROOT_ENUM = pl.Enum(sorted(level1_codes()))
+EVENT_COLUMNS = ("date", "s", "r", "o", "r1", "daily_mentions", "article_idx")
+NEWS_COLUMNS = ("article_id", "date", "title", "text", "n_tokens")
+_MONTH_FILE = re.compile(r"^month=(\d{4})-(\d{2})\.parquet$")
+
+
+def month_start(day: date) -> date:
+    return day.replace(day=1)
+
+
+def _prepare_month(events: pl.LazyFrame, news: pl.LazyFrame, offset: int) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """One month's files in the in-memory layout; ``offset`` = news rows of all earlier months."""
+    news_df = (
+        news.select("article_id", "date", "title", "text")
+        .sort(["date", "article_id"], descending=[False, True])
+        .with_columns((token_count(pl.col("title")) + token_count(pl.col("text"))).cast(pl.UInt32).alias("n_tokens"))
+        .collect()
+    )
+    index = news_df.select("article_id", (pl.int_range(pl.len(), dtype=pl.UInt32) + offset).alias("idx"))
+    events_df = (
+        events.select("date", "s", "r", "o", "r1", "daily_mentions", "article_ids")
+        .with_columns(pl.col("s").cast(ISO_ENUM), pl.col("o").cast(ISO_ENUM), pl.col("r").cast(REL_ENUM),
+                      pl.col("r1").cast(ROOT_ENUM))
+        .sort(["date", "daily_mentions", "s", "o", "r"], descending=[False, False, True, True, True])
+        .with_row_index("__row")
+        .collect()
+    )
+    # Article ids resolve within the month: an article's date is its events' date (MIRAI's alignment).
+    links = (
+        events_df.select("__row", pl.col("article_ids").alias("article_id")).explode("article_id")
+        .join(index, on="article_id", how="inner")
+        .group_by("__row").agg(pl.col("idx").sort().alias("article_idx"))
+    )
+    events_df = (
+        events_df.join(links, on="__row", how="left", maintain_order="left")
+        .with_columns(pl.col("article_idx").fill_null(pl.lit([], dtype=pl.List(pl.UInt32))))
+        .select(EVENT_COLUMNS)
+    )
+    return events_df, news_df.select(NEWS_COLUMNS)
+
+
+class EventDatabase:
+    """The monthly database files of a data dir, loaded month by month on demand and kept in memory,
+    so opening many environments (one per query) costs a concatenation and one slice.
+
+    Trusted code only: it caches whole months, including days after any particular cutoff. Agents
+    get Environments, never this object."""
+
+    def __init__(self, data_dir: Path | str):
+        self.layout = DataLayout(data_dir)
+        events_dir = self.layout.database_dir() / "events"
+        found = sorted(date(int(m[1]), int(m[2]), 1) for p in events_dir.glob("month=*.parquet")
+                       if (m := _MONTH_FILE.match(p.name)))
+        if not found:
+            raise FileNotFoundError(f"no event database months under {events_dir}")
+        self.months = found
+        self.start = found[0]
+        self._loaded: list[tuple[pl.DataFrame, pl.DataFrame]] = []
+
+    @property
+    def last_day(self) -> date:
+        last = self.months[-1]
+        return (last.replace(day=28) + timedelta(days=4)).replace(day=1) - timedelta(days=1)
+
+    def _month(self, i: int) -> tuple[pl.DataFrame, pl.DataFrame]:
+        while len(self._loaded) <= i:
+            month = self.months[len(self._loaded)]
+            offset = sum(news.height for _, news in self._loaded)
+            self._loaded.append(_prepare_month(
+                pl.scan_parquet(self.layout.database_path("events", month)),
+                pl.scan_parquet(self.layout.database_path("news", month)),
+                offset,
+            ))
+        return self._loaded[i]
+
+    def gated_tables(self, cutoff: date) -> tuple[pl.DataFrame, pl.DataFrame]:
+        """Events and news dated on or before ``cutoff``: the months before the cutoff month whole,
+        the cutoff month up to the cutoff. Later months are not read."""
+        if cutoff < self.start:
+            raise DateGateError(f"cutoff {cutoff} is before the database starts ({self.start})")
+        last = month_start(cutoff)
+        indices = [i for i, month in enumerate(self.months) if month <= last]
+        frames = [self._month(i) for i in indices]
+        # Only the newest loaded month can hold days after the cutoff.
+        events = [e for e, _ in frames[:-1]] + [frames[-1][0].filter(pl.col("date") <= cutoff)]
+        news = [n for _, n in frames[:-1]] + [frames[-1][1].filter(pl.col("date") <= cutoff)]
+        return pl.concat(events, rechunk=False), pl.concat(news, rechunk=False)
+
+    def environment(self, query_date: date, distance_days: int = 1) -> Environment:
+        if distance_days < 1:
+            raise ValueError(f"distance_days must be at least 1 (the query day itself is never visible), got {distance_days}")
+        cutoff = query_date - timedelta(days=distance_days)
+        events, news = self.gated_tables(cutoff)
+        return Environment(events, news, start=self.start, cutoff=cutoff, query_date=query_date,
+                           distance_days=distance_days)
+
+
+def open_environment(data_dir: Path | str, query_date: date, distance_days: int = 1) -> Environment:
+    """An environment for one query on ``query_date``: it sees events and news up to
+    ``query_date - distance_days``. For many queries, keep one ``EventDatabase(data_dir)`` and call
+    its ``environment`` method."""
+    return EventDatabase(data_dir).environment(query_date, distance_days)
+
+
+def _codes(codes: list[str], dtype: pl.Enum) -> pl.Expr:
+    """A list literal for ``is_in`` (a bare Series of the column's type is deprecated there)."""
+    return pl.lit(pl.Series(codes, dtype=dtype)).implode()
+
+
+@dataclass(frozen=True)
+class _Filter:
+    """A normalised event filter: bounds inside the gate, codes as strings."""
+
+    start: date | None
+    end: date | None
+    heads: list[str] | None
+    tails: list[str] | None
+    relations: list[str] | None
+
+    def expr(self) -> pl.Expr:
+        parts = [pl.lit(True)]
+        if self.start is not None:
+            parts.append(pl.col("date") >= self.start)
+        if self.end is not None:
+            parts.append(pl.col("date") <= self.end)
+        if self.heads is not None:
+            parts.append(pl.col("s").is_in(_codes(self.heads, ISO_ENUM)))
+        if self.tails is not None:
+            parts.append(pl.col("o").is_in(_codes(self.tails, ISO_ENUM)))
+        if self.relations is not None:
+            parts.append(pl.col("r").is_in(_codes(self.relations, REL_ENUM)))
+        return pl.all_horizontal(parts)
+
+    @property
+    def selects_events(self) -> bool:
+        return self.heads is not None or self.tails is not None or self.relations is not None
+
+
+class Environment:
+    """MIRAI's API (Table 12) over one query's gated tables. Methods take the API's data classes or
+    plain strings ("2023-11-02", "AUS", "042")."""
+
+    def __init__(self, events: pl.DataFrame, news: pl.DataFrame, *, start: date, cutoff: date,
+                 query_date: date, distance_days: int):
+        self._events = events
+        self._news = news
+        self.start = start
+        self.cutoff = cutoff
+        self.query_date = query_date
+        self.distance_days = distance_days
+        self._sandbox = None
+
+    # --- the gate ---------------------------------------------------------------------------
+
+    def _gate_error(self, what: str, day: date) -> DateGateError:
+        if day < self.start:
+            return DateGateError(f"{what} {day} is before the database starts ({self.start})")
+        return DateGateError(
+            f"{what} {day} is after the environment's cutoff {self.cutoff} (query date {self.query_date} minus "
+            f"{self.distance_days} day(s)): nothing after the cutoff is visible"
+        )
+
+    def check_date(self, value: Date | str, what: str = "date") -> date:
+        day = coerce_date(value).to_date()
+        if not self.start <= day <= self.cutoff:
+            raise self._gate_error(what, day)
+        return day
+
+    def _bounds(self, date_range: DateRange | None) -> tuple[date | None, date | None]:
+        rng = coerce_date_range(date_range)
+        if rng is None:
+            return None, None
+        start = None if rng.start_date is None else self.check_date(rng.start_date, "date_range start")
+        end = None if rng.end_date is None else self.check_date(rng.end_date, "date_range end")
+        return start, end
+
+    def _filter(self, date_range=None, head_entities=None, tail_entities=None, relations=None) -> _Filter:
+        start, end = self._bounds(date_range)
+        heads = coerce_list(head_entities, coerce_iso)
+        tails = coerce_list(tail_entities, coerce_iso)
+        rels = coerce_list(relations, coerce_cameo)
+        return _Filter(
+            start, end,
+            None if heads is None else [c.code for c in heads],
+            None if tails is None else [c.code for c in tails],
+            None if rels is None else lookup.expand_relations(rels),
+        )
+
+    # --- countries and relations (no dates involved) -----------------------------------------
+
+    map_country_name_to_iso = staticmethod(lookup.map_country_name_to_iso)
+    map_iso_to_country_name = staticmethod(lookup.map_iso_to_country_name)
+    map_relation_description_to_cameo = staticmethod(lookup.map_relation_description_to_cameo)
+    map_cameo_to_relation = staticmethod(lookup.map_cameo_to_relation)
+    get_parent_relation = staticmethod(lookup.get_parent_relation)
+    get_child_relations = staticmethod(lookup.get_child_relations)
+    get_sibling_relations = staticmethod(lookup.get_sibling_relations)
+
+    # --- events ------------------------------------------------------------------------------
+
+    def _matching_events(self, flt: _Filter) -> pl.DataFrame:
+        return self._events.filter(flt.expr())
+
+    @staticmethod
+    def _to_events(frame: pl.DataFrame) -> list[Event]:
+        return [Event(Date(d.isoformat()), ISOCode(s), CAMEOCode(r), ISOCode(o))
+                for d, s, r, o in frame.select("date", "s", "r", "o").iter_rows()]
+
+    def count_events(self, date_range=None, head_entities=None, tail_entities=None, relations=None) -> int:
+        """Number of (date, head, relation, tail) events matching every given condition."""
+        return self._matching_events(self._filter(date_range, head_entities, tail_entities, relations)).height
+
+    def get_events(self, date_range=None, head_entities=None, tail_entities=None, relations=None,
+                   text_description: str | None = None) -> list[Event]:
+        """At most 30 matching events: newest first, or by BM25 relevance of their source articles to
+        ``text_description`` (an event scores as its best article)."""
+        matches = self._matching_events(self._filter(date_range, head_entities, tail_entities, relations))
+        if not text_description:
+            return self._to_events(matches.tail(MAX_EVENTS).reverse())
+        ranked = matches.with_row_index("__event").reverse()
+        links = ranked.select("__event", pl.col("article_idx").alias("idx")).explode("idx").drop_nulls()
+        links = links.filter(pl.col("idx") < self._news.height)
+        articles = links.select(pl.col("idx").unique().sort())
+        scored = articles.with_columns(self._article_scores(articles.get_column("idx"), text_description))
+        best = links.join(scored, on="idx").group_by("__event").agg(pl.col("score").max())
+        ordered = (
+            ranked.with_row_index("__order")
+            .join(best, on="__event", how="left")
+            .with_columns(pl.col("score").fill_null(0.0))
+            .sort(["score", "__order"], descending=[True, False])
+            .head(MAX_EVENTS)
+        )
+        return self._to_events(ordered)
+
+    def get_entity_distribution(self, date_range=None, involved_relations=None, interacted_entities=None,
+                                entity_role: str | None = None) -> dict[ISOCode, int]:
+        """Countries and their number of matching events, most frequent first. ``entity_role``
+        'head' counts subjects of events whose object is among ``interacted_entities``, 'tail' the
+        objects of events whose subject is, 'both' or None both."""
+        role = "both" if entity_role is None else entity_role
+        if role not in ENTITY_ROLES:
+            raise ValueError(f"entity_role must be one of {ENTITY_ROLES} or None, got {entity_role!r}")
+        flt = self._filter(date_range, None, None, involved_relations)
+        partners = coerce_list(interacted_entities, coerce_iso)
+        partner_codes = None if partners is None else _codes([c.code for c in partners], ISO_ENUM)
+        matches = self._matching_events(flt)
+        sides = []
+        for counted, other, wanted in (("s", "o", "head"), ("o", "s", "tail")):
+            if role in (wanted, "both"):
+                side = matches if partner_codes is None else matches.filter(pl.col(other).is_in(partner_codes))
+                sides.append(side.select(pl.col(counted).alias("entity")))
+        counts = pl.concat(sides).group_by("entity").len()
+        counts = counts.with_columns(pl.col("entity").cast(pl.String)).sort(["len", "entity"], descending=[True, False])
+        return {ISOCode(code): n for code, n in counts.iter_rows()}
+
+    def get_relation_distribution(self, date_range=None, head_entities=None, tail_entities=None) -> dict[CAMEOCode, int]:
+        """Second-level relations and their number of matching events, most frequent first."""
+        matches = self._matching_events(self._filter(date_range, head_entities, tail_entities, None))
+        counts = (
+            matches.group_by("r").len()
+            .with_columns(pl.col("r").cast(pl.String))
+            .sort(["len", "r"], descending=[True, False])
+        )
+        return {CAMEOCode(code): n for code, n in counts.iter_rows()}
+
+    # --- news --------------------------------------------------------------------------------
+
+    def _article_scores(self, idx: pl.Series, text_description: str) -> pl.Series:
+        docs = self._news.select("title", "text", "n_tokens")[idx]
+        return bm25_scores(docs, ("title", "text"), "n_tokens", text_description)
+
+    def _matching_articles(self, date_range, head_entities, tail_entities, relations, keywords) -> pl.DataFrame:
+        """Rows of the news table matching the filters, oldest first, with their row number ``idx``."""
+        flt = self._filter(date_range, head_entities, tail_entities, relations)
+        if flt.selects_events:
+            idx = self._matching_events(flt).select(pl.col("article_idx").explode().drop_nulls().unique().sort())
+            idx = idx.filter(pl.col("article_idx") < self._news.height).get_column("article_idx")
+            articles = self._news[idx].with_columns(idx.alias("idx"))
+        else:
+            articles = self._news.with_row_index("idx")
+            bounds = [pl.lit(True)]
+            if flt.start is not None:
+                bounds.append(pl.col("date") >= flt.start)
+            if flt.end is not None:
+                bounds.append(pl.col("date") <= flt.end)
+            articles = articles.filter(pl.all_horizontal(bounds))
+        words = coerce_keywords(keywords)
+        if words:
+            pattern = "(?i)" + "|".join(re.escape(w) for w in words)
+            articles = articles.filter(pl.col("title").str.contains(pattern) | pl.col("text").str.contains(pattern))
+        return articles
+
+    def count_news_articles(self, date_range=None, head_entities=None, tail_entities=None, relations=None,
+                            keywords=None) -> int:
+        """Number of articles matching every condition; ``keywords``: any one of them must appear."""
+        return self._matching_articles(date_range, head_entities, tail_entities, relations, keywords).height
+
+    def get_news_articles(self, date_range=None, head_entities=None, tail_entities=None, relations=None,
+                          keywords=None, text_description: str | None = None) -> list[tuple[Date, str]]:
+        """At most 15 (date, title) pairs: newest first, or by BM25 relevance to ``text_description``."""
+        articles = self._matching_articles(date_range, head_entities, tail_entities, relations, keywords)
+        if not text_description:
+            top = articles.tail(MAX_ARTICLES).reverse()
+        else:
+            scores = bm25_scores(articles, ("title", "text"), "n_tokens", text_description)
+            top = (articles.with_columns(scores).sort(["score", "idx"], descending=[True, True])
+                   .head(MAX_ARTICLES))
+        return [(Date(d.isoformat()), title) for d, title in top.select("date", "title").iter_rows()]
+
+    def browse_news_article(self, date: Date | str, title: str) -> str:
+        """The date, title and full text of the article with that date and title."""
+        day = self.check_date(date)
+        if not isinstance(title, str):
+            raise TypeError(f"title must be a string, got {type(title).__name__}")
+        same_day = self._news.filter(pl.col("date") == day)
+        found = same_day.filter(pl.col("title") == title)
+        if found.height == 0:
+            found = same_day.filter(pl.col("title").str.strip_chars().str.to_lowercase() == title.strip().lower())
+        if found.height == 0:
+            raise ValueError(f"no article titled {title!r} on {day}; get_news_articles lists titles")
+        row = found.row(0, named=True)
+        return f"{day.isoformat()}:\n{row['title']}\n{row['text']}"
+
+    # --- code blocks -------------------------------------------------------------------------
+
+    def run_code(self, code: str, timeout_s: float | None = None, memory_mb: int | None = None) -> str:
+        """Run an agent's code block in this environment's sandbox process; return the observation.
+        Variables persist between calls. See sandbox.py for what the sandbox allows."""
+        from pipeline.agent_api.sandbox import Sandbox
+
+        if self._sandbox is None:
+            self._sandbox = Sandbox(self)
+        return self._sandbox.run(code, timeout_s=timeout_s, memory_mb=memory_mb)
+
+    def close(self) -> None:
+        """Stop the sandbox process, if one was started."""
+        if self._sandbox is not None:
+            self._sandbox.close()
+            self._sandbox = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()
+
+    # --- what the sandbox needs ----------------------------------------------------------------
+
+    def tables(self) -> tuple[pl.DataFrame, pl.DataFrame]:
+        """This environment's (gated) events and news tables."""
+        return self._events, self._news
+
+    def functions(self) -> dict:
+        """The API functions, bound to this environment: the names an agent's code calls."""
+        return {name: getattr(self, name) for name in API_FUNCTIONS}
+
+
+def coerce_keywords(keywords) -> list[str]:
+    if keywords is None:
+        return []
+    if isinstance(keywords, str):
+        keywords = [keywords]
+    words = [str(k).strip() for k in keywords]
+    return [w for w in words if w]
+
+
+API_FUNCTIONS = (
+    "map_country_name_to_iso", "map_iso_to_country_name", "map_relation_description_to_cameo",
+    "map_cameo_to_relation", "get_parent_relation", "get_child_relations", "get_sibling_relations",
+    "count_events", "get_events", "get_entity_distribution", "get_relation_distribution",
+    "count_news_articles", "get_news_articles", "browse_news_article",
+)
