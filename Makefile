@@ -32,6 +32,9 @@ bench: setup
 	$(BIN)/python bench/ingest.py
 	$(BIN)/python bench/normalize.py
 	$(BIN)/python bench/articles.py
+	$(BIN)/python bench/splits.py
+	$(BIN)/python bench/api_latency.py
+	$(BIN)/python bench/evaluate.py
 
 clean:
 	rm -rf $(VENV) data .pytest_cache

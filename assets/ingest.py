@@ -6,7 +6,7 @@ import dagster as dg
 
 from assets.partitions import daily_partitions
 from assets.resources import MiraiSettings
-from pipeline.gdelt.ingest import PARSED_FORMAT_VERSION, parse_day, ingest_day
+from pipeline.gdelt.ingest import PARSED_FORMAT_VERSION, ingest_day, parse_day
 from pipeline.gdelt.ledger import LEDGER_VERSION, problems, to_markdown
 
 

@@ -13,8 +13,8 @@ API latency for agents is measured by bench/api_latency.py.
 from __future__ import annotations
 
 import argparse
-import os
 import hashlib
+import os
 import statistics
 import sys
 import tempfile

@@ -24,7 +24,12 @@ import polars as pl
 
 from pipeline.articles.urls import normalize_url, url_md5
 from pipeline.config import Settings
-from pipeline.reference import COUNTRY_TABLE_VERSION, RELATION_TABLE_VERSION, country_names, relation_table
+from pipeline.reference import (
+    COUNTRY_TABLE_VERSION,
+    RELATION_TABLE_VERSION,
+    country_names,
+    relation_table,
+)
 from pipeline.storage import DataLayout, atomic_write_parquet
 
 EVENT_DB_SCHEMA = pl.Schema(

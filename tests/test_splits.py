@@ -13,7 +13,12 @@ import pytest
 
 from pipeline.articles.urls import url_md5
 from pipeline.config import Settings
-from pipeline.database import EVENT_DB_SCHEMA, NEWS_DB_SCHEMA, MonthNotReady, build_event_database
+from pipeline.database import (
+    EVENT_DB_SCHEMA,
+    NEWS_DB_SCHEMA,
+    MonthNotReady,
+    build_event_database,
+)
 from pipeline.splits import (
     QUERIES_SCHEMA,
     Override,
