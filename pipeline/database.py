@@ -111,7 +111,8 @@ def build_database_month(month: date, settings: Settings) -> DatabaseMonth:
     kept = articles.filter("kept").select(
         pl.col("url_md5").alias("article_id"), pl.col("day").alias("date"), "url", "title", "text", "abstract"
     )
-    linked = _article_ids(quads).join(kept.select("article_id").collect(), on="article_id", how="semi")
+    sources = _article_ids(quads)
+    linked = sources.join(kept.select("article_id").collect(), on="article_id", how="semi")
     names = country_names()
     events = (
         quads.select("date", "s", "r", "o", "r1", "daily_mentions")
@@ -141,12 +142,16 @@ def build_database_month(month: date, settings: Settings) -> DatabaseMonth:
         .sort("date", "article_id")
         .match_to_schema(NEWS_DB_SCHEMA)
     )
-    stored = articles.select("kept").collect()
+    stored = articles.select("url_md5", "kept").collect()
+    selected = sources.select(pl.col("article_id").unique())
     counts = {
         "quads": all_quads.select(pl.len()).collect().item(),
         "quads_over_min_mentions": quads.select(pl.len()).collect().item(),
         "events": events.height,
         "news": news.height,
+        "articles_selected": selected.height,
+        # selected source URLs with no stored page: fetch failures, robots refusals, non-HTML...
+        "articles_failed": selected.join(stored, left_on="article_id", right_on="url_md5", how="anti").height,
         "articles_stored": stored.height,
         "articles_kept": int(stored.get_column("kept").sum()),
         "articles_kept_unlinked": int(stored.get_column("kept").sum()) - news.height,

@@ -338,6 +338,8 @@ def build_split(month: date, settings: Settings, *, now: datetime, override: Ove
                 "database_articles": db_counts.get("news", 0),
                 "slots": closure.slots,
                 "articles": {
+                    "selected": db_counts.get("articles_selected", 0),
+                    "failed": db_counts.get("articles_failed", 0),
                     "stored": db_counts.get("articles_stored", 0),
                     "kept": db_counts.get("articles_kept", 0),
                     "linked": db_counts.get("news", 0),

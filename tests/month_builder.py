@@ -29,12 +29,17 @@ class Quad:
     mentions: int
     kept: int = 1  # articles that survive the filters
     dropped: int = 0  # articles fetched but filtered out
+    failed: int = 0  # source URLs whose fetch failed: no article row at all
     urls: list[str] = field(default_factory=list)
 
     def __post_init__(self):
         if not self.urls:
             stem = f"https://news.example/{self.day}/{self.s}-{self.r}-{self.o}"
-            self.urls = [f"{stem}/kept-{i}" for i in range(self.kept)] + [f"{stem}/dropped-{i}" for i in range(self.dropped)]
+            self.urls = (
+                [f"{stem}/kept-{i}" for i in range(self.kept)]
+                + [f"{stem}/dropped-{i}" for i in range(self.dropped)]
+                + [f"{stem}/failed-{i}" for i in range(self.failed)]
+            )
 
 
 def write_month(settings: Settings, month: date, quads: list[Quad], *, slot_status: str = "landed") -> None:
@@ -52,7 +57,7 @@ def write_month(settings: Settings, month: date, quads: list[Quad], *, slot_stat
         for q in day_quads:
             if q.mentions < settings.article_min_mentions:
                 continue
-            for url in q.urls:
+            for url in (u for u in q.urls if "/failed-" not in u):
                 norm = normalize_url(url)
                 kept = "/kept-" in url
                 articles[norm] = {

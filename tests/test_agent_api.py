@@ -4,6 +4,7 @@ the database generator and the leakage audit."""
 from __future__ import annotations
 
 import hashlib
+import random
 import shutil
 import subprocess
 import sys
@@ -409,3 +410,17 @@ def test_audit_catches_an_environment_built_without_the_gate(generated_db):
     assert any("events table holds" in v for v in violations)
     assert any(v.startswith("get_events()") for v in violations)
     assert any(v.startswith("sandbox tables") for v in violations)
+
+
+def test_audit_finds_nothing_for_random_query_dates_and_distances(generated_db):
+    """Property check over random queries: any date of the database, distances of 1, 7, 30 and 90
+    days (MIRAI §3.4), random filters inside the audit; nothing after t − distance is ever seen."""
+    rng = random.Random(5)
+    db = EventDatabase(generated_db)
+    span = (db.last_day - db.start).days
+    for _ in range(12):
+        distance = rng.choice([1, 7, 30, 90])
+        query_date = db.start + timedelta(days=distance + rng.randrange(span - distance + 1))
+        with db.environment(query_date, distance) as env:
+            assert env.cutoff == query_date - timedelta(days=distance)
+            assert leakage_violations(env, rng=random.Random(rng.random()), sandbox=False) == [], (query_date, distance)

@@ -44,7 +44,7 @@ QUADS = [
     Quad(D1, "USA", "051", "CHN", 80, kept=0, dropped=4),
     # query (D1, FRA, DEU): test-grade 100 with exactly 5 articles -> kept; answers also include
     # the 60-mention relation and the level-1 grouping
-    Quad(D1, "FRA", "036", "DEU", 100, kept=5, dropped=2),
+    Quad(D1, "FRA", "036", "DEU", 100, kept=5, dropped=2, failed=3),
     Quad(D1, "FRA", "040", "DEU", 60, kept=1),
     Quad(D1, "FRA", "190", "DEU", 70, kept=2),
     # query (D1, FRA, ITA): test-grade 100 with 4 articles -> dropped
@@ -84,6 +84,9 @@ def test_event_database_keeps_quads_at_50_mentions_with_a_surviving_article(mont
     assert set(db.news.get_column("article_id")) == ids
     assert db.news.filter(pl.col("date") == D2).height == 8 + 4 + 6 + 5
     assert db.counts["quads"] == len(QUADS) and db.counts["quads_over_min_mentions"] == len(QUADS) - 1
+    # 3 source URLs were never stored (fetch failed): counted, and not in the database
+    assert db.counts["articles_failed"] == 3
+    assert db.counts["articles_selected"] == db.counts["articles_stored"] + 3
     layout = DataLayout(month_settings.data_dir)
     assert pl.read_parquet(layout.database_path("events", FEB)).equals(db.events)
 
