@@ -6,18 +6,19 @@ from assets.articles import articles, fetch_ledger
 from assets.database import event_database
 from assets.events import daily_quads, events
 from assets.ingest import gdelt_events, gdelt_files, gdelt_mentions
+from assets.release import release
 from assets.resources import MiraiSettings
 from assets.splits import test_split
 from quality.event_checks import articles_valid, daily_quads_valid, events_history_current, events_valid, gdelt_events_valid
 from quality.ingest_checks import gdelt_files_all_green
 from quality.split_checks import split_leakage_audit
-from sensors.monthly import monthly_split_daily, monthly_split_job
+from sensors.monthly import monthly_release_daily, monthly_release_job
 from sensors.schedules import articles_hourly, articles_job, gdelt_every_15_minutes, gdelt_ingest_job
 
 defs = dg.Definitions(
-    assets=[gdelt_files, gdelt_events, gdelt_mentions, events, daily_quads, articles, fetch_ledger, event_database, test_split],
+    assets=[gdelt_files, gdelt_events, gdelt_mentions, events, daily_quads, articles, fetch_ledger, event_database, test_split, release],
     asset_checks=[gdelt_files_all_green, gdelt_events_valid, events_valid, events_history_current, daily_quads_valid, articles_valid, split_leakage_audit],
-    jobs=[gdelt_ingest_job, articles_job, monthly_split_job],
-    schedules=[gdelt_every_15_minutes, articles_hourly, monthly_split_daily],
+    jobs=[gdelt_ingest_job, articles_job, monthly_release_job],
+    schedules=[gdelt_every_15_minutes, articles_hourly, monthly_release_daily],
     resources={"mirai": MiraiSettings()},
 )

@@ -140,6 +140,52 @@ def cmd_split(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_release(args: argparse.Namespace) -> int:
+    """Publish a month's release outside Dagster (same code as the `release` asset)."""
+    from pipeline.download import ProgressBar
+    from pipeline.release import ReleaseError, open_store, plan_release, publish_release
+
+    settings = Settings.from_env()
+    try:
+        store = open_store(settings)
+        plan = plan_release(args.month, settings)
+        bar = ProgressBar(plan.total_bytes)
+        try:
+            result = publish_release(
+                args.month, settings, store, plan=plan, progress=bar,
+                log=bar.file if bar.enabled else (lambda message: print(message, file=sys.stderr)),
+            )
+        finally:
+            bar.close()
+    except ReleaseError as exc:
+        print(f"not published: {exc}", file=sys.stderr)
+        return 1
+    state = "published" if result.changed else "already published, verified, nothing changed"
+    print(f"release {result.month} {state} at {result.store}: {len(result.uploaded)} files uploaded "
+          f"({result.bytes_uploaded:,} bytes), {len(result.verified)} verified; manifest {result.manifest_url}")
+    return 0
+
+
+def cmd_download(args: argparse.Namespace) -> int:
+    """Download and verify a published release (anonymous unless --signed or configured)."""
+    from pipeline.download import ChecksumMismatch, download_release
+    from pipeline.release import ReleaseError, open_store
+
+    settings = Settings.from_env()
+    try:
+        store = open_store(settings, uri=args.source, signed=args.signed or settings.release_signed_download)
+        result = download_release(store, args.release, args.dest, only=args.only, workers=settings.release_concurrency)
+    except ChecksumMismatch as exc:
+        print(f"checksum mismatch: {exc}", file=sys.stderr)
+        return 3
+    except ReleaseError as exc:
+        print(f"download failed: {exc}", file=sys.stderr)
+        return 1
+    print(f"release {result.release} in {result.directory}: {len(result.downloaded)} files downloaded "
+          f"({result.bytes_downloaded:,} bytes), {len(result.already_verified)} already there; all sha256 verified")
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     """Generate a sample GDELT mirror, serve it on 127.0.0.1 and ingest it through Dagster."""
     from pipeline.gdelt.ledger import read_ledger, summarize
@@ -253,6 +299,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--override-by", default="", help="operator forcing an open month (recorded in the manifest)")
     p.add_argument("--override-reason", default="", help="why the month is forced (recorded in the manifest)")
     p.set_defaults(func=cmd_split)
+
+    p = sub.add_parser("release", help="publish a month's release to MIRAI_RELEASE_URI (immutable; re-runs verify)")
+    p.add_argument("--month", type=_month, required=True, help="YYYY-MM")
+    p.set_defaults(func=cmd_release)
+
+    p = sub.add_parser("download", help="download and verify a published release")
+    p.add_argument("release", nargs="?", default="latest", help="latest (default) or YYYY-MM")
+    p.add_argument("--dest", type=Path, default=Path("mirai-releases"), help="files go to DEST/YYYY-MM/")
+    p.add_argument("--only", choices=("split", "database"), help="only the split (queries, card, figures) or the database")
+    p.add_argument("--from", dest="source", help="s3://bucket/prefix, file:///path or a path (default MIRAI_RELEASE_URI)")
+    p.add_argument("--signed", action="store_true", help="sign requests with AWS credentials (private buckets)")
+    p.set_defaults(func=cmd_download)
 
     p = sub.add_parser("demo", help="generate, serve and ingest a sample mirror through Dagster")
     p.add_argument("--start", type=_day, default=DEMO_START)

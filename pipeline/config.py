@@ -69,6 +69,20 @@ class Settings:
     split_seed: int = 0
     split_grace_days: int = 3  # days after a month's end before its split is built
     agent_distance_days: int = 1  # an agent answering for day t sees data up to t - distance
+    # The agent registry the evaluation sensor and asset read (docs/evaluation.md).
+    agents_file: Path = Path("./agents.yaml")
+    # Monthly releases (pipeline/release.py, docs/releases.md). "" = the embedded default, a local
+    # directory <data_dir>/releases-bucket with the bucket's layout; else s3://bucket/prefix or a path.
+    release_uri: str = ""
+    # Base of the plain HTTPS URLs in releases/index.json; "" derives it from the bucket and endpoint.
+    release_public_url: str = ""
+    s3_endpoint_url: str = ""  # "" = AWS; any S3-compatible store otherwise (path-style addressing)
+    s3_region: str = ""  # "" = the AWS chain's region (AWS_REGION, ~/.aws/config), else us-east-1
+    s3_max_attempts: int = 5  # botocore "standard" retries per request (throttling, 5xx, resets)
+    release_multipart_threshold_mb: int = 8  # files from this size go up in parts
+    release_multipart_chunk_mb: int = 8
+    release_concurrency: int = 10  # requests in flight (parts and files) per upload or download
+    release_signed_download: bool = False  # `mirai download` signs requests (private buckets)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides) -> "Settings":
@@ -147,6 +161,16 @@ _ENV_NAMES: dict[str, str] = {
     "split_seed": "MIRAI_SPLIT_SEED",
     "split_grace_days": "MIRAI_SPLIT_GRACE_DAYS",
     "agent_distance_days": "MIRAI_AGENT_DISTANCE_DAYS",
+    "agents_file": "MIRAI_AGENTS_FILE",
+    "release_uri": "MIRAI_RELEASE_URI",
+    "release_public_url": "MIRAI_RELEASE_PUBLIC_URL",
+    "s3_endpoint_url": "MIRAI_S3_ENDPOINT_URL",
+    "s3_region": "MIRAI_S3_REGION",
+    "s3_max_attempts": "MIRAI_S3_MAX_ATTEMPTS",
+    "release_multipart_threshold_mb": "MIRAI_RELEASE_MULTIPART_THRESHOLD_MB",
+    "release_multipart_chunk_mb": "MIRAI_RELEASE_MULTIPART_CHUNK_MB",
+    "release_concurrency": "MIRAI_RELEASE_CONCURRENCY",
+    "release_signed_download": "MIRAI_RELEASE_SIGNED_DOWNLOAD",
 }
 
 

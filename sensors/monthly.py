@@ -1,4 +1,4 @@
-"""The monthly split: a daily cron that builds each month once it has closed.
+"""The monthly release: a daily cron that builds, audits and publishes each month once it has closed.
 
 Not eager automation: a month closes only when every slot of every day is landed or confirmed
 missing and the grace period has passed, and one slot GDELT never settles would make an eager
@@ -13,33 +13,41 @@ import dagster as dg
 
 from assets.database import event_database
 from assets.partitions import monthly_partitions
+from assets.release import release
 from assets.resources import MiraiSettings
 from assets.splits import test_split
-from pipeline.splits import month_closure, read_manifest
+from pipeline.release import MANIFEST_NAME, open_store, release_key
+from pipeline.splits import month_closure
 
-monthly_split_job = dg.define_asset_job(
-    "monthly_split",
-    selection=[event_database, test_split],
+monthly_release_job = dg.define_asset_job(
+    "monthly_release",
+    # One run per month: the release step runs only if test_split's blocking checks (the leakage
+    # audit) passed in the same run.
+    selection=[event_database, test_split, release],
     executor_def=dg.in_process_executor,
 )
 
 
-@dg.schedule(cron_schedule="0 6 * * *", job=monthly_split_job, execution_timezone="UTC")
-def monthly_split_daily(context: dg.ScheduleEvaluationContext, mirai: MiraiSettings):
-    """Request every ended month that has no split yet and has closed; skip with the reasons
-    otherwise (visible on the schedule's tick history in the UI)."""
+@dg.schedule(cron_schedule="0 6 * * *", job=monthly_release_job, execution_timezone="UTC")
+def monthly_release_daily(context: dg.ScheduleEvaluationContext, mirai: MiraiSettings):
+    """Request every ended month that is not released yet and has closed; skip with the reasons
+    otherwise (visible on the schedule's tick history in the UI). A month whose run failed is
+    requested again on the next day (the run key carries the day); re-running is idempotent."""
     settings = mirai.settings()
     now = context.scheduled_execution_time
+    store = open_store(settings, signed=True)
+    started = set(store.release_months())
     requests, waiting = [], []
     for key in monthly_partitions.get_partition_keys(current_time=now):
-        month = date.fromisoformat(key)
-        if read_manifest(settings, month) is not None:
+        month = f"{date.fromisoformat(key):%Y-%m}"
+        # Published = its manifest is there (written last); a directory alone is an interrupted run.
+        if month in started and store.stat(release_key(month, MANIFEST_NAME)) is not None:
             continue
-        closure = month_closure(month, settings, now)
+        closure = month_closure(date.fromisoformat(key), settings, now)
         if closure.closed:
-            requests.append(dg.RunRequest(run_key=f"split-{key}", partition_key=key))
+            requests.append(dg.RunRequest(run_key=f"release-{key}@{now:%Y-%m-%d}", partition_key=key))
         else:
             waiting.append(closure.describe())
     if requests:
         return requests
-    return dg.SkipReason("; ".join(waiting) if waiting else "every ended month has its split")
+    return dg.SkipReason("; ".join(waiting) if waiting else "every ended month is released")

@@ -17,7 +17,7 @@ from pipeline.config import Settings
 from pipeline.splits import leakage_audit
 from pipeline.storage import DataLayout
 from quality.split_checks import split_leakage_audit
-from sensors.monthly import monthly_split_daily
+from sensors.monthly import monthly_release_daily
 
 from .month_builder import Quad, write_month
 from .test_splits import QUADS
@@ -83,7 +83,7 @@ def test_schedule_waits_for_closure_then_requests_the_month_once(tmp_path):
 
     def tick(at: datetime):
         with dg.build_schedule_context(scheduled_execution_time=at, resources=resources) as context:
-            return monthly_split_daily(context)
+            return monthly_release_daily(context)
 
     early = tick(datetime(2024, 3, 2, 6, tzinfo=timezone.utc))
     assert isinstance(early, dg.SkipReason) and "grace period" in early.skip_message
@@ -91,7 +91,7 @@ def test_schedule_waits_for_closure_then_requests_the_month_once(tmp_path):
     assert "5568 pending" in pending.skip_message
     write_month(settings, FEB, [Quad(date(2024, 2, 3), "FRA", "036", "DEU", 100, kept=5)], slot_status="landed")
     requests = tick(datetime(2024, 3, 5, 6, tzinfo=timezone.utc))
-    assert [(r.partition_key, r.run_key) for r in requests] == [("2024-02-01", "split-2024-02-01")]
+    assert [(r.partition_key, r.run_key) for r in requests] == [("2024-02-01", "release-2024-02-01@2024-03-05")]
 
 
 def test_leakage_audit_fails_a_split_whose_month_is_not_after_its_history_cutoff(month_dir):

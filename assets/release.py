@@ -1,0 +1,56 @@
+"""The monthly public release: split files, event database snapshot, manifest and dataset card,
+published once to MIRAI_RELEASE_URI (S3, any S3-compatible store, or a local directory)."""
+
+from datetime import date
+
+import dagster as dg
+
+from assets.partitions import monthly_partitions
+from assets.resources import MiraiSettings
+from assets.splits import test_split
+from pipeline.release import (
+    RELEASE_FORMAT,
+    ReleaseConflict,
+    ReleaseError,
+    open_store,
+    publish_release,
+)
+
+
+@dg.asset(
+    partitions_def=monthly_partitions,
+    # In the same run as test_split, Dagster skips this step when a blocking check of test_split
+    # fails, so only a split that passed its checks is ever published.
+    deps=[test_split],
+    group_name="releases",
+    kinds={"s3"},
+    code_version=RELEASE_FORMAT,
+    description="releases/YYYY-MM/ in MIRAI_RELEASE_URI: the split, the event database through the month, "
+    "manifest.json (written last) and the dataset card; then releases/index.json and latest.json. "
+    "Immutable: a re-run verifies the published objects and changes nothing.",
+)
+def release(context: dg.AssetExecutionContext, mirai: MiraiSettings) -> dg.MaterializeResult:
+    month = date.fromisoformat(context.partition_key)
+    settings = mirai.settings()
+    try:
+        store = open_store(settings)
+        result = publish_release(month, settings, store, log=context.log.info)
+    except ReleaseConflict as exc:
+        # Retrying cannot help: an operator must decide what the bucket should hold.
+        raise dg.Failure(description=str(exc), allow_retries=False) from exc
+    except ReleaseError as exc:
+        raise dg.Failure(description=str(exc)) from exc
+    return dg.MaterializeResult(
+        metadata={
+            # Where only: the store's description never carries credentials.
+            "store": result.store,
+            "manifest_url": dg.MetadataValue.url(result.manifest_url),
+            "manifest_sha256": result.manifest_sha256,
+            "uploaded": len(result.uploaded),
+            "verified": len(result.verified),
+            "bytes_uploaded": result.bytes_uploaded,
+            "published_now": result.manifest_written,
+            "index_updated": result.index_written,
+            "latest_updated": result.latest_written,
+        }
+    )

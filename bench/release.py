@@ -1,0 +1,158 @@
+"""Release benchmark: upload and download throughput of a ~500 MB release against a local
+SeaweedFS, ours versus boto3's transfer defaults (what `aws s3 cp --recursive` does), same run.
+
+    flock /tmp/mirai-bench.lock .venv/bin/python bench/release.py [--mb 500] [--rounds 3]
+
+The release is synthetic but laid out exactly as the pipeline writes it: a split directory with
+its manifest (queries, sample, two figures, card) and 14 months of event database (events ~30 MB,
+news ~5 MB per month, incompressible bytes, as parquet is already compressed).
+
+- *ours, upload*: ``publish_release`` into a fresh prefix, end to end: hashing every file
+  (sha256 of the file and of each 8 MiB part, one read), HEAD of every key (immutability), the
+  uploads, each PUT or part carrying its SHA-256 for the server to check, the manifest,
+  index.json and latest.json. MIRAI_RELEASE_* settings at their defaults.
+- *defaults, upload*: one boto3 TransferManager with ``TransferConfig()`` defaults (8 MB
+  threshold and parts, 10 concurrent requests) uploading every file at once, as `aws s3 cp
+  --recursive` does; botocore's default checksum (CRC32, "when_supported") is on.
+- *ours, download*: ``download_release`` (anonymous) of the whole release into an empty
+  directory: every file streamed, sha256-verified against the manifest, then renamed.
+- *defaults, download*: a default TransferManager downloading every file (ranged GETs in 8 MB
+  parts, 10 concurrent), no sha256 check.
+
+Rounds alternate ours/defaults; the median of each is reported with the load average.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from datetime import date
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from common import machine as machine_summary  # noqa: E402
+
+from pipeline.config import Settings  # noqa: E402
+from pipeline.download import download_release  # noqa: E402
+from pipeline.release import open_store, plan_release, publish_release  # noqa: E402
+from pipeline.storage import DataLayout  # noqa: E402
+from tests.s3_server import ACCESS_KEY, SECRET_KEY, SeaweedS3  # noqa: E402
+
+MONTH = date(2024, 2, 1)
+DB_MONTHS = 14
+
+
+def _write_random(path: Path, size: int) -> dict:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = os.urandom(size)
+    path.write_bytes(data)
+    return {"sha256": hashlib.sha256(data).hexdigest(), "bytes": size}
+
+
+def build_release(data_dir: Path, total_mb: int) -> None:
+    layout = DataLayout(data_dir)
+    split = layout.split_dir(MONTH)
+    files = {
+        "queries.parquet": _write_random(split / "queries.parquet", 3 * 2**20),
+        "queries_sample.parquet": _write_random(split / "queries_sample.parquet", 40_000),
+        "relation_distribution.png": _write_random(split / "relation_distribution.png", 60_000),
+        "country_pairs.png": _write_random(split / "country_pairs.png", 80_000),
+    }
+    (split / "manifest.json").write_text(json.dumps({"month": "2024-02", "files": files}))
+    (split / "README.md").write_text("# MIRAI test split 2024-02 (benchmark)\n" * 200)
+    per_month = (total_mb * 10**6 - sum(f["bytes"] for f in files.values())) // DB_MONTHS
+    for i in range(DB_MONTHS):
+        month = date(2023 + i // 12, i % 12 + 1, 1)  # 2023-01 .. 2024-02
+        _write_random(layout.database_path("events", month), per_month * 6 // 7)
+        _write_random(layout.database_path("news", month), per_month - per_month * 6 // 7)
+
+
+def defaults_upload(client, bucket: str, prefix: str, objects) -> None:
+    from boto3.s3.transfer import TransferConfig, create_transfer_manager
+
+    with create_transfer_manager(client, TransferConfig()) as manager:
+        futures = [manager.upload(str(o.path), bucket, f"{prefix}/{o.name}") for o in objects]
+        for future in futures:
+            future.result()
+
+
+def defaults_download(client, bucket: str, prefix: str, objects, dest: Path) -> None:
+    from boto3.s3.transfer import TransferConfig, create_transfer_manager
+
+    with create_transfer_manager(client, TransferConfig()) as manager:
+        futures = []
+        for o in objects:
+            (dest / o.name).parent.mkdir(parents=True, exist_ok=True)
+            futures.append(manager.download(bucket, f"{prefix}/{o.name}", str(dest / o.name)))
+        for future in futures:
+            future.result()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mb", type=int, default=500)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    os.environ.update({"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+                       "AWS_CONFIG_FILE": "/nonexistent", "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent"})
+    import boto3
+    from botocore import UNSIGNED
+    from botocore.config import Config
+
+    print(machine_summary({"boto3": boto3.__version__}))
+    work = Path(tempfile.mkdtemp(prefix="mirai-bench-release-"))
+    try:
+        data_dir = work / "data"
+        build_release(data_dir, args.mb)
+        objects = plan_release(MONTH, Settings(data_dir=data_dir)).objects
+        total = sum(o.size for o in objects)
+        print(f"release: {len(objects)} files, {total / 1e6:.1f} MB; load average before: {os.getloadavg()}")
+        with SeaweedS3(work / "seaweedfs", volume_size_limit_mb=1024) as server:
+            client = server.client()
+            anonymous = boto3.client("s3", endpoint_url=server.endpoint, region_name="us-east-1",
+                                     config=Config(signature_version=UNSIGNED))
+            client.create_bucket(Bucket="bench")
+            times: dict[str, list[float]] = {k: [] for k in ("ours_up", "def_up", "ours_down", "def_down")}
+            for r in range(args.rounds):
+                settings = Settings(data_dir=data_dir, release_uri=f"s3://bench/ours{r}",
+                                    s3_endpoint_url=server.endpoint, s3_region="us-east-1")
+                started = time.perf_counter()
+                publish_release(MONTH, settings, open_store(settings))
+                times["ours_up"].append(time.perf_counter() - started)
+                started = time.perf_counter()
+                defaults_upload(client, "bench", f"defaults{r}/releases/2024-02", objects)
+                times["def_up"].append(time.perf_counter() - started)
+
+                dest = work / f"dl{r}"
+                started = time.perf_counter()
+                download_release(open_store(settings, signed=False), "2024-02", dest / "ours", bar=False)
+                times["ours_down"].append(time.perf_counter() - started)
+                started = time.perf_counter()
+                defaults_download(anonymous, "bench", f"defaults{r}/releases/2024-02", objects, dest / "defaults")
+                times["def_down"].append(time.perf_counter() - started)
+                shutil.rmtree(dest)
+                print(f"round {r + 1}: " + ", ".join(f"{k} {v[-1]:.2f}s" for k, v in times.items())
+                      + f"; load {os.getloadavg()[0]:.2f}", flush=True)
+        median = {k: statistics.median(v) for k, v in times.items()}
+        mb = total / 1e6
+        for what in ("up", "down"):
+            ours, default = median[f"ours_{what}"], median[f"def_{what}"]
+            print(f"{what}load: ours {mb / ours:.0f} MB/s ({ours:.2f}s), defaults {mb / default:.0f} MB/s "
+                  f"({default:.2f}s), ratio {default / ours:.2f}x")
+        print(f"load average after: {os.getloadavg()}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

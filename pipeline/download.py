@@ -1,0 +1,256 @@
+"""``mirai download``: fetch a published release, verify every file, resume what was interrupted.
+
+A file is streamed into a hidden ``.<name>.part`` next to its destination and renamed into place
+only once its size and sha256 match the manifest, so the destination never holds an unverified
+file. An interrupted run leaves the .part behind and the next run asks only for the missing bytes
+(an HTTP Range request on S3). The manifest itself is checked against latest.json or index.json
+and written last: a destination with manifest.json has every selected file verified.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+from pipeline.release import (
+    CHUNK,
+    INDEX_KEY,
+    LATEST_KEY,
+    MANIFEST_NAME,
+    ReleaseError,
+    ReleaseStore,
+    parse_month,
+    release_key,
+    sha256_hex,
+)
+from pipeline.storage import atomic_write_bytes
+
+ONLY_CHOICES = ("split", "database")
+# A body that breaks off mid-stream (reset, timeout) is re-requested from where it stopped this
+# many times per file before the run gives up (and leaves the .part for the next run).
+STREAM_ATTEMPTS = 3
+
+
+class ChecksumMismatch(ReleaseError):
+    """A downloaded file (or the manifest) does not match its published sha256; nothing was kept."""
+
+
+@dataclass
+class DownloadResult:
+    release: str
+    directory: Path
+    downloaded: list[str] = field(default_factory=list)
+    already_verified: list[str] = field(default_factory=list)
+    bytes_downloaded: int = 0
+
+
+class ProgressBar:
+    """A one-line stderr bar (bytes, percent, rate, current file); silent when not a terminal.
+    Callable with a byte count, as boto3's transfer callbacks are (from several threads)."""
+
+    def __init__(self, total: int, stream: TextIO | None = None, enabled: bool | None = None):
+        self.stream = stream or sys.stderr
+        self.enabled = self.stream.isatty() if enabled is None else enabled
+        self.total = max(total, 1)
+        self.done = 0
+        self.label = ""
+        self.started = time.monotonic()
+        self._drawn = 0.0
+        self._lock = threading.Lock()
+
+    def file(self, label: str) -> None:
+        self.label = label
+        self._draw(force=True)
+
+    def __call__(self, nbytes: int) -> None:
+        with self._lock:
+            self.done += nbytes
+            self._draw()
+
+    def close(self) -> None:
+        if self.enabled:
+            self._draw(force=True)
+            self.stream.write("\n")
+            self.stream.flush()
+
+    def _draw(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not self.enabled or (not force and now - self._drawn < 0.1):
+            return
+        self._drawn = now
+        fraction = min(self.done / self.total, 1.0)
+        filled = int(fraction * 30)
+        rate = self.done / max(now - self.started, 1e-6) / 2**20
+        self.stream.write(
+            f"\r[{'#' * filled}{' ' * (30 - filled)}] {fraction:6.1%} {self.done / 2**20:9.1f}/{self.total / 2**20:.1f} MiB "
+            f"{rate:7.1f} MiB/s  {self.label[-40:]:<40}"
+        )
+        self.stream.flush()
+
+
+def resolve_release(store: ReleaseStore, which: str) -> tuple[str, bytes, dict]:
+    """(month, manifest bytes, manifest) for "latest" or "YYYY-MM", the manifest checked against
+    the sha256 that latest.json or index.json publishes for it."""
+    if which == "latest":
+        raw = store.get_bytes(LATEST_KEY)
+        if raw is None:
+            raise ReleaseError(f"no release is published at {store.description} (no {LATEST_KEY})")
+        pointer = json.loads(raw)
+        month, expected = pointer["release"], pointer["manifest_sha256"]
+    else:
+        month = parse_month(which)
+        index = store.get_bytes(INDEX_KEY)
+        entries = {e["release"]: e for e in json.loads(index)["releases"]} if index is not None else {}
+        if index is not None and month not in entries:
+            published = ", ".join(entries) or "none"
+            raise ReleaseError(f"release {month} is not published at {store.description} (published: {published})")
+        expected = entries[month]["manifest_sha256"] if month in entries else None
+    raw = store.get_bytes(release_key(month, MANIFEST_NAME))
+    if raw is None:
+        raise ReleaseError(f"release {month} is not published at {store.description}")
+    if expected is not None and sha256_hex(raw) != expected:
+        raise ChecksumMismatch(
+            f"{release_key(month, MANIFEST_NAME)} has sha256 {sha256_hex(raw)} but the index publishes {expected}"
+        )
+    return month, raw, json.loads(raw)
+
+
+def select_files(manifest: dict, only: str | None) -> dict[str, dict]:
+    files = manifest["files"]
+    if only is None:
+        return dict(files)
+    if only not in ONLY_CHOICES:
+        raise ReleaseError(f"--only must be one of {', '.join(ONLY_CHOICES)}, got {only!r}")
+    in_database = {name: name.startswith("database/") for name in files}
+    return {name: meta for name, meta in files.items() if in_database[name] == (only == "database")}
+
+
+def download_release(
+    store: ReleaseStore,
+    which: str,
+    dest: Path,
+    *,
+    only: str | None = None,
+    workers: int = 8,
+    bar: bool | None = None,
+    log=lambda message: None,
+) -> DownloadResult:
+    """Download release ``which`` ("latest" or "YYYY-MM") into dest/YYYY-MM/, ``workers`` files
+    at a time (each one stream: on a local S3 server one stream per file beat ranged parts)."""
+    month, raw_manifest, manifest = resolve_release(store, which)
+    files = select_files(manifest, only)
+    directory = Path(dest) / month
+    result = DownloadResult(release=month, directory=directory)
+    todo = {}
+    for name, meta in sorted(files.items()):
+        if _verified(directory / name, meta):
+            result.already_verified.append(name)
+        else:
+            todo[name] = meta
+    progress = ProgressBar(sum(meta["bytes"] for meta in todo.values()), enabled=bar)
+
+    def fetch(name: str) -> int:
+        progress.file(name)
+        transferred = _fetch(store, release_key(month, name), directory / name, todo[name], progress)
+        log(f"verified {name} ({todo[name]['bytes']:,} bytes)")
+        return transferred
+
+    errors = []
+    try:
+        with ThreadPoolExecutor(max_workers=max(workers, 1)) as pool:
+            futures = {name: pool.submit(fetch, name) for name in todo}
+            for name, future in futures.items():
+                try:
+                    result.bytes_downloaded += future.result()
+                    result.downloaded.append(name)
+                except Exception as exc:  # the other files still finish (and stay verified)
+                    errors.append(exc)
+    finally:
+        progress.close()
+    if errors:
+        # A checksum mismatch is the error the user must see, whatever else went wrong.
+        raise next((e for e in errors if isinstance(e, ChecksumMismatch)), errors[0])
+    atomic_write_bytes(directory / MANIFEST_NAME, raw_manifest)
+    return result
+
+
+def _verified(path: Path, meta: dict) -> bool:
+    try:
+        if path.stat().st_size != meta["bytes"]:
+            return False
+    except FileNotFoundError:
+        return False
+    with open(path, "rb") as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest() == meta["sha256"]
+
+
+def _fetch(store: ReleaseStore, key: str, target: Path, meta: dict, progress: ProgressBar) -> int:
+    """Stream key into target's .part (resuming it), verify, rename. Returns bytes transferred."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    part = target.with_name(f".{target.name}.part")
+    transferred = 0
+    while True:
+        digest, offset = _resume(part, meta["bytes"])
+        resumed = offset > 0
+        progress(offset)
+        transferred += _stream(store, key, part, offset, meta["bytes"], digest, progress)
+        size = part.stat().st_size
+        if size == meta["bytes"] and digest.hexdigest() == meta["sha256"]:
+            with open(part, "rb") as fh:
+                os.fsync(fh.fileno())
+            os.replace(part, target)
+            return transferred
+        part.unlink()
+        if not resumed:
+            raise ChecksumMismatch(
+                f"{key}: got {size:,} bytes with sha256 {digest.hexdigest()}, the manifest says {meta['bytes']:,} bytes "
+                f"with sha256 {meta['sha256']}; the published copy is corrupt or was replaced (nothing was kept)"
+            )
+        # The bad bytes may be the earlier run's: start this file over once before failing.
+        progress(-size)
+
+
+def _resume(part: Path, expected: int) -> tuple["hashlib._Hash", int]:
+    """The sha256 state and length of an earlier run's partial file (discarded if too long)."""
+    digest = hashlib.sha256()
+    if not part.exists():
+        return digest, 0
+    if part.stat().st_size > expected:
+        part.unlink()
+        return digest, 0
+    with open(part, "rb") as fh:
+        while chunk := fh.read(CHUNK):
+            digest.update(chunk)
+    return digest, part.stat().st_size
+
+
+def _stream(store: ReleaseStore, key: str, part: Path, offset: int, expected: int, digest, progress) -> int:
+    from botocore.exceptions import BotoCoreError
+
+    written = 0
+    with open(part, "ab") as fh:
+        for attempt in range(1, STREAM_ATTEMPTS + 1):
+            try:
+                for chunk in store.read_from(key, offset + written):
+                    # More bytes than the manifest says: stop; the size check rejects the file.
+                    chunk = chunk[: expected + 1 - offset - written]
+                    fh.write(chunk)
+                    digest.update(chunk)
+                    written += len(chunk)
+                    progress(len(chunk))
+                    if offset + written > expected:
+                        break
+                return written
+            except (BotoCoreError, OSError) as exc:
+                fh.flush()
+                if attempt == STREAM_ATTEMPTS:
+                    raise ReleaseError(f"{key}: transfer kept failing ({exc}); run again to resume") from exc
+    return written

@@ -1,0 +1,720 @@
+"""Monthly releases: a closed month's split, event database snapshot, manifest and dataset card,
+published once and never changed, to S3 (any S3-compatible store) or a local directory.
+
+Layout under the store's root (``s3://bucket/prefix/`` or a directory), see docs/releases.md:
+
+    releases/YYYY-MM/README.md, queries.parquet, queries_sample.parquet, *.png
+    releases/YYYY-MM/database/{events,news}/month=YYYY-MM.parquet   every month up to YYYY-MM
+    releases/YYYY-MM/manifest.json    written last: its presence means the release is complete
+    releases/index.json               every published release, its manifest's sha256, HTTPS URLs
+    releases/latest.json              the newest release
+
+One publish algorithm runs against both stores: hash the local files, refuse if anything already
+at a release key differs (releases are immutable), upload what is missing with a checksum, upload
+the manifest, then rewrite index.json and latest.json from what is published. Every step is a
+no-op when already done, so a crashed run is completed by the next one, and a reader following
+latest.json or index.json only ever reaches releases whose manifest (hence every file) is in place.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import date, datetime, timezone
+from pathlib import Path
+from urllib.parse import quote, urlparse
+
+from pipeline.config import Settings
+from pipeline.storage import DataLayout, atomic_write_bytes, commit_temp, temp_path_for
+
+RELEASE_FORMAT = "mirai-release-v1"
+INDEX_FORMAT = "mirai-release-index-v1"
+RELEASES_DIR = "releases"
+INDEX_KEY = f"{RELEASES_DIR}/index.json"
+LATEST_KEY = f"{RELEASES_DIR}/latest.json"
+MANIFEST_NAME = "manifest.json"
+CARD_NAME = "README.md"
+CONTENT_TYPES = {
+    ".parquet": "application/vnd.apache.parquet",
+    ".json": "application/json",
+    ".md": "text/markdown; charset=utf-8",
+    ".png": "image/png",
+}
+# Release objects never change, so caches and CDNs may keep them forever; the two pointers
+# (index.json, latest.json) move with every release and must be revalidated.
+IMMUTABLE_CACHE = "public, max-age=31536000, immutable"
+POINTER_CACHE = "no-cache"
+CHUNK = 1 << 20
+_MONTH = re.compile(r"^\d{4}-\d{2}$")
+
+Progress = Callable[[int], None]
+
+
+class ReleaseError(RuntimeError):
+    """A release cannot be published or read as asked; the message says why."""
+
+
+class ReleaseNotReady(ReleaseError):
+    """The month's split or event database is not built (or changed since its manifest)."""
+
+
+class ReleaseConflict(ReleaseError):
+    """The store already holds different bytes at a key of this release: nothing is overwritten."""
+
+
+def release_key(month: str, name: str) -> str:
+    return f"{RELEASES_DIR}/{month}/{name}"
+
+
+def parse_month(text: str) -> str:
+    if not _MONTH.match(text):
+        raise ReleaseError(f"expected a release month YYYY-MM or 'latest', got {text!r}")
+    return text
+
+
+def content_type(name: str) -> str:
+    return CONTENT_TYPES.get(Path(name).suffix, "application/octet-stream")
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+# --- stores -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    size: int
+    sha256: str | None  # hex; None when the store cannot vouch for the content
+    modified: datetime
+    composite: str | None = None  # S3's "<base64>-<parts>" checksum of a multipart upload
+
+
+class ReleaseStore(ABC):
+    """Keys are relative to the store's root ("releases/2024-02/queries.parquet")."""
+
+    description: str  # where, for logs and metadata: never credentials
+
+    @abstractmethod
+    def stat(self, key: str) -> ObjectInfo | None: ...
+
+    @abstractmethod
+    def put_files(self, files: list[tuple[str, PlannedObject]], *, cache_control: str, progress: Progress | None) -> None:
+        """Store each (key, planned file); the store checks the bytes against the plan's sha256
+        (per part for a multipart upload) and rejects a mismatch, so nothing unverified lands."""
+
+    @abstractmethod
+    def put_bytes(self, key: str, data: bytes, *, cache_control: str, if_absent: bool) -> bool:
+        """Write a small object; with if_absent, only if nothing is there (False if something was)."""
+
+    @abstractmethod
+    def get_bytes(self, key: str) -> bytes | None: ...
+
+    @abstractmethod
+    def read_from(self, key: str, offset: int) -> Iterator[bytes]:
+        """The object's bytes from offset to the end (an HTTP Range request on S3)."""
+
+    @abstractmethod
+    def release_months(self) -> list[str]:
+        """Months with a directory under releases/ (published or not), sorted."""
+
+    @abstractmethod
+    def public_url(self, key: str) -> str: ...
+
+
+class LocalStore(ReleaseStore):
+    """The embedded default: a directory with the bucket's layout. A file is copied to a temp file
+    in the target directory while hashed, checked against its expected sha256, fsynced, then
+    hard-linked into place: link() fails if the name exists, so nothing is ever overwritten."""
+
+    def __init__(self, root: Path, public_url: str = ""):
+        self.root = Path(root).resolve()
+        self.description = f"local directory {self.root}"
+        self._public = public_url.rstrip("/")
+
+    def _path(self, key: str) -> Path:
+        return self.root / key
+
+    def stat(self, key: str) -> ObjectInfo | None:
+        path = self._path(key)
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            return None
+        with open(path, "rb") as fh:
+            digest = hashlib.file_digest(fh, "sha256").hexdigest()
+        return ObjectInfo(size=st.st_size, sha256=digest, modified=datetime.fromtimestamp(st.st_mtime, timezone.utc))
+
+    def put_files(self, files: list[tuple[str, PlannedObject]], *, cache_control: str, progress: Progress | None) -> None:
+        for key, obj in files:
+            self._put_file(key, obj.path, obj.sha256, progress)
+
+    def _put_file(self, key: str, path: Path, sha256: str, progress: Progress | None) -> None:
+        target = self._path(key)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        temp = temp_path_for(target)
+        try:
+            digest = hashlib.sha256()
+            with open(path, "rb") as src, open(temp, "wb") as dst:
+                while chunk := src.read(CHUNK):
+                    digest.update(chunk)
+                    dst.write(chunk)
+                    if progress:
+                        progress(len(chunk))
+            if digest.hexdigest() != sha256:
+                raise ReleaseNotReady(f"{path} changed while it was being published (sha256 {digest.hexdigest()})")
+            self._link(temp, target)
+        finally:
+            temp.unlink(missing_ok=True)
+
+    def put_bytes(self, key: str, data: bytes, *, cache_control: str, if_absent: bool) -> bool:
+        target = self._path(key)
+        if not if_absent:
+            atomic_write_bytes(target, data)
+            return True
+        target.parent.mkdir(parents=True, exist_ok=True)
+        temp = temp_path_for(target)
+        try:
+            temp.write_bytes(data)
+            return self._link(temp, target)
+        finally:
+            temp.unlink(missing_ok=True)
+
+    @staticmethod
+    def _link(temp: Path, target: Path) -> bool:
+        with open(temp, "rb") as fh:
+            os.fsync(fh.fileno())
+        try:
+            os.link(temp, target)
+        except FileExistsError:
+            return False
+        fd = os.open(target.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return True
+
+    def get_bytes(self, key: str) -> bytes | None:
+        try:
+            return self._path(key).read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def read_from(self, key: str, offset: int) -> Iterator[bytes]:
+        try:
+            fh = open(self._path(key), "rb")
+        except FileNotFoundError as exc:
+            raise ReleaseError(f"{key} is listed in the manifest but missing from {self.description}") from exc
+        with fh:
+            fh.seek(offset)
+            while chunk := fh.read(CHUNK):
+                yield chunk
+
+    def release_months(self) -> list[str]:
+        base = self.root / RELEASES_DIR
+        return sorted(p.name for p in base.iterdir() if p.is_dir() and _MONTH.match(p.name)) if base.is_dir() else []
+
+    def public_url(self, key: str) -> str:
+        return f"{self._public}/{quote(key, safe='/=')}" if self._public else self._path(key).as_uri()
+
+
+class S3Store(ReleaseStore):
+    """s3://bucket/prefix through boto3. Credentials come from the standard AWS chain (environment,
+    profile, instance role); ``signed=False`` reads a public bucket anonymously."""
+
+    def __init__(self, bucket: str, prefix: str, settings: Settings, *, signed: bool = True):
+        import boto3
+        from botocore import UNSIGNED
+        from botocore.config import Config
+
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self.endpoint = settings.s3_endpoint_url.rstrip("/")
+        session = boto3.session.Session(region_name=settings.s3_region or None)
+        self.region = session.region_name or "us-east-1"
+        config = Config(
+            signature_version=UNSIGNED if not signed else None,
+            retries={"max_attempts": settings.s3_max_attempts, "mode": "standard"},
+            connect_timeout=settings.connect_timeout_s,
+            read_timeout=settings.read_timeout_s,
+            max_pool_connections=settings.release_concurrency + 2,
+            # S3-compatible stores (SeaweedFS, MinIO, Ceph) rarely have per-bucket DNS names.
+            s3={"addressing_style": "path"} if self.endpoint else None,
+        )
+        self.client = session.client("s3", region_name=self.region, endpoint_url=self.endpoint or None, config=config)
+        self.concurrency = settings.release_concurrency
+        self._public = settings.release_public_url.rstrip("/")
+        where = f"endpoint {self.endpoint}" if self.endpoint else f"AWS {self.region}"
+        self.description = f"s3://{self.bucket}/{self.prefix} ({where}{'' if signed else ', anonymous'})"
+
+    def _key(self, key: str) -> str:
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def stat(self, key: str) -> ObjectInfo | None:
+        from botocore.exceptions import ClientError
+
+        try:
+            head = self.client.head_object(Bucket=self.bucket, Key=self._key(key), ChecksumMode="ENABLED")
+        except ClientError as exc:
+            if _status(exc) == 404:
+                return None
+            raise _explain(exc, self.description) from exc
+        checksum = head.get("ChecksumSHA256") or ""
+        composite = checksum if "-" in checksum else None
+        # A single PUT carries the server-verified SHA-256 of the whole object; a multipart upload
+        # only a checksum of its parts' checksums, so it also carries our sha256 as metadata.
+        digest = base64.b64decode(checksum).hex() if checksum and not composite else head.get("Metadata", {}).get("sha256")
+        return ObjectInfo(size=head["ContentLength"], sha256=digest, modified=head["LastModified"], composite=composite)
+
+    def put_files(self, files: list[tuple[str, PlannedObject]], *, cache_control: str, progress: Progress | None) -> None:
+        """Every PUT and part of every file shares one pool of MIRAI_RELEASE_CONCURRENCY requests.
+        Each request carries the SHA-256 the plan computed (of the object, or of the part), so the
+        server verifies the bytes against the manifest itself and the client hashes nothing twice
+        (boto3's transfer manager would hash every byte again)."""
+        uploads: dict[str, str] = {}  # key -> multipart UploadId
+        try:
+            tasks = []
+            for key, obj in files:
+                head = {"ContentType": content_type(key), "CacheControl": cache_control, "Metadata": {"sha256": obj.sha256}}
+                if obj.part_size is None:
+                    tasks.append((self._put_whole, key, obj, head))
+                    continue
+                created = self._call(
+                    "create_multipart_upload", Bucket=self.bucket, Key=self._key(key), ChecksumAlgorithm="SHA256", **head
+                )
+                uploads[key] = created["UploadId"]
+                tasks.extend((self._put_part, key, obj, (uploads[key], n)) for n in range(len(obj.part_sha256)))
+            with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
+                done = list(pool.map(lambda task: task[0](*task[1:], progress), tasks))
+            for key, obj in files:
+                if key in uploads:
+                    parts = sorted((part for k, part in done if k == key), key=lambda part: part["PartNumber"])
+                    self._call(
+                        "complete_multipart_upload", Bucket=self.bucket, Key=self._key(key),
+                        UploadId=uploads.pop(key), MultipartUpload={"Parts": parts},
+                    )
+        finally:
+            for key, upload_id in uploads.items():  # a failed run: free the parts already stored
+                try:
+                    self.client.abort_multipart_upload(Bucket=self.bucket, Key=self._key(key), UploadId=upload_id)
+                except Exception:  # noqa: BLE001 - best effort; a lifecycle rule cleans up the rest
+                    pass
+
+    def _put_whole(self, key: str, obj: PlannedObject, head: dict, progress: Progress | None) -> tuple[str, None]:
+        self._call(
+            "put_object", Bucket=self.bucket, Key=self._key(key), Body=obj.path.read_bytes(),
+            ChecksumSHA256=base64.b64encode(bytes.fromhex(obj.sha256)).decode(), **head,
+        )
+        if progress:
+            progress(obj.size)
+        return key, None
+
+    def _put_part(self, key: str, obj: PlannedObject, upload: tuple[str, int], progress: Progress | None) -> tuple[str, dict]:
+        upload_id, n = upload
+        with open(obj.path, "rb") as fh:
+            body = os.pread(fh.fileno(), obj.part_size, n * obj.part_size)
+        checksum = base64.b64encode(obj.part_sha256[n]).decode()
+        response = self._call(
+            "upload_part", Bucket=self.bucket, Key=self._key(key), UploadId=upload_id, PartNumber=n + 1,
+            Body=body, ChecksumSHA256=checksum,
+        )
+        if progress:
+            progress(len(body))
+        return key, {"PartNumber": n + 1, "ETag": response["ETag"], "ChecksumSHA256": checksum}
+
+    def _call(self, operation: str, **kwargs) -> dict:
+        from botocore.exceptions import ClientError
+
+        try:
+            return getattr(self.client, operation)(**kwargs)
+        except ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code", "")
+            if code in ("BadDigest", "InvalidDigest", "XAmzContentSHA256Mismatch"):
+                raise ReleaseError(f"{kwargs['Key']}: the store rejected the bytes sent as not matching the "
+                                   "manifest's checksum (the local file changed since it was hashed?)") from exc
+            raise _explain(exc, self.description) from exc
+
+    def put_bytes(self, key: str, data: bytes, *, cache_control: str, if_absent: bool) -> bool:
+        from botocore.exceptions import ClientError
+
+        digest = hashlib.sha256(data)
+        args = {
+            "Bucket": self.bucket,
+            "Key": self._key(key),
+            "Body": data,
+            "ChecksumSHA256": base64.b64encode(digest.digest()).decode(),
+            "ContentType": content_type(key),
+            "CacheControl": cache_control,
+            "Metadata": {"sha256": digest.hexdigest()},
+        }
+        if if_absent:
+            args["IfNoneMatch"] = "*"  # conditional write: two publishers cannot both commit a month
+        try:
+            self.client.put_object(**args)
+        except ClientError as exc:
+            if _status(exc) in (409, 412):
+                return False
+            raise _explain(exc, self.description) from exc
+        return True
+
+    def get_bytes(self, key: str) -> bytes | None:
+        from botocore.exceptions import ClientError
+
+        try:
+            return self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read()
+        except ClientError as exc:
+            if _status(exc) == 404:
+                return None
+            raise _explain(exc, self.description) from exc
+
+    def read_from(self, key: str, offset: int) -> Iterator[bytes]:
+        from botocore.exceptions import ClientError
+
+        args = {"Bucket": self.bucket, "Key": self._key(key)}
+        if offset:
+            args["Range"] = f"bytes={offset}-"
+        try:
+            body = self.client.get_object(**args)["Body"]
+        except ClientError as exc:
+            raise _explain(exc, self.description) from exc
+        try:
+            yield from body.iter_chunks(CHUNK)
+        finally:
+            body.close()
+
+    def release_months(self) -> list[str]:
+        pages = self.client.get_paginator("list_objects_v2").paginate(
+            Bucket=self.bucket, Prefix=self._key(RELEASES_DIR) + "/", Delimiter="/"
+        )
+        names = (p["Prefix"].rstrip("/").rsplit("/", 1)[-1] for page in pages for p in page.get("CommonPrefixes", []))
+        return sorted(n for n in names if _MONTH.match(n))
+
+    def public_url(self, key: str) -> str:
+        if self._public:
+            base = self._public
+        elif self.endpoint:
+            base = f"{self.endpoint}/{self.bucket}" + (f"/{self.prefix}" if self.prefix else "")
+        else:
+            base = f"https://{self.bucket}.s3.{self.region}.amazonaws.com" + (f"/{self.prefix}" if self.prefix else "")
+        return f"{base}/{quote(key, safe='/=')}"
+
+
+def _status(exc) -> int:
+    return int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
+
+
+def _explain(exc, where: str) -> ReleaseError:
+    code = exc.response.get("Error", {}).get("Code", "")
+    if _status(exc) == 403:
+        return ReleaseError(
+            f"access denied by {where} ({code}): a private bucket needs credentials from the AWS chain "
+            "(and MIRAI_RELEASE_SIGNED_DOWNLOAD=1 or --signed for `mirai download`)"
+        )
+    return ReleaseError(f"{where}: {code or _status(exc)}: {exc}")
+
+
+def open_store(settings: Settings, *, uri: str | None = None, signed: bool = True) -> ReleaseStore:
+    """The store MIRAI_RELEASE_URI names: s3://bucket/prefix, file:///path or a path; empty means
+    <data_dir>/releases-bucket."""
+    uri = uri if uri is not None else settings.release_uri
+    if not uri:
+        return LocalStore(settings.data_dir / "releases-bucket", settings.release_public_url)
+    parsed = urlparse(uri)
+    if parsed.scheme == "s3":
+        if not parsed.netloc:
+            raise ReleaseError(f"MIRAI_RELEASE_URI={uri!r}: expected s3://bucket/prefix")
+        return S3Store(parsed.netloc, parsed.path, settings, signed=signed)
+    if parsed.scheme == "file":
+        return LocalStore(Path(parsed.path), settings.release_public_url)
+    if parsed.scheme:
+        raise ReleaseError(f"MIRAI_RELEASE_URI={uri!r}: only s3://, file:// and plain paths are supported")
+    return LocalStore(Path(uri), settings.release_public_url)
+
+
+# --- planning -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PlannedObject:
+    name: str  # key relative to releases/YYYY-MM/
+    path: Path
+    sha256: str
+    size: int
+    part_size: int | None  # None: one PUT
+    part_sha256: tuple[bytes, ...]  # SHA-256 of each part, sent with it and checked by S3
+    rows: int | None = None
+
+    @property
+    def composite(self) -> str | None:
+        """The checksum S3 reports for this file's multipart upload: base64(sha256(part digests))-N."""
+        if self.part_size is None:
+            return None
+        return f"{base64.b64encode(hashlib.sha256(b''.join(self.part_sha256)).digest()).decode()}-{len(self.part_sha256)}"
+
+    def entry(self) -> dict:
+        entry = {"sha256": self.sha256, "bytes": self.size, "content_type": content_type(self.name)}
+        if self.rows is not None:
+            entry["rows"] = self.rows
+        return entry
+
+
+@dataclass(frozen=True)
+class ReleasePlan:
+    month: str
+    objects: list[PlannedObject]
+    manifest: dict
+    manifest_bytes: bytes
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(o.size for o in self.objects)
+
+
+MAX_PARTS = 10_000  # S3's limit per multipart upload
+MIN_PART = 5 * 2**20  # S3's smallest part (but the last)
+
+
+def _part_size(settings: Settings, size: int) -> int | None:
+    """The part size of a file's multipart upload (whole MiB, at least 5 MiB, at most 10,000
+    parts), or None below the threshold: one PUT."""
+    if size < settings.release_multipart_threshold_mb * 2**20:
+        return None
+    wanted = max(settings.release_multipart_chunk_mb * 2**20, MIN_PART, -(-size // MAX_PARTS))
+    return -(-wanted // CHUNK) * CHUNK
+
+
+def _digest(path: Path, part_size: int | None) -> tuple[str, int, tuple[bytes, ...]]:
+    """sha256, size and the SHA-256 of each part of a multipart upload, in one read of the file."""
+    whole = hashlib.sha256()
+    parts: list[bytes] = []
+    size = 0
+    step = min(CHUNK, part_size) if part_size else CHUNK
+    part = hashlib.sha256()
+    in_part = 0
+    with open(path, "rb") as fh:
+        while chunk := fh.read(step):
+            whole.update(chunk)
+            size += len(chunk)
+            if part_size:
+                part.update(chunk)
+                in_part += len(chunk)
+                if in_part == part_size:
+                    parts.append(part.digest())
+                    part, in_part = hashlib.sha256(), 0
+    if part_size and in_part:
+        parts.append(part.digest())
+    return whole.hexdigest(), size, tuple(parts)
+
+
+def _planned(name: str, path: Path, settings: Settings, rows: int | None = None) -> PlannedObject:
+    part_size = _part_size(settings, path.stat().st_size)
+    digest, size, parts = _digest(path, part_size)
+    return PlannedObject(name=name, path=path, sha256=digest, size=size, part_size=part_size, part_sha256=parts, rows=rows)
+
+
+def plan_release(month: date, settings: Settings) -> ReleasePlan:
+    """Hash every file of the month's release and build its manifest (a pure function of those
+    files, so re-planning an unchanged month gives the same bytes)."""
+    layout = DataLayout(settings.data_dir)
+    month = month.replace(day=1)
+    label = f"{month:%Y-%m}"
+    split_dir = layout.split_dir(month)
+    manifest_path = split_dir / MANIFEST_NAME
+    if not manifest_path.exists():
+        raise ReleaseNotReady(f"{label}: no test split at {split_dir}; materialise test_split first")
+    split_manifest = json.loads(manifest_path.read_text())
+    months = _database_months(layout, month)
+    files = [(name, split_dir / name, meta.get("rows")) for name, meta in sorted(split_manifest["files"].items())]
+    files.append((CARD_NAME, split_dir / CARD_NAME, None))
+    for m in months:
+        for table in ("events", "news"):
+            path = layout.database_path(table, date.fromisoformat(f"{m}-01"))
+            files.append((f"database/{table}/{path.name}", path, None))
+    # Hashing is most of a publish's own CPU time; hashlib and file reads release the GIL.
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        objects = list(pool.map(lambda f: _planned(f[0], f[1], settings, f[2]), files))
+    for obj in objects:
+        meta = split_manifest["files"].get(obj.name)
+        if meta is not None and (obj.sha256, obj.size) != (meta["sha256"], meta["bytes"]):
+            raise ReleaseNotReady(f"{label}: {obj.path} no longer matches its split manifest; rebuild the split")
+
+    manifest = {
+        "format": RELEASE_FORMAT,
+        "release": label,
+        "database_months": months,
+        "split": split_manifest,
+        "files": {o.name: o.entry() for o in objects},
+    }
+    data = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
+    return ReleasePlan(month=label, objects=objects, manifest=manifest, manifest_bytes=data)
+
+
+def _database_months(layout: DataLayout, month: date) -> list[str]:
+    """Every month up to and including the release month with an event database: the snapshot an
+    agent answering this month's queries may search."""
+    events_dir = layout.database_dir() / "events"
+    found = sorted(p.stem.removeprefix("month=") for p in events_dir.glob("month=*.parquet")) if events_dir.is_dir() else []
+    months = [m for m in found if _MONTH.match(m) and m <= f"{month:%Y-%m}"]
+    if f"{month:%Y-%m}" not in months:
+        raise ReleaseNotReady(f"{month:%Y-%m}: no event database at {layout.database_path('events', month)}")
+    missing = [m for m in months if not layout.database_path("news", date.fromisoformat(f"{m}-01")).exists()]
+    if missing:
+        raise ReleaseNotReady(f"event database months {', '.join(missing)} have no news table; rebuild them")
+    return months
+
+
+# --- publishing ---------------------------------------------------------------------------------
+
+
+@dataclass
+class PublishResult:
+    month: str
+    store: str
+    manifest_sha256: str
+    manifest_url: str
+    uploaded: list[str] = field(default_factory=list)
+    verified: list[str] = field(default_factory=list)
+    bytes_uploaded: int = 0
+    manifest_written: bool = False
+    index_written: bool = False
+    latest_written: bool = False
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.uploaded or self.manifest_written or self.index_written or self.latest_written)
+
+
+def _matches(info: ObjectInfo, obj: PlannedObject) -> bool:
+    if info.size != obj.size or info.sha256 != obj.sha256:
+        return False
+    # The composite checksum is the server's, from the parts it verified; compare it when the part
+    # counts agree (a different MIRAI_RELEASE_MULTIPART_CHUNK_MB since the upload changes them).
+    if info.composite and obj.composite and info.composite.rsplit("-", 1)[1] == obj.composite.rsplit("-", 1)[1]:
+        return info.composite == obj.composite
+    return True
+
+
+def publish_release(
+    month: date,
+    settings: Settings,
+    store: ReleaseStore | None = None,
+    *,
+    plan: ReleasePlan | None = None,
+    log: Callable[[str], None] = lambda message: None,
+    progress: Progress | None = None,
+) -> PublishResult:
+    """Publish the month's release, or verify an existing one and change nothing.
+
+    ``plan`` is plan_release's result when the caller already made it (hashing is a full read).
+    Raises ReleaseConflict, before writing anything, when the store already holds a different
+    release for the month (or different bytes at any of its keys).
+    """
+    store = store or open_store(settings)
+    plan = plan or plan_release(month, settings)
+    manifest_key = release_key(plan.month, MANIFEST_NAME)
+    result = PublishResult(
+        month=plan.month,
+        store=store.description,
+        manifest_sha256=sha256_hex(plan.manifest_bytes),
+        manifest_url=store.public_url(manifest_key),
+    )
+    published = store.get_bytes(manifest_key)
+    if published is not None and published != plan.manifest_bytes:
+        raise ReleaseConflict(
+            f"{store.description} already holds a different release {plan.month} (manifest sha256 "
+            f"{sha256_hex(published)}, ours {result.manifest_sha256}); releases are immutable, nothing was written"
+        )
+
+    missing, conflicts = [], []
+    for obj in plan.objects:
+        info = store.stat(release_key(plan.month, obj.name))
+        if info is None:
+            missing.append(obj)
+        elif _matches(info, obj):
+            result.verified.append(obj.name)
+        else:
+            conflicts.append(f"{obj.name} (store: {info.size} bytes, sha256 {info.sha256}; ours: {obj.size}, {obj.sha256})")
+    if conflicts:
+        raise ReleaseConflict(
+            f"{store.description} holds different objects under {RELEASES_DIR}/{plan.month}/: "
+            + "; ".join(conflicts[:5])
+            + (f" and {len(conflicts) - 5} more" if len(conflicts) > 5 else "")
+            + ". Releases are immutable: nothing was written."
+        )
+    if published is not None and missing:
+        # The manifest's bytes equal ours, so restoring the identical files overwrites nothing.
+        log(f"release {plan.month} is published but {len(missing)} objects are missing; restoring them")
+
+    if missing:
+        log(f"uploading {len(missing)} files ({sum(o.size for o in missing):,} bytes) to {store.description}: "
+            + ", ".join(o.name for o in missing))
+        store.put_files(
+            [(release_key(plan.month, o.name), o) for o in missing], cache_control=IMMUTABLE_CACHE, progress=progress
+        )
+    result.uploaded = [o.name for o in missing]
+    result.bytes_uploaded = sum(o.size for o in missing)
+
+    if published is None:
+        if not store.put_bytes(manifest_key, plan.manifest_bytes, cache_control=IMMUTABLE_CACHE, if_absent=True):
+            if store.get_bytes(manifest_key) != plan.manifest_bytes:
+                raise ReleaseConflict(f"another publisher committed a different release {plan.month} meanwhile")
+        else:
+            result.manifest_written = True
+            log(f"published {manifest_key}")
+
+    result.index_written, result.latest_written = update_pointers(store)
+    return result
+
+
+def update_pointers(store: ReleaseStore) -> tuple[bool, bool]:
+    """Rewrite index.json, then latest.json, from the manifests actually published (so a crash
+    between steps, or two publishers, is repaired by the next run); each is written only if its
+    content changed. Returns whether each was written."""
+    index = build_index(store)
+    index_bytes = (json.dumps(index, indent=2, sort_keys=True) + "\n").encode()
+    index_written = store.get_bytes(INDEX_KEY) != index_bytes
+    if index_written:
+        store.put_bytes(INDEX_KEY, index_bytes, cache_control=POINTER_CACHE, if_absent=False)
+    if not index["releases"]:
+        return index_written, False
+    newest = index["releases"][-1]
+    latest = {"format": INDEX_FORMAT, **{k: v for k, v in newest.items() if k != "files"}}
+    latest_bytes = (json.dumps(latest, indent=2, sort_keys=True) + "\n").encode()
+    latest_written = store.get_bytes(LATEST_KEY) != latest_bytes
+    if latest_written:
+        store.put_bytes(LATEST_KEY, latest_bytes, cache_control=POINTER_CACHE, if_absent=False)
+    return index_written, latest_written
+
+
+def build_index(store: ReleaseStore) -> dict:
+    """Every month whose manifest is published, oldest first, with plain HTTPS URLs for curl and
+    ``datasets.load_dataset("parquet", data_files=...)``."""
+    releases = []
+    for month in store.release_months():
+        key = release_key(month, MANIFEST_NAME)
+        raw = store.get_bytes(key)
+        if raw is None:  # an unfinished publish: not a release yet
+            continue
+        manifest = json.loads(raw)
+        info = store.stat(key)
+        releases.append(
+            {
+                "release": month,
+                "manifest": key,
+                "manifest_sha256": sha256_hex(raw),
+                "manifest_url": store.public_url(key),
+                # The manifest is written once, so its modification time is stable across runs.
+                "published_at": info.modified.astimezone(timezone.utc).isoformat(timespec="seconds"),
+                "files": {name: store.public_url(release_key(month, name)) for name in sorted(manifest["files"])},
+            }
+        )
+    return {"format": INDEX_FORMAT, "releases": releases}

