@@ -3,9 +3,20 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
 
-.PHONY: setup demo test validate bench clean
+.PHONY: setup postgres-server demo test validate bench clean
 
-setup: $(VENV)/.installed
+setup: $(VENV)/.installed postgres-server
+
+# tests/test_postgres.py runs the Dagster instance on a real PostgreSQL server (Debian keeps initdb
+# under /usr/lib/postgresql/*/bin). Install Debian's package when it is missing and we can (root
+# with apt-get); otherwise say so once: that test then skips with the same reason.
+postgres-server:
+	@if ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "installing Debian's postgresql (for tests/test_postgres.py)"; \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends postgresql; } >/dev/null \
+	    || echo "could not install postgresql: tests/test_postgres.py will skip" >&2; \
+	else echo "no PostgreSQL server and no root apt-get to install one: tests/test_postgres.py will skip" >&2; fi
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)

@@ -12,6 +12,7 @@ from assets.splits import test_split
 from quality.event_checks import articles_valid, daily_quads_valid, events_history_current, events_valid, gdelt_events_valid
 from quality.ingest_checks import gdelt_files_all_green
 from quality.split_checks import split_leakage_audit
+from sensors.alerts import alert_on_run_failure, gdelt_freshness
 from sensors.monthly import monthly_release_daily, monthly_release_job
 from sensors.schedules import articles_hourly, articles_job, gdelt_every_15_minutes, gdelt_ingest_job
 
@@ -20,5 +21,6 @@ defs = dg.Definitions(
     asset_checks=[gdelt_files_all_green, gdelt_events_valid, events_valid, events_history_current, daily_quads_valid, articles_valid, split_leakage_audit],
     jobs=[gdelt_ingest_job, articles_job, monthly_release_job],
     schedules=[gdelt_every_15_minutes, articles_hourly, monthly_release_daily],
+    sensors=[alert_on_run_failure, gdelt_freshness],
     resources={"mirai": MiraiSettings()},
 )

@@ -15,6 +15,10 @@ from pipeline.gdelt.ledger import LEDGER_VERSION, problems, to_markdown
     group_name="ingestion",
     kinds={"http"},
     code_version=LEDGER_VERSION,
+    # Every run of every day downloads from the one GDELT host: the pool caps how many runs do so
+    # at once across the deployment (a backfill of many days must not hammer GDELT or starve the
+    # live 15-minute run); limits in deploy/dagster.yaml and docs/deploy.md.
+    pool="gdelt_http",
     # File-level faults are retried inside the run and recorded in the ledger; this covers what
     # fails the whole run (GDELT's index unreachable with no cached copy, a lock held too long).
     retry_policy=dg.RetryPolicy(max_retries=2, delay=60, backoff=dg.Backoff.EXPONENTIAL),

@@ -83,6 +83,14 @@ class Settings:
     release_multipart_chunk_mb: int = 8
     release_concurrency: int = 10  # requests in flight (parts and files) per upload or download
     release_signed_download: bool = False  # `mirai download` signs requests (private buckets)
+    # Alerts (pipeline/alerts.py, sensors/alerts.py): "" = alerts are only logged. The URL is a secret
+    # (webhook URLs carry their token): it is never logged nor put in a payload.
+    alert_webhook_url: str = ""
+    alert_timeout_s: float = 10.0
+    alert_attempts: int = 3
+    # The freshness alert fires when the newest landed slot is older than this (GDELT publishes
+    # every 15 minutes, so an hour is four missed slots).
+    freshness_hours: float = 1.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides) -> "Settings":
@@ -171,6 +179,10 @@ _ENV_NAMES: dict[str, str] = {
     "release_multipart_chunk_mb": "MIRAI_RELEASE_MULTIPART_CHUNK_MB",
     "release_concurrency": "MIRAI_RELEASE_CONCURRENCY",
     "release_signed_download": "MIRAI_RELEASE_SIGNED_DOWNLOAD",
+    "alert_webhook_url": "MIRAI_ALERT_WEBHOOK_URL",
+    "alert_timeout_s": "MIRAI_ALERT_TIMEOUT_S",
+    "alert_attempts": "MIRAI_ALERT_ATTEMPTS",
+    "freshness_hours": "MIRAI_FRESHNESS_HOURS",
 }
 
 

@@ -1,0 +1,217 @@
+"""Alerts against a real HTTP receiver on 127.0.0.1: delivery with retries and without leaking the
+webhook's token, the run-failure sensor on a real failed run, and the freshness sensor's
+once-per-breach state over consecutive ticks."""
+
+from __future__ import annotations
+
+import json
+import threading
+from datetime import date, datetime, timedelta, timezone
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import dagster as dg
+import polars as pl
+import pytest
+
+from assets.resources import MiraiSettings
+from pipeline.alerts import Alert, newest_landed_slot, send_alert
+from pipeline.config import Settings
+from pipeline.gdelt.ledger import LEDGER_SCHEMA, write_ledger
+from pipeline.storage import DataLayout
+from sensors.alerts import alert_on_run_failure, gdelt_freshness
+
+TOKEN = "T0KEN-s3cr3t-4242"
+
+
+class Receiver:
+    """A webhook endpoint: records every JSON body; answers `fail_next` requests with 503 first,
+    or every request with `status` when set."""
+
+    def __init__(self):
+        self.bodies: list[dict] = []
+        self.requests = 0
+        self.fail_next = 0
+        self.status = 200
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                receiver.requests += 1
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                if receiver.fail_next:
+                    receiver.fail_next -= 1
+                    code = 503
+                else:
+                    code = receiver.status
+                    if code == 200:
+                        receiver.bodies.append(json.loads(body))
+                self.send_response(code)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}/hooks/{TOKEN}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def receiver():
+    with Receiver() as r:
+        yield r
+
+
+@pytest.fixture
+def webhook_env(receiver, monkeypatch):
+    """Sensors read their settings from the environment, as in a deployment."""
+    monkeypatch.setenv("MIRAI_ALERT_WEBHOOK_URL", receiver.url)
+    monkeypatch.setenv("MIRAI_ALERT_ATTEMPTS", "2")
+    monkeypatch.setenv("MIRAI_ALERT_TIMEOUT_S", "5")
+    return receiver
+
+
+def test_an_alert_is_posted_as_json_retried_on_503_and_never_carries_the_token(receiver):
+    settings = Settings(alert_webhook_url=receiver.url, alert_attempts=3)
+    receiver.fail_next = 1
+    lines: list[str] = []
+    alert = Alert("run_failure", "run of gdelt_ingest failed", {"error": "HTTP 403 for s3://AKIAX:topsecret@bucket/key"})
+    assert send_alert(alert, settings, lines.append, sleep=lambda s: None) == "sent"
+    assert receiver.requests == 2
+    [body] = receiver.bodies
+    assert body["kind"] == "run_failure" and body["source"] == "mirai-pipeline"
+    assert body["text"] == "[mirai-pipeline] run of gdelt_ingest failed"
+    # Credentials inside a quoted URL are masked; the webhook's own token appears nowhere.
+    assert body["error"] == "HTTP 403 for s3://***@bucket/key"
+    assert TOKEN not in json.dumps(body) and not any(TOKEN in line for line in lines)
+
+
+def test_without_a_webhook_the_alert_is_only_logged(receiver):
+    lines: list[str] = []
+    assert send_alert(Alert("freshness_breach", "stale"), Settings(), lines.append) == "logged"
+    assert receiver.requests == 0 and lines == ["alert freshness_breach: stale"]
+
+
+@pytest.mark.parametrize("status", [503, 404])
+def test_an_undeliverable_alert_fails_without_quoting_the_url(receiver, status):
+    receiver.status = status
+    lines: list[str] = []
+    result = send_alert(Alert("run_failure", "x"), Settings(alert_webhook_url=receiver.url, alert_attempts=3),
+                        lines.append, sleep=lambda s: None)
+    assert result == "failed"
+    # 5xx is retried to the last attempt; a 4xx will not get better and is not.
+    assert receiver.requests == (3 if status == 503 else 1)
+    assert f"HTTP {status}" in lines[-1] and not any(TOKEN in line or "127.0.0.1" in line for line in lines)
+
+
+@dg.op
+def fetch_something():
+    raise RuntimeError("GDELT index unreachable")
+
+
+@dg.job
+def doomed():
+    fetch_something()
+
+
+def _tick(sensor, instance, cursor=None, **resources):
+    mirai = {"mirai": MiraiSettings(**resources)}
+    context = dg.build_sensor_context(instance=instance, cursor=cursor, resources=mirai,
+                                      definitions=dg.Definitions(jobs=[doomed], sensors=[sensor], resources=mirai))
+    return sensor.evaluate_tick(context)
+
+
+def test_a_failed_run_posts_its_run_id_and_job_name_once(webhook_env, tmp_path):
+    with dg.instance_for_test() as instance:
+        # The first tick only places the cursor: runs that failed before the sensor existed are old news.
+        first = _tick(alert_on_run_failure, instance, data_dir=str(tmp_path))
+        result = doomed.execute_in_process(instance=instance, raise_on_error=False, tags={"dagster/partition": "2024-01-01"})
+        assert not result.success
+        second = _tick(alert_on_run_failure, instance, cursor=first.cursor, data_dir=str(tmp_path))
+        [body] = webhook_env.bodies
+        assert (body["kind"], body["run_id"], body["job_name"], body["partition"]) == (
+            "run_failure", result.run_id, "doomed", "2024-01-01")
+        assert "GDELT index unreachable" in body["error"]
+        _tick(alert_on_run_failure, instance, cursor=second.cursor, data_dir=str(tmp_path))
+        assert len(webhook_env.bodies) == 1
+
+
+def test_an_undeliverable_run_failure_alert_fails_the_sensor_tick(webhook_env, tmp_path):
+    webhook_env.status = 500
+    with dg.instance_for_test() as instance:
+        first = _tick(alert_on_run_failure, instance, data_dir=str(tmp_path))
+        result = doomed.execute_in_process(instance=instance, raise_on_error=False)
+        [reaction] = _tick(alert_on_run_failure, instance, cursor=first.cursor, data_dir=str(tmp_path)).dagster_run_reactions
+    assert reaction.dagster_run.run_id == result.run_id
+    assert "not delivered" in reaction.error.to_string() and webhook_env.requests == 2
+
+
+def _write_slots(data_dir, day: date, slots: list[datetime], status: str = "landed") -> None:
+    rows = [{"day": day, "slot": s, "kind": kind, "status": status} for s in slots for kind in ("export", "mentions")]
+    write_ledger(DataLayout(data_dir), day, pl.DataFrame(rows, schema=LEDGER_SCHEMA))
+
+
+def _quarter(t: datetime) -> datetime:
+    return t.replace(minute=t.minute - t.minute % 15, second=0, microsecond=0)
+
+
+def test_newest_landed_slot_skips_slots_that_did_not_land(tmp_path):
+    layout = DataLayout(tmp_path)
+    assert newest_landed_slot(layout) is None
+    old = datetime(2024, 1, 1, 23, 45, tzinfo=timezone.utc)
+    _write_slots(tmp_path, old.date(), [old - timedelta(minutes=15), old])
+    _write_slots(tmp_path, date(2024, 1, 2), [datetime(2024, 1, 2, 0, 0, tzinfo=timezone.utc)], status="pending")
+    assert newest_landed_slot(layout) == old
+
+
+def test_a_freshness_breach_posts_once_and_recovery_rearms_it(webhook_env, tmp_path, monkeypatch):
+    now = datetime.now(timezone.utc)
+    stale = _quarter(now - timedelta(hours=2))
+    _write_slots(tmp_path, stale.date(), [stale])
+    with dg.instance_for_test() as instance:
+        tick = _tick(gdelt_freshness, instance, data_dir=str(tmp_path))
+        assert [b["kind"] for b in webhook_env.bodies] == ["freshness_breach"]
+        assert webhook_env.bodies[0]["newest_landed_slot"] == stale.isoformat()
+        assert webhook_env.bodies[0]["age_hours"] >= 2 and webhook_env.bodies[0]["limit_hours"] == 1
+
+        # Still stale: the next tick says so in its skip reason but posts nothing.
+        tick = _tick(gdelt_freshness, instance, cursor=tick.cursor, data_dir=str(tmp_path))
+        assert len(webhook_env.bodies) == 1 and "h old" in tick.skip_message
+
+        fresh = _quarter(now - timedelta(minutes=10))
+        _write_slots(tmp_path, fresh.date(), [stale, fresh] if fresh.date() == stale.date() else [fresh])
+        tick = _tick(gdelt_freshness, instance, cursor=tick.cursor, data_dir=str(tmp_path))
+        tick = _tick(gdelt_freshness, instance, cursor=tick.cursor, data_dir=str(tmp_path))
+        assert [b["kind"] for b in webhook_env.bodies] == ["freshness_breach", "freshness_recovered"]
+
+        # Re-armed: the next breach (a tighter limit here) is announced again.
+        monkeypatch.setenv("MIRAI_FRESHNESS_HOURS", "0.01")
+        _tick(gdelt_freshness, instance, cursor=tick.cursor, data_dir=str(tmp_path))
+        assert [b["kind"] for b in webhook_env.bodies] == ["freshness_breach", "freshness_recovered", "freshness_breach"]
+
+
+def test_an_undelivered_freshness_alert_is_retried_on_the_next_tick(webhook_env, tmp_path):
+    stale = _quarter(datetime.now(timezone.utc) - timedelta(hours=3))
+    _write_slots(tmp_path, stale.date(), [stale])
+    with dg.instance_for_test() as instance:
+        webhook_env.status = 500
+        with pytest.raises(Exception, match="not delivered"):
+            _tick(gdelt_freshness, instance, data_dir=str(tmp_path))
+        webhook_env.status = 200
+        _tick(gdelt_freshness, instance, data_dir=str(tmp_path))
+        assert [b["kind"] for b in webhook_env.bodies] == ["freshness_breach"]
+
+
+def test_before_anything_landed_there_is_no_breach(webhook_env, tmp_path):
+    with dg.instance_for_test() as instance:
+        tick = _tick(gdelt_freshness, instance, data_dir=str(tmp_path))
+    assert webhook_env.requests == 0 and tick.skip_message == "no GDELT slot has landed yet"
