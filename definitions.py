@@ -4,6 +4,7 @@ import dagster as dg
 
 from assets.articles import articles, fetch_ledger
 from assets.database import event_database
+from assets.evaluations import LlmRuntime, evaluation, leaderboard
 from assets.events import daily_quads, events
 from assets.ingest import gdelt_events, gdelt_files, gdelt_mentions
 from assets.release import release
@@ -13,14 +14,15 @@ from quality.event_checks import articles_valid, daily_quads_valid, events_histo
 from quality.ingest_checks import gdelt_files_all_green
 from quality.split_checks import split_leakage_audit
 from sensors.alerts import alert_on_run_failure, gdelt_freshness
+from sensors.evaluations import evaluation_job, evaluation_sensor, leaderboard_job
 from sensors.monthly import monthly_release_daily, monthly_release_job
 from sensors.schedules import articles_hourly, articles_job, gdelt_every_15_minutes, gdelt_ingest_job
 
 defs = dg.Definitions(
-    assets=[gdelt_files, gdelt_events, gdelt_mentions, events, daily_quads, articles, fetch_ledger, event_database, test_split, release],
+    assets=[gdelt_files, gdelt_events, gdelt_mentions, events, daily_quads, articles, fetch_ledger, event_database, test_split, release, evaluation, leaderboard],
     asset_checks=[gdelt_files_all_green, gdelt_events_valid, events_valid, events_history_current, daily_quads_valid, articles_valid, split_leakage_audit],
-    jobs=[gdelt_ingest_job, articles_job, monthly_release_job],
+    jobs=[gdelt_ingest_job, articles_job, monthly_release_job, evaluation_job, leaderboard_job],
     schedules=[gdelt_every_15_minutes, articles_hourly, monthly_release_daily],
-    sensors=[alert_on_run_failure, gdelt_freshness],
-    resources={"mirai": MiraiSettings()},
+    sensors=[alert_on_run_failure, gdelt_freshness, evaluation_sensor],
+    resources={"mirai": MiraiSettings(), "llm": LlmRuntime()},
 )

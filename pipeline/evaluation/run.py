@@ -6,7 +6,11 @@ stored as a directory ``evaluations/YYYY-MM/<agent>/<query_set>/distance=<d>/`` 
 - ``results.parquet``: per query its gold and predicted answer dicts, the ranked list and every
   per-query metric;
 - ``scores.json``: the metrics (mean and std over rounds), agent, month, distance, the
-  contamination flag with its reason, and the code version.
+  contamination flag with its reason, and the code version;
+- ``trajectories.jsonl`` (LLM agents): one line per round and query, every step of the episode.
+
+An agent refused on a month (its knowledge cutoff is not before it) leaves ``refusal.json`` in
+``evaluations/YYYY-MM/<agent>/<query_set>/`` instead.
 
 The directory is built aside and swapped in whole, so a reader never pairs new results with old
 scores. ``leaderboard`` collects every scores.json; contaminated runs are listed but never ranked.
@@ -14,18 +18,30 @@ scores. ``leaderboard`` collects every scores.json; contaminated runs are listed
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import re
 import shutil
 import tempfile
+from collections.abc import Mapping
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
 import polars as pl
 
+from pipeline.agent_api import EventDatabase
+from pipeline.agent_api.lookup import map_iso_to_country_name
 from pipeline.database import MonthNotReady
-from pipeline.evaluation.baselines import default_top_k, forecast
+from pipeline.evaluation.agents import (
+    AgentSpec,
+    Query,
+    Trajectory,
+    run_react,
+    run_single_turn,
+)
+from pipeline.evaluation.baselines import FORECAST_SCHEMA, default_top_k, forecast
+from pipeline.evaluation.llm import ChatClient, ClientSettings, client_for
 from pipeline.evaluation.metrics import (
     SET_METRICS,
     aggregate_rounds,
@@ -36,6 +52,7 @@ from pipeline.evaluation.metrics import (
     reciprocal_rank,
     score,
 )
+from pipeline.evaluation.prompts import PROMPT_VERSION
 from pipeline.evaluation.registry import Agent, eligibility
 from pipeline.storage import (
     DataLayout,
@@ -46,6 +63,7 @@ from pipeline.storage import (
 from pipeline.version import code_version
 
 EVALUATION_VERSION = "evaluation-v1"
+REFUSAL_FILE = "refusal.json"
 RANK_METRIC = "level2_f1"
 HIT_K = 10  # Hit@10, as in MIRAI Appendix D.8
 _MONTH_FILE = re.compile(r"^month=(\d{4})-(\d{2})\.parquet$")
@@ -125,12 +143,16 @@ def score_forecasts(queries: pl.DataFrame, forecasts: pl.DataFrame) -> tuple[pl.
     return pl.concat([frame, per_query], how="horizontal"), metrics
 
 
-def write_evaluation(directory: Path, results: pl.DataFrame, record: dict) -> dict:
-    """Write results.parquet and scores.json into a staging directory and swap it into place;
-    return the record as stored (with the sha256 of results.parquet)."""
+def write_evaluation(directory: Path, results: pl.DataFrame, record: dict,
+                     extra_files: Mapping[str, bytes] | None = None) -> dict:
+    """Write results.parquet, scores.json and any ``extra_files`` (name → bytes) into a staging
+    directory and swap it into place; return the record as stored (with the sha256 of
+    results.parquet)."""
     directory.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
     try:
+        for name, data in (extra_files or {}).items():
+            atomic_write_bytes(staging / name, data)
         atomic_write_parquet(results, staging / "results.parquet", metadata={"evaluation_version": EVALUATION_VERSION})
         record = record | {"results_sha256": hashlib.sha256((staging / "results.parquet").read_bytes()).hexdigest()}
         atomic_write_bytes(staging / "scores.json", (json.dumps(record, indent=2, sort_keys=True) + "\n").encode())
@@ -164,12 +186,16 @@ def evaluate_baseline(
         top_k = default_top_k(frame, history, distance)
     forecasts = forecast(agent.baseline, frame, history, distance_days=distance, top_k=top_k)
     results, metrics = score_forecasts(frame, forecasts)
-    rounds = aggregate_rounds([metrics])
-    record = {
+    record = _record(agent, month, query_set, distance, aggregate_rounds([metrics]), contaminated, reason)
+    record = {"agent": agent.name, "kind": agent.kind, "baseline": agent.baseline, "top_k": top_k} | record
+    return results, write_evaluation(DataLayout(data_dir).evaluation_dir(month, agent.name, query_set, distance), results, record)
+
+
+def _record(agent: Agent, month: date, query_set: str, distance: int, rounds: dict, contaminated: bool, reason: str) -> dict:
+    """The scores.json fields every run has, baseline or LLM."""
+    return {
         "agent": agent.name,
         "kind": agent.kind,
-        "baseline": agent.baseline,
-        "top_k": top_k,
         "month": f"{month:%Y-%m}",
         "query_set": query_set,
         "distance": distance,
@@ -184,7 +210,178 @@ def evaluate_baseline(
         "evaluation_version": EVALUATION_VERSION,
         "evaluated_at": datetime.now(UTC).isoformat(timespec="seconds"),
     }
-    return results, write_evaluation(DataLayout(data_dir).evaluation_dir(month, agent.name, query_set, distance), results, record)
+
+
+def agent_config_hash(agent: Agent) -> str:
+    """A short hash of the agent's whole registry entry: a changed entry is a new agent to
+    evaluate (the sensor's run keys carry it)."""
+    canonical = json.dumps(dataclasses.asdict(agent), sort_keys=True, default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:12]
+
+
+# --- LLM agents -----------------------------------------------------------------------------------
+
+
+def _queries(frame: pl.DataFrame) -> list[Query]:
+    """The split's queries with country names (looked up for a frame without the split's name
+    columns)."""
+    if "s_name" not in frame.columns:
+        frame = frame.with_columns(
+            pl.col("s").map_elements(map_iso_to_country_name, return_dtype=pl.String).alias("s_name"),
+            pl.col("o").map_elements(map_iso_to_country_name, return_dtype=pl.String).alias("o_name"),
+        )
+    return [Query(*row) for row in frame.select("query_id", "date", "s", "o", "s_name", "o_name").iter_rows()]
+
+
+def _listed_codes(answer: object) -> list[str]:
+    """An LLM answer has no ranking; its second-level codes in the order the model listed them
+    stand in for one, so MRR and Hit@10 read "how early the model named a correct code"."""
+    if not isinstance(answer, dict):
+        return []
+    return [code for codes in answer.values() if isinstance(codes, list) for code in codes if isinstance(code, str)]
+
+
+def _episode_columns(trajectories: list[Trajectory]) -> pl.DataFrame:
+    records = [t.record() for t in trajectories]
+    return pl.DataFrame(
+        {
+            "end_state": [r["end_state"] for r in records],
+            "answer_source": [r["answer_source"] for r in records],
+            "n_actions": [r["n_actions"] for r in records],
+            "tokens_in": [r["tokens_in"] for r in records],
+            "tokens_out": [r["tokens_out"] for r in records],
+            "model_s": [r["model_s"] for r in records],
+            "env_s": [r["env_s"] for r in records],
+            "wall_s": [r["wall_s"] for r in records],
+        },
+        schema={"end_state": pl.String, "answer_source": pl.String, "n_actions": pl.Int64, "tokens_in": pl.Int64,
+                "tokens_out": pl.Int64, "model_s": pl.Float64, "env_s": pl.Float64, "wall_s": pl.Float64},
+    )
+
+
+def _run_round(client: ChatClient, spec: AgentSpec, queries: list[Query], distance: int,
+               database: EventDatabase | None) -> list[Trajectory]:
+    trajectories = []
+    for query in queries:
+        cutoff = query.date - timedelta(days=distance)
+        if spec.strategy == "react":
+            trajectories.append(run_react(client, spec, query, cutoff,
+                                          lambda q=query: database.environment(q.date, distance)))
+        else:
+            trajectories.append(run_single_turn(client, spec, query, cutoff))
+    return trajectories
+
+
+def _model_description(agent: Agent) -> dict:
+    if agent.endpoint is not None:
+        return {"base_url": agent.endpoint.base_url, "model": agent.endpoint.model}
+    size = agent.gguf.stat().st_size if agent.gguf.exists() else None
+    return {"gguf": agent.gguf.name, "gguf_bytes": size}
+
+
+def evaluate_agent(
+    queries: pl.DataFrame | Path | str,
+    data_dir: Path | str,
+    agent: Agent,
+    distance: int,
+    *,
+    query_set: str | None = None,
+    force: bool = False,
+    client: ChatClient | None = None,
+    client_settings: ClientSettings | None = None,
+    database: EventDatabase | None = None,
+) -> tuple[pl.DataFrame, dict]:
+    """Run an LLM agent on every query, ``agent.rounds`` times, score each round and store the
+    run with its trajectories (see the module doc). ``client`` defaults to the one the registry
+    entry describes; ``database`` (for ReAct) to the data dir's event database, loaded once for
+    all queries. Returns the per-query results of every round and the scores record."""
+    if agent.kind != "llm":
+        raise ValueError(f"{agent.name} is a {agent.kind} agent, not an llm agent")
+    frame, query_set = load_queries(queries, query_set)
+    month = split_month(frame)
+    contaminated, reason = admit(agent, month, force)
+    client_settings = client_settings or ClientSettings()
+    spec = AgentSpec(agent.strategy, agent.action_type, agent.temperature, agent.max_steps, client_settings.max_tokens)
+    client = client or client_for(agent, client_settings)
+    if spec.strategy == "react" and database is None:
+        database = EventDatabase(data_dir)
+    items = _queries(frame)
+    per_round, results, lines = [], [], []
+    for round_no in range(agent.rounds):
+        trajectories = _run_round(client, spec, items, distance, database)
+        forecasts = pl.DataFrame(
+            {"query_id": [t.query_id for t in trajectories],
+             "ranked": [_listed_codes(t.answer) for t in trajectories],
+             "answer_dict": [json.dumps(t.answer, sort_keys=True) for t in trajectories]},
+            schema=FORECAST_SCHEMA,
+        )
+        scored, metrics = score_forecasts(frame, forecasts)
+        per_round.append(metrics)
+        results.append(pl.concat([scored.with_columns(pl.lit(round_no, pl.Int64).alias("round")),
+                                  _episode_columns(trajectories)], how="horizontal"))
+        lines.extend(json.dumps({"round": round_no} | t.record(), default=str) for t in trajectories)
+    results = pl.concat(results)
+    trajectories_jsonl = ("\n".join(lines) + "\n").encode()
+    record = _record(agent, month, query_set, distance, aggregate_rounds(per_round), contaminated, reason) | {
+        "strategy": agent.strategy,
+        "action_type": agent.action_type,
+        "temperature": agent.temperature,
+        "max_steps": agent.max_steps,
+        "model": _model_description(agent),
+        "harness": {"prompt_version": PROMPT_VERSION, "max_tokens": client_settings.max_tokens,
+                    "n_ctx": client_settings.n_ctx, "seed": client_settings.seed},
+        "agent_config_hash": agent_config_hash(agent),
+        "end_states": dict(sorted(results.get_column("end_state").value_counts().iter_rows())),
+        "answer_sources": dict(sorted(results.get_column("answer_source").value_counts().iter_rows())),
+        "tokens_in": int(results.get_column("tokens_in").sum()),
+        "tokens_out": int(results.get_column("tokens_out").sum()),
+        "model_s": float(results.get_column("model_s").sum()),
+        "trajectories_sha256": hashlib.sha256(trajectories_jsonl).hexdigest(),
+    }
+    directory = DataLayout(data_dir).evaluation_dir(month, agent.name, query_set, distance)
+    return results, write_evaluation(directory, results, record, {"trajectories.jsonl": trajectories_jsonl})
+
+
+# --- refusals -------------------------------------------------------------------------------------
+
+
+def refusal_path(data_dir: Path | str, month: date, agent_name: str, query_set: str) -> Path:
+    """evaluations/YYYY-MM/<agent>/<query_set>/refusal.json: next to the per-distance runs,
+    since eligibility does not depend on the distance."""
+    return DataLayout(data_dir).evaluation_dir(month, agent_name, query_set, 1).parent / REFUSAL_FILE
+
+
+def write_refusal(data_dir: Path | str, agent: Agent, month: date, query_set: str, reason: str) -> dict:
+    """Store why the agent is not evaluated on the month; return the record."""
+    record = {
+        "agent": agent.name,
+        "month": f"{month:%Y-%m}",
+        "query_set": query_set,
+        "status": "refused",
+        "reason": reason,
+        "knowledge_cutoff": agent.knowledge_cutoff.isoformat() if agent.knowledge_cutoff else None,
+        "agent_config_hash": agent_config_hash(agent),
+        "code_version": code_version(),
+        "refused_at": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
+    atomic_write_bytes(refusal_path(data_dir, month, agent.name, query_set),
+                       (json.dumps(record, indent=2, sort_keys=True) + "\n").encode())
+    return record
+
+
+def clear_refusal(data_dir: Path | str, month: date, agent_name: str, query_set: str) -> None:
+    """Remove a refusal that no longer holds (the agent was evaluated after all)."""
+    refusal_path(data_dir, month, agent_name, query_set).unlink(missing_ok=True)
+
+
+def refusals(data_dir: Path | str) -> pl.DataFrame:
+    """(month, query_set, agent, reason) of every stored refusal, newest month first."""
+    paths = sorted((DataLayout(data_dir).root / "evaluations").glob(f"*/*/*/{REFUSAL_FILE}"))
+    records = [json.loads(path.read_text()) for path in paths]
+    return pl.DataFrame(
+        [{k: r[k] for k in ("month", "query_set", "agent", "reason")} for r in records],
+        schema={"month": pl.String, "query_set": pl.String, "agent": pl.String, "reason": pl.String},
+    ).sort(["month", "query_set", "agent"], descending=[True, False, False])
 
 
 # The columns every leaderboard row has before its metrics.

@@ -1,0 +1,179 @@
+"""Agent evaluations, one partition per (month, agent), and the leaderboard built from them."""
+
+import base64
+from datetime import date
+from pathlib import Path
+
+import dagster as dg
+from pydantic import Field
+
+from assets.partitions import monthly_partitions
+from assets.resources import MiraiSettings
+from assets.splits import test_split
+from pipeline.agent_api import EventDatabase
+from pipeline.database import MonthNotReady
+from pipeline.evaluation.board import markdown_table, summary, write_leaderboard
+from pipeline.evaluation.llm import (
+    DEFAULT_MAX_TOKENS,
+    DEFAULT_N_CTX,
+    DEFAULT_SEED,
+    ClientSettings,
+    ModelUnavailable,
+    client_for,
+)
+from pipeline.evaluation.registry import Agent, RegistryError, eligibility, load_agents
+from pipeline.evaluation.run import (
+    EVALUATION_VERSION,
+    agent_config_hash,
+    clear_refusal,
+    evaluate_agent,
+    evaluate_baseline,
+    refusals,
+    write_refusal,
+)
+from pipeline.storage import DataLayout
+
+# Agent names come from agents.yaml; the evaluation sensor adds a partition for every new one.
+agent_partitions = dg.DynamicPartitionsDefinition(name="agents")
+evaluation_partitions = dg.MultiPartitionsDefinition({"month": monthly_partitions, "agent": agent_partitions})
+QUERY_SETS = ("queries_sample", "queries")
+
+
+class EvaluationConfig(dg.Config):
+    query_set: str = Field(
+        default="queries_sample",
+        description="queries_sample (the balanced 100, MIRAI's test subset) or queries (the whole split)",
+    )
+    force: bool = Field(
+        default=False,
+        description="run an agent that is not eligible for the month anyway: stored as contaminated, never ranked",
+    )
+
+
+class LlmRuntime(dg.ConfigurableResource):
+    """How LLM agents are run, beyond their registry entry; recorded in every run's scores.json."""
+
+    max_tokens: int = DEFAULT_MAX_TOKENS  # per model reply
+    n_ctx: int = DEFAULT_N_CTX  # context of a local GGUF model (capped at its training context)
+    n_threads: int = 0  # CPU threads of a local model; 0 = llama.cpp's choice
+    seed: int = DEFAULT_SEED
+
+    def client_settings(self) -> ClientSettings:
+        return ClientSettings(max_tokens=self.max_tokens, n_ctx=self.n_ctx, n_threads=self.n_threads or None,
+                              seed=self.seed)
+
+
+def _agent(agents_file: Path, name: str) -> Agent:
+    try:
+        agents = {a.name: a for a in load_agents(agents_file)}
+    except (RegistryError, OSError) as exc:
+        raise dg.Failure(description=f"cannot read the agent registry: {exc}", allow_retries=False) from exc
+    if name not in agents:
+        raise dg.Failure(description=f"agent {name!r} is not in {agents_file} (removed or renamed?)", allow_retries=False)
+    return agents[name]
+
+
+def _scores_table(records: list[dict]) -> str:
+    header = "| distance | n | rounds | L2 F1 | L1 F1 | L2 precision | L2 recall | quad KL | MRR |\n|---|---|---|---|---|---|---|---|---|"
+    rows = [
+        f"| {r['distance']} | {r['n']} | {r['rounds']} | {m['level2_f1']:.2f} | {m['level1_f1']:.2f} | "
+        f"{m['level2_precision']:.2f} | {m['level2_recall']:.2f} | {m['quad_kl']:.2f} | {m['mrr']:.2f} |"
+        for r in records
+        for m in [r["metrics"]]
+    ]
+    return "\n".join([header, *rows])
+
+
+def _run(agent: Agent, split_file: Path, data_dir: Path, config: EvaluationConfig, llm: LlmRuntime,
+         context: dg.AssetExecutionContext) -> list[dict]:
+    """Evaluate the agent at each of its distances; the scores records."""
+    records = []
+    if agent.kind == "baseline":
+        for distance in agent.distances:
+            records.append(evaluate_baseline(split_file, data_dir, agent, distance, force=config.force)[1])
+        return records
+    settings = llm.client_settings()
+    client = client_for(agent, settings)
+    database = EventDatabase(data_dir) if agent.strategy == "react" else None  # loaded once for every distance
+    for distance in agent.distances:
+        _, record = evaluate_agent(split_file, data_dir, agent, distance, force=config.force, client=client,
+                                   client_settings=settings, database=database)
+        context.log.info(f"{agent.name} at distance {distance}: end states {record['end_states']}")
+        records.append(record)
+    return records
+
+
+@dg.asset(
+    partitions_def=evaluation_partitions,
+    deps=[test_split],
+    group_name="evaluation",
+    kinds={"python", "parquet"},
+    code_version=EVALUATION_VERSION,
+    description="evaluations/YYYY-MM/<agent>/<query_set>/distance=<d>/: results.parquet, scores.json and, for "
+    "LLM agents, trajectories.jsonl, for each of the agent's distances; or refusal.json when the agent's "
+    "knowledge cutoff is not before the month (docs/evaluation.md).",
+)
+def evaluation(context: dg.AssetExecutionContext, config: EvaluationConfig, mirai: MiraiSettings,
+               llm: LlmRuntime) -> dg.MaterializeResult:
+    if config.query_set not in QUERY_SETS:
+        raise dg.Failure(description=f"query_set must be one of {QUERY_SETS}, got {config.query_set!r}")
+    keys = context.partition_key.keys_by_dimension
+    month, settings = date.fromisoformat(keys["month"]), mirai.settings()
+    agent = _agent(settings.agents_file, keys["agent"])
+    eligible, reason = eligibility(agent, month)
+    if not eligible and not config.force:
+        record = write_refusal(settings.data_dir, agent, month, config.query_set, reason)
+        context.log.warning(f"{agent.name} is not evaluated on {month:%Y-%m}: {reason}")
+        return dg.MaterializeResult(metadata={
+            "status": "refused", "reason": reason, "agent config": record["agent_config_hash"],
+            "query_set": config.query_set,
+        })
+    split_file = DataLayout(settings.data_dir).split_dir(month) / f"{config.query_set}.parquet"
+    if not split_file.exists():
+        raise dg.Failure(description=f"no split at {split_file}; materialise test_split for {month:%Y-%m} first",
+                         allow_retries=False)
+    clear_refusal(settings.data_dir, month, agent.name, config.query_set)
+    try:
+        records = _run(agent, split_file, settings.data_dir, config, llm, context)
+    except (MonthNotReady, ModelUnavailable) as exc:
+        raise dg.Failure(description=str(exc), allow_retries=False) from exc
+    metadata = {
+        "status": "contaminated" if records[0]["contaminated"] else "evaluated",
+        "eligibility": reason,
+        "agent config": agent_config_hash(agent),
+        "query_set": config.query_set,
+        "dagster/row_count": sum(r["n"] * r["rounds"] for r in records),
+        "scores": dg.MetadataValue.md(_scores_table(records)),
+        "path": dg.MetadataValue.path(str(DataLayout(settings.data_dir).evaluation_dir(
+            month, agent.name, config.query_set, agent.distances[0]).parent)),
+    }
+    if agent.kind == "llm":
+        metadata["end states"] = dg.MetadataValue.json({f"distance={r['distance']}": r["end_states"] for r in records})
+        metadata["tokens in/out"] = f"{sum(r['tokens_in'] for r in records)}/{sum(r['tokens_out'] for r in records)}"
+    return dg.MaterializeResult(metadata=metadata)
+
+
+def _png(path: Path) -> dg.MetadataValue:
+    encoded = base64.b64encode(path.read_bytes()).decode()
+    return dg.MetadataValue.md(f"![{path.stem}](data:image/png;base64,{encoded})")
+
+
+@dg.asset(
+    deps=[evaluation],
+    group_name="evaluation",
+    kinds={"polars", "parquet"},
+    code_version=EVALUATION_VERSION,
+    description="evaluations/leaderboard.parquet (every stored run, ranked by second-level F1 within each "
+    "month, query set and distance; contaminated runs unranked) and evaluations/leaderboard.png.",
+)
+def leaderboard(mirai: MiraiSettings) -> dg.MaterializeResult:
+    data_dir = mirai.settings().data_dir
+    board, board_path, chart_path = write_leaderboard(data_dir)
+    refused = refusals(data_dir)
+    return dg.MaterializeResult(metadata={
+        "dagster/row_count": board.height,
+        "path": dg.MetadataValue.path(str(board_path)),
+        "leaderboard": dg.MetadataValue.md(markdown_table(summary(board)) if board.height else "no evaluation runs yet"),
+        "chart": _png(chart_path),
+        "refusals": dg.MetadataValue.md(markdown_table(refused) if refused.height else "none"),
+    })

@@ -1,0 +1,351 @@
+"""The LLM agents: Direct, zero-shot CoT and ReAct (MIRAI §3, Appendices H and I) over a chat client.
+
+ReAct runs turns of "Thought: ... / Action: ..." against a date-gated Environment. Both action
+types go through ``Environment.run_code``, the sandboxed child process, so text a model writes is
+never executed in this process:
+
+- ``single_function``: the action must be one call of an API function (checked with ``ast``);
+- ``code_block``: the action is a ```python fenced block, run as is.
+
+An episode ends (``end_state``, Appendix D.1/H) with
+
+- ``final_answer``: the model wrote "Final Answer:" followed by a JSON object;
+- ``invalid_actions``: CONSECUTIVE_LIMIT actions in a row could not be parsed or raised an error;
+- ``repeated_actions``: CONSECUTIVE_LIMIT actions in a row were the same action (checked after
+  invalid, so repeating a broken action counts as invalid);
+- ``max_steps``: the step budget ran out;
+- ``error``: the model or the sandbox failed (the exception's message is stored, never a key);
+- ``no_answer``: a Direct or CoT reply held no JSON object.
+
+Whenever an episode ends without a final answer, one more request asks the same model for it,
+given the tail of the work done (``answer_source`` says where the answer came from). Every model
+call is a step in the trajectory, with its thought, action, observation, error, tokens and
+latency.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from datetime import date
+
+from pipeline.agent_api.environment import API_FUNCTIONS
+from pipeline.agent_api.sandbox import SandboxError
+from pipeline.agent_api.types import DateGateError
+from pipeline.evaluation.llm import ChatClient, LLMError, Reply
+from pipeline.evaluation.metrics import parse_answer
+from pipeline.evaluation.prompts import (
+    final_request_messages,
+    query_prompt,
+    system_prompt,
+)
+
+CONSECUTIVE_LIMIT = 3  # MIRAI D.1: three consecutive invalid (or repeated) actions end an episode
+OBSERVATION_CHARS = 4000  # of an observation shown to the model (the trajectory keeps it whole)
+STOP = ["Observation:"]  # the model must not write the environment's reply itself
+
+_FINAL = re.compile(r"final\s+answer\s*:", re.IGNORECASE)
+_ACTION = re.compile(r"^\s*\**action\**\s*:\s*", re.IGNORECASE | re.MULTILINE)
+_THOUGHT = re.compile(r"^\s*\**thought\**\s*:\s*", re.IGNORECASE)
+_FENCE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
+_BACKTICKS = re.compile(r"^`+|`+$")
+_EMPTY_OBJECT = re.compile(r"\{\s*\}")
+# How the sandbox reports an exception: "ErrorType: message" at the start of a line.
+_ERROR_LINE = re.compile(r"^[A-Z][A-Za-z]*(?:Error|Exception): ", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class Query:
+    query_id: str
+    date: date
+    s: str
+    o: str
+    s_name: str
+    o_name: str
+
+
+@dataclass
+class Step:
+    """One model call. ``kind``: "react" (a ReAct turn), "answer" (the Direct/CoT reply) or
+    "final_request" (the extra request for a final answer). ``action_kind``: "call", "code",
+    "final", "invalid" or "" when the step has no action."""
+
+    index: int
+    kind: str
+    reply: str
+    thought: str = ""
+    action: str = ""
+    action_kind: str = ""
+    observation: str | None = None
+    error: str | None = None
+    tokens_in: int = 0
+    tokens_out: int = 0
+    latency_s: float = 0.0  # the model call
+    env_s: float = 0.0  # the environment (sandbox) call
+
+
+@dataclass
+class Trajectory:
+    query_id: str
+    strategy: str
+    action_type: str | None
+    end_state: str = ""
+    answer: dict = field(default_factory=dict)
+    answer_source: str = "none"  # "final_answer", "final_request" or "none"
+    steps: list[Step] = field(default_factory=list)
+    error: str | None = None  # what ended an episode in state "error"
+    wall_s: float = 0.0
+
+    @property
+    def n_actions(self) -> int:
+        return sum(s.kind == "react" for s in self.steps)
+
+    def record(self) -> dict:
+        """The trajectory as stored in trajectories.jsonl (JSON-ready)."""
+        return asdict(self) | {
+            "n_actions": self.n_actions,
+            "tokens_in": sum(s.tokens_in for s in self.steps),
+            "tokens_out": sum(s.tokens_out for s in self.steps),
+            "model_s": sum(s.latency_s for s in self.steps),
+            "env_s": sum(s.env_s for s in self.steps),
+        }
+
+
+@dataclass(frozen=True)
+class AgentSpec:
+    """What the harness needs of a registry entry (pipeline.evaluation.registry.Agent)."""
+
+    strategy: str
+    action_type: str | None
+    temperature: float
+    max_steps: int | None
+    max_tokens: int
+
+
+# --- parsing a reply ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Action:
+    kind: str  # "call", "code", "final" or "invalid"
+    code: str = ""  # what run_code executes ("call", "code")
+    key: str = ""  # the normalised action, for repeat detection
+    answer: dict | None = None  # "final"
+    problem: str = ""  # "invalid": what was wrong, shown to the model
+
+
+def split_reply(text: str) -> tuple[str, str]:
+    """(thought, action): the action is what follows the last "Action:" line, the thought what
+    precedes it without its "Thought:" label; with no "Action:" the whole reply is the action."""
+    marks = list(_ACTION.finditer(text))
+    if not marks:
+        return "", text.strip()
+    last = marks[-1]
+    return _THOUGHT.sub("", text[: last.start()].strip(), count=1), text[last.end():].strip()
+
+
+def read_answer(text: str) -> dict | None:
+    """The JSON object in the text (parse_answer), or None when there is none: parse_answer's
+    {} means "nothing readable" unless the text really holds an empty object."""
+    answer = parse_answer(text)
+    return answer if answer or _EMPTY_OBJECT.search(text) else None
+
+
+def _final(text: str) -> Action | None:
+    match = _FINAL.search(text)
+    if match is None:
+        return None
+    answer = read_answer(text[match.end():])
+    if answer is None:
+        return Action("invalid", problem='"Final Answer:" must be followed by the JSON object, e.g. {"04": ["042"]}')
+    return Action("final", answer=answer)
+
+
+def parse_call(action: str) -> Action:
+    """A single-function action: exactly one call of an API function (any arguments; they are
+    evaluated in the sandbox)."""
+    code = _BACKTICKS.sub("", action.strip()).strip()
+    fenced = _FENCE.search(action)
+    if fenced:
+        code = fenced.group(1).strip()
+    try:
+        tree = ast.parse(code, mode="eval")
+    except SyntaxError:
+        return Action("invalid", problem="the action must be one Python call of an API function on one line, "
+                                         "e.g. count_events(head_entities=[\"USA\"])")
+    call = tree.body
+    if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id in API_FUNCTIONS):
+        return Action("invalid", problem="the action must call one of the API functions: " + ", ".join(API_FUNCTIONS))
+    normal = ast.unparse(tree)
+    return Action("call", code=normal, key=normal)
+
+
+def parse_code_block(action: str) -> Action:
+    """A code-block action: the first ```python fenced block."""
+    fenced = _FENCE.search(action)
+    if fenced is None or not fenced.group(1).strip():
+        return Action("invalid", problem="the action must be a Python code block between ```python and ```")
+    code = fenced.group(1).strip("\n")
+    key = "\n".join(line.rstrip() for line in code.strip().splitlines() if line.strip())
+    return Action("code", code=code, key=key)
+
+
+def parse_action(text: str, action_type: str) -> tuple[str, str, Action]:
+    """(thought, action text, parsed action) of one ReAct reply. A final answer written outside
+    the action part still counts, but only when the action itself is not a valid one ("Thought:
+    before the Final Answer: I need data" must not spoil the call that follows)."""
+    thought, action = split_reply(text)
+    final = _final(action)
+    if final is not None:
+        return thought, action, final
+    parsed = (parse_call if action_type == "single_function" else parse_code_block)(action)
+    if parsed.kind == "invalid" and (elsewhere := _final(text)) is not None and elsewhere.kind == "final":
+        return thought, action, elsewhere
+    return thought, action, parsed
+
+
+def execution_error(observation: str, action_type: str) -> str | None:
+    """The error the sandbox reported, if any: a single call's whole output is either its value
+    or the error; a code block's error follows whatever it printed."""
+    if action_type == "single_function":
+        return observation.strip() if _ERROR_LINE.match(observation) else None
+    match = _ERROR_LINE.search(observation)
+    return observation[match.start():].strip() if match else None
+
+
+# --- episodes -----------------------------------------------------------------------------------
+
+
+def _call(client: ChatClient, messages: list[dict], spec: AgentSpec) -> Reply:
+    return client.chat(messages, temperature=spec.temperature, max_tokens=spec.max_tokens, stop=STOP)
+
+
+def _model_step(step: Step, reply: Reply) -> None:
+    step.reply, step.tokens_in, step.tokens_out, step.latency_s = reply.text, reply.tokens_in, reply.tokens_out, reply.latency_s
+
+
+def _notes(steps: list[Step]) -> str:
+    """The work so far as text, for the final-answer request."""
+    parts = []
+    for step in steps:
+        parts.append(step.reply.strip())
+        if step.observation is not None:
+            parts.append(f"Observation: {step.observation.strip()}")
+        elif step.error:
+            parts.append(f"Error: {step.error}")
+    return "\n".join(p for p in parts if p)
+
+
+def _final_request(client: ChatClient, spec: AgentSpec, system: str, query_text: str, trajectory: Trajectory) -> None:
+    """The one extra request for a final answer (MIRAI's answer extraction step, Appendix H)."""
+    step = Step(index=len(trajectory.steps), kind="final_request", reply="")
+    trajectory.steps.append(step)
+    messages = final_request_messages(system, query_text, _notes(trajectory.steps[:-1]))
+    try:
+        _model_step(step, _call(client, messages, spec))
+    except LLMError as exc:
+        step.error = str(exc)
+        return
+    answer = read_answer(step.reply)
+    if answer is not None:
+        trajectory.answer, trajectory.answer_source = answer, "final_request"
+
+
+def _act(env, action: Action, action_type: str, step: Step) -> str:
+    """Run a call or code block in the sandbox, or refuse an invalid action; record the
+    observation and any error on the step; return the Observation message for the model."""
+    if action.kind == "invalid":
+        step.error = f"invalid action: {action.problem}"
+        return f"Observation: Invalid action: {action.problem}."
+    started = time.perf_counter()
+    step.observation = env.run_code(action.code)
+    step.env_s = time.perf_counter() - started
+    step.error = execution_error(step.observation, action_type)
+    return f"Observation: {_clip(step.observation)}"
+
+
+def _react_turns(client: ChatClient, spec: AgentSpec, env, messages: list[dict], trajectory: Trajectory) -> str:
+    """Run ReAct turns until an end state; return it."""
+    invalid = repeated = 0
+    previous = None
+    for index in range(spec.max_steps):
+        step = Step(index=index, kind="react", reply="")
+        trajectory.steps.append(step)
+        _model_step(step, _call(client, messages, spec))
+        step.thought, step.action, action = parse_action(step.reply, spec.action_type)
+        step.action_kind = action.kind
+        messages.append({"role": "assistant", "content": step.reply.strip()})
+        if action.kind == "final":
+            trajectory.answer, trajectory.answer_source = action.answer, "final_answer"
+            return "final_answer"
+        feedback = _act(env, action, spec.action_type, step)
+        ok = step.error is None
+        repeated = repeated + 1 if action.key and action.key == previous else 0
+        previous = action.key or None
+        if repeated:
+            feedback += "\n(You took this same action in your previous step.)"
+        invalid = 0 if ok else invalid + 1
+        if invalid >= CONSECUTIVE_LIMIT:
+            return "invalid_actions"
+        if repeated + 1 >= CONSECUTIVE_LIMIT:
+            return "repeated_actions"
+        messages.append({"role": "user", "content": feedback})
+    return "max_steps"
+
+
+def _clip(observation: str) -> str:
+    if len(observation) <= OBSERVATION_CHARS:
+        return observation
+    return observation[:OBSERVATION_CHARS] + f"\n[observation cut at {OBSERVATION_CHARS} characters]"
+
+
+def run_react(client: ChatClient, spec: AgentSpec, query: Query, cutoff: date,
+              env_factory: Callable[[], object]) -> Trajectory:
+    """One ReAct episode. ``env_factory`` opens the query's Environment (visible up to
+    ``cutoff``); it is closed, and its sandbox stopped, when the episode ends."""
+    trajectory = Trajectory(query.query_id, "react", spec.action_type)
+    started = time.perf_counter()
+    text = query_prompt(query.date, query.s, query.o, query.s_name, query.o_name, cutoff)
+    system = system_prompt("react", spec.action_type, spec.max_steps)
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": text}]
+    try:
+        with env_factory() as env:
+            trajectory.end_state = _react_turns(client, spec, env, messages, trajectory)
+    except (LLMError, SandboxError, DateGateError) as exc:
+        # DateGateError: the query's cutoff is before the database starts, so no environment.
+        trajectory.end_state, trajectory.error = "error", f"{type(exc).__name__}: {exc}"
+        if trajectory.steps and trajectory.steps[-1].error is None:
+            trajectory.steps[-1].error = trajectory.error
+    if trajectory.end_state != "final_answer":
+        _final_request(client, spec, system, text, trajectory)
+    trajectory.wall_s = time.perf_counter() - started
+    return trajectory
+
+
+def run_single_turn(client: ChatClient, spec: AgentSpec, query: Query, cutoff: date) -> Trajectory:
+    """A Direct or zero-shot CoT episode: one reply from the model's own knowledge, no tools."""
+    trajectory = Trajectory(query.query_id, spec.strategy, None)
+    started = time.perf_counter()
+    text = query_prompt(query.date, query.s, query.o, query.s_name, query.o_name, cutoff)
+    system = system_prompt(spec.strategy)
+    step = Step(index=0, kind="answer", reply="")
+    trajectory.steps.append(step)
+    try:
+        _model_step(step, _call(client, [{"role": "system", "content": system}, {"role": "user", "content": text}], spec))
+    except LLMError as exc:
+        step.error = trajectory.error = f"{type(exc).__name__}: {exc}"
+        trajectory.end_state = "error"
+    else:
+        step.thought, _ = split_reply(step.reply)
+        answer = read_answer(step.reply)
+        if answer is None:
+            trajectory.end_state = "no_answer"
+        else:
+            trajectory.answer, trajectory.answer_source, trajectory.end_state = answer, "final_answer", "final_answer"
+    if trajectory.end_state != "final_answer":
+        _final_request(client, spec, system, text, trajectory)
+    trajectory.wall_s = time.perf_counter() - started
+    return trajectory

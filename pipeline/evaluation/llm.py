@@ -1,0 +1,204 @@
+"""Chat clients for LLM agents: an OpenAI-compatible HTTP endpoint, or a local GGUF model run by
+llama-cpp-python on CPU. Both take a list of chat messages and return a ``Reply`` with the text,
+the tokens in and out and the wall time of the call, which the harness stores per step.
+
+The API key of an endpoint is read from the environment variable the registry names, at call
+time, and never appears in a log line, an exception or a stored record.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import requests
+
+from pipeline.evaluation.registry import Agent
+
+DEFAULT_MAX_TOKENS = 1024
+DEFAULT_N_CTX = 8192  # SmolLM2 and Llama-3.1-class models all handle 8k; capped by the model's own
+DEFAULT_SEED = 0
+RETRY_STATUSES = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
+UNAVAILABLE_STATUSES = frozenset({401, 403, 404})  # bad key, no access, unknown model or URL
+
+
+class LLMError(RuntimeError):
+    """The model could not produce this reply (after retries); the message never holds the key.
+    The episode ends in state "error" and the evaluation goes on."""
+
+
+class ModelUnavailable(RuntimeError):
+    """The model cannot be used at all (no key, a rejected key, an unknown model, no GGUF file or
+    no llama-cpp-python): the evaluation stops instead of storing a run of failed episodes."""
+
+
+@dataclass(frozen=True)
+class Reply:
+    text: str
+    tokens_in: int
+    tokens_out: int
+    latency_s: float  # wall time of the call, retries and waits included
+
+
+class ChatClient(Protocol):
+    """What the harness needs from a model: one chat completion per call."""
+
+    def chat(self, messages: list[dict[str, str]], *, temperature: float, max_tokens: int, stop: list[str]) -> Reply: ...
+
+
+@dataclass(frozen=True)
+class HttpSettings:
+    connect_timeout_s: float = 10.0
+    read_timeout_s: float = 300.0  # a long completion streams nothing until it is done
+    attempts: int = 5
+    backoff_base_s: float = 2.0
+    backoff_max_s: float = 60.0
+
+
+class OpenAIChatClient:
+    """``POST {base_url}/chat/completions`` of any OpenAI-compatible server (OpenAI, vLLM,
+    llama.cpp's server, Ollama, ...). Retries connection errors, timeouts, 429 and 5xx with
+    exponential backoff and jitter, honouring Retry-After up to ``backoff_max_s``."""
+
+    def __init__(self, base_url: str, model: str, api_key_env: str | None, *, seed: int = DEFAULT_SEED,
+                 http: HttpSettings = HttpSettings(), session: requests.Session | None = None):
+        self.url = base_url.rstrip("/") + "/chat/completions"
+        self.model = model
+        self.api_key_env = api_key_env
+        self.seed = seed
+        self.http = http
+        self.session = session or requests.Session()
+
+    def _headers(self) -> dict[str, str]:
+        if not self.api_key_env:
+            return {}
+        key = os.environ.get(self.api_key_env)
+        if not key:
+            raise ModelUnavailable(f"environment variable {self.api_key_env} (the endpoint's api_key_env) is not set")
+        return {"Authorization": f"Bearer {key}"}
+
+    def _wait(self, attempt: int, response: requests.Response | None) -> float:
+        retry_after = response.headers.get("Retry-After") if response is not None else None
+        if retry_after and retry_after.strip().isdigit():
+            return min(float(retry_after), self.http.backoff_max_s)
+        return min(self.http.backoff_max_s, self.http.backoff_base_s * 2**attempt) * random.uniform(0.5, 1.0)
+
+    def chat(self, messages, *, temperature, max_tokens, stop) -> Reply:
+        payload = {"model": self.model, "messages": messages, "temperature": temperature,
+                   "max_tokens": max_tokens, "stop": stop or None, "seed": self.seed}
+        started = time.perf_counter()
+        problem = "no attempt made"
+        for attempt in range(self.http.attempts):
+            response = None
+            try:
+                response = self.session.post(self.url, json=payload, headers=self._headers(),
+                                             timeout=(self.http.connect_timeout_s, self.http.read_timeout_s))
+            except (requests.ConnectionError, requests.Timeout) as exc:
+                problem = f"{type(exc).__name__}"
+            else:
+                if response.status_code == 200:
+                    return self._reply(response, started)
+                problem = f"HTTP {response.status_code}: {response.text[:300]}"
+                if response.status_code in UNAVAILABLE_STATUSES:
+                    raise ModelUnavailable(f"{self.model} at {self.url}: {problem}")
+                if response.status_code not in RETRY_STATUSES:
+                    break
+            if attempt + 1 < self.http.attempts:
+                time.sleep(self._wait(attempt, response))
+        raise LLMError(f"{self.model} at {self.url}: {problem} (after {attempt + 1} attempt(s))")
+
+    def _reply(self, response: requests.Response, started: float) -> Reply:
+        try:
+            body = response.json()
+            text = body["choices"][0]["message"]["content"] or ""
+        except (ValueError, KeyError, IndexError, TypeError) as exc:
+            raise LLMError(f"{self.model}: malformed completion ({type(exc).__name__}): {response.text[:300]}") from exc
+        usage = body.get("usage") or {}
+        return Reply(text, int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0)),
+                     time.perf_counter() - started)
+
+
+# One loaded model per (file, context size) per process: loading costs seconds and the memory
+# of the weights, and an evaluation asks the same model hundreds of questions.
+_MODELS: dict[tuple[str, int, int | None], object] = {}
+_MODELS_LOCK = threading.Lock()
+
+
+def _trained_context(llama, default: int) -> int:
+    """The model's training context length, from the GGUF metadata ("<arch>.context_length")."""
+    arch = llama.metadata.get("general.architecture", "")
+    return int(llama.metadata.get(f"{arch}.context_length", default))
+
+
+def _load_llama(path: Path, n_ctx: int, n_threads: int | None):
+    key = (str(path.resolve()), n_ctx, n_threads)
+    with _MODELS_LOCK:
+        if key not in _MODELS:
+            if not path.is_file():
+                raise ModelUnavailable(f"GGUF model file {path} does not exist")
+            try:
+                from llama_cpp import Llama  # lazy: only local-model agents need it
+            except ImportError as exc:
+                raise ModelUnavailable("a gguf agent needs llama-cpp-python: pip install 'llama-cpp-python>=0.3.36,<0.4'") from exc
+            llama = Llama(model_path=str(path), n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=0,
+                          seed=DEFAULT_SEED, verbose=False)
+            trained = _trained_context(llama, n_ctx)
+            if trained < n_ctx:  # positions past the trained context are not meaningful
+                del llama
+                llama = Llama(model_path=str(path), n_ctx=trained, n_threads=n_threads, n_gpu_layers=0,
+                              seed=DEFAULT_SEED, verbose=False)
+            _MODELS[key] = llama
+        return _MODELS[key]
+
+
+class LlamaCppChatClient:
+    """A local GGUF model on CPU through llama-cpp-python, with the chat template stored in the
+    GGUF. Every call passes the same seed, so a call's sampling does not depend on the calls
+    before it; at temperature 0 the reply is the greedy one. The context is ``n_ctx`` tokens or
+    the model's training context, whichever is smaller; a conversation that outgrows it raises
+    LLMError (the episode ends with status "error")."""
+
+    def __init__(self, path: Path | str, *, n_ctx: int = DEFAULT_N_CTX, n_threads: int | None = None,
+                 seed: int = DEFAULT_SEED):
+        self.path = Path(path)
+        self.n_ctx = n_ctx
+        self.n_threads = n_threads
+        self.seed = seed
+
+    def chat(self, messages, *, temperature, max_tokens, stop) -> Reply:
+        llama = _load_llama(self.path, self.n_ctx, self.n_threads)
+        started = time.perf_counter()
+        try:
+            out = llama.create_chat_completion(messages=messages, temperature=temperature, max_tokens=max_tokens,
+                                               stop=stop or None, seed=self.seed)
+        except ValueError as exc:  # llama-cpp-python's "Requested tokens exceed context window"
+            raise LLMError(f"{self.path.name}: {exc}") from exc
+        usage = out.get("usage") or {}
+        return Reply(out["choices"][0]["message"]["content"] or "", int(usage.get("prompt_tokens", 0)),
+                     int(usage.get("completion_tokens", 0)), time.perf_counter() - started)
+
+
+@dataclass(frozen=True)
+class ClientSettings:
+    """Run-time knobs that are not part of an agent's registry entry (recorded with each run)."""
+
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    n_ctx: int = DEFAULT_N_CTX
+    n_threads: int | None = None
+    seed: int = DEFAULT_SEED
+    http: HttpSettings = HttpSettings()
+
+
+def client_for(agent: Agent, settings: ClientSettings = ClientSettings()) -> ChatClient:
+    """The chat client an LLM agent's registry entry describes."""
+    if agent.endpoint is not None:
+        e = agent.endpoint
+        return OpenAIChatClient(e.base_url, e.model, e.api_key_env, seed=settings.seed, http=settings.http)
+    if agent.gguf is not None:
+        return LlamaCppChatClient(agent.gguf, n_ctx=settings.n_ctx, n_threads=settings.n_threads, seed=settings.seed)
+    raise ValueError(f"{agent.name} has neither an endpoint nor a gguf model")

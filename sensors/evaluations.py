@@ -1,0 +1,90 @@
+"""Evaluate every registered agent on every new split, and rebuild the leaderboard after.
+
+Each tick:
+
+1. reads agents.yaml (MIRAI_AGENTS_FILE) and adds a partition of the "agents" dimension for every
+   new agent name (removed agents keep theirs, so their stored runs stay visible);
+2. requests one `agent_evaluation` run per (month with a test_split, agent) pair it has not
+   requested yet: a month it has not seen, or an agent whose registry entry is new or changed
+   (then every month: the back-evaluation). An ineligible pair gets a run too, which stores the
+   refusal and shows it on the partition, so every (month, agent) cell says what happened to it;
+3. when evaluations were materialised since the last leaderboard and none is queued or running,
+   requests one `leaderboard` run.
+
+The cursor holds the months seen and each agent's config hash; the run keys
+``evaluation:<month>:<agent>:<config hash>`` make a request that slips past the cursor (a reset
+cursor, an agent removed and added back) a no-op, since Dagster never launches a run key twice.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import date
+
+import dagster as dg
+
+from assets.evaluations import agent_partitions, evaluation, leaderboard
+from assets.resources import MiraiSettings
+from pipeline.evaluation.registry import Agent, eligibility, load_agents
+from pipeline.evaluation.run import agent_config_hash
+
+TEST_SPLIT = dg.AssetKey("test_split")
+IN_FLIGHT = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
+             dg.DagsterRunStatus.STARTED]
+
+evaluation_job = dg.define_asset_job(
+    "agent_evaluation",
+    selection=[evaluation],
+    # One run evaluates one (month, agent): a single step, so no per-step subprocess.
+    executor_def=dg.in_process_executor,
+)
+leaderboard_job = dg.define_asset_job("leaderboard_refresh", selection=[leaderboard], executor_def=dg.in_process_executor)
+
+
+def _request(month_key: str, agent: Agent, config_hash: str) -> dg.RunRequest:
+    eligible, _ = eligibility(agent, date.fromisoformat(month_key))
+    return dg.RunRequest(
+        run_key=f"evaluation:{month_key}:{agent.name}:{config_hash}",
+        job_name=evaluation_job.name,
+        partition_key=dg.MultiPartitionKey({"month": month_key, "agent": agent.name}),
+        tags={"mirai/agent": agent.name, "mirai/month": month_key[:7], "mirai/agent_config": config_hash,
+              "mirai/eligible": str(eligible).lower()},
+    )
+
+
+def _latest_evaluation(instance: dg.DagsterInstance) -> int:
+    """Storage id of the newest evaluation materialisation, 0 when there is none."""
+    records = instance.fetch_materializations(evaluation.key, limit=1).records
+    return records[0].storage_id if records else 0
+
+
+@dg.sensor(jobs=[evaluation_job, leaderboard_job], minimum_interval_seconds=120)
+def evaluation_sensor(context: dg.SensorEvaluationContext, mirai: MiraiSettings) -> dg.SensorResult:
+    """A broken agents.yaml fails the tick with every problem listed (RegistryError)."""
+    state = json.loads(context.cursor) if context.cursor else {"months": [], "agents": {}, "board": 0}
+    agents = load_agents(mirai.settings().agents_file)
+    months = sorted(context.instance.get_materialized_partitions(TEST_SPLIT))
+    known = set(context.instance.get_dynamic_partitions(agent_partitions.name))
+    new_names = [a.name for a in agents if a.name not in known]
+    hashes = {a.name: agent_config_hash(a) for a in agents}
+    seen = set(state["months"])
+    requests = [
+        _request(month, agent, hashes[agent.name])
+        for agent in agents
+        for month in months
+        if month not in seen or state["agents"].get(agent.name) != hashes[agent.name]
+    ]
+    board = state["board"]
+    latest = _latest_evaluation(context.instance)
+    if not requests and latest > board and not context.instance.get_runs_count(
+        dg.RunsFilter(job_name=evaluation_job.name, statuses=IN_FLIGHT)
+    ):
+        requests.append(dg.RunRequest(run_key=f"leaderboard:{latest}", job_name=leaderboard_job.name))
+        board = latest
+    cursor = json.dumps({"months": months, "agents": hashes, "board": board}, sort_keys=True)
+    return dg.SensorResult(
+        run_requests=requests,
+        skip_reason=None if requests else f"{len(months)} split month(s) × {len(agents)} agent(s): nothing new",
+        cursor=cursor,
+        dynamic_partitions_requests=[agent_partitions.build_add_request(new_names)] if new_names else [],
+    )
