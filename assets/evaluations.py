@@ -31,6 +31,7 @@ from pipeline.evaluation.run import (
     refusals,
     write_refusal,
 )
+from pipeline.release import open_store, publish_leaderboard
 from pipeline.storage import DataLayout
 
 # Agent names come from agents.yaml; the evaluation sensor adds a partition for every new one.
@@ -170,10 +171,15 @@ def leaderboard(mirai: MiraiSettings) -> dg.MaterializeResult:
     data_dir = mirai.settings().data_dir
     board, board_path, chart_path = write_leaderboard(data_dir)
     refused = refusals(data_dir)
+    # Published beside the releases (issue 7: the leaderboard goes out with the releases), once
+    # there is at least one release to sit beside.
+    store = open_store(mirai.settings())
+    published = publish_leaderboard(store, board_path, chart_path) if store.release_months() else []
     return dg.MaterializeResult(metadata={
         "dagster/row_count": board.height,
         "path": dg.MetadataValue.path(str(board_path)),
         "leaderboard": dg.MetadataValue.md(markdown_table(summary(board)) if board.height else "no evaluation runs yet"),
         "chart": _png(chart_path),
         "refusals": dg.MetadataValue.md(markdown_table(refused) if refused.height else "none"),
+        "published": ", ".join(published) or "unchanged or no release yet",
     })

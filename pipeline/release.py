@@ -32,7 +32,7 @@ from pathlib import Path
 from urllib.parse import quote, urlparse
 
 from pipeline.config import Settings
-from pipeline.storage import DataLayout, atomic_write_bytes, commit_temp, temp_path_for
+from pipeline.storage import DataLayout, atomic_write_bytes, temp_path_for
 
 RELEASE_FORMAT = "mirai-release-v1"
 INDEX_FORMAT = "mirai-release-index-v1"
@@ -718,3 +718,19 @@ def build_index(store: ReleaseStore) -> dict:
             }
         )
     return {"format": INDEX_FORMAT, "releases": releases}
+
+
+LEADERBOARD_KEYS = {"parquet": f"{RELEASES_DIR}/leaderboard.parquet", "png": f"{RELEASES_DIR}/leaderboard.png"}
+
+
+def publish_leaderboard(store: ReleaseStore, board: Path, chart: Path) -> list[str]:
+    """Put the current leaderboard next to the releases' index. Unlike a release it changes with
+    every evaluation, so like index.json it is a revalidated pointer, not an immutable object;
+    only what changed is written. Returns the keys written."""
+    written = []
+    for key, path in ((LEADERBOARD_KEYS["parquet"], board), (LEADERBOARD_KEYS["png"], chart)):
+        data = path.read_bytes()
+        if store.get_bytes(key) != data:
+            store.put_bytes(key, data, cache_control=POINTER_CACHE, if_absent=False)
+            written.append(key)
+    return written

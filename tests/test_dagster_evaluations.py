@@ -188,6 +188,7 @@ def test_requested_runs_evaluate_or_refuse_and_the_leaderboard_follows(data_dir,
     assert meta["chart"].value.startswith("![leaderboard](data:image/png;base64,")
     assert "| 1 | 2024-02 | queries_sample | 1 | recurrency | baseline | no | 3 | 1 |" in meta["leaderboard"].value
     assert "| 2024-02 | queries_sample | recent-llm |" in meta["refusals"].value
+    assert meta["published"].value == "unchanged or no release yet"  # nothing released in this store
     board = pl.read_parquet(layout.root / "evaluations/leaderboard.parquet")
     assert board.select("agent", "distance", "rank").rows() == [("recurrency", 1, 1), ("recurrency", 7, 1)]
     png = (layout.root / "evaluations/leaderboard.png").read_bytes()

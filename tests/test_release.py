@@ -405,3 +405,17 @@ def test_s3_rejects_bytes_that_changed_after_planning(data_dir, s3_server, bucke
         publish_release(FEB, settings, open_store(settings), plan=plan)
     listed = s3_server.client().list_objects_v2(Bucket=bucket).get("Contents", [])
     assert not [o for o in listed if "events/month=2023-12" in o["Key"] or o["Key"].endswith("manifest.json")]
+
+
+def test_leaderboard_is_published_as_a_pointer_and_rewritten_only_when_it_changes(tmp_path):
+    from pipeline.release import LEADERBOARD_KEYS, LocalStore, publish_leaderboard
+
+    store = LocalStore(tmp_path / "bucket")
+    board, chart = tmp_path / "leaderboard.parquet", tmp_path / "leaderboard.png"
+    board.write_bytes(b"board v1")
+    chart.write_bytes(b"\x89PNG chart")
+    assert publish_leaderboard(store, board, chart) == [LEADERBOARD_KEYS["parquet"], LEADERBOARD_KEYS["png"]]
+    assert publish_leaderboard(store, board, chart) == []
+    board.write_bytes(b"board v2")
+    assert publish_leaderboard(store, board, chart) == [LEADERBOARD_KEYS["parquet"]]
+    assert store.get_bytes(LEADERBOARD_KEYS["parquet"]) == b"board v2"
