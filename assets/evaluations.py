@@ -1,12 +1,12 @@
 """Agent evaluations, one partition per (month, agent), and the leaderboard built from them."""
 
-import base64
 from datetime import date
 from pathlib import Path
 
 import dagster as dg
 from pydantic import Field
 
+from assets.metadata import png_metadata
 from assets.partitions import monthly_partitions
 from assets.resources import MiraiSettings
 from assets.splits import test_split
@@ -154,11 +154,6 @@ def evaluation(context: dg.AssetExecutionContext, config: EvaluationConfig, mira
     return dg.MaterializeResult(metadata=metadata)
 
 
-def _png(path: Path) -> dg.MetadataValue:
-    encoded = base64.b64encode(path.read_bytes()).decode()
-    return dg.MetadataValue.md(f"![{path.stem}](data:image/png;base64,{encoded})")
-
-
 @dg.asset(
     deps=[evaluation],
     group_name="evaluation",
@@ -179,7 +174,7 @@ def leaderboard(mirai: MiraiSettings) -> dg.MaterializeResult:
         "dagster/row_count": board.height,
         "path": dg.MetadataValue.path(str(board_path)),
         "leaderboard": dg.MetadataValue.md(markdown_table(summary(board)) if board.height else "no evaluation runs yet"),
-        "chart": _png(chart_path),
+        "chart": png_metadata(chart_path),
         "refusals": dg.MetadataValue.md(markdown_table(refused) if refused.height else "none"),
         "published": ", ".join(published) or "unchanged or no release yet",
     })

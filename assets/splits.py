@@ -1,11 +1,11 @@
 """The monthly test split: queries, balanced sample, figures, manifest and dataset card."""
 
-import base64
 from datetime import date
 
 import dagster as dg
 
 from assets.database import event_database
+from assets.metadata import png_metadata
 from assets.partitions import monthly_partitions
 from assets.resources import MiraiSettings
 from pipeline.database import MonthNotReady
@@ -19,11 +19,6 @@ class SplitConfig(dg.Config):
 
     override_by: str = ""
     override_reason: str = ""
-
-
-def _png(path) -> dg.MetadataValue:
-    encoded = base64.b64encode(path.read_bytes()).decode()
-    return dg.MetadataValue.md(f"![{path.stem}](data:image/png;base64,{encoded})")
 
 
 @dg.asset(
@@ -48,7 +43,7 @@ def test_split(context: dg.AssetExecutionContext, config: SplitConfig, mirai: Mi
     except MonthNotReady as exc:
         raise dg.Failure(description=str(exc), allow_retries=False) from exc
     manifest = split.manifest
-    figures = {name: _png(split.directory / name) for name in manifest["files"] if name.endswith(".png")}
+    figures = {name: png_metadata(split.directory / name) for name in manifest["files"] if name.endswith(".png")}
     return dg.MaterializeResult(
         metadata={
             "dagster/row_count": split.queries.height,
