@@ -8,6 +8,7 @@ test builds its input here and runs anywhere.
 from __future__ import annotations
 
 import io
+import random
 import struct
 import zipfile
 from datetime import date, datetime, timezone
@@ -24,6 +25,7 @@ from pipeline.gdelt import (
     parse_export,
     parse_mentions,
 )
+from pipeline.gdelt import parse as parse_module
 from pipeline.gdelt.archive import is_zip
 from pipeline.gdelt.parse import parse_files
 from pipeline.gdelt.schema import EXPORT_SCHEMA, MENTIONS_SCHEMA, REJECTS_SCHEMA
@@ -396,6 +398,76 @@ def test_the_reader_gives_one_row_per_line_blank_lines_included():
         parsed = parse_export(csv(lines) + blank)
         assert parsed.total_lines == 3 + blank.count(b"\n")
         assert set(parsed.rejects["reason"]) == {"empty_line"}
+
+
+def test_a_damaged_last_line_without_a_newline_is_counted_like_the_others():
+    # Damaged files are looked at line by line with TAB and \n positions found by polars; the
+    # last line has no \n of its own there.
+    lines = clean_export(6)
+    lines[1] = lines[1][: lines[1].rfind(b"\t")]
+    for last, reason in ((lines[5] + b"\tx\t", "field_count:63"), (lines[5][:30], "field_count:4")):
+        parsed = parse_export(csv([*lines[:5], last])[:-1])
+        assert parsed.rejects.select("line_number", "reason", "raw_line").rows() == [
+            (2, "field_count:60", lines[1]),
+            (6, reason, last),
+        ]
+        assert parsed.rows["GLOBALEVENTID"].to_list() == [FIRST_ID + i for i in (0, 2, 3, 4)]
+
+
+def test_a_lone_cr_after_the_last_newline_is_an_empty_line():
+    lines = clean_export(3)
+    parsed = parse_export(csv(lines) + b"\r")
+    assert parsed.total_lines == 4
+    assert parsed.rejects.select("line_number", "reason", "raw_line").rows() == [(4, "empty_line", b"\r")]
+    assert parsed.rows.equals(parse_export(csv(lines)).rows)
+
+
+def test_a_mentions_line_short_of_its_empty_last_fields_is_rejected():
+    # Mentions lines end in two usually empty fields: the read values of a line that lost them
+    # look exactly like a full line's, so only its TABs tell.
+    lines = [mentions_line(FIRST_ID + i) for i in range(5)]
+    short_one, short_two = lines[1][: lines[1].rfind(b"\t")], lines[3][: lines[3].rfind(b"\t", 0, -1)]
+    assert short_one.endswith(b"-3.5\t") and short_two.endswith(b"-3.5")
+    parsed = parse_mentions(csv([lines[0], short_one, lines[2], short_two, lines[4] + b"\t"]))
+    assert parsed.rejects.select("line_number", "reason").rows() == [
+        (2, "field_count:15"),
+        (4, "field_count:14"),
+        (5, "field_count:17"),
+    ]
+    assert parsed.rows["GLOBALEVENTID"].to_list() == [FIRST_ID, FIRST_ID + 2]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_line_positions_found_by_polars_match_a_plain_split(seed):
+    # The damaged-file path counts TABs per line and finds line ends on a byte view of the file
+    # instead of splitting it in Python; both must see the same lines.
+    rng = random.Random(seed)
+    for _ in range(300):
+        data = bytes(rng.choice(b"ab\t\t\n\r") for _ in range(rng.randrange(40)))
+        lines = data.split(b"\n") if data else []  # the empty string after a final \n is no line
+        if data.endswith(b"\n"):
+            lines.pop()
+        view = parse_module._byte_view(data)
+        ends = parse_module._line_ends(view, data)
+        assert parse_module._line_tabs(view, data).to_list() == [line.count(b"\t") for line in lines]
+        assert [data[parse_module._line_start(ends, i) : end] for i, end in enumerate(ends)] == lines
+        assert parse_module._count_byte(data, b"\t") == data.count(b"\t")
+
+
+def test_the_utf8_check_agrees_with_python():
+    samples = [
+        b"", b"plain", "Kyïv, Київ".encode(), b"\xef\xbb\xbfBOM", b"\xf0\x9f\x98\x80",  # valid
+        b"\xff", b"\xc3(", b"\xe2\x82", b"\xc0\xaf", b"\xe0\x80\xaf",  # stray, cut, overlong
+        b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"\xf5\x80\x80\x80", b"\x80",  # surrogate, too big
+    ]
+    for sample in samples:
+        for data in (sample, b"a\tb\n" + sample + b"\n", sample * 3):
+            try:
+                data.decode("utf-8")
+                valid = True
+            except UnicodeDecodeError:
+                valid = False
+            assert parse_module._is_utf8(data) is valid, data
 
 
 def test_several_kinds_of_rejects_in_one_file_keep_their_line_numbers():
