@@ -424,3 +424,14 @@ def test_audit_finds_nothing_for_random_query_dates_and_distances(generated_db):
         with db.environment(query_date, distance) as env:
             assert env.cutoff == query_date - timedelta(days=distance)
             assert leakage_violations(env, rng=random.Random(rng.random()), sandbox=False) == [], (query_date, distance)
+
+
+def test_a_query_in_the_first_days_of_the_database_sees_nothing(generated_db):
+    db = EventDatabase(generated_db)
+    with db.environment(db.start, 1) as env:  # cutoff: the day before the database starts
+        events, news = env.tables()
+        assert events.height == news.height == 0
+        assert env.count_events() == 0 and env.get_events() == [] and env.get_news_articles() == []
+        with pytest.raises(DateGateError, match="after the environment's cutoff"):
+            env.get_events(DateRange(Date(db.start.isoformat()), None))
+        assert leakage_violations(env, sandbox=False) == []

@@ -131,10 +131,9 @@ class EventDatabase:
 
     def gated_tables(self, cutoff: date) -> tuple[pl.DataFrame, pl.DataFrame]:
         """Events and news dated on or before ``cutoff``: the months before the cutoff month whole,
-        the cutoff month up to the cutoff. Later months are not read."""
-        if cutoff < self.start:
-            raise DateGateError(f"cutoff {cutoff} is before the database starts ({self.start})")
-        last = month_start(cutoff)
+        the cutoff month up to the cutoff. Later months are not read. A cutoff before the database
+        starts (a query in its first days) sees nothing: empty tables of the right schema."""
+        last = max(month_start(cutoff), self.start)
         indices = [i for i, month in enumerate(self.months) if month <= last]
         frames = [self._month(i) for i in indices]
         # Only the newest loaded month can hold days after the cutoff.
