@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import time
 from datetime import date, datetime, timedelta, timezone
@@ -103,7 +101,7 @@ def cmd_mirror_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-DEMO_START = date(2024, 1, 1)
+DEMO_MONTH = date(2024, 1, 1)
 
 
 def _month(text: str) -> date:
@@ -187,69 +185,13 @@ def cmd_download(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """Generate a sample GDELT mirror, serve it on 127.0.0.1 and ingest it through Dagster."""
-    from pipeline.gdelt.ledger import read_ledger, summarize
-    from pipeline.mirror.generate import generate_mirror
-    from pipeline.mirror.serve import MirrorServer
-    from pipeline.storage import DataLayout
+    """The whole chain on a generated month through Dagster (pipeline/mirror/demo.py, docs/demo.md)."""
+    from pipeline.mirror.demo import DemoPlan, run_demo
+    from pipeline.mirror.generate import MirrorOptions
 
-    settings = Settings.from_env()
-    data_dir = settings.data_dir.resolve()
-    days = _days(args.start, args.start + timedelta(days=args.days - 1))
-    mirror_dir = data_dir / "mirror"
-    manifest_path = mirror_dir / "manifest.json"
-    if not manifest_path.exists() or json.loads(manifest_path.read_text()).get("end") != days[-1].isoformat():
-        print(f"[1/3] generating a GDELT mirror for {days[0]} .. {days[-1]} in {mirror_dir}", flush=True)
-        generate_mirror(mirror_dir, days[0], days[-1], seed=args.seed)
-    else:
-        print(f"[1/3] reusing the generated mirror in {mirror_dir}", flush=True)
-
-    dagster_home = data_dir / "dagster_home"
-    dagster_home.mkdir(parents=True, exist_ok=True)
-    (dagster_home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
-    with MirrorServer(mirror_dir) as server:
-        env = {
-            **os.environ,
-            "MIRAI_DATA_DIR": str(data_dir),
-            "GDELT_BASE_URL": server.base_url,
-            "DAGSTER_HOME": str(dagster_home),
-            "MIRAI_BACKOFF_BASE_S": os.environ.get("MIRAI_BACKOFF_BASE_S", "0.2"),
-        }
-        print(f"[2/3] mirror served at {server.base_url}; Dagster instance in {dagster_home}", flush=True)
-        root = Path(__file__).resolve().parents[1]
-        for day in days:
-            started = time.perf_counter()
-            # The same job the 15-minute schedule runs, on the day's partition.
-            cmd = [
-                str(Path(sys.executable).with_name("dagster")), "job", "execute",
-                "-m", "definitions", "-j", "gdelt_ingest",
-                "--tags", json.dumps({"dagster/partition": day.isoformat()}),
-            ]
-            proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True)
-            if proc.returncode != 0:
-                print(proc.stdout[-4000:], proc.stderr[-4000:], sep="\n", file=sys.stderr)
-                print(f"dagster run for {day} failed (exit {proc.returncode})", file=sys.stderr)
-                return proc.returncode
-            print(f"      {day}: materialised in Dagster in {time.perf_counter() - started:.1f}s", flush=True)
-
-    print("[3/3] summary", flush=True)
-    layout = DataLayout(data_dir)
-    for day in days:
-        counts = summarize(read_ledger(layout, day))
-        rows = {
-            kind: pl.scan_parquet(layout.parsed_dir(kind, day) / "*.parquet").select(pl.len()).collect().item()
-            for kind in ("export", "mentions")
-        }
-        events = pl.scan_parquet(layout.events_path(day)).select(pl.len()).collect().item()
-        quads = pl.read_parquet(layout.daily_quads_path(day), columns=["daily_mentions"])["daily_mentions"]
-        print(
-            f"      {day}: files " + ", ".join(f"{k}={v}" for k, v in counts.items() if v)
-            + f" | export rows={rows['export']:,} mentions={rows['mentions']:,}"
-            + f" | events kept={events:,} daily quads={quads.len():,} (>=50 mentions: {(quads >= 50).sum():,})"
-        )
-    print(f"\nLedger of a day:  MIRAI_DATA_DIR={data_dir} .venv/bin/mirai ledger --day {days[0]}")
-    print(f"Dagster UI:       DAGSTER_HOME={dagster_home} MIRAI_DATA_DIR={data_dir} .venv/bin/dagster dev -w workspace.yaml")
-    return 0
+    options = MirrorOptions(event_scale=args.scale, stories_per_day=args.stories, url_scheme="http")
+    plan = DemoPlan(month=args.month, extra_days=args.extra_days, options=options, seed=args.seed)
+    return run_demo(plan, Settings.from_env().data_dir)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -312,9 +254,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--signed", action="store_true", help="sign requests with AWS credentials (private buckets)")
     p.set_defaults(func=cmd_download)
 
-    p = sub.add_parser("demo", help="generate, serve and ingest a sample mirror through Dagster")
-    p.add_argument("--start", type=_day, default=DEMO_START)
-    p.add_argument("--days", type=int, default=3)
+    p = sub.add_parser("demo", help="the whole chain on a generated month, served on 127.0.0.1, through Dagster")
+    p.add_argument("--month", type=_month, default=DEMO_MONTH, help="the closed month to split and release (YYYY-MM)")
+    p.add_argument("--extra-days", type=int, default=3, help="days of the following month to ingest too")
+    p.add_argument("--scale", type=float, default=0.1, help="share of GDELT's events per 15-minute slot (0-1]")
+    p.add_argument("--stories", type=int, default=8, help="well-reported stories per day (they make the test queries)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_demo)
     return parser

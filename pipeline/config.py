@@ -58,6 +58,9 @@ class Settings:
     fetch_backoff_max_s: float = 20.0
     fetch_max_redirects: int = 5
     fetch_allow_loopback: bool = False  # tests and the local demo only
+    # "*.example=127.0.0.1:8080,...": connect to these reserved-TLD names at a fixed address instead
+    # of resolving them (the demo's news sites; pipeline/articles/safety.py HostMap). Empty in production.
+    fetch_host_map: str = ""
     fetch_respect_robots: bool = True
     fetch_robots_ttl_s: float = 86400.0  # RFC 9309 §2.4: a cached robots.txt is used for at most 24 h
     # Later runs retry a failed URL this many hours after each failure, then give up.
@@ -160,6 +163,7 @@ _ENV_NAMES: dict[str, str] = {
     "fetch_backoff_max_s": "MIRAI_FETCH_BACKOFF_MAX_S",
     "fetch_max_redirects": "MIRAI_FETCH_MAX_REDIRECTS",
     "fetch_allow_loopback": "MIRAI_FETCH_ALLOW_LOOPBACK",
+    "fetch_host_map": "MIRAI_FETCH_HOST_MAP",
     "fetch_respect_robots": "MIRAI_FETCH_RESPECT_ROBOTS",
     "fetch_robots_ttl_s": "MIRAI_FETCH_ROBOTS_TTL_S",
     "fetch_retry_schedule_h": "MIRAI_FETCH_RETRY_SCHEDULE_H",

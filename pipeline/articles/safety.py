@@ -22,12 +22,21 @@ multicast, reserved, unspecified, shared/CGNAT (100.64/10, via ``is_global``), a
 address, IPv4-mapped/6to4/Teredo addresses wrapping one of those, and the cloud metadata addresses
 (169.254.169.254, fd00:ec2::254, 100.100.100.200) explicitly. ``allow_loopback`` (tests and the
 local demo, ``MIRAI_FETCH_ALLOW_LOOPBACK``) lets loopback addresses through and nothing else.
+
+``HostMap`` (``MIRAI_FETCH_HOST_MAP``, empty by default) sends the connections for some host names
+to a fixed address and port instead of resolving them, like curl's ``--resolve``: the demo serves
+the generated mirror's news sites (``www.<site>.example``) from one local server this way, while
+the URLs, Host headers, per-host limits and robots.txt stay those of the sites. Only names under
+the reserved TLDs of RFC 2606 / 6761 (``.example``, ``.test``, ``.invalid``, ``.localhost``) can be
+mapped, so no real site can ever be rerouted, and the target goes through the same address check
+(a loopback target still needs ``allow_loopback``).
 """
 
 from __future__ import annotations
 
 import ipaddress
 import socket
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -48,6 +57,46 @@ METADATA_ADDRESSES = frozenset(
 )
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+RESERVED_TLDS = ("example", "test", "invalid", "localhost")  # RFC 2606, RFC 6761: never public names
+
+
+@dataclass(frozen=True)
+class HostMap:
+    """Host names whose connections go to a fixed ``address:port`` (see the module docstring).
+
+    Parsed from ``"pattern=address:port,..."``; a pattern is a host name or ``*.suffix`` (any name
+    ending in ``.suffix``), under a reserved TLD; the address is an IP literal (IPv6 in brackets)."""
+
+    entries: tuple[tuple[str, str, int], ...] = ()
+
+    @classmethod
+    def parse(cls, text: str) -> "HostMap":
+        entries = []
+        for item in filter(None, (part.strip() for part in text.split(","))):
+            pattern, sep, target = item.partition("=")
+            address, _, port = target.strip().rpartition(":")
+            pattern, address = pattern.strip().lower().rstrip("."), address.strip("[]")
+            if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(f"host map entry {item!r}: expected pattern=address:port")
+            try:
+                ipaddress.ip_address(address)
+            except ValueError as exc:
+                raise ValueError(f"host map entry {item!r}: {address!r} is not an IP address") from exc
+            if pattern.rsplit(".", 1)[-1] not in RESERVED_TLDS or pattern in RESERVED_TLDS:
+                raise ValueError(f"host map entry {item!r}: only names under {', '.join(RESERVED_TLDS)} can be mapped")
+            entries.append((pattern, address, int(port)))
+        return cls(tuple(entries))
+
+    def target(self, host: str, port: int) -> tuple[str, int]:
+        """Where a connection to ``host:port`` goes: the first matching entry's, else unchanged."""
+        name = host.lower().rstrip(".")
+        for pattern, address, mapped_port in self.entries:
+            if name == pattern or (pattern.startswith("*.") and name.endswith(pattern[1:])):
+                return address, mapped_port
+        return host, port
+
+
+NO_HOST_MAP = HostMap()
 
 
 class UnsafeURL(Exception):
@@ -93,10 +142,11 @@ def resolve_host(host: str, port: int) -> list[tuple[Any, ...]]:
     return socket.getaddrinfo(host, port, allowed_gai_family(), socket.SOCK_STREAM)
 
 
-def checked_addresses(host: str, port: int, allow_loopback: bool = False) -> list[tuple[Any, ...]]:
-    """Resolve ``host`` and return its addrinfo entries, or raise UnsafeURL if *any* address is
-    refused (socket.gaierror when the name does not resolve)."""
-    host = host.strip("[]")
+def checked_addresses(host: str, port: int, allow_loopback: bool = False,
+                      host_map: HostMap = NO_HOST_MAP) -> list[tuple[Any, ...]]:
+    """Resolve ``host`` (or take its ``host_map`` target) and return its addrinfo entries, or raise
+    UnsafeURL if *any* address is refused (socket.gaierror when the name does not resolve)."""
+    host, port = host_map.target(host.strip("[]"), port)
     infos = resolve_host(host, port)
     if not infos:
         raise socket.gaierror(f"no address for {host}")
@@ -141,10 +191,10 @@ def check_url(url: str, allow_loopback: bool = False, *, resolve: bool = True) -
 # --- connection layer: resolve, check, connect to what was checked ---
 
 
-def _connect_checked(conn: HTTPConnection, allow_loopback: bool):
+def _connect_checked(conn: HTTPConnection, allow_loopback: bool, host_map: HostMap):
     """The body of ``_new_conn`` for the safe connection classes (urllib3 2.x)."""
     try:
-        infos = checked_addresses(conn._dns_host, conn.port, allow_loopback)
+        infos = checked_addresses(conn._dns_host, conn.port, allow_loopback, host_map)
     except socket.gaierror as exc:
         raise NameResolutionError(conn.host, conn, exc) from exc
     error: OSError | None = None
@@ -168,14 +218,14 @@ def _connect_checked(conn: HTTPConnection, allow_loopback: bool):
     raise NewConnectionError(conn, f"Failed to establish a new connection: {error}")
 
 
-def _pool_classes(allow_loopback: bool) -> dict[str, type]:
+def _pool_classes(allow_loopback: bool, host_map: HostMap = NO_HOST_MAP) -> dict[str, type]:
     class SafeHTTPConnection(HTTPConnection):
         def _new_conn(self):
-            return _connect_checked(self, allow_loopback)
+            return _connect_checked(self, allow_loopback, host_map)
 
     class SafeHTTPSConnection(HTTPSConnection):
         def _new_conn(self):
-            return _connect_checked(self, allow_loopback)
+            return _connect_checked(self, allow_loopback, host_map)
 
     class SafeHTTPConnectionPool(HTTPConnectionPool):
         ConnectionCls = SafeHTTPConnection
@@ -192,18 +242,21 @@ _POOL_CLASSES = {False: _pool_classes(False), True: _pool_classes(True)}
 class SafeHTTPAdapter(HTTPAdapter):
     """An HTTPAdapter whose connections go only to checked addresses (see the module docstring)."""
 
-    def __init__(self, allow_loopback: bool = False, **kwargs):
+    def __init__(self, allow_loopback: bool = False, host_map: HostMap = NO_HOST_MAP, **kwargs):
         self.allow_loopback = allow_loopback
+        self.host_map = host_map
         super().__init__(**kwargs)
 
     def init_poolmanager(self, *args, **kwargs) -> None:
         super().init_poolmanager(*args, **kwargs)
-        self.poolmanager.pool_classes_by_scheme = dict(_POOL_CLASSES[self.allow_loopback])
+        classes = _POOL_CLASSES[self.allow_loopback] if not self.host_map.entries else _pool_classes(
+            self.allow_loopback, self.host_map)
+        self.poolmanager.pool_classes_by_scheme = dict(classes)
 
     def proxy_manager_for(self, proxy, **proxy_kwargs):
         raise UnsafeURL("proxies are not used for article fetching (they would bypass the address check)")
 
-    __attrs__ = [*HTTPAdapter.__attrs__, "allow_loopback"]  # pickling keeps the policy
+    __attrs__ = [*HTTPAdapter.__attrs__, "allow_loopback", "host_map"]  # pickling keeps the policy
 
 
 def make_safe_session(settings: Settings, pool_maxsize: int = 1) -> requests.Session:
@@ -218,7 +271,8 @@ def make_safe_session(settings: Settings, pool_maxsize: int = 1) -> requests.Ses
         }
     )
     adapter = SafeHTTPAdapter(
-        allow_loopback=settings.fetch_allow_loopback, pool_connections=16, pool_maxsize=pool_maxsize, max_retries=0
+        allow_loopback=settings.fetch_allow_loopback, host_map=HostMap.parse(settings.fetch_host_map),
+        pool_connections=16, pool_maxsize=pool_maxsize, max_retries=0,
     )
     session.mount("http://", adapter)
     session.mount("https://", adapter)

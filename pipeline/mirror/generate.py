@@ -29,7 +29,7 @@ import re
 import zipfile
 from bisect import bisect_right
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import date, datetime, timedelta
 from functools import lru_cache
 from itertools import accumulate
@@ -241,6 +241,47 @@ _WORDS = {
         bürger wahlkampf partei sicherheit justiz länder straße""",
 }
 _BBC = "BBC Monitoring"  # GDELT's CITATIONONLY source: a citation, not a URL
+
+
+@dataclass(frozen=True)
+class MirrorOptions:
+    """Ways a mirror may differ from the default (``generate_mirror(..., options=...)``), for the
+    demo: the defaults reproduce the default mirror byte for byte.
+
+    ``event_scale`` multiplies the events of every slot (gaps and near-empty files stay as they are),
+    so a month fits in a few minutes. Fewer events alone would leave no quad with the mentions and
+    articles a test query needs, because actors are drawn independently; ``stories_per_day`` adds
+    what makes real quads well reported: a day's top stories, each an international (actor, event,
+    actor) triple that many outlets report in separate articles throughout the day. Half of them
+    run for a whole week, so the history baselines have something to recur on. ``url_scheme``
+    is the scheme of the article URLs (the demo's news server speaks plain HTTP).
+    """
+
+    event_scale: float = 1.0
+    stories_per_day: int = 0
+    url_scheme: str = "https"
+
+    def __post_init__(self) -> None:
+        if not 0 < self.event_scale <= 1:
+            raise ValueError(f"event_scale must be in (0, 1], got {self.event_scale}")
+        if self.stories_per_day < 0:
+            raise ValueError("stories_per_day must be >= 0")
+        if self.url_scheme not in ("http", "https"):
+            raise ValueError(f"url_scheme must be http or https, got {self.url_scheme!r}")
+
+
+DEFAULT_OPTIONS = MirrorOptions()
+# A story's events per day. Its events are widely covered (1-4 more mentions each than an ordinary
+# event's ~2.3), so ~30 of them lift a quad past MIRAI's 100 daily mentions on most days, from
+# 25-30 distinct articles (a test query needs 5 kept ones); the later stories of a day are smaller
+# (STORY_WEIGHTS) and some days fall short, as real stories do.
+STORY_EVENTS_PER_DAY = 30
+STORY_WEIGHTS = (1.5, 1.3, 1.1, 1.0, 0.9, 0.8, 0.7, 0.7)
+# Story actors: countries that make international news (bare country actors, ISO codes).
+_STORY_COUNTRIES = (
+    "USA CHN RUS UKR ISR GBR FRA DEU IND IRN PAK SYR TUR SAU JPN KOR PRK CAN MEX BRA AUS NGA EGY PSE IRQ "
+    "AFG QAT VEN POL ITA"
+).split()
 _BLANK_ACTOR = "\t" * 9  # 10 empty fields
 _BLANK_GEO = "0" + "\t" * 7  # Type 0 and 7 empty fields
 
@@ -340,6 +381,11 @@ def _tables() -> _Tables:
 _WORD_LISTS = {lang: words.split() for lang, words in _WORDS.items()}
 
 
+def news_sites() -> dict[str, str]:
+    """Domain → language of every generated news site (the demo's news server plays them)."""
+    return {domain: lang for domain, _, lang in _tables().sites}
+
+
 # --- Per-seed pools ------------------------------------------------------------------------------
 
 
@@ -424,7 +470,7 @@ class _DayPlan:
 
 
 @lru_cache(maxsize=4096)
-def _day_plan(seed: int, day: date) -> _DayPlan:
+def _day_plan(seed: int, day: date, scale: float = 1.0) -> _DayPlan:
     rng = random.Random(f"mirai-mirror/day/{seed}/{day.isoformat()}")
     counts = []
     for i in range(SLOTS_PER_DAY):
@@ -444,6 +490,8 @@ def _day_plan(seed: int, day: date) -> _DayPlan:
     counts[burst] = round(counts[burst] * rng.uniform(6.5, 7.5))
     for g in gaps:
         counts[g] = 0
+    if scale != 1.0:  # after every draw, so a scaled day keeps the default day's outage
+        counts = [c if i == near_empty or not c else max(1, round(c * scale)) for i, c in enumerate(counts)]
     day_first = FIRST_EVENT_ID + (day - EPOCH).days * DAY_ID_BLOCK
     first_ids = tuple(day_first + c for c in accumulate([0] + counts[:-1]))
     assert first_ids[-1] + counts[-1] - day_first <= DAY_ID_BLOCK
@@ -454,11 +502,11 @@ def _slot_time(slot_no: int) -> datetime:
     return datetime.combine(EPOCH, datetime.min.time()) + timedelta(minutes=15 * slot_no)
 
 
-def _slot_events(seed: int, slot_no: int) -> tuple[int, int]:
+def _slot_events(seed: int, slot_no: int, scale: float = 1.0) -> tuple[int, int]:
     """(first GLOBALEVENTID, event count) of any slot, 0 events for a gap or before GDELT 2.0."""
     if slot_no < 0:
         return 0, 0
-    plan = _day_plan(seed, EPOCH + timedelta(days=slot_no // SLOTS_PER_DAY))
+    plan = _day_plan(seed, EPOCH + timedelta(days=slot_no // SLOTS_PER_DAY), scale)
     i = slot_no % SLOTS_PER_DAY
     return plan.first_ids[i], plan.counts[i]
 
@@ -476,7 +524,7 @@ def _mix(x: int) -> int:
     return x ^ (x >> 31)
 
 
-def _document(seed: int, slot_no: int, j: int) -> tuple[str, str]:
+def _document(seed: int, slot_no: int, j: int, scheme: str = "https") -> tuple[str, str]:
     """(domain, URL) of document ``j`` first published in slot ``slot_no``: a pure function, so a
     later slot can report the same URL again without replaying the earlier slot."""
     t = _tables()
@@ -490,7 +538,8 @@ def _document(seed: int, slot_no: int, j: int) -> tuple[str, str]:
     section = _SECTIONS[(h >> 16) % len(_SECTIONS)]
     if (h >> 24) & 1:  # half the URLs end with a numeric article id, as many CMSs print them
         slug = f"{slug}-{(h >> 25) % 9_000_000 + 1_000_000}"
-    return site[0], f"{site[1]}{section}/{day:%Y/%m/%d}/{slug}"
+    prefix = site[1] if scheme == "https" else f"{scheme}{site[1][len('https'):]}"
+    return site[0], f"{prefix}{section}/{day:%Y/%m/%d}/{slug}"
 
 
 # --- One slot ------------------------------------------------------------------------------------
@@ -552,10 +601,11 @@ def _encode(rows: list[str]) -> bytes:
     return "".join(r + "\n" for r in rows).encode("utf-8", "surrogateescape")
 
 
-def _make_slot(seed: int, slot_no: int) -> _SlotText:
+def _make_slot(seed: int, slot_no: int, opts: MirrorOptions = DEFAULT_OPTIONS) -> _SlotText:
     t = _tables()
     p = _pools(seed)
-    first_id, n = _slot_events(seed, slot_no)
+    scale, scheme = opts.event_scale, opts.url_scheme
+    first_id, n = _slot_events(seed, slot_no, scale)
     when = _slot_time(slot_no)
     ts = f"{when:%Y%m%d%H%M%S}"
     rng = random.Random(f"mirai-mirror/slot/{seed}/{ts}")
@@ -573,7 +623,7 @@ def _make_slot(seed: int, slot_no: int) -> _SlotText:
 
     def doc(j: int) -> tuple[str, str]:
         if j not in docs:
-            docs[j] = _document(seed, slot_no, j)
+            docs[j] = _document(seed, slot_no, j, scheme)
         return docs[j]
 
     article_urls = []
@@ -582,9 +632,9 @@ def _make_slot(seed: int, slot_no: int) -> _SlotText:
             # Reported again 24-72 hours (1-3 calendar days) later: one of the first articles of
             # a slot back then (every non-empty slot has at least count // 6 articles).
             old = slot_no - rng.randint(SLOTS_PER_DAY, 3 * SLOTS_PER_DAY)
-            _, old_count = _slot_events(seed, old)
+            _, old_count = _slot_events(seed, old, scale)
             if old_count:
-                docs[j] = _document(seed, old, rng.randrange(max(1, old_count // 6)))
+                docs[j] = _document(seed, old, rng.randrange(max(1, old_count // 6)), scheme)
         article_urls.append(doc(j)[1])
 
     # SQLDATE: the DATEADDED day for ~95.5%, else exactly 1, 7, 30 or 365 days earlier.
@@ -611,6 +661,8 @@ def _make_slot(seed: int, slot_no: int) -> _SlotText:
     action_geo = rng.choices(t.geos, cum_weights=t.geo_cum, k=n)
     other_geo = rng.choices(t.geos, cum_weights=t.geo_cum, k=n)
     geo_roll = [rng.random() for _ in range(n)]
+    if opts.stories_per_day:
+        _tell_stories(seed, slot_no, opts, actor1, actor2, events, mentions, dates, date_fields[0])
 
     rows = []
     for i in range(n):
@@ -655,7 +707,7 @@ def _make_slot(seed: int, slot_no: int) -> _SlotText:
             back = rng.randint(7 * SLOTS_PER_DAY, 60 * SLOTS_PER_DAY)
         else:
             back = rng.randint(60 * SLOTS_PER_DAY, 730 * SLOTS_PER_DAY)
-        old_first, old_count = _slot_events(seed, slot_no - back)
+        old_first, old_count = _slot_events(seed, slot_no - back, scale)
         if not old_count:
             continue  # a gap or near-empty slot back then: nothing to re-mention
         old_ts = f"{_slot_time(slot_no - back):%Y%m%d%H%M%S}"
@@ -670,6 +722,39 @@ def _make_slot(seed: int, slot_no: int) -> _SlotText:
         first_mentions=first_mentions,
         re_mentions=len(mrows) - first_mentions,
     )
+
+
+@lru_cache(maxsize=256)
+def _stories(seed: int, day: date, n: int) -> tuple[tuple[str, str, str], ...]:
+    """The day's ``n`` top stories as (Actor1 fields, Actor2 fields, event fields): the even ones
+    are the week's (same triple Monday to Sunday), the odd ones the day's own."""
+    t = _tables()
+    names = {code: name for code, name, _ in _parse_table(_COUNTRIES)}
+    week = day - timedelta(days=day.weekday())
+    stories = []
+    for k in range(n):
+        key = f"week/{week.isoformat()}" if k % 2 == 0 else f"day/{day.isoformat()}"
+        rng = random.Random(f"mirai-mirror/story/{seed}/{key}/{k}")
+        s, o = rng.sample(_STORY_COUNTRIES, 2)
+        event = rng.choices(t.events[:-1], cum_weights=t.event_cum[:-1])[0]  # never the malformed triple
+        stories.append((_actor_fields(s, names[s], s), _actor_fields(o, names[o], o), event))
+    return tuple(stories)
+
+
+def _tell_stories(seed: int, slot_no: int, opts: MirrorOptions, actor1: list[str], actor2: list[str],
+                  events: list[str], mentions: list[int], dates: list[str], same_day: str) -> None:
+    """Turn some of a slot's events (in place) into reports of the day's stories, dated the day
+    they are reported; the story is drawn from its own stream so the other fields stay put."""
+    day = EPOCH + timedelta(days=slot_no // SLOTS_PER_DAY)
+    stories = _stories(seed, day, opts.stories_per_day)
+    share = min(0.5, len(stories) * STORY_EVENTS_PER_DAY / sum(_day_plan(seed, day, opts.event_scale).counts))
+    weights = [STORY_WEIGHTS[k % len(STORY_WEIGHTS)] for k in range(len(stories))]
+    rng = random.Random(f"mirai-mirror/stories/{seed}/{slot_no}")
+    for i in range(len(events)):
+        if rng.random() < share:
+            actor1[i], actor2[i], events[i] = rng.choices(stories, weights=weights)[0]
+            mentions[i] = min(400, mentions[i] + rng.randint(1, 4))
+            dates[i] = same_day
 
 
 def _mention(eid: int, event_ts: str, ts: str, rng: random.Random, document: tuple[str, str], tails: list[str]) -> str:
@@ -715,11 +800,14 @@ def _file_entry(name: str, text: _FileText | None, written: dict | None) -> dict
     }
 
 
-def generate_mirror(out: Path, start: date, end: date, seed: int = 0, slots: int | None = None) -> dict:
+def generate_mirror(out: Path, start: date, end: date, seed: int = 0, slots: int | None = None,
+                    options: MirrorOptions = DEFAULT_OPTIONS) -> dict:
     """Write a GDELT 2.0 mirror for the UTC days ``start``..``end`` (inclusive) under ``out``.
 
     ``slots`` limits the run to the first N 15-minute slot positions from ``start`` 00:00 (gaps
     count as positions), for fast tests; the files written are the same bytes a full run writes.
+    ``options`` (MirrorOptions) scales the events down and adds stories, for the demo; the manifest
+    then records them under ``options``.
     Zips of earlier runs that this run would not write are deleted, so ``out/gdeltv2`` always
     matches the manifest. Returns the manifest (also written to ``out/manifest.json``):
 
@@ -757,14 +845,14 @@ def generate_mirror(out: Path, start: date, end: date, seed: int = 0, slots: int
         def drain(limit: int) -> None:
             while len(pending) > limit:
                 text, slot_no, fut = pending.pop(0)
-                slot_entries.append(_slot_entry(slot_no, text, fut.result() if fut else None, seed))
+                slot_entries.append(_slot_entry(slot_no, text, fut.result() if fut else None, seed, options.event_scale))
 
         for slot_no in range(first_slot, first_slot + n_slots):
-            plan = _day_plan(seed, EPOCH + timedelta(days=slot_no // SLOTS_PER_DAY))
+            plan = _day_plan(seed, EPOCH + timedelta(days=slot_no // SLOTS_PER_DAY), options.event_scale)
             if slot_no % SLOTS_PER_DAY in plan.gaps:
                 pending.append((None, slot_no, None))
             else:
-                text = _make_slot(seed, slot_no)
+                text = _make_slot(seed, slot_no, options)
                 pending.append((text, slot_no, pool.submit(_write_slot, feed, text, _slot_time(slot_no))))
             drain(3)
         drain(0)
@@ -785,7 +873,7 @@ def generate_mirror(out: Path, start: date, end: date, seed: int = 0, slots: int
     atomic_write_bytes(feed / "masterfilelist.txt", "".join(line + "\n" for lines in index_lines for line in lines).encode())
     atomic_write_bytes(feed / "lastupdate.txt", "".join(line + "\n" for line in index_lines[-1]).encode() if index_lines else b"")
 
-    manifest = _manifest(start, end, seed, slots, slot_entries)
+    manifest = _manifest(start, end, seed, slots, slot_entries, options)
     atomic_write_bytes(Path(out) / "manifest.json", (json.dumps(manifest, indent=1) + "\n").encode())
     return manifest
 
@@ -797,12 +885,12 @@ def _write_slot(feed: Path, text: _SlotText, when: datetime) -> dict:
     }
 
 
-def _slot_entry(slot_no: int, text: _SlotText | None, written: dict | None, seed: int) -> dict:
+def _slot_entry(slot_no: int, text: _SlotText | None, written: dict | None, seed: int, scale: float) -> dict:
     when = _slot_time(slot_no)
     ts = f"{when:%Y%m%d%H%M%S}"
-    plan = _day_plan(seed, when.date())
+    plan = _day_plan(seed, when.date(), scale)
     i = slot_no % SLOTS_PER_DAY
-    first_id, count = _slot_events(seed, slot_no)
+    first_id, count = _slot_events(seed, slot_no, scale)
     kind = "gap" if i in plan.gaps else "near_empty" if i == plan.near_empty else "burst" if i == plan.burst else "normal"
     return {
         "ts": ts,
@@ -839,10 +927,12 @@ def _totals(entries: list[dict]) -> dict:
     return totals
 
 
-def _manifest(start: date, end: date, seed: int, slots: int | None, entries: list[dict]) -> dict:
+def _manifest(start: date, end: date, seed: int, slots: int | None, entries: list[dict], options: MirrorOptions) -> dict:
     days: dict[str, list[dict]] = {}
     for e in entries:
         days.setdefault(e["day"], []).append(e)
+    # Only a non-default mirror says how it differs, so a default manifest keeps its bytes.
+    extra = {} if options == DEFAULT_OPTIONS else {"options": asdict(options)}
     return {
         "generator": "pipeline.mirror.generate",
         "seed": seed,
@@ -850,6 +940,7 @@ def _manifest(start: date, end: date, seed: int, slots: int | None, entries: lis
         "end": end.isoformat(),
         "slots_limit": slots,
         "base_url": GDELT_URL,
+        **extra,
         "totals": _totals(entries),
         "days": {day: _totals(day_entries) for day, day_entries in days.items()},
         "slots": entries,

@@ -36,6 +36,14 @@ path                        what the client gets
 ``/private/…``              a page, but disallowed by the default robots.txt
 ==========================  ====================================================================
 
+With ``sites=True`` the server also plays every news site of a generated mirror (the demo): a
+request whose ``Host`` is a ``*.example`` name gets that site's page for the path, made from the
+URL alone by ``site_page`` (same URL, same bytes), and ``/robots.txt`` is the site's own
+(``site_robots``). The pages are what news sites send: head metadata, a cookie banner, navigation,
+breadcrumbs, share buttons, the article, related links, a newsletter box, reader comments and a
+footer, so the extractor has boilerplate to remove. A fixed share of URLs fail the way real ones
+do (``site_page`` lists them), so the fetch ledger and the filters show real numbers.
+
 Every request is logged (``srv.requests``: time, method, path, status, bytes, host, user_agent);
 ``srv.count(path)`` counts requests for one path, and ``srv.max_in_flight`` is the largest number
 of requests handled at once (to check per-host limits and the benchmark's real concurrency).
@@ -44,11 +52,15 @@ of requests handled at once (to check per-host limits and the benchmark's real c
 from __future__ import annotations
 
 import functools
+import hashlib
+import random
 import socket
 import struct
 import sys
 import time
 import zlib
+from dataclasses import dataclass
+from html import escape
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -67,6 +79,219 @@ def page_html(title: str, paragraphs: int = 5) -> bytes:
     body = "".join(f"<p>{title}: paragraph {i} of a generated news article.</p>" for i in range(paragraphs))
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{title}</title></head>"
             f"<body><article><h1>{title}</h1>{body}</article></body></html>").encode()
+
+
+# --- The news sites of a generated mirror (NewsServer(sites=True)) --------------------------------
+
+SITE_SUFFIX = ".example"  # the generator's news sites (RFC 2606: never a real host)
+# How article URLs fail, per mille of URLs, decided by the URL's hash: link rot (404), a PDF where
+# a page was expected, an overloaded server (503, retried on the ledger's schedule), a slow
+# server, and a paywall whose teaser is too short to keep. The rest are whole articles.
+SITE_FAILURES = (("gone", 40), ("pdf", 15), ("unavailable", 5), ("slow", 10), ("paywall", 30))
+SLOW_S = (0.4, 1.2)  # seconds before a slow server answers
+# Sites whose robots.txt also keeps crawlers out of their opinion pages.
+ROBOTS_NO_OPINION = frozenset({"www.frontierledger.example", "www.citizenvoice.example", "www.morgenblatt.example"})
+
+
+@dataclass(frozen=True)
+class SitePage:
+    status: int
+    content_type: str | None
+    body: bytes
+    delay_s: float = 0.0
+
+
+def site_robots(host: str) -> str:
+    extra = "Disallow: /opinion/\n" if host in ROBOTS_NO_OPINION else ""
+    return f"User-agent: *\nDisallow: /private/\n{extra}\nSitemap: http://{host}/sitemap.xml\n"
+
+
+_SENTENCES = {
+    "en": """{who} of {A} said on {weekday} that talks with {B} would continue despite the disagreement over {topic}.
+Officials in {city} confirmed that a delegation from {B} had arrived late in the evening.
+The meeting lasted more than {n} hours, according to two people familiar with the discussions.
+The foreign ministry of {A} described the exchange as frank but constructive and promised a written statement.
+Analysts noted that relations between the two countries have swung sharply since the spring.
+Neither side released details of the draft, which diplomats said runs to about {n2} pages.
+Opposition lawmakers in {A} criticised the government for moving too quickly on {topic}.
+"We are not going to negotiate under pressure," a senior adviser told reporters outside the ministry.
+Markets reacted calmly, with the national currency closing almost unchanged against the dollar.
+Human rights groups urged both governments to put the protection of civilians at the centre of any agreement.
+The {org} said it was monitoring the situation closely and called on all parties to show restraint.
+Earlier this month, {B} recalled its ambassador for consultations after a dispute over {topic}.
+Residents of {city} interviewed by this newspaper expressed little hope that the talks would change their daily lives.
+A spokesperson for the {org} declined to comment on the reports when contacted on {weekday}.
+Trade between {A} and {B} reached roughly {n3} billion dollars last year, according to official figures.
+The announcement came hours after security forces reported a series of incidents near the border.
+Several newspapers in {B} carried the story on their front pages on {weekday} morning.
+Experts cautioned that any deal would need parliamentary approval, which could take months.
+The government has faced mounting criticism at home over rising prices and a slowing economy.
+In a televised address, {who2} promised that the country would defend its interests by every lawful means.
+Diplomats from three neighbouring states are expected to join the next round of discussions.
+It was not immediately clear whether the new measures would take effect before the end of the month.
+The defence ministry said {n4} soldiers had been placed on alert as a precaution.
+Aid agencies warned that supplies of food, fuel and medicine in the region were running dangerously low.
+Supporters of the agreement argue that it would ease tensions that have simmered for years.
+Critics say the text leaves key questions about enforcement and verification unanswered.
+The two leaders last met in person at a regional summit in {city2} in the autumn.
+A joint statement is expected once negotiators have settled the remaining points of difference.
+Police said {n} people were detained during protests outside the parliament building.
+Both the European Union and the United Nations welcomed the resumption of dialogue.
+Officials from {B} insisted that their position on {topic} had not changed in any way.
+The talks were briefly interrupted when a fire alarm forced staff to leave the building.""",
+    "es": """El ministro de Asuntos Exteriores de {A} afirmó el {weekday} que las conversaciones con {B} seguirán adelante.
+Según fuentes diplomáticas, la reunión se prolongó durante más de {n} horas en un ambiente tenso.
+La oposición criticó al gobierno por actuar con demasiada prisa en un asunto tan delicado.
+Los mercados reaccionaron con calma y la moneda nacional cerró prácticamente sin cambios.
+Varias organizaciones humanitarias pidieron a ambos gobiernos que protejan a la población civil.
+Los vecinos de {city} consultados por este periódico se mostraron escépticos sobre el resultado.
+El portavoz del gobierno evitó hacer declaraciones sobre el contenido del borrador.
+Los analistas recuerdan que las relaciones entre los dos países se han deteriorado desde la primavera.""",
+    "fr": """Le ministre des Affaires étrangères de {A} a déclaré {weekday} que les discussions avec {B} allaient se poursuivre.
+Selon des sources diplomatiques, la réunion a duré plus de {n} heures dans une atmosphère tendue.
+L'opposition a reproché au gouvernement d'avoir agi trop vite sur un dossier aussi sensible.
+Les marchés ont réagi avec calme et la monnaie nationale a terminé la séance presque inchangée.
+Plusieurs organisations humanitaires ont appelé les deux gouvernements à protéger les civils.
+Les habitants de {city} interrogés par notre journal se disent sceptiques quant à l'issue des pourparlers.
+Le porte-parole du gouvernement s'est refusé à tout commentaire sur le contenu du projet.
+Les analystes rappellent que les relations entre les deux pays se sont nettement dégradées depuis le printemps.""",
+    "de": """Der Außenminister von {A} erklärte am {weekday}, die Gespräche mit {B} würden fortgesetzt.
+Nach Angaben von Diplomaten dauerte das Treffen mehr als {n} Stunden und verlief angespannt.
+Die Opposition warf der Regierung vor, in einer so heiklen Frage zu schnell gehandelt zu haben.
+Die Märkte reagierten gelassen, die Landeswährung schloss nahezu unverändert.
+Mehrere Hilfsorganisationen forderten beide Regierungen auf, die Zivilbevölkerung zu schützen.
+Die von unserer Zeitung befragten Einwohner von {city} zeigten sich skeptisch.
+Ein Regierungssprecher wollte sich zum Inhalt des Entwurfs nicht äußern.
+Beobachter erinnern daran, dass sich die Beziehungen beider Länder seit dem Frühjahr deutlich verschlechtert haben.""",
+}
+_FILL = {
+    "A": "the United States|China|Russia|Ukraine|Israel|the United Kingdom|France|Germany|India|Iran|Pakistan|Turkey|Japan|Canada|Mexico|Brazil|Nigeria|Egypt|Australia|South Korea",
+    "who": "The foreign minister|The prime minister|A government spokesperson|The president|The deputy foreign minister",
+    "who2": "the president|the prime minister|the head of government|the interior minister",
+    "topic": "border security|fishing rights|energy prices|the detention of two journalists|a stalled trade agreement|water rights|visa rules|a disputed election|military exercises",
+    "city": "the capital|Geneva|Vienna|Istanbul|Doha|Brussels|New York|Nairobi|Singapore|Oslo",
+    "org": "United Nations|European Union|African Union|Red Cross|World Health Organization|International Monetary Fund",
+    "weekday": "Monday|Tuesday|Wednesday|Thursday|Friday|Saturday|Sunday",
+}
+_FILL = {k: v.split("|") for k, v in _FILL.items()}
+_UI = {  # interface strings per site language (the boilerplate around the article)
+    "en": ("Home", "Most read", "Related articles", "Comments", "Subscribe", "Read more", "All rights reserved"),
+    "es": ("Portada", "Lo más leído", "Artículos relacionados", "Comentarios", "Suscríbete", "Leer más", "Todos los derechos reservados"),
+    "fr": ("Accueil", "Les plus lus", "À lire aussi", "Commentaires", "S'abonner", "Lire la suite", "Tous droits réservés"),
+    "de": ("Startseite", "Meistgelesen", "Mehr zum Thema", "Kommentare", "Abonnieren", "Weiterlesen", "Alle Rechte vorbehalten"),
+}
+_COMMENTS = (
+    "Finally some good news, let's hope it lasts.", "Same story every year. Nothing will change.",
+    "Does anyone know where the full text of the statement is published?", "Great reporting, thank you.",
+    "This paper never mentions the other side of the story.", "First!", "Who pays for all of this? We do.",
+    "I was there last week and the situation is much worse than described.",
+)
+
+
+def _filled(template: str, rng: random.Random) -> str:
+    values = {k: rng.choice(v) for k, v in _FILL.items()}
+    values["B"] = rng.choice([c for c in _FILL["A"] if c != values["A"]])
+    values["city2"] = rng.choice([c for c in _FILL["city"] if c != values["city"]])
+    values.update(n=rng.randint(2, 14), n2=rng.randint(12, 90), n3=rng.randint(2, 240), n4=rng.randint(200, 9000))
+    text = template.format(**values)
+    return text[0].upper() + text[1:]
+
+
+def _site_name(host: str) -> str:
+    name = host.removeprefix("www.").removesuffix(SITE_SUFFIX)
+    return " ".join(part.capitalize() for part in name.split("-")) if "-" in name else name.capitalize()
+
+
+def _title(path: str) -> str:
+    slug = path.rstrip("/").rsplit("/", 1)[-1]
+    words = [w for w in slug.split("-") if not w.isdigit()]
+    return " ".join(words).capitalize() or "News"
+
+
+def _published(path: str) -> str:
+    parts = path.strip("/").split("/")
+    return "-".join(parts[1:4]) if len(parts) >= 5 and parts[1].isdigit() else "2024-01-01"
+
+
+def _boilerplate_page(host: str, path: str, lang: str, article: str, rng: random.Random) -> bytes:
+    """A news site's page around ``article`` (HTML of the article's paragraphs)."""
+    home, most_read, related, comments, subscribe, _, rights = _UI[lang]
+    site, title, day = _site_name(host), escape(_title(path)), _published(path)
+    section = path.strip("/").split("/", 1)[0]
+    sections = "".join(f'<li><a href="/{s}/">{s.capitalize()}</a></li>'
+                       for s in ("news", "world", "politics", "business", "opinion", "sport", "culture"))
+    links = "".join(f'<li><a href="/news/{day.replace("-", "/")}/story-{rng.randrange(10**6)}">'
+                    f"{escape(_filled(rng.choice(_SENTENCES['en'].splitlines()), rng)[:70])}</a></li>"
+                    for _ in range(5))
+    thread = "".join(f'<li class="comment"><div class="comment-author">reader{rng.randrange(9999)}</div>'
+                     f'<p class="comment-body">{escape(rng.choice(_COMMENTS))}</p></li>' for _ in range(rng.randint(0, 6)))
+    page = f"""<!DOCTYPE html>
+<html lang="{lang}"><head><meta charset="utf-8"><title>{title} | {site}</title>
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<meta property="og:title" content="{title}"><meta property="og:site_name" content="{site}">
+<meta property="article:published_time" content="{day}T{rng.randint(0, 23):02d}:{rng.randint(0, 59):02d}:00Z">
+<link rel="canonical" href="http://{host}{escape(path)}"><link rel="stylesheet" href="/static/site.css">
+<script>window.dataLayer = window.dataLayer || []; dataLayer.push({{"section": "{section}"}});</script>
+</head><body>
+<div id="cookie-banner" class="cookie-consent"><p>We use cookies to improve your experience. <button>Accept all</button> <button>Settings</button></p></div>
+<header class="site-header"><a class="logo" href="/">{site}</a><nav class="main-nav"><ul><li><a href="/">{home}</a></li>{sections}</ul></nav>
+<a class="subscribe" href="/subscribe">{subscribe}</a></header>
+<nav class="breadcrumb"><a href="/">{home}</a> › <a href="/{section}/">{section.capitalize()}</a></nav>
+<main><article class="story"><h1>{title}</h1>
+<div class="byline">{site} staff · <time datetime="{day}">{day}</time></div>
+<div class="share"><a href="#">Facebook</a> <a href="#">X</a> <a href="#">Email</a></div>
+{article}
+</article>
+<aside class="related"><h2>{related}</h2><ul>{links}</ul></aside>
+<div class="newsletter"><h3>{subscribe}</h3><p>Get the day's top stories in your inbox every morning.</p><form><input type="email"><button>{subscribe}</button></form></div>
+<section id="comments" class="comments"><h2>{comments}</h2><ol>{thread}</ol></section>
+</main>
+<aside class="most-read"><h2>{most_read}</h2><ol>{links}</ol></aside>
+<footer class="site-footer"><ul><li><a href="/about">About us</a></li><li><a href="/contact">Contact</a></li><li><a href="/privacy">Privacy</a></li></ul>
+<p>© 2024 {site}. {rights}.</p></footer>
+</body></html>
+"""
+    return page.encode()
+
+
+def site_page(host: str, path: str, languages: dict[str, str]) -> SitePage:
+    """The page of ``http://host/path`` on a generated news site (``languages``: domain → language
+    of its pages): deterministic, so every fetch of a URL gets the same answer."""
+    digest = hashlib.md5(f"{host}{path}".encode()).digest()
+    rng = random.Random(digest)
+    bucket = int.from_bytes(digest[:4], "big") % 1000
+    failure = None
+    for name, per_mille in SITE_FAILURES:
+        if bucket < per_mille:
+            failure = name
+            break
+        bucket -= per_mille
+    html = "text/html; charset=utf-8"
+    if failure == "gone":
+        return SitePage(404, html, b"<html><body><h1>Page not found</h1></body></html>")
+    if failure == "pdf":
+        return SitePage(200, "application/pdf", b"%PDF-1.4\n%\xe2\xe3\xcf\xd3\n1 0 obj\n<<>>\nendobj\n" + digest * 64)
+    if failure == "unavailable":
+        return SitePage(503, "text/plain", b"Service temporarily unavailable\n")
+    lang = languages.get(host.removeprefix("www."), "en")
+    sentences = _SENTENCES[lang].splitlines()
+    rng.shuffle(sentences)
+    read_more = _UI[lang][5]
+    if failure == "paywall":
+        teaser = f"<p>{escape(_filled(sentences[0], rng))}</p>"
+        box = f'<div class="paywall"><p>{_UI[lang][4]}: 1 € / week.</p></div>'
+        return SitePage(200, html, _boilerplate_page(host, path, lang, teaser + box, rng))
+    paragraphs, i = [], 0
+    for k in range(rng.randint(5, 9)):
+        take = rng.randint(2, 3)
+        if i + take > len(sentences):  # no sentence twice: repeats would fail the repetition filters
+            break
+        paragraphs.append(f"<p>{escape(' '.join(_filled(t, rng) for t in sentences[i:i + take]))}</p>")
+        i += take
+        if k == 2:  # an in-article promotion, as CMSs insert them
+            paragraphs.append(f'<p class="read-more"><strong>{read_more}:</strong> <a href="/news/">{escape(_title(path))}</a></p>')
+    delay = rng.uniform(*SLOW_S) if failure == "slow" else 0.0
+    return SitePage(200, html, _boilerplate_page(host, path, lang, "\n".join(paragraphs), rng), delay)
 
 
 @functools.lru_cache(maxsize=2)
@@ -175,6 +400,9 @@ class _Handler(BaseHTTPRequestHandler):
     def _route(self, path: str, query: str, send_body: bool, entry: dict) -> None:
         news = self.server.news
         html = "text/html; charset=utf-8"
+        host = (self.headers.get("Host") or "").rsplit(":", 1)[0].lower()
+        if news.sites is not None and host.endswith(SITE_SUFFIX):
+            return self._site(host, path, entry, send_body)
         if path == "/robots.txt":
             if news.robots_txt is None:
                 return self._send(404, b"no robots.txt\n", "text/plain", entry, send_body)
@@ -190,6 +418,16 @@ class _Handler(BaseHTTPRequestHandler):
         if data is None:
             return self._send(404, b"not found\n", "text/plain", entry, send_body)
         self._send(200, data, html, entry, send_body)
+
+    def _site(self, host: str, path: str, entry: dict, send_body: bool) -> None:
+        news = self.server.news
+        if path == "/robots.txt":
+            return self._send(200, site_robots(host).encode(), "text/plain", entry, send_body)
+        page = site_page(host, path, news.sites)
+        if page.delay_s and news.wait(page.delay_s):
+            self.close_connection = True
+            return
+        self._send(page.status, page.body, page.content_type, entry, send_body)
 
     def _hostile(self, name: str, entry: dict, send_body: bool) -> None:
         news = self.server.news
@@ -272,7 +510,8 @@ class NewsServer(LocalServer):
     def __init__(self, pages: dict[str, str | bytes] | None = None, root: Path | None = None, *, port: int = 0,
                  latency_s: float = 0.0, robots_txt: str | None = DEFAULT_ROBOTS, robots_status: int = 200,
                  retry_after_times: int = 1, retry_after_s: int = 1, drip_interval_s: float = 0.1,
-                 stall_s: float = 10.0):
+                 stall_s: float = 10.0, sites: dict[str, str] | None = None):
+        self.sites = sites  # domain -> language of the generated news sites played (module docstring)
         self.pages = {p: (v.encode() if isinstance(v, str) else v) for p, v in (pages or {}).items()}
         self.root = Path(root).resolve() if root is not None else None
         self.latency_s = latency_s

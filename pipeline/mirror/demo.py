@@ -1,0 +1,300 @@
+"""``mirai demo``: the whole chain on generated data, through Dagster, on one machine.
+
+A generated GDELT mirror (one closed month plus a few days) is served on 127.0.0.1 with the news
+sites its article URLs point at (NewsServer(sites=...), reached through MIRAI_FETCH_HOST_MAP) and
+a local S3 server for the release (SeaweedFS). The production jobs then run, as the schedules
+would run them, on the persistent SQLite instance in ``<data>/dagster_home`` (so ``dagster dev``
+shows every run): ``gdelt_ingest`` and ``articles_daily`` for each day in order (a day's events
+depend on the days before it), ``monthly_release`` for the month, then the baseline evaluations
+and the leaderboard. Partitions already materialised in the instance are skipped, so a second
+run only verifies the release and prints the summary.
+
+Why the Python API and not ``dagster job execute``: the CLI runs one partition per process, and
+its ``--partition-range`` needs single-run backfill policies these daily assets do not have (each
+day is its own run in production). One process running the same jobs on the same instance saves
+~5 s of start-up for each of the ~70 runs, over half the 10-minute budget. See docs/demo.md.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass
+from datetime import date, timedelta
+from pathlib import Path
+
+import polars as pl
+
+from pipeline.config import Settings
+from pipeline.database import month_days
+from pipeline.mirror.generate import MirrorOptions, generate_mirror, news_sites
+from pipeline.mirror.news import SITE_SUFFIX, NewsServer
+from pipeline.mirror.s3 import LocalS3
+from pipeline.mirror.serve import MirrorServer
+from pipeline.storage import DataLayout
+
+ROOT = Path(__file__).resolve().parents[2]  # the project: definitions.py, workspace.yaml, agents.yaml
+BUCKET = "mirai-releases"
+RELEASE_PREFIX = "mirai"
+EVALUATION_JOB, LEADERBOARD_JOB = "agent_evaluation", "leaderboard_refresh"
+
+
+@dataclass(frozen=True)
+class DemoPlan:
+    month: date  # the closed month that is split and released
+    extra_days: int  # days of the next month: the open month the schedules would be working on
+    options: MirrorOptions
+    seed: int = 0
+
+    @property
+    def days(self) -> list[date]:
+        month = month_days(self.month)
+        return month + [month[-1] + timedelta(days=i + 1) for i in range(self.extra_days)]
+
+
+def _say(message: str) -> None:
+    print(message, flush=True)
+
+
+class Stage:
+    """``with Stage(3, 6, "ingest"):`` prints the stage's header and, at the end, its time."""
+
+    def __init__(self, number: int, total: int, title: str):
+        self.label = f"[{number}/{total}] {title}"
+
+    def __enter__(self) -> "Stage":
+        self.started = time.perf_counter()
+        _say(self.label)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if exc[0] is None:
+            _say(f"      done in {time.perf_counter() - self.started:.1f}s")
+
+
+def ensure_mirror(plan: DemoPlan, mirror_dir: Path) -> bool:
+    """Generate the mirror unless the one on disk was made with the same arguments; True if made."""
+    manifest = mirror_dir / "manifest.json"
+    wanted = {"seed": plan.seed, "start": plan.days[0].isoformat(), "end": plan.days[-1].isoformat(),
+              "options": {"event_scale": plan.options.event_scale, "stories_per_day": plan.options.stories_per_day,
+                          "url_scheme": plan.options.url_scheme}}
+    if manifest.exists():
+        have = json.loads(manifest.read_text())
+        if {k: have.get(k) for k in wanted} == wanted:
+            return False
+    generate_mirror(mirror_dir, plan.days[0], plan.days[-1], seed=plan.seed, options=plan.options)
+    return True
+
+
+def demo_agents(plan: DemoPlan, path: Path) -> Path:
+    """agents.yaml's baselines, at the distances one month of history can serve. A baseline at
+    distance d reads the event database up to the month's last day minus d, and the demo has no
+    month before its own, so d = 90 has nothing to read; LLM agents need a model or an API key."""
+    import yaml
+
+    from pipeline.evaluation.registry import DEFAULT_DISTANCES
+
+    reachable = len(month_days(plan.month)) - 1
+    agents = []
+    for entry in yaml.safe_load((ROOT / "agents.yaml").read_text())["agents"]:
+        distances = [d for d in entry.get("distances", DEFAULT_DISTANCES) if d <= reachable]
+        if entry.get("kind") == "baseline" and distances:
+            agents.append({**entry, "distances": distances})
+    path.write_text("# Written by `mirai demo` from agents.yaml (pipeline/mirror/demo.py: demo_agents).\n"
+                    + yaml.safe_dump({"agents": agents}, sort_keys=False))
+    return path
+
+
+def demo_env(data_dir: Path, mirror: MirrorServer, news: NewsServer, s3: LocalS3, agents: Path) -> dict[str, str]:
+    """The settings the demo's runs read (pipeline.config names; the README's table)."""
+    return {
+        "MIRAI_DATA_DIR": str(data_dir),
+        "DAGSTER_HOME": str(data_dir / "dagster_home"),
+        "GDELT_BASE_URL": mirror.base_url,
+        # Short retry waits: every request is local, and one 503 page must not hold up a day's run.
+        "MIRAI_BACKOFF_BASE_S": "0.2",
+        "MIRAI_FETCH_BACKOFF_BASE_S": "0.2",
+        # The news sites are www.<site>.example (never real hosts), all played by the local server.
+        "MIRAI_FETCH_ALLOW_LOOPBACK": "1",
+        "MIRAI_FETCH_HOST_MAP": f"*{SITE_SUFFIX}=127.0.0.1:{news.port}",
+        "MIRAI_RELEASE_URI": f"s3://{BUCKET}/{RELEASE_PREFIX}",
+        "MIRAI_AGENTS_FILE": str(agents),
+        **s3.env(),
+    }
+
+
+def _metadata(result, asset: str) -> dict:
+    """The metadata values of ``asset``'s materialisation in an execute_in_process result."""
+    for event in result.get_asset_materialization_events():
+        if event.asset_key.to_user_string() == asset:
+            return {k: v.value for k, v in event.materialization.metadata.items()}
+    return {}
+
+
+class Runner:
+    """Runs the code location's jobs in this process on the persistent instance."""
+
+    def __init__(self):
+        import dagster as dg
+
+        if str(ROOT) not in sys.path:
+            sys.path.insert(0, str(ROOT))
+        self.dg = dg
+        with warnings.catch_warnings():  # the project opts into preview features knowingly
+            warnings.simplefilter("ignore", dg.PreviewWarning)
+            self.defs = importlib.import_module("definitions").defs
+        self.instance = dg.DagsterInstance.get()  # DAGSTER_HOME: the SQLite instance `dagster dev` opens
+
+    def done(self, asset: str) -> set[str]:
+        return set(self.instance.get_materialized_partitions(self.dg.AssetKey(asset)))
+
+    def run(self, job: str, partition_key=None):
+        result = self.defs.resolve_job_def(job).execute_in_process(
+            instance=self.instance, partition_key=partition_key, raise_on_error=False, tags={"mirai/source": "demo"},
+            # The full event log is in the instance (the UI shows it); the terminal gets problems only.
+            run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}},
+        )
+        if not result.success:
+            raise RuntimeError(f"Dagster run {result.run_id} of {job} ({partition_key}) failed: see it in the UI")
+        return result
+
+
+def run_days(runner: Runner, plan: DemoPlan) -> None:
+    """``gdelt_ingest`` then ``articles_daily`` for each day, in order, as the schedules run them."""
+    ingested, fetched = runner.done("daily_quads"), runner.done("articles")
+    skipped = [d for d in plan.days if d.isoformat() in ingested and d.isoformat() in fetched]
+    if skipped:
+        _say(f"      {len(skipped)} days already materialised: skipped")
+    for day in plan.days:
+        key = day.isoformat()
+        if day in skipped:
+            continue
+        started = time.perf_counter()
+        quads = _metadata(runner.run("gdelt_ingest", key), "daily_quads") if key not in ingested else {}
+        ingest_s = time.perf_counter() - started
+        articles = _metadata(runner.run("articles_daily", key), "articles")
+        _say(f"      {key}  ingest {ingest_s:4.1f}s quads {quads.get('dagster/row_count', '-'):>5}  "
+             f"articles {time.perf_counter() - started - ingest_s:4.1f}s selected {articles.get('selected', 0):>4} "
+             f"kept {articles.get('kept', 0):>4}")
+
+
+def run_evaluations(runner: Runner, plan: DemoPlan) -> None:
+    """Each baseline of the demo's registry on the month's sample, then the leaderboard (what the
+    evaluation sensor requests)."""
+    from pipeline.evaluation.registry import load_agents
+
+    agents = load_agents(Settings.from_env().agents_file)
+    baselines = [a.name for a in agents]
+    _say("      " + "; ".join(f"{a.name} at d = {', '.join(map(str, a.distances))}" for a in agents)
+         + " (one month of history: no longer distances)")
+    runner.instance.add_dynamic_partitions("agents", baselines)
+    month_key = plan.month.isoformat()
+    done = runner.done("evaluation")
+    new = 0
+    for name in baselines:
+        key = runner.dg.MultiPartitionKey({"month": month_key, "agent": name})
+        if str(key) in done:
+            continue
+        started = time.perf_counter()
+        runner.run(EVALUATION_JOB, key)
+        new += 1
+        _say(f"      {name}: evaluated in {time.perf_counter() - started:.1f}s")
+    if new or not runner.instance.fetch_materializations(runner.dg.AssetKey("leaderboard"), limit=1).records:
+        runner.run(LEADERBOARD_JOB)
+
+
+def _count(paths: list[Path]) -> int:
+    existing = [p for p in paths if p.exists()]
+    return pl.scan_parquet(existing).select(pl.len()).collect().item() if existing else 0
+
+
+def summary(plan: DemoPlan, settings: Settings, release_where: str, say: Callable[[str], None]) -> None:
+    from pipeline.articles.ledger import read_ledger as read_fetch_ledger
+    from pipeline.gdelt.ledger import read_ledger
+
+    layout = DataLayout(settings.data_dir)
+    slots = pl.concat([read_ledger(layout, d) for d in plan.days]).filter(pl.col("kind") == "export")
+    by_status = dict(slots.group_by("status").len().iter_rows())
+    quads = pl.scan_parquet([layout.daily_quads_path(d) for d in plan.days]).select(
+        pl.len().alias("quads"), (pl.col("daily_mentions") >= settings.article_min_mentions).sum().alias("well")
+    ).collect().row(0, named=True)
+    fetch = read_fetch_ledger(layout)
+    fetch_status = dict(fetch.group_by("status").len().sort("len", descending=True).iter_rows())
+    judged = pl.read_parquet([layout.articles_path(d) for d in plan.days], columns=["kept", "failing_filter"])
+    dropped = judged.filter(~pl.col("kept")).group_by("failing_filter").len().sort("len", descending=True)
+    split = layout.split_dir(plan.month)
+    queries = pl.read_parquet(split / "queries.parquet")
+    sample = pl.read_parquet(split / "queries_sample.parquet")
+    say(f"  days        {plan.days[0]} .. {plan.days[-1]} (month {plan.month:%Y-%m} closed and released)")
+    say(f"  slots       {slots.height:,}: " + ", ".join(f"{k} {v:,}" for k, v in sorted(by_status.items())))
+    say(f"  events      {_count([layout.events_path(d) for d in plan.days]):,} kept international events, "
+        f"{quads['quads']:,} daily quads ({quads['well']:,} with >= {settings.article_min_mentions} mentions)")
+    say(f"  articles    {fetch.height:,} URLs in the fetch ledger: " + ", ".join(f"{k} {v:,}" for k, v in fetch_status.items()))
+    say(f"              {judged.height:,} stored pages extracted and filtered: {judged['kept'].sum():,} kept, dropped by "
+        + ", ".join(f"{k} {v:,}" for k, v in dropped.iter_rows()))
+    say(f"  split       {queries.height:,} queries, sample {sample.height:,} ({split})")
+    for row in sample.head(3).select("query_code", "s_name", "o_name", "answer_list").iter_rows(named=True):
+        say(f"              {row['query_code']}  {row['s_name']} -> {row['o_name']}: {', '.join(row['answer_list'])}")
+    say(f"  release     {release_where}")
+    from pipeline.evaluation.board import BOARD_FILE, markdown_table
+    from pipeline.evaluation.board import summary as board_summary
+
+    board = pl.read_parquet(settings.data_dir / "evaluations" / BOARD_FILE)
+    top = board_summary(board).select("rank", "agent", "distance", "level2_f1", "level1_f1", "mrr").head(5)
+    say(f"  leaderboard top 5 of {board.height} runs (ranked per distance; F1 and MRR in %):")
+    for line in markdown_table(top).splitlines():
+        say("              " + line)
+
+
+def run_demo(plan: DemoPlan, data_dir: Path) -> int:
+    data_dir, total, started = data_dir.resolve(), 6, time.perf_counter()
+    with Stage(1, total, f"GDELT mirror {plan.days[0]} .. {plan.days[-1]} in {data_dir / 'mirror'}"):
+        made = ensure_mirror(plan, data_dir / "mirror")
+        _say("      generated" if made else "      reusing the mirror generated earlier (same arguments)")
+    dagster_home = data_dir / "dagster_home"
+    dagster_home.mkdir(parents=True, exist_ok=True)
+    if not (dagster_home / "dagster.yaml").exists():
+        (dagster_home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    with ExitStack() as servers:
+        with Stage(2, total, "servers on 127.0.0.1: GDELT mirror, news sites, S3 (SeaweedFS)"):
+            mirror = servers.enter_context(MirrorServer(data_dir / "mirror"))
+            news = servers.enter_context(NewsServer(sites=news_sites()))
+            s3 = servers.enter_context(LocalS3(data_dir / "s3", BUCKET))
+            agents = demo_agents(plan, data_dir / "demo_agents.yaml")
+            os.environ.update(demo_env(data_dir, mirror, news, s3, agents))
+            _say(f"      mirror {mirror.base_url}, news sites {news.url} (*{SITE_SUFFIX}), S3 {s3.endpoint}")
+            runner, settings = Runner(), Settings.from_env()
+        with Stage(3, total, f"Dagster: gdelt_ingest + articles_daily for {len(plan.days)} days"):
+            run_days(runner, plan)
+        with Stage(4, total, f"Dagster: monthly_release {plan.month:%Y-%m} (event_database, test_split, release)"):
+            if plan.month.isoformat() in runner.done("release"):
+                _say("      already materialised: skipped (the release is immutable)")
+            else:
+                runner.run("monthly_release", plan.month.isoformat())
+            release_where = _release_location(settings, plan.month)
+        with Stage(5, total, "Dagster: baseline evaluations and the leaderboard"):
+            run_evaluations(runner, plan)
+    _say(f"[6/{total}] summary (servers stopped; {time.perf_counter() - started:.0f}s in all)")
+    summary(plan, settings, release_where, _say)
+    _say("\nOpen the same instance and data in the Dagster UI (http://127.0.0.1:3000):")
+    _say(f"  cd {ROOT} && DAGSTER_HOME={dagster_home} MIRAI_DATA_DIR={data_dir} MIRAI_AGENTS_FILE={agents} "
+         ".venv/bin/dagster dev -w workspace.yaml")
+    _say(f"The local S3 server is stopped; its data stays in {data_dir / 's3'} and the next `mirai demo` "
+         "restarts it and verifies the release.")
+    return 0
+
+
+def _release_location(settings: Settings, month: date) -> str:
+    from pipeline.release import MANIFEST_NAME, open_store, release_key
+
+    store = open_store(settings)
+    key = release_key(f"{month:%Y-%m}", MANIFEST_NAME)
+    info = store.stat(key)
+    state = f"manifest {info.size:,} bytes" if info else "NO MANIFEST"
+    return f"{store.description}, {key} ({state})"

