@@ -222,11 +222,14 @@ def test_model_failure_ends_in_error_and_the_final_request_is_still_made(databas
     assert (failed_twice.end_state, failed_twice.answer, failed_twice.steps[-1].error) == ("error", {}, "still down")
 
 
-def test_a_query_before_the_database_is_an_error_not_a_crash(database):
+def test_a_query_on_the_databases_first_day_runs_with_an_empty_history(database):
     early = Query("2024-01-00001", date(2024, 1, 1), "USA", "CHN", "United States", "China")
-    trajectory, _ = episode(database, ['Final Answer: {"01": ["010"]}'], query=early)
-    assert trajectory.end_state == "error" and trajectory.error.startswith("DateGateError")
-    assert trajectory.answer == {"01": ["010"]}
+    trajectory, _ = episode(database, [
+        "Action: count_events(head_entities=['USA'], tail_entities=['CHN'])",
+        'Final Answer: {"01": ["010"]}',
+    ], query=early)
+    assert trajectory.end_state == "final_answer" and trajectory.answer == {"01": ["010"]}
+    assert trajectory.steps[0].observation.strip() == "0"  # nothing is visible before the database starts
 
 
 def test_code_blocks_keep_variables_and_stay_in_the_sandbox(database):
