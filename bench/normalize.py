@@ -2,7 +2,7 @@
 against pandas and against the time it takes merely to read the same files.
 
     .venv/bin/python bench/normalize.py [--work DIR] [--start 2024-01-01] [--end 2024-01-30]
-                                        [--rounds N] [--no-daily]
+                                        [--rounds N] [--no-daily | --daily-only]
 
 Input. The UTC days ``--start``..``--end`` are generated with ``pipeline.mirror.generate``
 (seed 0), one day at a time, and every landed export zip is parsed once with ``parse_export`` into
@@ -20,8 +20,11 @@ What is timed, in this one process, in alternating rounds (median and best are r
   files come in DATEADDED order with ascending event ids, which lets rule 1 and the final sort
   take a shortcut; reversed, they take the general path (the results must be identical).
 * project, day by day: ``pipeline.events.build_events(day)`` for each day in order, each against
-  the key files of the days before it, as the daily assets run. This line also writes every
-  day's key, events and report files (``--no-daily`` skips it).
+  the history of the days before it, as the daily assets run: a backfill of the range. Each round
+  starts from no key files and no history blocks (``keys/`` is deleted first), so every round
+  writes every day's key file, the history blocks, the events and the report files
+  (``--no-daily`` skips this line; ``--daily-only`` times only it, and then once more as a re-run
+  over the files the last round left, which rewrites no key file and no block).
 * read floor: ``pl.scan_parquet(<same files>).select(INPUT_COLUMNS).collect()``, the columns the
   rules consume. ``ratio_vs_read`` is computed against this floor. Reading all 61 columns is
   printed as well, for scale.
@@ -136,18 +139,26 @@ def run_project_reversed(files: list[Path], **_) -> dict:
 
 def run_daily(files: list[Path], work: Path, start: date, end: date, **_) -> dict:
     from pipeline.config import Settings
-    from pipeline.events import build_events
 
     settings = Settings(data_dir=work / "data")
-    rows, kept = 0, 0
+    shutil.rmtree(DataLayout(settings.data_dir).event_keys_dir().parent, ignore_errors=True)  # a fresh backfill
+    return build_days(settings, start, end)
+
+
+def build_days(settings, start: date, end: date) -> dict:
+    from pipeline.events import build_events
+
+    rows, kept, seconds = 0, 0, []
     exclusions = dict.fromkeys(EXCLUSIONS, 0)
     for day in days_of(start, end):
+        t0 = time.perf_counter()
         out = build_events(day, settings).normalized
+        seconds.append(time.perf_counter() - t0)
         rows += out.input_rows
         kept += out.events.height
         for reason, n in out.exclusions.items():
             exclusions[reason] += n
-    return {"rows": rows, "kept": kept, "exclusions": exclusions}
+    return {"rows": rows, "kept": kept, "exclusions": exclusions, "day_seconds": seconds}
 
 
 def run_read(files: list[Path], **_) -> dict:
@@ -309,6 +320,32 @@ def machine() -> str:
     return machine_summary({"polars": pl.__version__, "pandas": pd.__version__})
 
 
+def daily_only(args: argparse.Namespace) -> None:
+    """The day-by-day line alone: ``--rounds`` fresh backfills of the range, then one re-run."""
+    from pipeline.config import Settings
+
+    files = export_files(args.work, args.start, args.end)
+    seconds, per_day = [], []
+    for _ in range(args.rounds):
+        t0 = time.perf_counter()
+        result = run_daily(files, args.work, args.start, args.end)
+        seconds.append(time.perf_counter() - t0)
+        per_day.append(result["day_seconds"])
+    t0 = time.perf_counter()
+    build_days(Settings(data_dir=args.work / "data"), args.start, args.end)
+    rerun = time.perf_counter() - t0
+    days = len(per_day[0])
+    # Each day's median over the rounds: a history read that grows with the days before shows
+    # as a last third slower than the first.
+    day_median = [statistics.median(r[i] for r in per_day) for i in range(days)]
+    third = max(1, days // 3)
+    print(f"day by day, {days} days, {result['rows']:,} rows, {result['kept']:,} kept: backfill median "
+          f"{statistics.median(seconds):.2f} s, best {min(seconds):.2f} s ({args.rounds} rounds: "
+          + ", ".join(f"{x:.2f}" for x in seconds) + f"); re-run over its files {rerun:.2f} s")
+    print(f"  per day (median over rounds): first {third} days {statistics.mean(day_median[:third]) * 1000:.0f} ms, "
+          f"last {third} days {statistics.mean(day_median[-third:]) * 1000:.0f} ms")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--work", type=Path, default=DEFAULT_WORK, help=f"cache directory (default {DEFAULT_WORK})")
@@ -316,6 +353,7 @@ def main() -> None:
     parser.add_argument("--end", type=date.fromisoformat, default=DEFAULT_END)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--no-daily", action="store_true", help="skip the day-by-day line")
+    parser.add_argument("--daily-only", action="store_true", help="time only the day-by-day backfill (and a re-run)")
     parser.add_argument("--worker", choices=sorted(SIDES), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -333,6 +371,9 @@ def main() -> None:
     if totals["rows"] < MIN_ROWS:
         print(f"WARNING: fewer than {MIN_ROWS:,} rows: widen --start/--end for a month-scale run")
 
+    if args.daily_only:
+        daily_only(args)
+        return
     sides = [s for s in SIDES if not (args.no_daily and s == "daily")]
     seconds: dict[str, list[float]] = {side: [] for side in sides}
     pandas_read: list[float] = []
