@@ -26,8 +26,22 @@ import polars as pl
 
 from pipeline.config import Settings
 from pipeline.gdelt.schema import EXPORT_SCHEMA
-from pipeline.normalize import INPUT_COLUMNS, History, Normalized, daily_quads, normalize_with_report, url_hash
-from pipeline.storage import DataLayout, atomic_write_bytes, atomic_write_parquet, file_lock, read_parquet_metadata
+from pipeline.normalize import (
+    INPUT_COLUMNS,
+    History,
+    Normalized,
+    daily_quads,
+    normalize_with_report,
+    url_hash,
+)
+from pipeline.storage import (
+    DataLayout,
+    atomic_write_bytes,
+    atomic_write_parquet,
+    built_parquet_metadata,
+    file_lock,
+    read_parquet_metadata,
+)
 
 KEYS_FORMAT = f"keys-v2/polars-{pl.__version__}"
 # History block sizes in days, largest first. Each is 8 times the next, so blocks nest: a block
@@ -83,10 +97,9 @@ def write_event_keys(layout: DataLayout, day: date, rows: pl.LazyFrame,
 
 def _key_digest(layout: DataLayout, day: date) -> str | None:
     """The digest of the day's key file; None when it is missing or in an older format."""
-    path = layout.event_keys_path(day)
-    if not path.exists():
+    meta = built_parquet_metadata(layout.event_keys_path(day))
+    if meta is None:  # missing or unreadable: the day's keys are (re)written from its events
         return None
-    meta = read_parquet_metadata(path)
     return meta.get("keys_digest") if meta.get("keys_format") == KEYS_FORMAT else None
 
 
@@ -139,7 +152,7 @@ def _block_meta(members: dict[date, str]) -> dict[str, str]:
 def _block_current(layout: DataLayout, block: Block) -> bool:
     first, size, members = block
     paths = [layout.event_history_path(kind, first, size) for kind in ("ids", "urls")]
-    return all(p.exists() and read_parquet_metadata(p) == _block_meta(members) for p in paths)
+    return all(built_parquet_metadata(p) == _block_meta(members) for p in paths)
 
 
 def _ensure_block(layout: DataLayout, block: Block) -> None:

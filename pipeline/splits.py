@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import random
 import shutil
 import tempfile
@@ -35,6 +36,7 @@ from pipeline.storage import (
     atomic_write_bytes,
     atomic_write_parquet,
     read_parquet_metadata,
+    remove_orphans,
     replace_dir,
 )
 from pipeline.version import code_version
@@ -294,7 +296,9 @@ def build_split(month: date, settings: Settings, *, now: datetime, override: Ove
 
     final = layout.split_dir(month)
     final.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+    # The pid in the name lets a later build remove what a killed one left (storage.remove_orphans).
+    remove_orphans(final.parent, f".{final.name}.")
+    staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.{os.getpid()}.", dir=final.parent))
     try:
         split_meta = {"split_version": SPLIT_VERSION, "month": f"{month:%Y-%m}"}
         atomic_write_parquet(queries, staging / "queries.parquet", metadata=split_meta)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import glob
 import io
 import os
 import shutil
@@ -124,8 +125,39 @@ def _fsync_dir(directory: Path) -> None:
 
 
 def temp_path_for(target: Path) -> Path:
-    # Hidden, unique per writer, same directory (rename must not cross filesystems).
+    # Hidden, unique per writer, same directory (rename must not cross filesystems). The writer's
+    # pid is in the name so that the next writer of the same target can tell a crashed writer's
+    # leftover (pid gone) from a concurrent writer's temp file (pid alive) and remove only the former.
+    remove_orphans(target.parent, f".{target.name}.")
     return target.with_name(f".{target.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.part")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, owned by someone else
+        return True
+    return True
+
+
+def remove_orphans(directory: Path, prefix: str) -> list[Path]:
+    """Remove ``<prefix><pid>.<...>`` entries (temp files, staging directories) whose writer
+    process no longer exists: what a crash between writing and renaming leaves behind."""
+    removed = []
+    if not directory.is_dir():
+        return removed
+    for path in directory.glob(f"{glob.escape(prefix)}*"):
+        pid = path.name[len(prefix):].split(".", 1)[0]
+        if not pid.isdigit() or _pid_alive(int(pid)):
+            continue
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+        removed.append(path)
+    return removed
 
 
 def commit_temp(temp: Path, target: Path) -> None:
@@ -162,6 +194,19 @@ def read_parquet_metadata(path: Path) -> dict[str, str]:
 
     meta = pq.read_metadata(path).metadata or {}
     return {k.decode(): v.decode() for k, v in meta.items() if not k.startswith(b"ARROW:")}
+
+
+def built_parquet_metadata(path: Path) -> dict[str, str] | None:
+    """The metadata of one of our own derived files, or None when it is missing or unreadable:
+    a file a crash or a bad disk truncated must be rebuilt, not block every later run."""
+    import pyarrow as pa
+
+    if not path.exists():
+        return None
+    try:
+        return read_parquet_metadata(path)
+    except (pa.ArrowInvalid, OSError):
+        return None
 
 
 def replace_dir(new: Path, final: Path) -> None:

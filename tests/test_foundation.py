@@ -13,7 +13,14 @@ import requests
 
 from pipeline.config import Settings, env_names
 from pipeline.http import TransientHTTPError, parse_retry_after, with_retries
-from pipeline.storage import LockTimeout, atomic_write_parquet, file_lock, read_parquet_metadata
+from pipeline.storage import (
+    LockTimeout,
+    atomic_write_bytes,
+    atomic_write_parquet,
+    built_parquet_metadata,
+    file_lock,
+    read_parquet_metadata,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -39,6 +46,31 @@ def test_atomic_parquet_write_keeps_metadata_and_leaves_no_temp(tmp_path):
     assert pl.read_parquet(target).equals(df)
     assert read_parquet_metadata(target) == {"format_version": "9"}
     assert [p.name for p in target.parent.iterdir()] == ["b.parquet"]
+
+
+def test_a_crashed_writers_temp_file_is_removed_by_the_next_write_and_a_live_ones_is_kept(tmp_path):
+    import os
+    import subprocess
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # a pid that existed and is gone
+    target = tmp_path / "x.parquet"
+    crashed = tmp_path / f".x.parquet.{dead.pid}.deadbeef.part"
+    concurrent = tmp_path / f".x.parquet.{os.getpid()}.cafecafe.part"
+    crashed.write_bytes(b"half")
+    concurrent.write_bytes(b"in progress")
+    atomic_write_bytes(target, b"done")
+    assert target.read_bytes() == b"done"
+    assert not crashed.exists() and concurrent.exists()
+
+
+def test_a_truncated_derived_parquet_reads_as_not_built(tmp_path):
+    path = tmp_path / "keys.parquet"
+    atomic_write_parquet(pl.DataFrame({"a": [1]}), path, metadata={"v": "1"})
+    assert built_parquet_metadata(path) == {"v": "1"}
+    path.write_bytes(path.read_bytes()[:20])
+    assert built_parquet_metadata(path) is None
+    assert built_parquet_metadata(tmp_path / "missing.parquet") is None
 
 
 def test_file_lock_serialises_and_times_out(tmp_path):

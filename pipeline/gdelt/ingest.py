@@ -18,10 +18,23 @@ import polars as pl
 from pipeline.config import Settings
 from pipeline.gdelt.download import FetchResult, already_landed, fetch_verified
 from pipeline.gdelt.index import GdeltIndex, RefreshResult, day_slots
-from pipeline.gdelt.ledger import GREEN, LEDGER_SCHEMA, read_ledger, summarize, write_ledger
+from pipeline.gdelt.ledger import (
+    GREEN,
+    LEDGER_SCHEMA,
+    read_ledger,
+    summarize,
+    write_ledger,
+)
 from pipeline.gdelt.parse import parse_export, parse_files, parse_mentions
 from pipeline.http import make_session, utc_now
-from pipeline.storage import KINDS, DataLayout, atomic_write_parquet, file_lock, raw_file_name, read_parquet_metadata
+from pipeline.storage import (
+    KINDS,
+    DataLayout,
+    atomic_write_parquet,
+    built_parquet_metadata,
+    file_lock,
+    raw_file_name,
+)
 
 # Bump when the parsed parquet layout changes: landed slots are then parsed again.
 PARSED_FORMAT_VERSION = "2"  # 2: numbers with leading spaces parse (" 3" -> 3) instead of being rejected
@@ -173,7 +186,7 @@ def parse_day(day: date, kind: str, settings: Settings) -> DayParse:
     to_parse: list[dict] = []
     for row in ledger.sort("slot").iter_rows(named=True):
         out = layout.parsed_path(kind, row["slot"])
-        meta = read_parquet_metadata(out) if out.exists() else {}
+        meta = built_parquet_metadata(out) or {}
         if meta.get("source_md5") == row["expected_md5"] and meta.get("format_version") == PARSED_FORMAT_VERSION:
             stats.append({"slot": row["slot"], "rows": int(meta["rows"]), "rejects": int(meta["rejects"])})
         else:
