@@ -9,17 +9,21 @@ news ~5 MB per month, incompressible bytes, as parquet is already compressed).
 
 - *ours, upload*: ``publish_release`` into a fresh prefix, end to end: hashing every file
   (sha256 of the file and of each 8 MiB part, one read), HEAD of every key (immutability), the
-  uploads, each PUT or part carrying its SHA-256 for the server to check, the manifest,
-  index.json and latest.json. MIRAI_RELEASE_* settings at their defaults.
+  uploads, each PUT or part carrying its SHA-256 for the server to check (and, as botocore does
+  over HTTPS for such requests, UNSIGNED-PAYLOAD instead of a second SHA-256 for SigV4), the
+  manifest, index.json and latest.json. MIRAI_RELEASE_* settings at their defaults.
 - *defaults, upload*: one boto3 TransferManager with ``TransferConfig()`` defaults (8 MB
   threshold and parts, 10 concurrent requests) uploading every file at once, as `aws s3 cp
   --recursive` does; botocore's default checksum (CRC32, "when_supported") is on.
-- *ours, download*: ``download_release`` (anonymous) of the whole release into an empty
-  directory: every file streamed, sha256-verified against the manifest, then renamed.
+- *ours, download*: ``download_release`` (anonymous, MIRAI_RELEASE_CONCURRENCY files at a time
+  as `mirai download`) of the whole release into an empty directory: every file streamed,
+  sha256-verified against the manifest, fsynced, then renamed.
 - *defaults, download*: a default TransferManager downloading every file (ranged GETs in 8 MB
   parts, 10 concurrent), no sha256 check.
 
-Rounds alternate ours/defaults; the median of each is reported with the load average.
+Both sides use the same server, data and retry settings ("standard", MIRAI_S3_MAX_ATTEMPTS).
+Rounds alternate which side goes first (uploads, then downloads); the median of each is reported
+with the load average.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import sys
 import tempfile
 import time
 from datetime import date
+from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,6 +79,15 @@ def build_release(data_dir: Path, total_mb: int) -> None:
         month = date(2023 + i // 12, i % 12 + 1, 1)  # 2023-01 .. 2024-02
         _write_random(layout.database_path("events", month), per_month * 6 // 7)
         _write_random(layout.database_path("news", month), per_month - per_month * 6 // 7)
+
+
+def ours_upload(settings: Settings) -> None:
+    publish_release(MONTH, settings, open_store(settings))
+
+
+def ours_download(settings: Settings, dest: Path) -> None:
+    # As `mirai download`: anonymous, MIRAI_RELEASE_CONCURRENCY files at a time.
+    download_release(open_store(settings, signed=False), "2024-02", dest, workers=settings.release_concurrency, bar=False)
 
 
 def defaults_upload(client, bucket: str, prefix: str, objects) -> None:
@@ -117,28 +131,33 @@ def main() -> int:
         total = sum(o.size for o in objects)
         print(f"release: {len(objects)} files, {total / 1e6:.1f} MB; load average before: {os.getloadavg()}")
         with SeaweedS3(work / "seaweedfs", volume_size_limit_mb=1024) as server:
-            client = server.client()
+            # Both sides retry alike (ours: MIRAI_S3_MAX_ATTEMPTS, "standard" mode).
+            same = Config(retries={"max_attempts": Settings().s3_max_attempts, "mode": "standard"},
+                          s3={"addressing_style": "path"})
+            client = boto3.client("s3", endpoint_url=server.endpoint, region_name="us-east-1", config=same)
             anonymous = boto3.client("s3", endpoint_url=server.endpoint, region_name="us-east-1",
-                                     config=Config(signature_version=UNSIGNED))
+                                     config=same.merge(Config(signature_version=UNSIGNED)))
             client.create_bucket(Bucket="bench")
             times: dict[str, list[float]] = {k: [] for k in ("ours_up", "def_up", "ours_down", "def_down")}
             for r in range(args.rounds):
                 settings = Settings(data_dir=data_dir, release_uri=f"s3://bench/ours{r}",
                                     s3_endpoint_url=server.endpoint, s3_region="us-east-1")
-                started = time.perf_counter()
-                publish_release(MONTH, settings, open_store(settings))
-                times["ours_up"].append(time.perf_counter() - started)
-                started = time.perf_counter()
-                defaults_upload(client, "bench", f"defaults{r}/releases/2024-02", objects)
-                times["def_up"].append(time.perf_counter() - started)
-
                 dest = work / f"dl{r}"
-                started = time.perf_counter()
-                download_release(open_store(settings, signed=False), "2024-02", dest / "ours", bar=False)
-                times["ours_down"].append(time.perf_counter() - started)
-                started = time.perf_counter()
-                defaults_download(anonymous, "bench", f"defaults{r}/releases/2024-02", objects, dest / "defaults")
-                times["def_down"].append(time.perf_counter() - started)
+                steps = {
+                    "ours_up": partial(ours_upload, settings),
+                    "def_up": partial(defaults_upload, client, "bench", f"defaults{r}/releases/2024-02", objects),
+                    "ours_down": partial(ours_download, settings, dest / "ours"),
+                    "def_down": partial(defaults_download, anonymous, "bench", f"defaults{r}/releases/2024-02",
+                                        objects, dest / "defaults"),
+                }
+                # Who goes first alternates: the second side of a pair runs while the server's
+                # writes of the first are still being flushed to the shared disk.
+                order = ("ours_up", "def_up", "ours_down", "def_down") if r % 2 == 0 else (
+                    "def_up", "ours_up", "def_down", "ours_down")
+                for name in order:
+                    started = time.perf_counter()
+                    steps[name]()
+                    times[name].append(time.perf_counter() - started)
                 shutil.rmtree(dest)
                 print(f"round {r + 1}: " + ", ".join(f"{k} {v[-1]:.2f}s" for k, v in times.items())
                       + f"; load {os.getloadavg()[0]:.2f}", flush=True)

@@ -37,6 +37,10 @@ ONLY_CHOICES = ("split", "database")
 # A body that breaks off mid-stream (reset, timeout) is re-requested from where it stopped this
 # many times per file before the run gives up (and leaves the .part for the next run).
 STREAM_ATTEMPTS = 3
+# Every file is fsynced before it is renamed into place. Asking the kernel to start writing each
+# WRITEBACK bytes as they arrive lets the disk work while the network does, so the final fsync
+# finds little left to wait for (instead of the whole file).
+WRITEBACK = 8 * 2**20
 
 
 class ChecksumMismatch(ReleaseError):
@@ -237,6 +241,7 @@ def _stream(store: ReleaseStore, key: str, part: Path, offset: int, expected: in
 
     written = 0
     with open(part, "ab") as fh:
+        flushing = offset  # bytes before this are already on their way to the disk
         for attempt in range(1, STREAM_ATTEMPTS + 1):
             try:
                 for chunk in store.read_from(key, offset + written):
@@ -246,6 +251,9 @@ def _stream(store: ReleaseStore, key: str, part: Path, offset: int, expected: in
                     digest.update(chunk)
                     written += len(chunk)
                     progress(len(chunk))
+                    if offset + written - flushing >= WRITEBACK:
+                        fh.flush()
+                        flushing = _start_writeback(fh.fileno(), flushing, offset + written)
                     if offset + written > expected:
                         break
                 return written
@@ -254,3 +262,12 @@ def _stream(store: ReleaseStore, key: str, part: Path, offset: int, expected: in
                 if attempt == STREAM_ATTEMPTS:
                     raise ReleaseError(f"{key}: transfer kept failing ({exc}); run again to resume") from exc
     return written
+
+
+def _start_writeback(fd: int, start: int, end: int) -> int:
+    """Start (not wait for) writing bytes start..end of fd to disk; returns end. On Linux,
+    POSIX_FADV_DONTNEED starts writeback of dirty pages and evicts only pages already clean, so
+    the file stays cached; elsewhere it is a no-op and fsync does all the work."""
+    if hasattr(os, "posix_fadvise"):
+        os.posix_fadvise(fd, start, end - start, os.POSIX_FADV_DONTNEED)
+    return end

@@ -10,8 +10,9 @@ Layout under the store's root (``s3://bucket/prefix/`` or a directory), see docs
     releases/latest.json              the newest release
 
 One publish algorithm runs against both stores: hash the local files, refuse if anything already
-at a release key differs (releases are immutable), upload what is missing with a checksum, upload
-the manifest, then rewrite index.json and latest.json from what is published. Every step is a
+at a release key differs (releases are immutable), upload what is missing with a checksum (for a
+month the store holds nothing of, each file as soon as it is hashed), upload the manifest, then
+rewrite index.json and latest.json from what is published. Every step is a
 no-op when already done, so a crashed run is completed by the next one, and a reader following
 latest.json or index.json only ever reaches releases whose manifest (hence every file) is in place.
 """
@@ -24,7 +25,7 @@ import json
 import os
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import date, datetime, timezone
@@ -107,9 +108,10 @@ class ReleaseStore(ABC):
     def stat(self, key: str) -> ObjectInfo | None: ...
 
     @abstractmethod
-    def put_files(self, files: list[tuple[str, PlannedObject]], *, cache_control: str, progress: Progress | None) -> None:
-        """Store each (key, planned file); the store checks the bytes against the plan's sha256
-        (per part for a multipart upload) and rejects a mismatch, so nothing unverified lands."""
+    def put_files(self, files: Iterable[tuple[str, PlannedObject]], *, cache_control: str, progress: Progress | None) -> None:
+        """Store each (key, planned file), starting on each as soon as ``files`` yields it; the
+        store checks the bytes against the plan's sha256 (per part for a multipart upload) and
+        rejects a mismatch, so nothing unverified lands."""
 
     @abstractmethod
     def put_bytes(self, key: str, data: bytes, *, cache_control: str, if_absent: bool) -> bool:
@@ -153,7 +155,7 @@ class LocalStore(ReleaseStore):
             digest = hashlib.file_digest(fh, "sha256").hexdigest()
         return ObjectInfo(size=st.st_size, sha256=digest, modified=datetime.fromtimestamp(st.st_mtime, timezone.utc))
 
-    def put_files(self, files: list[tuple[str, PlannedObject]], *, cache_control: str, progress: Progress | None) -> None:
+    def put_files(self, files: Iterable[tuple[str, PlannedObject]], *, cache_control: str, progress: Progress | None) -> None:
         for key, obj in files:
             self._put_file(key, obj.path, obj.sha256, progress)
 
@@ -241,16 +243,25 @@ class S3Store(ReleaseStore):
         self.endpoint = settings.s3_endpoint_url.rstrip("/")
         session = boto3.session.Session(region_name=settings.s3_region or None)
         self.region = session.region_name or "us-east-1"
+        # S3-compatible stores (SeaweedFS, MinIO, Ceph) rarely have per-bucket DNS names.
+        s3 = {"addressing_style": "path"} if self.endpoint else {}
         config = Config(
             signature_version=UNSIGNED if not signed else None,
             retries={"max_attempts": settings.s3_max_attempts, "mode": "standard"},
             connect_timeout=settings.connect_timeout_s,
             read_timeout=settings.read_timeout_s,
             max_pool_connections=settings.release_concurrency + 2,
-            # S3-compatible stores (SeaweedFS, MinIO, Ceph) rarely have per-bucket DNS names.
-            s3={"addressing_style": "path"} if self.endpoint else None,
+            s3=s3,
         )
         self.client = session.client("s3", region_name=self.region, endpoint_url=self.endpoint or None, config=config)
+        # For the PUTs whose body carries its x-amz-checksum-sha256 (a signed header the server
+        # verifies), SigV4 need not hash the payload as well: botocore already sends
+        # UNSIGNED-PAYLOAD for them over HTTPS, but over plain HTTP (a local endpoint) it would
+        # SHA-256 every byte once more, and the server too.
+        self._checksummed = session.client(
+            "s3", region_name=self.region, endpoint_url=self.endpoint or None,
+            config=config.merge(Config(s3={**s3, "payload_signing_enabled": False})),
+        )
         self.concurrency = settings.release_concurrency
         self._public = settings.release_public_url.rstrip("/")
         where = f"endpoint {self.endpoint}" if self.endpoint else f"AWS {self.region}"
@@ -275,33 +286,29 @@ class S3Store(ReleaseStore):
         digest = base64.b64decode(checksum).hex() if checksum and not composite else head.get("Metadata", {}).get("sha256")
         return ObjectInfo(size=head["ContentLength"], sha256=digest, modified=head["LastModified"], composite=composite)
 
-    def put_files(self, files: list[tuple[str, PlannedObject]], *, cache_control: str, progress: Progress | None) -> None:
-        """Every PUT and part of every file shares one pool of MIRAI_RELEASE_CONCURRENCY requests.
-        Each request carries the SHA-256 the plan computed (of the object, or of the part), so the
-        server verifies the bytes against the manifest itself and the client hashes nothing twice
-        (boto3's transfer manager would hash every byte again)."""
+    def put_files(self, files: Iterable[tuple[str, PlannedObject]], *, cache_control: str, progress: Progress | None) -> None:
+        """Every PUT and part of every file shares one pool of MIRAI_RELEASE_CONCURRENCY requests,
+        and a file's requests start as soon as ``files`` yields it (while later files are still
+        being hashed). Each request carries the SHA-256 the plan computed (of the object, or of the
+        part), so the server verifies the bytes against the manifest itself and the client hashes
+        nothing twice (boto3's transfer manager would hash every byte again)."""
         uploads: dict[str, str] = {}  # key -> multipart UploadId
+        pending: dict[str, list] = {}  # key -> the futures of its parts
         try:
-            tasks = []
-            for key, obj in files:
-                head = {"ContentType": content_type(key), "CacheControl": cache_control, "Metadata": {"sha256": obj.sha256}}
-                if obj.part_size is None:
-                    tasks.append((self._put_whole, key, obj, head))
-                    continue
-                created = self._call(
-                    "create_multipart_upload", Bucket=self.bucket, Key=self._key(key), ChecksumAlgorithm="SHA256", **head
-                )
-                uploads[key] = created["UploadId"]
-                tasks.extend((self._put_part, key, obj, (uploads[key], n)) for n in range(len(obj.part_sha256)))
             with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
-                done = list(pool.map(lambda task: task[0](*task[1:], progress), tasks))
-            for key, obj in files:
-                if key in uploads:
-                    parts = sorted((part for k, part in done if k == key), key=lambda part: part["PartNumber"])
-                    self._call(
-                        "complete_multipart_upload", Bucket=self.bucket, Key=self._key(key),
-                        UploadId=uploads.pop(key), MultipartUpload={"Parts": parts},
-                    )
+                try:
+                    for key, obj in files:
+                        pending[key] = [pool.submit(*task, progress) for task in self._tasks(key, obj, cache_control, uploads)]
+                    for key, futures in pending.items():
+                        parts = [future.result() for future in futures]
+                        if key in uploads:
+                            self._call(
+                                "complete_multipart_upload", Bucket=self.bucket, Key=self._key(key),
+                                UploadId=uploads.pop(key), MultipartUpload={"Parts": parts},
+                            )
+                except BaseException:
+                    pool.shutdown(cancel_futures=True)  # a failed run sends nothing more
+                    raise
         finally:
             for key, upload_id in uploads.items():  # a failed run: free the parts already stored
                 try:
@@ -309,33 +316,44 @@ class S3Store(ReleaseStore):
                 except Exception:  # noqa: BLE001 - best effort; a lifecycle rule cleans up the rest
                     pass
 
-    def _put_whole(self, key: str, obj: PlannedObject, head: dict, progress: Progress | None) -> tuple[str, None]:
+    def _tasks(self, key: str, obj: PlannedObject, cache_control: str, uploads: dict[str, str]) -> list[tuple]:
+        """The requests that store one file: one PUT, or (after creating its multipart upload,
+        recorded in ``uploads``) one per part, in part order."""
+        head = {"ContentType": content_type(key), "CacheControl": cache_control, "Metadata": {"sha256": obj.sha256}}
+        if obj.part_size is None:
+            return [(self._put_whole, key, obj, head)]
+        created = self._call(
+            "create_multipart_upload", Bucket=self.bucket, Key=self._key(key), ChecksumAlgorithm="SHA256", **head
+        )
+        uploads[key] = created["UploadId"]
+        return [(self._put_part, key, obj, (uploads[key], n)) for n in range(len(obj.part_sha256))]
+
+    def _put_whole(self, key: str, obj: PlannedObject, head: dict, progress: Progress | None) -> None:
         self._call(
-            "put_object", Bucket=self.bucket, Key=self._key(key), Body=obj.path.read_bytes(),
+            "put_object", self._checksummed, Bucket=self.bucket, Key=self._key(key), Body=obj.path.read_bytes(),
             ChecksumSHA256=base64.b64encode(bytes.fromhex(obj.sha256)).decode(), **head,
         )
         if progress:
             progress(obj.size)
-        return key, None
 
-    def _put_part(self, key: str, obj: PlannedObject, upload: tuple[str, int], progress: Progress | None) -> tuple[str, dict]:
+    def _put_part(self, key: str, obj: PlannedObject, upload: tuple[str, int], progress: Progress | None) -> dict:
         upload_id, n = upload
         with open(obj.path, "rb") as fh:
             body = os.pread(fh.fileno(), obj.part_size, n * obj.part_size)
         checksum = base64.b64encode(obj.part_sha256[n]).decode()
         response = self._call(
-            "upload_part", Bucket=self.bucket, Key=self._key(key), UploadId=upload_id, PartNumber=n + 1,
+            "upload_part", self._checksummed, Bucket=self.bucket, Key=self._key(key), UploadId=upload_id, PartNumber=n + 1,
             Body=body, ChecksumSHA256=checksum,
         )
         if progress:
             progress(len(body))
-        return key, {"PartNumber": n + 1, "ETag": response["ETag"], "ChecksumSHA256": checksum}
+        return {"PartNumber": n + 1, "ETag": response["ETag"], "ChecksumSHA256": checksum}
 
-    def _call(self, operation: str, **kwargs) -> dict:
+    def _call(self, operation: str, client=None, **kwargs) -> dict:
         from botocore.exceptions import ClientError
 
         try:
-            return getattr(self.client, operation)(**kwargs)
+            return getattr(client or self.client, operation)(**kwargs)
         except ClientError as exc:
             code = exc.response.get("Error", {}).get("Code", "")
             if code in ("BadDigest", "InvalidDigest", "XAmzContentSHA256Mismatch"):
@@ -359,7 +377,7 @@ class S3Store(ReleaseStore):
         if if_absent:
             args["IfNoneMatch"] = "*"  # conditional write: two publishers cannot both commit a month
         try:
-            self.client.put_object(**args)
+            self._checksummed.put_object(**args)
         except ClientError as exc:
             if _status(exc) in (409, 412):
                 return False
@@ -521,9 +539,17 @@ def _planned(name: str, path: Path, settings: Settings, rows: int | None = None)
     return PlannedObject(name=name, path=path, sha256=digest, size=size, part_size=part_size, part_sha256=parts, rows=rows)
 
 
-def plan_release(month: date, settings: Settings) -> ReleasePlan:
-    """Hash every file of the month's release and build its manifest (a pure function of those
-    files, so re-planning an unchanged month gives the same bytes)."""
+@dataclass(frozen=True)
+class ReleaseSources:
+    """What a month's release is made of, before any file is read."""
+
+    month: str
+    split_manifest: dict
+    database_months: list[str]
+    files: list[tuple[str, Path, int | None]]  # (name, local path, rows); the split's files first
+
+
+def release_sources(month: date, settings: Settings) -> ReleaseSources:
     layout = DataLayout(settings.data_dir)
     month = month.replace(day=1)
     label = f"{month:%Y-%m}"
@@ -539,23 +565,41 @@ def plan_release(month: date, settings: Settings) -> ReleasePlan:
         for table in ("events", "news"):
             path = layout.database_path(table, date.fromisoformat(f"{m}-01"))
             files.append((f"database/{table}/{path.name}", path, None))
+    return ReleaseSources(month=label, split_manifest=split_manifest, database_months=months, files=files)
+
+
+def hash_sources(sources: ReleaseSources, settings: Settings) -> Iterator[PlannedObject]:
+    """Each file hashed, in the sources' order, as soon as it is (so uploads can start while later
+    files are still read); raises when a split file no longer matches the split's manifest."""
     # Hashing is most of a publish's own CPU time; hashlib and file reads release the GIL.
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        objects = list(pool.map(lambda f: _planned(f[0], f[1], settings, f[2]), files))
-    for obj in objects:
-        meta = split_manifest["files"].get(obj.name)
-        if meta is not None and (obj.sha256, obj.size) != (meta["sha256"], meta["bytes"]):
-            raise ReleaseNotReady(f"{label}: {obj.path} no longer matches its split manifest; rebuild the split")
+        for obj in pool.map(lambda f: _planned(f[0], f[1], settings, f[2]), sources.files):
+            meta = sources.split_manifest["files"].get(obj.name)
+            if meta is not None and (obj.sha256, obj.size) != (meta["sha256"], meta["bytes"]):
+                raise ReleaseNotReady(
+                    f"{sources.month}: {obj.path} no longer matches its split manifest; rebuild the split"
+                )
+            yield obj
 
+
+def build_plan(sources: ReleaseSources, objects: list[PlannedObject]) -> ReleasePlan:
+    """The release's manifest: a pure function of its files, so re-planning an unchanged month
+    gives the same bytes."""
     manifest = {
         "format": RELEASE_FORMAT,
-        "release": label,
-        "database_months": months,
-        "split": split_manifest,
+        "release": sources.month,
+        "database_months": sources.database_months,
+        "split": sources.split_manifest,
         "files": {o.name: o.entry() for o in objects},
     }
     data = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
-    return ReleasePlan(month=label, objects=objects, manifest=manifest, manifest_bytes=data)
+    return ReleasePlan(month=sources.month, objects=objects, manifest=manifest, manifest_bytes=data)
+
+
+def plan_release(month: date, settings: Settings) -> ReleasePlan:
+    """Hash every file of the month's release and build its manifest."""
+    sources = release_sources(month, settings)
+    return build_plan(sources, list(hash_sources(sources, settings)))
 
 
 def _database_months(layout: DataLayout, month: date) -> list[str]:
@@ -614,33 +658,84 @@ def publish_release(
 ) -> PublishResult:
     """Publish the month's release, or verify an existing one and change nothing.
 
-    ``plan`` is plan_release's result when the caller already made it (hashing is a full read).
-    Raises ReleaseConflict, before writing anything, when the store already holds a different
+    ``plan`` is plan_release's result when the caller already made it (hashing is a full read);
+    without one, a month the store holds nothing of is uploaded while it is hashed. Raises ReleaseConflict, before writing anything, when the store already holds a different
     release for the month (or different bytes at any of its keys).
     """
     store = store or open_store(settings)
-    plan = plan or plan_release(month, settings)
-    manifest_key = release_key(plan.month, MANIFEST_NAME)
+    sources = None if plan else release_sources(month, settings)
+    label = plan.month if plan else sources.month
+    manifest_key = release_key(label, MANIFEST_NAME)
+    published = store.get_bytes(manifest_key)
+    if sources and published is None and not _any_stored(store, label, sources.files):
+        # A month new to the store (every first publish) has nothing to compare against, so each
+        # file goes up as soon as it is hashed instead of after a hashing pass over the release.
+        plan = _upload_while_hashing(store, sources, settings, log, progress)
+        uploaded, verified = plan.objects, []
+    else:
+        plan = plan or build_plan(sources, list(hash_sources(sources, settings)))
+        uploaded, verified = _check_then_upload(store, plan, published, log, progress)
     result = PublishResult(
         month=plan.month,
         store=store.description,
         manifest_sha256=sha256_hex(plan.manifest_bytes),
         manifest_url=store.public_url(manifest_key),
+        uploaded=[o.name for o in uploaded],
+        verified=verified,
+        bytes_uploaded=sum(o.size for o in uploaded),
     )
-    published = store.get_bytes(manifest_key)
+
+    if published is None:
+        if not store.put_bytes(manifest_key, plan.manifest_bytes, cache_control=IMMUTABLE_CACHE, if_absent=True):
+            if store.get_bytes(manifest_key) != plan.manifest_bytes:
+                raise ReleaseConflict(f"another publisher committed a different release {plan.month} meanwhile")
+        else:
+            result.manifest_written = True
+            log(f"published {manifest_key}")
+
+    result.index_written, result.latest_written = update_pointers(store)
+    return result
+
+
+def _any_stored(store: ReleaseStore, month: str, files: list[tuple[str, Path, int | None]]) -> bool:
+    keys = [release_key(month, name) for name, _, _ in files]
+    with ThreadPoolExecutor(max_workers=8) as pool:  # HEAD requests are latency, not bandwidth
+        return any(info is not None for info in pool.map(store.stat, keys))
+
+
+def _upload_while_hashing(store: ReleaseStore, sources: ReleaseSources, settings: Settings, log, progress) -> ReleasePlan:
+    """Upload every file of a release the store holds nothing of, each as soon as it is hashed;
+    the plan (hence the manifest) is complete only once every upload is verified."""
+    total = sum(path.stat().st_size for _, path, _ in sources.files)
+    log(f"uploading {len(sources.files)} files ({total:,} bytes) to {store.description}: "
+        + ", ".join(name for name, _, _ in sources.files))
+    objects: list[PlannedObject] = []
+
+    def hashed() -> Iterator[tuple[str, PlannedObject]]:
+        for obj in hash_sources(sources, settings):
+            objects.append(obj)
+            yield release_key(sources.month, obj.name), obj
+
+    store.put_files(hashed(), cache_control=IMMUTABLE_CACHE, progress=progress)
+    return build_plan(sources, objects)
+
+
+def _check_then_upload(store: ReleaseStore, plan: ReleasePlan, published: bytes | None, log, progress):
+    """Refuse (before writing anything) a store holding a different manifest or different bytes
+    at any key of the release, then upload what is missing. Returns (uploaded, verified names)."""
     if published is not None and published != plan.manifest_bytes:
         raise ReleaseConflict(
             f"{store.description} already holds a different release {plan.month} (manifest sha256 "
-            f"{sha256_hex(published)}, ours {result.manifest_sha256}); releases are immutable, nothing was written"
+            f"{sha256_hex(published)}, ours {sha256_hex(plan.manifest_bytes)}); releases are immutable, "
+            "nothing was written"
         )
-
-    missing, conflicts = [], []
+    missing, verified, conflicts = [], [], []
     for obj in plan.objects:
         info = store.stat(release_key(plan.month, obj.name))
         if info is None:
             missing.append(obj)
         elif _matches(info, obj):
-            result.verified.append(obj.name)
+            verified.append(obj.name)
         else:
             conflicts.append(f"{obj.name} (store: {info.size} bytes, sha256 {info.sha256}; ours: {obj.size}, {obj.sha256})")
     if conflicts:
@@ -653,26 +748,13 @@ def publish_release(
     if published is not None and missing:
         # The manifest's bytes equal ours, so restoring the identical files overwrites nothing.
         log(f"release {plan.month} is published but {len(missing)} objects are missing; restoring them")
-
     if missing:
         log(f"uploading {len(missing)} files ({sum(o.size for o in missing):,} bytes) to {store.description}: "
             + ", ".join(o.name for o in missing))
         store.put_files(
             [(release_key(plan.month, o.name), o) for o in missing], cache_control=IMMUTABLE_CACHE, progress=progress
         )
-    result.uploaded = [o.name for o in missing]
-    result.bytes_uploaded = sum(o.size for o in missing)
-
-    if published is None:
-        if not store.put_bytes(manifest_key, plan.manifest_bytes, cache_control=IMMUTABLE_CACHE, if_absent=True):
-            if store.get_bytes(manifest_key) != plan.manifest_bytes:
-                raise ReleaseConflict(f"another publisher committed a different release {plan.month} meanwhile")
-        else:
-            result.manifest_written = True
-            log(f"published {manifest_key}")
-
-    result.index_written, result.latest_written = update_pointers(store)
-    return result
+    return missing, verified
 
 
 def update_pointers(store: ReleaseStore) -> tuple[bool, bool]:

@@ -8,6 +8,7 @@ import base64
 import json
 import os
 import shutil
+import threading
 import urllib.request
 import uuid
 from datetime import date, datetime, timezone
@@ -16,6 +17,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
+from pipeline import release
 from pipeline.cli import main
 from pipeline.config import Settings
 from pipeline.database import build_event_database
@@ -419,3 +421,97 @@ def test_leaderboard_is_published_as_a_pointer_and_rewritten_only_when_it_change
     board.write_bytes(b"board v2")
     assert publish_leaderboard(store, board, chart) == [LEADERBOARD_KEYS["parquet"]]
     assert store.get_bytes(LEADERBOARD_KEYS["parquet"]) == b"board v2"
+
+
+def test_s3_uploads_send_unsigned_payload_only_with_their_sha256_checksum(data_dir, s3_server, bucket):
+    """Over plain HTTP botocore would SHA-256 every uploaded body for SigV4 on top of its
+    x-amz-checksum-sha256; only bodies that carry that checksum may skip payload signing."""
+    settings = _s3_settings(data_dir, s3_server, bucket)
+    store = open_store(settings)
+    sent = []
+
+    def record(request, **kwargs):
+        payload = request.headers.get("X-Amz-Content-SHA256")
+        sent.append((request.method, payload.decode() if isinstance(payload, bytes) else payload,
+                     "x-amz-checksum-sha256" in request.headers))
+
+    for client in (store.client, store._checksummed):
+        client.meta.events.register("before-send.s3", record)
+    publish_release(FEB, settings, store)
+    puts = [s for s in sent if s[0] == "PUT"]
+    assert len(puts) >= len(_source_files(data_dir, FEB)) + 2  # every file (a part each), manifest, pointers
+    assert all(payload == "UNSIGNED-PAYLOAD" for _, payload, checksum in puts if checksum)
+    assert all(checksum for _, payload, checksum in sent if payload == "UNSIGNED-PAYLOAD")
+    completes = [s for s in sent if s[0] == "POST" and s[1] != "UNSIGNED-PAYLOAD"]
+    assert completes  # CompleteMultipartUpload carries no checksum: its body stays signed
+
+
+def test_s3_first_publish_uploads_files_while_later_ones_are_still_being_hashed(data_dir, s3_server, bucket, monkeypatch):
+    """The last file's hashing waits until a request of an earlier file has been sent: a publish
+    that hashed the whole release before uploading would never send it (and the wait fails)."""
+    settings = _s3_settings(data_dir, s3_server, bucket)
+    store = open_store(settings)
+    last = release.release_sources(FEB, settings).files[-1][0]
+    uploading = threading.Event()
+    store._checksummed.meta.events.register("before-send.s3.PutObject", lambda **kwargs: uploading.set())
+    store._checksummed.meta.events.register("before-send.s3.UploadPart", lambda **kwargs: uploading.set())
+    planned = release._planned
+
+    def hash_last_after_an_upload(name, path, settings, rows=None):
+        if name == last:
+            assert uploading.wait(timeout=60), "nothing was uploaded before the last file was hashed"
+        return planned(name, path, settings, rows)
+
+    monkeypatch.setattr(release, "_planned", hash_last_after_an_upload)
+    result = publish_release(FEB, settings, store)
+    assert result.manifest_written and set(result.uploaded) == set(_source_files(data_dir, FEB))
+    assert result.manifest_sha256 == sha256_hex(plan_release(FEB, settings).manifest_bytes)
+
+
+def test_s3_a_file_changed_right_after_it_was_hashed_is_rejected_by_its_part_checksums(data_dir, s3_server, bucket, tmp_path, monkeypatch):
+    copy = tmp_path / "data"
+    shutil.copytree(data_dir, copy)
+    settings = _s3_settings(copy, s3_server, bucket)
+    big = DataLayout(copy).database_path("events", date(2023, 12, 1))
+    planned = release._planned
+
+    def rewrite_after_hashing(name, path, settings, rows=None):
+        obj = planned(name, path, settings, rows)
+        if path == big:
+            big.write_bytes(os.urandom(BIG))  # same size, other bytes: only the part checksums can tell
+        return obj
+
+    monkeypatch.setattr(release, "_planned", rewrite_after_hashing)
+    with pytest.raises(ReleaseError, match="changed since it was hashed"):
+        publish_release(FEB, settings, open_store(settings))
+    listed = [o["Key"] for o in s3_server.client().list_objects_v2(Bucket=bucket).get("Contents", [])]
+    assert not [k for k in listed if "events/month=2023-12" in k or k.endswith(("manifest.json", LATEST_KEY))]
+    uploads = s3_server.client().list_multipart_uploads(Bucket=bucket).get("Uploads", [])
+    assert not uploads  # the failed multipart upload was aborted
+
+
+def test_a_split_file_changed_since_its_manifest_stops_the_publish_before_the_manifest(data_dir, tmp_path):
+    copy = tmp_path / "data"
+    shutil.copytree(data_dir, copy)
+    (copy / "splits/2024-02/queries_sample.parquet").write_bytes(b"not the sample")
+    bucket = tmp_path / "bucket"
+    with pytest.raises(release.ReleaseNotReady, match="no longer matches its split manifest"):
+        publish_release(FEB, Settings(data_dir=copy, release_uri=str(bucket)))
+    assert not (bucket / "releases/2024-02/manifest.json").exists() and not (bucket / LATEST_KEY).exists()
+    assert not list(bucket.rglob("database/*/*.parquet"))  # the split's files are checked first
+
+
+def test_download_starts_writing_each_file_to_disk_while_it_streams(data_dir, tmp_path, monkeypatch):
+    """Every file is fsynced before its rename; writeback is started every WRITEBACK bytes so
+    that fsync does not wait for the whole file. The ranges asked for follow each other."""
+    from pipeline import download
+
+    bucket = tmp_path / "bucket"
+    publish_release(FEB, Settings(data_dir=data_dir, release_uri=str(bucket)))
+    asked = []
+    monkeypatch.setattr(download, "WRITEBACK", 4 * 2**20)
+    monkeypatch.setattr(download.os, "posix_fadvise", lambda fd, offset, length, advice: asked.append((offset, length)))
+    download_release(LocalStore(bucket), "2024-02", tmp_path / "dl", only="database", workers=1)
+    assert asked == [(0, 4 * 2**20), (4 * 2**20, 4 * 2**20), (8 * 2**20, 4 * 2**20)]  # the 12 MiB file only
+    name = "database/events/month=2023-12.parquet"
+    assert (tmp_path / "dl/2024-02" / name).read_bytes() == DataLayout(data_dir).database_path("events", date(2023, 12, 1)).read_bytes()
