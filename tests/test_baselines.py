@@ -261,3 +261,18 @@ def test_thousand_queries_in_one_pass(tmp_path):
     out = recurrency(qs, hist.lazy())
     assert time.perf_counter() - started < 5
     assert out.height == 1000 and all(len(r) == 5 for r in out.get_column("ranked").to_list())
+
+
+def test_a_killed_evaluations_staging_directory_is_removed_by_the_next_run(tmp_path):
+    import subprocess
+
+    from pipeline.evaluation.run import write_evaluation
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    directory = tmp_path / "evaluations" / "2024-02" / "empty" / "queries" / "distance=1"
+    directory.parent.mkdir(parents=True)
+    left = directory.parent / f".{directory.name}.{gone.pid}.abc123"
+    left.mkdir()
+    write_evaluation(directory, pl.DataFrame({"query_id": ["q"]}), {"agent": "empty"})
+    assert directory.is_dir() and not left.exists()

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import re
 import shutil
 import tempfile
@@ -58,6 +59,7 @@ from pipeline.storage import (
     DataLayout,
     atomic_write_bytes,
     atomic_write_parquet,
+    remove_orphans,
     replace_dir,
 )
 from pipeline.version import code_version
@@ -149,7 +151,9 @@ def write_evaluation(directory: Path, results: pl.DataFrame, record: dict,
     directory and swap it into place; return the record as stored (with the sha256 of
     results.parquet)."""
     directory.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+    # The pid in the name lets the next run remove what a killed one left (storage.remove_orphans).
+    remove_orphans(directory.parent, f".{directory.name}.")
+    staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.{os.getpid()}.", dir=directory.parent))
     try:
         for name, data in (extra_files or {}).items():
             atomic_write_bytes(staging / name, data)
