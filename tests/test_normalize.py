@@ -126,6 +126,50 @@ def test_url_rule_comes_before_other_rules():
     assert result.exclusions["url_reported_earlier"] == 1 and result.exclusions["date_not_aligned"] == 1
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_url_rule_matches_plain_python_on_random_rows(seed):
+    """Rule 6 against a plain-Python first-day table: URLs repeated within and across days, in
+    any order, null URLs, rows without DATEADDED, and a history that saw some URLs earlier."""
+    import random
+
+    rng = random.Random(seed)
+    days = [DAY1 + timedelta(days=i) for i in range(5)]
+    pool = [f"https://news.example/{i}" for i in range(40)] + [None]
+    rows = []
+    for _ in range(400):
+        day = rng.choice(days)
+        row = event(day, url=rng.choice(pool), minute=rng.randrange(60))
+        if rng.random() < 0.03:
+            row["DATEADDED"] = None
+        # Runs: an article's events often follow each other with the same URL.
+        rows.extend([row] + [dict(row, GLOBALEVENTID=next(_ids)) for _ in range(rng.randrange(3))])
+    # URLs seen once in these rows: only the history can make them late.
+    singles = [f"https://news.example/single/{i}" for i in range(10)]
+    rows.extend(event(rng.choice(days[1:]), url=url) for url in singles)
+    if seed % 2:
+        rng.shuffle(rows)
+    history = {url: rng.choice(days) - timedelta(days=rng.randrange(0, 3)) for url in rng.sample(pool[:-1], 8) + singles[:5]}
+    url_hashes = pl.DataFrame({"url": list(history)}).select(pl.col("url").hash(seed=20230101)).to_series()
+    hist = History(
+        pl.LazyFrame(schema={"event_id": pl.Int64}),
+        pl.LazyFrame({"url_hash": url_hashes, "first_day": list(history.values())}),
+    )
+    first_day = dict(history)
+    for r in rows:
+        if r["SOURCEURL"] is not None and r["DATEADDED"] is not None:
+            d = r["DATEADDED"].date()
+            first_day[r["SOURCEURL"]] = min(first_day.get(r["SOURCEURL"], d), d)
+    late = [
+        r["SOURCEURL"] is not None and r["DATEADDED"] is not None and first_day[r["SOURCEURL"]] < r["DATEADDED"].date()
+        for r in rows
+    ]
+    result = normalize_with_report(frame(*rows), hist)
+    assert result.exclusions["url_reported_earlier"] == sum(late)
+    kept = {r["GLOBALEVENTID"] for r, is_late in zip(rows, late) if not is_late}
+    assert set(result.events["event_id"]) == kept
+    assert sum(late) > 0 and result.events.height > 0
+
+
 def _write_parsed(settings: Settings, day: date, rows: pl.DataFrame) -> None:
     layout = DataLayout(settings.data_dir)
     slot = datetime(day.year, day.month, day.day, tzinfo=UTC)
