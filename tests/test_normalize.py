@@ -85,6 +85,25 @@ def test_each_rule_excludes_and_counts(overrides, reason):
     assert reason_of(event(**overrides)) == reason
 
 
+@pytest.mark.parametrize(
+    ("column", "value", "reason"),
+    [
+        ("Actor2CountryCode", "QQ", "actor_unknown_code"),  # codes are looked up by their 3 bytes:
+        ("Actor2CountryCode", "QQQQ", "actor_unknown_code"),  # other lengths are never a code
+        ("Actor2CountryCode", "USAX", "actor_unknown_code"),
+        ("Actor2CountryCode", "usa", "actor_unknown_code"),
+        ("Actor2CountryCode", "ÜS", "actor_unknown_code"),  # 3 bytes in UTF-8
+        ("Actor2CountryCode", "", "actor_unknown_code"),
+        ("EventBaseCode", None, "invalid_relation"),  # a missing value fails its rule
+        ("EventBaseCode", "04", "invalid_relation"),
+        ("EventBaseCode", "0421", "invalid_relation"),
+        ("SQLDATE", None, "date_not_aligned"),
+    ],
+)
+def test_odd_values_fail_their_rule(column, value, reason):
+    assert reason_of(dict(event(), **{column: value})) == reason
+
+
 def test_unknown_codes_are_reported_not_fatal():
     result = normalize_with_report(frame(event(o="QQQ"), event(s="QQQ", o="ZZZ"), event()))
     assert result.events.height == 1
@@ -165,7 +184,8 @@ def test_url_rule_matches_plain_python_on_random_rows(seed):
     ]
     result = normalize_with_report(frame(*rows), hist)
     assert result.exclusions["url_reported_earlier"] == sum(late)
-    kept = {r["GLOBALEVENTID"] for r, is_late in zip(rows, late) if not is_late}
+    # A row without DATEADDED has no publication day: never late, and not aligned (rule 2).
+    kept = {r["GLOBALEVENTID"] for r, is_late in zip(rows, late) if not is_late and r["DATEADDED"] is not None}
     assert set(result.events["event_id"]) == kept
     assert sum(late) > 0 and result.events.height > 0
 
