@@ -229,16 +229,27 @@ def _split(batch: pl.DataFrame, offset: int) -> tuple[pl.DataFrame, pl.DataFrame
     """
     batch = batch.rechunk()
     row = _row_keys(batch)
-    wide = batch.with_columns(row.get_column("pub_day"), row.get_column("s_id"), row.get_column("o_id"))
-    # Codes the table does not know are rare: keep just their rows, counted at the end.
-    unknown = [pl.col(code).is_not_null() & (pl.col(f"{side}_id") == UNKNOWN) for code, side in _ACTORS]
-    return (
-        row.drop("s_id", "o_id"),
-        wide.with_row_index("_row", offset).filter(row.get_column("row_rule") == 0),
-        wide.filter(unknown[0] | unknown[1]).select(
-            pl.when(unknown[i]).then(pl.col(code)).alias(code) for i, (code, _) in enumerate(_ACTORS)
-        ),
+    s_id, o_id = row.get_column("s_id"), row.get_column("o_id")
+    kept = row.get_column("row_rule").to_numpy() == 0
+    candidates = batch.drop("SQLDATE").filter(kept).with_columns(
+        pl.Series("_row", np.flatnonzero(kept) + offset, dtype=pl.UInt32),
+        row.get_column("pub_day").filter(kept),
+        s_id.filter(kept),
+        o_id.filter(kept),
     )
+    # Codes the table does not know are rare: keep just their rows (most batches have none).
+    unknown = [
+        (ids.to_numpy() == UNKNOWN) & batch.get_column(code).is_not_null().to_numpy()
+        for ids, (code, _) in zip((s_id, o_id), _ACTORS)
+    ]
+    either = unknown[0] | unknown[1]
+    report = batch.select(code for code, _ in _ACTORS).filter(either)
+    if report.height:
+        report = report.with_columns(
+            pl.when(pl.lit(pl.Series(mask[either]))).then(pl.col(code)).alias(code)
+            for mask, (code, _) in zip(unknown, _ACTORS)
+        )
+    return row.drop("s_id", "o_id"), candidates, report
 
 
 def _row_keys(data: pl.DataFrame) -> pl.DataFrame:
