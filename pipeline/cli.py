@@ -172,7 +172,8 @@ def cmd_download(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
     try:
         store = open_store(settings, uri=args.source, signed=args.signed or settings.release_signed_download)
-        result = download_release(store, args.release, args.dest, only=args.only, workers=settings.release_concurrency)
+        result = download_release(store, args.release, args.dest, only=args.only, workers=settings.release_concurrency,
+                                  durable=args.fsync)
     except ChecksumMismatch as exc:
         print(f"checksum mismatch: {exc}", file=sys.stderr)
         return 3
@@ -252,6 +253,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--only", choices=("split", "database"), help="only the split (queries, card, figures) or the database")
     p.add_argument("--from", dest="source", help="s3://bucket/prefix, file:///path or a path (default MIRAI_RELEASE_URI)")
     p.add_argument("--signed", action="store_true", help="sign requests with AWS credentials (private buckets)")
+    p.add_argument("--fsync", action="store_true",
+                   help="fsync every file before writing manifest.json (survives a power cut; slower on busy disks)")
     p.set_defaults(func=cmd_download)
 
     p = sub.add_parser("demo", help="the whole chain on a generated month, served on 127.0.0.1, through Dagster")

@@ -501,9 +501,9 @@ def test_a_split_file_changed_since_its_manifest_stops_the_publish_before_the_ma
     assert not list(bucket.rglob("database/*/*.parquet"))  # the split's files are checked first
 
 
-def test_download_starts_writing_each_file_to_disk_while_it_streams(data_dir, tmp_path, monkeypatch):
-    """Every file is fsynced before its rename; writeback is started every WRITEBACK bytes so
-    that fsync does not wait for the whole file. The ranges asked for follow each other."""
+def test_a_durable_download_starts_writing_each_file_to_disk_while_it_streams(data_dir, tmp_path, monkeypatch):
+    """Writeback is started every WRITEBACK bytes so that the final fsyncs do not wait for whole
+    files (a plain download never starts it). The ranges asked for follow each other."""
     from pipeline import download
 
     bucket = tmp_path / "bucket"
@@ -511,7 +511,34 @@ def test_download_starts_writing_each_file_to_disk_while_it_streams(data_dir, tm
     asked = []
     monkeypatch.setattr(download, "WRITEBACK", 4 * 2**20)
     monkeypatch.setattr(download.os, "posix_fadvise", lambda fd, offset, length, advice: asked.append((offset, length)))
-    download_release(LocalStore(bucket), "2024-02", tmp_path / "dl", only="database", workers=1)
+    download_release(LocalStore(bucket), "2024-02", tmp_path / "plain", only="database", workers=1)
+    assert asked == []
+    download_release(LocalStore(bucket), "2024-02", tmp_path / "dl", only="database", workers=1, durable=True)
     assert asked == [(0, 4 * 2**20), (4 * 2**20, 4 * 2**20), (8 * 2**20, 4 * 2**20)]  # the 12 MiB file only
     name = "database/events/month=2023-12.parquet"
     assert (tmp_path / "dl/2024-02" / name).read_bytes() == DataLayout(data_dir).database_path("events", date(2023, 12, 1)).read_bytes()
+
+
+def test_a_durable_download_fsyncs_every_file_and_directory_before_the_manifest(data_dir, tmp_path, monkeypatch):
+    """With durable=True (mirai download --fsync), manifest.json means every selected file is
+    verified and on disk; without it nothing waits for the disk."""
+    from pipeline import download
+
+    bucket = tmp_path / "bucket"
+    publish_release(FEB, Settings(data_dir=data_dir, release_uri=str(bucket)))
+    target = tmp_path / "dl/2024-02"
+    synced, fsync = [], download._fsync
+    monkeypatch.setattr(download, "_fsync", lambda path: (synced.append(path), fsync(path)))
+    write = download.atomic_write_bytes
+
+    def write_manifest(path, data):
+        if path.parent == target:
+            on_disk = set(target.rglob("*")) | {target, target.parent}
+            assert on_disk <= set(synced), sorted(on_disk - set(synced))
+        write(path, data)
+
+    monkeypatch.setattr(download, "atomic_write_bytes", write_manifest)
+    download_release(LocalStore(bucket), "2024-02", tmp_path / "plain", workers=3)
+    assert synced == []
+    result = download_release(LocalStore(bucket), "2024-02", tmp_path / "dl", workers=3, durable=True)
+    assert (target / "manifest.json").exists() and len(result.downloaded) == sum(p.is_file() for p in synced) > 0
