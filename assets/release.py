@@ -52,5 +52,6 @@ def release(context: dg.AssetExecutionContext, mirai: MiraiSettings) -> dg.Mater
             "published_now": result.manifest_written,
             "index_updated": result.index_written,
             "latest_updated": result.latest_written,
+            "aborted_uploads": len(result.aborted_uploads),  # left open by an interrupted run
         }
     )

@@ -12,9 +12,10 @@ Layout under the store's root (``s3://bucket/prefix/`` or a directory), see docs
 One publish algorithm runs against both stores: hash the local files, refuse if anything already
 at a release key differs (releases are immutable), upload what is missing with a checksum (for a
 month the store holds nothing of, each file as soon as it is hashed), upload the manifest, then
-rewrite index.json and latest.json from what is published. Every step is a
-no-op when already done, so a crashed run is completed by the next one, and a reader following
-latest.json or index.json only ever reaches releases whose manifest (hence every file) is in place.
+rewrite index.json and latest.json from what is published, and abort any multipart upload a
+killed run left open under the release. Every step is a no-op when already done, so a crashed
+run is completed by the next one, and a reader following latest.json or index.json only ever
+reaches releases whose manifest (hence every file) is in place.
 """
 
 from __future__ import annotations
@@ -130,6 +131,12 @@ class ReleaseStore(ABC):
 
     @abstractmethod
     def public_url(self, key: str) -> str: ...
+
+    def abort_unfinished_uploads(self, prefix: str) -> list[str]:
+        """Abort every upload still open under ``prefix``: what a killed run leaves behind (S3
+        keeps, and bills, the parts of a multipart upload until it is completed or aborted).
+        Returns their keys; a store without such uploads has none."""
+        return []
 
 
 class LocalStore(ReleaseStore):
@@ -416,6 +423,27 @@ class S3Store(ReleaseStore):
         names = (p["Prefix"].rstrip("/").rsplit("/", 1)[-1] for page in pages for p in page.get("CommonPrefixes", []))
         return sorted(n for n in names if _MONTH.match(n))
 
+    def abort_unfinished_uploads(self, prefix: str) -> list[str]:
+        from botocore.exceptions import ClientError
+
+        aborted = []
+        try:
+            pages = self.client.get_paginator("list_multipart_uploads").paginate(
+                Bucket=self.bucket, Prefix=self._key(prefix)
+            )
+            for upload in (u for page in pages for u in page.get("Uploads", [])):
+                try:
+                    self.client.abort_multipart_upload(
+                        Bucket=self.bucket, Key=upload["Key"], UploadId=upload["UploadId"]
+                    )
+                except ClientError as exc:
+                    if _status(exc) != 404:  # NoSuchUpload: completed or aborted by another run meanwhile
+                        raise
+                aborted.append(upload["Key"].removeprefix(self._key("")))
+        except ClientError as exc:
+            raise _explain(exc, self.description) from exc
+        return aborted
+
     def public_url(self, key: str) -> str:
         if self._public:
             base = self._public
@@ -631,6 +659,7 @@ class PublishResult:
     manifest_written: bool = False
     index_written: bool = False
     latest_written: bool = False
+    aborted_uploads: list[str] = field(default_factory=list)  # keys of uploads killed runs left open
 
     @property
     def changed(self) -> bool:
@@ -694,6 +723,16 @@ def publish_release(
             log(f"published {manifest_key}")
 
     result.index_written, result.latest_written = update_pointers(store)
+    # The release is complete and immutable: nothing may be written under its prefix any more, so
+    # an upload still open there is a killed run's (a run that fails aborts its own). Housekeeping
+    # only: the release is already public, so a refusal (e.g. a policy without
+    # s3:ListBucketMultipartUploads) is logged, not raised; the next publish tries again.
+    try:
+        result.aborted_uploads = store.abort_unfinished_uploads(release_key(plan.month, ""))
+    except ReleaseError as exc:
+        log(f"could not abort the unfinished uploads under {release_key(plan.month, '')}: {exc}")
+    if result.aborted_uploads:
+        log(f"aborted unfinished uploads left by an interrupted run: {', '.join(result.aborted_uploads)}")
     return result
 
 

