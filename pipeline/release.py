@@ -336,10 +336,13 @@ class S3Store(ReleaseStore):
         return [(self._put_part, key, obj, (uploads[key], n)) for n in range(len(obj.part_sha256))]
 
     def _put_whole(self, key: str, obj: PlannedObject, head: dict, progress: Progress | None) -> None:
-        self._call(
-            "put_object", self._checksummed, Bucket=self.bucket, Key=self._key(key), Body=obj.path.read_bytes(),
-            ChecksumSHA256=base64.b64encode(bytes.fromhex(obj.sha256)).decode(), **head,
-        )
+        # Streamed from the file (up to the multipart threshold, times the concurrency, would
+        # otherwise sit in memory); botocore rewinds it for a retry.
+        with open(obj.path, "rb") as body:
+            self._call(
+                "put_object", self._checksummed, Bucket=self.bucket, Key=self._key(key), Body=body,
+                ChecksumSHA256=base64.b64encode(bytes.fromhex(obj.sha256)).decode(), **head,
+            )
         if progress:
             progress(obj.size)
 
