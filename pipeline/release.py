@@ -259,6 +259,10 @@ class S3Store(ReleaseStore):
             read_timeout=settings.read_timeout_s,
             max_pool_connections=settings.release_concurrency + 2,
             s3=s3,
+            # botocore would SHA-256 every downloaded file a second time (a single-PUT object has a
+            # full-object checksum); read_from's bytes are checked against the manifest instead,
+            # and get_bytes asks for botocore's check itself (ChecksumMode).
+            response_checksum_validation="when_required",
         )
         self.client = session.client("s3", region_name=self.region, endpoint_url=self.endpoint or None, config=config)
         # For the PUTs whose body carries its x-amz-checksum-sha256 (a signed header the server
@@ -398,7 +402,7 @@ class S3Store(ReleaseStore):
         from botocore.exceptions import ClientError
 
         try:
-            return self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read()
+            return self.client.get_object(Bucket=self.bucket, Key=self._key(key), ChecksumMode="ENABLED")["Body"].read()
         except ClientError as exc:
             if _status(exc) == 404:
                 return None
