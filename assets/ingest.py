@@ -49,7 +49,8 @@ def _parsed_asset(kind: str):
         kinds={"polars", "parquet"},
         code_version=PARSED_FORMAT_VERSION,
         description=f"Typed GDELT 2.0 {kind} rows, one parquet file per landed slot; malformed lines "
-        "go to parsed/rejects with file, line number, reason and the raw bytes.",
+        "go to parsed/rejects with file, line number, reason and the raw bytes. Each file's sha256 is "
+        "recorded in parsed/digests; a file that no longer matches is quarantined and parsed again.",
     )
     def parsed(context: dg.AssetExecutionContext, mirai: MiraiSettings) -> dg.MaterializeResult:
         result = parse_day(date.fromisoformat(context.partition_key), kind, mirai.settings())
@@ -59,6 +60,8 @@ def _parsed_asset(kind: str):
                 "rejects": result.rejects,
                 "files": result.files,
                 "parsed_this_run": result.parsed,
+                "quarantined_this_run": dg.MetadataValue.md(
+                    "\n".join(f"- `{path}`" for path in result.quarantined) or "none"),
             }
         )
 

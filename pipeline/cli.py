@@ -55,6 +55,8 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         for kind in ("export", "mentions"):
             parsed = parse_day(day, kind, settings)
             print(f"{day}: {kind} rows={parsed.rows} rejects={parsed.rejects} parsed_now={parsed.parsed}")
+            for path in parsed.quarantined:
+                print(f"{day}: {kind} damaged, moved to {path} and parsed again")
     return 0
 
 

@@ -12,12 +12,13 @@ import errno
 import fcntl
 import glob
 import io
+import json
 import os
 import shutil
 import time
 import uuid
 from contextlib import contextmanager
-from datetime import date, datetime
+from datetime import date, datetime, timezone
 from pathlib import Path
 from typing import Iterator
 
@@ -57,6 +58,13 @@ class DataLayout:
 
     def parsed_dir(self, kind: str, day: date) -> Path:
         return self.root / "parsed" / kind / f"date={day.isoformat()}"
+
+    # Beside the slot directory, not in it: every reader globs that directory's *.parquet.
+    def parsed_digests_path(self, kind: str, day: date) -> Path:
+        return self.root / "parsed" / "digests" / kind / f"date={day.isoformat()}.parquet"
+
+    def parsed_quarantine_dir(self, kind: str, day: date) -> Path:
+        return self.root / "quarantine" / "parsed" / kind / f"date={day.isoformat()}"
 
     def rejects_path(self, kind: str, slot: datetime) -> Path:
         return (
@@ -179,14 +187,27 @@ def atomic_write_bytes(target: Path, data: bytes) -> None:
         temp.unlink(missing_ok=True)
 
 
-def atomic_write_parquet(df: pl.DataFrame, target: Path, metadata: dict[str, str] | None = None) -> None:
-    """Parquet with key-value metadata (rule/parser versions) written atomically.
-
-    Statistics are off and the compression fixed so the same frame gives byte-identical files.
-    """
+def parquet_bytes(df: pl.DataFrame, metadata: dict[str, str] | None = None) -> bytes:
+    """Parquet with key-value metadata (rule/parser versions). Statistics are off and the
+    compression fixed so the same frame gives byte-identical files."""
     buf = io.BytesIO()
     df.write_parquet(buf, compression="zstd", statistics=False, metadata=metadata or {})
-    atomic_write_bytes(target, buf.getvalue())
+    return buf.getvalue()
+
+
+def atomic_write_parquet(df: pl.DataFrame, target: Path, metadata: dict[str, str] | None = None) -> None:
+    atomic_write_bytes(target, parquet_bytes(df, metadata))
+
+
+def quarantine_file(path: Path, directory: Path, name: str, note: dict) -> Path:
+    """Move bad bytes out of the store into ``directory/<name>.<utc stamp>.bad``, with a JSON note
+    beside it (``.bad.json``) saying why; a new pair per bad copy, never overwritten."""
+    directory.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
+    dest = directory / f"{name}.{stamp}.bad"
+    path.replace(dest)
+    atomic_write_bytes(directory / f"{dest.name}.json", json.dumps(note, indent=2, sort_keys=True).encode())
+    return dest
 
 
 def read_parquet_metadata(path: Path) -> dict[str, str]:

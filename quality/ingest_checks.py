@@ -1,13 +1,15 @@
-"""Checks on the slot ledger, next to the raw files they guard."""
+"""Checks on the slot ledger and the parsed files, next to the files they guard."""
 
+import time
 from datetime import date
 
 import dagster as dg
 import polars as pl
 
-from assets.ingest import gdelt_files
+from assets.ingest import gdelt_events, gdelt_files, gdelt_mentions
 from assets.partitions import daily_partitions
 from assets.resources import MiraiSettings
+from pipeline.gdelt.integrity import verify_day
 from pipeline.gdelt.ledger import problems, read_ledger, to_markdown
 from pipeline.storage import DataLayout
 
@@ -28,3 +30,63 @@ def gdelt_files_all_green(context: dg.AssetCheckExecutionContext, mirai: MiraiSe
             "details": dg.MetadataValue.md(to_markdown(problems(ledger))),
         },
     )
+
+
+def _listing(problems_by_path: dict[str, str]) -> dg.MetadataValue:
+    return dg.MetadataValue.md("\n".join(f"- `{path}`: {what}" for path, what in problems_by_path.items()) or "none")
+
+
+def _parsed_files_intact(asset: dg.AssetsDefinition, kind: str) -> dg.AssetChecksDefinition:
+    @dg.asset_check(asset=asset, name="parsed_files_intact", partitions_def=daily_partitions, blocking=True)
+    def check(context: dg.AssetCheckExecutionContext, mirai: MiraiSettings) -> dg.AssetCheckResult:
+        """Every parsed file of the day has the sha256 and size recorded when it was written, and
+        every landed raw zip still has the md5 GDELT listed. A damaged parsed file fails with
+        ERROR (blocking: the events are not built from it in this run) and the asset's next
+        materialisation quarantines and re-parses it. A damaged raw zip only warns: the parsed
+        files were built from its verified bytes."""
+        settings = mirai.settings()
+        layout = DataLayout(settings.data_dir)
+        started = time.perf_counter()
+        found = verify_day(layout, kind, date.fromisoformat(context.partition_key), settings.day_lock_timeout_s)
+        metadata = {
+            "files_checked": found.files,
+            "bytes_checked": found.bytes,
+            "raw_files_checked": found.raw_files,
+            "raw_bytes_checked": found.raw_bytes,
+            "ms": round((time.perf_counter() - started) * 1000, 1),
+            "damaged": _listing(found.damaged),
+            "raw_damaged": _listing(found.raw_damaged),
+        }
+        asset_name = asset.key.to_user_string()
+        if found.damaged:
+            return dg.AssetCheckResult(
+                passed=False,
+                severity=dg.AssetCheckSeverity.ERROR,
+                metadata=metadata,
+                description=f"damaged: {', '.join(found.damaged)}. The next materialisation of {asset_name} "
+                "moves what is damaged to quarantine/parsed/ and parses the affected slots again from their raw zips.",
+            )
+        if found.raw_damaged:
+            return dg.AssetCheckResult(
+                passed=False,
+                severity=dg.AssetCheckSeverity.WARN,
+                metadata=metadata,
+                description=f"{len(found.raw_damaged)} raw zip(s) no longer match GDELT's md5: "
+                f"{', '.join(found.raw_damaged)}. Landed zips are not downloaded again by themselves; "
+                "see docs/operations.md (asset checks) to re-land them.",
+            )
+        if not found.recorded and found.files:
+            return dg.AssetCheckResult(
+                passed=False,
+                severity=dg.AssetCheckSeverity.WARN,
+                metadata=metadata,
+                description=f"the day was parsed before digests were recorded: the next materialisation of "
+                f"{asset_name} records them",
+            )
+        return dg.AssetCheckResult(passed=True, metadata=metadata)
+
+    return check
+
+
+gdelt_events_intact = _parsed_files_intact(gdelt_events, "export")
+gdelt_mentions_intact = _parsed_files_intact(gdelt_mentions, "mentions")

@@ -8,10 +8,8 @@ quarantine with a JSON note saying why, and never parsed.
 from __future__ import annotations
 
 import hashlib
-import json
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 
 import requests
@@ -19,7 +17,7 @@ import requests
 from pipeline.config import Settings
 from pipeline.gdelt.archive import CorruptArchiveError, open_gdelt_zip
 from pipeline.http import RETRYABLE_EXCEPTIONS, RetryLog, TransientHTTPError, describe, raise_for_transient, with_retries
-from pipeline.storage import commit_temp, temp_path_for
+from pipeline.storage import commit_temp, quarantine_file, temp_path_for
 
 CHUNK = 64 * 1024
 
@@ -52,15 +50,6 @@ def already_landed(target: Path, expected_size: int, expected_md5: str) -> bool:
     """A verified file can be on disk without a ledger row (a crash between the rename and the
     ledger write); re-verify it locally instead of downloading it again."""
     return target.exists() and md5_of_file(target) == (expected_size, expected_md5)
-
-
-def _quarantine(temp: Path, quarantine_dir: Path, name: str, note: dict) -> str:
-    quarantine_dir.mkdir(parents=True, exist_ok=True)
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
-    dest = quarantine_dir / f"{name}.{stamp}.bad"
-    temp.replace(dest)
-    (quarantine_dir / f"{dest.name}.json").write_text(json.dumps(note, indent=2, sort_keys=True))
-    return str(dest)
 
 
 def fetch_verified(
@@ -110,7 +99,7 @@ def fetch_verified(
                     except CorruptArchiveError as exc:
                         # The bytes are exactly what GDELT lists, so fetching again won't help now.
                         note = {"url": url, "reason": f"zip: {exc}", "size": size, "md5": got_md5}
-                        quarantined.append(_quarantine(temp, quarantine_dir, target.name, note))
+                        quarantined.append(str(quarantine_file(temp, quarantine_dir, target.name, note)))
                         return FetchResult("corrupt", log.attempts, 200, f"zip: {exc}", size)
                 if problem is not None:
                     note = {
@@ -121,7 +110,7 @@ def fetch_verified(
                         "received_size": size,
                         "received_md5": got_md5 if size <= expected_size else None,
                     }
-                    quarantined.append(_quarantine(temp, quarantine_dir, target.name, note))
+                    quarantined.append(str(quarantine_file(temp, quarantine_dir, target.name, note)))
                     raise CorruptDownload(problem)
                 commit_temp(temp, target)
                 return FetchResult("landed", log.attempts, 200, None, size)

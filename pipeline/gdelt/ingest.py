@@ -18,6 +18,7 @@ import polars as pl
 from pipeline.config import Settings
 from pipeline.gdelt.download import FetchResult, already_landed, fetch_verified
 from pipeline.gdelt.index import GdeltIndex, RefreshResult, day_slots
+from pipeline.gdelt.integrity import FileDigest, UnreadableDigests, parsed_day_lock, read_digests, write_digests
 from pipeline.gdelt.ledger import (
     GREEN,
     LEDGER_SCHEMA,
@@ -30,9 +31,11 @@ from pipeline.http import make_session, utc_now
 from pipeline.storage import (
     KINDS,
     DataLayout,
-    atomic_write_parquet,
+    atomic_write_bytes,
     built_parquet_metadata,
     file_lock,
+    parquet_bytes,
+    quarantine_file,
     raw_file_name,
 )
 
@@ -167,6 +170,7 @@ class DayParse:
     rows: int
     rejects: int
     per_slot: pl.DataFrame  # slot, rows, rejects
+    quarantined: list[str]  # damaged slot files (or digest table) this run moved to quarantine
 
 
 PARSERS = {"export": parse_export, "mentions": parse_mentions}
@@ -175,52 +179,118 @@ PARSERS = {"export": parse_export, "mentions": parse_mentions}
 def parse_day(day: date, kind: str, settings: Settings) -> DayParse:
     """Parse every landed ``kind`` file of ``day`` into ``parsed/<kind>/date=…/<ts>.parquet``.
 
-    A slot is skipped when its parquet was built from the same raw md5 by the same format
-    version, so re-runs cost one metadata read per slot. The other slots are parsed by
-    :func:`parse_files` (several files per ``pl.read_csv``, a thread per core) and written in slot
-    order as their results come in.
+    A slot is skipped when its parquet was built from the same raw md5 by the same format version
+    and its bytes match the day's digest table (pipeline/gdelt/integrity.py), so re-runs cost one
+    metadata read and one sha256 per slot. A slot file that is built but does not match, or whose
+    footer no longer opens, was damaged after it was written: it is moved to quarantine with a
+    note and the slot is parsed again from its raw zip (whose md5 the ledger verified). A day
+    parsed before digests were recorded has its built files recorded as they are.
+
+    The other slots are parsed by :func:`parse_files` (several files per ``pl.read_csv``, a
+    thread per core); then the digest table is written, then the slot files in slot order.
     """
     layout = DataLayout(settings.data_dir)
     ledger = read_ledger(layout, day).filter(pl.col("kind") == kind, pl.col("status").is_in(GREEN))
-    stats: list[dict] = []
-    to_parse: list[dict] = []
-    for row in ledger.sort("slot").iter_rows(named=True):
-        out = layout.parsed_path(kind, row["slot"])
-        meta = built_parquet_metadata(out) or {}
-        if meta.get("source_md5") == row["expected_md5"] and meta.get("format_version") == PARSED_FORMAT_VERSION:
-            stats.append({"slot": row["slot"], "rows": int(meta["rows"]), "rejects": int(meta["rejects"])})
-        else:
+    with parsed_day_lock(layout, kind, day, settings.day_lock_timeout_s):
+        quarantined: list[str] = []
+        table_lost = False
+        try:
+            recorded = read_digests(layout, kind, day)
+        except UnreadableDigests as exc:
+            # Nothing says which slot files are intact, so every slot is parsed again; only those
+            # whose footer no longer opens are known to be damaged and kept in quarantine.
+            bad = quarantine_file(layout.parsed_digests_path(kind, day), layout.parsed_quarantine_dir(kind, day),
+                                  "digests.parquet", {"reason": str(exc), "action": "every slot of the day is parsed again"})
+            quarantined.append(str(bad.relative_to(layout.root)))
+            recorded, table_lost = {}, True
+        digests: dict[datetime, FileDigest] = {}
+        stats: list[dict] = []
+        to_parse: list[dict] = []
+        for row in ledger.sort("slot").iter_rows(named=True):
+            slot, out = row["slot"], layout.parsed_path(kind, row["slot"])
+            meta = built_parquet_metadata(out)
+            if meta is not None and _built_from(meta, row):
+                found = FileDigest.of_file(out)
+                expected = found if recorded is None else recorded.get(slot)
+                if found == expected:
+                    digests[slot] = found
+                    stats.append({"slot": slot, "rows": int(meta["rows"]), "rejects": int(meta["rejects"])})
+                    continue
+                if not table_lost:
+                    reason = "not in the digest table" if expected is None else "bytes differ from the digest table"
+                    quarantined.append(_quarantine_slot(layout, kind, row, reason, expected, found))
+            elif meta is None and out.exists():
+                # Slot files are renamed into place whole: one whose footer does not open is damaged.
+                expected = (recorded or {}).get(slot)
+                quarantined.append(_quarantine_slot(layout, kind, row, "parquet footer does not open", expected,
+                                                    FileDigest.of_file(out)))
             to_parse.append(row)
-    # Read lazily: parse_files holds only a few batches of files at a time.
-    raw_files = (((layout.root / row["path"]).read_bytes(), row["path"]) for row in to_parse)
-    for row, parsed in zip(to_parse, parse_files(raw_files, kind)):
-        slot, md5 = row["slot"], row["expected_md5"]
-        rejects_out = layout.rejects_path(kind, slot)
-        if parsed.rejects.height:
-            atomic_write_parquet(parsed.rejects, rejects_out, metadata={"source_md5": md5})
-        else:
-            rejects_out.unlink(missing_ok=True)
-        # Rows last: their metadata marks the slot as done, so a crash in between re-parses it.
-        atomic_write_parquet(
-            parsed.rows,
-            layout.parsed_path(kind, slot),
-            metadata={
-                "source_md5": md5,
-                "source_path": row["path"],
-                "format_version": PARSED_FORMAT_VERSION,
-                "rows": str(parsed.rows.height),
-                "rejects": str(parsed.rejects.height),
-            },
-        )
-        stats.append({"slot": slot, "rows": parsed.rows.height, "rejects": parsed.rejects.height})
-    parsed_now = len(to_parse)
+        # Held until the table is written: a day of serialised files is ~12 MB at GDELT's volume.
+        parsed_slots: list[tuple[datetime, bytes, bytes | None]] = []  # slot, rows file, rejects file
+        # Read lazily: parse_files holds only a few batches of files at a time.
+        raw_files = (((layout.root / row["path"]).read_bytes(), row["path"]) for row in to_parse)
+        try:
+            for row, parsed in zip(to_parse, parse_files(raw_files, kind)):
+                slot, md5 = row["slot"], row["expected_md5"]
+                rows_file = parquet_bytes(parsed.rows, metadata={
+                    "source_md5": md5,
+                    "source_path": row["path"],
+                    "format_version": PARSED_FORMAT_VERSION,
+                    "rows": str(parsed.rows.height),
+                    "rejects": str(parsed.rejects.height),
+                })
+                rejects_file = parquet_bytes(parsed.rejects, metadata={"source_md5": md5}) if parsed.rejects.height else None
+                parsed_slots.append((slot, rows_file, rejects_file))
+                digests[slot] = FileDigest.of_bytes(rows_file)
+                stats.append({"slot": slot, "rows": parsed.rows.height, "rejects": parsed.rejects.height})
+        finally:
+            # Slots are independent: what was parsed before a file that fails is still written.
+            _write_parsed(layout, kind, day, recorded, digests, parsed_slots)
     per_slot = pl.DataFrame(stats, schema={"slot": pl.Datetime("us", "UTC"), "rows": pl.Int64, "rejects": pl.Int64}).sort("slot")
     return DayParse(
         day=day,
         kind=kind,
         files=ledger.height,
-        parsed=parsed_now,
+        parsed=len(to_parse),
         rows=int(per_slot["rows"].sum()),
         rejects=int(per_slot["rejects"].sum()),
         per_slot=per_slot,
+        quarantined=quarantined,
     )
+
+
+def _built_from(meta: dict[str, str], row: dict) -> bool:
+    return meta.get("source_md5") == row["expected_md5"] and meta.get("format_version") == PARSED_FORMAT_VERSION
+
+
+def _quarantine_slot(layout: DataLayout, kind: str, row: dict, reason: str,
+                     expected: FileDigest | None, found: FileDigest) -> str:
+    path = layout.parsed_path(kind, row["slot"])
+    note = {
+        "path": str(path.relative_to(layout.root)),
+        "reason": reason,
+        "expected_sha256": expected.sha256 if expected else None,
+        "expected_bytes": expected.bytes if expected else None,
+        "found_sha256": found.sha256,
+        "found_bytes": found.bytes,
+        "source_path": row["path"],
+        "source_md5": row["expected_md5"],
+        "action": "the slot is parsed again from its raw zip",
+    }
+    bad = quarantine_file(path, layout.parsed_quarantine_dir(kind, row["slot"].date()), path.name, note)
+    return str(bad.relative_to(layout.root))
+
+
+def _write_parsed(layout: DataLayout, kind: str, day: date, recorded: dict[datetime, FileDigest] | None,
+                  digests: dict[datetime, FileDigest], parsed_slots: list[tuple[datetime, bytes, bytes | None]]) -> None:
+    # The table before the files (see pipeline/gdelt/integrity.py); rewritten only when it changes.
+    if digests != (recorded or {}):
+        write_digests(layout, kind, day, digests)
+    for slot, rows_file, rejects_file in parsed_slots:
+        rejects_out = layout.rejects_path(kind, slot)
+        if rejects_file is not None:
+            atomic_write_bytes(rejects_out, rejects_file)
+        else:
+            rejects_out.unlink(missing_ok=True)
+        # Rows last: their metadata marks the slot as done, so a crash in between re-parses it.
+        atomic_write_bytes(layout.parsed_path(kind, slot), rows_file)

@@ -6,6 +6,7 @@ store); each test works on a copy of it.
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 from datetime import date, datetime, timezone
@@ -17,9 +18,10 @@ import pytest
 from pipeline.config import Settings
 from pipeline.events import build_daily_quads, build_events
 from pipeline.gdelt.ingest import ingest_day, parse_day
+from pipeline.gdelt.integrity import read_digests, write_digests
 from pipeline.mirror.generate import MirrorOptions, generate_mirror
 from pipeline.mirror.serve import MirrorServer
-from pipeline.storage import DataLayout
+from pipeline.storage import DataLayout, atomic_write_bytes
 
 from .helpers import assert_no_duplicate_rows, file_digests
 
@@ -105,6 +107,40 @@ def _flip_bytes(path: Path) -> None:
     path.write_bytes(bytes(data))
 
 
+def _flip_a_bit_that_still_decodes(path: Path) -> None:
+    """Damage a reader cannot see: one flipped bit after which the file still reads without error
+    but gives other values (the zstd frames carry no checksum, the pages no CRC). The first such
+    bit from the start of the file, so it does not depend on the file's layout."""
+    data = path.read_bytes()
+    clean = pl.read_parquet(io.BytesIO(data))
+    for pos in range(4, len(data) - 8):
+        damaged = bytearray(data)
+        damaged[pos] ^= 0x01
+        try:
+            differs = not pl.read_parquet(io.BytesIO(bytes(damaged))).equals(clean)
+        except (Exception, pl.exceptions.PanicException):
+            continue
+        if differs:
+            path.write_bytes(bytes(damaged))
+            return
+    raise AssertionError(f"no single flipped bit of {path.name} still decodes")
+
+
+def digests_outside_parsed_quarantine(root: Path) -> dict[str, str]:
+    """file_digests without quarantine/parsed/: where a run puts the damaged parsed files it finds
+    (quarantine/gdeltv2/ of the download stays compared)."""
+    return {rel: d for rel, d in file_digests(root).items() if not rel.startswith("quarantine/parsed/")}
+
+
+def quarantined_pairs(root: Path) -> dict[str, dict]:
+    """quarantine/parsed/ as {bad file: its note}; every .bad has its .bad.json and nothing else is there."""
+    directory = root / "quarantine" / "parsed"
+    files = sorted(p for p in directory.rglob("*") if p.is_file()) if directory.exists() else []
+    bad = [p for p in files if p.name.endswith(".bad")]
+    assert sorted(files) == sorted([*bad, *(p.with_name(p.name + ".json") for p in bad)]), files
+    return {str(p.relative_to(root)): json.loads(p.with_name(p.name + ".json").read_text()) for p in bad}
+
+
 @pytest.mark.parametrize("table", ["events", "daily_quads"])
 def test_a_truncated_derived_file_fails_loudly_and_the_next_run_rebuilds_it(copy, store, table):
     data, settings = copy
@@ -122,28 +158,130 @@ def test_a_truncated_derived_file_fails_loudly_and_the_next_run_rebuilds_it(copy
     assert file_digests(data) == file_digests(store[0])
 
 
-@pytest.mark.parametrize("damage", [
-    _truncate,
-    pytest.param(_flip_bytes, marks=pytest.mark.xfail(strict=True, reason=(
-        "KNOWN GAP: a parsed slot with damaged data pages keeps its footer, so parse_day's metadata check "
-        "calls it built and build_events fails on it (zstd: data corruption) on every run until the file "
-        "is deleted; detecting it would mean decoding every parsed file on every 15-minute run"))),
-], ids=["truncated", "damaged_pages"])
+@pytest.mark.parametrize("damage", [_truncate, _flip_bytes, _flip_a_bit_that_still_decodes],
+                         ids=["truncated", "damaged_pages", "damaged_values"])
 def test_a_corrupted_parsed_slot_is_parsed_again(copy, store, damage):
     data, settings = copy
-    damage(sorted(DataLayout(data).parsed_dir("export", D2).glob("*.parquet"))[3])
+    path = sorted(DataLayout(data).parsed_dir("export", D2).glob("*.parquet"))[3]
+    clean_sha = file_digests(store[0])[str(path.relative_to(data))]
+    damage(path)
+    run_days(settings)
+    # Byte for byte the clean run, the damaged bytes aside in quarantine with a note saying why.
+    assert digests_outside_parsed_quarantine(data) == file_digests(store[0])
+    [(bad, note)] = quarantined_pairs(data).items()
+    assert bad.startswith(f"quarantine/parsed/export/date={D2}/{path.name}.") and bad.endswith(".bad")
+    assert note["path"] == str(path.relative_to(data)) and note["expected_sha256"] == clean_sha
+    assert note["found_sha256"] != clean_sha
+    # Idempotent: a second run finds nothing more to quarantine and changes no byte.
+    run_days(settings)
+    assert digests_outside_parsed_quarantine(data) == file_digests(store[0])
+    assert list(quarantined_pairs(data)) == [bad]
+
+
+@pytest.mark.parametrize("damage", [_flip_bytes, _flip_a_bit_that_still_decodes], ids=["undecodable", "still_decodes"])
+def test_a_corrupted_parsed_slot_is_never_silently_read(copy, store, damage):
+    """Damaged rows must not reach the events. build_events itself trusts the parsed files; what
+    protects it is that the day's parse step (which runs before it in every run) checks each file
+    against its recorded digest and replaces a damaged one."""
+    data, settings = copy
+    layout = DataLayout(data)
+    path = sorted(layout.parsed_dir("export", D2).glob("*.parquet"))[3]
+    clean_rows = pl.read_parquet(path)
+    damage(path)
+    before = layout.events_path(D2).read_bytes()
+    if damage is _flip_bytes:
+        # Without the parse step the damage is at least loud: decoding fails, the events stay as they were.
+        with pytest.raises(Exception, match="(?i)corrupt|parquet|zstd"):
+            build_events(D2, settings)
+        assert layout.events_path(D2).read_bytes() == before
+    else:
+        # This damage is silent to a reader: without the parse step it would reach the events.
+        assert not pl.read_parquet(path).equals(clean_rows)
+    parse_day(D2, "export", settings)
+    assert pl.read_parquet(path).equals(clean_rows)
+    build_events(D2, settings)
+    assert layout.events_path(D2).read_bytes() == (store[0] / layout.events_path(D2).relative_to(data)).read_bytes()
+
+
+def test_a_day_parsed_before_digests_were_recorded_gets_its_table_without_being_parsed_again(copy, store):
+    data, settings = copy
+    shutil.rmtree(data / "parsed" / "digests")
+    slot_files = {p: p.stat().st_mtime_ns for kind in ("export", "mentions") for d in DAYS
+                  for p in DataLayout(data).parsed_dir(kind, d).glob("*.parquet")}
+    for day in DAYS:
+        for kind in ("export", "mentions"):
+            assert parse_day(day, kind, settings).parsed == 0
+    assert {p: p.stat().st_mtime_ns for p in slot_files} == slot_files
+    assert file_digests(data) == file_digests(store[0])
+
+
+def test_a_slot_whose_file_is_missing_after_its_digest_was_recorded_is_parsed_again(copy, store):
+    """What a crash between the digest table and a slot file leaves (the table is written first):
+    the slot is simply parsed again, nothing is quarantined."""
+    data, settings = copy
+    sorted(DataLayout(data).parsed_dir("mentions", D1).glob("*.parquet"))[5].unlink()
     run_days(settings)
     assert file_digests(data) == file_digests(store[0])
 
 
-def test_a_corrupted_parsed_slot_is_never_silently_read(copy):
-    """Whatever parse_day does with it, damaged rows must not reach the events."""
+def test_a_run_that_dies_between_the_digest_table_and_its_slot_files_leaves_nothing_to_quarantine(
+        copy, store, monkeypatch):
+    """The table is written before the slot files, so a run that dies part way leaves slots that
+    are missing (parsed again by the next run), never a built file the table does not list."""
+    from pipeline.gdelt import ingest
+
+    class Died(BaseException):
+        pass
+
     data, settings = copy
-    _flip_bytes(sorted(DataLayout(data).parsed_dir("export", D2).glob("*.parquet"))[3])
-    before = DataLayout(data).events_path(D2).read_bytes()
-    with pytest.raises(Exception, match="(?i)corrupt|parquet|zstd"):
-        build_events(D2, settings)
-    assert DataLayout(data).events_path(D2).read_bytes() == before
+    layout = DataLayout(data)
+    recorded = read_digests(layout, "export", D2)
+    added = sorted(recorded)[-3:]  # slots a later run of the day adds to an existing table
+    write_digests(layout, "export", D2, {slot: d for slot, d in recorded.items() if slot not in added})
+    for slot in added:
+        layout.parsed_path("export", slot).unlink()
+    written = []
+
+    def dies_at_the_second_slot_file(target: Path, payload: bytes) -> None:
+        if target.parent == layout.parsed_dir("export", D2):
+            if written:
+                raise Died
+            written.append(target)
+        atomic_write_bytes(target, payload)
+
+    monkeypatch.setattr(ingest, "atomic_write_bytes", dies_at_the_second_slot_file)
+    with pytest.raises(Died):
+        parse_day(D2, "export", settings)
+    monkeypatch.undo()
+    assert written == [layout.parsed_path("export", added[0])]
+    run_days(settings)
+    assert file_digests(data) == file_digests(store[0])
+
+
+def test_a_built_slot_the_digest_table_does_not_list_is_quarantined_and_parsed_again(copy, store):
+    """The table is written before its files, so a built file it does not list did not come from
+    parse_day (a restore, a copy): not trusted."""
+    data, settings = copy
+    layout = DataLayout(data)
+    recorded = read_digests(layout, "export", D1)
+    unlisted = sorted(recorded)[7]
+    write_digests(layout, "export", D1, {slot: d for slot, d in recorded.items() if slot != unlisted})
+    run_days(settings)
+    assert digests_outside_parsed_quarantine(data) == file_digests(store[0])
+    [note] = quarantined_pairs(data).values()
+    assert note["reason"] == "not in the digest table"
+    assert note["path"] == str(layout.parsed_path("export", unlisted).relative_to(data))
+
+
+@pytest.mark.parametrize("damage", [_truncate, _flip_a_bit_that_still_decodes], ids=["truncated", "damaged_values"])
+def test_a_damaged_digest_table_is_quarantined_and_its_day_parsed_again(copy, store, damage):
+    data, settings = copy
+    damage(DataLayout(data).parsed_digests_path("export", D2))
+    run_days(settings)
+    assert digests_outside_parsed_quarantine(data) == file_digests(store[0])
+    # Only the table is quarantined: its slot files were replaced, not accused.
+    [bad] = quarantined_pairs(data)
+    assert bad.startswith(f"quarantine/parsed/export/date={D2}/digests.parquet.")
 
 
 def test_a_truncated_history_key_file_is_rebuilt(copy, store):
