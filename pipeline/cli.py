@@ -143,16 +143,17 @@ def cmd_split(args: argparse.Namespace) -> int:
 def cmd_release(args: argparse.Namespace) -> int:
     """Publish a month's release outside Dagster (same code as the `release` asset)."""
     from pipeline.download import ProgressBar
-    from pipeline.release import ReleaseError, open_store, plan_release, publish_release
+    from pipeline.release import ReleaseError, open_store, publish_release, release_sources
 
     settings = Settings.from_env()
     try:
         store = open_store(settings)
-        plan = plan_release(args.month, settings)
-        bar = ProgressBar(plan.total_bytes)
+        # Sized from the files, not from a plan: planning hashes every file, and publish_release
+        # uploads a new month's files as they are hashed.
+        bar = ProgressBar(sum(path.stat().st_size for _, path, _ in release_sources(args.month, settings).files))
         try:
             result = publish_release(
-                args.month, settings, store, plan=plan, progress=bar,
+                args.month, settings, store, progress=bar,
                 log=bar.file if bar.enabled else (lambda message: print(message, file=sys.stderr)),
             )
         finally:

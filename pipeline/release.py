@@ -600,6 +600,9 @@ def release_sources(month: date, settings: Settings) -> ReleaseSources:
         for table in ("events", "news"):
             path = layout.database_path(table, date.fromisoformat(f"{m}-01"))
             files.append((f"database/{table}/{path.name}", path, None))
+    missing = [str(path) for _, path, _ in files if not path.exists()]
+    if missing:
+        raise ReleaseNotReady(f"{label}: {len(missing)} file(s) of the release are missing: {', '.join(missing[:5])}")
     return ReleaseSources(month=label, split_manifest=split_manifest, database_months=months, files=files)
 
 

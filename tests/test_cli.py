@@ -95,3 +95,38 @@ def test_split_command_checks_closure_and_builds_with_an_override(tmp_path):
     assert forced.returncode == 0, forced.stderr
     assert "2 queries, sample 2" in forced.stdout
     assert json.loads((data / "splits" / "2024-02" / "manifest.json").read_text())["override"]["by"] == "me"
+
+
+def test_release_command_publishes_once_then_verifies_and_refuses_a_missing_file(tmp_path):
+    from datetime import date, datetime, timezone
+
+    from pipeline.config import Settings
+    from pipeline.database import build_event_database
+    from pipeline.splits import build_split
+
+    from .month_builder import write_month
+    from .test_splits import QUADS
+
+    data, bucket = tmp_path / "data", tmp_path / "bucket"
+    settings = Settings(data_dir=data)
+    write_month(settings, date(2024, 2, 1), QUADS)
+    build_event_database(date(2024, 2, 1), settings)
+    build_split(date(2024, 2, 1), settings, now=datetime(2024, 3, 4, tzinfo=timezone.utc))
+    env = {"MIRAI_DATA_DIR": str(data), "MIRAI_RELEASE_URI": str(bucket)}
+
+    first = run("release", "--month", "2024-02", env=env)
+    assert first.returncode == 0, first.stderr
+    assert "release 2024-02 published" in first.stdout
+    manifest = json.loads((bucket / "releases/2024-02/manifest.json").read_text())
+    assert (bucket / "releases/2024-02/queries.parquet").read_bytes() == (data / "splits/2024-02/queries.parquet").read_bytes()
+    assert set(manifest["files"]) == {str(p.relative_to(bucket / "releases/2024-02"))
+                                      for p in (bucket / "releases/2024-02").rglob("*") if p.is_file() and p.name != "manifest.json"}
+
+    again = run("release", "--month", "2024-02", env=env)
+    assert again.returncode == 0, again.stderr
+    assert "already published, verified, nothing changed" in again.stdout and "0 files uploaded" in again.stdout
+
+    (data / "splits/2024-02/README.md").unlink()
+    missing = run("release", "--month", "2024-02", env=env)
+    assert missing.returncode == 1
+    assert "not published: 2024-02: 1 file(s) of the release are missing" in missing.stderr and "README.md" in missing.stderr
