@@ -7,15 +7,16 @@ BIN     = $(VENV)/bin
 
 setup: $(VENV)/.installed postgres-server browser
 
-# tests/test_ui.py looks at the Dagster UI in headless Chromium (Debian's package: no driver, no
-# browser download). Installed the same way as PostgreSQL, else that test skips and says why.
+# tests/test_ui.py drives the Dagster UI in headless Chromium through Selenium, with Debian's
+# chromium and chromium-driver (no browser or driver download). Installed the same way as
+# PostgreSQL, else that test skips and says why.
 browser:
-	@if command -v chromium >/dev/null 2>&1; then :; \
+	@if command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	  echo "installing Debian's chromium (for tests/test_ui.py)"; \
-	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium; } >/dev/null \
-	    || echo "could not install chromium: tests/test_ui.py will skip" >&2; \
-	else echo "no chromium and no root apt-get to install one: tests/test_ui.py will skip" >&2; fi
+	  echo "installing Debian's chromium and chromium-driver (for tests/test_ui.py)"; \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium chromium-driver; } >/dev/null \
+	    || echo "could not install chromium and chromium-driver: tests/test_ui.py will skip" >&2; \
+	else echo "no chromium/chromedriver and no root apt-get to install them: tests/test_ui.py will skip" >&2; fi
 
 # tests/test_postgres.py runs the Dagster instance on a real PostgreSQL server (Debian keeps initdb
 # under /usr/lib/postgresql/*/bin). Install Debian's package when it is missing and we can (root
