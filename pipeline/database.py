@@ -30,7 +30,7 @@ from pipeline.reference import (
     country_names,
     relation_table,
 )
-from pipeline.storage import DataLayout, atomic_write_parquet
+from pipeline.storage import DataLayout, atomic_write_parquet, verified
 
 EVENT_DB_SCHEMA = pl.Schema(
     [
@@ -105,9 +105,9 @@ def build_database_month(month: date, settings: Settings) -> DatabaseMonth:
     ]
     if missing:
         raise MonthNotReady(f"{month:%Y-%m}: {len(missing)} daily inputs missing, e.g. {missing[:5]}")
-    all_quads = pl.scan_parquet([layout.daily_quads_path(d) for d in days])
+    all_quads = pl.scan_parquet(verified(layout, *(layout.daily_quads_path(d) for d in days)))
     quads = all_quads.filter(pl.col("daily_mentions") >= settings.article_min_mentions)
-    articles = pl.scan_parquet([layout.articles_path(d) for d in days])
+    articles = pl.scan_parquet(verified(layout, *(layout.articles_path(d) for d in days)))
     kept = articles.filter("kept").select(
         pl.col("url_md5").alias("article_id"), pl.col("day").alias("date"), "url", "title", "text", "abstract"
     )

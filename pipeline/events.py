@@ -41,6 +41,8 @@ from pipeline.storage import (
     built_parquet_metadata,
     file_lock,
     read_parquet_metadata,
+    verified,
+    write_sealed_parquet,
 )
 
 KEYS_FORMAT = f"keys-v2/polars-{pl.__version__}"
@@ -257,17 +259,17 @@ def build_events(day: date, settings: Settings) -> DayEvents:
         "input_rows": str(normalized.input_rows),
         "exclusions": json.dumps(normalized.exclusions, sort_keys=True),
     }
-    atomic_write_parquet(normalized.events, layout.events_path(day), metadata=meta)
-    atomic_write_parquet(normalized.unmapped_codes, layout.unmapped_codes_path(day), metadata={"day": day.isoformat()})
+    write_sealed_parquet(layout, normalized.events, layout.events_path(day), metadata=meta)
+    write_sealed_parquet(layout, normalized.unmapped_codes, layout.unmapped_codes_path(day), metadata={"day": day.isoformat()})
     return DayEvents(day, normalized, len(days))
 
 
 def build_daily_quads(day: date, settings: Settings) -> pl.DataFrame:
     """Aggregate the day's events (and its mentions) into daily quads."""
     layout = DataLayout(settings.data_dir)
-    events_path = layout.events_path(day)
+    [events_path] = verified(layout, layout.events_path(day))
     events = pl.read_parquet(events_path)
     quads = daily_quads(events, scan_parsed(layout, "mentions", day))
     meta = {k: v for k, v in read_parquet_metadata(events_path).items() if k.endswith("version")}
-    atomic_write_parquet(quads, layout.daily_quads_path(day), metadata={**meta, "day": day.isoformat()})
+    write_sealed_parquet(layout, quads, layout.daily_quads_path(day), metadata={**meta, "day": day.isoformat()})
     return quads

@@ -4,6 +4,10 @@ Each check reads its partition's parquet from disk through DataLayout (the asset
 themselves, there is no IO manager to load from), runs the suite and reports the statistics and
 the failed expectations. GX is imported inside the suites, never when this module loads.
 
+Before its suite, each check of a sealed file (events, daily quads, articles) compares the file
+with the sha256 recorded when it was written (pipeline/storage.py): a changed file fails with
+ERROR, since a suite would read damage that still decodes as data.
+
 - ``gdelt_events_valid``: non-blocking; a bad raw day is reported, the events rules still run
   (they drop duplicates and misaligned rows on their own).
 - ``events_valid``: blocking; a failure stops ``daily_quads`` (and anything else downstream) in
@@ -24,7 +28,7 @@ import polars as pl
 from assets.ingest import gdelt_events
 from assets.partitions import daily_partitions
 from assets.resources import MiraiSettings
-from pipeline.storage import DataLayout
+from pipeline.storage import DataLayout, seal_problem
 from quality.suites import (
     SuiteResult,
     read_raw_events_day,
@@ -64,10 +68,20 @@ def _missing(path: Path, what: str) -> dg.AssetCheckResult:
     )
 
 
-def _validate_file(path: Path, what: str, validate) -> dg.AssetCheckResult:
-    """Run a suite on one partition's parquet file, or fail when the asset wrote none."""
+def _validate_file(layout: DataLayout, path: Path, what: str, validate) -> dg.AssetCheckResult:
+    """Run a suite on one partition's parquet file; fail when the asset wrote none, or when the
+    file's bytes are not those it was written with (the suite would read damage as data)."""
     if not path.exists():
         return _missing(path, what)
+    damage = seal_problem(layout, path)
+    if damage:
+        return dg.AssetCheckResult(
+            passed=False,
+            severity=dg.AssetCheckSeverity.ERROR,
+            metadata={"source": dg.MetadataValue.path(str(path)), "damage": damage},
+            description=f"{what} file changed after it was written ({damage}); materialise the partition "
+            "again to rebuild it (nothing downstream reads it until then)",
+        )
     return _result(validate(pl.read_parquet(path)), path)
 
 
@@ -85,15 +99,16 @@ def gdelt_events_valid(context: dg.AssetCheckExecutionContext, mirai: MiraiSetti
 def events_valid(context: dg.AssetCheckExecutionContext, mirai: MiraiSettings) -> dg.AssetCheckResult:
     """The day's events obey MIRAI's rules: event_id unique, s/o ISO alpha-3 and different,
     r a level-2 CAMEO code with r1 its root, date the UTC day of date_added. Blocking."""
-    path = DataLayout(mirai.settings().data_dir).events_path(date.fromisoformat(context.partition_key))
-    return _validate_file(path, "events", validate_events)
+    layout = DataLayout(mirai.settings().data_dir)
+    return _validate_file(layout, layout.events_path(date.fromisoformat(context.partition_key)), "events", validate_events)
 
 
 @dg.asset_check(asset=dg.AssetKey("daily_quads"), partitions_def=daily_partitions, blocking=True)
 def daily_quads_valid(context: dg.AssetCheckExecutionContext, mirai: MiraiSettings) -> dg.AssetCheckResult:
     """One row per (date, s, r, o), each with daily_mentions >= 1 and n_events >= 1. Blocking."""
-    path = DataLayout(mirai.settings().data_dir).daily_quads_path(date.fromisoformat(context.partition_key))
-    return _validate_file(path, "daily_quads", validate_daily_quads)
+    layout = DataLayout(mirai.settings().data_dir)
+    return _validate_file(layout, layout.daily_quads_path(date.fromisoformat(context.partition_key)), "daily_quads",
+                          validate_daily_quads)
 
 
 @dg.asset_check(asset=dg.AssetKey("events"), partitions_def=daily_partitions, blocking=False)
@@ -125,5 +140,6 @@ def articles_valid(context: dg.AssetCheckExecutionContext, mirai: MiraiSettings)
     an abstract, lang "en" and no failing filter; dropped rows name their failing filter; profile
     mirai/obelics; n_words >= 0. Metadata: rows, kept, dropped and dropped_<filter> from the file.
     Non-blocking: a bad article row is reported, nothing downstream is held back."""
-    path = DataLayout(mirai.settings().data_dir).articles_path(date.fromisoformat(context.partition_key))
-    return _validate_file(path, "articles", validate_articles)
+    layout = DataLayout(mirai.settings().data_dir)
+    return _validate_file(layout, layout.articles_path(date.fromisoformat(context.partition_key)), "articles",
+                          validate_articles)

@@ -18,7 +18,7 @@ import pytest
 
 from assets.resources import MiraiSettings
 from pipeline.articles.day import ARTICLES_SCHEMA
-from pipeline.storage import DataLayout, atomic_write_parquet
+from pipeline.storage import DataLayout, atomic_write_parquet, write_sealed_parquet
 from quality.suites import SCHEMA_CHECK, article_counts, filter_label, validate_articles
 
 from .conftest import FIXTURES
@@ -269,7 +269,8 @@ def _materialize(tmp_path, monkeypatch, frame: pl.DataFrame | None):
         from pipeline.articles.day import DayArticles
 
         if frame is not None:
-            atomic_write_parquet(frame, DataLayout(settings.data_dir).articles_path(day))
+            layout = DataLayout(settings.data_dir)
+            write_sealed_parquet(layout, frame, layout.articles_path(day))  # as build_articles writes
         return DayArticles(day, 0, None, frame if frame is not None else ARTICLES_SCHEMA.to_frame(), {"selected": 0})
 
     monkeypatch.setattr(article_assets, "build_articles", fake_build_articles)

@@ -19,7 +19,7 @@ from assets.resources import MiraiSettings
 from pipeline.gdelt.schema import EXPORT_SCHEMA
 from pipeline.normalize import EVENTS_SCHEMA, QUADS_SCHEMA, daily_quads, normalize_events
 from pipeline.reference.tables import iso3_codes, level2_codes
-from pipeline.storage import DataLayout, atomic_write_parquet
+from pipeline.storage import DataLayout, atomic_write_parquet, write_sealed_parquet
 from quality.suites import (
     SCHEMA_CHECK,
     read_raw_events_day,
@@ -392,10 +392,12 @@ def test_failed_events_check_blocks_daily_quads(tmp_path, monkeypatch):
     from pipeline.events import build_events as real_build_events
 
     def build_domestic_events(day, settings):
-        """The real rules, then a bug: the first event becomes domestic (s == o)."""
+        """The real rules, then a bug: the first event becomes domestic (s == o). Written the way
+        build_events writes (sealed), so the suite, not the digest, is what finds it."""
         built = real_build_events(day, settings)
-        path = DataLayout(settings.data_dir).events_path(day)
-        atomic_write_parquet(set_row(pl.read_parquet(path), 0, o="USA", s="USA"), path)
+        layout = DataLayout(settings.data_dir)
+        path = layout.events_path(day)
+        write_sealed_parquet(layout, set_row(pl.read_parquet(path), 0, o="USA", s="USA"), path)
         return built
 
     monkeypatch.setattr(event_assets, "build_events", build_domestic_events)

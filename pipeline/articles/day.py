@@ -22,7 +22,7 @@ from pipeline.articles.urls import normalize_url
 from pipeline.config import Settings
 from pipeline.events import scan_parsed
 from pipeline.http import utc_now
-from pipeline.storage import DataLayout, atomic_write_parquet
+from pipeline.storage import DataLayout, verified, write_sealed_parquet
 
 ARTICLES_VERSION = "articles-v1"
 ABSTRACT_MIN_CHARS = 50  # MIRAI's data_news.csv: add paragraphs while the abstract is ≤ 50 chars
@@ -68,11 +68,11 @@ def select_urls(day: date, settings: Settings) -> list[str]:
     """Normalised article URLs of the day's quads with daily_mentions ≥ the threshold (plus,
     optionally, the first-day WEB mention URLs of their events), sorted and unique."""
     layout = DataLayout(settings.data_dir)
-    quads = pl.scan_parquet(layout.daily_quads_path(day)).filter(pl.col("daily_mentions") >= settings.article_min_mentions)
+    quads = pl.scan_parquet(verified(layout, layout.daily_quads_path(day))).filter(pl.col("daily_mentions") >= settings.article_min_mentions)
     urls = quads.select(pl.col("urls").explode().alias("url"))
     mentions = scan_parsed(layout, "mentions", day) if settings.article_include_mention_urls else None
     if mentions is not None:
-        events = pl.scan_parquet(layout.events_path(day)).join(quads.select("date", "s", "r", "o"), on=["date", "s", "r", "o"], how="semi")
+        events = pl.scan_parquet(verified(layout, layout.events_path(day))).join(quads.select("date", "s", "r", "o"), on=["date", "s", "r", "o"], how="semi")
         web = (
             mentions.filter(pl.col("MentionType") == 1, pl.col("MentionTimeDate").dt.date() == day)
             .join(events.select(pl.col("event_id").alias("GLOBALEVENTID")), on="GLOBALEVENTID", how="semi")
@@ -145,8 +145,8 @@ def build_articles(day: date, settings: Settings, *, now: datetime | None = None
             }
         )
     articles = pl.DataFrame(rows, schema=ARTICLES_SCHEMA)
-    atomic_write_parquet(
-        articles, layout.articles_path(day), metadata={"articles_version": ARTICLES_VERSION, "profile": settings.article_profile}
+    write_sealed_parquet(
+        layout, articles, layout.articles_path(day), metadata={"articles_version": ARTICLES_VERSION, "profile": settings.article_profile}
     )
     not_stored = ledger.filter(pl.col("html_path").is_null())
     counts = {

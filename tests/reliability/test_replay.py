@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import shutil
 from datetime import date, datetime, timezone
 from pathlib import Path
@@ -21,7 +22,7 @@ from pipeline.gdelt.ingest import ingest_day, parse_day
 from pipeline.gdelt.integrity import read_digests, write_digests
 from pipeline.mirror.generate import MirrorOptions, generate_mirror
 from pipeline.mirror.serve import MirrorServer
-from pipeline.storage import DataLayout, atomic_write_bytes
+from pipeline.storage import DamagedFile, DataLayout, atomic_write_bytes
 
 from .helpers import assert_no_duplicate_rows, file_digests
 
@@ -141,18 +142,22 @@ def quarantined_pairs(root: Path) -> dict[str, dict]:
     return {str(p.relative_to(root)): json.loads(p.with_name(p.name + ".json").read_text()) for p in bad}
 
 
+@pytest.mark.parametrize("damage", [_truncate, _flip_a_bit_that_still_decodes], ids=["truncated", "damaged_values"])
 @pytest.mark.parametrize("table", ["events", "daily_quads"])
-def test_a_truncated_derived_file_fails_loudly_and_the_next_run_rebuilds_it(copy, store, table):
+def test_a_damaged_derived_file_is_refused_by_its_reader_and_the_next_run_rebuilds_it(copy, store, table, damage):
+    from pipeline.articles.day import select_urls
+
     data, settings = copy
     layout = DataLayout(data)
     path = layout.events_path(D2) if table == "events" else layout.daily_quads_path(D2)
-    _truncate(path)
-    # Not silently read: the next consumer (daily_quads, the GX checks via pl.read_parquet) raises.
-    with pytest.raises(Exception, match="(?i)parquet|PAR1|footer"):
-        pl.read_parquet(path)
-    if table == "events":
-        with pytest.raises(Exception, match="(?i)parquet|PAR1|footer"):
+    damage(path)
+    # Not silently read, even when the damage still decodes: the file's sha256 was recorded when
+    # it was written, and the next consumer (the quads build, the article selection) checks it.
+    with pytest.raises(DamagedFile, match=re.escape(str(path.relative_to(data)))):
+        if table == "events":
             build_daily_quads(D2, settings)
+        else:
+            select_urls(D2, settings)
     # The schedule's next run of the day rewrites both files from the parsed slots.
     run_days(settings)
     assert file_digests(data) == file_digests(store[0])
