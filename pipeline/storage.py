@@ -19,6 +19,7 @@ import shutil
 import time
 import uuid
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import date, datetime, timezone
 from pathlib import Path
 from typing import Iterator
@@ -204,6 +205,26 @@ def atomic_write_parquet(df: pl.DataFrame, target: Path, metadata: dict[str, str
     atomic_write_bytes(target, parquet_bytes(df, metadata))
 
 
+@dataclass(frozen=True)
+class FileDigest:
+    """The sha256 and size of a file's bytes, as recorded when it was written."""
+
+    sha256: str
+    bytes: int
+
+    @classmethod
+    def of_bytes(cls, data: bytes) -> FileDigest:
+        return cls(hashlib.sha256(data).hexdigest(), len(data))
+
+    @classmethod
+    def of_file(cls, path: Path) -> FileDigest:
+        with open(path, "rb") as fh:
+            return cls(hashlib.file_digest(fh, "sha256").hexdigest(), os.fstat(fh.fileno()).st_size)
+
+    def describe(self) -> str:
+        return f"sha256 {self.sha256}, {self.bytes} bytes"
+
+
 class DamagedFile(RuntimeError):
     """A sealed file's bytes are not those recorded when it was written (bit rot, a bad copy or
     restore, or a run killed between the digest and the file): the step that writes it must run
@@ -216,7 +237,8 @@ def write_sealed_parquet(layout: DataLayout, df: pl.DataFrame, target: Path, met
     file changed after it was written (its footer may well still open, and damaged pages can
     decode to other values). Hashing costs ~1 ms per MB."""
     data = parquet_bytes(df, metadata)
-    atomic_write_bytes(layout.digest_path(target), f"{hashlib.sha256(data).hexdigest()} {len(data)}\n".encode())
+    digest = FileDigest.of_bytes(data)
+    atomic_write_bytes(layout.digest_path(target), f"{digest.sha256} {digest.bytes}\n".encode())
     atomic_write_bytes(target, data)
 
 
@@ -224,18 +246,15 @@ def seal_problem(layout: DataLayout, path: Path) -> str | None:
     """What is wrong with a sealed file, or None when its bytes match its digest. A file with no
     digest (written before digests were recorded) is taken as it is; a digest without its file
     is a file lost after it was written."""
-    digest = layout.digest_path(path)
-    if not digest.exists():
+    digest_path = layout.digest_path(path)
+    if not digest_path.exists():
         return None
-    sha256, size = digest.read_text().split()
+    sha256, size = digest_path.read_text().split()
+    recorded = FileDigest(sha256, int(size))
     if not path.exists():
-        return f"missing (its digest records sha256 {sha256}, {size} bytes)"
-    with open(path, "rb") as fh:
-        found = hashlib.file_digest(fh, "sha256").hexdigest()
-        found_size = os.fstat(fh.fileno()).st_size
-    if (found, found_size) != (sha256, int(size)):
-        return f"sha256 {found}, {found_size} bytes; written as sha256 {sha256}, {size} bytes"
-    return None
+        return f"missing (its digest records {recorded.describe()})"
+    found = FileDigest.of_file(path)
+    return None if found == recorded else f"{found.describe()}; written as {recorded.describe()}"
 
 
 def verified(layout: DataLayout, *paths: Path) -> list[Path]:

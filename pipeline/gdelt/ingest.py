@@ -18,7 +18,7 @@ import polars as pl
 from pipeline.config import Settings
 from pipeline.gdelt.download import FetchResult, already_landed, fetch_verified
 from pipeline.gdelt.index import GdeltIndex, RefreshResult, day_slots
-from pipeline.gdelt.integrity import FileDigest, UnreadableDigests, parsed_day_lock, read_digests, write_digests
+from pipeline.gdelt.integrity import UnreadableDigests, parsed_day_lock, read_digests, write_digests
 from pipeline.gdelt.ledger import (
     GREEN,
     LEDGER_SCHEMA,
@@ -31,6 +31,7 @@ from pipeline.http import make_session, utc_now
 from pipeline.storage import (
     KINDS,
     DataLayout,
+    FileDigest,
     atomic_write_bytes,
     built_parquet_metadata,
     file_lock,

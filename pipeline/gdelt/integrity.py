@@ -14,7 +14,6 @@ hashlib (SHA-NI); decoding them takes ~80 ms and still misses damage that decode
 from __future__ import annotations
 
 import hashlib
-import os
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import date, datetime, timezone
@@ -24,28 +23,10 @@ import polars as pl
 
 from pipeline.gdelt.download import md5_of_file
 from pipeline.gdelt.ledger import GREEN, TS, read_ledger
-from pipeline.storage import DataLayout, atomic_write_parquet, file_lock
+from pipeline.storage import DataLayout, FileDigest, atomic_write_parquet, file_lock
 
 DIGESTS_VERSION = "1"
 DIGESTS_SCHEMA = pl.Schema([("slot", TS), ("path", pl.String), ("sha256", pl.String), ("bytes", pl.Int64)])
-
-
-@dataclass(frozen=True)
-class FileDigest:
-    sha256: str
-    bytes: int
-
-    @classmethod
-    def of_bytes(cls, data: bytes) -> FileDigest:
-        return cls(hashlib.sha256(data).hexdigest(), len(data))
-
-    @classmethod
-    def of_file(cls, path: Path) -> FileDigest:
-        with open(path, "rb") as fh:
-            return cls(hashlib.file_digest(fh, "sha256").hexdigest(), os.fstat(fh.fileno()).st_size)
-
-    def describe(self) -> str:
-        return f"sha256 {self.sha256}, {self.bytes} bytes"
 
 
 class UnreadableDigests(Exception):
