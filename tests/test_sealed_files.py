@@ -10,13 +10,11 @@ import pytest
 
 from assets.events import daily_quads, events
 from assets.ingest import gdelt_events, gdelt_files, gdelt_mentions
-from assets.resources import MiraiSettings
 from pipeline.storage import DamagedFile, DataLayout, seal_problem, verified, write_sealed_parquet
 from quality.event_checks import daily_quads_valid, events_valid
 
 from .conftest import MIRROR_DAY
-
-PARTITION = MIRROR_DAY.isoformat()
+from .dagster_day import PARTITION, materialised_day, run_check_alone
 
 
 def _a_frame() -> pl.DataFrame:
@@ -62,22 +60,13 @@ def test_rewriting_a_sealed_file_gives_the_same_bytes_and_digest(tmp_path):
 
 @pytest.fixture
 def materialised(tmp_path, mirror):
-    resources = {"mirai": MiraiSettings(data_dir=str(tmp_path / "data"), gdelt_base_url=mirror.base_url)}
-    with dg.instance_for_test() as instance:
-        result = dg.materialize(
-            [gdelt_files, gdelt_events, gdelt_mentions, events, daily_quads, events_valid, daily_quads_valid],
-            partition_key=PARTITION, resources=resources, instance=instance,
-        )
-        assert result.success
-        yield DataLayout(tmp_path / "data"), resources, instance
+    with materialised_day(tmp_path, mirror, [gdelt_files, gdelt_events, gdelt_mentions, events, daily_quads,
+                                             events_valid, daily_quads_valid]) as (layout, resources, instance, _):
+        yield layout, resources, instance
 
 
 def _check_alone(check, asset, resources, instance) -> dg.AssetCheckEvaluation:
-    job = dg.define_asset_job("check_only", selection=dg.AssetSelection.checks(check))
-    defs = dg.Definitions(assets=[asset], asset_checks=[check], jobs=[job], resources=resources)
-    result = defs.resolve_job_def("check_only").execute_in_process(
-        instance=instance, tags={"dagster/partition": PARTITION}, raise_on_error=False)
-    [evaluation] = result.get_asset_check_evaluations()
+    [evaluation] = run_check_alone(check, asset, resources, instance).get_asset_check_evaluations()
     return evaluation
 
 

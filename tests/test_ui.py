@@ -177,17 +177,29 @@ def browser(ui):
 def _open_and_wait_for(driver, url: str, texts: list[str]) -> str:
     """Load a page and wait until every text is shown; returns the page's visible text."""
     from selenium.common.exceptions import TimeoutException
-    from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
     driver.get(url)
-    visible = lambda d: d.find_element(By.TAG_NAME, "body").text  # noqa: E731
     try:
-        WebDriverWait(driver, RENDER_TIMEOUT_S, poll_frequency=0.5).until(lambda d: all(t in visible(d) for t in texts))
+        WebDriverWait(driver, RENDER_TIMEOUT_S, poll_frequency=0.5).until(lambda d: all(t in _visible_text(d) for t in texts))
     except TimeoutException:
-        shown = visible(driver)
+        shown = _visible_text(driver)
         pytest.fail(f"{url} never showed {[t for t in texts if t not in shown]}; it shows: {shown[:1500]!r}")
-    return visible(driver)
+    return _visible_text(driver)
+
+
+def _visible_text(driver) -> str:
+    from selenium.webdriver.common.by import By
+
+    return driver.find_element(By.TAG_NAME, "body").text
+
+
+def _wait_until_still(driver) -> None:
+    """Wait for the page's animations (a dialog fading in, a group opening) to finish, so a
+    screenshot shows what the user ends up seeing."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    WebDriverWait(driver, RENDER_TIMEOUT_S).until(lambda d: d.execute_script("return document.getAnimations().length") == 0)
 
 
 def test_asset_graph_renders_every_group_and_a_group_opens_on_click(ui, browser):
@@ -201,9 +213,8 @@ def test_asset_graph_renders_every_group_and_a_group_opens_on_click(ui, browser)
     # the elements named so: the sidebar lists the groups first) shows its assets in the graph.
     browser.find_elements(By.XPATH, "//*[normalize-space(text())='splits']")[-1].click()
     WebDriverWait(browser, RENDER_TIMEOUT_S).until(
-        lambda d: all(name in d.find_element(By.TAG_NAME, "body").text.split("\n") for name in ("event_database", "test_split"))
-        and d.execute_script("return document.getAnimations().length") == 0
-    )
+        lambda d: all(name in _visible_text(d).split("\n") for name in ("event_database", "test_split")))
+    _wait_until_still(browser)
     shot = ui["root"] / "asset_graph.png"  # kept with the test run: open it to see what the UI showed
     assert browser.save_screenshot(str(shot))
     pixels = image.imread(shot)
@@ -231,8 +242,7 @@ def test_asset_page_shows_the_latest_materialisation_its_figure_and_its_check(ui
         None,
     ))
     assert figure.get_property("naturalWidth") > 300 and figure.is_displayed()
-    # The dialog fades in: photograph it once its animations have finished.
-    WebDriverWait(browser, RENDER_TIMEOUT_S).until(lambda d: d.execute_script("return document.getAnimations().length") == 0)
+    _wait_until_still(browser)  # the dialog fades in
     browser.save_screenshot(str(ui["root"] / "relation_distribution_in_ui.png"))
 
     # The blocking leakage audit, as the maintainer finds it under the asset's Checks tab.
