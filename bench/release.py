@@ -5,13 +5,16 @@ SeaweedFS, ours versus boto3's transfer defaults (what `aws s3 cp --recursive` d
 
 The release is synthetic but laid out exactly as the pipeline writes it: a split directory with
 its manifest (queries, sample, two figures, card) and 14 months of event database (events ~30 MB,
-news ~5 MB per month, incompressible bytes, as parquet is already compressed).
+news ~5 MB per month, incompressible bytes, as parquet is already compressed), sealed as
+``write_database_month`` seals them (digests/database/.../month=YYYY-MM.parquet.sha256).
 
-- *ours, upload*: ``publish_release`` into a fresh prefix, end to end: hashing every file
-  (sha256 of the file and of each 8 MiB part, one read), HEAD of every key (immutability), the
-  uploads, each PUT or part carrying its SHA-256 for the server to check (and, as botocore does
-  over HTTPS for such requests, UNSIGNED-PAYLOAD instead of a second SHA-256 for SigV4), the
-  manifest, index.json and latest.json. MIRAI_RELEASE_* settings at their defaults.
+- *ours, upload*: ``publish_release`` into a fresh prefix, end to end: planning (the files with a
+  recorded sha256, here all but the card, are not read; a file over the 64 MiB multipart threshold
+  would be hashed part by part), HEAD of every key (immutability), the uploads, each PUT or part
+  carrying its SHA-256 for the server to check (and, as botocore does over HTTPS for such
+  requests, UNSIGNED-PAYLOAD instead of a second SHA-256 for SigV4), the manifest, index.json and
+  latest.json. MIRAI_RELEASE_* settings at their defaults. ``--hash-all`` drops the database
+  digests: every file is then hashed before it goes up, as before sealed database months.
 - *defaults, upload*: one boto3 TransferManager with ``TransferConfig()`` defaults (8 MB
   threshold and parts, 10 concurrent requests) uploading every file at once, as `aws s3 cp
   --recursive` does; botocore's default checksum (CRC32, "when_supported") is on.
@@ -24,8 +27,8 @@ news ~5 MB per month, incompressible bytes, as parquet is already compressed).
 
 Both sides use the same server, data and retry settings ("standard", MIRAI_S3_MAX_ATTEMPTS), and
 both get their boto3 clients before the clock starts.
-Rounds alternate which side goes first (uploads, then downloads); the median of each is reported
-with the load average.
+Rounds alternate which side goes first (uploads, then downloads), each step starting after an
+untimed ``sync``; the median of each is reported with the load average.
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ from common import machine as machine_summary  # noqa: E402
 from pipeline.config import Settings  # noqa: E402
 from pipeline.download import download_release  # noqa: E402
 from pipeline.release import open_store, plan_release, publish_release  # noqa: E402
-from pipeline.storage import DataLayout  # noqa: E402
+from pipeline.storage import DataLayout, write_sealed_bytes  # noqa: E402
 from tests.s3_server import ACCESS_KEY, SECRET_KEY, SeaweedS3  # noqa: E402
 
 MONTH = date(2024, 2, 1)
@@ -65,7 +68,7 @@ def _write_random(path: Path, size: int) -> dict:
     return {"sha256": hashlib.sha256(data).hexdigest(), "bytes": size}
 
 
-def build_release(data_dir: Path, total_mb: int) -> None:
+def build_release(data_dir: Path, total_mb: int, *, sealed: bool = True) -> None:
     layout = DataLayout(data_dir)
     split = layout.split_dir(MONTH)
     files = {
@@ -79,8 +82,11 @@ def build_release(data_dir: Path, total_mb: int) -> None:
     per_month = (total_mb * 10**6 - sum(f["bytes"] for f in files.values())) // DB_MONTHS
     for i in range(DB_MONTHS):
         month = date(2023 + i // 12, i % 12 + 1, 1)  # 2023-01 .. 2024-02
-        _write_random(layout.database_path("events", month), per_month * 6 // 7)
-        _write_random(layout.database_path("news", month), per_month - per_month * 6 // 7)
+        for table, size in (("events", per_month * 6 // 7), ("news", per_month - per_month * 6 // 7)):
+            if sealed:
+                write_sealed_bytes(layout, os.urandom(size), layout.database_path(table, month))
+            else:
+                _write_random(layout.database_path(table, month), size)
 
 
 def ours_upload(settings: Settings, store) -> None:
@@ -117,6 +123,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mb", type=int, default=500)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--hash-all", action="store_true", help="no database digests: ours hashes every file")
     args = parser.parse_args()
     os.environ.update({"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
                        "AWS_CONFIG_FILE": "/nonexistent", "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent"})
@@ -128,7 +135,7 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="mirai-bench-release-"))
     try:
         data_dir = work / "data"
-        build_release(data_dir, args.mb)
+        build_release(data_dir, args.mb, sealed=not args.hash_all)
         objects = plan_release(MONTH, Settings(data_dir=data_dir)).objects
         total = sum(o.size for o in objects)
         print(f"release: {len(objects)} files, {total / 1e6:.1f} MB; load average before: {os.getloadavg()}")
@@ -155,11 +162,14 @@ def main() -> int:
                     "def_down": partial(defaults_download, anonymous, "bench", f"defaults{r}/releases/2024-02",
                                         objects, dest / "defaults"),
                 }
-                # Who goes first alternates: the second side of a pair runs while the server's
-                # writes of the first are still being flushed to the shared disk.
+                # Who goes first alternates (the page cache and the server's state still carry
+                # over from one step to the next).
                 order = ("ours_up", "def_up", "ours_down", "def_down") if r % 2 == 0 else (
                     "def_up", "ours_up", "def_down", "ours_down")
                 for name in order:
+                    # Every step starts with the previous one's writes on disk (not timed), so no
+                    # side pays for the other's writeback; who goes first still alternates.
+                    os.sync()
                     started = time.perf_counter()
                     steps[name]()
                     times[name].append(time.perf_counter() - started)

@@ -148,9 +148,9 @@ def cmd_release(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
     try:
         store = open_store(settings)
-        # Sized from the files, not from a plan: planning hashes every file, and publish_release
-        # uploads a new month's files as they are hashed.
-        bar = ProgressBar(sum(path.stat().st_size for _, path, _ in release_sources(args.month, settings).files))
+        # Sized from the files, not from a plan: planning may hash files, and publish_release
+        # uploads a new month's files as they are planned.
+        bar = ProgressBar(sum(f.path.stat().st_size for f in release_sources(args.month, settings).files))
         try:
             result = publish_release(
                 args.month, settings, store, progress=bar,

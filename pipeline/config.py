@@ -82,9 +82,10 @@ class Settings:
     s3_endpoint_url: str = ""  # "" = AWS; any S3-compatible store otherwise (path-style addressing)
     s3_region: str = ""  # "" = the AWS chain's region (AWS_REGION, ~/.aws/config), else us-east-1
     s3_max_attempts: int = 5  # botocore "standard" retries per request (throttling, 5xx, resets)
-    # Files from this size go up in parts. Below it, one PUT whose SHA-256 is the file's own
-    # sha256, hashed once; a multipart file is hashed twice (the file for the manifest, each part
-    # for its checksum), and 64 MiB keeps the database months (~30 MB) single PUTs.
+    # Files from this size go up in parts. Below it, one PUT carrying the file's sha256 (the one
+    # recorded when it was written, when there is one: the file is not read to plan it); a
+    # multipart file is read and hashed part by part first, and 64 MiB keeps the database months
+    # (~30 MB) single PUTs.
     release_multipart_threshold_mb: int = 64
     release_multipart_chunk_mb: int = 8
     release_concurrency: int = 10  # requests in flight (parts and files) per upload or download

@@ -30,7 +30,7 @@ from pipeline.reference import (
     country_names,
     relation_table,
 )
-from pipeline.storage import DataLayout, atomic_write_parquet, verified
+from pipeline.storage import DataLayout, verified, write_sealed_parquet
 
 EVENT_DB_SCHEMA = pl.Schema(
     [
@@ -171,8 +171,10 @@ def write_database_month(db: DatabaseMonth, settings: Settings) -> dict[str, Pat
         "counts": json.dumps(db.counts, sort_keys=True),
     }
     paths = {"events": layout.database_path("events", db.month), "news": layout.database_path("news", db.month)}
-    atomic_write_parquet(db.events, paths["events"], metadata=meta)
-    atomic_write_parquet(db.news, paths["news"], metadata=meta)
+    # Sealed: the split build refuses changed bytes, and a release sends the recorded sha256 with
+    # each file for the store to check instead of reading the whole snapshot again.
+    write_sealed_parquet(layout, db.events, paths["events"], metadata=meta)
+    write_sealed_parquet(layout, db.news, paths["news"], metadata=meta)
     return paths
 
 

@@ -39,7 +39,7 @@ from pipeline.release import (
     release_key,
     sha256_hex,
 )
-from pipeline.storage import atomic_write_bytes
+from pipeline.storage import atomic_write_bytes, write_all
 
 ONLY_CHOICES = ("split", "database")
 # A body that breaks off mid-stream (reset, timeout) is re-requested from where it stopped this
@@ -271,7 +271,7 @@ def _stream(store: ReleaseStore, key: str, part: Path, offset: int, expected: in
                 for chunk in store.read_from(key, offset + written):
                     # More bytes than the manifest says: stop; the size check rejects the file.
                     chunk = chunk[: expected + 1 - offset - written]
-                    fh.write(chunk)
+                    write_all(fh, chunk)
                     digest.update(chunk)
                     written += len(chunk)
                     progress(len(chunk))

@@ -9,7 +9,9 @@ Layout under the store's root (``s3://bucket/prefix/`` or a directory), see docs
     releases/index.json               every published release, its manifest's sha256, HTTPS URLs
     releases/latest.json              the newest release
 
-One publish algorithm runs against both stores: hash the local files, refuse if anything already
+One publish algorithm runs against both stores: hash the local files (those of one PUT whose sha256
+was recorded when they were written, the split's in its manifest and the sealed database months',
+are not read again: the store checks their bytes against it), refuse if anything already
 at a release key differs (releases are immutable), upload what is missing with a checksum (for a
 month the store holds nothing of, each file as soon as it is hashed), upload the manifest, then
 rewrite index.json and latest.json from what is published, and abort any multipart upload a
@@ -34,7 +36,7 @@ from pathlib import Path
 from urllib.parse import quote, urlparse
 
 from pipeline.config import Settings
-from pipeline.storage import DataLayout, atomic_write_bytes, temp_path_for
+from pipeline.storage import DataLayout, FileDigest, atomic_write_bytes, recorded_digest, temp_path_for, write_all
 
 RELEASE_FORMAT = "mirai-release-v1"
 INDEX_FORMAT = "mirai-release-index-v1"
@@ -57,6 +59,8 @@ CHUNK = 1 << 20
 _MONTH = re.compile(r"^\d{4}-\d{2}$")
 
 Progress = Callable[[int], None]
+_CHANGED = ("changed since it was hashed or its sha256 recorded (damaged or rewritten): rebuild it "
+            "(materialise its partition again), then publish again")
 
 
 class ReleaseError(RuntimeError):
@@ -175,11 +179,11 @@ class LocalStore(ReleaseStore):
             with open(path, "rb") as src, open(temp, "wb") as dst:
                 while chunk := src.read(CHUNK):
                     digest.update(chunk)
-                    dst.write(chunk)
+                    write_all(dst, chunk)
                     if progress:
                         progress(len(chunk))
             if digest.hexdigest() != sha256:
-                raise ReleaseNotReady(f"{path} changed while it was being published (sha256 {digest.hexdigest()})")
+                raise ReleaseNotReady(f"{path}: {_CHANGED} (its bytes' sha256 {digest.hexdigest()}, expected {sha256})")
             self._link(temp, target)
         finally:
             temp.unlink(missing_ok=True)
@@ -300,9 +304,9 @@ class S3Store(ReleaseStore):
     def put_files(self, files: Iterable[tuple[str, PlannedObject]], *, cache_control: str, progress: Progress | None) -> None:
         """Every PUT and part of every file shares one pool of MIRAI_RELEASE_CONCURRENCY requests,
         and a file's requests start as soon as ``files`` yields it (while later files are still
-        being hashed). Each request carries the SHA-256 the plan computed (of the object, or of the
-        part), so the server verifies the bytes against the manifest itself and the client hashes
-        nothing twice (boto3's transfer manager would hash every byte again)."""
+        being hashed). Each request carries the plan's SHA-256 (of the object, recorded or computed,
+        or of the part), so the server verifies the bytes against the manifest itself and the
+        client hashes nothing twice (boto3's transfer manager would hash every byte again)."""
         uploads: dict[str, str] = {}  # key -> multipart UploadId
         pending: dict[str, list] = {}  # key -> the futures of its parts
         try:
@@ -371,8 +375,8 @@ class S3Store(ReleaseStore):
         except ClientError as exc:
             code = exc.response.get("Error", {}).get("Code", "")
             if code in ("BadDigest", "InvalidDigest", "XAmzContentSHA256Mismatch"):
-                raise ReleaseError(f"{kwargs['Key']}: the store rejected the bytes sent as not matching the "
-                                   "manifest's checksum (the local file changed since it was hashed?)") from exc
+                raise ReleaseNotReady(f"{kwargs['Key']}: the store rejected the bytes sent as not matching their "
+                                      f"sha256: the local file {_CHANGED}") from exc
             raise _explain(exc, self.description) from exc
 
     def put_bytes(self, key: str, data: bytes, *, cache_control: str, if_absent: bool) -> bool:
@@ -568,10 +572,39 @@ def _digest(path: Path, part_size: int | None) -> tuple[str, int, tuple[bytes, .
     return whole.hexdigest(), size, tuple(parts)
 
 
-def _planned(name: str, path: Path, settings: Settings, rows: int | None = None) -> PlannedObject:
-    part_size = _part_size(settings, path.stat().st_size)
+@dataclass(frozen=True)
+class SourceFile:
+    """A local file of a release, with the sha256 and size recorded when it was written (the
+    split's manifest, or a sealed file's digest) when there is one."""
+
+    name: str  # key relative to releases/YYYY-MM/
+    path: Path
+    rows: int | None = None
+    recorded: FileDigest | None = None
+    recorded_in: str = ""  # where ``recorded`` comes from, for messages
+
+
+def _planned(source: SourceFile, settings: Settings) -> PlannedObject:
+    """The file's upload plan. A file of one PUT with a recorded sha256 is not read: the PUT
+    carries that sha256, so the store itself refuses bytes that changed since (S3 answers
+    BadDigest, the local store compares while copying), and a publish does not re-read a
+    snapshot of several GB that was hashed as it was written. Any other file is hashed (a
+    multipart upload needs each part's SHA-256) and checked against its recorded digest."""
+    name, path, recorded = source.name, source.path, source.recorded
+    size = path.stat().st_size
+    if recorded is not None and recorded.bytes != size:
+        raise ReleaseNotReady(f"{path} no longer matches {source.recorded_in} ({size} bytes, recorded "
+                              f"{recorded.bytes}): rebuild it (materialise its partition again)")
+    part_size = _part_size(settings, size)
+    if recorded is not None and part_size is None:
+        return PlannedObject(name=name, path=path, sha256=recorded.sha256, size=size, part_size=None, part_sha256=(),
+                             rows=source.rows)
     digest, size, parts = _digest(path, part_size)
-    return PlannedObject(name=name, path=path, sha256=digest, size=size, part_size=part_size, part_sha256=parts, rows=rows)
+    if recorded is not None and digest != recorded.sha256:
+        raise ReleaseNotReady(f"{path} no longer matches {source.recorded_in} (sha256 {digest}, recorded "
+                              f"{recorded.sha256}): rebuild it (materialise its partition again)")
+    return PlannedObject(name=name, path=path, sha256=digest, size=size, part_size=part_size, part_sha256=parts,
+                         rows=source.rows)
 
 
 @dataclass(frozen=True)
@@ -581,7 +614,7 @@ class ReleaseSources:
     month: str
     split_manifest: dict
     database_months: list[str]
-    files: list[tuple[str, Path, int | None]]  # (name, local path, rows); the split's files first
+    files: list[SourceFile]  # the split's files first
 
 
 def release_sources(month: date, settings: Settings) -> ReleaseSources:
@@ -594,30 +627,30 @@ def release_sources(month: date, settings: Settings) -> ReleaseSources:
         raise ReleaseNotReady(f"{label}: no test split at {split_dir}; materialise test_split first")
     split_manifest = json.loads(manifest_path.read_text())
     months = _database_months(layout, month)
-    files = [(name, split_dir / name, meta.get("rows")) for name, meta in sorted(split_manifest["files"].items())]
-    files.append((CARD_NAME, split_dir / CARD_NAME, None))
+    files = [
+        SourceFile(name, split_dir / name, meta.get("rows"), FileDigest(meta["sha256"], meta["bytes"]), "its split manifest")
+        for name, meta in sorted(split_manifest["files"].items())
+    ]
+    files.append(SourceFile(CARD_NAME, split_dir / CARD_NAME))
     for m in months:
         for table in ("events", "news"):
             path = layout.database_path(table, date.fromisoformat(f"{m}-01"))
-            files.append((f"database/{table}/{path.name}", path, None))
-    missing = [str(path) for _, path, _ in files if not path.exists()]
+            digest = recorded_digest(layout, path)
+            files.append(SourceFile(f"database/{table}/{path.name}", path, recorded=digest,
+                                    recorded_in=f"its digest {layout.digest_path(path)}" if digest else ""))
+    missing = [str(f.path) for f in files if not f.path.exists()]
     if missing:
         raise ReleaseNotReady(f"{label}: {len(missing)} file(s) of the release are missing: {', '.join(missing[:5])}")
     return ReleaseSources(month=label, split_manifest=split_manifest, database_months=months, files=files)
 
 
-def hash_sources(sources: ReleaseSources, settings: Settings) -> Iterator[PlannedObject]:
-    """Each file hashed, in the sources' order, as soon as it is (so uploads can start while later
-    files are still read); raises when a split file no longer matches the split's manifest."""
+def plan_files(sources: ReleaseSources, settings: Settings) -> Iterator[PlannedObject]:
+    """Each file planned (see _planned), in the sources' order, as soon as it is (so uploads can
+    start while later files are still read); raises when a file no longer matches its recorded
+    sha256 or size."""
     # Hashing is most of a publish's own CPU time; hashlib and file reads release the GIL.
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        for obj in pool.map(lambda f: _planned(f[0], f[1], settings, f[2]), sources.files):
-            meta = sources.split_manifest["files"].get(obj.name)
-            if meta is not None and (obj.sha256, obj.size) != (meta["sha256"], meta["bytes"]):
-                raise ReleaseNotReady(
-                    f"{sources.month}: {obj.path} no longer matches its split manifest; rebuild the split"
-                )
-            yield obj
+        yield from pool.map(lambda source: _planned(source, settings), sources.files)
 
 
 def build_plan(sources: ReleaseSources, objects: list[PlannedObject]) -> ReleasePlan:
@@ -635,9 +668,9 @@ def build_plan(sources: ReleaseSources, objects: list[PlannedObject]) -> Release
 
 
 def plan_release(month: date, settings: Settings) -> ReleasePlan:
-    """Hash every file of the month's release and build its manifest."""
+    """Plan every file of the month's release (see _planned) and build its manifest."""
     sources = release_sources(month, settings)
-    return build_plan(sources, list(hash_sources(sources, settings)))
+    return build_plan(sources, list(plan_files(sources, settings)))
 
 
 def _database_months(layout: DataLayout, month: date) -> list[str]:
@@ -697,8 +730,9 @@ def publish_release(
 ) -> PublishResult:
     """Publish the month's release, or verify an existing one and change nothing.
 
-    ``plan`` is plan_release's result when the caller already made it (hashing is a full read);
-    without one, a month the store holds nothing of is uploaded while it is hashed. Raises ReleaseConflict, before writing anything, when the store already holds a different
+    ``plan`` is plan_release's result when the caller already made it (planning may read the
+    files); without one, a month the store holds nothing of is uploaded while it is planned.
+    Raises ReleaseConflict, before writing anything, when the store already holds a different
     release for the month (or different bytes at any of its keys).
     """
     store = store or open_store(settings)
@@ -708,11 +742,11 @@ def publish_release(
     published = store.get_bytes(manifest_key)
     if sources and published is None and not _any_stored(store, label, sources.files):
         # A month new to the store (every first publish) has nothing to compare against, so each
-        # file goes up as soon as it is hashed instead of after a hashing pass over the release.
-        plan = _upload_while_hashing(store, sources, settings, log, progress)
+        # file goes up as soon as it is planned instead of after a hashing pass over the release.
+        plan = _upload_while_planning(store, sources, settings, log, progress)
         uploaded, verified = plan.objects, []
     else:
-        plan = plan or build_plan(sources, list(hash_sources(sources, settings)))
+        plan = plan or build_plan(sources, list(plan_files(sources, settings)))
         uploaded, verified = _check_then_upload(store, plan, published, log, progress)
     result = PublishResult(
         month=plan.month,
@@ -746,22 +780,22 @@ def publish_release(
     return result
 
 
-def _any_stored(store: ReleaseStore, month: str, files: list[tuple[str, Path, int | None]]) -> bool:
-    keys = [release_key(month, name) for name, _, _ in files]
+def _any_stored(store: ReleaseStore, month: str, files: list[SourceFile]) -> bool:
+    keys = [release_key(month, f.name) for f in files]
     with ThreadPoolExecutor(max_workers=8) as pool:  # HEAD requests are latency, not bandwidth
         return any(info is not None for info in pool.map(store.stat, keys))
 
 
-def _upload_while_hashing(store: ReleaseStore, sources: ReleaseSources, settings: Settings, log, progress) -> ReleasePlan:
-    """Upload every file of a release the store holds nothing of, each as soon as it is hashed;
+def _upload_while_planning(store: ReleaseStore, sources: ReleaseSources, settings: Settings, log, progress) -> ReleasePlan:
+    """Upload every file of a release the store holds nothing of, each as soon as it is planned;
     the plan (hence the manifest) is complete only once every upload is verified."""
-    total = sum(path.stat().st_size for _, path, _ in sources.files)
+    total = sum(f.path.stat().st_size for f in sources.files)
     log(f"uploading {len(sources.files)} files ({total:,} bytes) to {store.description}: "
-        + ", ".join(name for name, _, _ in sources.files))
+        + ", ".join(f.name for f in sources.files))
     objects: list[PlannedObject] = []
 
     def hashed() -> Iterator[tuple[str, PlannedObject]]:
-        for obj in hash_sources(sources, settings):
+        for obj in plan_files(sources, settings):
             objects.append(obj)
             yield release_key(sources.month, obj.name), obj
 

@@ -38,6 +38,7 @@ from pipeline.storage import (
     read_parquet_metadata,
     remove_orphans,
     replace_dir,
+    verified,
 )
 from pipeline.version import code_version
 
@@ -121,10 +122,11 @@ def month_closure(month: date, settings: Settings, now: datetime) -> Closure:
 
 
 def _scan_month(settings: Settings, month: date) -> pl.DataFrame:
-    path = DataLayout(settings.data_dir).database_path("events", month)
+    layout = DataLayout(settings.data_dir)
+    path = layout.database_path("events", month)
     if not path.exists():
         raise MonthNotReady(f"{month:%Y-%m}: no event database at {path}; materialise event_database first")
-    return pl.read_parquet(path)
+    return pl.read_parquet(verified(layout, path)[0])
 
 
 def queries_from_events(events: pl.DataFrame, month: date, *, min_mentions: int, min_articles: int) -> pl.DataFrame:

@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import date, datetime, timezone
 from pathlib import Path
-from typing import Iterator
+from typing import BinaryIO, Iterator
 
 import polars as pl
 
@@ -182,12 +182,27 @@ def commit_temp(temp: Path, target: Path) -> None:
     _fsync_dir(target.parent)
 
 
+# Big buffers go to the page cache in writes of at most this size. Measured on this project's
+# machines (Linux 6.18, ext4, 2 cores): while earlier dirty data is being written back, the same
+# 500 MB cost 0.15-0.2 s of kernel time in 256-512 KiB writes, 0.4-1.8 s in 1 MiB writes and
+# 2-3 s in 15 MiB writes (almost all of it copying into the page cache); with no writeback
+# running every size costs ~0.15 s. Downloads and files written after a big upload hit this.
+WRITE_PIECE = 256 * 1024
+
+
+def write_all(fh: BinaryIO, data: bytes | memoryview) -> None:
+    """fh.write(data), in WRITE_PIECE writes."""
+    view = memoryview(data)
+    for start in range(0, len(view), WRITE_PIECE):
+        fh.write(view[start : start + WRITE_PIECE])
+
+
 def atomic_write_bytes(target: Path, data: bytes) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     temp = temp_path_for(target)
     try:
         with open(temp, "wb") as fh:
-            fh.write(data)
+            write_all(fh, data)
         commit_temp(temp, target)
     finally:
         temp.unlink(missing_ok=True)
@@ -236,21 +251,32 @@ def write_sealed_parquet(layout: DataLayout, df: pl.DataFrame, target: Path, met
     is never on disk without its digest, and a reader or check that finds other bytes knows the
     file changed after it was written (its footer may well still open, and damaged pages can
     decode to other values). Hashing costs ~1 ms per MB."""
-    data = parquet_bytes(df, metadata)
+    write_sealed_bytes(layout, parquet_bytes(df, metadata), target)
+
+
+def write_sealed_bytes(layout: DataLayout, data: bytes, target: Path) -> None:
+    """Write ``data`` to ``target`` after its digest (see write_sealed_parquet)."""
     digest = FileDigest.of_bytes(data)
     atomic_write_bytes(layout.digest_path(target), f"{digest.sha256} {digest.bytes}\n".encode())
     atomic_write_bytes(target, data)
+
+
+def recorded_digest(layout: DataLayout, path: Path) -> FileDigest | None:
+    """The sha256 and size a sealed file was written with, or None for a file with no digest."""
+    digest_path = layout.digest_path(path)
+    if not digest_path.exists():
+        return None
+    sha256, size = digest_path.read_text().split()
+    return FileDigest(sha256, int(size))
 
 
 def seal_problem(layout: DataLayout, path: Path) -> str | None:
     """What is wrong with a sealed file, or None when its bytes match its digest. A file with no
     digest (written before digests were recorded) is taken as it is; a digest without its file
     is a file lost after it was written."""
-    digest_path = layout.digest_path(path)
-    if not digest_path.exists():
+    recorded = recorded_digest(layout, path)
+    if recorded is None:
         return None
-    sha256, size = digest_path.read_text().split()
-    recorded = FileDigest(sha256, int(size))
     if not path.exists():
         return f"missing (its digest records {recorded.describe()})"
     found = FileDigest.of_file(path)
@@ -264,7 +290,8 @@ def verified(layout: DataLayout, *paths: Path) -> list[Path]:
     damaged = [f"{p.relative_to(layout.root)}: {what}" for p, what in problems.items() if what]
     if damaged:
         raise DamagedFile(
-            f"{len(damaged)} stored file(s) changed after they were written; materialise their day again: "
+            f"{len(damaged)} stored file(s) changed after they were written; materialise the partition "
+            "that writes them again: "
             + "; ".join(damaged[:5]) + (f" and {len(damaged) - 5} more" if len(damaged) > 5 else "")
         )
     return list(paths)

@@ -403,7 +403,7 @@ def test_s3_rejects_bytes_that_changed_after_planning(data_dir, s3_server, bucke
     plan = plan_release(FEB, settings)
     big = DataLayout(copy).database_path("events", date(2023, 12, 1))
     big.write_bytes(os.urandom(BIG))  # same size, other bytes: only the checksums can tell
-    with pytest.raises(ReleaseError, match="changed since it was hashed"):
+    with pytest.raises(ReleaseError, match="changed since it was hashed or its sha256 recorded"):
         publish_release(FEB, settings, open_store(settings), plan=plan)
     listed = s3_server.client().list_objects_v2(Bucket=bucket).get("Contents", [])
     assert not [o for o in listed if "events/month=2023-12" in o["Key"] or o["Key"].endswith("manifest.json")]
@@ -446,23 +446,23 @@ def test_s3_uploads_send_unsigned_payload_only_with_their_sha256_checksum(data_d
     assert completes  # CompleteMultipartUpload carries no checksum: its body stays signed
 
 
-def test_s3_first_publish_uploads_files_while_later_ones_are_still_being_hashed(data_dir, s3_server, bucket, monkeypatch):
-    """The last file's hashing waits until a request of an earlier file has been sent: a publish
-    that hashed the whole release before uploading would never send it (and the wait fails)."""
+def test_s3_first_publish_uploads_files_while_later_ones_are_still_being_planned(data_dir, s3_server, bucket, monkeypatch):
+    """The last file's planning waits until a request of an earlier file has been sent: a publish
+    that planned the whole release before uploading would never send it (and the wait fails)."""
     settings = _s3_settings(data_dir, s3_server, bucket)
     store = open_store(settings)
-    last = release.release_sources(FEB, settings).files[-1][0]
+    last = release.release_sources(FEB, settings).files[-1].name
     uploading = threading.Event()
     store._checksummed.meta.events.register("before-send.s3.PutObject", lambda **kwargs: uploading.set())
     store._checksummed.meta.events.register("before-send.s3.UploadPart", lambda **kwargs: uploading.set())
     planned = release._planned
 
-    def hash_last_after_an_upload(name, path, settings, rows=None):
-        if name == last:
-            assert uploading.wait(timeout=60), "nothing was uploaded before the last file was hashed"
-        return planned(name, path, settings, rows)
+    def plan_last_after_an_upload(source, settings):
+        if source.name == last:
+            assert uploading.wait(timeout=60), "nothing was uploaded before the last file was planned"
+        return planned(source, settings)
 
-    monkeypatch.setattr(release, "_planned", hash_last_after_an_upload)
+    monkeypatch.setattr(release, "_planned", plan_last_after_an_upload)
     result = publish_release(FEB, settings, store)
     assert result.manifest_written and set(result.uploaded) == set(_source_files(data_dir, FEB))
     assert result.manifest_sha256 == sha256_hex(plan_release(FEB, settings).manifest_bytes)
@@ -475,19 +475,69 @@ def test_s3_a_file_changed_right_after_it_was_hashed_is_rejected_by_its_part_che
     big = DataLayout(copy).database_path("events", date(2023, 12, 1))
     planned = release._planned
 
-    def rewrite_after_hashing(name, path, settings, rows=None):
-        obj = planned(name, path, settings, rows)
-        if path == big:
+    def rewrite_after_hashing(source, settings):
+        obj = planned(source, settings)
+        if source.path == big:
             big.write_bytes(os.urandom(BIG))  # same size, other bytes: only the part checksums can tell
         return obj
 
     monkeypatch.setattr(release, "_planned", rewrite_after_hashing)
-    with pytest.raises(ReleaseError, match="changed since it was hashed"):
+    with pytest.raises(ReleaseError, match="changed since it was hashed or its sha256 recorded"):
         publish_release(FEB, settings, open_store(settings))
     listed = [o["Key"] for o in s3_server.client().list_objects_v2(Bucket=bucket).get("Contents", [])]
     assert not [k for k in listed if "events/month=2023-12" in k or k.endswith(("manifest.json", LATEST_KEY))]
     uploads = s3_server.client().list_multipart_uploads(Bucket=bucket).get("Uploads", [])
     assert not uploads  # the failed multipart upload was aborted
+
+
+def test_a_publish_reads_only_the_files_whose_sha256_was_not_recorded(data_dir, s3_server, bucket, tmp_path, monkeypatch):
+    """The split's files (sha256 in its manifest) and the sealed database months go up with their
+    recorded sha256 without being read to plan them; only the card and the unsealed December
+    month are hashed (December, over the multipart threshold, part by part)."""
+    settings = _s3_settings(data_dir, s3_server, bucket)
+    hashed = []
+    digest = release._digest
+    monkeypatch.setattr(release, "_digest", lambda path, part_size: hashed.append(path) or digest(path, part_size))
+    result = publish_release(FEB, settings, open_store(settings))
+    layout = DataLayout(data_dir)
+    assert sorted(hashed) == sorted([layout.split_dir(FEB) / "README.md", layout.database_path("events", date(2023, 12, 1)),
+                                     layout.database_path("news", date(2023, 12, 1))])
+    assert result.manifest_written and set(result.uploaded) == set(_source_files(data_dir, FEB))
+    downloaded = download_release(open_store(settings), "2024-02", tmp_path / "dl", bar=False)
+    _assert_identical(downloaded.directory, data_dir, FEB)
+
+
+@pytest.mark.parametrize("where", ["s3", "local"])
+def test_a_sealed_database_file_damaged_since_it_was_written_is_refused_by_the_store(data_dir, tmp_path, where, request):
+    """Same size, other bytes: the PUT's recorded sha256 makes S3 answer BadDigest (the local store
+    compares while copying); nothing of the release is committed."""
+    copy = tmp_path / "data"
+    shutil.copytree(data_dir, copy)
+    damaged = DataLayout(copy).database_path("events", JAN)
+    data = bytearray(damaged.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    damaged.write_bytes(bytes(data))
+    if where == "s3":
+        s3_server, bucket = request.getfixturevalue("s3_server"), request.getfixturevalue("bucket")
+        settings = _s3_settings(copy, s3_server, bucket)
+    else:
+        settings = Settings(data_dir=copy, release_uri=str(tmp_path / "bucket"))
+    store = open_store(settings)
+    with pytest.raises(release.ReleaseNotReady, match="changed since it was hashed or its sha256 recorded"):
+        publish_release(FEB, settings, store)
+    assert store.get_bytes(release_key("2024-02", "manifest.json")) is None and store.get_bytes(LATEST_KEY) is None
+    assert store.stat(release_key("2024-02", "database/events/month=2024-01.parquet")) is None
+
+
+def test_a_sealed_database_file_of_another_size_stops_the_publish_naming_its_digest(data_dir, tmp_path):
+    copy = tmp_path / "data"
+    shutil.copytree(data_dir, copy)
+    with DataLayout(copy).database_path("news", JAN).open("ab") as fh:
+        fh.write(b"appended")
+    bucket = tmp_path / "bucket"
+    with pytest.raises(release.ReleaseNotReady, match=r"no longer matches its digest .*digests/database/news/month=2024-01"):
+        publish_release(FEB, Settings(data_dir=copy, release_uri=str(bucket)))
+    assert not (bucket / "releases/2024-02/manifest.json").exists()
 
 
 def test_a_split_file_changed_since_its_manifest_stops_the_publish_before_the_manifest(data_dir, tmp_path):

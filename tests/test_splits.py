@@ -28,7 +28,7 @@ from pipeline.splits import (
     month_closure,
     queries_from_events,
 )
-from pipeline.storage import DataLayout
+from pipeline.storage import DamagedFile, DataLayout, seal_problem
 
 from .month_builder import Quad, write_month
 
@@ -89,6 +89,20 @@ def test_event_database_keeps_quads_at_50_mentions_with_a_surviving_article(mont
     assert db.counts["articles_selected"] == db.counts["articles_stored"] + 3
     layout = DataLayout(month_settings.data_dir)
     assert pl.read_parquet(layout.database_path("events", FEB)).equals(db.events)
+
+
+def test_event_database_files_are_sealed_and_the_split_refuses_changed_bytes(month_settings):
+    db = build_event_database(FEB, month_settings)
+    layout = DataLayout(month_settings.data_dir)
+    events = layout.database_path("events", FEB)
+    assert seal_problem(layout, events) is None and seal_problem(layout, layout.database_path("news", FEB)) is None
+    # A valid parquet file with one mention count changed reads fine: only the digest tells.
+    db.events.with_columns(pl.col("daily_mentions") + 1).write_parquet(events)
+    with pytest.raises(DamagedFile, match=r"database/events/month=2024-02\.parquet"):
+        build_split(FEB, month_settings, now=AFTER_GRACE)
+    assert not DataLayout(month_settings.data_dir).split_dir(FEB).exists()
+    build_event_database(FEB, month_settings)  # rebuilding the month restores the sealed bytes
+    assert build_split(FEB, month_settings, now=AFTER_GRACE).directory.exists()
 
 
 def test_event_database_refuses_a_month_with_missing_days(month_settings):

@@ -35,7 +35,7 @@ import polars as pl
 
 from pipeline.database import EVENT_DB_SCHEMA, NEWS_DB_SCHEMA
 from pipeline.reference.tables import country_table, relation_table
-from pipeline.storage import DataLayout, atomic_write_parquet
+from pipeline.storage import DataLayout, write_sealed_parquet
 
 GENERATOR_VERSION = "event-database-mirror-v1"
 MIN_MENTIONS = 50
@@ -296,8 +296,8 @@ def generate_event_database(data_dir: Path | str, first_month: date, months: int
     per_month: dict[str, dict[str, int]] = {}
     for first in _month_starts(first_month, months):
         events, news = generate_month(first, seed=seed, quads_per_day=quads_per_day)
-        atomic_write_parquet(events, layout.database_path("events", first), metadata)
-        atomic_write_parquet(news, layout.database_path("news", first), metadata)
+        write_sealed_parquet(layout, events, layout.database_path("events", first), metadata)
+        write_sealed_parquet(layout, news, layout.database_path("news", first), metadata)
         per_month[f"{first:%Y-%m}"] = {"events": events.height, "news": news.height}
     return {
         "events": sum(m["events"] for m in per_month.values()),
