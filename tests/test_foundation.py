@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+import os
 import threading
 import time
 from datetime import date
@@ -14,12 +16,14 @@ import requests
 from pipeline.config import Settings, env_names
 from pipeline.http import TransientHTTPError, parse_retry_after, with_retries
 from pipeline.storage import (
+    WRITE_PIECE,
     LockTimeout,
     atomic_write_bytes,
     atomic_write_parquet,
     built_parquet_metadata,
     file_lock,
     read_parquet_metadata,
+    write_all,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,6 +50,24 @@ def test_atomic_parquet_write_keeps_metadata_and_leaves_no_temp(tmp_path):
     assert pl.read_parquet(target).equals(df)
     assert read_parquet_metadata(target) == {"format_version": "9"}
     assert [p.name for p in target.parent.iterdir()] == ["b.parquet"]
+
+
+def test_big_buffers_are_written_whole_in_pieces(tmp_path):
+    class Recorder(io.BytesIO):
+        def __init__(self):
+            super().__init__()
+            self.sizes = []
+
+        def write(self, data):
+            self.sizes.append(len(data))
+            return super().write(data)
+
+    data = os.urandom(3 * WRITE_PIECE + 123)
+    out = Recorder()
+    write_all(out, data)
+    assert out.getvalue() == data and out.sizes == [WRITE_PIECE] * 3 + [123]
+    atomic_write_bytes(tmp_path / "f", data)
+    assert (tmp_path / "f").read_bytes() == data
 
 
 def test_a_crashed_writers_temp_file_is_removed_by_the_next_write_and_a_live_ones_is_kept(tmp_path):
