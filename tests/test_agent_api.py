@@ -28,7 +28,7 @@ from pipeline.agent_api import (
 from pipeline.agent_api.audit import leakage_violations
 from pipeline.database import EVENT_DB_SCHEMA, NEWS_DB_SCHEMA
 from pipeline.mirror.database import generate_event_database
-from pipeline.storage import DataLayout, atomic_write_parquet
+from pipeline.storage import DamagedFile, DataLayout, atomic_write_parquet
 
 QUERY = date(2024, 2, 10)
 CUTOFF = QUERY - timedelta(days=1)
@@ -179,6 +179,15 @@ def test_month_files_after_the_cutoff_month_are_never_opened(gate_db, tmp_path):
         layout.database_path(table, date(2024, 3, 1)).write_bytes(b"not parquet")  # opening it would fail
     env = open_environment(copy, QUERY)
     assert env.count_events() == 4
+
+
+def test_a_sealed_month_with_changed_bytes_is_refused_not_read(generated_db, tmp_path):
+    copy = tmp_path / "db"
+    shutil.copytree(generated_db, copy)
+    news = DataLayout(copy).database_path("news", date(2023, 11, 1))
+    pl.read_parquet(news).with_columns(pl.col("title").str.to_uppercase()).write_parquet(news)  # still decodes
+    with pytest.raises(DamagedFile, match=r"database/news/month=2023-11\.parquet"):
+        EventDatabase(copy).environment(date(2023, 12, 15))
 
 
 def test_the_cached_database_gives_the_same_tables_as_a_fresh_one(gate_db):
