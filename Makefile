@@ -52,8 +52,9 @@ demo: $(VENV)/.demo-installed
 
 # pytest exits 5 when it collects nothing: for this project that means a broken suite (a bad
 # testpaths or an import-time skip of everything), so it fails with a message instead of passing.
+# The 15 slowest tests are listed: CI has ~15 minutes for the suite, and this says where they go.
 test: setup
-	@$(BIN)/python -m pytest -q; rc=$$?; \
+	@$(BIN)/python -m pytest -q --durations=15; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: the suite is broken, failing" >&2; exit 1; fi; \
 	exit $$rc
 
