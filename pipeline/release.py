@@ -9,11 +9,11 @@ Layout under the store's root (``s3://bucket/prefix/`` or a directory), see docs
     releases/index.json               every published release, its manifest's sha256, HTTPS URLs
     releases/latest.json              the newest release
 
-One publish algorithm runs against both stores: hash the local files (those of one PUT whose sha256
-was recorded when they were written, the split's in its manifest and the sealed database months',
-are not read again: the store checks their bytes against it), refuse if anything already
+One publish algorithm runs against both stores: plan the local files (hash them, except those of
+one PUT whose sha256 was recorded when they were written, the split's in its manifest and the
+sealed database months': the store checks their bytes against it), refuse if anything already
 at a release key differs (releases are immutable), upload what is missing with a checksum (for a
-month the store holds nothing of, each file as soon as it is hashed), upload the manifest, then
+month the store holds nothing of, each file as soon as it is planned), upload the manifest, then
 rewrite index.json and latest.json from what is published, and abort any multipart upload a
 killed run left open under the release. Every step is a no-op when already done, so a crashed
 run is completed by the next one, and a reader following latest.json or index.json only ever
@@ -794,12 +794,12 @@ def _upload_while_planning(store: ReleaseStore, sources: ReleaseSources, setting
         + ", ".join(f.name for f in sources.files))
     objects: list[PlannedObject] = []
 
-    def hashed() -> Iterator[tuple[str, PlannedObject]]:
+    def planned() -> Iterator[tuple[str, PlannedObject]]:
         for obj in plan_files(sources, settings):
             objects.append(obj)
             yield release_key(sources.month, obj.name), obj
 
-    store.put_files(hashed(), cache_control=IMMUTABLE_CACHE, progress=progress)
+    store.put_files(planned(), cache_control=IMMUTABLE_CACHE, progress=progress)
     return build_plan(sources, objects)
 
 
