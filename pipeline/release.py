@@ -583,6 +583,10 @@ class SourceFile:
     recorded: FileDigest | None = None
     recorded_in: str = ""  # where ``recorded`` comes from, for messages
 
+    def not_as_recorded(self, found: str, recorded: str) -> ReleaseNotReady:
+        return ReleaseNotReady(f"{self.path} no longer matches {self.recorded_in} ({found}, recorded {recorded}): "
+                               "rebuild it (materialise its partition again)")
+
 
 def _planned(source: SourceFile, settings: Settings) -> PlannedObject:
     """The file's upload plan. A file of one PUT with a recorded sha256 is not read: the PUT
@@ -593,16 +597,14 @@ def _planned(source: SourceFile, settings: Settings) -> PlannedObject:
     name, path, recorded = source.name, source.path, source.recorded
     size = path.stat().st_size
     if recorded is not None and recorded.bytes != size:
-        raise ReleaseNotReady(f"{path} no longer matches {source.recorded_in} ({size} bytes, recorded "
-                              f"{recorded.bytes}): rebuild it (materialise its partition again)")
+        raise source.not_as_recorded(f"{size} bytes", f"{recorded.bytes}")
     part_size = _part_size(settings, size)
     if recorded is not None and part_size is None:
         return PlannedObject(name=name, path=path, sha256=recorded.sha256, size=size, part_size=None, part_sha256=(),
                              rows=source.rows)
     digest, size, parts = _digest(path, part_size)
     if recorded is not None and digest != recorded.sha256:
-        raise ReleaseNotReady(f"{path} no longer matches {source.recorded_in} (sha256 {digest}, recorded "
-                              f"{recorded.sha256}): rebuild it (materialise its partition again)")
+        raise source.not_as_recorded(f"sha256 {digest}", recorded.sha256)
     return PlannedObject(name=name, path=path, sha256=digest, size=size, part_size=part_size, part_sha256=parts,
                          rows=source.rows)
 
