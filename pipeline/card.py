@@ -22,10 +22,9 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
 from pipeline.reference.tables import relation_table
+from pipeline.release_layout import PAIRS_FIGURE, RELATION_FIGURE  # names a release may hold
 from pipeline.storage import atomic_write_bytes
 
-RELATION_FIGURE = "relation_distribution.png"
-PAIRS_FIGURE = "country_pairs.png"
 TOP_COUNTRIES = 20
 LONG_ANSWER = 10
 

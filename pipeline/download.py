@@ -17,9 +17,10 @@ the download 0.2-0.3 s slower per 500 MB (docs/benchmarks.md).
 
 from __future__ import annotations
 
+import errno
 import hashlib
-import json
 import os
+import stat
 import sys
 import threading
 import time
@@ -28,16 +29,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from pipeline.release import (
-    CHUNK,
+from pipeline.release import CHUNK, ReleaseStore, sha256_hex
+from pipeline.release_layout import (
     INDEX_KEY,
     LATEST_KEY,
     MANIFEST_NAME,
     ReleaseError,
-    ReleaseStore,
+    UnsafeRelease,
+    check_index,
+    check_manifest,
+    check_pointer,
+    load_json,
     parse_month,
+    path_inside,
     release_key,
-    sha256_hex,
+    shown,
 )
 from pipeline.storage import atomic_write_bytes, write_all
 
@@ -110,21 +116,23 @@ class ProgressBar:
 
 def resolve_release(store: ReleaseStore, which: str) -> tuple[str, bytes, dict]:
     """(month, manifest bytes, manifest) for "latest" or "YYYY-MM", the manifest checked against
-    the sha256 that latest.json or index.json publishes for it."""
+    the sha256 that latest.json or index.json publishes for it, and every pointer and manifest
+    entry against the release layout (pipeline/release_layout.py): the store may be hostile."""
     if which == "latest":
         raw = store.get_bytes(LATEST_KEY)
         if raw is None:
             raise ReleaseError(f"no release is published at {store.description} (no {LATEST_KEY})")
-        pointer = json.loads(raw)
-        month, expected = pointer["release"], pointer["manifest_sha256"]
+        where = f"{LATEST_KEY} at {store.description}"
+        month, expected = check_pointer(load_json(raw, where), where)
     else:
         month = parse_month(which)
         index = store.get_bytes(INDEX_KEY)
-        entries = {e["release"]: e for e in json.loads(index)["releases"]} if index is not None else {}
+        where = f"{INDEX_KEY} at {store.description}"
+        entries = check_index(load_json(index, where), where) if index is not None else {}
         if index is not None and month not in entries:
             published = ", ".join(entries) or "none"
             raise ReleaseError(f"release {month} is not published at {store.description} (published: {published})")
-        expected = entries[month]["manifest_sha256"] if month in entries else None
+        expected = entries.get(month)
     raw = store.get_bytes(release_key(month, MANIFEST_NAME))
     if raw is None:
         raise ReleaseError(f"release {month} is not published at {store.description}")
@@ -132,7 +140,10 @@ def resolve_release(store: ReleaseStore, which: str) -> tuple[str, bytes, dict]:
         raise ChecksumMismatch(
             f"{release_key(month, MANIFEST_NAME)} has sha256 {sha256_hex(raw)} but the index publishes {expected}"
         )
-    return month, raw, json.loads(raw)
+    where = f"{release_key(month, MANIFEST_NAME)} at {store.description}"
+    manifest = load_json(raw, where)
+    check_manifest(month, manifest, where)
+    return month, raw, manifest
 
 
 def select_files(manifest: dict, only: str | None) -> dict[str, dict]:
@@ -161,7 +172,8 @@ def download_release(
     ``durable`` fsyncs every file and directory before the manifest is written."""
     month, raw_manifest, manifest = resolve_release(store, which)
     files = select_files(manifest, only)
-    directory = Path(dest) / month
+    directory = path_inside(Path(dest), month)
+    _refuse_links(directory, [path_inside(directory, name) for name in files])
     result = DownloadResult(release=month, directory=directory)
     todo = {}
     for name, meta in sorted(files.items()):
@@ -200,6 +212,48 @@ def download_release(
     return result
 
 
+def _part_path(target: Path) -> Path:
+    return target.with_name(f".{target.name}.part")
+
+
+def _refuse_links(directory: Path, targets: list[Path]) -> None:
+    """Refuse, before anything is written, a symbolic link (or anything but a directory or a
+    regular file) wherever the download would write: dest/YYYY-MM, a directory under it, a
+    file, its .part or manifest.json. The kernel follows a link anywhere in a path, so one there
+    would send the files elsewhere; dest itself is the user's choice and may be a link. (Files
+    are also opened with O_NOFOLLOW, and a .part with other hard links would write into them.)"""
+    directories = {directory} | {p for t in targets for p in t.parents if p.is_relative_to(directory)}
+    files = {directory / MANIFEST_NAME, *targets}
+    parts = {_part_path(t) for t in targets}
+    for path in sorted(directories | files | parts):
+        try:
+            st = os.lstat(path)
+        except (FileNotFoundError, NotADirectoryError):  # NotADirectory: refused at its parent
+            continue
+        if stat.S_ISLNK(st.st_mode):
+            found = f"a symbolic link to {shown(os.readlink(path))}"
+        elif path in directories:
+            found = None if stat.S_ISDIR(st.st_mode) else "not a directory"
+        elif not stat.S_ISREG(st.st_mode):
+            found = "not a regular file"
+        else:
+            found = f"a file with {st.st_nlink} hard links" if path in parts and st.st_nlink > 1 else None
+        if found:
+            raise UnsafeRelease(f"{str(path)!r} is {found}: mirai download never writes through one; "
+                                "remove it and run again (nothing was written)")
+
+
+def _open_file(path: Path, flags: int, mode: str):
+    """open() that never follows a symbolic link at the last component (O_NOFOLLOW)."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UnsafeRelease(f"{str(path)!r} became a symbolic link during the download; refused") from exc
+        raise
+    return os.fdopen(fd, mode)
+
+
 def _fsync(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -210,18 +264,18 @@ def _fsync(path: Path) -> None:
 
 def _verified(path: Path, meta: dict) -> bool:
     try:
-        if path.stat().st_size != meta["bytes"]:
+        if os.lstat(path).st_size != meta["bytes"]:
             return False
     except FileNotFoundError:
         return False
-    with open(path, "rb") as fh:
+    with _open_file(path, os.O_RDONLY, "rb") as fh:
         return hashlib.file_digest(fh, "sha256").hexdigest() == meta["sha256"]
 
 
 def _fetch(store: ReleaseStore, key: str, target: Path, meta: dict, progress: ProgressBar, durable: bool) -> int:
     """Stream key into target's .part (resuming it), verify, rename. Returns bytes transferred."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    part = target.with_name(f".{target.name}.part")
+    part = _part_path(target)
     transferred = 0
     while True:
         digest, offset = _resume(part, meta["bytes"])
@@ -246,15 +300,17 @@ def _fetch(store: ReleaseStore, key: str, target: Path, meta: dict, progress: Pr
 def _resume(part: Path, expected: int) -> tuple["hashlib._Hash", int]:
     """The sha256 state and length of an earlier run's partial file (discarded if too long)."""
     digest = hashlib.sha256()
-    if not part.exists():
+    try:
+        size = os.lstat(part).st_size
+    except FileNotFoundError:
         return digest, 0
-    if part.stat().st_size > expected:
+    if size > expected:
         part.unlink()
         return digest, 0
-    with open(part, "rb") as fh:
+    with _open_file(part, os.O_RDONLY, "rb") as fh:
         while chunk := fh.read(CHUNK):
             digest.update(chunk)
-    return digest, part.stat().st_size
+        return digest, fh.tell()
 
 
 def _stream(store: ReleaseStore, key: str, part: Path, offset: int, expected: int, digest, progress,
@@ -264,7 +320,7 @@ def _stream(store: ReleaseStore, key: str, part: Path, offset: int, expected: in
     from botocore.exceptions import BotoCoreError
 
     written = 0
-    with open(part, "ab") as fh:
+    with _open_file(part, os.O_WRONLY | os.O_CREAT | os.O_APPEND, "ab") as fh:
         flushing = offset  # bytes before this are already on their way to the disk
         for attempt in range(1, STREAM_ATTEMPTS + 1):
             try:

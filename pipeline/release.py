@@ -26,7 +26,6 @@ import base64
 import hashlib
 import json
 import os
-import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -36,15 +35,26 @@ from pathlib import Path
 from urllib.parse import quote, urlparse
 
 from pipeline.config import Settings
+from pipeline.release_layout import (
+    CARD_NAME,
+    INDEX_KEY,
+    LATEST_KEY,
+    LEADERBOARD_KEYS,
+    MANIFEST_NAME,
+    RELEASE_FORMAT,
+    RELEASES_DIR,
+    ReleaseError,
+    check_manifest,
+    check_name,
+    check_store_key,
+    is_month,
+    load_json,
+    path_inside,
+    release_key,
+)
 from pipeline.storage import DataLayout, FileDigest, atomic_write_bytes, recorded_digest, temp_path_for, write_all
 
-RELEASE_FORMAT = "mirai-release-v1"
 INDEX_FORMAT = "mirai-release-index-v1"
-RELEASES_DIR = "releases"
-INDEX_KEY = f"{RELEASES_DIR}/index.json"
-LATEST_KEY = f"{RELEASES_DIR}/latest.json"
-MANIFEST_NAME = "manifest.json"
-CARD_NAME = "README.md"
 CONTENT_TYPES = {
     ".parquet": "application/vnd.apache.parquet",
     ".json": "application/json",
@@ -56,15 +66,10 @@ CONTENT_TYPES = {
 IMMUTABLE_CACHE = "public, max-age=31536000, immutable"
 POINTER_CACHE = "no-cache"
 CHUNK = 1 << 20
-_MONTH = re.compile(r"^\d{4}-\d{2}$")
 
 Progress = Callable[[int], None]
 _CHANGED = ("changed since it was hashed or its sha256 recorded (damaged or rewritten): rebuild it "
             "(materialise its partition again), then publish again")
-
-
-class ReleaseError(RuntimeError):
-    """A release cannot be published or read as asked; the message says why."""
 
 
 class ReleaseNotReady(ReleaseError):
@@ -73,16 +78,6 @@ class ReleaseNotReady(ReleaseError):
 
 class ReleaseConflict(ReleaseError):
     """The store already holds different bytes at a key of this release: nothing is overwritten."""
-
-
-def release_key(month: str, name: str) -> str:
-    return f"{RELEASES_DIR}/{month}/{name}"
-
-
-def parse_month(text: str) -> str:
-    if not _MONTH.match(text):
-        raise ReleaseError(f"expected a release month YYYY-MM or 'latest', got {text!r}")
-    return text
 
 
 def content_type(name: str) -> str:
@@ -154,7 +149,8 @@ class LocalStore(ReleaseStore):
         self._public = public_url.rstrip("/")
 
     def _path(self, key: str) -> Path:
-        return self.root / key
+        # The same layout check as mirai download's: no key reaches outside releases/YYYY-MM/.
+        return path_inside(self.root, check_store_key(key))
 
     def stat(self, key: str) -> ObjectInfo | None:
         path = self._path(key)
@@ -234,7 +230,7 @@ class LocalStore(ReleaseStore):
 
     def release_months(self) -> list[str]:
         base = self.root / RELEASES_DIR
-        return sorted(p.name for p in base.iterdir() if p.is_dir() and _MONTH.match(p.name)) if base.is_dir() else []
+        return sorted(p.name for p in base.iterdir() if p.is_dir() and is_month(p.name)) if base.is_dir() else []
 
     def public_url(self, key: str) -> str:
         return f"{self._public}/{quote(key, safe='/=')}" if self._public else self._path(key).as_uri()
@@ -432,7 +428,7 @@ class S3Store(ReleaseStore):
             Bucket=self.bucket, Prefix=self._key(RELEASES_DIR) + "/", Delimiter="/"
         )
         names = (p["Prefix"].rstrip("/").rsplit("/", 1)[-1] for page in pages for p in page.get("CommonPrefixes", []))
-        return sorted(n for n in names if _MONTH.match(n))
+        return sorted(n for n in names if is_month(n))
 
     def abort_unfinished_uploads(self, prefix: str) -> list[str]:
         from botocore.exceptions import ClientError
@@ -640,6 +636,8 @@ def release_sources(month: date, settings: Settings) -> ReleaseSources:
             digest = recorded_digest(layout, path)
             files.append(SourceFile(f"database/{table}/{path.name}", path, recorded=digest,
                                     recorded_in=f"its digest {layout.digest_path(path)}" if digest else ""))
+    for source in files:  # the names mirai download accepts, checked before any file is read
+        check_name(label, source.name, f"release {label} as planned from {split_dir}")
     missing = [str(f.path) for f in files if not f.path.exists()]
     if missing:
         raise ReleaseNotReady(f"{label}: {len(missing)} file(s) of the release are missing: {', '.join(missing[:5])}")
@@ -665,6 +663,7 @@ def build_plan(sources: ReleaseSources, objects: list[PlannedObject]) -> Release
         "split": sources.split_manifest,
         "files": {o.name: o.entry() for o in objects},
     }
+    check_manifest(sources.month, manifest, f"the manifest planned for release {sources.month}")
     data = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
     return ReleasePlan(month=sources.month, objects=objects, manifest=manifest, manifest_bytes=data)
 
@@ -680,7 +679,7 @@ def _database_months(layout: DataLayout, month: date) -> list[str]:
     agent answering this month's queries may search."""
     events_dir = layout.database_dir() / "events"
     found = sorted(p.stem.removeprefix("month=") for p in events_dir.glob("month=*.parquet")) if events_dir.is_dir() else []
-    months = [m for m in found if _MONTH.match(m) and m <= f"{month:%Y-%m}"]
+    months = [m for m in found if is_month(m) and m <= f"{month:%Y-%m}"]
     if f"{month:%Y-%m}" not in months:
         raise ReleaseNotReady(f"{month:%Y-%m}: no event database at {layout.database_path('events', month)}")
     missing = [m for m in months if not layout.database_path("news", date.fromisoformat(f"{m}-01")).exists()]
@@ -738,6 +737,11 @@ def publish_release(
     release for the month (or different bytes at any of its keys).
     """
     store = store or open_store(settings)
+    if plan:  # a plan made by the caller: the same layout check as plan_release's, before any write
+        where = f"the plan of release {plan.month}"
+        check_manifest(plan.month, plan.manifest, where)
+        for obj in plan.objects:
+            check_name(plan.month, obj.name, where)
     sources = None if plan else release_sources(month, settings)
     label = plan.month if plan else sources.month
     manifest_key = release_key(label, MANIFEST_NAME)
@@ -871,7 +875,9 @@ def build_index(store: ReleaseStore) -> dict:
         raw = store.get_bytes(key)
         if raw is None:  # an unfinished publish: not a release yet
             continue
-        manifest = json.loads(raw)
+        # Checked as mirai download checks it: the index never points at a release it would refuse.
+        manifest = load_json(raw, f"{key} in {store.description}")
+        check_manifest(month, manifest, f"{key} in {store.description}")
         info = store.stat(key)
         releases.append(
             {
@@ -885,9 +891,6 @@ def build_index(store: ReleaseStore) -> dict:
             }
         )
     return {"format": INDEX_FORMAT, "releases": releases}
-
-
-LEADERBOARD_KEYS = {"parquet": f"{RELEASES_DIR}/leaderboard.parquet", "png": f"{RELEASES_DIR}/leaderboard.png"}
 
 
 def publish_leaderboard(store: ReleaseStore, board: Path, chart: Path) -> list[str]:

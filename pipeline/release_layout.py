@@ -1,0 +1,208 @@
+"""What a release may contain, and the one check of it that every reader and writer applies.
+
+A release store may be hostile (docs/releases.md, "Threat model"): whoever controls the bucket
+controls every byte of ``latest.json``, ``index.json`` and each manifest, and publishes sha256s
+that match its own files. So a file name from a manifest is never trusted as a path: it must be
+one of the names this module says a release holds, spelled as a relative POSIX path of safe
+segments, and the release id must be a real month equal to the manifest's own. ``mirai download``
+checks every name before it writes anything; planning and publishing check the same names (a
+release we publish is always one ``mirai download`` accepts), and ``LocalStore`` checks every key.
+
+This module is the layout's single source of truth (docs/releases.md, "Layout"), imported by
+pipeline.release, pipeline.download and pipeline.card; it imports nothing of theirs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+RELEASE_FORMAT = "mirai-release-v1"
+RELEASES_DIR = "releases"
+INDEX_KEY = f"{RELEASES_DIR}/index.json"
+LATEST_KEY = f"{RELEASES_DIR}/latest.json"
+LEADERBOARD_KEYS = {"parquet": f"{RELEASES_DIR}/leaderboard.parquet", "png": f"{RELEASES_DIR}/leaderboard.png"}
+MANIFEST_NAME = "manifest.json"
+
+# Every file a release holds, relative to releases/YYYY-MM/ (what release_sources publishes):
+CARD_NAME = "README.md"  # the dataset card (pipeline/card.py)
+SPLIT_FILES = ("queries.parquet", "queries_sample.parquet")  # the split (pipeline/splits.py)
+RELATION_FIGURE = "relation_distribution.png"  # the card's figures (pipeline/card.py)
+PAIRS_FIGURE = "country_pairs.png"
+DATABASE_TABLES = ("events", "news")  # database/<table>/month=YYYY-MM.parquet, every month up to the release's
+TOP_LEVEL_FILES = frozenset({CARD_NAME, *SPLIT_FILES, RELATION_FIGURE, PAIRS_FIGURE})
+
+# The longest name the layout makes is 37 characters (database/events/month=YYYY-MM.parquet).
+# The bounds leave room to grow and keep a segment's ".<segment>.part" temp file under Linux's
+# NAME_MAX of 255 bytes, and a key far under S3's 1,024 bytes.
+MAX_NAME_CHARS = 200
+MAX_SEGMENT_CHARS = 128
+# A file's size must be an int in [0, MAX_FILE_BYTES]: a whole release is a few GB today.
+MAX_FILE_BYTES = 2**40
+
+_MONTH = re.compile(r"[0-9]{4}-(?:0[1-9]|1[0-2])")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_DATABASE_FILE = re.compile(rf"database/(?:{'|'.join(DATABASE_TABLES)})/month=([0-9]{{4}}-[0-9]{{2}})\.parquet")
+
+
+class ReleaseError(RuntimeError):
+    """A release cannot be published or read as asked; the message says why."""
+
+
+class UnsafeRelease(ReleaseError):
+    """A manifest, pointer or key breaks the release layout (a hostile or corrupt store): refused
+    before anything is written. The message is one line naming the offending entry."""
+
+
+def release_key(month: str, name: str) -> str:
+    return f"{RELEASES_DIR}/{month}/{name}"
+
+
+def is_month(text: object) -> bool:
+    """A real month spelled YYYY-MM (ASCII digits, 01-12, nothing before or after)."""
+    return isinstance(text, str) and _MONTH.fullmatch(text) is not None
+
+
+def parse_month(text: str) -> str:
+    if not is_month(text):
+        raise ReleaseError(f"expected a release month YYYY-MM or 'latest', got {shown(text)}")
+    return text
+
+
+def shown(value: object) -> str:
+    """A value for a one-line message: its repr (control characters escaped), cut at 80 characters."""
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:80]}… ({len(value) if isinstance(value, str) else len(text)} characters)"
+
+
+def name_problem(month: str, name: object) -> str | None:
+    """Why ``name`` is not a file of release ``month`` (a relative POSIX path of safe segments that
+    the layout allows), or None when it is one."""
+    if not isinstance(name, str):
+        return "not a string"
+    if len(name) > MAX_NAME_CHARS:
+        return f"is longer than {MAX_NAME_CHARS} characters"
+    control = next((c for c in name if ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0), None)
+    if control is not None:
+        return f"contains the control character U+{ord(control):04X}"
+    if "\\" in name:
+        return "contains a backslash"
+    if name.startswith("/"):
+        return "is an absolute path"
+    for segment in name.split("/"):
+        if segment in ("", ".", ".."):
+            return f"has a {shown(segment)} path segment"
+        if len(segment) > MAX_SEGMENT_CHARS:
+            return f"has a path segment longer than {MAX_SEGMENT_CHARS} characters"
+    if name in TOP_LEVEL_FILES:
+        return None
+    database = _DATABASE_FILE.fullmatch(name)
+    if database and is_month(database[1]) and database[1] <= month:
+        return None
+    return (f"is not a file of release {month} (the layout allows {', '.join(sorted(TOP_LEVEL_FILES))} and "
+            f"database/{{{','.join(DATABASE_TABLES)}}}/month=YYYY-MM.parquet up to {month})")
+
+
+def check_name(month: str, name: object, where: str) -> str:
+    """``name`` when it is a file of release ``month``; else UnsafeRelease naming it (``where``
+    says whose entry it is)."""
+    problem = name_problem(month, name)
+    if problem:
+        raise UnsafeRelease(f"{where}: the file name {shown(name)} {problem}; refused, nothing was written")
+    return name
+
+
+def check_manifest(month: str, manifest: object, where: str) -> dict[str, dict]:
+    """The files of a parsed release manifest ({name: {"sha256", "bytes", ...}}) once every rule
+    holds: the format is ours, its ``release`` is ``month``, every name passes check_name, every
+    sha256 is 64 lowercase hex digits and every size an int in [0, MAX_FILE_BYTES]."""
+    if not is_month(month):
+        raise UnsafeRelease(f"{where}: the release {shown(month)} is not a month YYYY-MM; refused, nothing was written")
+    found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
+    if found != RELEASE_FORMAT:
+        raise UnsafeRelease(f"{where} is not a {RELEASE_FORMAT} manifest (format {shown(found)}); "
+                            "refused, nothing was written")
+    if manifest.get("release") != month:
+        raise UnsafeRelease(f"{where} says it is release {shown(manifest.get('release'))}, not {month}; "
+                            "refused, nothing was written")
+    files = manifest.get("files")
+    if not isinstance(files, dict):
+        raise UnsafeRelease(f"{where} has no 'files' object; refused, nothing was written")
+    for name, meta in files.items():
+        check_name(month, name, where)
+        problem = _entry_problem(meta)
+        if problem:
+            raise UnsafeRelease(f"{where}: the file {shown(name)} has {problem}; refused, nothing was written")
+    return files
+
+
+def _entry_problem(meta: object) -> str | None:
+    if not isinstance(meta, dict):
+        return "an entry that is not an object"
+    if not (isinstance(meta.get("sha256"), str) and _SHA256.fullmatch(meta["sha256"])):
+        return f"sha256 {shown(meta.get('sha256'))} (not 64 lowercase hex digits)"
+    size = meta.get("bytes")
+    if type(size) is not int or not 0 <= size <= MAX_FILE_BYTES:
+        return f"size {shown(size)} (not an integer from 0 to {MAX_FILE_BYTES:,})"
+    return None
+
+
+def load_json(raw: bytes, where: str) -> object:
+    """Parse a pointer or manifest from the store; malformed JSON is one line, not a traceback."""
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise UnsafeRelease(f"{where} is not valid JSON ({type(exc).__name__}); refused, nothing was written") from exc
+
+
+def check_pointer(entry: object, where: str) -> tuple[str, str]:
+    """(release month, manifest sha256) of a latest.json or index.json entry, both checked."""
+    if not isinstance(entry, dict):
+        raise UnsafeRelease(f"{where} has an entry that is not an object; refused, nothing was written")
+    month, digest = entry.get("release"), entry.get("manifest_sha256")
+    if not is_month(month):
+        raise UnsafeRelease(f"{where} names the release {shown(month)}, which is not a month YYYY-MM; "
+                            "refused, nothing was written")
+    if not (isinstance(digest, str) and _SHA256.fullmatch(digest)):
+        raise UnsafeRelease(f"{where} gives release {month} the manifest sha256 {shown(digest)} (not 64 lowercase "
+                            "hex digits); refused, nothing was written")
+    return month, digest
+
+
+def check_index(index: object, where: str) -> dict[str, str]:
+    """{release month: manifest sha256} of a parsed index.json, every entry checked."""
+    releases = index.get("releases") if isinstance(index, dict) else None
+    if not isinstance(releases, list):
+        raise UnsafeRelease(f"{where} has no 'releases' list; refused, nothing was written")
+    published: dict[str, str] = {}
+    for entry in releases:
+        month, digest = check_pointer(entry, where)
+        if month in published:
+            raise UnsafeRelease(f"{where} lists release {shown(month)} twice; refused, nothing was written")
+        published[month] = digest
+    return published
+
+
+def check_store_key(key: str) -> str:
+    """``key`` when a release store may hold it: a pointer under releases/, or releases/YYYY-MM/
+    followed by the manifest's name or a name check_name allows."""
+    if key in (INDEX_KEY, LATEST_KEY, *LEADERBOARD_KEYS.values()):
+        return key
+    head, _, rest = key.partition("/")
+    month, _, name = rest.partition("/")
+    if head != RELEASES_DIR or not is_month(month):
+        raise UnsafeRelease(f"the store key {shown(key)} is not under {RELEASES_DIR}/YYYY-MM/; refused, nothing was written")
+    if name != MANIFEST_NAME:
+        check_name(month, name, f"the store key {shown(key)}")
+    return key
+
+
+def path_inside(base: Path, name: str) -> Path:
+    """base/name, once it is lexically inside base (a last guard behind check_name)."""
+    base = Path(os.path.normpath(base))
+    path = Path(os.path.normpath(os.path.join(base, name)))
+    if path == base or not path.is_relative_to(base):
+        raise UnsafeRelease(f"{shown(name)} resolves to {shown(str(path))}, outside {shown(str(base))}; refused")
+    return path
