@@ -34,6 +34,7 @@ from pipeline.release_layout import (
     INDEX_KEY,
     LATEST_KEY,
     MANIFEST_NAME,
+    MAX_JSON_BYTES,
     ReleaseError,
     UnsafeRelease,
     check_index,
@@ -119,21 +120,21 @@ def resolve_release(store: ReleaseStore, which: str) -> tuple[str, bytes, dict]:
     the sha256 that latest.json or index.json publishes for it, and every pointer and manifest
     entry against the release layout (pipeline/release_layout.py): the store may be hostile."""
     if which == "latest":
-        raw = store.get_bytes(LATEST_KEY)
+        raw = store.get_bytes(LATEST_KEY, limit=MAX_JSON_BYTES)
         if raw is None:
             raise ReleaseError(f"no release is published at {store.description} (no {LATEST_KEY})")
         where = f"{LATEST_KEY} at {store.description}"
         month, expected = check_pointer(load_json(raw, where), where)
     else:
         month = parse_month(which)
-        index = store.get_bytes(INDEX_KEY)
+        index = store.get_bytes(INDEX_KEY, limit=MAX_JSON_BYTES)
         where = f"{INDEX_KEY} at {store.description}"
         entries = check_index(load_json(index, where), where) if index is not None else {}
         if index is not None and month not in entries:
             published = ", ".join(entries) or "none"
             raise ReleaseError(f"release {month} is not published at {store.description} (published: {published})")
         expected = entries.get(month)
-    raw = store.get_bytes(release_key(month, MANIFEST_NAME))
+    raw = store.get_bytes(release_key(month, MANIFEST_NAME), limit=MAX_JSON_BYTES)
     if raw is None:
         raise ReleaseError(f"release {month} is not published at {store.description}")
     if expected is not None and sha256_hex(raw) != expected:
@@ -246,7 +247,7 @@ def _refuse_links(directory: Path, targets: list[Path]) -> None:
 def _open_file(path: Path, flags: int, mode: str):
     """open() that never follows a symbolic link at the last component (O_NOFOLLOW)."""
     try:
-        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)  # as open(): the umask applies
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise UnsafeRelease(f"{str(path)!r} became a symbolic link during the download; refused") from exc

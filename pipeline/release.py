@@ -44,6 +44,7 @@ from pipeline.release_layout import (
     RELEASE_FORMAT,
     RELEASES_DIR,
     ReleaseError,
+    UnsafeRelease,
     check_manifest,
     check_name,
     check_store_key,
@@ -118,7 +119,9 @@ class ReleaseStore(ABC):
         """Write a small object; with if_absent, only if nothing is there (False if something was)."""
 
     @abstractmethod
-    def get_bytes(self, key: str) -> bytes | None: ...
+    def get_bytes(self, key: str, *, limit: int | None = None) -> bytes | None:
+        """The object's bytes, None when there is none; with ``limit``, UnsafeRelease as soon as
+        more than ``limit`` bytes arrive (a hostile store may serve a pointer of any size)."""
 
     @abstractmethod
     def read_from(self, key: str, offset: int) -> Iterator[bytes]:
@@ -212,11 +215,13 @@ class LocalStore(ReleaseStore):
             os.close(fd)
         return True
 
-    def get_bytes(self, key: str) -> bytes | None:
+    def get_bytes(self, key: str, *, limit: int | None = None) -> bytes | None:
         try:
-            return self._path(key).read_bytes()
+            fh = open(self._path(key), "rb")
         except FileNotFoundError:
             return None
+        with fh:
+            return _read_bounded(fh, key, limit, self.description)
 
     def read_from(self, key: str, offset: int) -> Iterator[bytes]:
         try:
@@ -398,15 +403,17 @@ class S3Store(ReleaseStore):
             raise _explain(exc, self.description) from exc
         return True
 
-    def get_bytes(self, key: str) -> bytes | None:
+    def get_bytes(self, key: str, *, limit: int | None = None) -> bytes | None:
         from botocore.exceptions import ClientError
 
         try:
-            return self.client.get_object(Bucket=self.bucket, Key=self._key(key), ChecksumMode="ENABLED")["Body"].read()
+            body = self.client.get_object(Bucket=self.bucket, Key=self._key(key), ChecksumMode="ENABLED")["Body"]
         except ClientError as exc:
             if _status(exc) == 404:
                 return None
             raise _explain(exc, self.description) from exc
+        with body:
+            return _read_bounded(body, key, limit, self.description)
 
     def read_from(self, key: str, offset: int) -> Iterator[bytes]:
         from botocore.exceptions import ClientError
@@ -459,6 +466,18 @@ class S3Store(ReleaseStore):
         else:
             base = f"https://{self.bucket}.s3.{self.region}.amazonaws.com" + (f"/{self.prefix}" if self.prefix else "")
         return f"{base}/{quote(key, safe='/=')}"
+
+
+def _read_bounded(fh, key: str, limit: int | None, where: str) -> bytes:
+    """fh's bytes up to the end, refused past ``limit``. Read to the empty read at the end, where
+    botocore checks the object's checksum (ChecksumMode)."""
+    chunks, size = [], 0
+    while chunk := fh.read(CHUNK):
+        size += len(chunk)
+        if limit is not None and size > limit:
+            raise UnsafeRelease(f"{key} at {where} is over {limit:,} bytes; refused, nothing was written")
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _status(exc) -> int:

@@ -41,6 +41,9 @@ MAX_NAME_CHARS = 200
 MAX_SEGMENT_CHARS = 128
 # A file's size must be an int in [0, MAX_FILE_BYTES]: a whole release is a few GB today.
 MAX_FILE_BYTES = 2**40
+# latest.json, index.json and a manifest are read whole, so never past this: a manifest is ~10 KB
+# plus ~0.1 KB per database month, and index.json ~5 KB per release.
+MAX_JSON_BYTES = 16 * 2**20
 
 _MONTH = re.compile(r"[0-9]{4}-(?:0[1-9]|1[0-2])")
 _SHA256 = re.compile(r"[0-9a-f]{64}")

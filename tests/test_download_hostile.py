@@ -1,7 +1,9 @@
 """`mirai download` against a hostile release store (docs/releases.md, "Threat model"), in a
 local-directory bucket and in SeaweedFS on 127.0.0.1. Each attack is done for real: the bucket
 holds the payload at the key the bad name leads to, and the manifest lists it with its correct
-sha256 and size (and latest.json/index.json the manifest's). Every refusal must come before
+sha256 and size (and latest.json/index.json the manifest's); SeaweedFS itself refuses to store a
+key with a '..' segment, a NUL or a segment over 255 bytes (AWS S3 stores the first two), so
+there the manifest lists a name whose object is missing. Every refusal must come before
 anything is written: one stderr line naming the offending entry, a non-zero exit, the user's file
 outside the destination keeps its bytes and no path anywhere changes. Then the same layout check
 where releases are planned and published, and on LocalStore keys."""
@@ -247,6 +249,16 @@ def test_a_manifest_entry_with_an_insane_size_or_sha256_is_refused(scene, key, v
     files["queries.parquet"][key] = value
     scene.publish(CLEAN, manifest={"files": files})
     _refused(scene, "latest", naming="'queries.parquet'", because=because, capsys=capsys)
+
+
+def test_an_oversized_pointer_or_manifest_is_refused_without_being_read_whole(scene, capsys, monkeypatch):
+    from pipeline import download
+
+    monkeypatch.setattr(download, "MAX_JSON_BYTES", 4096)  # the real bound is 16 MiB: same code, less to store
+    scene.publish(CLEAN, manifest={"padding": "x" * 5000})
+    _refused(scene, "latest", naming="releases/2024-01/manifest.json", because="is over 4,096 bytes", capsys=capsys)
+    scene.bucket.put("releases/latest.json", b" " * 5000)
+    _refused(scene, "latest", naming="releases/latest.json", because="is over 4,096 bytes", capsys=capsys)
 
 
 def test_malformed_pointers_and_manifests_are_one_line_not_a_traceback(scene, capsys):
