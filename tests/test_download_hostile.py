@@ -22,7 +22,15 @@ import pytest
 
 from pipeline.cli import main
 from pipeline.config import Settings
-from pipeline.release import LocalStore, S3Store, plan_release, publish_release, update_pointers
+from pipeline.release import (
+    LocalStore,
+    PlannedObject,
+    ReleasePlan,
+    S3Store,
+    plan_release,
+    publish_release,
+    update_pointers,
+)
 from pipeline.release_layout import RELEASE_FORMAT, UnsafeRelease
 
 from .s3_server import ACCESS_KEY, SECRET_KEY, SeaweedS3, weed_binary
@@ -354,6 +362,18 @@ def test_a_split_naming_a_file_outside_the_layout_is_refused_when_planned_and_pu
         assert not (tmp_path / "bucket").exists() or not any((tmp_path / "bucket").rglob("*"))
     else:
         assert "Contents" not in server.client().list_objects_v2(Bucket=bucket)
+
+
+def test_a_plan_handed_to_publish_with_a_name_outside_the_layout_is_refused_before_any_write(tmp_path):
+    source = tmp_path / "payload.sh"
+    source.write_bytes(PAYLOAD)
+    bad = PlannedObject(name="../../outside/run.sh", path=source, sha256=_sha256(PAYLOAD), size=len(PAYLOAD),
+                        part_size=None, part_sha256=())
+    manifest = {"format": RELEASE_FORMAT, "release": MONTH, "files": {bad.name: bad.entry()}}
+    plan = ReleasePlan(month=MONTH, objects=[bad], manifest=manifest, manifest_bytes=json.dumps(manifest).encode())
+    with pytest.raises(UnsafeRelease, match=r"'\.\./\.\./outside/run\.sh' has a '\.\.' path segment"):
+        publish_release(date(2024, 1, 1), Settings(data_dir=tmp_path / "data"), LocalStore(tmp_path / "bucket"), plan=plan)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["payload.sh"]
 
 
 @pytest.mark.parametrize("key", [
