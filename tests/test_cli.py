@@ -17,7 +17,9 @@ MIRAI = str(Path(sys.executable).with_name("mirai"))
 
 
 def run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([MIRAI, *args], capture_output=True, text=True, timeout=300, env={**os.environ, **(env or {})})
+    """``mirai`` with ``env`` added to the environment (a None value removes that variable)."""
+    merged = {k: v for k, v in {**os.environ, **(env or {})}.items() if v is not None}
+    return subprocess.run([MIRAI, *args], capture_output=True, text=True, timeout=300, env=merged)
 
 
 def _free_port() -> int:
@@ -130,3 +132,41 @@ def test_release_command_publishes_once_then_verifies_and_refuses_a_missing_file
     missing = run("release", "--month", "2024-02", env=env)
     assert missing.returncode == 1
     assert "not published: 2024-02: 1 file(s) of the release are missing" in missing.stderr and "README.md" in missing.stderr
+
+
+def test_every_bad_input_is_one_line_and_a_non_zero_exit(tmp_path):
+    """Each bad input a newcomer met (issue 20): one stderr line naming the problem, no traceback,
+    a non-zero exit; --debug shows the traceback."""
+    dead = f"http://127.0.0.1:{_free_port()}"  # nothing listens there
+    no_credentials = {"AWS_ACCESS_KEY_ID": None, "AWS_SECRET_ACCESS_KEY": None, "AWS_PROFILE": None,
+                      "AWS_CONFIG_FILE": str(tmp_path / "none"), "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
+                      "AWS_EC2_METADATA_DISABLED": "true"}
+    s3 = {"MIRAI_S3_ENDPOINT_URL": dead, "MIRAI_S3_MAX_ATTEMPTS": "1"}
+    cases = [
+        (["gaps", "--index", "/nonexistent"], {}, 1, "no GDELT index file at /nonexistent"),
+        (["mirror", "serve", "/nonexistent/dir"], {}, 1, "no mirror directory at /nonexistent/dir"),
+        (["mirror", "serve", str(tmp_path), "--port", "99999"], {}, 2, "expected from 0 to 65535, got 99999"),
+        (["demo", "--scale", "5"], {}, 2, "argument --scale: expected a share in (0, 1]"),
+        (["demo", "--stories", "0"], {}, 2, "argument --stories: expected at least 1, got 0"),
+        (["ingest", "--day", "2024-01-10"],
+         {"GDELT_BASE_URL": f"{dead}/gdeltv2", "MIRAI_DOWNLOAD_ATTEMPTS": "1", "MIRAI_BACKOFF_BASE_S": "0.01"},
+         1, f"cannot reach {dead}/gdeltv2/masterfilelist.txt: [Errno 111] Connection refused"),
+        (["ingest", "--day", "2024-01-10", "--end", "2024-01-05"], {}, 2, "--end 2024-01-05 is before --day 2024-01-10"),
+        (["download", "2024-13"], {}, 2, "invalid month '2024-13'"),
+        (["download", "--from", "s3://mirai-releases/mirai", "--dest", str(tmp_path / "dl")], s3,
+         1, f'cannot reach the S3 endpoint: Could not connect to the endpoint URL: "{dead}/mirai-releases/mirai/releases/latest.json"'),
+        (["download", "--signed", "--from", "s3://mirai-releases/mirai", "--dest", str(tmp_path / "dl")],
+         {**s3, **no_credentials}, 1, "S3: Unable to locate credentials"),
+    ]
+    for args, env, status, message in cases:
+        result = run(*args, env={"MIRAI_DATA_DIR": str(tmp_path / "data"), **env})
+        assert result.returncode == status, (args, result.stderr)
+        assert result.stdout == "" and len(result.stderr.splitlines()) == 1, (args, result.stderr)
+        assert message in result.stderr and result.stderr.startswith("mirai "), (args, result.stderr)
+        assert "Traceback" not in result.stderr
+    assert not (tmp_path / "dl").exists()  # nothing was written by the failed downloads
+
+    debug = run("--debug", "gaps", "--index", "/nonexistent")
+    assert debug.returncode == 1 and debug.stderr.startswith("Traceback") and "no GDELT index file" in debug.stderr
+    after = run("ingest", "--day", "2024-01-10", "--debug", env={"MIRAI_DATA_DIR": str(tmp_path / "data"), **cases[5][1]})
+    assert after.returncode == 1 and "Traceback" in after.stderr and "ConnectionError" in after.stderr
