@@ -244,12 +244,14 @@ def summary(plan: DemoPlan, settings: Settings, release_where: str, say: Callabl
     say(f"  release     {release_where}")
     from pipeline.evaluation.board import BOARD_FILE, markdown_table
     from pipeline.evaluation.board import summary as board_summary
+    from pipeline.evaluation.run import RANK_RULE
 
     board = pl.read_parquet(settings.data_dir / "evaluations" / BOARD_FILE)
     top = board_summary(board).select("rank", "agent", "distance", "level2_f1", "level1_f1", "mrr").head(5)
-    say(f"  leaderboard top 5 of {board.height} runs (ranked per distance; F1 and MRR in %):")
+    say(f"  leaderboard top 5 of {board.height} runs (F1 and MRR in %):")
     for line in markdown_table(top).splitlines():
         say("              " + line)
+    say(f"              {RANK_RULE}")
 
 
 def run_demo(plan: DemoPlan, data_dir: Path) -> int:
