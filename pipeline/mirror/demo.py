@@ -92,6 +92,10 @@ def ensure_mirror(plan: DemoPlan, mirror_dir: Path) -> bool:
     return True
 
 
+def generated_source(plan: DemoPlan) -> str:
+    return f"generated mirror, seed {plan.seed} (pipeline/mirror/generate.py)"
+
+
 def demo_agents(plan: DemoPlan, path: Path) -> Path:
     """agents.yaml's baselines, at the distances one month of history can serve. A baseline at
     distance d reads the event database up to the month's last day minus d, and the demo has no
@@ -111,12 +115,15 @@ def demo_agents(plan: DemoPlan, path: Path) -> Path:
     return path
 
 
-def demo_env(data_dir: Path, mirror: MirrorServer, news: NewsServer, s3: LocalS3, agents: Path) -> dict[str, str]:
+def demo_env(plan: DemoPlan, data_dir: Path, mirror: MirrorServer, news: NewsServer, s3: LocalS3,
+             agents: Path) -> dict[str, str]:
     """The settings the demo's runs read (pipeline.config names; the README's table)."""
     return {
         "MIRAI_DATA_DIR": str(data_dir),
         "DAGSTER_HOME": str(data_dir / "dagster_home"),
         "GDELT_BASE_URL": mirror.base_url,
+        # Recorded in the split and release manifests and cards: a demo release must say it is not GDELT.
+        "MIRAI_GENERATED_SOURCE": generated_source(plan),
         # Short retry waits: every request is local, and one 503 page must not hold up a day's run.
         "MIRAI_BACKOFF_BASE_S": "0.2",
         "MIRAI_FETCH_BACKOFF_BASE_S": "0.2",
@@ -269,7 +276,7 @@ def run_demo(plan: DemoPlan, data_dir: Path) -> int:
             news = servers.enter_context(NewsServer(sites=news_sites()))
             s3 = servers.enter_context(LocalS3(data_dir / "s3", BUCKET))
             agents = demo_agents(plan, data_dir / "demo_agents.yaml")
-            os.environ.update(demo_env(data_dir, mirror, news, s3, agents))
+            os.environ.update(demo_env(plan, data_dir, mirror, news, s3, agents))
             _say(f"      mirror {mirror.base_url}, news sites {news.url} (*{SITE_SUFFIX}), S3 {s3.endpoint}")
             runner, settings = Runner(), Settings.from_env()
         with Stage(3, total, f"Dagster: gdelt_ingest + articles_daily for {len(plan.days)} days"):
