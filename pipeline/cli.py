@@ -255,6 +255,26 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(plan, Settings.from_env().data_dir)
 
 
+def cmd_serve_release(args: argparse.Namespace) -> int:
+    """Serve the store `mirai demo` published to, on a stable port (pipeline/mirror/demo.py)."""
+    import socket
+
+    from pipeline.mirror.demo import serve_release
+
+    data_dir = Settings.from_env().data_dir.resolve()
+    if not (data_dir / "s3" / "data").is_dir():
+        raise CommandError(f"no demo release store at {data_dir / 's3'}: run `mirai demo` first "
+                           "(or set MIRAI_DATA_DIR to the demo's data directory)")
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as weed's own listener: TIME_WAIT is no obstacle
+        try:
+            probe.bind(("127.0.0.1", args.port))
+        except OSError as exc:
+            raise CommandError(f"port {args.port} on 127.0.0.1 is not free ({exc.strerror}): pass --port N") from exc
+    serve_release(data_dir, args.port)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="mirai",
@@ -320,6 +340,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fsync", action="store_true",
                    help="fsync every file before writing manifest.json (survives a power cut; slower on busy disks)")
     p.set_defaults(func=cmd_download)
+
+    from pipeline.mirror.s3 import SERVE_PORT
+
+    p = sub.add_parser("serve-release", parents=[debug],
+                       help="serve the demo's release store on 127.0.0.1 and print the commands that download it")
+    p.add_argument("--port", type=_port, default=SERVE_PORT, help=f"the S3 port (default {SERVE_PORT})")
+    p.set_defaults(func=cmd_serve_release)
 
     p = sub.add_parser("demo", parents=[debug], help="the whole chain on a generated month, served on 127.0.0.1, through Dagster")
     p.add_argument("--month", type=_month, default=DEMO_MONTH, help="the closed month to split and release (YYYY-MM)")

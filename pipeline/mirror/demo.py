@@ -20,6 +20,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import shlex
 import sys
 import time
 import warnings
@@ -35,7 +36,7 @@ from pipeline.config import Settings
 from pipeline.database import month_days
 from pipeline.mirror.generate import MirrorOptions, generate_mirror, news_sites
 from pipeline.mirror.news import SITE_SUFFIX, NewsServer
-from pipeline.mirror.s3 import LocalS3
+from pipeline.mirror.s3 import SERVE_PORT, LocalS3
 from pipeline.mirror.serve import MirrorServer
 from pipeline.storage import DataLayout
 
@@ -294,9 +295,52 @@ def run_demo(plan: DemoPlan, data_dir: Path) -> int:
     _say("\nOpen the same instance and data in the Dagster UI (http://127.0.0.1:3000):")
     _say(f"  cd {ROOT} && DAGSTER_HOME={dagster_home} MIRAI_DATA_DIR={data_dir} MIRAI_AGENTS_FILE={agents} "
          ".venv/bin/dagster dev -w workspace.yaml")
-    _say(f"The local S3 server is stopped; its data stays in {data_dir / 's3'} and the next `mirai demo` "
-         "restarts it and verifies the release.")
+    _say(f"The local S3 server is stopped; its data stays in {data_dir / 's3'}. To download the release, serve it "
+         f"on http://127.0.0.1:{SERVE_PORT} (the command prints the download commands):")
+    _say(f"  cd {ROOT} && MIRAI_DATA_DIR={data_dir} {_mirai()} serve-release")
     return 0
+
+
+def _mirai() -> str:
+    """The `mirai` this process runs from (the venv's), else plain `mirai` from PATH."""
+    local = Path(sys.executable).with_name("mirai")
+    return shlex.quote(str(local)) if local.exists() else "mirai"
+
+
+def serve_release(data_dir: Path, port: int, say: Callable[[str], None] = _say) -> None:
+    """Serve the demo's release store (``data_dir/s3``) on 127.0.0.1:``port`` until interrupted,
+    as the public bucket of docs/releases.md would be: anonymous reads, no anonymous listing.
+    Prints the exact commands that download the newest release from it."""
+    import signal
+
+    from pipeline.release import INDEX_KEY, LATEST_KEY, open_store
+
+    endpoint = f"http://127.0.0.1:{port}"
+    uri = f"s3://{BUCKET}/{RELEASE_PREFIX}"
+    # SIGTERM (not only Ctrl-C) must stop weed too: it runs in its own session.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    with LocalS3(data_dir / "s3", BUCKET, s3_port=port) as s3:
+        reader = open_store(Settings(s3_endpoint_url=endpoint, s3_region="us-east-1", s3_max_attempts=1),
+                            uri=uri, signed=False)
+        latest = reader.get_bytes(LATEST_KEY)
+        base = f"{endpoint}/{BUCKET}/{RELEASE_PREFIX}"
+        say(f"serving the demo's release store {data_dir / 's3'} at {endpoint} ({uri}; anonymous read-only, "
+            "no listing); Ctrl-C stops it")
+        if latest is None:
+            say("no release is published there yet: `mirai demo` publishes one")
+        else:
+            month = json.loads(latest)["release"]
+            say(f"newest release: {month}. Download and verify it (from another terminal):")
+            say(f"  MIRAI_S3_ENDPOINT_URL={endpoint} {_mirai()} download latest --from {uri} --dest mirai-releases")
+            say("or fetch single files with curl (keys in index.json are relative to the store's root):")
+            say(f"  curl -s {base}/{INDEX_KEY}")
+            say(f"  curl -O {base}/releases/{month}/queries.parquet")
+        sys.stdout.flush()
+        try:
+            s3.process.wait()
+        except KeyboardInterrupt:
+            return
+        raise RuntimeError(f"weed exited with {s3.process.returncode}; see {data_dir / 's3' / 'weed.log'}")
 
 
 def _release_location(settings: Settings, month: date) -> str:
