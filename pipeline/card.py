@@ -624,7 +624,7 @@ mentions file every 15 minutes (96 slots a day). Every file is downloaded by nam
 if its size and md5 equal GDELT's own index (`masterfilelist.txt`) and the zip opens; every slot of
 every day gets a ledger row, so a gap is recorded rather than silently skipped.
 
-{" ".join(filter(None, [f"Slots of the month, by ledger status: {_slot_counts(manifest)}.", _closure_note(manifest)]))}
+{" ".join(filter(None, [f"Files of the month (an export and a mentions file per slot), by ledger status: {_slot_counts(manifest)}.", _closure_note(manifest)]))}
 
 {_override_note(manifest)}
 

@@ -102,6 +102,9 @@ class Settings:
     # GDELT's feed at gdelt_base_url; anything else names generated data ("generated mirror, seed
     # 0", set by `mirai demo`), which every card then says in its first lines.
     generated_source: str = ""
+    # Last daily partition (inclusive); None = open-ended (today's day is the newest partition). The
+    # demo sets it so that its Dagster UI shows its own days, not every day since start_date.
+    end_date: date | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides) -> "Settings":
@@ -204,6 +207,7 @@ _ENV_NAMES: dict[str, str] = {
     "alert_attempts": "MIRAI_ALERT_ATTEMPTS",
     "freshness_hours": "MIRAI_FRESHNESS_HOURS",
     "generated_source": "MIRAI_GENERATED_SOURCE",
+    "end_date": "MIRAI_END_DATE",
 }
 
 
@@ -215,7 +219,7 @@ def _convert(type_name: str, raw: str) -> object:
     # dataclass field types are strings under `from __future__ import annotations`
     if type_name == "Path":
         return Path(raw)
-    if type_name == "date":
+    if type_name in ("date", "date | None"):
         return date.fromisoformat(raw)
     if type_name == "int":
         return int(raw)

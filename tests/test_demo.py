@@ -195,3 +195,13 @@ def test_mirai_demo_runs_the_chain_through_dagster_and_twice_changes_nothing(tmp
         store = open_store(settings, signed=False)
         released = json.loads(store.get_bytes(release_key("2023-02", MANIFEST_NAME)))
     assert released["release"] == "2023-02" and released["split"]["counts"]["queries"] == queries
+
+
+def test_an_end_date_limits_the_partitions_to_the_demos_days():
+    """The demo sets MIRAI_START_DATE/MIRAI_END_DATE to its days, so its Dagster UI shows 34 days,
+    not every day since 2023 (issue 20: "34 ✓ / 1,391 missing")."""
+    code = ("from assets.partitions import daily_partitions as d, monthly_partitions as m; "
+            "k = d.get_partition_keys(); print(len(k), k[0], k[-1], m.get_partition_keys())")
+    env = {**os.environ, "MIRAI_START_DATE": "2024-01-01", "MIRAI_END_DATE": "2024-02-03"}
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "34 2024-01-01 2024-02-03 ['2024-01-01']"  # February is still open

@@ -125,6 +125,9 @@ def demo_env(plan: DemoPlan, data_dir: Path, mirror: MirrorServer, news: NewsSer
         "GDELT_BASE_URL": mirror.base_url,
         # Recorded in the split and release manifests and cards: a demo release must say it is not GDELT.
         "MIRAI_GENERATED_SOURCE": generated_source(plan),
+        # The daily partitions are the demo's days (the UI then shows them, not every day since 2023).
+        "MIRAI_START_DATE": plan.days[0].isoformat(),
+        "MIRAI_END_DATE": plan.days[-1].isoformat(),
         # Short retry waits: every request is local, and one 503 page must not hold up a day's run.
         "MIRAI_BACKOFF_BASE_S": "0.2",
         "MIRAI_FETCH_BACKOFF_BASE_S": "0.2",
@@ -269,8 +272,10 @@ def run_demo(plan: DemoPlan, data_dir: Path) -> int:
         _say("      generated" if made else "      reusing the mirror generated earlier (same arguments)")
     dagster_home = data_dir / "dagster_home"
     dagster_home.mkdir(parents=True, exist_ok=True)
-    if not (dagster_home / "dagster.yaml").exists():
-        (dagster_home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    instance_yaml = dagster_home / "dagster.yaml"
+    # The local instance's settings (pools, telemetry off); an earlier demo's one-line file is replaced.
+    if not instance_yaml.exists() or instance_yaml.read_text() == "telemetry:\n  enabled: false\n":
+        instance_yaml.write_text((ROOT / "deploy" / "dagster-local.yaml").read_text())
     with ExitStack() as servers:
         with Stage(2, total, "servers on 127.0.0.1: GDELT mirror, news sites, S3 (SeaweedFS)"):
             mirror = servers.enter_context(MirrorServer(data_dir / "mirror"))
@@ -294,7 +299,7 @@ def run_demo(plan: DemoPlan, data_dir: Path) -> int:
     summary(plan, settings, release_where, _say)
     _say("\nOpen the same instance and data in the Dagster UI (http://127.0.0.1:3000):")
     _say(f"  cd {ROOT} && DAGSTER_HOME={dagster_home} MIRAI_DATA_DIR={data_dir} MIRAI_AGENTS_FILE={agents} "
-         ".venv/bin/dagster dev -w workspace.yaml")
+         f"MIRAI_START_DATE={plan.days[0]} MIRAI_END_DATE={plan.days[-1]} .venv/bin/dagster dev -w workspace.yaml")
     _say(f"The local S3 server is stopped; its data stays in {data_dir / 's3'}. To download the release, serve it "
          f"on http://127.0.0.1:{SERVE_PORT} (the command prints the download commands):")
     _say(f"  cd {ROOT} && MIRAI_DATA_DIR={data_dir} {_mirai()} serve-release")
