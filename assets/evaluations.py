@@ -24,6 +24,7 @@ from pipeline.evaluation.llm import (
 from pipeline.evaluation.registry import Agent, RegistryError, eligibility, load_agents
 from pipeline.evaluation.run import (
     EVALUATION_VERSION,
+    RANK_RULE,
     agent_config_hash,
     clear_refusal,
     evaluate_agent,
@@ -159,8 +160,7 @@ def evaluation(context: dg.AssetExecutionContext, config: EvaluationConfig, mira
     group_name="evaluation",
     kinds={"polars", "parquet"},
     code_version=EVALUATION_VERSION,
-    description="evaluations/leaderboard.parquet (every stored run, ranked by second-level F1 within each "
-    "month, query set and distance; contaminated runs unranked) and evaluations/leaderboard.png.",
+    description=f"evaluations/leaderboard.parquet (every stored run; {RANK_RULE}) and evaluations/leaderboard.png.",
 )
 def leaderboard(mirai: MiraiSettings) -> dg.MaterializeResult:
     data_dir = mirai.settings().data_dir
@@ -173,7 +173,8 @@ def leaderboard(mirai: MiraiSettings) -> dg.MaterializeResult:
     return dg.MaterializeResult(metadata={
         "dagster/row_count": board.height,
         "path": dg.MetadataValue.path(str(board_path)),
-        "leaderboard": dg.MetadataValue.md(markdown_table(summary(board)) if board.height else "no evaluation runs yet"),
+        "leaderboard": dg.MetadataValue.md(f"{markdown_table(summary(board))}\n\n{RANK_RULE}." if board.height
+                                           else "no evaluation runs yet"),
         "chart": png_metadata(chart_path),
         "refusals": dg.MetadataValue.md(markdown_table(refused) if refused.height else "none"),
         "published": ", ".join(published) or "unchanged or no release yet",

@@ -339,9 +339,24 @@ def _yaml(value, indent: int = 0) -> list[str]:
     return lines
 
 
+def _generated(manifest: dict) -> str | None:
+    """The description of the generated data the split was built from, or None for GDELT's feed."""
+    source = manifest.get("source")
+    return str(source.get("description") or "generated data") if isinstance(source, dict) and source.get("generated") else None
+
+
+def _source_line(manifest: dict) -> str:
+    source = manifest.get("source")
+    return str(source.get("description", "not recorded")) if isinstance(source, dict) else "not recorded"
+
+
 def _front_matter(manifest: dict, queries: pl.DataFrame) -> str:
+    generated = _generated(manifest)
     meta = {
-        "pretty_name": f"MIRAI test split {manifest['month']} (rebuilt from GDELT 2.0)",
+        # The card's first lines say when the data are not GDELT's (a demo release must not pass
+        # for a real one).
+        "pretty_name": (f"MIRAI test split {manifest['month']} (GENERATED data, not GDELT: {generated})" if generated
+                        else f"MIRAI test split {manifest['month']} (rebuilt from GDELT 2.0)"),
         # GDELT's terms are not an SPDX licence, hence "other" with a name and a link.
         "license": "other",
         "license_name": "gdelt-terms-of-use",
@@ -364,6 +379,7 @@ def _front_matter(manifest: dict, queries: pl.DataFrame) -> str:
             "cameo",
             "llm-agents",
             "mirai",
+            *(["synthetic"] if generated else []),
         ],
     }
     return "---\n" + "\n".join(_yaml(meta)) + "\n---"
@@ -381,8 +397,10 @@ def _override_note(manifest: dict) -> str:
 
 def _intro(manifest: dict) -> str:
     month = manifest["month"]
+    generated = _generated(manifest)
     facts = [
         ("month", month),
+        ("source", _source_line(manifest)),
         ("dataset version", _get(manifest, "dataset_version")),
         ("split version", _get(manifest, "split_version")),
         ("history cutoff", _get(manifest, "history_cutoff")),
@@ -392,12 +410,22 @@ def _intro(manifest: dict) -> str:
         ("pipeline version", _get(manifest, "versions", "code")),
     ]
     override = f"\n> {_override_note(manifest)}\n" if manifest.get("override") else ""
+    if generated:
+        heading = f"# MIRAI test split {month}: GENERATED data, not GDELT"
+        origin = (f"> **Generated data, not GDELT.** Built from {generated}: its events, articles and queries\n"
+                  "> are synthetic. Use it to try the pipeline and its tools, never to measure forecasting.\n\n"
+                  f"Forecasting queries for {month} in the format of [MIRAI](https://arxiv.org/abs/2407.01231)\n"
+                  "(Ye et al., 2024), built by mirai-pipeline from generated data in the format of the\n"
+                  "[GDELT](https://www.gdeltproject.org/) 2.0 event feed.")
+    else:
+        heading = f"# MIRAI test split {month}"
+        origin = (f"Forecasting queries for {month} in the format of [MIRAI](https://arxiv.org/abs/2407.01231)\n"
+                  "(Ye et al., 2024), rebuilt by mirai-pipeline from the [GDELT](https://www.gdeltproject.org/) 2.0\n"
+                  "event feed.")
     return f"""
-# MIRAI test split {month}
+{heading}
 
-Forecasting queries for {month} in the format of [MIRAI](https://arxiv.org/abs/2407.01231)
-(Ye et al., 2024), rebuilt by mirai-pipeline from the [GDELT](https://www.gdeltproject.org/) 2.0
-event feed. A query `(t, s, ?, o)` asks which CAMEO relations country `s` took toward country `o`
+{origin} A query `(t, s, ?, o)` asks which CAMEO relations country `s` took toward country `o`
 on day `t`; an agent answers from the event and news database as it stood a few days earlier
 (the temporal distance below).
 {override}
@@ -577,18 +605,25 @@ def _closure_note(manifest: dict) -> str:
     return f"The month was **not closed** when the split was built: {reasons}."
 
 
+def _acquired_from(manifest: dict) -> str:
+    generated = _generated(manifest)
+    if generated:
+        return f"{generated}: generated files in the format of the GDELT 2.0 event feed, served like it"
+    return f"the {_source_line(manifest)}" if isinstance(manifest.get("source"), dict) else "the GDELT 2.0 event feed"
+
+
 def _collection(manifest: dict) -> str:
     articles = _get(manifest, "counts", "articles", default={})
     article_rows = [(key, _num(n), ARTICLE_COUNT_DESCRIPTIONS.get(key, "")) for key, n in articles.items()]
     return f"""
 ## Collection process
 
-**How was the data acquired?** From the GDELT 2.0 event feed, which publishes an export and a
+**How was the data acquired?** From {_acquired_from(manifest)}, which publishes an export and a
 mentions file every 15 minutes (96 slots a day). Every file is downloaded by name and accepted only
 if its size and md5 equal GDELT's own index (`masterfilelist.txt`) and the zip opens; every slot of
 every day gets a ledger row, so a gap is recorded rather than silently skipped.
 
-{" ".join(filter(None, [f"Slots of the month, by ledger status: {_slot_counts(manifest)}.", _closure_note(manifest)]))}
+{" ".join(filter(None, [f"Files of the month (an export and a mentions file per slot), by ledger status: {_slot_counts(manifest)}.", _closure_note(manifest)]))}
 
 {_override_note(manifest)}
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from datetime import date, datetime, timedelta, timezone
@@ -23,6 +24,45 @@ def _day(text: str) -> date:
 
 def _days(start: date, end: date) -> list[date]:
     return [start + timedelta(days=i) for i in range((end - start).days + 1)]
+
+
+def _share(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}") from exc
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"expected a share in (0, 1] of GDELT's events per slot, got {text}")
+    return value
+
+
+def _count(minimum: int, maximum: int | None = None):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from exc
+        if value < minimum or (maximum is not None and value > maximum):
+            bounds = f"from {minimum} to {maximum}" if maximum is not None else f"at least {minimum}"
+            raise argparse.ArgumentTypeError(f"expected {bounds}, got {value}")
+        return value
+    return parse
+
+
+_port = _count(0, 65535)
+
+
+class CommandError(Exception):
+    """A command cannot run as asked: main() prints the message as one line and exits with ``status``."""
+
+    def __init__(self, message: str, status: int = 1):
+        super().__init__(message)
+        self.status = status
+
+
+def _ordered(start: date | None, end: date | None, start_flag: str, end_flag: str) -> None:
+    if start is not None and end is not None and end < start:
+        raise CommandError(f"{end_flag} {end} is before {start_flag} {start}: nothing to do", status=2)
 
 
 def cmd_ledger(args: argparse.Namespace) -> int:
@@ -48,6 +88,7 @@ def cmd_ledger(args: argparse.Namespace) -> int:
 def cmd_ingest(args: argparse.Namespace) -> int:
     from pipeline.gdelt.ingest import ingest_day, parse_day
 
+    _ordered(args.day, args.end, "--day", "--end")
     settings = Settings.from_env()
     for day in _days(args.day, args.end or args.day):
         result = ingest_day(day, settings, log=print)
@@ -64,7 +105,11 @@ def cmd_gaps(args: argparse.Namespace) -> int:
     from pipeline.gdelt.index import parse_index, slot_gaps
     from pipeline.storage import DataLayout
 
+    _ordered(args.start, args.end, "--start", "--end")
     path = args.index or DataLayout(Settings.from_env().data_dir).index_dir() / "masterfilelist.txt"
+    if not Path(path).is_file():
+        hint = "" if args.index else " (no day has been ingested yet: pass --index FILE)"
+        raise CommandError(f"no GDELT index file at {path}{hint}")
     table = parse_index(Path(path).read_bytes())
     entries = table.entries
     if entries.height == 0:
@@ -84,6 +129,7 @@ def cmd_gaps(args: argparse.Namespace) -> int:
 def cmd_mirror_generate(args: argparse.Namespace) -> int:
     from pipeline.mirror.generate import generate_mirror
 
+    _ordered(args.start, args.end, "--start", "--end")
     started = time.perf_counter()
     manifest = generate_mirror(Path(args.out), args.start, args.end, seed=args.seed, slots=args.slots)
     print(json.dumps(manifest.get("totals", {}), indent=2))
@@ -94,6 +140,8 @@ def cmd_mirror_generate(args: argparse.Namespace) -> int:
 def cmd_mirror_serve(args: argparse.Namespace) -> int:
     from pipeline.mirror.serve import MirrorServer
 
+    if not args.dir.is_dir():
+        raise CommandError(f"no mirror directory at {args.dir} (`mirai mirror generate --out DIR` writes one)")
     server = MirrorServer(Path(args.dir), port=args.port, latency_s=args.latency_ms / 1000.0, faults_file=args.faults)
     print(f"serving {args.dir} at {server.base_url} (Ctrl-C to stop)", flush=True)
     try:
@@ -110,7 +158,16 @@ def _month(text: str) -> date:
     try:
         return date.fromisoformat(f"{text}-01" if len(text) == 7 else text).replace(day=1)
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"expected YYYY-MM, got {text!r}") from exc
+        raise argparse.ArgumentTypeError(f"invalid month {text!r}: expected YYYY-MM") from exc
+
+
+def _release_name(text: str) -> str:
+    """``latest`` or a real month YYYY-MM (2024-13 is refused here, not reported as unpublished)."""
+    if text == "latest":
+        return text
+    if len(text) != 7:
+        raise argparse.ArgumentTypeError(f"invalid month {text!r}: expected latest or YYYY-MM")
+    return f"{_month(text):%Y-%m}"
 
 
 def cmd_split(args: argparse.Namespace) -> int:
@@ -198,60 +255,84 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(plan, Settings.from_env().data_dir)
 
 
+def cmd_serve_release(args: argparse.Namespace) -> int:
+    """Serve the store `mirai demo` published to, on a stable port (pipeline/mirror/demo.py)."""
+    import socket
+
+    from pipeline.mirror.demo import serve_release
+
+    data_dir = Settings.from_env().data_dir.resolve()
+    if not (data_dir / "s3" / "data").is_dir():
+        raise CommandError(f"no demo release store at {data_dir / 's3'}: run `mirai demo` first "
+                           "(or set MIRAI_DATA_DIR to the demo's data directory)")
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as weed's own listener: TIME_WAIT is no obstacle
+        try:
+            probe.bind(("127.0.0.1", args.port))
+        except OSError as exc:
+            raise CommandError(f"port {args.port} on 127.0.0.1 is not free ({exc.strerror}): pass --port N") from exc
+    serve_release(data_dir, args.port)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="mirai",
         description="mirai-pipeline: GDELT 2.0 ingestion for the MIRAI benchmark.",
         epilog="Settings come from the environment: " + ", ".join(env_names().values()),
     )
+    parser.add_argument("--debug", action="store_true", help="show the full traceback of an error")
+    # Also accepted after the command (`mirai gaps --debug`); SUPPRESS keeps a top-level --debug.
+    debug = _Parser(add_help=False)
+    debug.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show the full traceback of an error")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("ledger", help="print a day's slot ledger")
+    p = sub.add_parser("ledger", parents=[debug], help="print a day's slot ledger")
     p.add_argument("--day", type=_day, required=True)
     p.add_argument("--all", action="store_true", help="every slot, not only the ones needing attention")
     p.set_defaults(func=cmd_ledger)
 
-    p = sub.add_parser("ingest", help="land and parse a day (or range) without Dagster")
+    p = sub.add_parser("ingest", parents=[debug], help="land and parse a day (or range) without Dagster")
     p.add_argument("--day", type=_day, required=True)
     p.add_argument("--end", type=_day, help="last day (inclusive) of a range")
     p.set_defaults(func=cmd_ingest)
 
-    p = sub.add_parser("gaps", help="report slots missing from a GDELT index file")
+    p = sub.add_parser("gaps", parents=[debug], help="report slots missing from a GDELT index file")
     p.add_argument("--index", type=Path, help="a masterfilelist.txt (default: the cached copy)")
     p.add_argument("--start", type=_day)
     p.add_argument("--end", type=_day)
     p.set_defaults(func=cmd_gaps)
 
-    mirror = sub.add_parser("mirror", help="a generated GDELT mirror for demos and tests").add_subparsers(
+    mirror = sub.add_parser("mirror", parents=[debug], help="a generated GDELT mirror for demos and tests").add_subparsers(
         dest="mirror_command", required=True
     )
-    p = mirror.add_parser("generate", help="write deterministic GDELT-format sample data")
+    p = mirror.add_parser("generate", parents=[debug], help="write deterministic GDELT-format sample data")
     p.add_argument("--start", type=_day, required=True)
     p.add_argument("--end", type=_day, required=True)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--slots", type=int, help="only the first N 15-minute slots (fast partial mirrors)")
+    p.add_argument("--slots", type=_count(1), help="only the first N 15-minute slots (fast partial mirrors)")
     p.set_defaults(func=cmd_mirror_generate)
-    p = mirror.add_parser("serve", help="serve a mirror over HTTP on 127.0.0.1")
+    p = mirror.add_parser("serve", parents=[debug], help="serve a mirror over HTTP on 127.0.0.1")
     p.add_argument("dir", type=Path)
-    p.add_argument("--port", type=int, default=8765)
+    p.add_argument("--port", type=_port, default=8765)
     p.add_argument("--latency-ms", type=float, default=0.0)
     p.add_argument("--faults", type=Path, help="JSON list of faults: [{match, fault, times, ...}]")
     p.set_defaults(func=cmd_mirror_serve)
 
-    p = sub.add_parser("split", help="build a closed month's event database and test split")
+    p = sub.add_parser("split", parents=[debug], help="build a closed month's event database and test split")
     p.add_argument("--month", type=_month, required=True, help="YYYY-MM")
     p.add_argument("--check", action="store_true", help="only say whether the month is closed (exit 1 if not)")
     p.add_argument("--override-by", default="", help="operator forcing an open month (recorded in the manifest)")
     p.add_argument("--override-reason", default="", help="why the month is forced (recorded in the manifest)")
     p.set_defaults(func=cmd_split)
 
-    p = sub.add_parser("release", help="publish a month's release to MIRAI_RELEASE_URI (immutable; re-runs verify)")
+    p = sub.add_parser("release", parents=[debug], help="publish a month's release to MIRAI_RELEASE_URI (immutable; re-runs verify)")
     p.add_argument("--month", type=_month, required=True, help="YYYY-MM")
     p.set_defaults(func=cmd_release)
 
-    p = sub.add_parser("download", help="download and verify a published release")
-    p.add_argument("release", nargs="?", default="latest", help="latest (default) or YYYY-MM")
+    p = sub.add_parser("download", parents=[debug], help="download and verify a published release")
+    p.add_argument("release", nargs="?", default="latest", type=_release_name, help="latest (default) or YYYY-MM")
     p.add_argument("--dest", type=Path, default=Path("mirai-releases"), help="files go to DEST/YYYY-MM/")
     p.add_argument("--only", choices=("split", "database"), help="only the split (queries, card, figures) or the database")
     p.add_argument("--from", dest="source", help="s3://bucket/prefix, file:///path or a path (default MIRAI_RELEASE_URI)")
@@ -260,19 +341,73 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fsync every file before writing manifest.json (survives a power cut; slower on busy disks)")
     p.set_defaults(func=cmd_download)
 
-    p = sub.add_parser("demo", help="the whole chain on a generated month, served on 127.0.0.1, through Dagster")
+    from pipeline.mirror.s3 import SERVE_PORT
+
+    p = sub.add_parser("serve-release", parents=[debug],
+                       help="serve the demo's release store on 127.0.0.1 and print the commands that download it")
+    p.add_argument("--port", type=_port, default=SERVE_PORT, help=f"the S3 port (default {SERVE_PORT})")
+    p.set_defaults(func=cmd_serve_release)
+
+    p = sub.add_parser("demo", parents=[debug], help="the whole chain on a generated month, served on 127.0.0.1, through Dagster")
     p.add_argument("--month", type=_month, default=DEMO_MONTH, help="the closed month to split and release (YYYY-MM)")
-    p.add_argument("--extra-days", type=int, default=3, help="days of the following month to ingest too")
-    p.add_argument("--scale", type=float, default=0.1, help="share of GDELT's events per 15-minute slot (0-1]")
-    p.add_argument("--stories", type=int, default=8, help="well-reported stories per day (they make the test queries)")
+    p.add_argument("--extra-days", type=_count(0), default=3, help="days of the following month to ingest too")
+    p.add_argument("--scale", type=_share, default=0.1, help="share of GDELT's events per 15-minute slot (0-1]")
+    p.add_argument("--stories", type=_count(1), default=8, help="well-reported stories per day (they make the test queries)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_demo)
     return parser
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad argument is one line (what is wrong, where to read the usage), not the
+    usage block followed by the error."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (`{self.prog} --help` shows the usage)\n")
+
+
+def _problem(exc: Exception) -> str:
+    """One line naming what went wrong, for the errors a user meets (no network, no S3 server, no
+    credentials, a missing file); anything else is named by its type and message."""
+    import requests
+    from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionError, NoCredentialsError
+
+    from pipeline.http import TransientHTTPError
+
+    if isinstance(exc, requests.ConnectionError):
+        url = exc.request.url if exc.request is not None else "the server"
+        reason = re.search(r"\[Errno -?\d+\] [^'\")]+", str(exc))
+        return f"cannot reach {url}: {reason.group(0) if reason else exc} (no network, or the server is down?)"
+    if isinstance(exc, (requests.RequestException, TransientHTTPError)):
+        return f"network error: {exc}"
+    if isinstance(exc, EndpointConnectionError):
+        return (f"cannot reach the S3 endpoint: {exc} (is the server running? `mirai serve-release` serves the "
+                "demo's; MIRAI_S3_ENDPOINT_URL names the endpoint)")
+    if isinstance(exc, NoCredentialsError):
+        return f"S3: {exc}: set them in the standard AWS chain (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE)"
+    if isinstance(exc, (BotoCoreError, ClientError)):
+        return f"S3: {exc}"
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{exc.filename}: {exc.strerror}" if exc.filename else exc.strerror
+    return f"{type(exc).__name__}: {exc}"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        print(f"mirai {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        if args.debug:
+            raise
+        command = " ".join(filter(None, ["mirai", args.command, getattr(args, "mirror_command", None)]))
+        if isinstance(exc, CommandError):
+            print(f"{command}: error: {exc}", file=sys.stderr)
+            return exc.status
+        print(f"{command}: error: {_problem(exc)} (--debug shows the traceback)", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -98,6 +98,13 @@ class Settings:
     # The freshness alert fires when the newest landed slot is older than this (GDELT publishes
     # every 15 minutes, so an hour is four missed slots).
     freshness_hours: float = 1.0
+    # What the data are built from, recorded in every split and release manifest and card: "" means
+    # GDELT's feed at gdelt_base_url; anything else names generated data ("generated mirror, seed
+    # 0", set by `mirai demo`), which every card then says in its first lines.
+    generated_source: str = ""
+    # Last daily partition (inclusive); None = open-ended (today's day is the newest partition). The
+    # demo sets it so that its Dagster UI shows its own days, not every day since start_date.
+    end_date: date | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides) -> "Settings":
@@ -131,6 +138,14 @@ class Settings:
         if any(h <= 0 for h in hours):
             raise ValueError(f"MIRAI_FETCH_RETRY_SCHEDULE_H={self.fetch_retry_schedule_h!r}: delays must be > 0")
         return tuple(timedelta(hours=h) for h in hours)
+
+    @property
+    def source(self) -> dict[str, object]:
+        """Where the data come from, as manifests record it (docs/splits.md)."""
+        if self.generated_source:
+            return {"generated": True, "description": self.generated_source}
+        return {"generated": False, "description": f"GDELT 2.0 event feed at {self.gdelt_base_url}",
+                "gdelt_base_url": self.gdelt_base_url}
 
 
 # Environment variable for each setting; the README's table is generated from this mapping.
@@ -191,6 +206,8 @@ _ENV_NAMES: dict[str, str] = {
     "alert_timeout_s": "MIRAI_ALERT_TIMEOUT_S",
     "alert_attempts": "MIRAI_ALERT_ATTEMPTS",
     "freshness_hours": "MIRAI_FRESHNESS_HOURS",
+    "generated_source": "MIRAI_GENERATED_SOURCE",
+    "end_date": "MIRAI_END_DATE",
 }
 
 
@@ -202,7 +219,7 @@ def _convert(type_name: str, raw: str) -> object:
     # dataclass field types are strings under `from __future__ import annotations`
     if type_name == "Path":
         return Path(raw)
-    if type_name == "date":
+    if type_name in ("date", "date | None"):
         return date.fromisoformat(raw)
     if type_name == "int":
         return int(raw)

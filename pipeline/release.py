@@ -6,7 +6,7 @@ Layout under the store's root (``s3://bucket/prefix/`` or a directory), see docs
     releases/YYYY-MM/README.md, queries.parquet, queries_sample.parquet, *.png
     releases/YYYY-MM/database/{events,news}/month=YYYY-MM.parquet   every month up to YYYY-MM
     releases/YYYY-MM/manifest.json    written last: its presence means the release is complete
-    releases/index.json               every published release, its manifest's sha256, HTTPS URLs
+    releases/index.json               every published release, its manifest's sha256, its files' keys
     releases/latest.json              the newest release
 
 One publish algorithm runs against both stores: plan the local files (hash them, except those of
@@ -132,7 +132,16 @@ class ReleaseStore(ABC):
         """Months with a directory under releases/ (published or not), sorted."""
 
     @abstractmethod
-    def public_url(self, key: str) -> str: ...
+    def public_url(self, key: str) -> str:
+        """An address of the key for logs and metadata (it may name a local endpoint or directory)."""
+
+    _public = ""  # MIRAI_RELEASE_PUBLIC_URL without its trailing slash; "" when not configured
+
+    def configured_url(self, key: str) -> str | None:
+        """The key's URL under MIRAI_RELEASE_PUBLIC_URL, or None when none is configured: index files
+        carry only addresses that stay valid, never an endpoint's that may be gone tomorrow (the
+        demo's S3 server listens on a new port each run)."""
+        return f"{self._public}/{quote(key, safe='/=')}" if self._public else None
 
     def abort_unfinished_uploads(self, prefix: str) -> list[str]:
         """Abort every upload still open under ``prefix``: what a killed run leaves behind (S3
@@ -678,6 +687,8 @@ def build_plan(sources: ReleaseSources, objects: list[PlannedObject]) -> Release
     manifest = {
         "format": RELEASE_FORMAT,
         "release": sources.month,
+        # Where the data come from (GDELT's feed, or generated data): the split's own record.
+        "source": sources.split_manifest.get("source", "not recorded (split built before sources were recorded)"),
         "database_months": sources.database_months,
         "split": sources.split_manifest,
         "files": {o.name: o.entry() for o in objects},
@@ -877,7 +888,7 @@ def update_pointers(store: ReleaseStore) -> tuple[bool, bool]:
     if not index["releases"]:
         return index_written, False
     newest = index["releases"][-1]
-    latest = {"format": INDEX_FORMAT, **{k: v for k, v in newest.items() if k != "files"}}
+    latest = {"format": INDEX_FORMAT, **{k: v for k, v in newest.items() if k not in ("files", "urls")}}
     latest_bytes = (json.dumps(latest, indent=2, sort_keys=True) + "\n").encode()
     latest_written = store.get_bytes(LATEST_KEY) != latest_bytes
     if latest_written:
@@ -886,7 +897,9 @@ def update_pointers(store: ReleaseStore) -> tuple[bool, bool]:
 
 
 def build_index(store: ReleaseStore) -> dict:
-    """Every month whose manifest is published, oldest first, with plain HTTPS URLs for curl and
+    """Every month whose manifest is published, oldest first. Files are keys relative to the store's
+    root (the directory holding releases/), so the index stays true wherever the store is served
+    from; with MIRAI_RELEASE_PUBLIC_URL, plain HTTPS URLs too, for curl and
     ``datasets.load_dataset("parquet", data_files=...)``."""
     releases = []
     for month in store.release_months():
@@ -898,17 +911,18 @@ def build_index(store: ReleaseStore) -> dict:
         manifest = load_json(raw, f"{key} in {store.description}")
         check_manifest(month, manifest, f"{key} in {store.description}")
         info = store.stat(key)
-        releases.append(
-            {
-                "release": month,
-                "manifest": key,
-                "manifest_sha256": sha256_hex(raw),
-                "manifest_url": store.public_url(key),
-                # The manifest is written once, so its modification time is stable across runs.
-                "published_at": info.modified.astimezone(timezone.utc).isoformat(timespec="seconds"),
-                "files": {name: store.public_url(release_key(month, name)) for name in sorted(manifest["files"])},
-            }
-        )
+        entry = {
+            "release": month,
+            "manifest": key,
+            "manifest_sha256": sha256_hex(raw),
+            # The manifest is written once, so its modification time is stable across runs.
+            "published_at": info.modified.astimezone(timezone.utc).isoformat(timespec="seconds"),
+            "files": {name: release_key(month, name) for name in sorted(manifest["files"])},
+        }
+        if store.configured_url(key) is not None:
+            entry["manifest_url"] = store.configured_url(key)
+            entry["urls"] = {name: store.configured_url(path) for name, path in entry["files"].items()}
+        releases.append(entry)
     return {"format": INDEX_FORMAT, "releases": releases}
 
 

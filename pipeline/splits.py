@@ -314,6 +314,7 @@ def build_split(month: date, settings: Settings, *, now: datetime, override: Ove
         manifest = {
             "month": f"{month:%Y-%m}",
             "dataset_version": f"{month:%Y-%m}",
+            "source": settings.source,
             "split_version": SPLIT_VERSION,
             "history_cutoff": (month - timedelta(days=1)).isoformat(),
             "distance_days": settings.agent_distance_days,

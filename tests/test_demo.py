@@ -166,6 +166,11 @@ def test_mirai_demo_runs_the_chain_through_dagster_and_twice_changes_nothing(tmp
     assert queries >= 20
     assert re.search(r"slots\s+2,688: landed", out)  # 28 days x 96, gaps and all
     assert "s3://mirai-releases/mirai" in out and "dagster dev -w workspace.yaml" in out
+    # The UI command shows the demo's own days and registry; the release can be served again.
+    assert f"MIRAI_AGENTS_FILE={data / 'demo_agents.yaml'} MIRAI_START_DATE=2023-02-01 MIRAI_END_DATE=2023-02-28 " in out
+    assert f"MIRAI_DATA_DIR={data} " in out and " serve-release" in out
+    assert "not ranked and listed last" in out  # the leaderboard's ranking rule, under its rows
+    assert "concurrency:" in (data / "dagster_home" / "dagster.yaml").read_text()
 
     split = data / "splits" / "2023-02"
     manifest = json.loads((split / "manifest.json").read_text())
@@ -194,4 +199,23 @@ def test_mirai_demo_runs_the_chain_through_dagster_and_twice_changes_nothing(tmp
         settings = Settings(s3_endpoint_url=s3.endpoint, s3_region="us-east-1", release_uri="s3://mirai-releases/mirai")
         store = open_store(settings, signed=False)
         released = json.loads(store.get_bytes(release_key("2023-02", MANIFEST_NAME)))
+        index = store.get_bytes("releases/index.json")
+        card = store.get_bytes(release_key("2023-02", "README.md")).decode()
     assert released["release"] == "2023-02" and released["split"]["counts"]["queries"] == queries
+    # Generated data say so (issue 20): manifest, split manifest and the card's first lines; the
+    # index names no endpoint (the server took another port at each start).
+    assert released["source"] == released["split"]["source"] == {
+        "generated": True, "description": "generated mirror, seed 0 (pipeline/mirror/generate.py)"}
+    assert "GENERATED data, not GDELT" in card.splitlines()[1]
+    assert b"127.0.0.1" not in index and json.loads(index)["releases"][0]["files"]["queries.parquet"] == \
+        "releases/2023-02/queries.parquet"
+
+
+def test_an_end_date_limits_the_partitions_to_the_demos_days():
+    """The demo sets MIRAI_START_DATE/MIRAI_END_DATE to its days, so its Dagster UI shows 34 days,
+    not every day since 2023 (issue 20: "34 ✓ / 1,391 missing")."""
+    code = ("from assets.partitions import daily_partitions as d, monthly_partitions as m; "
+            "k = d.get_partition_keys(); print(len(k), k[0], k[-1], m.get_partition_keys())")
+    env = {**os.environ, "MIRAI_START_DATE": "2024-01-01", "MIRAI_END_DATE": "2024-02-03"}
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "34 2024-01-01 2024-02-03 ['2024-01-01']"  # February is still open

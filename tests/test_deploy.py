@@ -165,3 +165,18 @@ def test_helm_values_run_our_image_with_the_k8s_run_launcher(schedule_names):
     assert deployment["envSecrets"] and not {"MIRAI_ALERT_WEBHOOK_URL", "MIRAI_RELEASE_URI", "AWS_SECRET_ACCESS_KEY"} & env.keys()
     _validate_instance_config(values["additionalInstanceConfig"])
     _check_limits(values["additionalInstanceConfig"]["concurrency"], schedule_names)
+
+
+def test_local_instance_yaml_limits_the_pools_and_sends_nothing(tmp_path):
+    """deploy/dagster-local.yaml, the instance of `mirai demo` and of the README's setup (issue 20):
+    every pool the assets use gets a limit (the UI warns beside a pool without one), no telemetry,
+    no community dialog. Loaded by a real instance, which is what `dagster dev` does."""
+    import dagster as dg
+
+    config = yaml.safe_load((DEPLOY / "dagster-local.yaml").read_text())
+    _validate_instance_config(config)
+    (tmp_path / "dagster.yaml").write_text((DEPLOY / "dagster-local.yaml").read_text())
+    with dg.DagsterInstance.from_config(str(tmp_path)) as instance:
+        assert instance.get_concurrency_config().pool_config.default_pool_limit == 1
+        assert not instance.telemetry_enabled and not instance.nux_enabled
+    assert _project_pools() == {"gdelt_http", "article_fetch"}  # default_limit covers both

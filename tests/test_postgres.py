@@ -95,7 +95,7 @@ def postgres():
     bin_dir = _server_bin_dir()
     if bin_dir is None:
         pytest.skip("PostgreSQL server binaries (initdb, pg_ctl) not found: install Debian's `postgresql` "
-                    "package (`make setup` does so when run as root with apt-get)")
+                    "package (`make test` does so when run as root with apt-get)")
     prefix, user = _as_server_user()
     # Not under pytest's tmp_path: that is private to root, and the server user must enter it.
     base = Path(tempfile.mkdtemp(prefix="mirai-pg-"))

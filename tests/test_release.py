@@ -170,13 +170,18 @@ def test_s3_publish_then_download_round_trip_is_byte_identical_and_republish_is_
     manifest_bytes = (tmp_path / "dl" / "2024-02" / "manifest.json").read_bytes()
     assert sha256_hex(manifest_bytes) == second.manifest_sha256
 
-    # index.json: every release with its manifest's sha256 and plain URLs that curl can fetch.
-    index = json.loads(admin.get_object(Bucket=bucket, Key="mirai/v1/" + INDEX_KEY)["Body"].read())
+    # index.json: every release with its manifest's sha256 and its files' keys, relative to the
+    # store's root: no endpoint (the demo's changes port at every start) and, with no
+    # MIRAI_RELEASE_PUBLIC_URL, no absolute URL at all. Fetched anonymously from wherever it is served.
+    raw_index = admin.get_object(Bucket=bucket, Key="mirai/v1/" + INDEX_KEY)["Body"].read()
+    index = json.loads(raw_index)
     assert [(e["release"], e["manifest_sha256"]) for e in index["releases"]] == [
         ("2024-01", first.manifest_sha256), ("2024-02", second.manifest_sha256)
     ]
-    url = index["releases"][1]["files"]["queries.parquet"]
-    assert url == f"{s3_server.endpoint}/{bucket}/mirai/v1/releases/2024-02/queries.parquet"
+    assert b"127.0.0.1" not in raw_index and b"://" not in raw_index
+    key = index["releases"][1]["files"]["queries.parquet"]
+    assert key == "releases/2024-02/queries.parquet" and index["releases"][1]["manifest"] == "releases/2024-02/manifest.json"
+    url = f"{s3_server.endpoint}/{bucket}/mirai/v1/{key}"
     assert urllib.request.urlopen(url).read() == (data_dir / "splits/2024-02/queries.parquet").read_bytes()
 
     # A second download finds everything verified and transfers nothing.
@@ -338,8 +343,47 @@ def test_local_store_is_the_default_and_round_trips(data_dir, tmp_path):
     result = download_release(store, "latest", tmp_path / "dl", only="split")
     _assert_identical(tmp_path / "dl" / "2024-02", data_dir, FEB, only_split=True)
     assert "README.md" in result.downloaded and not any(n.startswith("database/") for n in result.downloaded)
-    url = json.loads((root / "index.json").read_text())["releases"][0]["files"]["queries.parquet"]
-    assert url == (root / "2024-01" / "queries.parquet").as_uri()
+    entry = json.loads((root / "index.json").read_text())["releases"][0]
+    assert entry["files"]["queries.parquet"] == "releases/2024-01/queries.parquet"
+    assert "urls" not in entry and "manifest_url" not in entry  # no public base URL configured
+
+
+def test_index_carries_absolute_urls_only_from_the_configured_public_url(data_dir, tmp_path):
+    settings = Settings(data_dir=data_dir, release_uri=str(tmp_path / "bucket"),
+                        release_public_url="https://data.example.org/mirai/")
+    publish_release(FEB, settings)
+    index = json.loads((tmp_path / "bucket" / INDEX_KEY).read_text())
+    entry = index["releases"][0]
+    assert entry["files"]["queries.parquet"] == "releases/2024-02/queries.parquet"
+    assert entry["urls"]["queries.parquet"] == "https://data.example.org/mirai/releases/2024-02/queries.parquet"
+    assert entry["manifest_url"] == "https://data.example.org/mirai/releases/2024-02/manifest.json"
+    latest = json.loads((tmp_path / "bucket" / LATEST_KEY).read_text())
+    assert latest["manifest_url"] == entry["manifest_url"] and "urls" not in latest and "files" not in latest
+
+
+def test_manifests_and_cards_record_their_source(data_dir, tmp_path):
+    """Issue 20: a demo release must not pass for a real one. A split built from GDELT records the
+    base URL; one built from generated data says so in its manifests and its card's first lines."""
+    settings = Settings(data_dir=data_dir, release_uri=str(tmp_path / "bucket"))
+    publish_release(FEB, settings)
+    gdelt = json.loads((tmp_path / "bucket/releases/2024-02/manifest.json").read_text())
+    assert gdelt["source"] == gdelt["split"]["source"] == {
+        "generated": False, "gdelt_base_url": Settings().gdelt_base_url,
+        "description": f"GDELT 2.0 event feed at {Settings().gdelt_base_url}"}
+    card_text = (tmp_path / "bucket/releases/2024-02/README.md").read_text()
+    assert "GENERATED" not in card_text and f"| source | GDELT 2.0 event feed at {Settings().gdelt_base_url} |" in card_text
+
+    demo = Settings(data_dir=tmp_path / "demo", release_uri=str(tmp_path / "demo-bucket"),
+                    generated_source="generated mirror, seed 7")
+    _build(demo, FEB, QUADS)
+    publish_release(FEB, demo)
+    manifest = json.loads((tmp_path / "demo-bucket/releases/2024-02/manifest.json").read_text())
+    assert manifest["source"] == manifest["split"]["source"] == {"generated": True, "description": "generated mirror, seed 7"}
+    first_lines = (tmp_path / "demo-bucket/releases/2024-02/README.md").read_text().splitlines()[:3]
+    assert first_lines[1] == 'pretty_name: "MIRAI test split 2024-02 (GENERATED data, not GDELT: generated mirror, seed 7)"'
+    card_text = (tmp_path / "demo-bucket/releases/2024-02/README.md").read_text()
+    assert "# MIRAI test split 2024-02: GENERATED data, not GDELT" in card_text
+    assert "> **Generated data, not GDELT.** Built from generated mirror, seed 7" in card_text
 
 
 def test_local_store_refuses_a_different_release(data_dir, tmp_path):

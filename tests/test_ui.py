@@ -47,7 +47,7 @@ EVERY_ASSET = {
 
 pytestmark = pytest.mark.skipif(
     CHROMIUM is None or CHROMEDRIVER is None,
-    reason="Debian's chromium and chromium-driver are not installed (make setup installs them when run as root with apt-get)",
+    reason="Debian's chromium and chromium-driver are not installed (make test installs them when run as root with apt-get)",
 )
 
 

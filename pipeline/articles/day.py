@@ -54,10 +54,23 @@ ARTICLES_SCHEMA = pl.Schema(
 )
 
 
+def _same_line(a: str, b: str) -> bool:
+    """Equal up to case, spacing and edge punctuation: a headline repeated as the text's first line."""
+    def norm(s: str) -> str:
+        return " ".join(s.split()).casefold().strip(" .:;,|-\u2013\u2014")
+    return bool(norm(a)) and norm(a) == norm(b)
+
+
 def abstract(title: str | None, text: str) -> str:
-    """Title, then the first paragraph, then more paragraphs while it is still short (MIRAI)."""
+    """Title, then the first paragraph, then more paragraphs while it is still short (MIRAI).
+
+    Extracted text often starts with the page's headline (trafilatura keeps an article's <h1>), so
+    leading paragraphs that repeat the title are skipped: "Title\nTitle\n..." says nothing twice."""
     parts = [title or ""]
-    for paragraph in text.split("\n"):
+    paragraphs = text.split("\n")
+    while paragraphs and title and _same_line(paragraphs[0], title):
+        paragraphs.pop(0)
+    for paragraph in paragraphs:
         parts.append(paragraph)
         if len("\n".join(parts)) > ABSTRACT_MIN_CHARS:
             break

@@ -13,7 +13,7 @@ import polars as pl
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from pipeline.evaluation.run import RANK_METRIC, leaderboard
+from pipeline.evaluation.run import RANK_METRIC, RANK_RULE, leaderboard
 from pipeline.storage import DataLayout, atomic_write_bytes, atomic_write_parquet
 
 BOARD_FILE = "leaderboard.parquet"
@@ -29,8 +29,8 @@ def _label(row: dict) -> str:
 
 
 def chart(board: pl.DataFrame) -> bytes:
-    """PNG: second-level F1 (mean ± std over rounds) of every run of the newest month, best
-    first; contaminated runs in grey, after the ranked ones."""
+    """PNG: second-level F1 (mean ± std over rounds) of every run of the newest month, in board
+    order (RANK_RULE, printed under the chart); contaminated runs in grey."""
     with matplotlib.style.context("default"):
         # A bare Figure on an Agg canvas: no pyplot state in the Dagster process, no window.
         fig = Figure(figsize=(9, 1.2 + 0.35 * max(board.height, 1)), dpi=100, layout="constrained")
@@ -49,6 +49,7 @@ def chart(board: pl.DataFrame) -> bytes:
             ax.set_xlabel("second-level F1 (%), mean ± std over rounds")
             ax.set_xlim(0, 100)
             ax.set_title(f"Leaderboard {month}", fontsize=12)
+            fig.text(0.01, 0.005, RANK_RULE, fontsize=7, color="0.35", wrap=True)
         buf = io.BytesIO()
         # No "Software" entry: a matplotlib upgrade alone must not change the bytes.
         fig.savefig(buf, format="png", metadata={"Software": None})

@@ -67,6 +67,12 @@ from pipeline.version import code_version
 EVALUATION_VERSION = "evaluation-v1"
 REFUSAL_FILE = "refusal.json"
 RANK_METRIC = "level2_f1"
+# Ties on second-level F1 are broken by these, in order (all higher-is-better).
+TIEBREAK_METRICS = ("level1_f1", "mrr")
+# Said wherever the leaderboard shows (demo summary, Dagster metadata, chart, docs/evaluation.md).
+RANK_RULE = ("rank: within each month, query set and distance, by second-level F1, ties broken by first-level "
+             "F1 then MRR (equal on all three share a rank); runs that scored 0 on all three and contaminated "
+             "runs are not ranked and listed last")
 HIT_K = 10  # Hit@10, as in MIRAI Appendix D.8
 _MONTH_FILE = re.compile(r"^month=(\d{4})-(\d{2})\.parquet$")
 
@@ -403,8 +409,8 @@ _BOARD_SCHEMA = {
 
 def leaderboard(data_dir: Path | str) -> pl.DataFrame:
     """One row per stored run: its keys, every metric (mean, and ``<metric>_std``), the code
-    version; ``rank`` orders the uncontaminated runs of each (month, query_set, distance) by
-    second-level F1 (1 = best, ties share a rank) and is null for contaminated runs."""
+    version; ``rank`` follows RANK_RULE (1 = best): a run that got nothing right (0 on every
+    ranking metric) is not ranked above anything, and a contaminated run is never ranked."""
     rows = []
     for path in sorted((DataLayout(data_dir).root / "evaluations").glob("*/*/*/distance=*/scores.json")):
         record = json.loads(path.read_text())
@@ -417,10 +423,14 @@ def leaderboard(data_dir: Path | str) -> pl.DataFrame:
     if not rows:
         return pl.DataFrame(schema={"rank": pl.UInt32, **_BOARD_SCHEMA})
     group = ["month", "query_set", "distance"]
-    rankable = pl.when(pl.col("contaminated")).then(None).otherwise(pl.col(RANK_METRIC))
+    metrics = [RANK_METRIC, *TIEBREAK_METRICS]
+    scored = pl.any_horizontal(pl.col(m) > 0 for m in metrics)
+    # One struct per run compares lexicographically: F1 (level 2), then F1 (level 1), then MRR.
+    key = pl.when(~pl.col("contaminated") & scored).then(pl.struct(metrics))
     return (
         pl.DataFrame(rows, infer_schema_length=None)
-        .with_columns(rankable.rank("min", descending=True).over(group).cast(pl.UInt32).alias("rank"))
-        .sort([*group, "rank", "agent"], descending=[True, False, False, False, False], nulls_last=True)
+        .with_columns(key.rank("min", descending=True).over(group).cast(pl.UInt32).alias("rank"))
+        .sort([*group, "rank", "contaminated", "agent"], descending=[True, False, False, False, False, False],
+              nulls_last=True)
         .select("rank", pl.exclude("rank"))
     )

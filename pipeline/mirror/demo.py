@@ -20,6 +20,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import shlex
 import sys
 import time
 import warnings
@@ -35,7 +36,7 @@ from pipeline.config import Settings
 from pipeline.database import month_days
 from pipeline.mirror.generate import MirrorOptions, generate_mirror, news_sites
 from pipeline.mirror.news import SITE_SUFFIX, NewsServer
-from pipeline.mirror.s3 import LocalS3
+from pipeline.mirror.s3 import SERVE_PORT, LocalS3
 from pipeline.mirror.serve import MirrorServer
 from pipeline.storage import DataLayout
 
@@ -92,6 +93,10 @@ def ensure_mirror(plan: DemoPlan, mirror_dir: Path) -> bool:
     return True
 
 
+def generated_source(plan: DemoPlan) -> str:
+    return f"generated mirror, seed {plan.seed} (pipeline/mirror/generate.py)"
+
+
 def demo_agents(plan: DemoPlan, path: Path) -> Path:
     """agents.yaml's baselines, at the distances one month of history can serve. A baseline at
     distance d reads the event database up to the month's last day minus d, and the demo has no
@@ -111,12 +116,18 @@ def demo_agents(plan: DemoPlan, path: Path) -> Path:
     return path
 
 
-def demo_env(data_dir: Path, mirror: MirrorServer, news: NewsServer, s3: LocalS3, agents: Path) -> dict[str, str]:
+def demo_env(plan: DemoPlan, data_dir: Path, mirror: MirrorServer, news: NewsServer, s3: LocalS3,
+             agents: Path) -> dict[str, str]:
     """The settings the demo's runs read (pipeline.config names; the README's table)."""
     return {
         "MIRAI_DATA_DIR": str(data_dir),
         "DAGSTER_HOME": str(data_dir / "dagster_home"),
         "GDELT_BASE_URL": mirror.base_url,
+        # Recorded in the split and release manifests and cards: a demo release must say it is not GDELT.
+        "MIRAI_GENERATED_SOURCE": generated_source(plan),
+        # The daily partitions are the demo's days (the UI then shows them, not every day since 2023).
+        "MIRAI_START_DATE": plan.days[0].isoformat(),
+        "MIRAI_END_DATE": plan.days[-1].isoformat(),
         # Short retry waits: every request is local, and one 503 page must not hold up a day's run.
         "MIRAI_BACKOFF_BASE_S": "0.2",
         "MIRAI_FETCH_BACKOFF_BASE_S": "0.2",
@@ -244,12 +255,14 @@ def summary(plan: DemoPlan, settings: Settings, release_where: str, say: Callabl
     say(f"  release     {release_where}")
     from pipeline.evaluation.board import BOARD_FILE, markdown_table
     from pipeline.evaluation.board import summary as board_summary
+    from pipeline.evaluation.run import RANK_RULE
 
     board = pl.read_parquet(settings.data_dir / "evaluations" / BOARD_FILE)
     top = board_summary(board).select("rank", "agent", "distance", "level2_f1", "level1_f1", "mrr").head(5)
-    say(f"  leaderboard top 5 of {board.height} runs (ranked per distance; F1 and MRR in %):")
+    say(f"  leaderboard top 5 of {board.height} runs (F1 and MRR in %):")
     for line in markdown_table(top).splitlines():
         say("              " + line)
+    say(f"              {RANK_RULE}")
 
 
 def run_demo(plan: DemoPlan, data_dir: Path) -> int:
@@ -259,15 +272,17 @@ def run_demo(plan: DemoPlan, data_dir: Path) -> int:
         _say("      generated" if made else "      reusing the mirror generated earlier (same arguments)")
     dagster_home = data_dir / "dagster_home"
     dagster_home.mkdir(parents=True, exist_ok=True)
-    if not (dagster_home / "dagster.yaml").exists():
-        (dagster_home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    instance_yaml = dagster_home / "dagster.yaml"
+    # The local instance's settings (pools, telemetry off); an earlier demo's one-line file is replaced.
+    if not instance_yaml.exists() or instance_yaml.read_text() == "telemetry:\n  enabled: false\n":
+        instance_yaml.write_text((ROOT / "deploy" / "dagster-local.yaml").read_text())
     with ExitStack() as servers:
         with Stage(2, total, "servers on 127.0.0.1: GDELT mirror, news sites, S3 (SeaweedFS)"):
             mirror = servers.enter_context(MirrorServer(data_dir / "mirror"))
             news = servers.enter_context(NewsServer(sites=news_sites()))
             s3 = servers.enter_context(LocalS3(data_dir / "s3", BUCKET))
             agents = demo_agents(plan, data_dir / "demo_agents.yaml")
-            os.environ.update(demo_env(data_dir, mirror, news, s3, agents))
+            os.environ.update(demo_env(plan, data_dir, mirror, news, s3, agents))
             _say(f"      mirror {mirror.base_url}, news sites {news.url} (*{SITE_SUFFIX}), S3 {s3.endpoint}")
             runner, settings = Runner(), Settings.from_env()
         with Stage(3, total, f"Dagster: gdelt_ingest + articles_daily for {len(plan.days)} days"):
@@ -284,10 +299,53 @@ def run_demo(plan: DemoPlan, data_dir: Path) -> int:
     summary(plan, settings, release_where, _say)
     _say("\nOpen the same instance and data in the Dagster UI (http://127.0.0.1:3000):")
     _say(f"  cd {ROOT} && DAGSTER_HOME={dagster_home} MIRAI_DATA_DIR={data_dir} MIRAI_AGENTS_FILE={agents} "
-         ".venv/bin/dagster dev -w workspace.yaml")
-    _say(f"The local S3 server is stopped; its data stays in {data_dir / 's3'} and the next `mirai demo` "
-         "restarts it and verifies the release.")
+         f"MIRAI_START_DATE={plan.days[0]} MIRAI_END_DATE={plan.days[-1]} .venv/bin/dagster dev -w workspace.yaml")
+    _say(f"The local S3 server is stopped; its data stays in {data_dir / 's3'}. To download the release, serve it "
+         f"on http://127.0.0.1:{SERVE_PORT} (the command prints the download commands):")
+    _say(f"  cd {ROOT} && MIRAI_DATA_DIR={data_dir} {_mirai()} serve-release")
     return 0
+
+
+def _mirai() -> str:
+    """The `mirai` this process runs from (the venv's), else plain `mirai` from PATH."""
+    local = Path(sys.executable).with_name("mirai")
+    return shlex.quote(str(local)) if local.exists() else "mirai"
+
+
+def serve_release(data_dir: Path, port: int, say: Callable[[str], None] = _say) -> None:
+    """Serve the demo's release store (``data_dir/s3``) on 127.0.0.1:``port`` until interrupted,
+    as the public bucket of docs/releases.md would be: anonymous reads, no anonymous listing.
+    Prints the exact commands that download the newest release from it."""
+    import signal
+
+    from pipeline.release import INDEX_KEY, LATEST_KEY, open_store
+
+    endpoint = f"http://127.0.0.1:{port}"
+    uri = f"s3://{BUCKET}/{RELEASE_PREFIX}"
+    # SIGTERM (not only Ctrl-C) must stop weed too: it runs in its own session.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    with LocalS3(data_dir / "s3", BUCKET, s3_port=port) as s3:
+        reader = open_store(Settings(s3_endpoint_url=endpoint, s3_region="us-east-1", s3_max_attempts=1),
+                            uri=uri, signed=False)
+        latest = reader.get_bytes(LATEST_KEY)
+        base = f"{endpoint}/{BUCKET}/{RELEASE_PREFIX}"
+        say(f"serving the demo's release store {data_dir / 's3'} at {endpoint} ({uri}; anonymous read-only, "
+            "no listing); Ctrl-C stops it")
+        if latest is None:
+            say("no release is published there yet: `mirai demo` publishes one")
+        else:
+            month = json.loads(latest)["release"]
+            say(f"newest release: {month}. Download and verify it (from another terminal):")
+            say(f"  MIRAI_S3_ENDPOINT_URL={endpoint} {_mirai()} download latest --from {uri} --dest mirai-releases")
+            say("or fetch single files with curl (keys in index.json are relative to the store's root):")
+            say(f"  curl -s {base}/{INDEX_KEY}")
+            say(f"  curl -O {base}/releases/{month}/queries.parquet")
+        sys.stdout.flush()
+        try:
+            s3.process.wait()
+        except KeyboardInterrupt:
+            return
+        raise RuntimeError(f"weed exited with {s3.process.returncode}; see {data_dir / 's3' / 'weed.log'}")
 
 
 def _release_location(settings: Settings, month: date) -> str:

@@ -2,11 +2,14 @@
 on 127.0.0.1, so the monthly release goes through the same S3 code path as a real bucket.
 
 ``LocalS3(root)`` keeps its data under ``root/data`` (a second demo run finds the release already
-published and only verifies it) and listens on free ports chosen at each start. It has two
+published and only verifies it) and listens on free ports chosen at each start, or on a given S3
+port (``s3_port``: ``mirai serve-release`` serves the demo's store on a stable one). It has two
 identities: an admin with a key pair made once per ``root`` (``root/credentials.json``, mode 0600;
-local only, never printed) and an anonymous read-only one, so ``mirai download`` works unsigned,
-like a public-read bucket. The release tests (tests/s3_server.py) and bench/release.py use the
-same class with fixed test credentials, and kill and restart it on the same ports and data.
+local only, never printed) and an anonymous one that may only read objects, so ``mirai download``
+and curl work unsigned, as with the public-read bucket policy of docs/releases.md, which grants
+``s3:GetObject`` and deliberately no anonymous listing (``index.json`` is the listing). The release
+tests (tests/s3_server.py) and bench/release.py use the same class with fixed test credentials,
+and kill and restart it on the same ports and data.
 """
 
 from __future__ import annotations
@@ -25,6 +28,9 @@ from pathlib import Path
 # Every listener `weed server -s3` opens; the ones not set would default to fixed ports.
 PORTS = ("master", "master_grpc", "volume", "volume_grpc", "filer", "filer_grpc", "s3", "s3_grpc")
 REGION = "us-east-1"
+# `mirai serve-release` serves the demo's store on this S3 port (SeaweedFS's own default), so the
+# download commands it prints stay the same from one day to the next.
+SERVE_PORT = 8333
 
 
 def weed_binary() -> str | None:
@@ -52,10 +58,12 @@ class LocalS3:
     ``credentials`` fixes the admin key pair (tests); by default one is made once per ``root``."""
 
     def __init__(self, root: Path, bucket: str, *, credentials: tuple[str, str] | None = None,
-                 volume_size_limit_mb: int = 256):
+                 volume_size_limit_mb: int = 256, s3_port: int | None = None):
         self.root = Path(root)
         self.bucket = bucket
         self.ports = dict(zip(PORTS, _free_ports(len(PORTS))))
+        if s3_port is not None:
+            self.ports["s3"] = s3_port
         self.volume_size_limit_mb = volume_size_limit_mb
         self.process: subprocess.Popen | None = None
         self.access_key, self.secret_key = credentials or self._credentials()
@@ -109,7 +117,7 @@ class LocalS3:
         config.write_text(json.dumps({"identities": [
             {"name": "admin", "credentials": [{"accessKey": self.access_key, "secretKey": self.secret_key}],
              "actions": ["Admin", "Read", "List", "Tagging", "Write"]},
-            {"name": "anonymous", "actions": ["Read", "List"]},
+            {"name": "anonymous", "actions": ["Read"]},
         ]}))
         config.chmod(0o600)
         with open(self.root / "weed.log", "ab") as log:
