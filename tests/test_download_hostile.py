@@ -151,7 +151,10 @@ def _refused(scene: Scene, which: str, *, naming: str, because: str, capsys) -> 
     """Run `mirai download`; it must fail with one line holding ``naming`` and ``because``, and
     change no path."""
     before = scene.snapshot()
-    code = main(["download", which, "--dest", str(scene.dest), "--from", scene.bucket.uri])
+    try:
+        code = main(["download", which, "--dest", str(scene.dest), "--from", scene.bucket.uri])
+    except SystemExit as usage_error:  # a month the command line cannot name is argparse's refusal (exit 2)
+        code = usage_error.code
     out, err = capsys.readouterr()
     assert code != 0 and out == ""
     lines = err.splitlines()
@@ -227,8 +230,8 @@ BAD_POINTERS = [
      lambda s: str(s.outside), "not 2024-01"),
     ("manifest-other-format", lambda s: {"manifest": {"format": "mirai-release-v9"}}, "latest",
      lambda s: "mirai-release-v9", "is not a mirai-release-v1 manifest"),
-    ("command-line-dotdot", lambda s: {}, "../outside", lambda s: "../outside", "expected a release month"),
-    ("command-line-month-13", lambda s: {}, "2024-13", lambda s: "2024-13", "expected a release month"),
+    ("command-line-dotdot", lambda s: {}, "../outside", lambda s: "../outside", "invalid month"),
+    ("command-line-month-13", lambda s: {}, "2024-13", lambda s: "2024-13", "invalid month"),
 ]
 
 
