@@ -98,6 +98,9 @@ class Settings:
     # The freshness alert fires when the newest landed slot is older than this (GDELT publishes
     # every 15 minutes, so an hour is four missed slots).
     freshness_hours: float = 1.0
+    # Run agents' code blocks even where the sandbox's seccomp allowlist cannot be installed (an
+    # architecture other than x86_64/aarch64, or no seccomp): an operator's explicit, recorded choice.
+    sandbox_allow_unconfined: bool = False
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides) -> "Settings":
@@ -191,6 +194,7 @@ _ENV_NAMES: dict[str, str] = {
     "alert_timeout_s": "MIRAI_ALERT_TIMEOUT_S",
     "alert_attempts": "MIRAI_ALERT_ATTEMPTS",
     "freshness_hours": "MIRAI_FRESHNESS_HOURS",
+    "sandbox_allow_unconfined": "MIRAI_SANDBOX_ALLOW_UNCONFINED",
 }
 
 
