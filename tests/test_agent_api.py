@@ -27,6 +27,7 @@ from pipeline.agent_api import (
 )
 from pipeline.agent_api.audit import leakage_violations
 from pipeline.agent_api.lockdown import SECCOMP_ARCHES, machine
+from pipeline.config import Settings
 from pipeline.database import EVENT_DB_SCHEMA, NEWS_DB_SCHEMA
 from pipeline.mirror.database import generate_event_database
 from pipeline.storage import DamagedFile, DataLayout, atomic_write_parquet
@@ -360,6 +361,23 @@ def test_seccomp_layer_blocks_syscalls_without_the_audit_hook():
                          cwd=Path(__file__).resolve().parents[1])
     assert out.stdout.split() == ["open:denied", "socket:denied", "fork:denied", "exec:denied", "stat:denied",
                                   "thread:ran"], out.stderr
+
+
+def test_code_blocks_are_refused_on_an_architecture_without_the_allowlist_unless_allowed(generated_db, monkeypatch):
+    """The platform is the one thing mocked: this machine is x86_64 or aarch64."""
+    import pipeline.agent_api.sandbox as sandbox
+
+    monkeypatch.setattr(sandbox, "machine", lambda: "riscv64")
+    refused = EventDatabase(generated_db).environment(date(2023, 12, 1))
+    with pytest.raises(sandbox.SandboxError, match="code blocks are refused on linux/riscv64.*MIRAI_SANDBOX_ALLOW_UNCONFINED"):
+        refused.run_code("1")
+    allowed = EventDatabase(generated_db, allow_unconfined_sandbox=True).environment(date(2023, 12, 1))
+    try:
+        assert allowed.run_code("1").strip() == "1"
+        assert set(allowed.sandbox_report) >= {"namespaces", "landlock", "seccomp", "audit_hook"}
+    finally:
+        allowed.close()
+    assert Settings.from_env({"MIRAI_SANDBOX_ALLOW_UNCONFINED": "true"}).sandbox_allow_unconfined
 
 
 def test_sandbox_namespace_has_every_api_function(env):

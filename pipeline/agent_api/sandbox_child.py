@@ -102,11 +102,13 @@ def run_block(code: str, namespace: dict) -> str:
 def _prepare_imports() -> None:
     import landlockpy
     import polars as pl
-    import pyseccomp  # noqa: F401 - loads libseccomp now: after lockdown no file can be opened
+    import pyseccomp
 
     from pipeline.agent_api import lookup
 
-    landlockpy.abi_version()  # finds libc now, for the same reason
+    # Both find and load their C libraries now: after lockdown no file can be opened.
+    pyseccomp.system_arch()
+    landlockpy.abi_version()
 
     for name in ALLOWED_MODULES:
         __import__(name)
