@@ -264,6 +264,29 @@ def test_code_cannot_make_executable_memory(env, attacked):
     assert env.run_code(code).split() == ["True", "-1", str(errno.EPERM)]
 
 
+def test_no_syscall_tells_whether_a_path_exists(env, attacked, tmp_path):
+    """The issue's oracle (getxattrat told whether a later month's parquet file existed): every
+    path-inspecting call answers the same for a file that exists and one that does not."""
+    present, absent = tmp_path / "month=2099-01.parquet", tmp_path / "month=2099-02.parquet"
+    present.write_bytes(b"PAR1")
+    calls = [("getxattr", ["P:{}", "P:user.mirai", "B:64", 64]),
+             ("getxattrat", [AT_FDCWD, "P:{}", 0, "P:user.mirai", "B:16", 16]),
+             ("listxattr", ["P:{}", "B:256", 256]), ("newfstatat", [AT_FDCWD, "P:{}", "B:256", 0]),
+             ("statx", [AT_FDCWD, "P:{}", 0, 0x7FF, "B:256"]), ("faccessat2", [AT_FDCWD, "P:{}", 0, 0]),
+             ("openat", [AT_FDCWD, "P:{}", 0])]
+    attacks = [(f"{name}:{which}", _nr(name), [a.format(path) if isinstance(a, str) else a for a in args])
+               for name, args in calls if not (name in PROBED and _unknown_to_kernel(name))
+               for which, path in (("present", present), ("absent", absent))]
+    answers = {}
+    for line in env.run_code(f"ATTACKS = {attacks!r}\n" + RUN_ATTACKS).splitlines():
+        label, rc, err = line.split()
+        answers[label] = (int(rc), int(err))
+    assert len(answers) == len(attacks) > 0, answers
+    for name, _ in calls:
+        if f"{name}:present" in answers:
+            assert answers[f"{name}:present"] == answers[f"{name}:absent"] == (-1, errno.EPERM), (name, answers)
+
+
 def test_the_lockdown_report_names_every_layer(env):
     report = env.run_code("1") and env.sandbox_report
     assert report["seccomp"].startswith("allowlist"), report
