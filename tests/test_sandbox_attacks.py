@@ -386,6 +386,16 @@ def test_a_forged_reply_is_an_error_observation_and_the_next_block_runs(fresh_en
     assert fresh_env.run_code("count_events()").strip() == str(fresh_env.count_events())
 
 
+def test_a_child_that_stops_reading_cannot_hang_the_parent(fresh_env):
+    """The block answers its own request with a forged reply and then never reads again; the next
+    request (larger than a pipe buffer) meets the block's deadline instead of blocking forever."""
+    stall = "_forge(b'{\"id\": 1, \"output\": \"done\"}')\nwhile True:\n    _sys.modules['time'].sleep(1)"
+    assert fresh_env.run_code(BYPASS + FORGE + stall) == "done"
+    big = "x = 1  # " + "y" * 300_000
+    assert fresh_env.run_code(big, timeout_s=3).startswith("TimeoutError")
+    assert fresh_env.run_code("count_events()").strip() == str(fresh_env.count_events())
+
+
 class _Scripted:
     """A chat client that replies from a script (zero think time)."""
 

@@ -51,7 +51,7 @@ from pathlib import Path
 import polars as pl
 
 from pipeline.agent_api.lockdown import SECCOMP_ARCHES, machine
-from pipeline.agent_api.sandbox_child import MAX_OBSERVATION_CHARS, TRUNCATION_NOTE, write_message
+from pipeline.agent_api.sandbox_child import MAX_OBSERVATION_CHARS, TRUNCATION_NOTE
 
 DEFAULT_TIMEOUT_S = 30.0
 DEFAULT_MEMORY_MB = 1024
@@ -129,10 +129,13 @@ class _Child:
         config = {"start": env.start.isoformat(), "cutoff": env.cutoff.isoformat(),
                   "query_date": env.query_date.isoformat(), "distance_days": env.distance_days,
                   "memory_mb": memory_mb, "cpu_budget_s": cpu_budget_s}
+        # Requests go out non-blocking under a deadline: a child that stops reading its stdin
+        # cannot hang the evaluation.
+        os.set_blocking(self.proc.stdin.fileno(), False)
+        deadline = time.monotonic() + START_TIMEOUT_S
         try:
-            write_message(self.proc.stdin, json.dumps(config).encode())
-            write_message(self.proc.stdin, _ipc(events))
-            write_message(self.proc.stdin, _ipc(news))
+            for message in (json.dumps(config).encode(), _ipc(events), _ipc(news)):
+                self._send(message, deadline)
             self.report = {"namespaces": namespaces} | _checked_report(self.receive(START_TIMEOUT_S, READY_CAP_BYTES))
         except (OSError, EOFError, TimeoutError, ProtocolError) as exc:
             detail = self.stop()
@@ -142,6 +145,20 @@ class _Child:
             raise SandboxError(f"code blocks are refused: the seccomp allowlist could not be installed "
                                f"({self.report.get('seccomp')}); an operator may allow unconfined code blocks "
                                "with MIRAI_SANDBOX_ALLOW_UNCONFINED=true (docs/agent_api.md)")
+
+    def _send(self, payload: bytes, deadline: float) -> None:
+        """One length-prefixed message to the child's stdin, or TimeoutError at ``deadline``."""
+        fd = self.proc.stdin.fileno()
+        for part in (len(payload).to_bytes(4, "big"), payload):
+            view = memoryview(part)
+            while view:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not select.select([], [fd], [], remaining)[1]:
+                    raise TimeoutError
+                try:
+                    view = view[os.write(fd, view):]
+                except BlockingIOError:
+                    continue
 
     def _read_exactly(self, size: int, deadline: float) -> bytes:
         fd = self.proc.stdout.fileno()
@@ -180,8 +197,9 @@ class _Child:
                 raise EOFError
             raise ProtocolError("bytes on the pipe before any request")
         self.requests += 1
-        write_message(self.proc.stdin, json.dumps({"id": self.requests, "code": code}).encode())
-        reply = self.receive(timeout_s, REPLY_CAP_BYTES)
+        deadline = time.monotonic() + timeout_s
+        self._send(json.dumps({"id": self.requests, "code": code}).encode(), deadline)
+        reply = self.receive(deadline - time.monotonic(), REPLY_CAP_BYTES)
         if set(reply) != {"id", "output"} or type(reply["id"]) is not int:
             raise ProtocolError(f"a reply with the keys {sorted(reply)[:5]!r}, not 'id' and 'output'")
         if reply["id"] != self.requests:
@@ -223,11 +241,6 @@ class Sandbox:
         self._allow_unconfined = allow_unconfined
         self._child: _Child | None = None
         self.last_report: dict | None = None
-
-    @property
-    def report(self) -> dict:
-        """What the running child's lockdown applied (starts the child if needed)."""
-        return self._ensure(self._memory_mb).report
 
     def _ensure(self, memory_mb: int) -> _Child:
         if self._child is not None and self._child.memory_mb != memory_mb:
