@@ -317,6 +317,40 @@ def test_ipc_namespace_alone_lets_no_segment_outlive_the_child():
     assert _host_segments(PROBE_SEGMENT) == []
 
 
+@pytest.mark.skipif(not namespace_prefix()[0], reason=f"no namespaces here: {namespace_prefix()[1]}")
+def test_the_empty_root_alone_hides_every_path(tmp_path):
+    """Without Landlock or seccomp, a child started the way the sandbox starts it sees an empty,
+    read-only root after enter_empty_root, and cannot undo it; the host's directory is untouched."""
+    (tmp_path / "keep.txt").write_text("keep")
+    out = _run_python(f"""
+        import os
+        from pipeline.agent_api.lockdown import enter_empty_root
+        print(enter_empty_root({os.readlink('/proc/self/ns/mnt')!r}).startswith('an empty'))
+        print(os.listdir('/'), os.path.exists({str(tmp_path / "keep.txt")!r}), os.path.exists('/etc/passwd'))
+        for call in (lambda: open('/planted', 'w'), lambda: os.mkdir('/planted'), lambda: os.chroot('/')):
+            try:
+                call()
+                print('allowed')
+            except OSError as exc:
+                print(type(exc).__name__)
+    """, namespace_prefix()[0])
+    assert out.stdout.split() == ["True", "[]", "False", "False", "OSError", "OSError", "PermissionError"], \
+        out.stdout + out.stderr
+    assert (tmp_path / "keep.txt").read_text() == "keep"
+    assert os.path.exists("/etc/passwd")
+
+
+def test_the_empty_root_is_never_mounted_in_the_parents_mount_namespace():
+    """Run as root with no namespace of its own, the child must not cover the host's directory."""
+    from pipeline.agent_api.lockdown import enter_empty_root
+
+    mounts = Path("/proc/self/mountinfo").read_text()
+    assert enter_empty_root(os.readlink("/proc/self/ns/mnt")).startswith("unavailable")
+    assert enter_empty_root(None).startswith("unavailable")
+    assert Path("/proc/self/mountinfo").read_text() == mounts
+    assert os.readlink("/proc/self/root") == "/" and Path("/etc/passwd").exists()  # the root did not move
+
+
 def test_landlock_alone_refuses_every_path(tmp_path):
     target = tmp_path / "keep.txt"
     target.write_text("keep")

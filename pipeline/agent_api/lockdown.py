@@ -7,15 +7,19 @@ and before it runs any agent code. Layers, in the order they are applied:
 1. rlimits: RLIMIT_AS (address space = what the process uses now + the memory budget),
    RLIMIT_CPU (a CPU-seconds budget for the child's life), RLIMIT_FSIZE (its stderr) and
    RLIMIT_CORE 0.
-2. Landlock (kernel >= 5.13, https://docs.kernel.org/userspace-api/landlock.html): a ruleset that
+2. an empty root, when the child runs in a mount namespace of its own (sandbox.py starts it so
+   where the kernel allows): an empty, read-only tmpfs becomes the root directory of every thread
+   (threads share one root), then the thread that runs agent code drops the capabilities the user
+   namespace gave. Nothing on the machine's filesystem has a name any more.
+3. Landlock (kernel >= 5.13, https://docs.kernel.org/userspace-api/landlock.html): a ruleset that
    handles every filesystem right the running ABI knows, every network right (ABI >= 4) and the
    abstract-socket and signal scopes (ABI >= 6), with no rule granting any of them back: no path
    can be read, written, executed or listed, no TCP port bound or connected, no process outside
    the sandbox signalled. Landlock binds the calling thread and the threads it starts; with ABI
    >= 8 (TSYNC) every existing thread too.
-3. RLIMIT_NOFILE pinned so that every descriptor number below it is taken: any call that would
+4. RLIMIT_NOFILE pinned so that every descriptor number below it is taken: any call that would
    create a file descriptor fails with EMFILE, whatever language makes it.
-4. seccomp-bpf as an allowlist (libseccomp through pyseccomp), synchronised over every thread
+5. seccomp-bpf as an allowlist (libseccomp through pyseccomp), synchronised over every thread
    (polars' pool included), with no_new_privs. Default action EPERM, so a refused call becomes an
    ordinary ``PermissionError`` observation; a foreign architecture or ABI (x32, i386 on x86_64)
    kills the process. Allowed: the memory, futex, signal, clock and read/write calls the child
@@ -23,7 +27,7 @@ and before it runs any agent code. Layers, in the order they are applied:
    clone only for threads (clone3 answers ENOSYS, so glibc falls back to clone), mmap/mprotect
    never with PROT_EXEC, kill/tgkill/prlimit64/sched_getaffinity only on this process,
    prlimit64 only to read, ioctl only TCGETS, prctl only to name threads and mappings.
-5. an audit hook (PEP 578) that allows only the events ordinary analysis code raises and imports of
+6. an audit hook (PEP 578) that allows only the events ordinary analysis code raises and imports of
    allow-listed modules. It is a convenience that gives friendly errors; agent code that owns the
    interpreter can switch it off (ctypes pointer writes raise no audit event), and nothing
    depends on it.
@@ -35,10 +39,12 @@ environment's gated rows), which is what the date gate needs.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
 import platform
 import resource
+import struct
 import sys
 
 STDERR_LIMIT = 1 << 20
@@ -111,6 +117,38 @@ def install_seccomp() -> str:
                       f"(written for Linux {', '.join(SECCOMP_ARCHES)})")
     seccomp_filter(os.getpid()).load()
     return f"allowlist (default EPERM) on every thread, {machine()}"
+
+
+# --- an empty root ----------------------------------------------------------------------------
+
+# Any directory that exists: the tmpfs covers it only inside the child's own mount namespace.
+EMPTY_ROOT_AT = b"/tmp"
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
+
+
+def enter_empty_root(parent_mount_namespace: str | None) -> str:
+    """Make an empty read-only tmpfs the root of every thread and drop all capabilities; return
+    what was done or why not. Only in a mount namespace of our own (not the parent's, whose id the
+    parent sends): in the parent's, mounting would cover the host's directory."""
+    if parent_mount_namespace is None or os.readlink("/proc/self/ns/mnt") == parent_mount_namespace:
+        return "unavailable: not in a mount namespace of its own"
+    libc = ctypes.CDLL(None, use_errno=True)
+    flags = _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
+    if libc.mount(b"none", EMPTY_ROOT_AT, b"tmpfs", ctypes.c_ulong(flags), b"size=4k,nr_inodes=1,mode=0555") != 0:
+        return f"unavailable: mounting the empty root failed: {os.strerror(ctypes.get_errno())}"
+    os.chdir(EMPTY_ROOT_AT)
+    os.chroot(".")
+    os.chdir("/")
+    # capset(2) with a version-3 header and all-zero effective, permitted and inheritable sets (two
+    # 32-bit words each). Capabilities are per thread: this one, which runs agent code, and the
+    # threads it starts hold none; polars' pool keeps the user namespace's (never the host's), and
+    # every call that would use them is refused by seccomp.
+    header, data = struct.pack("Ii", _LINUX_CAPABILITY_VERSION_3, 0), bytes(24)
+    if libc.capset(header, data) != 0:
+        raise OSError(ctypes.get_errno(), "capset: dropping the user namespace's capabilities failed")
+    return ("an empty read-only root (tmpfs) in its own mount namespace, on every thread; "
+            "no capabilities on the agent's thread")
 
 
 # --- Landlock ---------------------------------------------------------------------------------
@@ -200,12 +238,14 @@ def install_audit_hook(allowed_modules: frozenset[str]) -> None:
     sys.addaudithook(hook)
 
 
-def lock_down(*, memory_mb: int, cpu_budget_s: int, allowed_modules: frozenset[str]) -> dict:
+def lock_down(*, memory_mb: int, cpu_budget_s: int, allowed_modules: frozenset[str],
+              parent_mount_namespace: str | None = None) -> dict:
     """Apply every layer; return what was applied (the sandbox reports it). A layer that could not
     be applied says why instead; the parent decides whether the sandbox may run without it."""
     report = set_limits(memory_mb, cpu_budget_s)
     filler = os.open(os.devnull, os.O_RDONLY)
     top = max(int(name) for name in os.listdir("/proc/self/fd"))  # filler included
+    report["empty_root"] = enter_empty_root(parent_mount_namespace)
     try:
         landlock = _Landlock()
     except (ImportError, OSError) as exc:

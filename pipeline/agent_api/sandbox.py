@@ -17,9 +17,9 @@ Here:
 - It receives exactly the Environment's gated tables over a pipe, so rows after the cutoff are not
   in its memory at all, and there is no end-date setting to change: the cutoff is baked into the
   data it holds.
-- Before any agent code runs it locks itself down (lockdown.py): rlimits; Landlock (no
-  filesystem or network access); a pinned descriptor table; a seccomp allowlist on every thread;
-  an audit hook. Without the seccomp allowlist (an architecture it is not written for, or a
+- Before any agent code runs it locks itself down (lockdown.py): rlimits; an empty root in its
+  own mount namespace; Landlock (no filesystem or network access); a pinned descriptor table; a
+  seccomp allowlist on every thread; an audit hook. Without the seccomp allowlist (an architecture it is not written for, or a
   kernel or library that cannot load it) code blocks are refused, unless the operator allows
   them (``allow_unconfined``, setting MIRAI_SANDBOX_ALLOW_UNCONFINED).
 - The parent trusts nothing the child writes: a reply is length-prefixed, capped (the observation
@@ -64,8 +64,8 @@ MAX_OUTPUT_CHARS = MAX_OBSERVATION_CHARS + len(TRUNCATION_NOTE)
 REPLY_CAP_BYTES = 12 * MAX_OUTPUT_CHARS + 1024
 READY_CAP_BYTES = 64 * 1024
 # The layers a report names (docs/agent_api.md, "Threat model"); evaluations record these.
-LAYER_KEYS = ("namespaces", "landlock", "seccomp", "audit_hook")
-NAMESPACE_FLAGS = ("--user", "--mount", "--ipc", "--net", "--pid")
+LAYER_KEYS = ("namespaces", "empty_root", "landlock", "seccomp", "audit_hook")
+NAMESPACE_FLAGS = ("--user", "--map-root-user", "--mount", "--ipc", "--net", "--pid")
 
 
 class SandboxError(RuntimeError):
@@ -80,8 +80,9 @@ class ProtocolError(Exception):
 def namespace_prefix() -> tuple[tuple[str, ...], str]:
     """(command prefix, description): ``unshare(1)`` starting the child in new user, mount, IPC,
     network and PID namespaces, if this kernel allows them (tried once per process); else ((),
-    why not). The user namespace has no uid mapping, so the child holds no capability anywhere
-    after it execs Python; --kill-child ties the child's life to unshare's, which the parent kills."""
+    why not). The child is root of its user namespace only long enough to mount its empty root
+    (lockdown.enter_empty_root), then drops every capability; --kill-child ties the child's life to
+    unshare's, which the parent kills."""
     unshare = shutil.which("unshare")
     if sys.platform != "linux" or unshare is None:
         return (), "unavailable: no unshare(1) (util-linux)"
@@ -128,7 +129,9 @@ class _Child:
         events, news = env.tables()
         config = {"start": env.start.isoformat(), "cutoff": env.cutoff.isoformat(),
                   "query_date": env.query_date.isoformat(), "distance_days": env.distance_days,
-                  "memory_mb": memory_mb, "cpu_budget_s": cpu_budget_s}
+                  "memory_mb": memory_mb, "cpu_budget_s": cpu_budget_s,
+                  # The child mounts its empty root only in a mount namespace other than this one.
+                  "parent_mount_namespace": os.readlink("/proc/self/ns/mnt") if prefix else None}
         # Requests go out non-blocking under a deadline: a child that stops reading its stdin
         # cannot hang the evaluation.
         os.set_blocking(self.proc.stdin.fileno(), False)

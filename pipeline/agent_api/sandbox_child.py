@@ -139,7 +139,7 @@ def main() -> None:
     namespace = agent_namespace(env)
     del events, news
     report = lock_down(memory_mb=config["memory_mb"], cpu_budget_s=config["cpu_budget_s"],
-                       allowed_modules=ALLOWED_MODULES)
+                       allowed_modules=ALLOWED_MODULES, parent_mount_namespace=config["parent_mount_namespace"])
     write_message(stdout, json.dumps({"ready": report}).encode())
     while True:
         try:
