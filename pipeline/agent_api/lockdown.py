@@ -57,7 +57,9 @@ SECCOMP_ARCHES = ("x86_64", "aarch64")
 
 # Allowed with any arguments: they act on memory, on this process's own threads and signals, on
 # clocks, or on descriptors the child already holds (its pipes, its stderr file, /dev/null and
-# polars' internal wake-up descriptors).
+# polars' internal wake-up descriptors). The set is what the child was measured to call after
+# lockdown (strace -ff over real code blocks; docs/agent_api.md says how), plus the calls a new
+# thread, a signal or an exit makes.
 ALLOWED_SYSCALLS = (
     "read", "readv", "write", "writev", "lseek", "close",
     "munmap", "mremap", "brk", "madvise",

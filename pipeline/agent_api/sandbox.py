@@ -19,9 +19,10 @@ Here:
   data it holds.
 - Before any agent code runs it locks itself down (lockdown.py): rlimits; an empty root in its
   own mount namespace; Landlock (no filesystem or network access); a pinned descriptor table; a
-  seccomp allowlist on every thread; an audit hook. Without the seccomp allowlist (an architecture it is not written for, or a
-  kernel or library that cannot load it) code blocks are refused, unless the operator allows
-  them (``allow_unconfined``, setting MIRAI_SANDBOX_ALLOW_UNCONFINED).
+  seccomp allowlist on every thread; an audit hook. Without the seccomp allowlist (an
+  architecture it is not written for, or a kernel or library that cannot load it) code blocks
+  are refused, unless the operator allows them (``allow_unconfined``, setting
+  MIRAI_SANDBOX_ALLOW_UNCONFINED).
 - The parent trusts nothing the child writes: a reply is length-prefixed, capped (the observation
   cap), read incrementally under the block's deadline and checked against the request it answers.
   A timeout, a crash (memory or CPU limit) or a reply that breaks the protocol kills the child;
@@ -80,9 +81,9 @@ class ProtocolError(Exception):
 def namespace_prefix() -> tuple[tuple[str, ...], str]:
     """(command prefix, description): ``unshare(1)`` starting the child in new user, mount, IPC,
     network and PID namespaces, if this kernel allows them (tried once per process); else ((),
-    why not). The child is root of its user namespace only long enough to mount its empty root
-    (lockdown.enter_empty_root), then drops every capability; --kill-child ties the child's life to
-    unshare's, which the parent kills."""
+    why not). The child is root of its user namespace (never of the host) so that it can mount its
+    empty root (lockdown.enter_empty_root); the thread that runs agent code then drops every
+    capability. --kill-child ties the child's life to unshare's, which the parent kills."""
     unshare = shutil.which("unshare")
     if sys.platform != "linux" or unshare is None:
         return (), "unavailable: no unshare(1) (util-linux)"
@@ -139,7 +140,7 @@ class _Child:
         try:
             for message in (json.dumps(config).encode(), _ipc(events), _ipc(news)):
                 self._send(message, deadline)
-            self.report = {"namespaces": namespaces} | _checked_report(self.receive(START_TIMEOUT_S, READY_CAP_BYTES))
+            self.report = _checked_report(self.receive(START_TIMEOUT_S, READY_CAP_BYTES)) | {"namespaces": namespaces}
         except (OSError, EOFError, TimeoutError, ProtocolError) as exc:
             detail = self.stop()
             raise SandboxError(f"the sandbox process did not start: {exc}; {detail}") from exc
