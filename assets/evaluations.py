@@ -87,7 +87,7 @@ def _scores_table(records: list[dict]) -> str:
 
 
 def _run(agent: Agent, split_file: Path, data_dir: Path, config: EvaluationConfig, llm: LlmRuntime,
-         context: dg.AssetExecutionContext) -> list[dict]:
+         context: dg.AssetExecutionContext, allow_unconfined_sandbox: bool = False) -> list[dict]:
     """Evaluate the agent at each of its distances; the scores records."""
     records = []
     if agent.kind == "baseline":
@@ -96,7 +96,8 @@ def _run(agent: Agent, split_file: Path, data_dir: Path, config: EvaluationConfi
         return records
     settings = llm.client_settings()
     client = client_for(agent, settings)
-    database = EventDatabase(data_dir) if agent.strategy == "react" else None  # loaded once for every distance
+    # Loaded once for every distance.
+    database = EventDatabase(data_dir, allow_unconfined_sandbox=allow_unconfined_sandbox) if agent.strategy == "react" else None
     for distance in agent.distances:
         _, record = evaluate_agent(split_file, data_dir, agent, distance, force=config.force, client=client,
                                    client_settings=settings, database=database)
@@ -136,7 +137,7 @@ def evaluation(context: dg.AssetExecutionContext, config: EvaluationConfig, mira
                          allow_retries=False)
     clear_refusal(settings.data_dir, month, agent.name, config.query_set)
     try:
-        records = _run(agent, split_file, settings.data_dir, config, llm, context)
+        records = _run(agent, split_file, settings.data_dir, config, llm, context, settings.sandbox_allow_unconfined)
     except (MonthNotReady, ModelUnavailable) as exc:
         raise dg.Failure(description=str(exc), allow_retries=False) from exc
     metadata = {
@@ -152,6 +153,7 @@ def evaluation(context: dg.AssetExecutionContext, config: EvaluationConfig, mira
     if agent.kind == "llm":
         metadata["end states"] = dg.MetadataValue.json({f"distance={r['distance']}": r["end_states"] for r in records})
         metadata["tokens in/out"] = f"{sum(r['tokens_in'] for r in records)}/{sum(r['tokens_out'] for r in records)}"
+        metadata["sandbox layers"] = dg.MetadataValue.json({f"distance={r['distance']}": r["sandbox"] for r in records})
     return dg.MaterializeResult(metadata=metadata)
 
 

@@ -105,6 +105,9 @@ class Settings:
     # Last daily partition (inclusive); None = open-ended (today's day is the newest partition). The
     # demo sets it so that its Dagster UI shows its own days, not every day since start_date.
     end_date: date | None = None
+    # Run agents' code blocks even where the sandbox's seccomp allowlist cannot be installed (an
+    # architecture other than x86_64/aarch64, or no seccomp): an operator's explicit, recorded choice.
+    sandbox_allow_unconfined: bool = False
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides) -> "Settings":
@@ -208,6 +211,7 @@ _ENV_NAMES: dict[str, str] = {
     "freshness_hours": "MIRAI_FRESHNESS_HOURS",
     "generated_source": "MIRAI_GENERATED_SOURCE",
     "end_date": "MIRAI_END_DATE",
+    "sandbox_allow_unconfined": "MIRAI_SANDBOX_ALLOW_UNCONFINED",
 }
 
 

@@ -26,6 +26,8 @@ from pipeline.agent_api import (
     open_environment,
 )
 from pipeline.agent_api.audit import leakage_violations
+from pipeline.agent_api.lockdown import SECCOMP_ARCHES, machine
+from pipeline.config import Settings
 from pipeline.database import EVENT_DB_SCHEMA, NEWS_DB_SCHEMA
 from pipeline.mirror.database import generate_event_database
 from pipeline.storage import DamagedFile, DataLayout, atomic_write_parquet
@@ -334,14 +336,14 @@ def test_sandbox_survives_an_infinite_loop_and_a_memory_bomb(generated_db):
         env.close()
 
 
-@pytest.mark.skipif(sys.platform != "linux" or __import__("platform").machine() != "x86_64",
-                    reason="the seccomp filter is written for Linux x86_64")
+@pytest.mark.skipif(sys.platform != "linux" or machine() not in SECCOMP_ARCHES,
+                    reason=f"the seccomp allowlist is written for Linux {', '.join(SECCOMP_ARCHES)}")
 def test_seccomp_layer_blocks_syscalls_without_the_audit_hook():
     """The kernel filter on its own: files, sockets, fork and exec fail; threads still work."""
     script = textwrap.dedent("""
         import os, socket, threading
         from pipeline.agent_api.lockdown import install_seccomp
-        assert install_seccomp() == "installed"
+        assert install_seccomp().startswith("allowlist")
         results = []
         for name, call in [("open", lambda: open("/etc/hostname")), ("socket", socket.socket),
                            ("fork", os.fork), ("exec", lambda: os.execv("/bin/true", ["true"])),
@@ -359,6 +361,23 @@ def test_seccomp_layer_blocks_syscalls_without_the_audit_hook():
                          cwd=Path(__file__).resolve().parents[1])
     assert out.stdout.split() == ["open:denied", "socket:denied", "fork:denied", "exec:denied", "stat:denied",
                                   "thread:ran"], out.stderr
+
+
+def test_code_blocks_are_refused_on_an_architecture_without_the_allowlist_unless_allowed(generated_db, monkeypatch):
+    """The platform is the one thing mocked: this machine is x86_64 or aarch64."""
+    import pipeline.agent_api.sandbox as sandbox
+
+    monkeypatch.setattr(sandbox, "machine", lambda: "riscv64")
+    refused = EventDatabase(generated_db).environment(date(2023, 12, 1))
+    with pytest.raises(sandbox.SandboxError, match="code blocks are refused on linux/riscv64.*MIRAI_SANDBOX_ALLOW_UNCONFINED"):
+        refused.run_code("1")
+    allowed = EventDatabase(generated_db, allow_unconfined_sandbox=True).environment(date(2023, 12, 1))
+    try:
+        assert allowed.run_code("1").strip() == "1"
+        assert set(allowed.sandbox_report) >= {"namespaces", "landlock", "seccomp", "audit_hook"}
+    finally:
+        allowed.close()
+    assert Settings.from_env({"MIRAI_SANDBOX_ALLOW_UNCONFINED": "true"}).sandbox_allow_unconfined
 
 
 def test_sandbox_namespace_has_every_api_function(env):

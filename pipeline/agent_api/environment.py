@@ -102,7 +102,8 @@ class EventDatabase:
     Trusted code only: it caches whole months, including days after any particular cutoff. Agents
     get Environments, never this object."""
 
-    def __init__(self, data_dir: Path | str):
+    def __init__(self, data_dir: Path | str, *, allow_unconfined_sandbox: bool = False):
+        self.allow_unconfined_sandbox = allow_unconfined_sandbox  # passed to every Environment
         self.layout = DataLayout(data_dir)
         events_dir = self.layout.database_dir() / "events"
         found = sorted(date(int(m[1]), int(m[2]), 1) for p in events_dir.glob("month=*.parquet")
@@ -147,7 +148,7 @@ class EventDatabase:
         cutoff = query_date - timedelta(days=distance_days)
         events, news = self.gated_tables(cutoff)
         return Environment(events, news, start=self.start, cutoff=cutoff, query_date=query_date,
-                           distance_days=distance_days)
+                           distance_days=distance_days, allow_unconfined_sandbox=self.allow_unconfined_sandbox)
 
 
 def open_environment(data_dir: Path | str, query_date: date, distance_days: int = 1) -> Environment:
@@ -196,13 +197,16 @@ class Environment:
     plain strings ("2023-11-02", "AUS", "042")."""
 
     def __init__(self, events: pl.DataFrame, news: pl.DataFrame, *, start: date, cutoff: date,
-                 query_date: date, distance_days: int):
+                 query_date: date, distance_days: int, allow_unconfined_sandbox: bool = False):
         self._events = events
         self._news = news
         self.start = start
         self.cutoff = cutoff
         self.query_date = query_date
         self.distance_days = distance_days
+        # The operator's explicit choice to run code blocks where the seccomp allowlist cannot be
+        # installed (setting MIRAI_SANDBOX_ALLOW_UNCONFINED); see sandbox.py.
+        self.allow_unconfined_sandbox = allow_unconfined_sandbox
         self._sandbox = None
 
     # --- the gate ---------------------------------------------------------------------------
@@ -384,8 +388,14 @@ class Environment:
         from pipeline.agent_api.sandbox import Sandbox
 
         if self._sandbox is None:
-            self._sandbox = Sandbox(self)
+            self._sandbox = Sandbox(self, allow_unconfined=self.allow_unconfined_sandbox)
         return self._sandbox.run(code, timeout_s=timeout_s, memory_mb=memory_mb)
+
+    @property
+    def sandbox_report(self) -> dict | None:
+        """What the lockdown of this environment's latest sandbox process applied (None if no code
+        block has run): the layers docs/agent_api.md describes and the child's limits."""
+        return None if self._sandbox is None else self._sandbox.last_report
 
     def close(self) -> None:
         """Stop the sandbox process, if one was started."""

@@ -1,145 +1,188 @@
-"""Locking down the sandbox child process: kernel limits first, then Python's audit hook.
+"""Locking down the sandbox child process. The threat model is hostile agent code that owns the
+child's Python interpreter (docs/agent_api.md, "Threat model"): only the kernel layers count.
 
 Called once by sandbox_child.py after it has imported everything and received its gated tables,
-and before it runs any agent code. Layers, outermost first:
+and before it runs any agent code. Layers, in the order they are applied:
 
 1. rlimits: RLIMIT_AS (address space = what the process uses now + the memory budget),
-   RLIMIT_CPU (a CPU-seconds budget for the child's life), RLIMIT_FSIZE 0 and RLIMIT_CORE 0, and
-   RLIMIT_NOFILE pinned so that every descriptor number below it is taken: any call that would
-   create a file descriptor (open, socket, pipe, ...) fails with EMFILE, whatever language makes it.
-2. seccomp-bpf (Linux x86_64 only), synchronised over every thread (polars' pool included), with
-   no_new_privs: the syscalls that open paths, inspect paths, create sockets, execute programs,
-   fork, signal or trace other processes, raise rlimits or set up io_uring fail with EPERM. This
-   is the boundary that holds even if agent code escapes Python (e.g. through ctypes, which polars
-   imports and so is in memory).
-3. an audit hook (PEP 578) that allows only the events ordinary analysis code raises and imports of
-   allow-listed modules; it denies open, os.* process and file calls, socket, subprocess, ctypes,
-   gc introspection, frame access and adding hooks. Its state lives in default arguments of a
-   function nobody can reach (no module global, no frame), so agent code cannot switch it off
-   from Python.
+   RLIMIT_CPU (a CPU-seconds budget for the child's life), RLIMIT_FSIZE (its stderr) and
+   RLIMIT_CORE 0.
+2. an empty root, when the child runs in a mount namespace of its own (sandbox.py starts it so
+   where the kernel allows): an empty, read-only tmpfs becomes the root directory of every thread
+   (threads share one root), then the thread that runs agent code drops the capabilities the user
+   namespace gave. Nothing on the machine's filesystem has a name any more.
+3. Landlock (kernel >= 5.13, https://docs.kernel.org/userspace-api/landlock.html): a ruleset that
+   handles every filesystem right the running ABI knows, every network right (ABI >= 4) and the
+   abstract-socket and signal scopes (ABI >= 6), with no rule granting any of them back: no path
+   can be read, written, executed or listed, no TCP port bound or connected, no process outside
+   the sandbox signalled. Landlock binds the calling thread and the threads it starts; with ABI
+   >= 8 (TSYNC) every existing thread too.
+4. RLIMIT_NOFILE pinned so that every descriptor number below it is taken: any call that would
+   create a file descriptor fails with EMFILE, whatever language makes it.
+5. seccomp-bpf as an allowlist (libseccomp through pyseccomp), synchronised over every thread
+   (polars' pool included), with no_new_privs. Default action EPERM, so a refused call becomes an
+   ordinary ``PermissionError`` observation; a foreign architecture or ABI (x32, i386 on x86_64)
+   kills the process. Allowed: the memory, futex, signal, clock and read/write calls the child
+   was measured to make after lockdown (docs/agent_api.md says how), with argument checks:
+   clone only for threads (clone3 answers ENOSYS, so glibc falls back to clone), mmap/mprotect
+   never with PROT_EXEC, kill/tgkill/prlimit64/sched_getaffinity only on this process,
+   prlimit64 only to read, ioctl only TCGETS, prctl only to name threads and mappings.
+6. an audit hook (PEP 578) that allows only the events ordinary analysis code raises and imports of
+   allow-listed modules. It is a convenience that gives friendly errors; agent code that owns the
+   interpreter can switch it off (ctypes pointer writes raise no audit event), and nothing
+   depends on it.
 
-Limits, honestly: layers 1 and 3 are bypassable by native-code tricks (ctypes memory writes) in a
-process as privileged as ours; layer 2 is the real wall and exists only on Linux x86_64 with
-seccomp filtering available (``report()['seccomp']`` says whether it was installed). Inside the
-process everything is readable: the gated tables, the reference tables, the sandbox's own
-protocol pipes. Nothing after the cutoff is in the process to read (the parent sends only the
+Inside the process everything is readable: the gated tables, the reference tables, the sandbox's
+own protocol pipes. Nothing after the cutoff is in the process to read (the parent sends only the
 environment's gated rows), which is what the date gate needs.
 """
 
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import platform
 import resource
 import struct
 import sys
 
-# --- seccomp ----------------------------------------------------------------------------------
-
-_AUDIT_ARCH_X86_64 = 0xC000003E
-_X32_SYSCALL_BIT = 0x40000000
-_SECCOMP_SYSCALL_X86_64 = 317
-_SECCOMP_SET_MODE_FILTER = 1
-_SECCOMP_FILTER_FLAG_TSYNC = 1
-_PR_SET_NO_NEW_PRIVS = 38
-_RET_ALLOW = 0x7FFF0000
-_RET_ERRNO = 0x00050000
-_RET_KILL_PROCESS = 0x80000000
-_EPERM, _ENOSYS = 1, 38
-_CLONE_THREAD = 0x00010000
-# BPF opcodes: load word at absolute offset, jump-if-equal / -greater-or-equal / -bits-set, return.
-_LD, _JEQ, _JGE, _JSET, _RET = 0x20, 0x15, 0x35, 0x45, 0x06
-_NR, _ARCH = 0, 4
 STDERR_LIMIT = 1 << 20
 
+# --- seccomp ----------------------------------------------------------------------------------
 
-def _arg(i: int, high: bool = False) -> int:
-    # seccomp_data.args[i] is a u64 at offset 16 + 8i; x86_64 is little-endian.
-    return 16 + 8 * i + (4 if high else 0)
+# The architectures the allowlist is written and tested for (syscall names are resolved per
+# architecture by libseccomp; a name the architecture lacks, e.g. poll on aarch64, is skipped).
+SECCOMP_ARCHES = ("x86_64", "aarch64")
 
-
-# x86_64 syscall numbers denied outright.
-_DENY_X86_64 = {
-    # opening, creating or inspecting paths
-    "open": 2, "openat": 257, "openat2": 437, "creat": 85, "open_by_handle_at": 304, "name_to_handle_at": 303,
-    "open_tree": 428, "fsopen": 430, "fsmount": 432, "fspick": 433, "move_mount": 429,
-    "stat": 4, "lstat": 6, "newfstatat": 262, "statx": 332, "access": 21, "faccessat": 269, "faccessat2": 439,
-    "readlink": 89, "readlinkat": 267, "statfs": 137, "getxattr": 191, "lgetxattr": 192, "listxattr": 194,
-    "llistxattr": 195, "setxattr": 188, "lsetxattr": 189, "removexattr": 197, "lremovexattr": 198,
-    "inotify_add_watch": 254, "fanotify_init": 300, "fanotify_mark": 301, "chdir": 80, "fchdir": 81,
-    "mknod": 133, "mknodat": 259, "unlink": 87, "unlinkat": 263, "rename": 82, "renameat": 264, "renameat2": 316,
-    "mkdir": 83, "mkdirat": 258, "rmdir": 84, "link": 86, "linkat": 265, "symlink": 88, "symlinkat": 266,
-    "truncate": 76, "chmod": 90, "fchmodat": 268, "chown": 92, "lchown": 94, "fchownat": 260, "utime": 132,
-    "utimes": 235, "utimensat": 280, "futimesat": 261, "uselib": 134, "io_uring_setup": 425,
-    "io_uring_enter": 426, "io_uring_register": 427,
-    # network
-    "socket": 41, "socketpair": 53, "connect": 42, "bind": 49, "listen": 50, "accept": 43, "accept4": 288,
-    # other processes
-    "execve": 59, "execveat": 322, "fork": 57, "vfork": 58, "ptrace": 101, "process_vm_readv": 310,
-    "process_vm_writev": 311, "kill": 62, "tkill": 200, "rt_sigqueueinfo": 129, "rt_tgsigqueueinfo": 297,
-    "pidfd_open": 434, "pidfd_send_signal": 424, "pidfd_getfd": 438, "kcmp": 312,
-    # limits and the system
-    "setrlimit": 160, "mount": 165, "umount2": 166, "pivot_root": 155, "chroot": 161, "unshare": 272,
-    "setns": 308, "bpf": 321, "perf_event_open": 298, "userfaultfd": 323, "keyctl": 250, "add_key": 248,
-    "request_key": 249, "quotactl": 179, "swapon": 167, "swapoff": 168, "reboot": 169, "kexec_load": 246,
-    "init_module": 175, "finit_module": 313, "delete_module": 176, "acct": 163, "sethostname": 170,
-    "setdomainname": 171, "settimeofday": 164, "clock_settime": 227, "adjtimex": 159, "syslog": 103,
-    "iopl": 172, "ioperm": 173,
-}
-_CLONE, _CLONE3, _TGKILL, _PRLIMIT64 = 56, 435, 234, 302
+# Allowed with any arguments: they act on memory, on this process's own threads and signals, on
+# clocks, or on descriptors the child already holds (its pipes, its stderr file, /dev/null and
+# polars' internal wake-up descriptors). The set is what the child was measured to call after
+# lockdown (strace -ff over real code blocks; docs/agent_api.md says how), plus the calls a new
+# thread, a signal or an exit makes.
+ALLOWED_SYSCALLS = (
+    "read", "readv", "write", "writev", "lseek", "close",
+    "munmap", "mremap", "brk", "madvise",
+    "futex", "futex_waitv", "set_robust_list", "rseq", "sched_yield",
+    "rt_sigaction", "rt_sigprocmask", "rt_sigreturn", "sigaltstack", "restart_syscall",
+    "clock_gettime", "clock_getres", "gettimeofday", "clock_nanosleep", "nanosleep",
+    "getpid", "gettid", "getrandom", "getrlimit",
+    "epoll_wait", "epoll_pwait", "epoll_pwait2", "poll", "ppoll",
+    "exit", "exit_group",
+)
+_CLONE_THREAD = 0x00010000
+_PROT_EXEC = 0x4
+_TCGETS = 0x5401
+_PR_SET_NAME, _PR_GET_NAME, _PR_SET_VMA = 15, 16, 0x53564D41
 
 
-def _ins(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
-    return struct.pack("HBBI", code, jt, jf, k)
+def machine() -> str:
+    return platform.machine().lower().replace("arm64", "aarch64").replace("amd64", "x86_64")
 
 
-def seccomp_program_x86_64(pid: int) -> bytes:
-    """The BPF filter: kill on a foreign architecture or the x32 ABI; allow clone only for threads,
-    tgkill only to our own process, prlimit64 only as a read; ENOSYS for clone3 (glibc then falls
-    back to clone, which we can inspect); EPERM for the denied list; allow the rest."""
-    prog = [
-        _ins(_LD, _ARCH), _ins(_JEQ, _AUDIT_ARCH_X86_64, 1, 0), _ins(_RET, _RET_KILL_PROCESS),
-        _ins(_LD, _NR), _ins(_JGE, _X32_SYSCALL_BIT, 0, 1), _ins(_RET, _RET_KILL_PROCESS),
-        # clone: threads only
-        _ins(_LD, _NR), _ins(_JEQ, _CLONE, 0, 4), _ins(_LD, _arg(0)), _ins(_JSET, _CLONE_THREAD, 0, 1),
-        _ins(_RET, _RET_ALLOW), _ins(_RET, _RET_ERRNO | _EPERM),
-        # tgkill: only to a thread of this process
-        _ins(_LD, _NR), _ins(_JEQ, _TGKILL, 0, 4), _ins(_LD, _arg(0)), _ins(_JEQ, pid, 0, 1),
-        _ins(_RET, _RET_ALLOW), _ins(_RET, _RET_ERRNO | _EPERM),
-        # prlimit64: only with a NULL new limit (getrlimit)
-        _ins(_LD, _NR), _ins(_JEQ, _PRLIMIT64, 0, 6), _ins(_LD, _arg(2)), _ins(_JEQ, 0, 0, 3),
-        _ins(_LD, _arg(2, high=True)), _ins(_JEQ, 0, 0, 1), _ins(_RET, _RET_ALLOW), _ins(_RET, _RET_ERRNO | _EPERM),
-        _ins(_LD, _NR), _ins(_JEQ, _CLONE3, 0, 1), _ins(_RET, _RET_ERRNO | _ENOSYS),
-        _ins(_LD, _NR),
-    ]
-    for nr in sorted(_DENY_X86_64.values()):
-        prog += [_ins(_JEQ, nr, 0, 1), _ins(_RET, _RET_ERRNO | _EPERM)]
-    prog.append(_ins(_RET, _RET_ALLOW))
-    return b"".join(prog)
+def seccomp_filter(pid: int):
+    """The allowlist filter for this process (``pid`` as the process sees itself)."""
+    import pyseccomp as sc
+
+    flt = sc.SyscallFilter(sc.ERRNO(errno.EPERM))
+    flt.set_attr(sc.Attr.ACT_BADARCH, sc.KILL_PROCESS)
+    flt.set_attr(sc.Attr.CTL_TSYNC, 1)
+    flt.set_attr(sc.Attr.CTL_NNP, 1)
+    arch = sc.system_arch()
+
+    def rule(action, name, *args):
+        if sc.resolve_syscall(arch, name) >= 0:  # negative: unknown on this architecture
+            flt.add_rule(action, name, *args)
+
+    for name in ALLOWED_SYSCALLS:
+        rule(sc.ALLOW, name)
+    no_exec = sc.Arg(2, sc.MASKED_EQ, _PROT_EXEC, 0)
+    rule(sc.ALLOW, "mmap", no_exec)
+    rule(sc.ALLOW, "mprotect", no_exec)
+    rule(sc.ALLOW, "clone", sc.Arg(0, sc.MASKED_EQ, _CLONE_THREAD, _CLONE_THREAD))
+    rule(sc.ERRNO(errno.ENOSYS), "clone3")
+    rule(sc.ALLOW, "tgkill", sc.Arg(0, sc.EQ, pid))
+    rule(sc.ALLOW, "kill", sc.Arg(0, sc.EQ, pid))
+    for self_pid in (0, pid):
+        rule(sc.ALLOW, "prlimit64", sc.Arg(0, sc.EQ, self_pid), sc.Arg(2, sc.EQ, 0))
+        rule(sc.ALLOW, "sched_getaffinity", sc.Arg(0, sc.EQ, self_pid))
+    rule(sc.ALLOW, "ioctl", sc.Arg(1, sc.EQ, _TCGETS))
+    for option in (_PR_SET_NAME, _PR_GET_NAME, _PR_SET_VMA):
+        rule(sc.ALLOW, "prctl", sc.Arg(0, sc.EQ, option))
+    return flt
 
 
 def install_seccomp() -> str:
-    """Install the filter on every thread; return 'installed' or why not."""
-    if sys.platform != "linux" or platform.machine() != "x86_64":
-        return f"unavailable on {sys.platform}/{platform.machine()} (filter written for Linux x86_64)"
+    """Load the allowlist on every thread; return what was installed, or raise OSError."""
+    if sys.platform != "linux" or machine() not in SECCOMP_ARCHES:
+        raise OSError(f"no seccomp allowlist for {sys.platform}/{platform.machine()} "
+                      f"(written for Linux {', '.join(SECCOMP_ARCHES)})")
+    seccomp_filter(os.getpid()).load()
+    return f"allowlist (default EPERM) on every thread, {machine()}"
+
+
+# --- an empty root ----------------------------------------------------------------------------
+
+# Any directory that exists: the tmpfs covers it only inside the child's own mount namespace.
+EMPTY_ROOT_AT = b"/tmp"
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
+
+
+def enter_empty_root(parent_mount_namespace: str | None) -> str:
+    """Make an empty read-only tmpfs the root of every thread and drop all capabilities; return
+    what was done or why not. Only in a mount namespace of our own (not the parent's, whose id the
+    parent sends): in the parent's, mounting would cover the host's directory."""
+    if parent_mount_namespace is None or os.readlink("/proc/self/ns/mnt") == parent_mount_namespace:
+        return "unavailable: not in a mount namespace of its own"
     libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-        return f"unavailable: prctl(NO_NEW_PRIVS) failed, errno {ctypes.get_errno()}"
-    code = seccomp_program_x86_64(os.getpid())
-    buf = ctypes.create_string_buffer(code, len(code))
-    # struct sock_fprog { unsigned short len; struct sock_filter *filter; } (padded to 16 bytes)
-    fprog = struct.pack("HxxxxxxQ", len(code) // 8, ctypes.addressof(buf))
-    fbuf = ctypes.create_string_buffer(fprog, len(fprog))
-    libc.syscall.restype = ctypes.c_long
-    rc = libc.syscall(ctypes.c_long(_SECCOMP_SYSCALL_X86_64), ctypes.c_long(_SECCOMP_SET_MODE_FILTER),
-                      ctypes.c_long(_SECCOMP_FILTER_FLAG_TSYNC), fbuf)
-    if rc != 0:
-        return f"unavailable: seccomp() returned {rc}, errno {ctypes.get_errno()}"
-    return "installed"
+    flags = _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
+    if libc.mount(b"none", EMPTY_ROOT_AT, b"tmpfs", ctypes.c_ulong(flags), b"size=4k,nr_inodes=1,mode=0555") != 0:
+        return f"unavailable: mounting the empty root failed: {os.strerror(ctypes.get_errno())}"
+    os.chdir(EMPTY_ROOT_AT)
+    os.chroot(".")
+    os.chdir("/")
+    # capset(2) with a version-3 header and all-zero effective, permitted and inheritable sets (two
+    # 32-bit words each). Capabilities are per thread: this one, which runs agent code, and the
+    # threads it starts hold none; polars' pool keeps the user namespace's (never the host's), and
+    # every call that would use them is refused by seccomp.
+    header, data = struct.pack("Ii", _LINUX_CAPABILITY_VERSION_3, 0), bytes(24)
+    if libc.capset(header, data) != 0:
+        raise OSError(ctypes.get_errno(), "capset: dropping the user namespace's capabilities failed")
+    return ("an empty read-only root (tmpfs) in its own mount namespace, on every thread; "
+            "no capabilities on the agent's thread")
+
+
+# --- Landlock ---------------------------------------------------------------------------------
+
+
+class _Landlock:
+    """A ruleset denying everything the running kernel lets Landlock deny, not yet enforced."""
+
+    def __init__(self):
+        import landlockpy as ll
+
+        self.abi = ll.abi_version()
+        self.ruleset = None
+        if self.abi >= 1:
+            # handled_fs/handled_net None = every right the library knows, cut to the kernel's ABI.
+            self.ruleset = ll.Ruleset(scoped=ll.Scope.ABSTRACT_UNIX_SOCKET | ll.Scope.SIGNAL)
+
+    def enforce(self) -> str:
+        if self.ruleset is None:
+            return "unavailable: the kernel has no Landlock (ABI 0)"
+        import landlockpy as ll
+
+        with self.ruleset as ruleset:
+            ruleset.restrict(ll.RestrictFlag.TSYNC)  # dropped below ABI 8
+            handled = [f"fs={int(ruleset.handled_fs):#x}", f"net={int(ruleset.handled_net):#x}",
+                       f"scoped={int(ruleset.scoped):#x}"]
+        threads = "every thread" if self.abi >= 8 else "the thread that runs agent code and the threads it starts"
+        return f"ABI {self.abi}: no filesystem or network access ({', '.join(handled)}), on {threads}"
 
 
 # --- rlimits ----------------------------------------------------------------------------------
+
 
 def _vm_size_bytes() -> int:
     with open("/proc/self/status") as fh:
@@ -147,19 +190,6 @@ def _vm_size_bytes() -> int:
             if line.startswith("VmSize:"):
                 return int(line.split()[1]) * 1024
     raise RuntimeError("no VmSize in /proc/self/status")
-
-
-def _pin_descriptor_limit() -> int:
-    """Fill every free descriptor number below the highest open one with /dev/null, then set
-    RLIMIT_NOFILE just above it: the kernel hands out the lowest free number, so none is left."""
-    top = max(int(name) for name in os.listdir("/proc/self/fd"))
-    while True:
-        fd = os.open(os.devnull, os.O_RDONLY)
-        if fd > top:
-            os.close(fd)
-            break
-    resource.setrlimit(resource.RLIMIT_NOFILE, (top + 1, top + 1))
-    return top + 1
 
 
 def set_limits(memory_mb: int, cpu_budget_s: int) -> dict:
@@ -172,8 +202,20 @@ def set_limits(memory_mb: int, cpu_budget_s: int) -> dict:
     # Bounds the only file the child may write: its stderr (the parent keeps it for crash reports).
     resource.setrlimit(resource.RLIMIT_FSIZE, (STDERR_LIMIT, STDERR_LIMIT))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    nofile = _pin_descriptor_limit()
-    return {"address_space_mb": address_space // 2**20, "cpu_limit_s": cpu_now + cpu_budget_s, "nofile": nofile}
+    return {"address_space_mb": address_space // 2**20, "cpu_limit_s": cpu_now + cpu_budget_s}
+
+
+def _pin_descriptors(top: int, filler: int) -> int:
+    """Duplicate ``filler`` into every free descriptor number up to ``top``, then set RLIMIT_NOFILE
+    just above: the kernel hands out the lowest free number, so none is left. (dup, not open:
+    Landlock already refuses to open /dev/null.)"""
+    while True:
+        fd = os.dup(filler)
+        if fd > top:
+            os.close(fd)
+            break
+    resource.setrlimit(resource.RLIMIT_NOFILE, (top + 1, top + 1))
+    return top + 1
 
 
 # --- audit hook -------------------------------------------------------------------------------
@@ -198,10 +240,29 @@ def install_audit_hook(allowed_modules: frozenset[str]) -> None:
     sys.addaudithook(hook)
 
 
-def lock_down(*, memory_mb: int, cpu_budget_s: int, allowed_modules: frozenset[str]) -> dict:
-    """Apply every layer; return what was applied (the sandbox reports it)."""
+def lock_down(*, memory_mb: int, cpu_budget_s: int, allowed_modules: frozenset[str],
+              parent_mount_namespace: str | None = None) -> dict:
+    """Apply every layer; return what was applied (the sandbox reports it). A layer that could not
+    be applied says why instead; the parent decides whether the sandbox may run without it."""
     report = set_limits(memory_mb, cpu_budget_s)
-    report["seccomp"] = install_seccomp()
+    filler = os.open(os.devnull, os.O_RDONLY)
+    top = max(int(name) for name in os.listdir("/proc/self/fd"))  # filler included
+    report["empty_root"] = enter_empty_root(parent_mount_namespace)
+    try:
+        landlock = _Landlock()
+    except (ImportError, OSError) as exc:
+        landlock = None
+        report["landlock"] = f"unavailable: {exc}"
+    if landlock is not None:
+        try:
+            report["landlock"] = landlock.enforce()
+        except OSError as exc:
+            report["landlock"] = f"unavailable: {exc}"
+    report["nofile"] = _pin_descriptors(top, filler)
+    try:
+        report["seccomp"] = install_seccomp()
+    except (ImportError, OSError, RuntimeError) as exc:  # pyseccomp raises RuntimeError without libseccomp
+        report["seccomp"] = f"unavailable: {exc}"
     install_audit_hook(allowed_modules)
     report["audit_hook"] = "installed"
     return report

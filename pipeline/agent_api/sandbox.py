@@ -1,36 +1,48 @@
 """Running agents' code blocks: one long-lived, locked-down child process per environment.
 
-Threat model. The agent is an LLM whose code may, by accident or by design, try to see the future:
-read the database files, the parent's tables or a date knob, reach the network, or start
-programs. MIRAI v1 ran code blocks with ``exec`` inside the process that held the whole database
-(reference code §4), so it could. Here:
+Threat model (docs/agent_api.md, "Threat model"). The agent is an LLM whose code may, by accident
+or by design, try to see the future (read the database files, the parent's tables or a date
+knob), reach the network, start programs, touch other processes, leave objects behind, or attack
+the parent through the reply pipe. Assume it owns the child's Python interpreter: every
+Python-level guard can be switched off from inside (``get_events.__globals__`` reaches the real
+builtins, ctypes pointer writes raise no audit event), so only kernel layers count. MIRAI v1 ran
+code blocks with ``exec`` inside the process that held the whole database (reference code §4).
+Here:
 
 - The child process (``sandbox_child.py``) is a fresh interpreter, not a fork: it shares no memory
   with the parent. It is started with a minimal environment (no inherited variables, so no
-  credentials), in ``/``, and never learns the data directory.
+  credentials), in ``/``, and never learns the data directory. Where the kernel allows it, it
+  starts in user, mount, IPC, network and PID namespaces of its own (``unshare(1)``): no host
+  network, no SysV IPC object that outlives it, no view of the parent's process.
 - It receives exactly the Environment's gated tables over a pipe, so rows after the cutoff are not
   in its memory at all, and there is no end-date setting to change: the cutoff is baked into the
   data it holds.
-- Before any agent code runs it locks itself down (lockdown.py): rlimits on memory, CPU seconds,
-  file size and file descriptors; a seccomp filter denying file, network, exec/fork, signalling
-  and tracing syscalls (Linux x86_64); an audit hook denying the corresponding Python events and
-  imports outside an allow-list; builtins without ``open``/``input``.
-- The parent enforces a wall-clock timeout per block. On timeout, crash (memory or CPU limit) or
-  a garbled reply it kills the child and starts a fresh one on the next call; the observation says
-  that variables were reset. The environment itself is unaffected.
+- Before any agent code runs it locks itself down (lockdown.py): rlimits; an empty root in its
+  own mount namespace; Landlock (no filesystem or network access); a pinned descriptor table; a
+  seccomp allowlist on every thread; an audit hook. Without the seccomp allowlist (an
+  architecture it is not written for, or a kernel or library that cannot load it) code blocks
+  are refused, unless the operator allows them (``allow_unconfined``, setting
+  MIRAI_SANDBOX_ALLOW_UNCONFINED).
+- The parent trusts nothing the child writes: a reply is length-prefixed, capped (the observation
+  cap), read incrementally under the block's deadline and checked against the request it answers.
+  A timeout, a crash (memory or CPU limit) or a reply that breaks the protocol kills the child;
+  the observation says what happened and that variables were reset, and a fresh child serves the
+  next block. The environment itself is unaffected.
 
 What it does not defend against: the agent reading anything inside the child (the gated tables,
-the reference tables, its own variables); denial of service within the limits; kernel exploits;
-an unfiltered platform (without seccomp, a native-code escape from Python could reach the files).
-Variables persist between blocks of one child, as in MIRAI; a restart loses them.
+the reference tables, its own variables); denial of service within the limits; kernel exploits
+through the allowed syscalls. Variables persist between blocks of one child, as in MIRAI; a
+restart loses them.
 """
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import os
 import select
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -39,17 +51,50 @@ from pathlib import Path
 
 import polars as pl
 
-from pipeline.agent_api.sandbox_child import write_message
+from pipeline.agent_api.lockdown import SECCOMP_ARCHES, machine
+from pipeline.agent_api.sandbox_child import MAX_OBSERVATION_CHARS, TRUNCATION_NOTE
 
 DEFAULT_TIMEOUT_S = 30.0
 DEFAULT_MEMORY_MB = 1024
 DEFAULT_CPU_BUDGET_S = 600
 START_TIMEOUT_S = 120.0
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
+# The largest reply a well-behaved child can send: a capped observation, every character escaped
+# by json.dumps to at most 12 bytes (a surrogate pair, "\\udXXX\\udXXX"), plus the envelope.
+MAX_OUTPUT_CHARS = MAX_OBSERVATION_CHARS + len(TRUNCATION_NOTE)
+REPLY_CAP_BYTES = 12 * MAX_OUTPUT_CHARS + 1024
+READY_CAP_BYTES = 64 * 1024
+# The layers a report names (docs/agent_api.md, "Threat model"); evaluations record these.
+LAYER_KEYS = ("namespaces", "empty_root", "landlock", "seccomp", "audit_hook")
+NAMESPACE_FLAGS = ("--user", "--map-root-user", "--mount", "--ipc", "--net", "--pid")
 
 
 class SandboxError(RuntimeError):
-    """The child could not be started or stopped answering sensibly."""
+    """The child could not be started, or code blocks are refused on this platform."""
+
+
+class ProtocolError(Exception):
+    """The child wrote something that is not the reply it owed (wrong shape, size or order)."""
+
+
+@functools.cache
+def namespace_prefix() -> tuple[tuple[str, ...], str]:
+    """(command prefix, description): ``unshare(1)`` starting the child in new user, mount, IPC,
+    network and PID namespaces, if this kernel allows them (tried once per process); else ((),
+    why not). The child is root of its user namespace (never of the host) so that it can mount its
+    empty root (lockdown.enter_empty_root); the thread that runs agent code then drops every
+    capability. --kill-child ties the child's life to unshare's, which the parent kills."""
+    unshare = shutil.which("unshare")
+    if sys.platform != "linux" or unshare is None:
+        return (), "unavailable: no unshare(1) (util-linux)"
+    prefix = (unshare, *NAMESPACE_FLAGS, "--fork", "--kill-child", "--")
+    try:
+        probe = subprocess.run([*prefix, "true"], capture_output=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return (), f"unavailable: {exc}"
+    if probe.returncode != 0:
+        return (), f"unavailable: unshare {' '.join(NAMESPACE_FLAGS)} failed: {probe.stderr.decode(errors='replace').strip()[:200]}"
+    return prefix, "user, mount, IPC, network and PID namespaces of its own"
 
 
 def _ipc(frame: pl.DataFrame) -> bytes:
@@ -58,15 +103,25 @@ def _ipc(frame: pl.DataFrame) -> bytes:
     return buf.getvalue()
 
 
+def _checked_report(message: dict) -> dict:
+    report = message.get("ready") if set(message) == {"ready"} else None
+    if not isinstance(report, dict) or not all(
+            isinstance(k, str) and (isinstance(v, str) and len(v) <= 1000 or type(v) is int) for k, v in report.items()):
+        raise ProtocolError("the start-up reply is not a lockdown report")
+    return report
+
+
 class _Child:
     """One child process and its pipes."""
 
-    def __init__(self, env, memory_mb: int, cpu_budget_s: int):
+    def __init__(self, env, memory_mb: int, cpu_budget_s: int, allow_unconfined: bool):
         self.memory_mb = memory_mb
+        self.requests = 0
+        prefix, namespaces = namespace_prefix()
         # Kept for the child's lifetime (closed in stop), so not a with-block.
         self.stderr = tempfile.TemporaryFile()  # noqa: SIM115
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "pipeline.agent_api.sandbox_child"],
+            [*prefix, sys.executable, "-m", "pipeline.agent_api.sandbox_child"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
             cwd="/", close_fds=True,
             env={"PYTHONPATH": str(PROJECT_ROOT), "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8",
@@ -75,34 +130,89 @@ class _Child:
         events, news = env.tables()
         config = {"start": env.start.isoformat(), "cutoff": env.cutoff.isoformat(),
                   "query_date": env.query_date.isoformat(), "distance_days": env.distance_days,
-                  "memory_mb": memory_mb, "cpu_budget_s": cpu_budget_s}
+                  "memory_mb": memory_mb, "cpu_budget_s": cpu_budget_s,
+                  # The child mounts its empty root only in a mount namespace other than this one.
+                  "parent_mount_namespace": os.readlink("/proc/self/ns/mnt") if prefix else None}
+        # Requests go out non-blocking under a deadline: a child that stops reading its stdin
+        # cannot hang the evaluation.
+        os.set_blocking(self.proc.stdin.fileno(), False)
+        deadline = time.monotonic() + START_TIMEOUT_S
         try:
-            write_message(self.proc.stdin, json.dumps(config).encode())
-            write_message(self.proc.stdin, _ipc(events))
-            write_message(self.proc.stdin, _ipc(news))
-            self.report = self.receive(START_TIMEOUT_S)["ready"]
-        except (OSError, EOFError, TimeoutError, KeyError, ValueError) as exc:
+            for message in (json.dumps(config).encode(), _ipc(events), _ipc(news)):
+                self._send(message, deadline)
+            self.report = _checked_report(self.receive(START_TIMEOUT_S, READY_CAP_BYTES)) | {"namespaces": namespaces}
+        except (OSError, EOFError, TimeoutError, ProtocolError) as exc:
             detail = self.stop()
             raise SandboxError(f"the sandbox process did not start: {exc}; {detail}") from exc
+        if str(self.report.get("seccomp", "unavailable")).startswith("unavailable") and not allow_unconfined:
+            self.stop()
+            raise SandboxError(f"code blocks are refused: the seccomp allowlist could not be installed "
+                               f"({self.report.get('seccomp')}); an operator may allow unconfined code blocks "
+                               "with MIRAI_SANDBOX_ALLOW_UNCONFINED=true (docs/agent_api.md)")
 
-    def receive(self, timeout_s: float) -> dict:
-        """The next reply, or TimeoutError after ``timeout_s``; EOFError if the child died."""
-        deadline = time.monotonic() + timeout_s
+    def _send(self, payload: bytes, deadline: float) -> None:
+        """One length-prefixed message to the child's stdin, or TimeoutError at ``deadline``."""
+        fd = self.proc.stdin.fileno()
+        for part in (len(payload).to_bytes(4, "big"), payload):
+            view = memoryview(part)
+            while view:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not select.select([], [fd], [], remaining)[1]:
+                    raise TimeoutError
+                try:
+                    view = view[os.write(fd, view):]
+                except BlockingIOError:
+                    continue
+
+    def _read_exactly(self, size: int, deadline: float) -> bytes:
         fd = self.proc.stdout.fileno()
-        chunks, need, header = [], 4, None
-        while need:
+        buf = bytearray()
+        while len(buf) < size:
             remaining = deadline - time.monotonic()
             if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
                 raise TimeoutError
-            data = os.read(fd, need)
+            data = os.read(fd, min(size - len(buf), 1 << 16))
             if not data:
                 raise EOFError
-            chunks.append(data)
-            need -= len(data)
-            if not need and header is None:
-                header = b"".join(chunks)
-                chunks, need = [], int.from_bytes(header, "big")
-        return json.loads(b"".join(chunks))
+            buf += data
+        return bytes(buf)
+
+    def receive(self, timeout_s: float, cap: int) -> dict:
+        """The next message as a JSON object: TimeoutError after ``timeout_s``, EOFError if the
+        child died, ProtocolError for anything larger than ``cap`` bytes or not a JSON object
+        (nothing beyond the cap is read)."""
+        deadline = time.monotonic() + timeout_s
+        size = int.from_bytes(self._read_exactly(4, deadline), "big")
+        if size > cap:
+            raise ProtocolError(f"a reply of {size} bytes, over the cap of {cap}")
+        try:
+            message = json.loads(self._read_exactly(size, deadline))
+        except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+            raise ProtocolError(f"a reply that is not JSON ({type(exc).__name__})") from None
+        if not isinstance(message, dict):
+            raise ProtocolError(f"a reply that is a JSON {type(message).__name__}, not an object")
+        return message
+
+    def run(self, code: str, timeout_s: float) -> str:
+        """Send one block and return its output, checked against the request it answers."""
+        fd = self.proc.stdout.fileno()
+        if select.select([fd], [], [], 0)[0]:
+            if not os.read(fd, 1):
+                raise EOFError
+            raise ProtocolError("bytes on the pipe before any request")
+        self.requests += 1
+        deadline = time.monotonic() + timeout_s
+        self._send(json.dumps({"id": self.requests, "code": code}).encode(), deadline)
+        reply = self.receive(deadline - time.monotonic(), REPLY_CAP_BYTES)
+        if set(reply) != {"id", "output"} or type(reply["id"]) is not int:
+            raise ProtocolError(f"a reply with the keys {sorted(reply)[:5]!r}, not 'id' and 'output'")
+        if reply["id"] != self.requests:
+            raise ProtocolError(f"the reply to request {reply['id']} when {self.requests} was due")
+        output = reply["output"]
+        if not isinstance(output, str) or len(output) > MAX_OUTPUT_CHARS:
+            raise ProtocolError(f"an output that is a {type(output).__name__}"
+                                + (f" of {len(output)} characters" if isinstance(output, str) else ""))
+        return output
 
     def stop(self) -> str:
         """Kill the child; return how it ended and the tail of its stderr (for error messages)."""
@@ -123,24 +233,29 @@ class _Child:
 
 class Sandbox:
     """Runs code blocks for one Environment. The child starts on the first block (and again after a
-    timeout or crash), so environments that never run code cost nothing."""
+    timeout, crash or broken reply), so environments that never run code cost nothing.
+    ``allow_unconfined``: run code blocks even where the seccomp allowlist cannot be installed
+    (an operator's explicit choice; the report says so)."""
 
-    def __init__(self, env, *, memory_mb: int = DEFAULT_MEMORY_MB, cpu_budget_s: int = DEFAULT_CPU_BUDGET_S):
+    def __init__(self, env, *, memory_mb: int = DEFAULT_MEMORY_MB, cpu_budget_s: int = DEFAULT_CPU_BUDGET_S,
+                 allow_unconfined: bool = False):
         self._env = env
         self._memory_mb = memory_mb
         self._cpu_budget_s = cpu_budget_s
+        self._allow_unconfined = allow_unconfined
         self._child: _Child | None = None
-
-    @property
-    def report(self) -> dict:
-        """What the running child's lockdown applied (starts the child if needed)."""
-        return self._ensure(self._memory_mb).report
+        self.last_report: dict | None = None
 
     def _ensure(self, memory_mb: int) -> _Child:
         if self._child is not None and self._child.memory_mb != memory_mb:
             self._restart()
         if self._child is None:
-            self._child = _Child(self._env, memory_mb, self._cpu_budget_s)
+            if machine() not in SECCOMP_ARCHES and not self._allow_unconfined:
+                raise SandboxError(f"code blocks are refused on {sys.platform}/{machine()}: the seccomp allowlist is "
+                                   f"written for {', '.join(SECCOMP_ARCHES)}; an operator may allow unconfined code "
+                                   "blocks with MIRAI_SANDBOX_ALLOW_UNCONFINED=true (docs/agent_api.md)")
+            self._child = _Child(self._env, memory_mb, self._cpu_budget_s, self._allow_unconfined)
+            self.last_report = self._child.report
         return self._child
 
     def _restart(self) -> str:
@@ -150,20 +265,24 @@ class Sandbox:
 
     def run(self, code: str, *, timeout_s: float | None = None, memory_mb: int | None = None) -> str:
         """The observation for ``code``. ``memory_mb`` is the child's memory budget: a different
-        value than the running child's restarts it (losing variables)."""
+        value than the running child's restarts it (losing variables). Whatever the child does,
+        this returns an observation; only a child that cannot start raises SandboxError."""
         if not isinstance(code, str):
             raise TypeError(f"code must be a string, got {type(code).__name__}")
         timeout = DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
         self._memory_mb = self._memory_mb if memory_mb is None else memory_mb
         child = self._ensure(self._memory_mb)
         try:
-            write_message(child.proc.stdin, json.dumps({"code": code}).encode())
-            return child.receive(timeout)["output"]
+            return child.run(code, timeout)
         except TimeoutError:
             self._restart()
             return (f"TimeoutError: the code block ran longer than {timeout:g} s and was stopped; "
                     "the sandbox was restarted, so variables defined earlier are gone")
-        except (OSError, EOFError, KeyError, ValueError):
+        except ProtocolError as exc:
+            self._restart()
+            return (f"SandboxError: the sandbox process broke the reply protocol ({exc}) and was stopped; "
+                    "the sandbox was restarted, so variables defined earlier are gone")
+        except (OSError, EOFError):
             detail = self._restart()
             return (f"SandboxError: the code block ended the sandbox process ({detail.split(';')[0]}), "
                     "e.g. by exceeding its memory or CPU limit; the sandbox was restarted, so variables "
@@ -173,3 +292,7 @@ class Sandbox:
         self._restart()
 
 
+def layers(report: dict | None) -> dict | None:
+    """The confinement layers a lockdown report names (no per-child numbers): what an evaluation
+    records."""
+    return None if report is None else {key: report.get(key, "absent") for key in LAYER_KEYS}

@@ -7,7 +7,9 @@ what the lockdown applied; then run code blocks until stdin closes. The child is
 path to the database, so the only rows it can hold are the ones the parent sent.
 
 Wire format both ways: a 4-byte big-endian length, then the payload (JSON, or IPC bytes for the
-tables).
+tables). A request is ``{"id": n, "code": ...}``, its reply ``{"id": n, "output": ...}``; the parent
+checks every reply against that shape and a size cap (sandbox.py), since agent code can write
+anything to the pipe.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ ALLOWED_MODULES = frozenset({
 # Builtins agent code does not get: file and console access, the interactive helpers.
 REMOVED_BUILTINS = ("open", "input", "breakpoint", "help", "exit", "quit", "copyright", "credits", "license")
 MAX_OBSERVATION_CHARS = 20_000
+TRUNCATION_NOTE = f"\n[output truncated at {MAX_OBSERVATION_CHARS} characters]"
 
 
 def read_message(stream) -> bytes:
@@ -92,14 +95,20 @@ def run_block(code: str, namespace: dict) -> str:
         sys.stdout, sys.stderr = saved
     text = out.getvalue()
     if len(text) > MAX_OBSERVATION_CHARS:
-        text = text[:MAX_OBSERVATION_CHARS] + f"\n[output truncated at {MAX_OBSERVATION_CHARS} characters]"
+        text = text[:MAX_OBSERVATION_CHARS] + TRUNCATION_NOTE
     return text
 
 
 def _prepare_imports() -> None:
+    import landlockpy
     import polars as pl
+    import pyseccomp
 
     from pipeline.agent_api import lookup
+
+    # Both find and load their C libraries now: after lockdown no file can be opened.
+    pyseccomp.system_arch()
+    landlockpy.abi_version()
 
     for name in ALLOWED_MODULES:
         __import__(name)
@@ -130,14 +139,15 @@ def main() -> None:
     namespace = agent_namespace(env)
     del events, news
     report = lock_down(memory_mb=config["memory_mb"], cpu_budget_s=config["cpu_budget_s"],
-                       allowed_modules=ALLOWED_MODULES)
+                       allowed_modules=ALLOWED_MODULES, parent_mount_namespace=config["parent_mount_namespace"])
     write_message(stdout, json.dumps({"ready": report}).encode())
     while True:
         try:
             request = json.loads(read_message(stdin))
         except EOFError:
             return
-        write_message(stdout, json.dumps({"output": run_block(request["code"], namespace)}).encode())
+        output = run_block(request["code"], namespace)
+        write_message(stdout, json.dumps({"id": request["id"], "output": output}).encode())
 
 
 if __name__ == "__main__":

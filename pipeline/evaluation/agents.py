@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import date
 
 from pipeline.agent_api.environment import API_FUNCTIONS
-from pipeline.agent_api.sandbox import SandboxError
+from pipeline.agent_api.sandbox import SandboxError, layers
 from pipeline.agent_api.types import DateGateError
 from pipeline.evaluation.llm import ChatClient, LLMError, Reply
 from pipeline.evaluation.metrics import parse_answer
@@ -98,6 +98,7 @@ class Trajectory:
     steps: list[Step] = field(default_factory=list)
     error: str | None = None  # what ended an episode in state "error"
     wall_s: float = 0.0
+    sandbox: dict | None = None  # the confinement layers of the episode's sandbox; None: no code ran
 
     @property
     def n_actions(self) -> int:
@@ -313,7 +314,10 @@ def run_react(client: ChatClient, spec: AgentSpec, query: Query, cutoff: date,
     messages = [{"role": "system", "content": system}, {"role": "user", "content": text}]
     try:
         with env_factory() as env:
-            trajectory.end_state = _react_turns(client, spec, env, messages, trajectory)
+            try:
+                trajectory.end_state = _react_turns(client, spec, env, messages, trajectory)
+            finally:
+                trajectory.sandbox = layers(env.sandbox_report)
     except (LLMError, SandboxError, DateGateError) as exc:
         # DateGateError: the query's cutoff is before the database starts, so no environment.
         trajectory.end_state, trajectory.error = "error", f"{type(exc).__name__}: {exc}"

@@ -316,7 +316,7 @@ def evaluate_agent(
     if spec.strategy == "react" and database is None:
         database = EventDatabase(data_dir)
     items = _queries(frame)
-    per_round, results, lines = [], [], []
+    per_round, results, lines, sandboxes = [], [], [], set()
     for round_no in range(agent.rounds):
         trajectories = _run_round(client, spec, items, distance, database)
         forecasts = pl.DataFrame(
@@ -330,6 +330,7 @@ def evaluate_agent(
         results.append(pl.concat([scored.with_columns(pl.lit(round_no, pl.Int64).alias("round")),
                                   _episode_columns(trajectories)], how="horizontal"))
         lines.extend(json.dumps({"round": round_no} | t.record(), default=str) for t in trajectories)
+        sandboxes.update(json.dumps(t.sandbox, sort_keys=True) for t in trajectories if t.sandbox is not None)
     results = pl.concat(results)
     trajectories_jsonl = ("\n".join(lines) + "\n").encode()
     record = _record(agent, month, query_set, distance, aggregate_rounds(per_round), contaminated, reason) | {
@@ -347,6 +348,9 @@ def evaluate_agent(
         "tokens_out": int(results.get_column("tokens_out").sum()),
         "model_s": float(results.get_column("model_s").sum()),
         "trajectories_sha256": hashlib.sha256(trajectories_jsonl).hexdigest(),
+        # The confinement layers the code-running sandboxes had (docs/agent_api.md, "Threat
+        # model"): one entry unless they differed between episodes; empty if no code ran.
+        "sandbox": [json.loads(layers) for layers in sorted(sandboxes)],
     }
     directory = DataLayout(data_dir).evaluation_dir(month, agent.name, query_set, distance)
     return results, write_evaluation(directory, results, record, {"trajectories.jsonl": trajectories_jsonl})
