@@ -7,6 +7,7 @@ test builds its input here and runs anywhere.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import random
 import struct
@@ -303,7 +304,7 @@ def clean_export(n: int = 10) -> list[bytes]:
 
 
 def assert_one_reject(parsed: ParsedFile, line_number: int, reason: str, raw: bytes, n_lines: int) -> None:
-    assert parsed.rejects.rows() == [("<bytes>", line_number, reason, raw)]
+    assert parsed.rejects.rows() == [("<bytes>", line_number, reason, raw, len(raw), hashlib.sha256(raw).hexdigest())]
     assert parsed.total_lines == n_lines
     assert parsed.rows.height == n_lines - 1
     # Every other line is kept, in order.
