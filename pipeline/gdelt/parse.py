@@ -209,9 +209,12 @@ BATCH_FILES = 16
 BATCH_BYTES = 32 * 2**20
 # Unzipped bytes of the batches parse_files has handed to its threads and not yet yielded,
 # whatever the number of cores: parsing holds several times a file's bytes (a column of 16-byte
-# string views per field), so this, not the thread count, is what bounds its memory. One batch
-# is always let through, so a file of up to the zip cap still parses.
-IN_FLIGHT_BYTES = 64 * 2**20
+# string views per field: ~1 KB per export line, ~25x the bytes of the shortest rows), so this,
+# not the thread count, is what bounds its memory. By default one and a half times the larger of
+# a batch and the member cap, so two files at the cap are never parsed at once; the first batch
+# is always let through.
+def in_flight_bytes(max_member_bytes: int) -> int:
+    return max(BATCH_BYTES, max_member_bytes) + max_member_bytes // 2
 
 
 def parse_files(
@@ -231,7 +234,7 @@ def parse_files(
     far less than file by file for 15-minute files. ``workers`` batches are parsed at once on
     as many threads (default: one per core); polars runs without the GIL, so one batch's reading
     overlaps another's counting and splitting. ``items`` is consumed lazily, holding at most
-    ``workers + 1`` batches and, past the first, :data:`IN_FLIGHT_BYTES` of unzipped bytes
+    ``workers + 1`` batches and, past the first, :func:`in_flight_bytes` of unzipped bytes
     (counted from each zip's declared size; a member is refused once it inflates past
     ``max_member_bytes`` or its declared size, so that count holds).
 
@@ -243,6 +246,7 @@ def parse_files(
     workers = workers or default_workers()
     batches = _batches(items, max_member_bytes)
     parse = functools.partial(_parse_batch, kind=kind, cap=max_member_bytes)
+    budget = in_flight_bytes(max_member_bytes)
     if workers == 1:
         for batch, _ in batches:
             yield from _unwrap(parse(batch), refused)
@@ -261,7 +265,7 @@ def parse_files(
                 raise
             if batch is None:
                 break
-            while ahead and (len(ahead) > workers or in_flight + size > IN_FLIGHT_BYTES):
+            while ahead and (len(ahead) > workers or in_flight + size > budget):
                 done, done_size = ahead.popleft()
                 in_flight -= done_size
                 yield from _unwrap(done.result(), refused)
@@ -289,8 +293,13 @@ def _batches(items: Iterable[tuple[bytes, str]], cap: int) -> Iterator[tuple[lis
     size = 0
     try:
         for item in items:
+            item_size = _unzipped_size(*item, cap)
+            if batch and item_size >= BATCH_BYTES // 2:
+                # A big file goes alone: joined to others it would be copied and read with them.
+                yield batch, size
+                batch, size = [], 0
             batch.append(item)
-            size += _unzipped_size(*item, cap)
+            size += item_size
             if len(batch) >= BATCH_FILES or size >= BATCH_BYTES:
                 yield batch, size
                 batch, size = [], 0
