@@ -3,8 +3,8 @@
 The files are TAB-separated, have no header and no quoting, and end each record with ``\\n``
 (the codebook; ``../shared/notes/gdelt-formats.md`` §1). Parsing keeps every line accounted for:
 each line of the file ends up either in ``rows`` (typed per ``schema.py``) or in ``rejects`` with
-its line number, its bytes as received and the reason, so ``rows.height + rejects.height ==
-total_lines`` always.
+its line number, its bytes as received (truncated, below) and the reason, so ``rows.height +
+rejects.height == total_lines`` always.
 
 Line rules:
 
@@ -206,14 +206,18 @@ def default_workers() -> int:
 # of expressions, up to this many files or unzipped bytes (a 15-minute export is 0.5 to 3 MB
 # unzipped).
 BATCH_FILES = 16
-BATCH_BYTES = 32 * 2**20
-# Unzipped bytes of the batches parse_files has handed to its threads and not yet yielded,
-# whatever the number of cores: parsing holds several times a file's bytes (a column of 16-byte
-# string views per field: ~1 KB per export line, ~25x the bytes of the shortest rows), so this,
-# not the thread count, is what bounds its memory. By default one and a half times the larger of
-# a batch and the member cap, so two files at the cap are never parsed at once; the first batch
-# is always let through.
+BATCH_BYTES = 16 * 2**20
+
+
 def in_flight_bytes(max_member_bytes: int) -> int:
+    """Unzipped bytes of the batches :func:`parse_files` may have handed to its threads and not
+    yet yielded, whatever the number of cores (the first batch is always let through).
+
+    Parsing holds several times a file's bytes (a column of 16-byte string views per field: ~1 KB
+    per export line, ~25x the bytes of the shortest rows), so this, not the thread count, is what
+    bounds its memory. One and a half times the larger of a batch and the member cap: two files at
+    the cap are never parsed at once, while three batches of ordinary files are.
+    """
     return max(BATCH_BYTES, max_member_bytes) + max_member_bytes // 2
 
 
