@@ -22,6 +22,7 @@ import dagster as dg
 import polars as pl
 import pytest
 
+from assets.events import daily_quads, events
 from assets.ingest import gdelt_events, gdelt_files, gdelt_mentions
 from pipeline.gdelt.ingest import ingest_day, parse_day
 from pipeline.gdelt.ledger import read_ledger
@@ -146,8 +147,13 @@ def test_a_sixty_column_file_is_quarantined_and_its_day_flows_on_through_dagster
     layout = DataLayout(tmp_path / "data")
     selection = [gdelt_files, gdelt_events, gdelt_mentions, gdelt_files_all_green]
     with dg.instance_for_test() as instance:
-        first = dg.materialize(selection, partition_key=PARTITION, resources=resources, instance=instance)
-        assert first.success  # before: GdeltFormatError failed gdelt_events on every run
+        first = dg.materialize([*selection, events, daily_quads], partition_key=PARTITION, resources=resources,
+                               instance=instance)
+        assert first.success  # before: GdeltFormatError failed gdelt_events on every run, so no events
+        parsed_rows = first.asset_materializations_for_node("gdelt_events")[0].metadata["dagster/row_count"].value
+        built = next(m for m in first.asset_materializations_for_node("events") if m.asset_key == dg.AssetKey("events"))
+        assert built.metadata["input_rows"].value == parsed_rows > 0
+        assert first.asset_materializations_for_node("daily_quads")[0].metadata["quads_ge_50_mentions"].value > 0
         (check,) = first.get_asset_check_evaluations()
         assert not check.passed and check.severity == dg.AssetCheckSeverity.WARN
         assert check.metadata["quarantined"].value == 1
