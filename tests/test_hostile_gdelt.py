@@ -209,3 +209,20 @@ def test_parse_day_refuses_without_raising_and_is_idempotent(settings, mirror, m
     second = parse_day(MIRROR_DAY, "export", settings)
     assert (second.refused, second.parsed, second.quarantined) == ({}, 0, [])
     assert second.files == first.files - 1 and second.rows == first.rows
+
+
+def test_a_landed_zip_damaged_on_disk_is_marked_corrupt_and_downloaded_again(settings, mirror, mirror_dir):
+    name = raw_file_name(SIXTY, "export")
+    ingest_day(MIRROR_DAY, settings)
+    layout = DataLayout(settings.data_dir)
+    raw = layout.raw_path(SIXTY, "export")
+    raw.write_bytes(raw.read_bytes()[:-200])  # bit rot after landing: the zip no longer opens
+    parsed = parse_day(MIRROR_DAY, "export", settings)
+    assert list(parsed.refused.values())[0].startswith("truncated or damaged zip archive")
+    row = _row(read_ledger(layout, MIRROR_DAY), SIXTY)
+    assert row["status"] == "corrupt" and row["last_error"].startswith("raw zip damaged on disk")
+    fetched = _fetches(mirror, name)
+    assert _row(ingest_day(MIRROR_DAY, settings).ledger, SIXTY)["status"] == "landed"
+    assert _fetches(mirror, name) == fetched + 1
+    parse_day(MIRROR_DAY, "export", settings)
+    assert layout.parsed_path("export", SIXTY).exists()

@@ -16,7 +16,7 @@ from typing import Callable
 import polars as pl
 
 from pipeline.config import Settings
-from pipeline.gdelt.download import FetchResult, already_landed, fetch_verified
+from pipeline.gdelt.download import FetchResult, already_landed, fetch_verified, md5_of_file
 from pipeline.gdelt.index import GdeltIndex, RefreshResult, day_slots
 from pipeline.gdelt.integrity import UnreadableDigests, parsed_day_lock, read_digests, write_digests
 from pipeline.gdelt.ledger import (
@@ -290,17 +290,25 @@ def _quarantine_refused(layout: DataLayout, kind: str, day: date, refusals: list
     parsed. It is written before the zip moves: a crash in between leaves a zip in raw/ that
     nothing reads, never a landed slot without its zip. A parsed file an earlier format version
     built for the slot goes too: the events must not read rows of a file the ledger refuses.
+
+    A zip that no longer has the md5 it landed with was damaged on disk, not served so by GDELT:
+    its slot becomes ``corrupt`` instead, which the next ``ingest_day`` downloads again.
     """
     if not refusals:
         return {}
     now = utc_now()
-    why = {(row["slot"], kind): (row["expected_md5"], f"parse: {exc}") for row, exc in refusals}
+    why: dict[tuple[datetime, str], tuple[str, str, str]] = {}  # (slot, kind) -> md5, status, reason
+    for row, exc in refusals:
+        raw = layout.root / row["path"]
+        intact = raw.exists() and md5_of_file(raw) == (row["expected_size"], row["expected_md5"])
+        why[(row["slot"], kind)] = (row["expected_md5"], "quarantined", f"parse: {exc}") if intact else (
+            row["expected_md5"], "corrupt", f"raw zip damaged on disk since it landed: {exc}")
     with file_lock(layout.lock_path(f"ingest-{day.isoformat()}"), lock_timeout_s):
         rows = []
         for row in read_ledger(layout, day).iter_rows(named=True):
-            md5, reason = why.get((row["slot"], row["kind"]), (None, None))
+            md5, status, reason = why.get((row["slot"], row["kind"]), (None, None, None))
             if reason is not None and row["status"] in GREEN and row["expected_md5"] == md5:
-                row.update(status="quarantined", last_error=reason, path=None, updated_at=now,
+                row.update(status=status, last_error=reason, path=None, updated_at=now,
                            quarantined=(row["quarantined"] or 0) + 1)
             rows.append(row)
         write_ledger(layout, day, pl.DataFrame(rows, schema=LEDGER_SCHEMA))
@@ -310,9 +318,11 @@ def _quarantine_refused(layout: DataLayout, kind: str, day: date, refusals: list
         layout.rejects_path(kind, row["slot"]).unlink(missing_ok=True)
         raw = layout.root / row["path"]
         if raw.exists():
-            note = {"path": row["path"], "md5": row["expected_md5"], "reason": f"parse: {exc}",
-                    "action": "the slot is quarantined in the ledger; it is fetched and parsed again only "
-                              "when GDELT's index lists another size or md5 for it"}
+            _, status, reason = why[(row["slot"], kind)]
+            action = ("the slot is quarantined in the ledger; it is fetched and parsed again only when GDELT's "
+                      "index lists another size or md5 for it") if status == "quarantined" else (
+                      "the slot is corrupt in the ledger; the next ingest run downloads it again")
+            note = {"path": row["path"], "md5": row["expected_md5"], "reason": reason, "action": action}
             bad = quarantine_file(raw, layout.quarantine_dir(day), raw.name, note)
             moved[str(bad.relative_to(layout.root))] = str(exc)
     return moved

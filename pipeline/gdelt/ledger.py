@@ -6,7 +6,8 @@ Statuses (a file is "green" when landed or late):
                to an earlier run (unlisted, 404, failed or corrupt): GDELT published it late
 - ``pending``  not listed / not downloadable yet, still inside the grace period; retried
 - ``missing``  still not listed / 404 after the grace period (a GDELT gap); still retried by runs
-- ``corrupt``  the last attempt's bytes failed size or md5 verification (kept in quarantine); retried
+- ``corrupt``  the last attempt's bytes failed size or md5 verification, or ``parse_day`` found the
+               landed zip damaged on disk (no longer its md5); kept in quarantine, retried
 - ``failed``   the last attempt hit network or HTTP errors after all retries
 - ``quarantined`` GDELT's index vouches for the bytes (size and md5 match) but they are not a
                usable file: the zip does not open or inflates past the cap, or the CSV is not the
