@@ -23,7 +23,8 @@ from pipeline.gdelt.ledger import LEDGER_VERSION, problems, to_markdown
     # fails the whole run (GDELT's index unreachable with no cached copy, a lock held too long).
     retry_policy=dg.RetryPolicy(max_retries=2, delay=60, backoff=dg.Backoff.EXPONENTIAL),
     description="Every 15-minute GDELT 2.0 export and mentions zip of the day, verified against "
-    "GDELT's size/md5 index, plus the slot ledger (landed, late, pending, missing, corrupt, failed).",
+    "GDELT's size/md5 index, plus the slot ledger (landed, late, pending, missing, corrupt, failed, "
+    "quarantined).",
 )
 def gdelt_files(context: dg.AssetExecutionContext, mirai: MiraiSettings) -> dg.MaterializeResult:
     day = date.fromisoformat(context.partition_key)
@@ -49,8 +50,10 @@ def _parsed_asset(kind: str):
         kinds={"polars", "parquet"},
         code_version=PARSED_FORMAT_VERSION,
         description=f"Typed GDELT 2.0 {kind} rows, one parquet file per landed slot; malformed lines "
-        "go to parsed/rejects with file, line number, reason and the raw bytes. Each file's sha256 is "
-        "recorded in parsed/digests; a file that no longer matches is quarantined and parsed again.",
+        "go to parsed/rejects with file, line number, reason and the line's first 4 KiB, length and sha256. "
+        "Each file's sha256 is recorded in parsed/digests; a file that no longer matches is quarantined and "
+        "parsed again. A raw file that cannot be parsed as a whole (wrong column count, implausibly many "
+        "lines) is quarantined and its slot marked so in the ledger; the day's other slots are written.",
     )
     def parsed(context: dg.AssetExecutionContext, mirai: MiraiSettings) -> dg.MaterializeResult:
         result = parse_day(date.fromisoformat(context.partition_key), kind, mirai.settings())
@@ -62,6 +65,8 @@ def _parsed_asset(kind: str):
                 "parsed_this_run": result.parsed,
                 "quarantined_this_run": dg.MetadataValue.md(
                     "\n".join(f"- `{path}`" for path in result.quarantined) or "none"),
+                "refused_this_run": dg.MetadataValue.md(
+                    "\n".join(f"- `{path}`: {why}" for path, why in result.refused.items()) or "none"),
             }
         )
 

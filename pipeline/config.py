@@ -11,7 +11,14 @@ from datetime import date, timedelta
 from pathlib import Path
 from typing import Mapping
 
-DEFAULT_GDELT_BASE_URL = "http://data.gdeltproject.org/gdeltv2"
+# HTTPS keeps the index and files private and unaltered in transit; the index's md5 per file stays
+# the integrity check (pipeline/gdelt/download.py), so a mirror may still be plain HTTP.
+DEFAULT_GDELT_BASE_URL = "https://data.gdeltproject.org/gdeltv2"
+# Cap on one GDELT zip member unzipped. Real 15-minute files unpack to 0.6-0.9 MB (exports) and at
+# most ~12 MB (the largest catch-up mentions file among GDELT 2.0's first 1000 index lines, 1.95 MB
+# zipped, at the 4-6x ratio of real files); 32 MiB leaves more than twice that. Evidence in
+# docs/data-layout.md ("Hostile GDELT files").
+DEFAULT_MAX_UNCOMPRESSED_MB = 32
 
 
 @dataclass(frozen=True)
@@ -33,8 +40,8 @@ class Settings:
     missing_grace_hours: float = 24.0
     # A file that landed this many hours after its slot, having been unavailable before, is "late".
     late_after_hours: float = 2.0
-    # Zip-bomb cap for one member; real 15-minute exports unpack to well under 20 MB.
-    max_uncompressed_mb: int = 512
+    # Cap on one zip member unzipped, in MiB (see DEFAULT_MAX_UNCOMPRESSED_MB).
+    max_uncompressed_mb: int = DEFAULT_MAX_UNCOMPRESSED_MB
     user_agent: str = "mirai-pipeline/0.1 (+https://github.com/mirai-pipeline; GDELT benchmark builder)"
     day_lock_timeout_s: float = 1800.0
     # Articles: MIRAI fetched the articles of quads with more than 50 daily mentions (§2).

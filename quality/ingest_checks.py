@@ -17,16 +17,24 @@ from pipeline.storage import DataLayout
 @dg.asset_check(asset=gdelt_files, partitions_def=daily_partitions, blocking=False)
 def gdelt_files_all_green(context: dg.AssetCheckExecutionContext, mirai: MiraiSettings) -> dg.AssetCheckResult:
     """Warns when a due file of the day is not landed: GDELT gaps (missing) are normal, corrupt
-    and failed files need a look. A warning, not an error: the day keeps every slot it has."""
+    and failed files need a look, and a quarantined file (GDELT's index vouches for bytes that
+    are not a usable file: see docs/data-layout.md, "Hostile GDELT files") is named with its
+    reason. A warning, not an error: the day keeps every slot it has and its events are built
+    from them."""
     day = date.fromisoformat(context.partition_key)
     ledger = read_ledger(DataLayout(mirai.settings().data_dir), day)
-    bad = ledger.filter(pl.col("status").is_in(["corrupt", "failed", "pending", "missing"]))
+    bad = ledger.filter(pl.col("status").is_in(["corrupt", "failed", "pending", "missing", "quarantined"]))
+    quarantined = ledger.filter(pl.col("status") == "quarantined").sort("slot", "kind")
+    named = [f"{row['slot']:%Y%m%d%H%M%S}.{row['kind']} ({row['last_error']})" for row in quarantined.iter_rows(named=True)]
     return dg.AssetCheckResult(
         passed=bad.height == 0,
         severity=dg.AssetCheckSeverity.WARN,
+        description=f"{len(named)} file(s) quarantined, not fetched or parsed again until GDELT's index "
+        f"lists other bytes for them: {'; '.join(named)}" if named else None,
         metadata={
             "not_landed": bad.height,
             "corrupt_or_failed": bad.filter(pl.col("status").is_in(["corrupt", "failed"])).height,
+            "quarantined": quarantined.height,
             "details": dg.MetadataValue.md(to_markdown(problems(ledger))),
         },
     )

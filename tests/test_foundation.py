@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_settings_from_env_and_clear_errors():
     s = Settings.from_env({"MIRAI_DATA_DIR": "/tmp/x", "MIRAI_START_DATE": "2024-02-01", "MIRAI_DOWNLOAD_ATTEMPTS": "7"})
     assert (s.data_dir, s.start_date, s.download_attempts) == (Path("/tmp/x"), date(2024, 2, 1), 7)
-    assert Settings.from_env({}).gdelt_base_url == "http://data.gdeltproject.org/gdeltv2"
+    assert Settings.from_env({}).gdelt_base_url == "https://data.gdeltproject.org/gdeltv2"  # HTTPS by default
     with pytest.raises(ValueError, match="MIRAI_START_DATE"):
         Settings.from_env({"MIRAI_START_DATE": "01/02/2024"})
 

@@ -7,6 +7,7 @@ test builds its input here and runs anywhere.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import random
 import struct
@@ -303,7 +304,7 @@ def clean_export(n: int = 10) -> list[bytes]:
 
 
 def assert_one_reject(parsed: ParsedFile, line_number: int, reason: str, raw: bytes, n_lines: int) -> None:
-    assert parsed.rejects.rows() == [("<bytes>", line_number, reason, raw)]
+    assert parsed.rejects.rows() == [("<bytes>", line_number, reason, raw, len(raw), hashlib.sha256(raw).hexdigest())]
     assert parsed.total_lines == n_lines
     assert parsed.rows.height == n_lines - 1
     # Every other line is kept, in order.
@@ -802,3 +803,65 @@ def test_text_saved_as_a_zip_is_refused_without_a_fixture():
     lastupdate = b"180505 3a478f464cb1e80db45270c6fe1787e2 http://data.gdeltproject.org/gdeltv2/x.export.CSV.zip\n"
     with pytest.raises(CorruptArchiveError, match=r"not a zip archive \(94 bytes starting b'180505 "):
         open_gdelt_zip(lastupdate)
+
+
+def test_a_long_rejected_line_is_stored_as_4_kib_its_length_and_its_sha256():
+    lines = clean_export(5)
+    lines[2] = b"\xff" * 10_000 + b"\t" * 60  # undecodable, 61 fields
+    lines[3] = b"B" * 20_000  # one field
+    parsed = parse_export(csv(lines))
+    assert parsed.rows.height == 3
+    assert parsed.rejects.rows() == [
+        ("<bytes>", 3, "invalid_utf8", lines[2][:4096], len(lines[2]), hashlib.sha256(lines[2]).hexdigest()),
+        ("<bytes>", 4, "field_count:1", lines[3][:4096], 20_000, hashlib.sha256(lines[3]).hexdigest()),
+    ]
+
+
+def test_a_file_of_far_more_lines_than_rows_could_make_is_refused_as_a_whole():
+    # 2,000 blank lines and one row: 2,001 lines in ~2.2 KB, under 2 bytes a line.
+    with pytest.raises(parse_module.ImplausibleLinesError, match=r"2,001 lines in .* at least 76 bytes"):
+        parse_export(csv(clean_export(1) + [b""] * 2000))
+    # Up to a thousand lines are never refused for their count: blank lines stay rejects.
+    parsed = parse_export(csv(clean_export(1) + [b""] * 998))
+    assert (parsed.rows.height, parsed.rejects.height) == (1, 998)
+    # A mentions row can be shorter: its own bound applies.
+    with pytest.raises(parse_module.ImplausibleLinesError, match="at least 45 bytes"):
+        parse_mentions(b"\n" * 1001)
+
+
+def test_parse_files_can_yield_a_refused_file_in_its_place_and_go_on():
+    good, sixty = csv(clean_export(3)), csv([line.rsplit(b"\t", 1)[0] for line in clean_export(3)])
+    items = [(good, "a"), (sixty, "b"), (make_zip({"c.CSV": good}), "c.zip")]
+    with pytest.raises(GdeltFormatError):
+        list(parse_files(items, "export", workers=1))
+    out = list(parse_files(items, "export", workers=2, refused="yield", max_member_bytes=2**20))
+    assert [type(o).__name__ for o in out] == ["ParsedFile", "GdeltFormatError", "ParsedFile"]
+    big = make_zip({"d.CSV": good * 200})
+    [refused] = parse_files([(big, "d.zip")], "export", refused="yield", max_member_bytes=len(good) * 100)
+    assert isinstance(refused, CorruptArchiveError) and "above the cap" in str(refused)
+
+
+def test_a_zip_is_verified_from_disk_one_chunk_at_a_time(tmp_path):
+    import tracemalloc
+
+    from pipeline.gdelt.archive import verify_gdelt_zip
+
+    member = b"x" * (24 * 2**20)
+    path = tmp_path / "a.export.CSV.zip"
+    path.write_bytes(make_zip({"a.export.CSV": member}))
+    tracemalloc.start()
+    try:
+        assert verify_gdelt_zip(path, max_uncompressed_bytes=len(member)) == len(member)
+        _, verify_peak = tracemalloc.get_traced_memory()
+        tracemalloc.reset_peak()
+        assert open_gdelt_zip(path.read_bytes(), max_uncompressed_bytes=len(member))[1] == member
+        _, open_peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert verify_peak < 6 * 2**20  # a few 1 MiB chunks, not the 24 MiB member
+    assert open_peak < 1.5 * len(member)  # one buffer of the member (plus its growth slack), not two
+    with pytest.raises(CorruptArchiveError, match="above the cap"):
+        verify_gdelt_zip(path, max_uncompressed_bytes=len(member) - 1)
+    path.write_bytes(b"180505 3a478f464cb1e80db45270c6fe1787e2 http://x/x.export.CSV.zip\n")
+    with pytest.raises(CorruptArchiveError, match="not a zip archive"):
+        verify_gdelt_zip(path)

@@ -5,6 +5,12 @@ ways that look like zips from the outside: a downloader once saved ``lastupdate.
 ``.export.CSV.zip`` name, transfers get cut short, bytes get flipped. Each of those is refused here
 with a :class:`CorruptArchiveError` that says which of them happened, so the caller can quarantine
 the file instead of parsing garbage.
+
+A zip can also be exactly what GDELT's index lists and still be hostile: a few hundred KB that
+inflate to hundreds of MB. The member is therefore only ever read as a stream, a chunk at a time,
+and refused as soon as it inflates past a cap (:data:`DEFAULT_MAX_UNCOMPRESSED_BYTES`, sized from
+real files in docs/data-layout.md, "Hostile GDELT files"). :func:`verify_gdelt_zip` checks a zip
+on disk holding one chunk at a time; :func:`open_gdelt_zip` fills one buffer of at most the cap.
 """
 
 from __future__ import annotations
@@ -12,6 +18,12 @@ from __future__ import annotations
 import io
 import zipfile
 import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO
+
+from pipeline.config import DEFAULT_MAX_UNCOMPRESSED_MB
 
 # A zip starts with a local file header; an archive with no members starts with its end record.
 _ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
@@ -19,11 +31,12 @@ _ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
 # Decompression step: small enough that a zip bomb is stopped within one step of the cap.
 _CHUNK_BYTES = 1 << 20
 
-DEFAULT_MAX_UNCOMPRESSED_BYTES = 512 * 2**20
+# Sized from real files: see pipeline/config.py and docs/data-layout.md.
+DEFAULT_MAX_UNCOMPRESSED_BYTES = DEFAULT_MAX_UNCOMPRESSED_MB * 2**20
 
 
 class CorruptArchiveError(ValueError):
-    """The bytes are not a sound single-member zip archive."""
+    """The bytes are not a sound single-member zip archive (or it inflates past the cap)."""
 
 
 def is_zip(data: bytes) -> bool:
@@ -39,15 +52,52 @@ def open_gdelt_zip(
     Raises :class:`CorruptArchiveError` when ``data`` is not a zip, is truncated or damaged, fails
     its CRC check, holds zero or several members, or unpacks to more than
     ``max_uncompressed_bytes`` (checked against the declared size first, then while inflating).
+    The member is written chunk by chunk into one growing buffer whose bytes are returned as they
+    are (``BytesIO.getvalue`` hands over its buffer without a copy), so at no point is the member
+    held twice.
     """
     if not is_zip(data):
         raise CorruptArchiveError(f"not a zip archive ({len(data):,} bytes starting {data[:24]!r})")
+    out = io.BytesIO()
+    with _single_member(io.BytesIO(data), f"{len(data):,} bytes", max_uncompressed_bytes) as (archive, member):
+        for chunk in _inflate(archive, member, max_uncompressed_bytes):
+            out.write(chunk)
+    return member.filename, out.getvalue()
+
+
+def verify_gdelt_zip(path: Path, *, max_uncompressed_bytes: int = DEFAULT_MAX_UNCOMPRESSED_BYTES) -> int:
+    """Check the zip at ``path`` as :func:`open_gdelt_zip` would, reading it from disk and
+    inflating its member one chunk at a time (CRC included); returns the member's size.
+
+    Memory stays at one chunk whatever the member inflates to.
+    """
+    with open(path, "rb") as fh:
+        if not is_zip(head := fh.read(24)):
+            raise CorruptArchiveError(f"not a zip archive ({path.stat().st_size:,} bytes starting {head!r})")
+        fh.seek(0)
+        with _single_member(fh, f"{path.stat().st_size:,} bytes", max_uncompressed_bytes) as (archive, member):
+            return sum(len(chunk) for chunk in _inflate(archive, member, max_uncompressed_bytes))
+
+
+def declared_member_size(data: bytes) -> int | None:
+    """The uncompressed size the single member of zip ``data`` declares; None when ``data`` is
+    not a readable single-member zip (opening it properly then says why)."""
     try:
-        archive = zipfile.ZipFile(io.BytesIO(data))
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            members = archive.infolist()
+    except (zipfile.BadZipFile, ValueError, OSError):
+        return None
+    return members[0].file_size if len(members) == 1 else None
+
+
+@contextmanager
+def _single_member(fh: IO[bytes], what: str, cap: int) -> Iterator[tuple[zipfile.ZipFile, zipfile.ZipInfo]]:
+    """The archive in ``fh`` and its only member, after the checks that need no inflating
+    (member count, directory, declared size); ``what`` describes ``fh`` in messages."""
+    try:
+        archive = zipfile.ZipFile(fh)
     except zipfile.BadZipFile as exc:
-        raise CorruptArchiveError(
-            f"truncated or damaged zip archive ({len(data):,} bytes): {exc}"
-        ) from exc
+        raise CorruptArchiveError(f"truncated or damaged zip archive ({what}): {exc}") from exc
     with archive:
         members = archive.infolist()
         if len(members) != 1:
@@ -58,23 +108,23 @@ def open_gdelt_zip(
         (member,) = members
         if member.is_dir():
             raise CorruptArchiveError(f"the only member, {member.filename!r}, is a directory")
-        if member.file_size > max_uncompressed_bytes:
+        if member.file_size > cap:
             raise CorruptArchiveError(
                 f"member {member.filename!r} declares {member.file_size:,} bytes uncompressed, "
-                f"above the cap of {max_uncompressed_bytes:,}"
+                f"above the cap of {cap:,}"
             )
-        return member.filename, _inflate(archive, member, max_uncompressed_bytes)
+        yield archive, member
 
 
-def _inflate(archive: zipfile.ZipFile, member: zipfile.ZipInfo, cap: int) -> bytes:
-    """Read ``member`` chunk by chunk, stopping as soon as the output passes ``cap``.
+def _inflate(archive: zipfile.ZipFile, member: zipfile.ZipInfo, cap: int) -> Iterator[bytes]:
+    """``member``'s bytes chunk by chunk, stopping as soon as the output passes ``cap``.
 
     The declared size was checked already, but it is just a number in the archive. CPython's
     zipfile currently stops inflating at the declared size (an understated size then fails the
     CRC check), yet that is an implementation detail; counting the bytes actually produced keeps
-    the cap a hard memory bound whatever the header says and whatever zipfile does.
+    the cap a hard memory bound whatever the header says and whatever zipfile does. zipfile checks
+    the CRC when the stream reaches its end, so a consumer that reads every chunk has checked it.
     """
-    chunks: list[bytes] = []
     produced = 0
     try:
         with archive.open(member) as stream:
@@ -85,7 +135,7 @@ def _inflate(archive: zipfile.ZipFile, member: zipfile.ZipInfo, cap: int) -> byt
                         f"member {member.filename!r} inflates past the cap of {cap:,} bytes "
                         f"(declared {member.file_size:,})"
                     )
-                chunks.append(chunk)
+                yield chunk
     # zipfile reports a CRC mismatch or a bad local header as BadZipFile, a stream cut short as
     # EOFError, garbled deflate data as zlib.error, encryption as RuntimeError and an exotic
     # compression method as NotImplementedError. None of them can come from a sound GDELT zip.
@@ -97,4 +147,3 @@ def _inflate(archive: zipfile.ZipFile, member: zipfile.ZipInfo, cap: int) -> byt
         ) from exc
     except (RuntimeError, NotImplementedError) as exc:
         raise CorruptArchiveError(f"member {member.filename!r} cannot be read: {exc}") from exc
-    return b"".join(chunks)

@@ -2,7 +2,13 @@
 
 The body streams to a temp file next to its target while size and md5 are computed; the file is
 renamed into place only when both match GDELT's index and the zip opens. Anything else is moved to
-quarantine with a JSON note saying why, and never parsed.
+quarantine with a JSON note saying why, and never parsed. The zip is checked from disk by inflating
+its member as a stream (CRC and size cap included), so a small zip that inflates hugely costs one
+chunk of memory, not the member.
+
+A zip whose bytes are exactly what the index lists but which does not open (or inflates past the
+cap) is ``quarantined``, not ``corrupt``: GDELT serves those very bytes, so fetching again cannot
+help, and the slot is left alone until the index lists other bytes for it.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from pathlib import Path
 import requests
 
 from pipeline.config import Settings
-from pipeline.gdelt.archive import CorruptArchiveError, open_gdelt_zip
+from pipeline.gdelt.archive import CorruptArchiveError, verify_gdelt_zip
 from pipeline.http import RETRYABLE_EXCEPTIONS, RetryLog, TransientHTTPError, describe, raise_for_transient, with_retries
 from pipeline.storage import commit_temp, quarantine_file, temp_path_for
 
@@ -28,7 +34,7 @@ class CorruptDownload(Exception):
 
 @dataclass
 class FetchResult:
-    status: str  # landed | corrupt | not_found | failed
+    status: str  # landed | corrupt | quarantined | not_found | failed
     attempts: int
     http_status: int | None = None
     error: str | None = None
@@ -95,12 +101,13 @@ def fetch_verified(
                     problem = f"md5 {got_md5} != listed {expected_md5}"
                 if problem is None:
                     try:
-                        open_gdelt_zip(temp.read_bytes(), max_uncompressed_bytes=settings.max_uncompressed_bytes)
+                        verify_gdelt_zip(temp, max_uncompressed_bytes=settings.max_uncompressed_bytes)
                     except CorruptArchiveError as exc:
-                        # The bytes are exactly what GDELT lists, so fetching again won't help now.
-                        note = {"url": url, "reason": f"zip: {exc}", "size": size, "md5": got_md5}
+                        # The bytes are exactly what GDELT lists, so fetching again won't help.
+                        note = {"url": url, "reason": f"zip: {exc}", "size": size, "md5": got_md5,
+                                "action": "not fetched again until GDELT's index lists other bytes for it"}
                         quarantined.append(str(quarantine_file(temp, quarantine_dir, target.name, note)))
-                        return FetchResult("corrupt", log.attempts, 200, f"zip: {exc}", size)
+                        return FetchResult("quarantined", log.attempts, 200, f"zip: {exc}", size)
                 if problem is not None:
                     note = {
                         "url": url,

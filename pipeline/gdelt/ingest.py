@@ -16,7 +16,7 @@ from typing import Callable
 import polars as pl
 
 from pipeline.config import Settings
-from pipeline.gdelt.download import FetchResult, already_landed, fetch_verified
+from pipeline.gdelt.download import FetchResult, already_landed, fetch_verified, md5_of_file
 from pipeline.gdelt.index import GdeltIndex, RefreshResult, day_slots
 from pipeline.gdelt.integrity import UnreadableDigests, parsed_day_lock, read_digests, write_digests
 from pipeline.gdelt.ledger import (
@@ -41,7 +41,9 @@ from pipeline.storage import (
 )
 
 # Bump when the parsed parquet layout changes: landed slots are then parsed again.
-PARSED_FORMAT_VERSION = "2"  # 2: numbers with leading spaces parse (" 3" -> 3) instead of being rejected
+# 2: numbers with leading spaces parse (" 3" -> 3) instead of being rejected
+# 3: rejected lines are stored truncated to 4 KiB with their length and sha256
+PARSED_FORMAT_VERSION = "3"
 
 
 @dataclass
@@ -93,6 +95,9 @@ def ingest_day(
                 row["listed"] = entry is not None
                 if row["status"] in GREEN:
                     continue
+                if row["status"] == "quarantined" and entry is not None and (
+                        (entry["size"], entry["md5"]) == (row["expected_size"], row["expected_md5"])):
+                    continue  # the same bytes would be refused again: only a re-publication is tried
                 if slot > now:
                     row["status"] = "not_due"
                     continue
@@ -157,6 +162,8 @@ def _apply(row: dict, result: FetchResult, layout: DataLayout, now: datetime, se
         _mark_landed(row, layout, layout.raw_path(row["slot"], row["kind"]), result.size, now, settings)
     elif result.status == "not_found":
         _mark_unavailable(row, now, settings, result.error or "HTTP 404")
+    elif result.status == "quarantined":  # not retried while the index lists the same bytes
+        row["status"] = "quarantined"
     else:  # corrupt | failed: retried by the next run
         row["status"] = result.status
         row["unavailable_since"] = row["unavailable_since"] or now
@@ -172,6 +179,7 @@ class DayParse:
     rejects: int
     per_slot: pl.DataFrame  # slot, rows, rejects
     quarantined: list[str]  # damaged slot files (or digest table) this run moved to quarantine
+    refused: dict[str, str] = field(default_factory=dict)  # raw zip this run quarantined -> why
 
 
 PARSERS = {"export": parse_export, "mentions": parse_mentions}
@@ -189,6 +197,12 @@ def parse_day(day: date, kind: str, settings: Settings) -> DayParse:
 
     The other slots are parsed by :func:`parse_files` (several files per ``pl.read_csv``, a
     thread per core); then the digest table is written, then the slot files in slot order.
+
+    A raw file that cannot be parsed as a whole (its zip inflates past
+    ``settings.max_uncompressed_mb``, it has the wrong column count, implausibly many lines: see
+    :class:`~pipeline.gdelt.parse.RefusedFileError`) does not stop the day: its slot becomes
+    ``quarantined`` in the ledger with the reason, its zip moves to ``quarantine/gdeltv2/`` with a
+    note, and the other slots are written as usual (:func:`_quarantine_refused`).
     """
     layout = DataLayout(settings.data_dir)
     ledger = read_ledger(layout, day).filter(pl.col("kind") == kind, pl.col("status").is_in(GREEN))
@@ -230,8 +244,13 @@ def parse_day(day: date, kind: str, settings: Settings) -> DayParse:
         parsed_slots: list[tuple[datetime, bytes, bytes | None]] = []  # slot, rows file, rejects file
         # Read lazily: parse_files holds only a few batches of files at a time.
         raw_files = (((layout.root / row["path"]).read_bytes(), row["path"]) for row in to_parse)
+        refusals: list[tuple[dict, Exception]] = []
         try:
-            for row, parsed in zip(to_parse, parse_files(raw_files, kind)):
+            for row, parsed in zip(to_parse, parse_files(
+                    raw_files, kind, max_member_bytes=settings.max_uncompressed_bytes, refused="yield")):
+                if isinstance(parsed, Exception):
+                    refusals.append((row, parsed))
+                    continue
                 slot, md5 = row["slot"], row["expected_md5"]
                 rows_file = parquet_bytes(parsed.rows, metadata={
                     "source_md5": md5,
@@ -247,6 +266,7 @@ def parse_day(day: date, kind: str, settings: Settings) -> DayParse:
         finally:
             # Slots are independent: what was parsed before a file that fails is still written.
             _write_parsed(layout, kind, day, recorded, digests, parsed_slots)
+        refused = _quarantine_refused(layout, kind, day, refusals, settings.day_lock_timeout_s)
     per_slot = pl.DataFrame(stats, schema={"slot": pl.Datetime("us", "UTC"), "rows": pl.Int64, "rejects": pl.Int64}).sort("slot")
     return DayParse(
         day=day,
@@ -257,7 +277,55 @@ def parse_day(day: date, kind: str, settings: Settings) -> DayParse:
         rejects=int(per_slot["rejects"].sum()),
         per_slot=per_slot,
         quarantined=quarantined,
+        refused=refused,
     )
+
+
+def _quarantine_refused(layout: DataLayout, kind: str, day: date, refusals: list[tuple[dict, Exception]],
+                        lock_timeout_s: float) -> dict[str, str]:
+    """Mark each refused slot ``quarantined`` in the ledger, then move its raw zip to quarantine.
+
+    The ledger is rewritten under the day's ingest lock (the one ``ingest_day`` holds while it
+    rewrites it), changing only these rows, and only while they still hold the bytes that were
+    parsed. It is written before the zip moves: a crash in between leaves a zip in raw/ that
+    nothing reads, never a landed slot without its zip. A parsed file an earlier format version
+    built for the slot goes too: the events must not read rows of a file the ledger refuses.
+
+    A zip that no longer has the md5 it landed with was damaged on disk, not served so by GDELT:
+    its slot becomes ``corrupt`` instead, which the next ``ingest_day`` downloads again.
+    """
+    if not refusals:
+        return {}
+    now = utc_now()
+    why: dict[tuple[datetime, str], tuple[str, str, str]] = {}  # (slot, kind) -> md5, status, reason
+    for row, exc in refusals:
+        raw = layout.root / row["path"]
+        intact = raw.exists() and md5_of_file(raw) == (row["expected_size"], row["expected_md5"])
+        why[(row["slot"], kind)] = (row["expected_md5"], "quarantined", f"parse: {exc}") if intact else (
+            row["expected_md5"], "corrupt", f"raw zip damaged on disk since it landed: {exc}")
+    with file_lock(layout.lock_path(f"ingest-{day.isoformat()}"), lock_timeout_s):
+        rows = []
+        for row in read_ledger(layout, day).iter_rows(named=True):
+            md5, status, reason = why.get((row["slot"], row["kind"]), (None, None, None))
+            if reason is not None and row["status"] in GREEN and row["expected_md5"] == md5:
+                row.update(status=status, last_error=reason, path=None, updated_at=now,
+                           quarantined=(row["quarantined"] or 0) + 1)
+            rows.append(row)
+        write_ledger(layout, day, pl.DataFrame(rows, schema=LEDGER_SCHEMA))
+    moved: dict[str, str] = {}
+    for row, exc in refusals:
+        layout.parsed_path(kind, row["slot"]).unlink(missing_ok=True)
+        layout.rejects_path(kind, row["slot"]).unlink(missing_ok=True)
+        raw = layout.root / row["path"]
+        if raw.exists():
+            _, status, reason = why[(row["slot"], kind)]
+            action = ("the slot is quarantined in the ledger; it is fetched and parsed again only when GDELT's "
+                      "index lists another size or md5 for it") if status == "quarantined" else (
+                      "the slot is corrupt in the ledger; the next ingest run downloads it again")
+            note = {"path": row["path"], "md5": row["expected_md5"], "reason": reason, "action": action}
+            bad = quarantine_file(raw, layout.quarantine_dir(day), raw.name, note)
+            moved[str(bad.relative_to(layout.root))] = str(exc)
+    return moved
 
 
 def _built_from(meta: dict[str, str], row: dict) -> bool:

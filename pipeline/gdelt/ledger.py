@@ -6,8 +6,14 @@ Statuses (a file is "green" when landed or late):
                to an earlier run (unlisted, 404, failed or corrupt): GDELT published it late
 - ``pending``  not listed / not downloadable yet, still inside the grace period; retried
 - ``missing``  still not listed / 404 after the grace period (a GDELT gap); still retried by runs
-- ``corrupt``  the last attempt's bytes failed size, md5 or zip verification (kept in quarantine)
+- ``corrupt``  the last attempt's bytes failed size or md5 verification, or ``parse_day`` found the
+               landed zip damaged on disk (no longer its md5); kept in quarantine, retried
 - ``failed``   the last attempt hit network or HTTP errors after all retries
+- ``quarantined`` GDELT's index vouches for the bytes (size and md5 match) but they are not a
+               usable file: the zip does not open or inflates past the cap, or the CSV is not the
+               GDELT format of its kind (e.g. 60 columns). The file is kept in quarantine with a
+               note; the slot is neither fetched nor parsed again until the index lists another
+               size or md5 for it. ``last_error`` says why
 - ``not_due``  the slot lies in the future
 """
 
@@ -20,7 +26,7 @@ import polars as pl
 from pipeline.storage import DataLayout, atomic_write_parquet
 
 LEDGER_VERSION = "1"
-STATUSES = ("landed", "late", "pending", "missing", "corrupt", "failed", "not_due")
+STATUSES = ("landed", "late", "pending", "missing", "corrupt", "failed", "quarantined", "not_due")
 GREEN = ("landed", "late")
 TS = pl.Datetime("us", "UTC")
 

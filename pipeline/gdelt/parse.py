@@ -3,8 +3,8 @@
 The files are TAB-separated, have no header and no quoting, and end each record with ``\\n``
 (the codebook; ``../shared/notes/gdelt-formats.md`` §1). Parsing keeps every line accounted for:
 each line of the file ends up either in ``rows`` (typed per ``schema.py``) or in ``rejects`` with
-its line number, its bytes as received and the reason, so ``rows.height + rejects.height ==
-total_lines`` always.
+its line number, its bytes as received (truncated, below) and the reason, so ``rows.height +
+rejects.height == total_lines`` always.
 
 Line rules:
 
@@ -31,9 +31,17 @@ Reject reasons, one per line, checked in this order:
   YYYYMMDDHHMMSS with valid parts).
 * ``missing_value:Col[,Col…]``: the named key columns are empty.
 
-A file whose most common field count is not the expected one is not rejected line by line: it is
-the wrong kind of file (GDELT 1.0, mentions given as export, GKG …) and :class:`GdeltFormatError`
-says which.
+A rejected line is stored truncated: ``raw_line`` holds its first :data:`REJECT_LINE_BYTES` bytes
+as received, ``raw_length`` its whole length and ``raw_sha256`` the sha256 of all of it, so one
+hostile line of hundreds of MB costs 4 KiB in the rejects and can still be matched to its source.
+
+Some files are refused as a whole (:class:`RefusedFileError`), and none of their lines is kept:
+
+* :class:`GdeltFormatError`: the most common field count is not the expected one, so it is the
+  wrong kind of file (GDELT 1.0, mentions given as export, GKG …, or 60 columns); it says which.
+* :class:`ImplausibleLinesError`: more lines than the file could hold if its lines averaged the
+  length of the shortest possible row (:data:`SHORTEST_ROW_BYTES`): millions of empty or tiny
+  lines are not GDELT data, and rejecting each one would cost far more memory than the file.
 
 Speed: nearly every real file is clean, and that is proved from whole-buffer facts and the
 reader's own checks (see :func:`_plan`), so the reader gets the file as it is and types the
@@ -50,6 +58,7 @@ it gets alone.
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import struct
 from collections import Counter, deque
@@ -61,7 +70,13 @@ from typing import Literal
 import polars as pl
 import pyarrow as pa
 
-from pipeline.gdelt.archive import CorruptArchiveError, is_zip, open_gdelt_zip
+from pipeline.gdelt.archive import (
+    DEFAULT_MAX_UNCOMPRESSED_BYTES,
+    CorruptArchiveError,
+    declared_member_size,
+    is_zip,
+    open_gdelt_zip,
+)
 from pipeline.gdelt.schema import (
     EXPORT_SCHEMA,
     KNOWN_FIELD_COUNTS,
@@ -74,6 +89,8 @@ from pipeline.gdelt.schema import (
 __all__ = [
     "REQUIRED_COLUMNS",
     "GdeltFormatError",
+    "ImplausibleLinesError",
+    "RefusedFileError",
     "ParsedFile",
     "parse_export",
     "parse_files",
@@ -90,6 +107,19 @@ REQUIRED_COLUMNS: dict[str, tuple[str, ...]] = {
 
 _SCHEMAS: dict[str, pl.Schema] = {"export": EXPORT_SCHEMA, "mentions": MENTIONS_SCHEMA}
 _DATE_TYPES = (SQL_DATE, TIMESTAMP)
+
+# The shortest line a row can be: every TAB, the key columns at their narrowest (a 1-digit
+# GLOBALEVENTID, 14-digit timestamps) and the newline. A real export line averages ~400 bytes and
+# a mentions line ~200 (the files in ../shared/fixtures/gdelt, docs/data-layout.md).
+SHORTEST_ROW_BYTES: dict[str, int] = {
+    "export": 60 + 1 + 14 + 1,  # 60 TABs, GLOBALEVENTID, DATEADDED, \n
+    "mentions": 15 + 1 + 14 + 14 + 1,  # 15 TABs, GLOBALEVENTID, EventTimeDate, MentionTimeDate, \n
+}
+# Below this many lines a file is never refused for its line count: a near-empty real file with a
+# few blank lines stays a file of rejects.
+_FEW_LINES = 1000
+# A rejected line is stored as its first this many bytes, its length and its sha256.
+REJECT_LINE_BYTES = 4096
 # What the CSV reader is asked for first: numbers typed by the reader (the cheapest way to type
 # them), dates and timestamps as text, converted afterwards with the exact-shape checks below.
 _READ_SCHEMAS: dict[str, pl.Schema] = {
@@ -116,7 +146,16 @@ _DATE_FORMATS: dict[pl.DataType, tuple[str, str]] = {
 }
 
 
-class GdeltFormatError(ValueError):
+class RefusedFileError(ValueError):
+    """The file as a whole cannot be parsed as the kind asked for; none of its lines is kept."""
+
+
+class ImplausibleLinesError(RefusedFileError):
+    """The file has far more lines than GDELT rows of its size could make (see
+    :data:`SHORTEST_ROW_BYTES`)."""
+
+
+class GdeltFormatError(RefusedFileError):
     """The file is not the GDELT format it was parsed as (wrong feed, wrong version)."""
 
     def __init__(self, message: str, *, expected: int, detected: int) -> None:
@@ -164,14 +203,32 @@ def default_workers() -> int:
 
 
 # Files parsed together by parse_files: read with one ``pl.read_csv`` and converted with one set
-# of expressions, up to this many files or bytes (a 15-minute export is 0.5 to 3 MB unzipped).
+# of expressions, up to this many files or unzipped bytes (a 15-minute export is 0.5 to 3 MB
+# unzipped).
 BATCH_FILES = 16
-BATCH_BYTES = 32 * 2**20
+BATCH_BYTES = 16 * 2**20
+
+
+def in_flight_bytes(max_member_bytes: int) -> int:
+    """Unzipped bytes of the batches :func:`parse_files` may have handed to its threads and not
+    yet yielded, whatever the number of cores (the first batch is always let through).
+
+    Parsing holds several times a file's bytes (a column of 16-byte string views per field: ~1 KB
+    per export line, ~25x the bytes of the shortest rows), so this, not the thread count, is what
+    bounds its memory. One and a half times the larger of a batch and the member cap: two files at
+    the cap are never parsed at once, while three batches of ordinary files are.
+    """
+    return max(BATCH_BYTES, max_member_bytes) + max_member_bytes // 2
 
 
 def parse_files(
-    items: Iterable[tuple[bytes, str]], kind: Kind, workers: int | None = None
-) -> Iterator[ParsedFile]:
+    items: Iterable[tuple[bytes, str]],
+    kind: Kind,
+    workers: int | None = None,
+    *,
+    max_member_bytes: int = DEFAULT_MAX_UNCOMPRESSED_BYTES,
+    refused: Literal["raise", "yield"] = "raise",
+) -> Iterator[ParsedFile | RefusedFileError | CorruptArchiveError]:
     """Parse ``(data, source)`` pairs of one ``kind``; yield the :class:`ParsedFile` of each, in
     the order of ``items``. Each file gives exactly what ``parse_export`` / ``parse_mentions``
     gives for it alone.
@@ -181,66 +238,95 @@ def parse_files(
     far less than file by file for 15-minute files. ``workers`` batches are parsed at once on
     as many threads (default: one per core); polars runs without the GIL, so one batch's reading
     overlaps another's counting and splitting. ``items`` is consumed lazily, holding at most
-    ``workers + 1`` batches. A file's exception (a bad zip, the wrong format) is raised when its
-    turn comes, after every file before it has been yielded.
+    ``workers + 1`` batches and, past the first, :func:`in_flight_bytes` of unzipped bytes
+    (counted from each zip's declared size; a member is refused once it inflates past
+    ``max_member_bytes`` or its declared size, so that count holds).
+
+    A file that cannot be parsed (a bad zip, one past the cap, the wrong format, implausibly many
+    lines) raises its exception when its turn comes, after every file before it has been yielded;
+    with ``refused="yield"`` the exception is yielded in the file's place instead and the files
+    after it are parsed too.
     """
     workers = workers or default_workers()
-    batches = _batches(items)
+    batches = _batches(items, max_member_bytes)
+    parse = functools.partial(_parse_batch, kind=kind, cap=max_member_bytes)
+    budget = in_flight_bytes(max_member_bytes)
     if workers == 1:
-        for batch in batches:
-            yield from _unwrap(_parse_batch(batch, kind))
+        for batch, _ in batches:
+            yield from _unwrap(parse(batch), refused)
         return
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="gdelt-parse")
-    ahead: deque[Future[list[ParsedFile | Exception]]] = deque()
+    ahead: deque[tuple[Future[list[ParsedFile | Exception]], int]] = deque()
+    in_flight = 0
     try:
         while True:
             try:
-                batch = next(batches, None)
+                batch, size = next(batches, (None, 0))
             except Exception:
                 # Getting the next file failed: the files before it still come first.
                 while ahead:
-                    yield from _unwrap(ahead.popleft().result())
+                    yield from _unwrap(ahead.popleft()[0].result(), refused)
                 raise
             if batch is None:
                 break
-            ahead.append(pool.submit(_parse_batch, batch, kind))
-            if len(ahead) > workers:
-                yield from _unwrap(ahead.popleft().result())
+            while ahead and (len(ahead) > workers or in_flight + size > budget):
+                done, done_size = ahead.popleft()
+                in_flight -= done_size
+                yield from _unwrap(done.result(), refused)
+            ahead.append((pool.submit(parse, batch), size))
+            in_flight += size
         while ahead:
-            yield from _unwrap(ahead.popleft().result())
+            yield from _unwrap(ahead.popleft()[0].result(), refused)
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _batches(items: Iterable[tuple[bytes, str]]) -> Iterator[list[tuple[bytes, str]]]:
-    """``items`` in batches; when getting an item fails, the items before it are still yielded
-    first, then the exception raised."""
+def _unzipped_size(data: bytes, source: str, cap: int) -> int:
+    """What ``data`` comes to once unzipped, as far as memory goes: a zip's declared member size
+    (no more than ``cap``, past which it is refused), else its own length."""
+    if is_zip(data) or source.lower().endswith(".zip"):
+        declared = declared_member_size(data)
+        return len(data) if declared is None else min(declared, cap)
+    return len(data)
+
+
+def _batches(items: Iterable[tuple[bytes, str]], cap: int) -> Iterator[tuple[list[tuple[bytes, str]], int]]:
+    """``items`` in batches, each with its unzipped size; when getting an item fails, the items
+    before it are still yielded first, then the exception raised."""
     batch: list[tuple[bytes, str]] = []
     size = 0
     try:
         for item in items:
+            item_size = _unzipped_size(*item, cap)
+            if batch and item_size >= BATCH_BYTES // 2:
+                # A big file goes alone: joined to others it would be copied and read with them.
+                yield batch, size
+                batch, size = [], 0
             batch.append(item)
-            size += len(item[0])
+            size += item_size
             if len(batch) >= BATCH_FILES or size >= BATCH_BYTES:
-                yield batch
+                yield batch, size
                 batch, size = [], 0
     except Exception:
         if batch:
-            yield batch
+            yield batch, size
         raise
     if batch:
-        yield batch
+        yield batch, size
 
 
-def _unwrap(results: list[ParsedFile | Exception]) -> Iterator[ParsedFile]:
+def _unwrap(results: list[ParsedFile | Exception], refused: str = "raise") -> Iterator[ParsedFile | Exception]:
     for result in results:
-        if isinstance(result, Exception):
+        if isinstance(result, (RefusedFileError, CorruptArchiveError)) and refused == "yield":
+            yield result
+        elif isinstance(result, Exception):
             raise result
-        yield result
+        else:
+            yield result
 
 
 def _parse(data: bytes, source: str, kind: Kind) -> ParsedFile:
-    (result,) = _unwrap(_parse_batch([(data, source)], kind))
+    (result,) = _unwrap(_parse_batch([(data, source)], kind, DEFAULT_MAX_UNCOMPRESSED_BYTES))
     return result
 
 
@@ -257,20 +343,23 @@ class _Plan:
     csv: bytes  # what the reader gets: ``data``, or only its well-formed lines
     n_rows: int  # lines in ``csv``
     found: list[tuple[int, str]]  # (line_number, reason) of the lines left out of ``csv``
-    raw: dict[int, bytes] = field(default_factory=dict)  # bytes of some lines, by line number
+    spans: dict[int, tuple[int, int]] = field(default_factory=dict)  # (start, end) of some lines, by number
     # Where each line of ``data`` ends (see :func:`_line_ends`), once a line had to be looked at.
     ends: list[int] | None = None
     by_line: bool = False  # whether ``csv`` holds the lines found well-formed one by one
 
-    def raw_line(self, number: int) -> bytes:
-        if number in self.raw:
-            return self.raw[number]
-        if self.ends is None:
-            self.ends = _line_ends(_byte_view(self.data), self.data)
-        return self.data[_line_start(self.ends, number - 1) : self.ends[number - 1]]
+    def raw_line(self, number: int) -> memoryview:
+        """The bytes of line ``number``, as a view into ``data`` (no copy)."""
+        if number in self.spans:
+            start, end = self.spans[number]
+        else:
+            if self.ends is None:
+                self.ends = _line_ends(_byte_view(self.data), self.data)
+            start, end = _line_start(self.ends, number - 1), self.ends[number - 1]
+        return memoryview(self.data)[start:end]
 
 
-def _plan(data: bytes, source: str, kind: str) -> _Plan:
+def _plan(data: bytes, source: str, kind: str, cap: int) -> _Plan:
     """What of the file goes to the reader: all of it if it passes the clean-file proof so far,
     else only its well-formed lines.
 
@@ -285,7 +374,8 @@ def _plan(data: bytes, source: str, kind: str) -> _Plan:
     # A source named *.zip must be one: text saved under a zip's name (quirk 3) is a broken
     # download, to be reported as such rather than parsed as a CSV of the wrong format.
     if is_zip(data) or source.lower().endswith(".zip"):
-        _, data = open_gdelt_zip(data)
+        _, data = open_gdelt_zip(data, max_uncompressed_bytes=cap)
+    _check_line_count(data, source, kind)
     # A real 15-minute file can be near-empty (an outage, quirk 2); an empty one makes no line
     # and goes to the reader as nothing.
     tabs = _count_byte(data, b"\t")
@@ -299,6 +389,19 @@ def _plan(data: bytes, source: str, kind: str) -> _Plan:
     if not _is_utf8(data):
         return _without_undecodable(plan, kind, tabs)
     return plan
+
+
+def _check_line_count(data: bytes, source: str, kind: str) -> None:
+    """Raise :class:`ImplausibleLinesError` when ``data`` has more lines than rows of the shortest
+    possible length would make (and more than a few): before anything per line is built, whose
+    cost grows with the line count, not the bytes."""
+    lines = _count_byte(data, b"\n") + (1 if data and not data.endswith(b"\n") else 0)
+    shortest = SHORTEST_ROW_BYTES[kind]
+    if lines > max(_FEW_LINES, len(data) // shortest):
+        raise ImplausibleLinesError(
+            f"{source}: {lines:,} lines in {len(data):,} bytes, {len(data) / lines:.1f} bytes per line on "
+            f"average; a GDELT 2.0 {kind} row is at least {shortest} bytes, so this is not a {kind} file"
+        )
 
 
 def _count_byte(data: bytes | memoryview, byte: bytes) -> int:
@@ -363,7 +466,7 @@ def _without_undecodable(plan: _Plan, kind: str, tabs: int) -> _Plan:
         _cut_out(data, [(start, end) for _, start, end in undecodable]),
         rest,
         [(number, "invalid_utf8") for number, _, _ in undecodable],
-        {number: data[start:end] for number, start, end in undecodable},
+        {number: (start, end) for number, start, end in undecodable},
     )
 
 
@@ -404,14 +507,14 @@ def _cut_out(data: bytes, spans: list[tuple[int, int]]) -> bytes:
     return b"".join(kept)
 
 
-def _parse_batch(items: list[tuple[bytes, str]], kind: Kind) -> list[ParsedFile | Exception]:
-    """Parse several files of one kind at once; a file that cannot be parsed gets its exception
-    in its place."""
+def _parse_batch(items: list[tuple[bytes, str]], kind: Kind, cap: int) -> list[ParsedFile | Exception]:
+    """Parse several files of one kind at once (each member up to ``cap`` bytes unzipped); a file
+    that cannot be parsed gets its exception in its place."""
     planned: list[_Plan | Exception] = []
     for data, source in items:
         try:
-            planned.append(_plan(data, source, kind))
-        except (CorruptArchiveError, GdeltFormatError) as exc:
+            planned.append(_plan(data, source, kind, cap))
+        except (CorruptArchiveError, RefusedFileError) as exc:
             planned.append(exc)
     parsed = iter(_parse_plans([p for p in planned if isinstance(p, _Plan)], kind))
     return [next(parsed) if isinstance(p, _Plan) else p for p in planned]
@@ -755,16 +858,20 @@ _NO_REJECTS = pl.DataFrame(schema=REJECTS_SCHEMA)
 
 
 def _shape_rejects(plan: _Plan, found: list[tuple[int, str]]) -> pl.DataFrame:
-    """REJECTS_SCHEMA rows for ``found``, each with its line's bytes exactly as received."""
+    """REJECTS_SCHEMA rows for ``found``, each with its line's first :data:`REJECT_LINE_BYTES`
+    bytes exactly as received, its length and its sha256."""
     if not found:
         return _NO_REJECTS.clone()  # far cheaper than building an empty frame from the schema
     numbers, reasons = zip(*found)
+    lines = [plan.raw_line(number) for number in numbers]
     return pl.DataFrame(
         {
             "file": [plan.source] * len(found),
             "line_number": numbers,
             "reason": reasons,
-            "raw_line": [plan.raw_line(number) for number in numbers],
+            "raw_line": [bytes(line[:REJECT_LINE_BYTES]) for line in lines],
+            "raw_length": [len(line) for line in lines],
+            "raw_sha256": [hashlib.sha256(line).hexdigest() for line in lines],
         },
         schema=REJECTS_SCHEMA,
     )

@@ -105,6 +105,11 @@ REJECTS_SCHEMA = pl.Schema(
         ("file", pl.String),
         ("line_number", pl.Int64),  # 1-based line in the CSV member
         ("reason", pl.String),
-        ("raw_line", pl.Binary),  # bytes as received: undecodable lines must survive intact
+        # The line's first 4 KiB as received (parse.REJECT_LINE_BYTES; undecodable bytes kept as
+        # they are), its whole length and the sha256 of all of it: a hostile line of hundreds of
+        # MB must not be stored whole, yet stays identifiable in its raw zip.
+        ("raw_line", pl.Binary),
+        ("raw_length", pl.Int64),
+        ("raw_sha256", pl.String),
     ]
 )
