@@ -98,6 +98,8 @@ def cmd_ingest(args: argparse.Namespace) -> int:
             print(f"{day}: {kind} rows={parsed.rows} rejects={parsed.rejects} parsed_now={parsed.parsed}")
             for path in parsed.quarantined:
                 print(f"{day}: {kind} damaged, moved to {path} and parsed again")
+            for name, why in parsed.refused.items():
+                print(f"{day}: {kind} {name} quarantined: {why}")
     return 0
 
 

@@ -227,3 +227,16 @@ def test_a_landed_zip_damaged_on_disk_is_marked_corrupt_and_downloaded_again(set
     assert _fetches(mirror, name) == fetched + 1
     parse_day(MIRROR_DAY, "export", settings)
     assert layout.parsed_path("export", SIXTY).exists()
+
+
+def test_mirai_ingest_names_the_file_it_quarantined(tmp_path, mirror, mirror_dir, monkeypatch, capsys):
+    from pipeline.cli import main
+
+    name = raw_file_name(SIXTY, "export")
+    sixty = b"".join(line.rsplit(b"\t", 1)[0] + b"\n" for line in _member(mirror_dir, SIXTY).splitlines())
+    relist(mirror_dir, name, zip_member(name.removesuffix(".zip"), sixty))
+    monkeypatch.setenv("MIRAI_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("GDELT_BASE_URL", mirror.base_url)
+    assert main(["ingest", "--day", MIRROR_DAY.isoformat()]) == 0
+    quarantined = [line for line in capsys.readouterr().out.splitlines() if "quarantined" in line]
+    assert len(quarantined) == 1 and name in quarantined[0] and "60 fields per line" in quarantined[0], quarantined
