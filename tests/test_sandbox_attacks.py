@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.agent_api import EventDatabase
-from pipeline.agent_api.lockdown import SECCOMP_ARCHES, machine
+from pipeline.agent_api.lockdown import SECCOMP_ARCHES, STDERR_LIMIT, machine
 from pipeline.agent_api.sandbox import MAX_OUTPUT_CHARS, REPLY_CAP_BYTES, namespace_prefix
 from pipeline.mirror.database import generate_event_database
 
@@ -514,6 +514,35 @@ def test_a_child_that_stops_reading_cannot_hang_the_parent(fresh_env):
     big = "x = 1  # " + "y" * 300_000
     assert fresh_env.run_code(big, timeout_s=3).startswith("TimeoutError")
     assert fresh_env.run_code("count_events()").strip() == str(fresh_env.count_events())
+
+
+def test_a_reply_that_drips_meets_the_deadline(fresh_env):
+    """A well-formed reply sent one byte every quarter second (7 s in all): the block's deadline
+    holds for the whole reply, not per read."""
+    drip = ("_r = b'{\"id\": 1, \"output\": \"late\"}'\n_os.write(1, len(_r).to_bytes(4, 'big'))\n"
+            "for _b in _r:\n    _os.write(1, bytes([_b]))\n    _sys.modules['time'].sleep(0.25)")
+    assert fresh_env.run_code(BYPASS + FORGE + drip, timeout_s=1).startswith("TimeoutError")
+    assert fresh_env.run_code("count_events()").strip() == str(fresh_env.count_events())
+
+
+def test_the_reply_cap_is_exact(fresh_env):
+    """A reply padded to exactly REPLY_CAP_BYTES is accepted; one byte more is refused unread.
+    (The forging child exits, so that its genuine reply does not follow.)"""
+    pad = "_r = b'{\"id\": 1, \"output\": \"at the cap\"}'\n_forge(_r + b' ' * (%d - len(_r)))\n"
+    assert fresh_env.run_code(BYPASS + FORGE + pad % REPLY_CAP_BYTES + "_os._exit(0)") == "at the cap"
+    assert fresh_env.run_code("1").startswith("SandboxError: the code block ended the sandbox process")
+    assert fresh_env.run_code(BYPASS + FORGE + pad % (REPLY_CAP_BYTES + 1)).startswith(
+        f"SandboxError: the sandbox process broke the reply protocol (a reply of {REPLY_CAP_BYTES + 1} bytes")
+
+
+def test_stderr_cannot_grow_past_its_limit(fresh_env):
+    """The child's stderr is a file on the host: writing 4 MiB, then seeking to 10 MiB and writing,
+    ends at RLIMIT_FSIZE (EFBIG) with exactly STDERR_LIMIT bytes written."""
+    flood = ("_n = 0\ntry:\n    for _ in range(64):\n        _n += _os.write(2, b'e' * 2**16)\n"
+             "except OSError as _exc:\n    print(_exc.errno, _n)\n_os.lseek(2, 10 * 2**20, 0)\ntry:\n"
+             "    _os.write(2, b'z')\nexcept OSError as _exc:\n    print(_exc.errno)")
+    assert fresh_env.run_code(BYPASS + "_os = _sys.modules['os']\n" + flood).split()[-3:] == \
+        [str(errno.EFBIG), str(STDERR_LIMIT), str(errno.EFBIG)]
 
 
 class _Scripted:
