@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.agent_api import EventDatabase
-from pipeline.agent_api.lockdown import SECCOMP_ARCHES, machine
+from pipeline.agent_api.lockdown import SECCOMP_ARCHES, STDERR_LIMIT, machine
 from pipeline.agent_api.sandbox import MAX_OUTPUT_CHARS, REPLY_CAP_BYTES, namespace_prefix
 from pipeline.mirror.database import generate_event_database
 
@@ -94,12 +94,29 @@ NUMBERS = {
     "listmount": (458, 458), "statmount": (457, 457),
     "shmget": (29, 194), "shmat": (30, 196), "msgget": (68, 186), "semget": (64, 190),
     "sched_setaffinity": (203, 122), "setpriority": (141, 140), "sched_setscheduler": (144, 119),
-    "mmap": (9, 222), "mprotect": (10, 226),
+    "mmap": (9, 222), "mprotect": (10, 226), "mremap": (25, 216), "madvise": (28, 233),
+    "pivot_root": (155, 41), "umount2": (166, 39), "open_tree": (428, 428), "move_mount": (429, 429),
+    "fsopen": (430, 430), "mount_setattr": (442, 442), "name_to_handle_at": (303, 264),
+    "open_by_handle_at": (304, 265), "tkill": (200, 130), "rt_sigqueueinfo": (129, 138),
+    "pidfd_send_signal": (424, 424), "process_vm_writev": (311, 271), "kcmp": (312, 272),
+    "request_key": (249, 218), "clock_settime": (227, 112), "settimeofday": (164, 170),
+    "adjtimex": (159, 171), "reboot": (169, 142), "kexec_load": (246, 104), "swapon": (167, 224),
+    "acct": (163, 89), "quotactl": (179, 60), "syslog": (103, 116), "init_module": (175, 105),
+    "ioperm": (173, None), "iopl": (172, None), "modify_ldt": (154, None), "arch_prctl": (158, None),
+    "personality": (135, 92), "pkey_mprotect": (329, 288), "remap_file_pages": (216, 234),
+    "sched_setattr": (314, 274), "ioprio_set": (251, 30), "migrate_pages": (256, 238),
+    "setresuid": (117, 147), "capset": (126, 91), "prctl": (157, 167), "ioctl": (16, 29),
+    "pread64": (17, 67), "pwrite64": (18, 68), "sendfile": (40, 71), "splice": (275, 76),
+    "copy_file_range": (326, 285), "fstat": (5, 80), "fchmod": (91, 52), "fchown": (93, 55),
+    "ftruncate": (77, 46), "fallocate": (285, 47), "getdents64": (217, 61), "fchdir": (81, 50),
+    "dup3": (292, 24), "fcntl": (72, 25), "pipe2": (293, 59), "eventfd2": (290, 19),
+    "io_setup": (206, 0), "mlockall": (151, 230), "setitimer": (38, 103), "timer_create": (222, 107),
 }
 # Newer than the oldest kernel the sandbox runs on: probed first, skipped if the kernel lacks them.
 PROBED = ("memfd_create", "execveat", "userfaultfd", "bpf", "statx", "io_uring_setup", "pidfd_open",
           "clone3", "openat2", "faccessat2", "fchmodat2", "statmount", "listmount", "setxattrat",
-          "getxattrat")
+          "getxattrat", "open_tree", "move_mount", "fsopen", "mount_setattr", "pkey_mprotect",
+          "pidfd_send_signal")
 AT_FDCWD = -100
 LSMT_ROOT = 0xFFFFFFFFFFFFFFFF
 MiB = 2**20
@@ -174,6 +191,51 @@ def _attacks(target: Path, parent: int, parent_address: int) -> list[tuple[str, 
         ("setpriority_parent", "setpriority", [0, parent, 19]),
         ("sched_setscheduler_parent", "sched_setscheduler", [parent, 5, "B:4"]),
         ("mmap_exec", "mmap", [0, 4096, 0x5, 0x22, -1, 0]),
+        # The arguments the allowlist checks, pushed: clone for a thread (a task the host counts
+        # against pid_max: a thread bomb, which no rlimit bounds for a root operator; without
+        # CLONE_SIGHAND, so that the kernel would refuse it had seccomp let it through); PROT_EXEC
+        # beside bits above 32; an executable view of the stderr file; page-poisoning advice; the
+        # parent-death signal (which ends the child with unshare); a terminal ioctl but TCGETS.
+        ("clone_thread", "clone", [0x10100, 0, 0, 0, 0]),
+        ("clone_high_bits", "clone", [(1 << 32) | 17, 0, 0, 0, 0]),
+        ("mmap_exec_high_bits", "mmap", [0, 4096, (1 << 32) | 5, 0x22, -1, 0]),
+        ("mmap_stderr_exec", "mmap", [0, 4096, 0x5, 0x1, 2, 0]),
+        ("madvise_hwpoison", "madvise", [0x10000, 4096, 100]), ("madvise_soft_offline", "madvise", [0x10000, 4096, 101]),
+        ("prctl_pdeathsig", "prctl", [1, 0]), ("prctl_dumpable", "prctl", [4, 1]), ("prctl_set_mm", "prctl", [35, 1, 0]),
+        ("prctl_name_high_bits", "prctl", [(1 << 32) | 15, "P:x"]), ("ioctl_tiocsti", "ioctl", [0, 0x5412, "P:x"]),
+        # Namespaces, mounts and handles: leaving the empty root or reaching a host inode.
+        ("pivot_root", "pivot_root", ["P:/", "P:/"]), ("umount2", "umount2", ["P:/", 2]),
+        ("open_tree", "open_tree", [AT_FDCWD, "P:/", 1]), ("move_mount", "move_mount", [-1, "P:", AT_FDCWD, "P:/", 4]),
+        ("fsopen", "fsopen", ["P:tmpfs", 0]), ("mount_setattr", "mount_setattr", [AT_FDCWD, "P:/", 0, "B:32", 32]),
+        ("name_to_handle_at", "name_to_handle_at", [AT_FDCWD, t, "B:128", "B:4", 0]),
+        ("open_by_handle_at", "open_by_handle_at", [2, "B:128", 0]),
+        # Other processes, the machine's clock and kernel state (harmless arguments where a call that
+        # went through would do damage: a wrong reboot magic, a path that does not exist).
+        ("tkill_parent", "tkill", [parent, 0]), ("rt_sigqueueinfo_parent", "rt_sigqueueinfo", [parent, 10, "B:128"]),
+        ("pidfd_send_signal", "pidfd_send_signal", [0, 0, 0, 0]),
+        ("process_vm_writev", "process_vm_writev", [parent, "B:16", 1, iov, 1, 0]), ("kcmp", "kcmp", [parent, 1, 0, 0, 0]),
+        ("request_key", "request_key", ["P:user", "P:mirai", 0, 0]),
+        ("clock_settime", "clock_settime", [0, "B:16"]), ("settimeofday", "settimeofday", ["B:16", 0]),
+        ("adjtimex", "adjtimex", ["B:208"]), ("reboot", "reboot", [0, 0, 0, 0]), ("kexec_load", "kexec_load", [0, 0, 0, 0]),
+        ("swapon", "swapon", ["P:/nonexistent", 0]), ("acct", "acct", ["P:/nonexistent"]),
+        ("quotactl", "quotactl", [0, "P:/nonexistent", 0, 0]), ("syslog_read", "syslog", [3, "B:4096", 4096]),
+        ("init_module", "init_module", [0, 0, "P:"]), ("ioperm", "ioperm", [0x80, 1, 1]), ("iopl", "iopl", [3]),
+        ("modify_ldt", "modify_ldt", [0, "B:64", 64]), ("arch_prctl", "arch_prctl", [0x1003, "B:8"]),
+        ("personality_read_implies_exec", "personality", [0x0400000]),
+        ("pkey_mprotect_exec", "pkey_mprotect", [0, 4096, 7, 0]), ("remap_file_pages", "remap_file_pages", [0, 4096, 0, 0, 0]),
+        ("sched_setattr_parent", "sched_setattr", [parent, "B:48", 0]), ("ioprio_set_parent", "ioprio_set", [1, parent, 3 << 13]),
+        ("migrate_pages_parent", "migrate_pages", [parent, 64, "B:8", "B:8"]),
+        ("setresuid", "setresuid", [1, 1, 1]), ("capset", "capset", ["X:" + struct.pack("<Ii", 0x20080522, 0).hex(), "B:24"]),
+        # The descriptors the child holds (pipes, its stderr file, /dev/null, polars' epoll and
+        # eventfd): only read, write, seek and close work on them.
+        ("pread64", "pread64", [2, "B:16", 16, 0]), ("pwrite64", "pwrite64", [2, "P:xx", 2, 0]),
+        ("sendfile", "sendfile", [1, 2, 0, 100]), ("splice", "splice", [2, 0, 1, 0, 100, 0]),
+        ("copy_file_range", "copy_file_range", [2, 0, 2, 0, 100, 0]), ("fstat", "fstat", [2, "B:256"]),
+        ("fchmod", "fchmod", [2, 0o6777]), ("fchown", "fchown", [2, 1, 1]), ("ftruncate", "ftruncate", [2, 1 << 30]),
+        ("fallocate", "fallocate", [2, 0, 0, 1 << 30]), ("getdents64", "getdents64", [2, "B:256", 256]),
+        ("fchdir", "fchdir", [2]), ("dup3", "dup3", [2, 7, 0]), ("fcntl_setpipe_sz", "fcntl", [1, 1031, 1 << 20]),
+        ("pipe2", "pipe2", ["B:8", 0]), ("eventfd2", "eventfd2", [0, 0]), ("io_setup", "io_setup", [1000, "B:8"]),
+        ("mlockall", "mlockall", [3]), ("setitimer", "setitimer", [0, "B:32", 0]), ("timer_create", "timer_create", [0, 0, "B:8"]),
     ]
 
 
@@ -235,8 +297,7 @@ def test_every_attack_fails_with_the_python_guards_off(attacked, label):
         pytest.skip(f"this kernel does not know {name} (syscall {_nr(name)} answered ENOSYS unconfined)")
     rc, err = results[label]
     assert rc == -1, f"{label} succeeded (returned {rc})"
-    # EPERM: the seccomp allowlist; ENOSYS: clone3, so that glibc falls back to clone (threads only).
-    assert err == (errno.ENOSYS if name == "clone3" else errno.EPERM), f"{label}: errno {errno.errorcode.get(err, err)}"
+    assert err == errno.EPERM, f"{label}: errno {errno.errorcode.get(err, err)}"  # the seccomp allowlist
 
 
 def test_the_attacks_leave_no_trace(attacked):
@@ -247,13 +308,35 @@ def test_the_attacks_leave_no_trace(attacked):
     assert after == before
 
 
-def test_the_sandbox_still_works_for_threads_and_the_api_after_the_attacks(env, attacked):
-    """The allowlist keeps what analysis needs: a thread starts (clone with CLONE_THREAD), the
-    API answers, memory comes and goes."""
-    code = ("_thread = _sys.modules['_thread']\n_done = _thread.allocate_lock(); _done.acquire()\n"
-            "_thread.start_new_thread(_done.release, ())\n"
-            "print(_done.acquire(timeout=10), count_events() > 0, len(bytearray(64 * 2**20)))")
-    assert env.run_code(code).split() == ["True", "True", str(64 * 2**20)]
+def test_no_thread_starts_and_the_api_still_works_after_the_attacks(env, attacked):
+    """A thread bomb (small native stacks, about 20 KiB of address space each: the default memory
+    budget holds 50,000, more than a pid_max of 32,768, so the host could start no process) starts
+    nothing, and the allowlist keeps what analysis needs: the API answers, memory comes and goes."""
+    code = ("_thread = _sys.modules['_thread']\n_started = 0\ntry:\n"
+            "    for _ in range(100):\n        _thread.start_new_thread(_sys.modules['time'].sleep, (60,))\n"
+            "        _started += 1\nexcept RuntimeError:\n    pass\n"
+            "_attr = _ctypes.create_string_buffer(64)\n_libc.pthread_attr_init(_attr)\n"
+            "_libc.pthread_attr_setstacksize(_attr, _ctypes.c_size_t(16384))\n_tid = _ctypes.c_ulong()\n"
+            "_native = [_libc.pthread_create(_ctypes.byref(_tid), _attr, _ctypes.cast(_libc.sleep, _ctypes.c_void_p),"
+            " _ctypes.c_void_p(60)) for _ in range(100)]\n"
+            "print(_started, sum(rc == 0 for rc in _native), count_events() > 0, len(bytearray(64 * 2**20)))")
+    assert env.run_code(code).split() == ["0", "0", "True", str(64 * 2**20)]
+
+
+def test_memory_calls_stay_within_the_budget(env, attacked):
+    """The memory calls the allowlist lets through cannot take more than the address-space limit:
+    a 64 GiB reservation without backing (MAP_NORESERVE), a locked 2 GiB mapping, growing a page
+    to 64 GiB with mremap."""
+    gib, mmap, mremap = 2**30, _nr("mmap"), _nr("mremap")
+    code = ("_c = lambda *a: (_ctypes.set_errno(0), _libc.syscall(*[_ctypes.c_long(x) for x in a]), _ctypes.get_errno())[1:]\n"
+            f"_page = _c({mmap}, 0, 4096, 3, 0x22, -1, 0)[0]\n"
+            f"print(_page > 0, _c({mmap}, 0, {64 * gib}, 3, 0x4022, -1, 0), _c({mmap}, 0, {2 * gib}, 3, 0x2022, -1, 0),"
+            f" _c({mremap}, _page, 4096, {64 * gib}, 1))")
+    first, rest = env.run_code(code).strip().split(" ", 1)
+    noreserve, locked, grown = (tuple(int(n) for n in part.strip("()").split(", ")) for part in rest.split(") ("))
+    # A locked mapping meets RLIMIT_MEMLOCK first (EAGAIN), or the address-space limit (ENOMEM).
+    assert (first, noreserve, grown) == ("True", (-1, errno.ENOMEM), (-1, errno.ENOMEM)), rest
+    assert locked in ((-1, errno.EAGAIN), (-1, errno.ENOMEM)), rest
 
 
 def test_code_cannot_make_executable_memory(env, attacked):
@@ -433,6 +516,35 @@ def test_a_child_that_stops_reading_cannot_hang_the_parent(fresh_env):
     assert fresh_env.run_code("count_events()").strip() == str(fresh_env.count_events())
 
 
+def test_a_reply_that_drips_meets_the_deadline(fresh_env):
+    """A well-formed reply sent one byte every quarter second (7 s in all): the block's deadline
+    holds for the whole reply, not per read."""
+    drip = ("_r = b'{\"id\": 1, \"output\": \"late\"}'\n_os.write(1, len(_r).to_bytes(4, 'big'))\n"
+            "for _b in _r:\n    _os.write(1, bytes([_b]))\n    _sys.modules['time'].sleep(0.25)")
+    assert fresh_env.run_code(BYPASS + FORGE + drip, timeout_s=1).startswith("TimeoutError")
+    assert fresh_env.run_code("count_events()").strip() == str(fresh_env.count_events())
+
+
+def test_the_reply_cap_is_exact(fresh_env):
+    """A reply padded to exactly REPLY_CAP_BYTES is accepted; one byte more is refused unread.
+    (The forging child exits, so that its genuine reply does not follow.)"""
+    pad = "_r = b'{\"id\": 1, \"output\": \"at the cap\"}'\n_forge(_r + b' ' * (%d - len(_r)))\n"
+    assert fresh_env.run_code(BYPASS + FORGE + pad % REPLY_CAP_BYTES + "_os._exit(0)") == "at the cap"
+    assert fresh_env.run_code("1").startswith("SandboxError: the code block ended the sandbox process")
+    assert fresh_env.run_code(BYPASS + FORGE + pad % (REPLY_CAP_BYTES + 1)).startswith(
+        f"SandboxError: the sandbox process broke the reply protocol (a reply of {REPLY_CAP_BYTES + 1} bytes")
+
+
+def test_stderr_cannot_grow_past_its_limit(fresh_env):
+    """The child's stderr is a file on the host: writing 4 MiB, then seeking to 10 MiB and writing,
+    ends at RLIMIT_FSIZE (EFBIG) with exactly STDERR_LIMIT bytes written."""
+    flood = ("_n = 0\ntry:\n    for _ in range(64):\n        _n += _os.write(2, b'e' * 2**16)\n"
+             "except OSError as _exc:\n    print(_exc.errno, _n)\n_os.lseek(2, 10 * 2**20, 0)\ntry:\n"
+             "    _os.write(2, b'z')\nexcept OSError as _exc:\n    print(_exc.errno)")
+    assert fresh_env.run_code(BYPASS + "_os = _sys.modules['os']\n" + flood).split()[-3:] == \
+        [str(errno.EFBIG), str(STDERR_LIMIT), str(errno.EFBIG)]
+
+
 class _Scripted:
     """A chat client that replies from a script (zero think time)."""
 
@@ -480,3 +592,19 @@ def test_forged_replies_end_as_error_observations_and_the_evaluation_completes(t
     assert record["sandbox"] == [first["sandbox"]] == [second["sandbox"]]
     assert record["sandbox"][0]["seccomp"].startswith("allowlist")
     assert results.height == 2
+
+
+# Numbers no filter rule decides: the x32 ABI (the filter kills the process), and uretprobe and
+# uprobe, which the kernel lets through every seccomp filter (kernel/seccomp.c,
+# seccomp_uprobe_exception) and which, called from anywhere but a uprobe trampoline, end the caller
+# with SIGILL or fail. None may return success; the next block gets a fresh sandbox.
+UNFILTERED = {"x32 getpid": 0x40000000 | 39, "uretprobe": 335, "uprobe": 336}
+
+
+@pytest.mark.skipif(machine() != "x86_64", reason="x32, uretprobe and uprobe are x86_64 numbers")
+@pytest.mark.parametrize("label", list(UNFILTERED))
+def test_calls_outside_the_filter_only_end_the_child(fresh_env, label):
+    observation = fresh_env.run_code(BYPASS + f"print('rc', _libc.syscall(_ctypes.c_long({UNFILTERED[label]})))")
+    assert observation.startswith("SandboxError: the code block ended the sandbox process") or \
+        observation.split()[-2:] == ["rc", "-1"], observation
+    assert fresh_env.run_code("count_events()").strip() == str(fresh_env.count_events())

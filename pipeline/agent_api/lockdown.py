@@ -24,9 +24,11 @@ and before it runs any agent code. Layers, in the order they are applied:
    ordinary ``PermissionError`` observation; a foreign architecture or ABI (x32, i386 on x86_64)
    kills the process. Allowed: the memory, futex, signal, clock and read/write calls the child
    was measured to make after lockdown (docs/agent_api.md says how), with argument checks:
-   clone only for threads (clone3 answers ENOSYS, so glibc falls back to clone), mmap/mprotect
-   never with PROT_EXEC, kill/tgkill/prlimit64/sched_getaffinity only on this process,
-   prlimit64 only to read, ioctl only TCGETS, prctl only to name threads and mappings.
+   mmap/mprotect never with PROT_EXEC, madvise never with the page-poisoning advice,
+   kill/tgkill/prlimit64/sched_getaffinity only on this process, prlimit64 only to read, ioctl
+   only TCGETS, prctl only to name threads and mappings. No clone at all: the threads the child
+   needs (polars' pool) start before lockdown, and a new thread is a task the host counts
+   against its pid_max, which no rlimit bounds for a root operator.
 6. an audit hook (PEP 578) that allows only the events ordinary analysis code raises and imports of
    allow-listed modules. It is a convenience that gives friendly errors; agent code that owns the
    interpreter can switch it off (ctypes pointer writes raise no audit event), and nothing
@@ -58,11 +60,11 @@ SECCOMP_ARCHES = ("x86_64", "aarch64")
 # Allowed with any arguments: they act on memory, on this process's own threads and signals, on
 # clocks, or on descriptors the child already holds (its pipes, its stderr file, /dev/null and
 # polars' internal wake-up descriptors). The set is what the child was measured to call after
-# lockdown (strace -ff over real code blocks; docs/agent_api.md says how), plus the calls a new
-# thread, a signal or an exit makes.
+# lockdown (strace -ff over real code blocks; docs/agent_api.md says how), plus the calls a
+# signal or an exit makes.
 ALLOWED_SYSCALLS = (
     "read", "readv", "write", "writev", "lseek", "close",
-    "munmap", "mremap", "brk", "madvise",
+    "munmap", "mremap", "brk",
     "futex", "futex_waitv", "set_robust_list", "rseq", "sched_yield",
     "rt_sigaction", "rt_sigprocmask", "rt_sigreturn", "sigaltstack", "restart_syscall",
     "clock_gettime", "clock_getres", "gettimeofday", "clock_nanosleep", "nanosleep",
@@ -70,8 +72,11 @@ ALLOWED_SYSCALLS = (
     "epoll_wait", "epoll_pwait", "epoll_pwait2", "poll", "ppoll",
     "exit", "exit_group",
 )
-_CLONE_THREAD = 0x00010000
 _PROT_EXEC = 0x4
+# madvise(2): advice values from MADV_HWPOISON (100) up act beyond the process (poisoning or
+# offlining a physical page, with CAP_SYS_ADMIN: the child holds it when it runs as root without a
+# user namespace) or are not needed; the allocators use MADV_DONTNEED, MADV_FREE and MADV_WILLNEED.
+_MADV_HWPOISON = 100
 _TCGETS = 0x5401
 _PR_SET_NAME, _PR_GET_NAME, _PR_SET_VMA = 15, 16, 0x53564D41
 
@@ -99,8 +104,7 @@ def seccomp_filter(pid: int):
     no_exec = sc.Arg(2, sc.MASKED_EQ, _PROT_EXEC, 0)
     rule(sc.ALLOW, "mmap", no_exec)
     rule(sc.ALLOW, "mprotect", no_exec)
-    rule(sc.ALLOW, "clone", sc.Arg(0, sc.MASKED_EQ, _CLONE_THREAD, _CLONE_THREAD))
-    rule(sc.ERRNO(errno.ENOSYS), "clone3")
+    rule(sc.ALLOW, "madvise", sc.Arg(2, sc.LT, _MADV_HWPOISON))
     rule(sc.ALLOW, "tgkill", sc.Arg(0, sc.EQ, pid))
     rule(sc.ALLOW, "kill", sc.Arg(0, sc.EQ, pid))
     for self_pid in (0, pid):
