@@ -506,6 +506,13 @@ def test_a_forged_reply_is_an_error_observation_and_the_next_block_runs(fresh_en
     assert fresh_env.run_code("count_events()").strip() == str(fresh_env.count_events())
 
 
+def test_an_output_with_a_lone_surrogate_is_valid_text(fresh_env):
+    """print('\\ud800') reaches the parent as JSON; the observation must still encode as UTF-8 (the
+    LLM request carries it), so the surrogate is shown escaped."""
+    observation = fresh_env.run_code("print('a\\ud800b')", timeout_s=20)
+    assert observation.encode("utf-8") == b"a\\ud800b\n", observation
+
+
 def test_a_child_that_stops_reading_cannot_hang_the_parent(fresh_env):
     """The block answers its own request with a forged reply and then never reads again; the next
     request (larger than a pipe buffer) meets the block's deadline instead of blocking forever."""

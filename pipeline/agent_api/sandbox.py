@@ -212,7 +212,9 @@ class _Child:
         if not isinstance(output, str) or len(output) > MAX_OUTPUT_CHARS:
             raise ProtocolError(f"an output that is a {type(output).__name__}"
                                 + (f" of {len(output)} characters" if isinstance(output, str) else ""))
-        return output
+        # JSON can carry lone surrogates ('\\ud800'), which no UTF-8 request to an LLM endpoint can:
+        # they are shown escaped, so the agent's output cannot end its own episode.
+        return output.encode("utf-8", "backslashreplace").decode("utf-8")
 
     def stop(self) -> str:
         """Kill the child; return how it ended and the tail of its stderr (for error messages)."""
