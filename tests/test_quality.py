@@ -221,7 +221,7 @@ def test_raw_day_is_read_back_with_slots_from_the_file_names(tmp_path):
 def test_events_pass_on_hand_built_rows():
     res = validate_events(good_events())
     assert res.passed, res.failures
-    assert res.statistics["evaluated_expectations"] == 13 and res.statistics["rows"] == 4
+    assert res.statistics["rules"] == 13 and res.statistics["rows"] == 4
 
 
 def test_events_pass_on_the_normaliser_output_of_a_real_gdelt_file():
