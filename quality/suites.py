@@ -7,7 +7,13 @@ everything that loads the code location (``dg check defs``, sensors, the code se
 GX has no polars engine, so each suite:
 1. checks the stored dtypes on the polars side (GX only sees pandas dtypes after conversion);
 2. adds the derived columns an expectation needs (``_``-prefixed; e.g. a slot offset in seconds);
-3. converts to pandas and validates on a fresh ephemeral context (nothing written to disk).
+3. computes its row rules (``RowRule``: not null, in a set, in a range, two columns equal or
+   different) with polars into one column, ``_row_rule_violations``, naming the rules each row
+   breaks (the day suites; the articles suite keeps one GX expectation per rule);
+4. converts to pandas and validates with GX: the table rules (column list, uniqueness) and
+   "``_row_rule_violations`` is null", on one ephemeral context per process (nothing written to
+   disk) whose suites are built on first use. A broken row rule is reported with its name, count
+   and examples, as a GX expectation was (docs/benchmarks.md, "Day suites", for why).
 
 Suites and the rules they guard:
 - ``raw_events`` (parsed export rows of one day, ingestion): 61 columns in order with the stored
@@ -309,11 +315,15 @@ def validate_raw_events(slots: Mapping[datetime, pl.DataFrame]) -> SuiteResult:
 
     schema_failures = [f for slot, df in slots.items()
                        for f in _schema_failures(df, EXPORT_SCHEMA, where=f"slot {slot:%Y%m%d%H%M%S}")]
-    frames = [df.with_columns(pl.lit(slot, pl.Datetime("us", "UTC")).alias("slot")) for slot, df in slots.items()]
-    total = sum(df.height for df in frames)
+    total = sum(df.height for df in slots.values())
     if total == 0:
-        return _empty("raw_events", schema_failures, "no parsed export rows for this day", files=len(frames))
-    rows = pl.concat(frames, how="diagonal_relaxed")
+        return _empty("raw_events", schema_failures, "no parsed export rows for this day", files=len(slots))
+    # Each row's slot, repeated per file in one expression (a literal per file cost more than
+    # validating the day once GX ran one expectation for the row rules).
+    per_file = pl.DataFrame({"slot": list(slots), "rows": [df.height for df in slots.values()]},
+                            schema={"slot": pl.Datetime("us", "UTC"), "rows": pl.UInt32})
+    slot = per_file.filter(pl.col("rows") > 0).select(pl.col("slot").repeat_by("rows").explode()).to_series()
+    rows = pl.concat(list(slots.values()), how="diagonal_relaxed").with_columns(slot)
     rows = rows.with_columns(
         _derived(rows, "DATEADDED", EXPORT_SCHEMA["DATEADDED"],
                  (pl.col("DATEADDED") - pl.col("slot")).dt.total_seconds(), "_dateadded_offset_s", pl.Int64)
@@ -330,7 +340,7 @@ def validate_raw_events(slots: Mapping[datetime, pl.DataFrame]) -> SuiteResult:
         at_least("_dateadded_offset_s", 0, "raw: DATEADDED within [slot, slot + 15 min)", below=slot_seconds),  # raw: file/slot consistency
     ]
     return _run("raw_events", rows, expectations, rules, schema_failures,
-                {"rows": total, "files": len(frames), "first_slot": str(min(slots)), "last_slot": str(max(slots))})
+                {"rows": total, "files": len(slots), "first_slot": str(min(slots)), "last_slot": str(max(slots))})
 
 
 # ---------------------------------------------------------------------------------------------
