@@ -7,7 +7,13 @@ everything that loads the code location (``dg check defs``, sensors, the code se
 GX has no polars engine, so each suite:
 1. checks the stored dtypes on the polars side (GX only sees pandas dtypes after conversion);
 2. adds the derived columns an expectation needs (``_``-prefixed; e.g. a slot offset in seconds);
-3. converts to pandas and validates on a fresh ephemeral context (nothing written to disk).
+3. computes its row rules (``RowRule``: not null, in a set, in a range, two columns equal or
+   different) with polars into one column, ``_row_rule_violations``, naming the rules each row
+   breaks (the day suites; the articles suite keeps one GX expectation per rule);
+4. converts to pandas and validates with GX: the table rules (column list, uniqueness) and
+   "``_row_rule_violations`` is null", on one ephemeral context per process (nothing written to
+   disk) whose suites are built on first use. A broken row rule is reported with its name, count
+   and examples, as a GX expectation was (docs/benchmarks.md, "Day suites", for why).
 
 Suites and the rules they guard:
 - ``raw_events`` (parsed export rows of one day, ingestion): 61 columns in order with the stored
@@ -25,8 +31,9 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -134,29 +141,141 @@ def _failure(r) -> dict[str, Any]:
     return out
 
 
-def _run(suite_name: str, df: pl.DataFrame, expectations: list, schema_failures: list[dict[str, Any]],
-         extra_stats: dict[str, Any]) -> SuiteResult:
-    """Validate ``df`` (polars, derived columns included) with GX on a throwaway context."""
+@dataclass(frozen=True)
+class RowRule:
+    """A rule each row must meet, computed by polars as a boolean column (``violated``).
+
+    A suite's row rules reach GX as one expectation: ``ROW_VIOLATIONS`` (the names of the rules a
+    row breaks, null when it breaks none) must be null. GX's cost is per expectation (metric graph
+    and pydantic copies of every kwarg, value sets included), not per row: one wide expectation
+    instead of one per rule made the day suites several times cheaper (docs/benchmarks.md).
+    A failure still names the rule, the columns it reads, its exact count and a few examples;
+    ``expectation`` is the GX expectation type the rule states, so reports read as before.
+    """
+
+    expectation: str
+    columns: tuple[str, ...]
+    rule: str
+    violated: pl.Expr
+
+
+ROW_VIOLATIONS = "_row_rule_violations"
+ROW_RULES_EXPECTATION = "expect_column_values_to_be_null"  # what GX runs on ROW_VIOLATIONS
+
+
+def not_null(column: str, rule: str) -> RowRule:
+    return RowRule("expect_column_values_to_not_be_null", (column,), rule, pl.col(column).is_null())
+
+
+def in_set(column: str, values: list[str], rule: str) -> RowRule:
+    """Nulls pass, as in GX (a ``not_null`` rule catches them)."""
+    return RowRule("expect_column_values_to_be_in_set", (column,), rule,
+                   pl.col(column).is_not_null() & ~pl.col(column).is_in(values))
+
+
+def at_least(column: str, low: int, rule: str, below: int | None = None) -> RowRule:
+    """``low <= value`` (and ``value < below`` when given); nulls pass, as in GX."""
+    value = pl.col(column)
+    outside = value < low if below is None else (value < low) | (value >= below)
+    return RowRule("expect_column_values_to_be_between", (column,), rule, value.is_not_null() & outside)
+
+
+def pair_equal(a: str, b: str, rule: str) -> RowRule:
+    """GX's pair rule: a row with both values missing is skipped; one missing value is unequal."""
+    return RowRule("expect_column_pair_values_to_be_equal", (a, b), rule,
+                   ~(pl.col(a).is_null() & pl.col(b).is_null()) & pl.col(a).ne_missing(pl.col(b)))
+
+
+def differ(a: str, b: str, rule: str) -> RowRule:
+    """GX's unique-within-record on two columns: equal values break it, a missing value does not."""
+    return RowRule("expect_select_column_values_to_be_unique_within_record", (a, b), rule,
+                   pl.col(a).is_not_null() & pl.col(b).is_not_null() & (pl.col(a) == pl.col(b)))
+
+
+def _apply_row_rules(df: pl.DataFrame, rules: list[RowRule]) -> tuple[pl.DataFrame, list[dict[str, Any]], list[dict[str, Any]]]:
+    """``df`` with ``ROW_VIOLATIONS`` added; the failure of each broken rule (count and examples);
+    and the rules that could not be computed (a missing column or a wrong dtype, also reported by
+    the schema check), each as a failure with its exception, as GX reported such an expectation."""
+    flags: dict[str, pl.Series] = {}
+    failures: list[dict[str, Any]] = []
+    unusable: list[dict[str, Any]] = []
+    for i, r in enumerate(rules):
+        base = {"expectation": r.expectation, "column": ", ".join(r.columns), "rule": r.rule}
+        try:
+            flag = df.select(r.violated.fill_null(False)).to_series()
+        except pl.exceptions.PolarsError as exc:
+            unusable.append({**base, "unexpected_count": None, "unexpected_values": [],
+                             "exception": f"{type(exc).__name__}: {exc}"[:300]})
+            continue
+        flags[f"_rule_{i}"] = flag
+        count = int(flag.sum())
+        if count:
+            shown = df.filter(flag).select(r.columns).head(MAX_UNEXPECTED_VALUES)
+            examples = shown.to_series().to_list() if len(r.columns) == 1 else shown.rows()
+            failures.append({**base, "unexpected_count": count, "unexpected_values": _jsonable(examples),
+                             "validated_by": f"{ROW_RULES_EXPECTATION} on {ROW_VIOLATIONS}"})
+    if flags:
+        marks = pl.DataFrame(flags)
+        named = [pl.when(pl.col(f"_rule_{i}")).then(pl.lit(r.rule)) for i, r in enumerate(rules) if f"_rule_{i}" in flags]
+        violations = marks.select(pl.concat_str(named, separator="; ", ignore_nulls=True)
+                                  .replace("", None).alias(ROW_VIOLATIONS)).to_series()
+    else:
+        violations = pl.Series(ROW_VIOLATIONS, [None] * df.height, pl.String)
+    return df.with_columns(violations), failures, unusable
+
+
+# One ephemeral GX context per process (nothing on disk), with each suite's batch definition and
+# ExpectationSuite built on first use: building them cost as much as validating a small day.
+# ``Batch.validate`` stores no results, so the cached context does not grow from run to run.
+_gx_lock = threading.Lock()
+_gx_cache: dict[str, Any] = {}
+
+
+def _validation_of(suite_name: str, expectations: Callable[[], list]) -> tuple[Any, Any]:
     import great_expectations as gx
     from great_expectations.data_context.types.base import ProgressBarsConfig
 
-    ctx = gx.get_context(mode="ephemeral")
-    ctx.variables.progress_bars = ProgressBarsConfig(globally=False)  # no tqdm spam in Dagster logs
-    batch = (
-        ctx.data_sources.add_pandas(f"{suite_name}_source")
-        .add_dataframe_asset(suite_name)
-        .add_batch_definition_whole_dataframe("whole")
-    )
-    suite = ctx.suites.add(gx.ExpectationSuite(name=suite_name, expectations=expectations))
-    vd = ctx.validation_definitions.add(gx.ValidationDefinition(name=f"{suite_name}_vd", data=batch, suite=suite))
-    res = vd.run(batch_parameters={"dataframe": df.to_pandas()}, result_format="SUMMARY")
-    failures = schema_failures + [_failure(r) for r in res.results if not r.success]
+    if "context" not in _gx_cache:
+        ctx = gx.get_context(mode="ephemeral")
+        ctx.variables.progress_bars = ProgressBarsConfig(globally=False)  # no tqdm spam in Dagster logs
+        _gx_cache["context"] = ctx
+        _gx_cache["source"] = ctx.data_sources.add_pandas("mirai_tables")
+    if suite_name not in _gx_cache:
+        batch = _gx_cache["source"].add_dataframe_asset(suite_name).add_batch_definition_whole_dataframe("whole")
+        _gx_cache[suite_name] = (batch, gx.ExpectationSuite(name=suite_name, expectations=expectations()))
+    return _gx_cache[suite_name]
+
+
+def _run(suite_name: str, df: pl.DataFrame, expectations: Callable[[], list], rules: list[RowRule],
+         schema_failures: list[dict[str, Any]], extra_stats: dict[str, Any]) -> SuiteResult:
+    """Validate ``df`` (polars, derived columns included) with GX: the suite's own expectations
+    (built once per process by ``expectations``) and, when it has row rules, their combined column."""
+    import great_expectations.expectations as gxe
+
+    df, row_failures, unusable = _apply_row_rules(df, rules) if rules else (df, [], [])
+
+    def suite_expectations() -> list:
+        combined = [gxe.ExpectColumnValuesToBeNull(column=ROW_VIOLATIONS, meta={"rule": "every row rule of the suite"})]
+        return expectations() + (combined if rules else [])
+
+    with _gx_lock:
+        batch, suite = _validation_of(suite_name, suite_expectations)
+        res = batch.get_batch(batch_parameters={"dataframe": df.to_pandas()}).validate(suite, result_format="SUMMARY")
+    failures = list(schema_failures)
+    for r in res.results:
+        if r.success:
+            continue
+        is_row_rules = r.expectation_config.kwargs.get("column") == ROW_VIOLATIONS
+        failures += row_failures if is_row_rules and row_failures else [_failure(r)]
+    failures += unusable
     stats = {
         **extra_stats,
         **{k: (round(v, 2) if isinstance(v, float) else v) for k, v in dict(res.statistics).items()},
+        "rules": len(suite.expectations) - (1 if rules else 0) + len(rules),
         "schema_problems": sum(f["unexpected_count"] for f in schema_failures),
     }
-    return SuiteResult(suite_name, passed=bool(res.success) and not schema_failures, statistics=stats, failures=failures)
+    return SuiteResult(suite_name, passed=bool(res.success) and not schema_failures and not unusable,
+                       statistics=stats, failures=failures)
 
 
 def _empty(suite_name: str, schema_failures: list[dict[str, Any]], note: str, **stats: Any) -> SuiteResult:
@@ -187,7 +306,7 @@ def read_raw_events_day(directory: Path) -> dict[datetime, pl.DataFrame]:
     return {slot_of_file(p): pl.read_parquet(p) for p in sorted(directory.glob("[0-9]*.parquet"))}
 
 
-RAW_DERIVED = ["slot", "_dateadded_offset_s"]
+RAW_DERIVED = ["slot", "_dateadded_offset_s", ROW_VIOLATIONS]
 
 
 def validate_raw_events(slots: Mapping[datetime, pl.DataFrame]) -> SuiteResult:
@@ -196,31 +315,38 @@ def validate_raw_events(slots: Mapping[datetime, pl.DataFrame]) -> SuiteResult:
 
     schema_failures = [f for slot, df in slots.items()
                        for f in _schema_failures(df, EXPORT_SCHEMA, where=f"slot {slot:%Y%m%d%H%M%S}")]
-    frames = [df.with_columns(pl.lit(slot, pl.Datetime("us", "UTC")).alias("slot")) for slot, df in slots.items()]
-    total = sum(df.height for df in frames)
+    total = sum(df.height for df in slots.values())
     if total == 0:
-        return _empty("raw_events", schema_failures, "no parsed export rows for this day", files=len(frames))
-    rows = pl.concat(frames, how="diagonal_relaxed")
+        return _empty("raw_events", schema_failures, "no parsed export rows for this day", files=len(slots))
+    # Each row's slot, repeated per file in one expression (a literal per file cost more than
+    # validating the day once GX ran one expectation for the row rules).
+    per_file = pl.DataFrame({"slot": list(slots), "rows": [df.height for df in slots.values()]},
+                            schema={"slot": pl.Datetime("us", "UTC"), "rows": pl.UInt32})
+    slot = per_file.filter(pl.col("rows") > 0).select(pl.col("slot").repeat_by("rows").explode()).to_series()
+    rows = pl.concat(list(slots.values()), how="diagonal_relaxed").with_columns(slot)
     rows = rows.with_columns(
         _derived(rows, "DATEADDED", EXPORT_SCHEMA["DATEADDED"],
                  (pl.col("DATEADDED") - pl.col("slot")).dt.total_seconds(), "_dateadded_offset_s", pl.Int64)
     )
     slot_seconds = SLOT_MINUTES * 60
-    expectations = [
-        gxe.ExpectTableColumnsToMatchOrderedList(column_list=[*EXPORT_SCHEMA.names(), *RAW_DERIVED], meta={"rule": "raw: exactly the 61 export columns, in order"}),  # raw schema (dtypes: polars side)
-        gxe.ExpectColumnValuesToNotBeNull(column="GLOBALEVENTID", meta={"rule": "raw: GLOBALEVENTID present"}),  # raw: event key
-        gxe.ExpectColumnValuesToBeUnique(column="GLOBALEVENTID", meta={"rule": "raw: GLOBALEVENTID unique over the day"}),  # raw: event key (rule 1 input)
-        gxe.ExpectColumnValuesToNotBeNull(column="_dateadded_offset_s", meta={"rule": "raw: DATEADDED present"}),  # raw: publication time (rule 2 input)
-        gxe.ExpectColumnValuesToBeBetween(column="_dateadded_offset_s", min_value=0, max_value=slot_seconds, strict_max=True, meta={"rule": "raw: DATEADDED within [slot, slot + 15 min)"}),  # raw: file/slot consistency
+    def expectations() -> list:  # called once per process (_validation_of)
+        return [
+            gxe.ExpectTableColumnsToMatchOrderedList(column_list=[*EXPORT_SCHEMA.names(), *RAW_DERIVED], meta={"rule": "raw: exactly the 61 export columns, in order"}),  # raw schema (dtypes: polars side)
+            gxe.ExpectColumnValuesToBeUnique(column="GLOBALEVENTID", meta={"rule": "raw: GLOBALEVENTID unique over the day"}),  # raw: event key (rule 1 input)
+        ]
+    rules = [
+        not_null("GLOBALEVENTID", "raw: GLOBALEVENTID present"),  # raw: event key
+        not_null("_dateadded_offset_s", "raw: DATEADDED present"),  # raw: publication time (rule 2 input)
+        at_least("_dateadded_offset_s", 0, "raw: DATEADDED within [slot, slot + 15 min)", below=slot_seconds),  # raw: file/slot consistency
     ]
-    return _run("raw_events", rows, expectations, schema_failures,
-                {"rows": total, "files": len(frames), "first_slot": str(min(slots)), "last_slot": str(max(slots))})
+    return _run("raw_events", rows, expectations, rules, schema_failures,
+                {"rows": total, "files": len(slots), "first_slot": str(min(slots)), "last_slot": str(max(slots))})
 
 
 # ---------------------------------------------------------------------------------------------
 # events: the normalised international events of one day (pipeline/normalize.py rules)
 
-EVENTS_DERIVED = ["_r_prefix", "_date_added_day"]
+EVENTS_DERIVED = ["_r_prefix", "_date_added_day", ROW_VIOLATIONS]
 
 
 def validate_events(events: pl.DataFrame) -> SuiteResult:
@@ -239,23 +365,26 @@ def validate_events(events: pl.DataFrame) -> SuiteResult:
                  "_date_added_day", pl.Date),
     )
     iso3, level2 = sorted(iso3_codes()), sorted(level2_codes())
-    expectations = [
-        gxe.ExpectTableColumnsToMatchOrderedList(column_list=[*EVENTS_SCHEMA.names(), *EVENTS_DERIVED], meta={"rule": "events: stored columns, in order"}),  # schema (dtypes: polars side)
-        gxe.ExpectColumnValuesToNotBeNull(column="event_id", meta={"rule": "1: event_id present"}),  # rule 1
-        gxe.ExpectColumnValuesToBeUnique(column="event_id", meta={"rule": "1: GLOBALEVENTID deduplicated"}),  # rule 1
-        gxe.ExpectColumnValuesToNotBeNull(column="date", meta={"rule": "2: date present"}),  # rule 2
-        gxe.ExpectColumnPairValuesToBeEqual(column_A="date", column_B="_date_added_day", meta={"rule": "2: date is the UTC day of date_added"}),  # rule 2
-        gxe.ExpectColumnValuesToNotBeNull(column="s", meta={"rule": "3: s mapped"}),  # rule 3
-        gxe.ExpectColumnValuesToBeInSet(column="s", value_set=iso3, meta={"rule": "3: s is an ISO 3166-1 alpha-3 country"}),  # rule 3
-        gxe.ExpectColumnValuesToNotBeNull(column="o", meta={"rule": "3: o mapped"}),  # rule 3
-        gxe.ExpectColumnValuesToBeInSet(column="o", value_set=iso3, meta={"rule": "3: o is an ISO 3166-1 alpha-3 country"}),  # rule 3
-        gxe.ExpectSelectColumnValuesToBeUniqueWithinRecord(column_list=["s", "o"], meta={"rule": "4: no domestic event (s != o)"}),  # rule 4
-        gxe.ExpectColumnValuesToNotBeNull(column="r", meta={"rule": "5: r present"}),  # rule 5
-        gxe.ExpectColumnValuesToBeInSet(column="r", value_set=level2, meta={"rule": "5: r is a MIRAI level-2 CAMEO code"}),  # rule 5
-        gxe.ExpectColumnPairValuesToBeEqual(column_A="r1", column_B="_r_prefix", meta={"rule": "5: r1 is the first two digits of r"}),  # rule 5
+    def expectations() -> list:  # called once per process (_validation_of)
+        return [
+            gxe.ExpectTableColumnsToMatchOrderedList(column_list=[*EVENTS_SCHEMA.names(), *EVENTS_DERIVED], meta={"rule": "events: stored columns, in order"}),  # schema (dtypes: polars side)
+            gxe.ExpectColumnValuesToBeUnique(column="event_id", meta={"rule": "1: GLOBALEVENTID deduplicated"}),  # rule 1
+        ]
+    rules = [
+        not_null("event_id", "1: event_id present"),  # rule 1
+        not_null("date", "2: date present"),  # rule 2
+        pair_equal("date", "_date_added_day", "2: date is the UTC day of date_added"),  # rule 2
+        not_null("s", "3: s mapped"),  # rule 3
+        in_set("s", iso3, "3: s is an ISO 3166-1 alpha-3 country"),  # rule 3
+        not_null("o", "3: o mapped"),  # rule 3
+        in_set("o", iso3, "3: o is an ISO 3166-1 alpha-3 country"),  # rule 3
+        differ("s", "o", "4: no domestic event (s != o)"),  # rule 4
+        not_null("r", "5: r present"),  # rule 5
+        in_set("r", level2, "5: r is a MIRAI level-2 CAMEO code"),  # rule 5
+        pair_equal("r1", "_r_prefix", "5: r1 is the first two digits of r"),  # rule 5
     ]
     days = events.get_column("date").drop_nulls().unique().sort().to_list() if "date" in events.columns else []
-    return _run("events", df, expectations, schema_failures,
+    return _run("events", df, expectations, rules, schema_failures,
                 {"rows": events.height, "days": ", ".join(str(d) for d in days[:3]) + (" …" if len(days) > 3 else "")})
 
 
@@ -273,14 +402,17 @@ def validate_daily_quads(quads: pl.DataFrame) -> SuiteResult:
     schema_failures = _schema_failures(quads, QUADS_SCHEMA)
     if quads.height == 0:
         return _empty("daily_quads", schema_failures, "no quads on this day")
-    expectations = [
-        gxe.ExpectTableColumnsToMatchOrderedList(column_list=QUADS_SCHEMA.names(), meta={"rule": "quads: stored columns, in order"}),  # schema (dtypes: polars side)
-        *[gxe.ExpectColumnValuesToNotBeNull(column=c, meta={"rule": f"quads: key column {c} present"}) for c in QUAD_KEY],  # compound key complete
-        gxe.ExpectCompoundColumnsToBeUnique(column_list=QUAD_KEY, meta={"rule": "quads: one row per (date, s, r, o)"}),  # compound key unique
-        gxe.ExpectColumnValuesToBeBetween(column="daily_mentions", min_value=1, meta={"rule": "quads: daily_mentions >= 1"}),  # a quad is mentioned
-        gxe.ExpectColumnValuesToBeBetween(column="n_events", min_value=1, meta={"rule": "quads: n_events >= 1"}),  # a quad has events
+    def expectations() -> list:  # called once per process (_validation_of)
+        return [
+            gxe.ExpectTableColumnsToMatchOrderedList(column_list=[*QUADS_SCHEMA.names(), ROW_VIOLATIONS], meta={"rule": "quads: stored columns, in order"}),  # schema (dtypes: polars side)
+            gxe.ExpectCompoundColumnsToBeUnique(column_list=QUAD_KEY, meta={"rule": "quads: one row per (date, s, r, o)"}),  # compound key unique
+        ]
+    rules = [
+        *[not_null(c, f"quads: key column {c} present") for c in QUAD_KEY],  # compound key complete
+        at_least("daily_mentions", 1, "quads: daily_mentions >= 1"),  # a quad is mentioned
+        at_least("n_events", 1, "quads: n_events >= 1"),  # a quad has events
     ]
-    return _run("daily_quads", quads, expectations, schema_failures,
+    return _run("daily_quads", quads, expectations, rules, schema_failures,
                 {"rows": quads.height, "total_mentions": int(quads.get_column("daily_mentions").sum())
                  if "daily_mentions" in quads.columns and quads.schema["daily_mentions"].is_numeric() else None})
 
@@ -324,25 +456,26 @@ def validate_articles(articles: pl.DataFrame) -> SuiteResult:
     if articles.height == 0:
         return _empty("articles", schema_failures, "no articles on this day", **{k: v for k, v in counts.items() if k != "rows"})
     kept, dropped = Column("kept") == True, Column("kept") == False  # noqa: E712 (GX conditions, not Python tests)
-    expectations = [
-        gxe.ExpectTableColumnsToMatchOrderedList(column_list=ARTICLES_SCHEMA.names(), meta={"rule": "articles: stored columns, in order"}),  # schema (dtypes: polars side)
-        gxe.ExpectColumnValuesToNotBeNull(column="url", meta={"rule": "articles: url present"}),  # key
-        gxe.ExpectColumnValuesToBeUnique(column="url", meta={"rule": "articles: one row per normalised url"}),  # key
-        gxe.ExpectColumnValuesToNotBeNull(column="url_md5", meta={"rule": "articles: url_md5 present"}),  # id in the ledger / HTML store
-        gxe.ExpectColumnValuesToBeUnique(column="url_md5", meta={"rule": "articles: url_md5 unique"}),
-        gxe.ExpectColumnValuesToMatchRegex(column="url_md5", regex=URL_MD5_REGEX, meta={"rule": "articles: url_md5 is 32 lowercase hex digits"}),
-        gxe.ExpectColumnValuesToNotBeNull(column="kept", meta={"rule": "articles: every row is kept or dropped"}),
-        gxe.ExpectColumnValuesToNotBeNull(column="text", row_condition=kept, meta={"rule": "kept: text present"}),
-        gxe.ExpectColumnValuesToMatchRegex(column="text", regex=NON_BLANK_REGEX, row_condition=kept, meta={"rule": "kept: text non-empty"}),
-        gxe.ExpectColumnValuesToNotBeNull(column="abstract", row_condition=kept, meta={"rule": "kept: abstract present"}),
-        gxe.ExpectColumnValuesToMatchRegex(column="abstract", regex=NON_BLANK_REGEX, row_condition=kept, meta={"rule": "kept: abstract non-empty"}),
-        gxe.ExpectColumnValuesToNotBeNull(column="lang", row_condition=kept, meta={"rule": "kept: lang present"}),
-        gxe.ExpectColumnValuesToBeInSet(column="lang", value_set=["en"], row_condition=kept, meta={"rule": "kept: lang is 'en'"}),
-        gxe.ExpectColumnValuesToBeNull(column="failing_filter", row_condition=kept, meta={"rule": "kept: no failing_filter"}),
-        gxe.ExpectColumnValuesToNotBeNull(column="failing_filter", row_condition=dropped, meta={"rule": "dropped: failing_filter named"}),
-        gxe.ExpectColumnValuesToNotBeNull(column="profile", meta={"rule": "articles: profile present"}),
-        gxe.ExpectColumnValuesToBeInSet(column="profile", value_set=list(ARTICLE_PROFILES), meta={"rule": "articles: profile is mirai or obelics"}),
-        gxe.ExpectColumnValuesToNotBeNull(column="n_words", meta={"rule": "articles: n_words present"}),
-        gxe.ExpectColumnValuesToBeBetween(column="n_words", min_value=0, meta={"rule": "articles: n_words >= 0"}),
-    ]
-    return _run("articles", articles, expectations, schema_failures, counts)
+    def expectations() -> list:  # called once per process (_validation_of)
+        return [
+            gxe.ExpectTableColumnsToMatchOrderedList(column_list=ARTICLES_SCHEMA.names(), meta={"rule": "articles: stored columns, in order"}),  # schema (dtypes: polars side)
+            gxe.ExpectColumnValuesToNotBeNull(column="url", meta={"rule": "articles: url present"}),  # key
+            gxe.ExpectColumnValuesToBeUnique(column="url", meta={"rule": "articles: one row per normalised url"}),  # key
+            gxe.ExpectColumnValuesToNotBeNull(column="url_md5", meta={"rule": "articles: url_md5 present"}),  # id in the ledger / HTML store
+            gxe.ExpectColumnValuesToBeUnique(column="url_md5", meta={"rule": "articles: url_md5 unique"}),
+            gxe.ExpectColumnValuesToMatchRegex(column="url_md5", regex=URL_MD5_REGEX, meta={"rule": "articles: url_md5 is 32 lowercase hex digits"}),
+            gxe.ExpectColumnValuesToNotBeNull(column="kept", meta={"rule": "articles: every row is kept or dropped"}),
+            gxe.ExpectColumnValuesToNotBeNull(column="text", row_condition=kept, meta={"rule": "kept: text present"}),
+            gxe.ExpectColumnValuesToMatchRegex(column="text", regex=NON_BLANK_REGEX, row_condition=kept, meta={"rule": "kept: text non-empty"}),
+            gxe.ExpectColumnValuesToNotBeNull(column="abstract", row_condition=kept, meta={"rule": "kept: abstract present"}),
+            gxe.ExpectColumnValuesToMatchRegex(column="abstract", regex=NON_BLANK_REGEX, row_condition=kept, meta={"rule": "kept: abstract non-empty"}),
+            gxe.ExpectColumnValuesToNotBeNull(column="lang", row_condition=kept, meta={"rule": "kept: lang present"}),
+            gxe.ExpectColumnValuesToBeInSet(column="lang", value_set=["en"], row_condition=kept, meta={"rule": "kept: lang is 'en'"}),
+            gxe.ExpectColumnValuesToBeNull(column="failing_filter", row_condition=kept, meta={"rule": "kept: no failing_filter"}),
+            gxe.ExpectColumnValuesToNotBeNull(column="failing_filter", row_condition=dropped, meta={"rule": "dropped: failing_filter named"}),
+            gxe.ExpectColumnValuesToNotBeNull(column="profile", meta={"rule": "articles: profile present"}),
+            gxe.ExpectColumnValuesToBeInSet(column="profile", value_set=list(ARTICLE_PROFILES), meta={"rule": "articles: profile is mirai or obelics"}),
+            gxe.ExpectColumnValuesToNotBeNull(column="n_words", meta={"rule": "articles: n_words present"}),
+            gxe.ExpectColumnValuesToBeBetween(column="n_words", min_value=0, meta={"rule": "articles: n_words >= 0"}),
+        ]
+    return _run("articles", articles, expectations, [], schema_failures, counts)

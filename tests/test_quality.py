@@ -221,7 +221,7 @@ def test_raw_day_is_read_back_with_slots_from_the_file_names(tmp_path):
 def test_events_pass_on_hand_built_rows():
     res = validate_events(good_events())
     assert res.passed, res.failures
-    assert res.statistics["evaluated_expectations"] == 13 and res.statistics["rows"] == 4
+    assert res.statistics["rules"] == 13 and res.statistics["rows"] == 4
 
 
 def test_events_pass_on_the_normaliser_output_of_a_real_gdelt_file():
@@ -253,6 +253,40 @@ def test_events_fail_on_bad_rows(change, expectation, column):
     f = assert_fails_only(validate_events(set_row(good_events(), 0, **change)), expectation, column)
     assert f["unexpected_count"] == (2 if expectation == UNIQUE else 1)
     assert f["rule"]  # every expectation names the rule it guards
+
+
+def test_a_row_breaking_two_rules_names_each_rule_with_its_count_and_examples():
+    # The row rules reach GX as one expectation over a polars-computed column; each broken rule
+    # is still reported on its own, with the rule's name, its column, exact count and examples.
+    bad = set_row(set_row(good_events(), 0, s="EUR", r="999", r1="99"), 2, r="998", r1="99")
+    res = validate_events(bad)
+    assert not res.passed and len(res.failures) == 2, res.failures
+    s_rule, r_rule = failure(res, IN_SET, "s"), failure(res, IN_SET, "r")
+    assert (s_rule["rule"], s_rule["unexpected_count"], s_rule["unexpected_values"]) == (
+        "3: s is an ISO 3166-1 alpha-3 country", 1, ["EUR"])
+    assert (r_rule["rule"], r_rule["unexpected_count"], r_rule["unexpected_values"]) == (
+        "5: r is a MIRAI level-2 CAMEO code", 2, ["999", "998"])
+    assert s_rule["validated_by"] == "expect_column_values_to_be_null on _row_rule_violations"
+    assert res.statistics["unsuccessful_expectations"] == 1  # the one combined GX expectation
+    md = res.failures_markdown()
+    assert "3: s is an ISO 3166-1 alpha-3 country" in md and '["999", "998"]' in md
+
+
+def test_suites_built_once_per_process_keep_no_state_between_days():
+    bad = set_row(good_events(), 0, o="USA")
+    first = validate_events(bad)
+    assert validate_events(good_events()).passed
+    again = validate_events(bad)
+    assert first.failures == again.failures and failure(again, WITHIN_RECORD)["unexpected_count"] == 1
+
+
+def test_a_row_rule_on_a_missing_column_fails_with_its_error():
+    res = validate_events(good_events().drop("o"))
+    assert not res.passed
+    assert "missing=['o']" in failure(res, SCHEMA_CHECK)["unexpected_values"][0]
+    failure(res, COLUMN_LIST)
+    assert "ColumnNotFoundError" in failure(res, NOT_NULL, "o")["exception"]
+    assert "ColumnNotFoundError" in failure(res, WITHIN_RECORD, "s, o")["exception"]
 
 
 def test_events_date_added_in_the_evening_of_the_previous_day_is_misaligned():
