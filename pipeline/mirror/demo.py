@@ -188,12 +188,12 @@ class Runner:
         run monitoring (the daemon's ``free_slots_after_run_end_seconds``, once the run is marked
         finished), and the demo runs without a daemon: after a SIGKILL mid-step, the next demo's step
         would wait for the slot forever (docs/demo.md). Call only under ``demo_lock``: then no demo
-        run is alive, and runs the UI launched (no demo tag) are not touched."""
+        run is alive; runs the UI or the daemon launched are never touched."""
         dg, storage = self.dg, self.instance.event_log_storage
         unfinished = [dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
                       dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING]
         stale = [r.dagster_run for r in self.instance.get_run_records(
-            filters=dg.RunsFilter(tags=DEMO_TAGS, statuses=unfinished))]
+            filters=dg.RunsFilter(tags=DEMO_TAGS, statuses=unfinished)) if self._in_process(r.dagster_run)]
         holding: set[str] = set()
         if storage.supports_global_concurrency_limits:
             holders = storage.get_concurrency_run_ids()  # runs with steps waiting for a slot
@@ -201,13 +201,20 @@ class Runner:
                 holders |= storage.get_concurrency_info(key).active_run_ids
             # A demo run marked finished from the UI may still hold its slots too.
             holding = {r.dagster_run.run_id for r in self.instance.get_run_records(
-                filters=dg.RunsFilter(tags=DEMO_TAGS, run_ids=sorted(holders)))} if holders else set()
+                filters=dg.RunsFilter(tags=DEMO_TAGS, run_ids=sorted(holders)))
+                if self._in_process(r.dagster_run)} if holders else set()
         for run_id in holding:  # first the slots: a crash here leaves the run to the next demo
             storage.free_concurrency_slots_for_run(run_id)
         for run in stale:
             self.instance.report_run_failed(run, message="The `mirai demo` running this run was killed; "
                                             "the next demo marked it failed and freed its pool slots.")
         return stale
+
+    @staticmethod
+    def _in_process(run) -> bool:
+        """Made by execute_in_process (a demo), not launched by `dagster dev` (a UI re-execution of a
+        demo run keeps its tags, but a launched run records the code location it came from)."""
+        return run.remote_job_origin is None
 
     def done(self, asset: str) -> set[str]:
         return set(self.instance.get_materialized_partitions(self.dg.AssetKey(asset)))
