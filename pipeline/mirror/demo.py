@@ -151,7 +151,8 @@ def _metadata(result, asset: str) -> dict:
 
 @contextmanager
 def demo_lock(data_dir: Path) -> Iterator[None]:
-    """Held for the whole demo (flock on ``<data>/locks/demo.lock``): a second demo on the same data
+    """Held for the whole demo and by ``serve-release`` (flock on ``<data>/locks/demo.lock``): a
+    second one on the same data (a second SeaweedFS on ``data/s3``, a second runner on the instance)
     is refused, and the holder knows no other demo process is alive, whatever the first one's fate:
     the kernel drops the lock when its holder dies, even by SIGKILL."""
     path = DataLayout(data_dir).lock_path("demo")
@@ -159,8 +160,8 @@ def demo_lock(data_dir: Path) -> Iterator[None]:
         try:
             held.enter_context(file_lock(path, timeout_s=0))
         except LockTimeout as exc:
-            raise RuntimeError(f"another `mirai demo` is running on {data_dir} (it holds {path}): "
-                               "wait for it to end, or stop it") from exc
+            raise RuntimeError(f"another `mirai demo` or `mirai serve-release` is using {data_dir} (it holds "
+                               f"{path}): wait for it to end, or stop it") from exc
         yield
 
 
@@ -386,7 +387,7 @@ def serve_release(data_dir: Path, port: int, say: Callable[[str], None] = _say) 
     uri = f"s3://{BUCKET}/{RELEASE_PREFIX}"
     # SIGTERM (not only Ctrl-C) must stop weed too: it runs in its own session.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    with LocalS3(data_dir / "s3", BUCKET, s3_port=port) as s3:
+    with demo_lock(data_dir), LocalS3(data_dir / "s3", BUCKET, s3_port=port) as s3:
         reader = open_store(Settings(s3_endpoint_url=endpoint, s3_region="us-east-1", s3_max_attempts=1),
                             uri=uri, signed=False)
         latest = reader.get_bytes(LATEST_KEY)
