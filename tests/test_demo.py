@@ -267,7 +267,7 @@ def test_a_demo_killed_while_a_step_holds_a_pool_slot_does_not_block_the_next_on
                 break
             time.sleep(0.1)
         assert (data / "step-started").exists(), first.communicate()[0].decode()[-3000:]
-        with pytest.raises(RuntimeError, match="another `mirai demo` is running"):  # the lock is held
+        with pytest.raises(RuntimeError, match="another `mirai demo` or `mirai serve-release` is using"):  # the lock is held
             with demo_lock(data):
                 pass
     finally:
