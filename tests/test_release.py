@@ -210,7 +210,7 @@ def test_s3_server_killed_mid_upload_then_the_next_run_completes_the_release(dat
     finally:
         s3_server.start()
 
-    feb = f"mirai/v1/releases/2024-02/"
+    feb = "mirai/v1/releases/2024-02/"
     left = [o["Key"] for o in admin.list_objects_v2(Bucket=bucket, Prefix=feb).get("Contents", [])]
     assert f"{feb}database/events/month=2023-12.parquet" not in left  # it did stop mid-upload
     assert f"{feb}manifest.json" not in left  # at most half a release, not committed
