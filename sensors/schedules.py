@@ -22,7 +22,7 @@ gdelt_ingest_job = dg.define_asset_job(
     "gdelt_ingest",
     # The day's whole chain, so events and quads follow every new slot; partitions are inferred.
     selection=[gdelt_files, gdelt_events, gdelt_mentions, events, daily_quads],
-    # Small, frequent runs: one process, no per-step subprocess start-up (dagster.md §4).
+    # Small, frequent runs: one process, no per-step subprocess start-up (https://docs.dagster.io/guides/operate/run-executors).
     executor_def=dg.in_process_executor,
 )
 

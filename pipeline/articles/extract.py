@@ -5,7 +5,7 @@ worker processes that are killed when a document exceeds its time limit: trafila
 ``EXTRACTION_TIMEOUT`` only exists in its CLI (trafilatura#704), and some pages make it run for
 minutes (#651, #750). A worker that dies is recorded and replaced; the run goes on.
 
-Choices (obelics-and-trafilatura.md §1.4, §4):
+Choices (trafilatura's Python usage and settings docs, https://trafilatura.readthedocs.io/en/latest/usage-python.html):
 
 - ``deduplicate=False``: trafilatura's dedup keeps a process-global cache, so a document's text would
   depend on the documents extracted before it in the same process;
@@ -60,7 +60,7 @@ class Limits:
 
     The 15 fixture pages (../shared/fixtures/html) are at most 1.4 MB, 2,080 elements and 27 levels
     deep, and extract in at most ~0.3 s; trafilatura's docs suggest a 20 MB file cap and, as an
-    example, a 50,000-node tree cap (obelics-and-trafilatura.md §4).
+    example, a 50,000-node tree cap (https://trafilatura.readthedocs.io/en/latest/settings.html).
     """
 
     max_bytes: int = 10 * 2**20

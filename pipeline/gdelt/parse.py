@@ -1,7 +1,7 @@
 """Parse GDELT 2.0 events exports and mentions files into typed polars frames.
 
 The files are TAB-separated, have no header and no quoting, and end each record with ``\\n``
-(the codebook; ``../shared/notes/gdelt-formats.md`` §1). Parsing keeps every line accounted for:
+(the GDELT 2.0 Event Codebook, http://data.gdeltproject.org/documentation/GDELT-Event_Codebook-V2.0.pdf). Parsing keeps every line accounted for:
 each line of the file ends up either in ``rows`` (typed per ``schema.py``) or in ``rejects`` with
 its line number, its bytes as received (truncated, below) and the reason, so ``rows.height +
 rejects.height == total_lines`` always.
