@@ -21,7 +21,7 @@ import polars as pl
 from common import machine
 
 from pipeline.agent_api import DateRange, EventDatabase
-from pipeline.mirror.database import DEFAULT_QUADS_PER_DAY, generate_event_database
+from testbed.database import DEFAULT_QUADS_PER_DAY, generate_event_database
 
 GOAL_P99_MS = 50.0
 FIRST_MONTH = date(2023, 1, 1)

@@ -73,7 +73,7 @@ def fixture_pages(html_dir: Path) -> list[tuple[str, bytes]]:
     files = sorted(html_dir.glob("*.html")) if html_dir.is_dir() else []
     if files:
         return [(f.name, f.read_bytes()) for f in files]
-    from pipeline.mirror.news import page_html
+    from testbed.news import page_html
 
     return [(f"generated-{i:02d}.html", page_html(f"Generated story {i} about talks between two governments", 8 + 4 * i))
             for i in range(15)]
@@ -87,7 +87,7 @@ def fetch_site(page_set: str, html_dir: Path, n: int) -> dict[str, bytes]:
     if page_set == "real":
         pages = fixture_pages(html_dir)
     else:
-        from pipeline.mirror.news import page_html
+        from testbed.news import page_html
 
         pages = [(f"generated-{i:02d}.html", page_html(f"Generated story {i}", 5)) for i in range(16)]
     return {f"/news/{i:04d}/{pages[i % len(pages)][0]}": pages[i % len(pages)][1] for i in range(n)}
@@ -95,7 +95,7 @@ def fetch_site(page_set: str, html_dir: Path, n: int) -> dict[str, bytes]:
 
 def _serve(conn, page_set: str, html_dir: str, n: int, latency_s: float) -> None:
     """Server child: serve the site, send its URL, and its counters when told to stop."""
-    from pipeline.mirror.news import NewsServer
+    from testbed.news import NewsServer
 
     with NewsServer(fetch_site(page_set, Path(html_dir), n), latency_s=latency_s) as server:
         conn.send(server.url)
@@ -108,7 +108,7 @@ def _serve(conn, page_set: str, html_dir: str, n: int, latency_s: float) -> None
 
 class _InlineServer:
     def __init__(self, page_set: str, html_dir: Path, n: int, latency_s: float):
-        from pipeline.mirror.news import NewsServer
+        from testbed.news import NewsServer
 
         self.server = NewsServer(fetch_site(page_set, html_dir, n), latency_s=latency_s).start()
         self.url = self.server.url

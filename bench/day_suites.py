@@ -3,7 +3,7 @@ the suites of an earlier commit, in one process.
 
     .venv/bin/python bench/day_suites.py [--scale 0.05] [--slots 96] [--rounds 7] [--baseline REV]
 
-Input: one generated UTC day (``pipeline.mirror.generate``, seed 0, ``event_scale=--scale``;
+Input: one generated UTC day (``testbed.generate``, seed 0, ``event_scale=--scale``;
 ``--slots`` of its 96 slots, as a day looks part way through), every export zip parsed with
 ``parse_export``, then ``normalize_events`` and ``daily_quads``: the frames the three asset checks
 read. Each 15-minute tick validates the whole day so far with all three suites.
@@ -50,7 +50,7 @@ def load_baseline(rev: str):
 
 def day_frames(scale: float, slots: int) -> tuple[dict[datetime, pl.DataFrame], pl.DataFrame, pl.DataFrame]:
     from pipeline.gdelt.parse import parse_export
-    from pipeline.mirror.generate import MirrorOptions, generate_mirror
+    from testbed.generate import MirrorOptions, generate_mirror
     from pipeline.normalize import daily_quads, normalize_events
 
     day = date(2024, 1, 1)

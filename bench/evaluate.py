@@ -2,7 +2,7 @@
 
     flock /tmp/mirai-bench.lock .venv/bin/python bench/evaluate.py [--work DIR] [--rounds N] [--harness-queries N]
 
-Input. ``pipeline.mirror.database.generate_event_database`` writes 14 months (2023-01..2024-02,
+Input. ``testbed.database.generate_event_database`` writes 14 months (2023-01..2024-02,
 seed 0, its default 5,000 quads a day, about 2 million events) under ``--work`` (default
 ``/tmp/mirai-bench-evaluate``); a re-run with the same parameters reuses them. The split's
 queries come from the last month with ``pipeline.splits.queries_from_events`` at MIRAI's test
@@ -47,7 +47,7 @@ from pipeline.evaluation.baselines import default_top_k, forecast
 from pipeline.evaluation.llm import Reply
 from pipeline.evaluation.registry import load_agents
 from pipeline.evaluation.run import evaluate_baseline, load_history
-from pipeline.mirror.database import generate_event_database
+from testbed.database import generate_event_database
 from pipeline.splits import queries_from_events
 from pipeline.storage import DataLayout
 

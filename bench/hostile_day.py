@@ -3,9 +3,9 @@ correct md5s each inflate to just under the zip cap, against the same day with i
 
     .venv/bin/python bench/hostile_day.py [--cap-mb N] [--limit-mib N]
 
-Generates one UTC day (``pipeline.mirror.generate``), copies it twice: a baseline mirror as
+Generates one UTC day (``testbed.generate``), copies it twice: a baseline mirror as
 generated, and a hostile one where eight export slots are replaced by the shapes of
-``pipeline/mirror/hostile.py`` (huge lines, the most rows / rejects / lines per byte, 60 columns,
+``testbed/hostile.py`` (huge lines, the most rows / rejects / lines per byte, 60 columns,
 oversized real rows), each relisted with its true md5. Each mirror is served over HTTP on
 127.0.0.1 (``MirrorServer``), and for each, in fresh subprocesses: ``ingest_day`` (download and
 verify every file), then ``parse_day`` for the exports. The default cap is the pipeline's own
@@ -65,7 +65,7 @@ def in_subprocess(step: str, data_dir: Path, base_url: str, cap_mb: int) -> dict
 
 
 def run_side(mirror_dir: Path, data_dir: Path, cap_mb: int) -> dict[str, dict]:
-    from pipeline.mirror.serve import MirrorServer
+    from testbed.serve import MirrorServer
 
     with MirrorServer(mirror_dir) as server:
         return {step: in_subprocess(step, data_dir, server.base_url, cap_mb) for step in ("ingest", "parse")}
@@ -85,8 +85,8 @@ def main() -> int:
 
     import polars as pl
 
-    from pipeline.mirror.generate import generate_mirror
-    from pipeline.mirror.hostile import SHAPES, plant_hostile_day
+    from testbed.generate import generate_mirror
+    from testbed.hostile import SHAPES, plant_hostile_day
 
     print(machine({"polars": pl.__version__}))
     with tempfile.TemporaryDirectory(prefix="mirai-hostile-") as tmp:

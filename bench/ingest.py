@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/ingest.py [--data DIR] [--rounds N] [--workers N]
 
-Generates one UTC day with ``pipeline.mirror.generate`` (96 slots; export and mentions zips) or
+Generates one UTC day with ``testbed.generate`` (96 slots; export and mentions zips) or
 reuses ``--data``, unzips every file once, then times, in this one process and in alternating
 rounds so all sides see the same machine state:
 
@@ -168,7 +168,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-ingest-") as scratch:
         mirror = args.data
         if mirror is None:
-            from pipeline.mirror.generate import generate_mirror
+            from testbed.generate import generate_mirror
 
             mirror = Path(scratch)
             generate_mirror(mirror, DAY, DAY, seed=SEED)

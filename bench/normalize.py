@@ -4,7 +4,7 @@ against pandas and against the time it takes merely to read the same files.
     .venv/bin/python bench/normalize.py [--work DIR] [--start 2024-01-01] [--end 2024-01-30]
                                         [--rounds N] [--no-daily | --daily-only]
 
-Input. The UTC days ``--start``..``--end`` are generated with ``pipeline.mirror.generate``
+Input. The UTC days ``--start``..``--end`` are generated with ``testbed.generate``
 (seed 0), one day at a time, and every landed export zip is parsed once with ``parse_export`` into
 ``parsed/export/date=<day>/<ts>.parquet``: the layout ``parse_day`` writes, one parquet per slot.
 The zips are deleted once their day is parsed. Everything lives under ``--work`` (default
@@ -80,7 +80,7 @@ def marker_path(work: Path, day: date) -> Path:
 def prepare(work: Path, start: date, end: date, log: Callable[[str], None] = print) -> dict:
     """Generate and parse every day not prepared yet; return totals over the range."""
     from pipeline.gdelt.parse import parse_files
-    from pipeline.mirror.generate import generate_mirror
+    from testbed.generate import generate_mirror
 
     layout = DataLayout(work / "data")
     mirror = work / "mirror"

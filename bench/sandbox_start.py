@@ -19,7 +19,7 @@ from common import machine
 
 from pipeline.agent_api import EventDatabase
 from pipeline.agent_api.sandbox import layers
-from pipeline.mirror.database import generate_event_database
+from testbed.database import generate_event_database
 
 STARTS = 20
 

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/splits.py [--quads-per-day 5000] [--rounds 3]
 
-1. A month of event-database quads comes from pipeline.mirror.database (seeded).
+1. A month of event-database quads comes from testbed.database (seeded).
 2. It is turned back into the daily inputs the pipeline reads (daily_quads with source URLs,
    articles with the OBELICS decision, landed slot ledgers), so the timed part is the real code:
    - event_database: build_database_month + write (URL → article id mapping, joins, names),
@@ -31,7 +31,7 @@ from pipeline.articles.day import ARTICLES_SCHEMA  # noqa: E402
 from pipeline.config import Settings  # noqa: E402
 from pipeline.database import build_database_month, month_days, write_database_month  # noqa: E402
 from pipeline.gdelt.ledger import LEDGER_SCHEMA, write_ledger  # noqa: E402
-from pipeline.mirror.database import generate_event_database  # noqa: E402
+from testbed.database import generate_event_database  # noqa: E402
 from pipeline.normalize import QUADS_SCHEMA  # noqa: E402
 from pipeline.splits import Override, build_split  # noqa: E402
 from pipeline.storage import DataLayout, atomic_write_parquet  # noqa: E402

@@ -60,6 +60,20 @@ class CommandError(Exception):
         self.status = status
 
 
+def _testbed(module: str):
+    """A module of testbed/, the demo's and tests' stand-ins (GDELT mirror, news sites, S3 server):
+    it ships with the source checkout, not with the library (the Docker image has none)."""
+    import importlib
+
+    try:
+        return importlib.import_module(f"testbed.{module}")
+    except ModuleNotFoundError as exc:
+        if exc.name not in ("testbed", f"testbed.{module}"):
+            raise
+        raise CommandError("this command needs testbed/ (the generated mirror, news sites and S3 server), "
+                           "which ships with the source checkout, not with this install") from None
+
+
 def _ordered(start: date | None, end: date | None, start_flag: str, end_flag: str) -> None:
     if start is not None and end is not None and end < start:
         raise CommandError(f"{end_flag} {end} is before {start_flag} {start}: nothing to do", status=2)
@@ -129,7 +143,7 @@ def cmd_gaps(args: argparse.Namespace) -> int:
 
 
 def cmd_mirror_generate(args: argparse.Namespace) -> int:
-    from pipeline.mirror.generate import generate_mirror
+    generate_mirror = _testbed("generate").generate_mirror
 
     _ordered(args.start, args.end, "--start", "--end")
     started = time.perf_counter()
@@ -140,7 +154,7 @@ def cmd_mirror_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_mirror_serve(args: argparse.Namespace) -> int:
-    from pipeline.mirror.serve import MirrorServer
+    MirrorServer = _testbed("serve").MirrorServer
 
     if not args.dir.is_dir():
         raise CommandError(f"no mirror directory at {args.dir} (`mirai mirror generate --out DIR` writes one)")
@@ -248,9 +262,9 @@ def cmd_download(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """The whole chain on a generated month through Dagster (pipeline/mirror/demo.py, docs/demo.md)."""
-    from pipeline.mirror.demo import DemoPlan, run_demo
-    from pipeline.mirror.generate import MirrorOptions
+    """The whole chain on a generated month through Dagster (testbed/demo.py, docs/demo.md)."""
+    demo, generate = _testbed("demo"), _testbed("generate")
+    DemoPlan, run_demo, MirrorOptions = demo.DemoPlan, demo.run_demo, generate.MirrorOptions
 
     options = MirrorOptions(event_scale=args.scale, stories_per_day=args.stories, url_scheme="http")
     plan = DemoPlan(month=args.month, extra_days=args.extra_days, options=options, seed=args.seed)
@@ -258,11 +272,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_serve_release(args: argparse.Namespace) -> int:
-    """Serve the store `mirai demo` published to, on a stable port (pipeline/mirror/demo.py)."""
+    """Serve the store `mirai demo` published to, on a stable port (testbed/demo.py)."""
     import socket
 
-    from pipeline.mirror.demo import serve_release
-
+    serve_release = _testbed("demo").serve_release
+    port = args.port or _testbed("s3").SERVE_PORT
     data_dir = Settings.from_env().data_dir.resolve()
     if not (data_dir / "s3" / "data").is_dir():
         raise CommandError(f"no demo release store at {data_dir / 's3'}: run `mirai demo` first "
@@ -270,10 +284,10 @@ def cmd_serve_release(args: argparse.Namespace) -> int:
     with socket.socket() as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as weed's own listener: TIME_WAIT is no obstacle
         try:
-            probe.bind(("127.0.0.1", args.port))
+            probe.bind(("127.0.0.1", port))
         except OSError as exc:
-            raise CommandError(f"port {args.port} on 127.0.0.1 is not free ({exc.strerror}): pass --port N") from exc
-    serve_release(data_dir, args.port)
+            raise CommandError(f"port {port} on 127.0.0.1 is not free ({exc.strerror}): pass --port N") from exc
+    serve_release(data_dir, port)
     return 0
 
 
@@ -343,11 +357,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fsync every file before writing manifest.json (survives a power cut; slower on busy disks)")
     p.set_defaults(func=cmd_download)
 
-    from pipeline.mirror.s3 import SERVE_PORT
-
     p = sub.add_parser("serve-release", parents=[debug],
                        help="serve the demo's release store on 127.0.0.1 and print the commands that download it")
-    p.add_argument("--port", type=_port, default=SERVE_PORT, help=f"the S3 port (default {SERVE_PORT})")
+    p.add_argument("--port", type=_port, help="the S3 port (default 8333, testbed/s3.py)")
     p.set_defaults(func=cmd_serve_release)
 
     p = sub.add_parser("demo", parents=[debug], help="the whole chain on a generated month, served on 127.0.0.1, through Dagster")

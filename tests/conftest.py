@@ -27,7 +27,7 @@ def shared_fixture(relative: str) -> Path:
 @pytest.fixture(scope="session")
 def generated_day(tmp_path_factory) -> Path:
     """One generated UTC day (96 slots), written once per session; copy before mutating."""
-    from pipeline.mirror.generate import generate_mirror
+    from testbed.generate import generate_mirror
 
     out = tmp_path_factory.mktemp("mirror-template")
     generate_mirror(out, MIRROR_DAY, MIRROR_DAY, seed=7)
@@ -43,7 +43,7 @@ def mirror_dir(generated_day: Path, tmp_path: Path) -> Path:
 
 @pytest.fixture
 def mirror(mirror_dir: Path):
-    from pipeline.mirror.serve import MirrorServer
+    from testbed.serve import MirrorServer
 
     with MirrorServer(mirror_dir) as server:
         yield server

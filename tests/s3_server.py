@@ -1,11 +1,11 @@
-"""The real S3 server of the release tests and bench/release.py: pipeline.mirror.s3.LocalS3
+"""The real S3 server of the release tests and bench/release.py: testbed.s3.LocalS3
 (SeaweedFS on 127.0.0.1) with fixed test credentials; the fault tests kill and restart it."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.mirror.s3 import LocalS3, weed_binary
+from testbed.s3 import LocalS3, weed_binary
 
 ACCESS_KEY = "mirai-test-admin"
 SECRET_KEY = "mirai-test-secret-never-logged"

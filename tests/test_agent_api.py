@@ -29,7 +29,7 @@ from pipeline.agent_api.audit import leakage_violations
 from pipeline.agent_api.lockdown import SECCOMP_ARCHES, machine
 from pipeline.config import Settings
 from pipeline.database import EVENT_DB_SCHEMA, NEWS_DB_SCHEMA
-from pipeline.mirror.database import generate_event_database
+from testbed.database import generate_event_database
 from pipeline.storage import DamagedFile, DataLayout, atomic_write_parquet
 
 QUERY = date(2024, 2, 10)

@@ -33,7 +33,7 @@ from pipeline.evaluation.llm import (
 from pipeline.evaluation.prompts import api_description, system_prompt
 from pipeline.evaluation.registry import Agent
 from pipeline.evaluation.run import evaluate_agent
-from pipeline.mirror.database import generate_event_database
+from testbed.database import generate_event_database
 from pipeline.storage import DataLayout
 
 QUERY = Query("2024-02-00001", date(2024, 2, 10), "USA", "CHN", "United States", "China")

@@ -13,7 +13,7 @@ import pytest
 from pipeline.articles.day import ARTICLES_SCHEMA, abstract, build_articles, select_urls
 from pipeline.articles.urls import normalize_url
 from pipeline.config import Settings
-from pipeline.mirror.news import NewsServer
+from testbed.news import NewsServer
 from pipeline.normalize import QUADS_SCHEMA
 from pipeline.storage import DataLayout, atomic_write_parquet
 
@@ -143,8 +143,8 @@ def test_abstracts_of_the_demo_sites_and_real_pages_say_the_title_once():
     first line: 5,131 of 6,382 demo abstracts were "Title\nTitle..."); real pages (the fixtures)
     must come out the same whether or not their text repeats the headline."""
     from pipeline.articles.extract import extract
-    from pipeline.mirror.generate import news_sites
-    from pipeline.mirror.news import site_page
+    from testbed.generate import news_sites
+    from testbed.news import site_page
 
     pages = [site_page("www.dailyherald.example", f"/world/2024/01/0{i}/story-{i}", news_sites()) for i in range(1, 8)]
     demo = [extract(p.body, "http://www.dailyherald.example/") for p in pages if p.status == 200]

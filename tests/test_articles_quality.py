@@ -219,7 +219,7 @@ def test_failures_render_as_markdown():
 
 @pytest.fixture
 def news():
-    from pipeline.mirror.news import NewsServer
+    from testbed.news import NewsServer
 
     html = FIXTURES / "html"
     if not html.exists():

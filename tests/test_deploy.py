@@ -4,6 +4,7 @@ against our definitions (pools, schedule names)."""
 
 from __future__ import annotations
 
+import ast
 import fnmatch
 import json
 import re
@@ -84,9 +85,27 @@ def test_every_copied_path_exists_and_is_in_the_build_context():
         assert (ROOT / source).exists(), source
         probe = source if (ROOT / source).is_file() else f"{source}/__init__.py"
         assert included(probe), f"{probe} is excluded from the build context"
-    # Every package and module the project ships is copied into the image.
-    shipped = {p.split(".")[0] for p in _pyproject()["tool"]["setuptools"]["packages"]}
-    assert shipped | {f"{m}.py" for m in _pyproject()["tool"]["setuptools"]["py-modules"]} <= set(sources)
+    # Every library package and module is copied into the image; the demo's and tests' stand-ins
+    # (testbed/) are not.
+    found = {p.split(".")[0] for p in _pyproject()["tool"]["setuptools"]["packages"]["find"]["include"]}
+    assert "testbed" in found and "testbed" not in sources
+    assert (found - {"testbed"}) | {f"{m}.py" for m in _pyproject()["tool"]["setuptools"]["py-modules"]} <= set(sources)
+
+
+def test_the_library_imports_neither_dagster_nor_the_testbed():
+    """pipeline/ is the domain core (plain Python, polars, pyarrow): Dagster stays in assets/,
+    sensors/ and quality/, and testbed/ is not in the image, so the library must not need it."""
+    offenders = []
+    for path in sorted((ROOT / "pipeline").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            names += [node.args[0].value for node in [node] if isinstance(node, ast.Call)
+                      and getattr(node.func, "attr", getattr(node.func, "id", "")) == "import_module"
+                      and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)]
+            offenders += [f"{path.relative_to(ROOT)}:{node.lineno} {n}" for n in names
+                          if n.split(".")[0] in ("dagster", "testbed")]
+    assert offenders == []
 
 
 def test_constraints_pin_every_runtime_dependency_within_its_range():

@@ -26,7 +26,7 @@ from pipeline.articles.robots import RobotsCache
 from pipeline.articles.safety import UnsafeURL, check_url, make_safe_session
 from pipeline.articles.urls import normalize_url, url_md5
 from pipeline.config import Settings
-from pipeline.mirror.news import NewsServer, page_html
+from testbed.news import NewsServer, page_html
 from pipeline.storage import DataLayout
 
 NOW = datetime(2024, 3, 1, 12, 0, tzinfo=timezone.utc)

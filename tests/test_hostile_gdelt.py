@@ -2,7 +2,7 @@
 127.0.0.1 and run through ``ingest_day`` / ``parse_day`` / Dagster as the pipeline runs them.
 
 The index vouches for whatever bytes it lists, so each attack here is relisted with its true md5
-(pipeline/mirror/hostile.py). What must hold (docs/data-layout.md, "Hostile GDELT files"): memory
+(testbed/hostile.py). What must hold (docs/data-layout.md, "Hostile GDELT files"): memory
 stays bounded by the zip cap, a rejected line is stored truncated, a file that cannot be parsed as
 a whole is quarantined with its reason while the rest of its day flows on, and re-runs neither
 fetch nor parse it again until the index lists other bytes for it.
@@ -27,7 +27,7 @@ from assets.ingest import gdelt_events, gdelt_files, gdelt_mentions
 from pipeline.gdelt.ingest import ingest_day, parse_day
 from pipeline.gdelt.ledger import read_ledger
 from pipeline.gdelt.parse import REJECT_LINE_BYTES
-from pipeline.mirror.hostile import SHAPES, hostile_member, plant_hostile_day, relist, zip_member
+from testbed.hostile import SHAPES, hostile_member, plant_hostile_day, relist, zip_member
 from pipeline.storage import DataLayout, raw_file_name
 from quality.ingest_checks import gdelt_files_all_green
 

@@ -71,7 +71,7 @@ def _line(i: int) -> str:
 
 @pytest.fixture
 def index_server(tmp_path):
-    from pipeline.mirror.serve import MirrorServer
+    from testbed.serve import MirrorServer
 
     root = tmp_path / "srv"
     (root / "gdeltv2").mkdir(parents=True)

@@ -1,4 +1,4 @@
-"""The generated GDELT mirror (pipeline.mirror.generate) and its HTTP server (pipeline.mirror.serve).
+"""The generated GDELT mirror (testbed.generate) and its HTTP server (testbed.serve).
 
 The generator is the fixture source of every other test, so its promises are checked here against
 the files themselves: determinism, a manifest that tells the truth, and GDELT-like content.
@@ -21,8 +21,8 @@ import pytest
 import requests
 
 from pipeline.gdelt.schema import EXPORT_COLUMNS, MENTIONS_COLUMNS
-from pipeline.mirror.generate import generate_mirror
-from pipeline.mirror.serve import MirrorServer
+from testbed.generate import generate_mirror
+from testbed.serve import MirrorServer
 
 DAY = date(2024, 1, 1)
 INDEX_LINE = re.compile(r"^(\d+) ([0-9a-f]{32}) http://data\.gdeltproject\.org/gdeltv2/((\d{14})\.(export|mentions)\.CSV\.zip)$")

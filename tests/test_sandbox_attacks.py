@@ -26,7 +26,7 @@ import pytest
 from pipeline.agent_api import EventDatabase
 from pipeline.agent_api.lockdown import SECCOMP_ARCHES, STDERR_LIMIT, machine
 from pipeline.agent_api.sandbox import MAX_OUTPUT_CHARS, REPLY_CAP_BYTES, namespace_prefix
-from pipeline.mirror.database import generate_event_database
+from testbed.database import generate_event_database
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux" or machine() not in SECCOMP_ARCHES,
                                 reason=f"the sandbox's OS layer is built for Linux {', '.join(SECCOMP_ARCHES)}")

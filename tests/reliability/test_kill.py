@@ -22,10 +22,10 @@ from pathlib import Path
 import pytest
 
 from pipeline.config import Settings
-from pipeline.mirror.generate import MirrorOptions, generate_mirror, news_sites
-from pipeline.mirror.news import NewsServer
-from pipeline.mirror.s3 import LocalS3
-from pipeline.mirror.serve import MirrorServer
+from testbed.generate import MirrorOptions, generate_mirror, news_sites
+from testbed.news import NewsServer
+from testbed.s3 import LocalS3
+from testbed.serve import MirrorServer
 from pipeline.release import INDEX_KEY, LATEST_KEY, MANIFEST_NAME, release_key
 from pipeline.storage import DataLayout
 

@@ -20,8 +20,8 @@ from pipeline.config import Settings
 from pipeline.events import build_daily_quads, build_events
 from pipeline.gdelt.ingest import ingest_day, parse_day
 from pipeline.gdelt.integrity import read_digests, write_digests
-from pipeline.mirror.generate import MirrorOptions, generate_mirror
-from pipeline.mirror.serve import MirrorServer
+from testbed.generate import MirrorOptions, generate_mirror
+from testbed.serve import MirrorServer
 from pipeline.storage import DamagedFile, DataLayout, atomic_write_bytes
 
 from .helpers import assert_no_duplicate_rows, file_digests

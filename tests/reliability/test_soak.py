@@ -17,8 +17,8 @@ import dagster as dg
 import polars as pl
 
 from pipeline.gdelt.ledger import read_ledger
-from pipeline.mirror.generate import MirrorOptions, generate_mirror
-from pipeline.mirror.serve import MirrorServer
+from testbed.generate import MirrorOptions, generate_mirror
+from testbed.serve import MirrorServer
 from pipeline.storage import DataLayout
 
 from .helpers import Publisher, assert_no_duplicate_rows

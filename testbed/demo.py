@@ -34,10 +34,10 @@ import polars as pl
 
 from pipeline.config import Settings
 from pipeline.database import month_days
-from pipeline.mirror.generate import MirrorOptions, generate_mirror, news_sites
-from pipeline.mirror.news import SITE_SUFFIX, NewsServer
-from pipeline.mirror.s3 import SERVE_PORT, LocalS3
-from pipeline.mirror.serve import MirrorServer
+from testbed.generate import MirrorOptions, generate_mirror, news_sites
+from testbed.news import SITE_SUFFIX, NewsServer
+from testbed.s3 import SERVE_PORT, LocalS3
+from testbed.serve import MirrorServer
 from pipeline.storage import DataLayout, LockTimeout, file_lock
 
 ROOT = Path(__file__).resolve().parents[2]  # the project: definitions.py, workspace.yaml, agents.yaml
@@ -95,7 +95,7 @@ def ensure_mirror(plan: DemoPlan, mirror_dir: Path) -> bool:
 
 
 def generated_source(plan: DemoPlan) -> str:
-    return f"generated mirror, seed {plan.seed} (pipeline/mirror/generate.py)"
+    return f"generated mirror, seed {plan.seed} (testbed/generate.py)"
 
 
 def demo_agents(plan: DemoPlan, path: Path) -> Path:
@@ -112,7 +112,7 @@ def demo_agents(plan: DemoPlan, path: Path) -> Path:
         distances = [d for d in entry.get("distances", DEFAULT_DISTANCES) if d <= reachable]
         if entry.get("kind") == "baseline" and distances:
             agents.append({**entry, "distances": distances})
-    path.write_text("# Written by `mirai demo` from agents.yaml (pipeline/mirror/demo.py: demo_agents).\n"
+    path.write_text("# Written by `mirai demo` from agents.yaml (testbed/demo.py: demo_agents).\n"
                     + yaml.safe_dump({"agents": agents}, sort_keys=False))
     return path
 

@@ -133,7 +133,7 @@ class LocalS3:
         outlives its parent and keeps ``root/data``, and a new server there exits at once (status 255).
         Only a live process whose command line serves this very ``-dir`` is signalled (weed.pid may
         name a pid reused since; a zombie has an empty command line). Callers on shared data hold a
-        lock first (pipeline/mirror/demo.py: demo_lock), so no live owner's server is hit."""
+        lock first (testbed/demo.py: demo_lock), so no live owner's server is hit."""
         try:
             pid = int((self.root / "weed.pid").read_text())
         except (FileNotFoundError, ValueError):

@@ -65,7 +65,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from pipeline.mirror.local import LocalServer, resolve_under
+from testbed.local import LocalServer, resolve_under
 
 DEFAULT_ROBOTS = "User-agent: *\nDisallow: /private/\n"
 METADATA_URL = "http://169.254.169.254/latest/meta-data/"

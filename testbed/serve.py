@@ -47,7 +47,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from pipeline.mirror.local import LocalServer, resolve_under
+from testbed.local import LocalServer, resolve_under
 
 CONTROL_PREFIX = "/_mirror/"
 # Accepted params per fault; anything else is refused so a typo in a test cannot pass silently.

@@ -934,7 +934,7 @@ def _manifest(start: date, end: date, seed: int, slots: int | None, entries: lis
     # Only a non-default mirror says how it differs, so a default manifest keeps its bytes.
     extra = {} if options == DEFAULT_OPTIONS else {"options": asdict(options)}
     return {
-        "generator": "pipeline.mirror.generate",
+        "generator": "testbed.generate",
         "seed": seed,
         "start": start.isoformat(),
         "end": end.isoformat(),
