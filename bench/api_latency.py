@@ -1,8 +1,9 @@
 """Latency of the agent API's two busiest calls on a 14-month generated database.
 
-``get_events`` and ``get_relation_distribution`` are what agents call first and most (MIRAI §4,
-Figure 8); each call is timed with the filters agents typically pass: a date range of the last 30
-or 90 days and one or two countries from the head (USA, CHN) or the tail of the popularity curve.
+``get_events`` and ``get_relation_distribution`` are what agents call first and most (MIRAI,
+arXiv:2407.01231, §4, Figure 8); each call is timed with the filters agents typically pass: a date
+range of the last 30 or 90 days and one or two countries from the head (USA, CHN) or the tail of
+the popularity curve.
 Goal: p99 ≤ 50 ms per call. Run as
 ``flock /tmp/mirai-bench.lock .venv/bin/python bench/api_latency.py`` (a lock shared with the other
 benchmarks, so two never compete for the CPU).

@@ -1,4 +1,5 @@
-"""The monthly event database: what agents query (MIRAI §2.3, reference code step 6).
+"""The monthly event database: what agents query (MIRAI, arXiv:2407.01231, §2.3; its
+``dataset_construction/6_generate_final_data.py`` in github.com/yecchen/MIRAI).
 
 Two tables per month, written once as ``database/{events,news}/month=YYYY-MM.parquet``:
 

@@ -1,4 +1,6 @@
-"""Monthly test splits (MIRAI §2.3 "Test Splits Construction", reference code steps 7–9).
+"""Monthly test splits (MIRAI, arXiv:2407.01231, §2.3 "Test Splits Construction"; its
+``dataset_construction/7_generate_test_set.py`` to ``9_generate_relation_query.py`` in
+github.com/yecchen/MIRAI).
 
 A query is (t, s, ?, o); its answer is every level-2 relation s took toward o on day t in the event
 database. Split thresholds and semantics are MIRAI's, with the published scripts' bugs fixed
@@ -72,8 +74,9 @@ SAMPLER_WEIGHTS = {"date": 1.0, "level1": 1.0, "region": 0.4, "country": 0.2}
 # ledger confirmed it missing after MIRAI_MISSING_GRACE_HOURS.
 CLOSED_STATUSES = ("landed", "late", "missing")
 
-# Where a split built here differs from what MIRAI's published scripts did (reference code §4,
-# §7); written into every manifest and dataset card.
+# Where a split built here differs from what MIRAI's published scripts did (its
+# dataset_construction/ scripts in github.com/yecchen/MIRAI; "step N" is script N there, bug B3 is
+# explained in pipeline/articles/obelics.py); written into every manifest and dataset card.
 DEVIATIONS = (
     "Database threshold is daily mentions >= 50 (MIRAI's step 3 used > 50 while its paper says 'at least 50').",
     "Dates are compared as dates, so the month's last days are included (MIRAI's step 3 compared strings and "

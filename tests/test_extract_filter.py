@@ -312,7 +312,8 @@ def test_measures_on_hand_computed_examples():
 
 
 def test_paragraph_filters_drop_failing_paragraphs_anywhere():
-    # MIRAI's bug B3 kept failing paragraphs that followed the last passing one; B5 exempted a token.
+    # MIRAI's paragraph loop kept failing paragraphs that followed the last passing one ("bug B3"), and
+    # exempted a token ("B5"): see pipeline/articles/obelics.py.
     text = "\n".join(["Share", ENGLISH, "END_OF_DOCUMENT_TOKEN_TO_BE_REPLACED", ENGLISH_2, "Read more"])
     for name in PROFILES:
         decision = filter_document(text, name)

@@ -6,7 +6,8 @@ knob), reach the network, start programs, touch other processes, leave objects b
 the parent through the reply pipe. Assume it owns the child's Python interpreter: every
 Python-level guard can be switched off from inside (``get_events.__globals__`` reaches the real
 builtins, ctypes pointer writes raise no audit event), so only kernel layers count. MIRAI v1 ran
-code blocks with ``exec`` inside the process that held the whole database (reference code §4).
+code blocks with ``exec`` inside the process that held the whole database (``agents/react_agents.py``
+in github.com/yecchen/MIRAI).
 Here:
 
 - The child process (``sandbox_child.py``) is a fresh interpreter, not a fork: it shares no memory

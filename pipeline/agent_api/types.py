@@ -1,4 +1,4 @@
-"""The API's data classes (MIRAI Appendix E, Table 11) and the date-gate error.
+"""The API's data classes (MIRAI, arXiv:2407.01231, Appendix E, Table 11) and the date-gate error.
 
 Frozen and validated on construction, so a malformed date, unknown ISO code or unknown CAMEO code
 fails at the agent's call site with a message saying what is expected. Their reprs follow the

@@ -12,8 +12,10 @@ How a document is judged (both profiles):
 2. the text is split into paragraphs on ``"\\n"``, trafilatura's paragraph separator in its TXT output
    (splitting on OBELICS' ``"\\n\\n"`` would make a whole article one paragraph);
 3. each paragraph goes through the profile's paragraph filters in order; the first failing one
-   removes it (and is counted). Unlike MIRAI's code (bug B3), only passing paragraphs survive, and no
-   paragraph is exempt (bug B5);
+   removes it (and is counted). Only passing paragraphs survive, and no paragraph is exempt: MIRAI's
+   paragraph loop (``obelics/processors/web_document_filtering.py`` as its ``5_clean_text.py`` runs
+   it) kept failing paragraphs after the last passing one ("bug B3" in the card's provenance) and
+   exempted ``END_OF_DOCUMENT_TOKEN_TO_BE_REPLACED`` ("B5");
 4. the surviving paragraphs, joined by ``"\\n"``, go through the document filters in order; the first
    failing one drops the document and is recorded with its value.
 

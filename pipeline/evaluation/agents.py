@@ -1,4 +1,5 @@
-"""The LLM agents: Direct, zero-shot CoT and ReAct (MIRAI §3, Appendices H and I) over a chat client.
+"""The LLM agents: Direct, zero-shot CoT and ReAct (MIRAI, arXiv:2407.01231, §3, Appendices H and I)
+over a chat client.
 
 ReAct runs turns of "Thought: ... / Action: ..." against a date-gated Environment. Both action
 types go through ``Environment.run_code``, the sandboxed child process, so text a model writes is

@@ -1,4 +1,5 @@
-"""Forecasters that need no model: the floors an LLM agent has to beat (MIRAI Appendix D.8).
+"""Forecasters that need no model: the floors an LLM agent has to beat (MIRAI, arXiv:2407.01231,
+Appendix D.8).
 
 Each takes the split's queries (query_id, date, s, o) and the event history (date, s, r, o rows
 of the event database) and returns, per query, a ranked list of second-level codes and the answer

@@ -1,5 +1,6 @@
-"""MIRAI's evaluation metrics, computed exactly as its ``agent_evaluation/eval.py`` computes them
-(reference code §5; paper §2.3 "Evaluation metrics"), plus the ranked metrics of Appendix D.8.
+"""MIRAI's evaluation metrics, computed exactly as its ``agent_evaluation/eval.py``
+(github.com/yecchen/MIRAI) computes them (MIRAI paper, arXiv:2407.01231, §2.3 "Evaluation
+metrics"), plus the ranked metrics of its Appendix D.8.
 
 An answer is a dict from first-level CAMEO codes to lists of second-level codes,
 ``{"01": ["010"], "19": ["190", "193"]}``. Gold answers come from a split's ``answer_dict``;

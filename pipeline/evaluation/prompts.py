@@ -1,6 +1,6 @@
-"""The prompts of the LLM agents (our own wording; MIRAI Appendix I is the model for what they must
-convey), and the API description, generated from the Environment's signatures and docstrings so
-it never drifts from the functions the sandbox actually offers.
+"""The prompts of the LLM agents (our own wording; MIRAI, arXiv:2407.01231, Appendix I is the model
+for what they must convey), and the API description, generated from the Environment's signatures
+and docstrings so it never drifts from the functions the sandbox actually offers.
 
 Every system prompt is the same for all queries of an agent: the query-specific text (countries,
 dates) is in the first user message. A local model then reuses the system prompt's cached keys

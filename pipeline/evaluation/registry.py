@@ -2,8 +2,9 @@
 
 Loading validates every entry and reports all problems at once, each naming its entry and field,
 so a typo never silently turns into a default. Whether an agent may be ranked on a month depends
-on its knowledge cutoff (MIRAI §3.3: a model is evaluated honestly only on months after its
-training data ends); ``eligibility`` says so with a reason. The format is in docs/evaluation.md.
+on its knowledge cutoff (MIRAI, arXiv:2407.01231, §3.3: a model is evaluated honestly only on
+months after its training data ends); ``eligibility`` says so with a reason. The format is in
+docs/evaluation.md.
 """
 
 from __future__ import annotations

@@ -73,7 +73,7 @@ TIEBREAK_METRICS = ("level1_f1", "mrr")
 RANK_RULE = ("rank: within each month, query set and distance, by second-level F1, ties broken by first-level "
              "F1 then MRR (equal on all three share a rank); runs that scored 0 on all three and contaminated "
              "runs are not ranked and listed last")
-HIT_K = 10  # Hit@10, as in MIRAI Appendix D.8
+HIT_K = 10  # Hit@10, as in MIRAI (arXiv:2407.01231) Appendix D.8
 _MONTH_FILE = re.compile(r"^month=(\d{4})-(\d{2})\.parquet$")
 
 

@@ -110,7 +110,7 @@ _DATE_TYPES = (SQL_DATE, TIMESTAMP)
 
 # The shortest line a row can be: every TAB, the key columns at their narrowest (a 1-digit
 # GLOBALEVENTID, 14-digit timestamps) and the newline. A real export line averages ~400 bytes and
-# a mentions line ~200 (the files in ../shared/fixtures/gdelt, docs/data-layout.md).
+# a mentions line ~200 (real files from public repositories, docs/data-layout.md "Why 32 MiB").
 SHORTEST_ROW_BYTES: dict[str, int] = {
     "export": 60 + 1 + 14 + 1,  # 60 TABs, GLOBALEVENTID, DATEADDED, \n
     "mentions": 15 + 1 + 14 + 14 + 1,  # 15 TABs, GLOBALEVENTID, EventTimeDate, MentionTimeDate, \n

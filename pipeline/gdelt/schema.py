@@ -1,7 +1,7 @@
 """Column layouts of the GDELT 2.0 raw files, with the types we store them as.
 
-Names follow GDELT's own header files (Event Codebook V2.0; the gdeltPyR copies under
-``../shared/fixtures/reference/gdeltPyR-schema/``). CAMEO and FIPS codes stay strings because of
+Names follow GDELT's own header files (Event Codebook V2.0; gdeltPyR's copies in
+github.com/linwoodc3/gdeltPyR ``utils/schema_csvs/``). CAMEO and FIPS codes stay strings because of
 their leading zeros (``043``, ``0211``); FeatureID stays a string because it holds text such as
 ``US`` or ``NY`` for country/ADM1 matches.
 """

@@ -49,8 +49,9 @@ ALIASES: dict[str, tuple[str, str]] = {
     "BAG": ("IRQ", "sub-national: Baghdad, capital of Iraq, which CAMEO codes like a country"),
 }
 
-# CAMEO code -> why it maps to no country. The region list is CAMEO.country.txt's own (see
-# ../shared/fixtures/reference/SOURCES.md); ANT's dates come from pycountry.historic_countries.
+# CAMEO code -> why it maps to no country. The region list is CAMEO.country.txt's own (GDELT's
+# https://www.gdeltproject.org/data/lookups/CAMEO.country.txt); ANT's dates come from
+# pycountry.historic_countries.
 EXCLUDED: dict[str, str] = {
     "AFR": "region: the African continent",
     "ASA": "region: the Asian continent",
