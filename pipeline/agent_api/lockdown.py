@@ -1,42 +1,12 @@
 """Locking down the sandbox child process. The threat model is hostile agent code that owns the
-child's Python interpreter (docs/agent_api.md, "Threat model"): only the kernel layers count.
+child's Python interpreter, so only the kernel layers count.
 
 Called once by sandbox_child.py after it has imported everything and received its gated tables,
-and before it runs any agent code. Layers, in the order they are applied:
-
-1. rlimits: RLIMIT_AS (address space = what the process uses now + the memory budget),
-   RLIMIT_CPU (a CPU-seconds budget for the child's life), RLIMIT_FSIZE (its stderr) and
-   RLIMIT_CORE 0.
-2. an empty root, when the child runs in a mount namespace of its own (sandbox.py starts it so
-   where the kernel allows): an empty, read-only tmpfs becomes the root directory of every thread
-   (threads share one root), then the thread that runs agent code drops the capabilities the user
-   namespace gave. Nothing on the machine's filesystem has a name any more.
-3. Landlock (kernel >= 5.13, https://docs.kernel.org/userspace-api/landlock.html): a ruleset that
-   handles every filesystem right the running ABI knows, every network right (ABI >= 4) and the
-   abstract-socket and signal scopes (ABI >= 6), with no rule granting any of them back: no path
-   can be read, written, executed or listed, no TCP port bound or connected, no process outside
-   the sandbox signalled. Landlock binds the calling thread and the threads it starts; with ABI
-   >= 8 (TSYNC) every existing thread too.
-4. RLIMIT_NOFILE pinned so that every descriptor number below it is taken: any call that would
-   create a file descriptor fails with EMFILE, whatever language makes it.
-5. seccomp-bpf as an allowlist (libseccomp through pyseccomp), synchronised over every thread
-   (polars' pool included), with no_new_privs. Default action EPERM, so a refused call becomes an
-   ordinary ``PermissionError`` observation; a foreign architecture or ABI (x32, i386 on x86_64)
-   kills the process. Allowed: the memory, futex, signal, clock and read/write calls the child
-   was measured to make after lockdown (docs/agent_api.md says how), with argument checks:
-   mmap/mprotect never with PROT_EXEC, madvise never with the page-poisoning advice,
-   kill/tgkill/prlimit64/sched_getaffinity only on this process, prlimit64 only to read, ioctl
-   only TCGETS, prctl only to name threads and mappings. No clone at all: the threads the child
-   needs (polars' pool) start before lockdown, and a new thread is a task the host counts
-   against its pid_max, which no rlimit bounds for a root operator.
-6. an audit hook (PEP 578) that allows only the events ordinary analysis code raises and imports of
-   allow-listed modules. It is a convenience that gives friendly errors; agent code that owns the
-   interpreter can switch it off (ctypes pointer writes raise no audit event), and nothing
-   depends on it.
-
-Inside the process everything is readable: the gated tables, the reference tables, the sandbox's
-own protocol pipes. Nothing after the cutoff is in the process to read (the parent sends only the
-environment's gated rows), which is what the date gate needs.
+and before it runs any agent code. Layers, in the order applied: rlimits; an empty root in the
+child's own mount namespace; Landlock with no rights granted back; a pinned descriptor table
+(every number below RLIMIT_NOFILE taken); a seccomp allowlist on every thread, with no_new_privs;
+an audit hook, a convenience for friendly errors that nothing depends on. What each layer refuses,
+how the allowlist was measured, and what each kernel provides: docs/agent_api.md, "The layers".
 """
 
 from __future__ import annotations

@@ -1,39 +1,15 @@
 """Running agents' code blocks: one long-lived, locked-down child process per environment.
 
-Threat model (docs/agent_api.md, "Threat model"). The agent is an LLM whose code may, by accident
-or by design, try to see the future (read the database files, the parent's tables or a date
-knob), reach the network, start programs, touch other processes, leave objects behind, or attack
-the parent through the reply pipe. Assume it owns the child's Python interpreter: every
-Python-level guard can be switched off from inside (``get_events.__globals__`` reaches the real
-builtins, ctypes pointer writes raise no audit event), so only kernel layers count. MIRAI v1 ran
-code blocks with ``exec`` inside the process that held the whole database (``agents/react_agents.py``
-in github.com/yecchen/MIRAI).
-Here:
-
-- The child process (``sandbox_child.py``) is a fresh interpreter, not a fork: it shares no memory
-  with the parent. It is started with a minimal environment (no inherited variables, so no
-  credentials), in ``/``, and never learns the data directory. Where the kernel allows it, it
-  starts in user, mount, IPC, network and PID namespaces of its own (``unshare(1)``): no host
-  network, no SysV IPC object that outlives it, no view of the parent's process.
-- It receives exactly the Environment's gated tables over a pipe, so rows after the cutoff are not
-  in its memory at all, and there is no end-date setting to change: the cutoff is baked into the
-  data it holds.
-- Before any agent code runs it locks itself down (lockdown.py): rlimits; an empty root in its
-  own mount namespace; Landlock (no filesystem or network access); a pinned descriptor table; a
-  seccomp allowlist on every thread; an audit hook. Without the seccomp allowlist (an
-  architecture it is not written for, or a kernel or library that cannot load it) code blocks
-  are refused, unless the operator allows them (``allow_unconfined``, setting
-  MIRAI_SANDBOX_ALLOW_UNCONFINED).
-- The parent trusts nothing the child writes: a reply is length-prefixed, capped (the observation
-  cap), read incrementally under the block's deadline and checked against the request it answers.
-  A timeout, a crash (memory or CPU limit) or a reply that breaks the protocol kills the child;
-  the observation says what happened and that variables were reset, and a fresh child serves the
-  next block. The environment itself is unaffected.
-
-What it does not defend against: the agent reading anything inside the child (the gated tables,
-the reference tables, its own variables); denial of service within the limits; kernel exploits
-through the allowed syscalls. Variables persist between blocks of one child, as in MIRAI; a
-restart loses them.
+The agent's code is assumed to own the child's Python interpreter, so only kernel layers count.
+The child is a fresh interpreter (not a fork) with a minimal environment, started where the kernel
+allows in namespaces of its own (``unshare(1)``); it receives exactly the Environment's gated
+tables over a pipe, so nothing after the cutoff is in its memory, and locks itself down
+(lockdown.py) before any agent code runs. Without the seccomp allowlist code blocks are refused
+unless the operator allows them (``allow_unconfined``, MIRAI_SANDBOX_ALLOW_UNCONFINED). The parent
+trusts nothing the child writes: a reply is length-prefixed, capped, read under the block's
+deadline and checked against its request; a timeout, crash or protocol violation kills the child
+and a fresh one serves the next block. Threat model, layers and what is not defended:
+docs/agent_api.md, "Threat model: agent code".
 """
 
 from __future__ import annotations
