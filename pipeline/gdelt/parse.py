@@ -1,58 +1,13 @@
 """Parse GDELT 2.0 events exports and mentions files into typed polars frames.
 
 The files are TAB-separated, have no header and no quoting, and end each record with ``\\n``
-(the GDELT 2.0 Event Codebook, http://data.gdeltproject.org/documentation/GDELT-Event_Codebook-V2.0.pdf). Parsing keeps every line accounted for:
-each line of the file ends up either in ``rows`` (typed per ``schema.py``) or in ``rejects`` with
-its line number, its bytes as received (truncated, below) and the reason, so ``rows.height +
-rejects.height == total_lines`` always.
-
-Line rules:
-
-* The final ``\\n`` is optional. The empty string after it is not a line, but a blank line
-  anywhere else is one, rejected as ``empty_line``.
-* CRLF is tolerated: one ``\\r`` right before the ``\\n`` (or at the end of the file) is not part
-  of the last field. GDELT writes LF only, but a copy that went through a CRLF tool (as the
-  lookup files did, quirk 12) would otherwise glue ``\\r`` onto SOURCEURL or Extras without any
-  error. A line holding only ``\\r`` is an ``empty_line``. ``raw_line`` keeps the ``\\r``.
-* An empty field is null; that is normal (blank actors, blank geo). Only the key columns
-  (:data:`REQUIRED_COLUMNS`) must be filled, because rows are upserted on GLOBALEVENTID and
-  partitioned on the batch timestamp.
-* Numeric fields follow polars' CSV number reader, which skips leading spaces: ``" 3"`` is read
-  as 3, and a numeric field of spaces only is empty (null). Trailing spaces are not skipped
-  (``"3 "`` is a ``bad_value``). Dates and timestamps get no such leeway.
-
-Reject reasons, one per line, checked in this order:
-
-* ``invalid_utf8``: the line is not valid UTF-8.
-* ``empty_line``: nothing on the line.
-* ``field_count:N``: the line has N TAB-separated fields instead of the schema's count.
-* ``bad_value:Col[,Col…]``: the named fields cannot be read as their type (letters in an
-  integer, a SQLDATE that is not a real YYYYMMDD date, a timestamp that is not
-  YYYYMMDDHHMMSS with valid parts).
-* ``missing_value:Col[,Col…]``: the named key columns are empty.
-
-A rejected line is stored truncated: ``raw_line`` holds its first :data:`REJECT_LINE_BYTES` bytes
-as received, ``raw_length`` its whole length and ``raw_sha256`` the sha256 of all of it, so one
-hostile line of hundreds of MB costs 4 KiB in the rejects and can still be matched to its source.
-
-Some files are refused as a whole (:class:`RefusedFileError`), and none of their lines is kept:
-
-* :class:`GdeltFormatError`: the most common field count is not the expected one, so it is the
-  wrong kind of file (GDELT 1.0, mentions given as export, GKG …, or 60 columns); it says which.
-* :class:`ImplausibleLinesError`: more lines than the file could hold if its lines averaged the
-  length of the shortest possible row (:data:`SHORTEST_ROW_BYTES`): millions of empty or tiny
-  lines are not GDELT data, and rejecting each one would cost far more memory than the file.
-
-Speed: nearly every real file is clean, and that is proved from whole-buffer facts and the
-reader's own checks (see :func:`_plan`), so the reader gets the file as it is and types the
-numeric columns itself. The bytes are counted by polars on a zero-copy byte view
-(:func:`_byte_view`), not by Python. For a file that fails the proof, the same view gives each
-line's end and TAB count, which finds the bad lines; those are cut out and the rest goes to the
-same reader, so both paths split fields identically. Only when the reader refuses a number is
-the text read again as strings and cast, by the reader's own rules (:func:`_number_text`), so a
-row's fate never depends on the other lines of its file. :func:`parse_files` hands a batch of
-files to one ``pl.read_csv`` and parses a few batches at once; each file still gets exactly what
-it gets alone.
+(the GDELT 2.0 Event Codebook, http://data.gdeltproject.org/documentation/GDELT-Event_Codebook-V2.0.pdf).
+Every line is accounted for: it ends up either in ``rows`` (typed per ``schema.py``) or in
+``rejects`` with its line number, its first :data:`REJECT_LINE_BYTES` bytes, its length, its
+sha256 and the reason, so ``rows.height + rejects.height == total_lines`` always; a file of the
+wrong format or with implausibly many lines is refused whole (:class:`RefusedFileError`). The line
+rules, the reject reasons in order, the refusals and why the clean-file path is fast:
+docs/data-layout.md, "Parsing GDELT files".
 """
 
 from __future__ import annotations
