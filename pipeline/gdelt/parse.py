@@ -326,13 +326,14 @@ def _plan(data: bytes, source: str, kind: str, cap: int) -> _Plan:
     bytes would make the reader raise too; they are looked for first, so that one such line does
     not fail the read of a whole batch of files.
     """
-    # A source named *.zip must be one: text saved under a zip's name (quirk 3) is a broken
-    # download, to be reported as such rather than parsed as a CSV of the wrong format.
+    # A source named *.zip must be one: text saved under a zip's name (github.com/epournaras/DIAS-GDELT
+    # has a lastupdate.txt saved as 20180326191500.export.CSV.zip) is a broken download, to be
+    # reported as such rather than parsed as a CSV of the wrong format.
     if is_zip(data) or source.lower().endswith(".zip"):
         _, data = open_gdelt_zip(data, max_uncompressed_bytes=cap)
     _check_line_count(data, source, kind)
-    # A real 15-minute file can be near-empty (an outage, quirk 2); an empty one makes no line
-    # and goes to the reader as nothing.
+    # A real 15-minute file can be near-empty (GDELT's index lists a 401-byte export in February 2015,
+    # during an outage); an empty one makes no line and goes to the reader as nothing.
     tabs = _count_byte(data, b"\t")
     n_lines, odd = divmod(tabs, len(_SCHEMAS[kind]) - 1)
     plan = _Plan(source, data, n_lines, data, n_lines, [])
