@@ -3,28 +3,11 @@
 Plain functions: no dagster here (quality/event_checks.py wraps them in asset checks). GX is
 imported inside the functions only, because ``import great_expectations`` costs seconds and
 everything that loads the code location (``dg check defs``, sensors, the code server) would pay it.
-
-GX has no polars engine, so each suite:
-1. checks the stored dtypes on the polars side (GX only sees pandas dtypes after conversion);
-2. adds the derived columns an expectation needs (``_``-prefixed; e.g. a slot offset in seconds);
-3. computes its row rules (``RowRule``: not null, in a set, in a range, two columns equal or
-   different) with polars into one column, ``_row_rule_violations``, naming the rules each row
-   breaks (the day suites; the articles suite keeps one GX expectation per rule);
-4. converts to pandas and validates with GX: the table rules (column list, uniqueness) and
-   "``_row_rule_violations`` is null", on one ephemeral context per process (nothing written to
-   disk) whose suites are built on first use. A broken row rule is reported with its name, count
-   and examples, as a GX expectation was (docs/benchmarks.md, "Day suites", for why).
-
-Suites and the rules they guard:
-- ``raw_events`` (parsed export rows of one day, ingestion): 61 columns in order with the stored
-  dtypes; GLOBALEVENTID non-null and unique over the day; DATEADDED inside its file's 15-minute slot.
-- ``events`` (pipeline/normalize.py rules 1-5): event_id unique; s, o ISO alpha-3; s != o; r a
-  MIRAI level-2 code and r1 its first two digits; date the UTC day of date_added.
-- ``daily_quads``: (date, s, r, o) unique; daily_mentions >= 1; n_events >= 1.
-- ``articles`` (pipeline/articles/day.py): url and url_md5 present and unique, url_md5 32 lowercase
-  hex digits; a kept row has text, an abstract, lang "en" and no failing_filter; a dropped row names
-  its failing_filter; profile "mirai" or "obelics"; n_words >= 0. The kept/dropped rules use GX row
-  conditions (``Column("kept") == True``), so a failure names the column and its rule.
+GX has no polars engine and costs per expectation, not per row, so each suite checks the stored
+dtypes on the polars side, computes its row rules (``RowRule``) with polars into one column that GX
+validates as one expectation (the day suites), and hands GX the table rules; one ephemeral context
+per process. The suites, their rules and why: docs/architecture.md (the checks) and
+docs/benchmarks.md, "Day suites".
 """
 
 from __future__ import annotations

@@ -2,26 +2,12 @@
 over a chat client.
 
 ReAct runs turns of "Thought: ... / Action: ..." against a date-gated Environment. Both action
-types go through ``Environment.run_code``, the sandboxed child process, so text a model writes is
-never executed in this process:
-
-- ``single_function``: the action must be one call of an API function (checked with ``ast``);
-- ``code_block``: the action is a ```python fenced block, run as is.
-
-An episode ends (``end_state``, Appendix D.1/H) with
-
-- ``final_answer``: the model wrote "Final Answer:" followed by a JSON object;
-- ``invalid_actions``: CONSECUTIVE_LIMIT actions in a row could not be parsed or raised an error;
-- ``repeated_actions``: CONSECUTIVE_LIMIT actions in a row were the same action (checked after
-  invalid, so repeating a broken action counts as invalid);
-- ``max_steps``: the step budget ran out;
-- ``error``: the model or the sandbox failed (the exception's message is stored, never a key);
-- ``no_answer``: a Direct or CoT reply held no JSON object.
-
-Whenever an episode ends without a final answer, one more request asks the same model for it,
-given the tail of the work done (``answer_source`` says where the answer came from). Every model
-call is a step in the trajectory, with its thought, action, observation, error, tokens and
-latency.
+types (``single_function``, one API call checked with ``ast``; ``code_block``, a fenced block) go
+through ``Environment.run_code``, the sandboxed child process, so text a model writes is never
+executed in this process. An episode ends in one of the ``end_state`` values of Appendix D.1/H;
+one without a final answer gets one more request to the same model for it. Every model call is a
+step in the trajectory. Actions, end states and the final-answer request: docs/evaluation.md,
+"LLM agents".
 """
 
 from __future__ import annotations
