@@ -1,23 +1,12 @@
 """Monthly releases: a closed month's split, event database snapshot, manifest and dataset card,
 published once and never changed, to S3 (any S3-compatible store) or a local directory.
 
-Layout under the store's root (``s3://bucket/prefix/`` or a directory), see docs/releases.md:
-
-    releases/YYYY-MM/README.md, queries.parquet, queries_sample.parquet, *.png
-    releases/YYYY-MM/database/{events,news}/month=YYYY-MM.parquet   every month up to YYYY-MM
-    releases/YYYY-MM/manifest.json    written last: its presence means the release is complete
-    releases/index.json               every published release, its manifest's sha256, its files' keys
-    releases/latest.json              the newest release
-
-One publish algorithm runs against both stores: plan the local files (hash them, except those of
-one PUT whose sha256 was recorded when they were written, the split's in its manifest and the
-sealed database months': the store checks their bytes against it), refuse if anything already
-at a release key differs (releases are immutable), upload what is missing with a checksum (for a
-month the store holds nothing of, each file as soon as it is planned), upload the manifest, then
-rewrite index.json and latest.json from what is published, and abort any multipart upload a
-killed run left open under the release. Every step is a no-op when already done, so a crashed
-run is completed by the next one, and a reader following latest.json or index.json only ever
-reaches releases whose manifest (hence every file) is in place.
+One publish algorithm runs against both stores: plan (hashing only files without a recorded
+sha256), refuse if anything already at a release key differs (releases are immutable), upload what
+is missing with a checksum the store verifies, write the manifest last, then index.json and
+latest.json. Every step is a no-op when already done, so a crashed run is completed by the next
+one, and a reader only ever reaches releases whose manifest (hence every file) is in place. Layout
+and each step in detail: docs/releases.md.
 """
 
 from __future__ import annotations

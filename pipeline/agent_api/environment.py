@@ -1,18 +1,10 @@
 """The date-gated forecasting environment: MIRAI's agent API over our monthly event database.
 
 One ``Environment`` answers for one query ``(t, s, ?, o)``: it holds the events and news dated on
-or before its cutoff ``t - distance_days`` and nothing later. That is the date gate, and it is
-structural: ``EventDatabase.environment`` builds the tables of an environment from the month files
-up to the cutoff month only (later files are never opened) and slices the cutoff month at the
-cutoff, so no later row ever enters an Environment object. On top, every function refuses a date
-or date range that reaches past the cutoff (or before the database starts) with a DateGateError
-naming the cutoff, so an agent learns the boundary instead of silently getting an empty answer.
-
-MIRAI v1 kept the whole database in module globals and filtered per call against a settable
-``DEFAULT_END_DATE``; its code blocks ran ``exec`` in those globals, so an agent could read
-future rows or move the end date. Here there is no global table and no end-date knob: an
-Environment is immutable, and agent code runs in a separate process that only ever receives the
-Environment's own gated tables (see sandbox.py).
+or before its cutoff ``t - distance_days`` and nothing later, because ``EventDatabase.environment``
+never opens a month after the cutoff month and slices that one at the cutoff; every function also
+refuses a date reaching past the cutoff with a DateGateError naming it. There is no global table
+and no end-date knob, unlike MIRAI's API (docs/agent_api.md, "The gate").
 
 Layout in memory: events and news are sorted ascending (events by date, then mentions; news by
 date), so "newest first" is a reversed tail, and each event's ``article_idx`` holds row numbers in

@@ -6,24 +6,11 @@ dataset (profile ``obelics``) and, for what MIRAI's ``dataset_construction/5_cle
 (profile ``mirai``, the default). MIRAI's values are the keys of its copy of
 ``obelics/configs/config_filter_web_documents.yaml``; each threshold below names its key.
 
-How a document is judged (both profiles):
-
-1. exotic space characters become ``" "`` (``cond_standardize_whitespace: True``);
-2. the text is split into paragraphs on ``"\\n"``, trafilatura's paragraph separator in its TXT output
-   (splitting on OBELICS' ``"\\n\\n"`` would make a whole article one paragraph);
-3. each paragraph goes through the profile's paragraph filters in order; the first failing one
-   removes it (and is counted). Only passing paragraphs survive, and no paragraph is exempt: MIRAI's
-   paragraph loop (``obelics/processors/web_document_filtering.py`` as its ``5_clean_text.py`` runs
-   it) kept failing paragraphs after the last passing one ("bug B3" in the card's provenance) and
-   exempted ``END_OF_DOCUMENT_TOKEN_TO_BE_REPLACED`` ("B5");
-4. the surviving paragraphs, joined by ``"\\n"``, go through the document filters in order; the first
-   failing one drops the document and is recorded with its value.
-
-The optional per-domain paragraph dedup of the OBELICS build (``DomainParagraphDedup``) runs after
-that, over a batch of decisions, as OBELICS' step 09 ran after step 05.
-
-Our own word lists (``stopwords_en.txt``, ``flagged_words.txt``) and special-character set are
-described in ``README.md`` next to this file.
+A document is judged the same way under both profiles: whitespace standardised, split into
+paragraphs on trafilatura's ``"\\n"``, each paragraph dropped by its first failing paragraph filter
+(only passing ones survive, unlike MIRAI's loop), then the rest judged by the document filters.
+The steps, where they differ from MIRAI's code, and our own word lists (``stopwords_en.txt``,
+``flagged_words.txt``) and special-character set: ``README.md`` next to this file, "Filters".
 """
 
 from __future__ import annotations
