@@ -350,6 +350,51 @@ def test_robots_cache_expires_after_its_ttl(news, fs):
     assert news.count("/robots.txt") == 2
 
 
+# RFC 9309 cases the stdlib's urllib.robotparser got wrong (each case has at least one URL it
+# answered the other way): (robots.txt, paths it allows, paths it refuses).
+RFC9309_CASES = {
+    "longest match wins (§2.2.2)": (
+        "User-agent: *\nDisallow: /news/\nAllow: /news/public/\n",
+        ["/news/public/a.html"], ["/news/a.html"]),
+    "$ anchors a rule to the end: only the home page is allowed (§2.2.3)": (
+        "User-agent: *\nAllow: /$\nDisallow: /\n",
+        ["/"], ["/news/1.html"]),
+    "* matches any characters, $ the end (§2.2.3)": (
+        "User-agent: *\nDisallow: /*.pdf$\nDisallow: /*/print\n",
+        ["/files/a.pdf?page=2", "/2024/story.html"], ["/files/a.pdf", "/2024/print/story.html"]),
+    "groups naming the same product token are merged (§2.2.1)": (
+        "User-agent: mirai-pipeline\nDisallow: /a/\n\nUser-agent: mirai-pipeline\nDisallow: /b/\n",
+        ["/c/x.html"], ["/a/x.html", "/b/x.html"]),
+    "a group for another crawler whose name is inside ours does not apply (§2.2.1)": (
+        "User-agent: pipeline\nDisallow: /\n\nUser-agent: *\nDisallow: /private/\n",
+        ["/news/1.html"], ["/private/x.html"]),
+    "an encoded reserved character is not its decoded self (§2.2.2, RFC 3986 §2.2)": (
+        "User-agent: *\nDisallow: /a%2Fb\nDisallow: /c/d\n",
+        ["/a/b", "/c%2Fd"], ["/a%2fb", "/c/d"]),
+}
+
+
+@pytest.mark.parametrize("case", RFC9309_CASES)
+def test_robots_rules_match_as_rfc_9309_says(news, fs, case):
+    robots_txt, allowed, refused = RFC9309_CASES[case]
+    news.robots_txt = robots_txt
+    robots = RobotsCache(fs)
+    session = make_safe_session(fs)
+    assert {p: robots.allowed(session, news.url_for(p)) for p in allowed + refused} == (
+        {p: True for p in allowed} | {p: False for p in refused}
+    )
+    assert news.count("/robots.txt") == 1
+
+
+def test_robots_groups_follow_a_configured_user_agent(news, fs):
+    news.robots_txt = "\ufeffUser-agent: OtherBot\nDisallow: /news/\n\nUser-agent: *\nDisallow: /\n"
+    session = make_safe_session(fs)
+    ours = RobotsCache(fs.with_(user_agent="otherbot/2.0 (+https://example.org/bot)"))
+    assert ours.allowed(session, news.url_for("/sport/1.html"))  # its group, read past a BOM
+    assert not ours.allowed(session, news.url_for("/news/1.html"))
+    assert not RobotsCache(fs).allowed(session, news.url_for("/sport/1.html"))  # mirai-pipeline: the * group
+
+
 # --- the ledger and its retry schedule ---
 
 

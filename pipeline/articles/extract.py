@@ -5,6 +5,15 @@ worker processes that are killed when a document exceeds its time limit: trafila
 ``EXTRACTION_TIMEOUT`` only exists in its CLI (trafilatura#704), and some pages make it run for
 minutes (#651, #750). A worker that dies is recorded and replaced; the run goes on.
 
+Why not pebble's ProcessPool (https://github.com/noxdafox/pebble): its workers share one task pipe
+and the parent learns which worker took a task from an acknowledgement its message thread reads. A
+worker that dies before that acknowledgement is read (a page that crashes a C parser at once, while
+the parent is busy filtering) has no task on record, and pebble then declares the whole pool broken
+("All workers expired", ``find_expired_task`` in pebble/pool/process.py): every pending document
+fails and the pool refuses new ones. With pebble 5.2.3, 30 immediately crashing documents among 60
+and a busy parent thread, that stopped 7 of 9 runs; this pool (one pipe per worker, the parent
+watching each worker's own pipe) recorded every document in each run.
+
 Choices (trafilatura's Python usage and settings docs, https://trafilatura.readthedocs.io/en/latest/usage-python.html):
 
 - ``deduplicate=False``: trafilatura's dedup keeps a process-global cache, so a document's text would

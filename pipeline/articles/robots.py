@@ -1,8 +1,15 @@
 """robots.txt, fetched once per origin and cached, with RFC 9309 error semantics.
 
 The file is requested through the same safe path as articles (``fetch.fetch_robots_txt``: address
-checks on every hop, at most 5 redirects, a total deadline, and a size cap), and parsed with
-``urllib.robotparser`` against our User-Agent's product token (``mirai-pipeline``).
+checks on every hop, at most 5 redirects, a total deadline, and a size cap), and parsed and matched
+by protego (https://github.com/scrapy/protego), which follows RFC 9309 where the stdlib's
+``urllib.robotparser`` does not: the longest matching rule wins (§2.2.2; on a tie, Allow), ``*`` and
+a final ``$`` are wildcards (§2.2.3), groups naming the same product token are merged (§2.2.1), a
+group applies only to a whole product token, not to a substring of ours, and percent-encoded
+reserved characters such as ``%2F`` are not decoded before matching (§2.2.2, RFC 3986 §2.2). Groups
+are chosen by our User-Agent's product token (RFC 9110 §10.1.5: its first product, ``mirai-pipeline``
+by default). Crawl-delay is not honoured (RFC 9309 does not define it); ``fetch_per_host`` bounds
+the load on a site instead.
 
 What a fetch result means (RFC 9309 §2.3.1):
 
@@ -17,8 +24,7 @@ What a fetch result means (RFC 9309 §2.3.1):
 
 One cache lives for one fetch run (``fetch_many`` makes it), entries expire after
 ``MIRAI_FETCH_ROBOTS_TTL_S`` (default 24 h, §2.4), and a per-origin lock makes concurrent workers
-wait for a single robots.txt request instead of each sending one. Known limitation of the stdlib
-parser: first-match instead of longest-match, and no ``*``/``$`` wildcards in paths.
+wait for a single robots.txt request instead of each sending one.
 """
 
 from __future__ import annotations
@@ -28,9 +34,9 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 from urllib.parse import urlsplit
-from urllib.robotparser import RobotFileParser
 
 import requests
+from protego import Protego
 
 from pipeline.config import Settings
 
@@ -62,7 +68,7 @@ class RobotsFetch:
 @dataclass
 class _Entry:
     mode: str  # rules | allow_all | disallow_all
-    parser: RobotFileParser | None
+    parser: Protego | None
     reason: str
     expires: float
     failure_status: str | None = None
@@ -84,16 +90,21 @@ def origin_of(url: str) -> tuple[str, str] | None:
     return f"{parts.scheme}://{netloc}", f"{parts.scheme}://{netloc}/robots.txt"
 
 
-def interpret(fetched: RobotsFetch, user_agent: str) -> tuple[str, RobotFileParser | None, str]:
+def product_token(user_agent: str) -> str:
+    """The User-Agent's first product name (``mirai-pipeline`` of ``mirai-pipeline/0.1 (…)``): what
+    robots.txt groups are matched against (RFC 9309 §2.2.1)."""
+    return user_agent.split("/", 1)[0].strip()
+
+
+def interpret(fetched: RobotsFetch) -> tuple[str, Protego | None, str]:
     """RFC 9309 §2.3.1: turn a robots.txt fetch into (mode, parser, reason)."""
     if fetched.unavailable:
         return "allow_all", None, f"robots.txt unavailable ({fetched.error}): allowed"
     if fetched.status is None:
         return "disallow_all", None, f"robots.txt unreachable: {fetched.error}"
     if 200 <= fetched.status < 300:
-        parser = RobotFileParser()
-        parser.parse((fetched.text or "").lstrip("\ufeff").splitlines())  # parse() marks it as read
-        return "rules", parser, "robots.txt rules"
+        # A UTF-8 byte order mark would otherwise hide the first line (RFC 9309 §2.3: UTF-8 text)
+        return "rules", Protego.parse((fetched.text or "").lstrip("\ufeff")), "robots.txt rules"
     if fetched.status == 429 or fetched.status >= 500:
         return "disallow_all", None, f"robots.txt unreachable: HTTP {fetched.status}"
     if 400 <= fetched.status < 500:
@@ -107,7 +118,7 @@ class RobotsCache:
     def __init__(self, settings: Settings, *, clock: Callable[[], float] = time.monotonic,
                  fetcher: Callable[[requests.Session, str, Settings], RobotsFetch] | None = None):
         self.settings = settings
-        self.user_agent = settings.user_agent
+        self.product_token = product_token(settings.user_agent)
         self._clock = clock
         self._fetcher = fetcher
         self._entries: dict[str, _Entry] = {}
@@ -135,7 +146,7 @@ class RobotsCache:
             with self._guard:
                 self.requests += 1
             fetched = self._fetch(session, robots_url)
-            mode, parser, reason = interpret(fetched, self.user_agent)
+            mode, parser, reason = interpret(fetched)
             expires = self._clock() + self.settings.fetch_robots_ttl_s
             entry = _Entry(mode, parser, reason, expires, fetched.failure_status)
             self._entries[origin] = entry
@@ -151,7 +162,7 @@ class RobotsCache:
         if entry.mode == "disallow_all":
             return RobotsVerdict(False, entry.reason, unreachable=True, failure_status=entry.failure_status)
         assert entry.parser is not None
-        if entry.parser.can_fetch(self.user_agent, url):
+        if entry.parser.can_fetch(url, self.product_token):
             return RobotsVerdict(True, "allowed by robots.txt")
         return RobotsVerdict(False, "disallowed by robots.txt")
 
