@@ -160,6 +160,8 @@ def test_every_make_install_uses_the_lock(target, tmp_path):
         steps = [next(i for i, line in enumerate(dry) if marker in line)
                  for marker in ("ruff check .", "ruff format --check .", "-m pytest")]
         assert steps == sorted(steps), dry
+        # What they enforce: at least pycodestyle's errors, pyflakes, isort, pyupgrade and bugbear.
+        assert {"E4", "E7", "E9", "F", "I", "UP", "B"} <= set(_pyproject()["tool"]["ruff"]["lint"]["select"])
     assert "make test" in (ROOT / ".ci" / "run").read_text().splitlines()
 
 
