@@ -48,11 +48,11 @@ postgres-server:
 	    || echo "could not install postgresql: tests/test_postgres.py will skip" >&2; \
 	else echo "no PostgreSQL server and no root apt-get to install one: tests/test_postgres.py will skip" >&2; fi
 
-# $(call venv_with,EXTRAS): the venv holding the project with those extras, every package (pip
-# itself included) at its locked version: `-c` pins whatever the extras pull in and adds nothing else.
+# $(call venv_with,EXTRAS): the venv holding the project with those extras, every package (pip and
+# setuptools, which venv brings, included) at its locked version: `-c` pins whatever the extras pull in.
 define venv_with
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet -c $(LOCK) pip
+	$(BIN)/pip install --quiet -c $(LOCK) pip setuptools
 	$(BIN)/pip install --quiet -c $(LOCK) -e '.[$(1)]'
 	touch $@
 endef
