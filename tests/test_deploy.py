@@ -1,24 +1,30 @@
-"""deploy/ without Docker or a cluster: the Dockerfile's instructions, the pinned constraints, and
-the instance config in dagster.yaml and the Helm values checked against Dagster's own schema and
-against our definitions (pools, schedule names)."""
+"""deploy/ without Docker or a cluster: the Dockerfile's instructions, the one lock every install
+path uses (and the test venv matches), every imported package declared, and the instance config in
+dagster.yaml and the Helm values checked against Dagster's own schema and against our definitions
+(pools, schedule names)."""
 
 from __future__ import annotations
 
 import ast
 import fnmatch
+import importlib.metadata as metadata
 import json
 import re
+import shutil
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
 import pytest
 import yaml
 from packaging.requirements import Requirement
-from packaging.utils import canonicalize_name
+from packaging.utils import canonicalize_name, canonicalize_version
 
 from .conftest import ROOT
 
 DEPLOY = ROOT / "deploy"
+LOCK = ROOT / "requirements.lock"
 ADDON_VERSION = "0.29.27"
 
 
@@ -53,9 +59,15 @@ def test_dockerfile_builds_a_pinned_non_root_code_server():
     steps = _instructions(DEPLOY / "Dockerfile")
     kinds = [k for k, _ in steps]
     assert steps[0] == ("FROM", "python:3.11-slim")
-    installs = " ".join(a for k, a in steps if k == "RUN" and "pip install" in a)
-    assert "-c deploy/constraints.txt" in installs
-    assert f"dagster-postgres=={ADDON_VERSION}" in installs and f"dagster-k8s=={ADDON_VERSION}" in installs
+    installs = [a for k, a in steps if k == "RUN" and "pip install" in a]
+    # Every install holds to the lock, or installs no dependency at all (our own packages, last).
+    assert installs and all("-c requirements.lock" in a or "--no-deps" in a for a in installs), installs
+    assert any("requirements.lock" in a.split() for k, a in steps if k == "COPY")
+    # The heredoc (skipped by _instructions) lists the runtime dependencies and the `deploy` extra.
+    dockerfile = (DEPLOY / "Dockerfile").read_text()
+    assert '["dependencies"]' in dockerfile and '["optional-dependencies"]["deploy"]' in dockerfile
+    deploy_extra = {Requirement(r).name: str(Requirement(r).specifier) for r in _extras()["deploy"]}
+    assert deploy_extra == {"dagster-postgres": f"=={ADDON_VERSION}", "dagster-k8s": f"=={ADDON_VERSION}"}
     # The add-ons belong to the core release the project pins (1.13.x ↔ 0.29.x, same patch).
     assert _dagster_version().split(".")[2] == ADDON_VERSION.split(".")[2]
     user = [a for k, a in steps if k == "USER"]
@@ -108,17 +120,147 @@ def test_the_library_imports_neither_dagster_nor_the_testbed():
     assert offenders == []
 
 
-def test_constraints_pin_every_runtime_dependency_within_its_range():
+def _extras() -> dict[str, list[str]]:
+    return _pyproject()["project"]["optional-dependencies"]
+
+
+def _locked() -> dict[str, Requirement]:
+    """requirements.lock's pins by canonical name (uv writes `name==version ; marker` lines)."""
     pins = {}
-    for line in (DEPLOY / "constraints.txt").read_text().splitlines():
-        if line and not line.startswith("#"):
-            name, version = line.split("==")
-            pins[canonicalize_name(name)] = version
-    for spec in [*_pyproject()["project"]["dependencies"], f"dagster-postgres=={ADDON_VERSION}"]:
+    for line in LOCK.read_text().splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            requirement = Requirement(line)
+            pins[canonicalize_name(requirement.name)] = requirement
+    return pins
+
+
+def _pinned_version(requirement: Requirement) -> str:
+    [spec] = requirement.specifier
+    assert spec.operator == "==" and "*" not in spec.version, f"{requirement} is not an exact pin"
+    return spec.version
+
+
+@pytest.mark.parametrize("target", ["setup", "demo", "test"])
+def test_every_make_install_uses_the_lock(target, tmp_path):
+    """What `make TARGET` would run on a fresh machine (make -n with a venv that does not exist yet):
+    every pip install holds to the lock, the project comes with its extras, and for `make test` (CI)
+    ruff checks and format-checks before pytest."""
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed (the README's commands need it)")
+    dry = subprocess.run(["make", "-n", "-C", str(ROOT), target, f"VENV={tmp_path / 'venv'}"],
+                         capture_output=True, text=True, check=True).stdout.splitlines()
+    installs = [line for line in dry if " install " in line and "/pip " in line]
+    assert installs and all("-c requirements.lock" in line for line in installs), installs
+    [project] = [line for line in installs if " -e " in line]
+    extras = set(re.search(r"'\.\[([^]]*)\]'", project).group(1).split(","))
+    # The demo needs its S3 server; the tests (CI) install every extra, so the venv they run in
+    # holds every package the image holds, at the same versions.
+    assert extras == (set(_extras()) if target == "test" else {"demo"})
+    if target == "test":
+        steps = [next(i for i, line in enumerate(dry) if marker in line)
+                 for marker in ("ruff check .", "ruff format --check .", "-m pytest")]
+        assert steps == sorted(steps), dry
+        # What they enforce: at least pycodestyle's errors, pyflakes, isort, pyupgrade and bugbear.
+        assert {"E4", "E7", "E9", "F", "I", "UP", "B"} <= set(_pyproject()["tool"]["ruff"]["lint"]["select"])
+    assert "make test" in (ROOT / ".ci" / "run").read_text().splitlines()
+
+
+def test_the_lock_pins_every_dependency_and_extra_within_its_range():
+    pins = _locked()
+    declared = [*_pyproject()["project"]["dependencies"], *(r for extra in _extras().values() for r in extra)]
+    for spec in declared:
         requirement = Requirement(spec)
         name = canonicalize_name(requirement.name)
-        assert name in pins, f"{name} is not pinned: run deploy/pin_constraints.py"
-        assert requirement.specifier.contains(pins[name], prereleases=True), f"{name}=={pins[name]} vs {requirement.specifier}"
+        assert name in pins, f"{name} is declared in pyproject.toml but not locked: run `make lock`"
+        version = _pinned_version(pins[name])
+        assert requirement.specifier.contains(version, prereleases=True), f"{name}=={version} vs {requirement.specifier}: run `make lock`"
+    # One Dagster release train: the core's packages at the core's version, the add-ons (0.x) at
+    # the same patch (1.13.27 ↔ 0.29.27).
+    core = _dagster_version()
+    for name in [n for n in pins if n == "dagster" or n.startswith("dagster-")]:
+        version = _pinned_version(pins[name])
+        assert version == core or (version.startswith("0.") and version.split(".")[2] == core.split(".")[2]), (name, version)
+
+
+def test_the_test_venv_runs_exactly_the_locked_versions():
+    """Tested equals deployed: every locked package that applies here is installed at its locked
+    version (`make test` installs every extra with -c requirements.lock). Packages installed but
+    not locked are left alone (uv, which only `make lock` uses)."""
+    mismatched, missing = [], []
+    for name, requirement in _locked().items():
+        if requirement.marker is not None and not requirement.marker.evaluate():
+            continue
+        locked = _pinned_version(requirement)
+        try:
+            installed = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            missing.append(name)
+            continue
+        if canonicalize_version(installed) != canonicalize_version(locked):
+            mismatched.append(f"{name}: installed {installed}, locked {locked}")
+    assert (missing, mismatched) == ([], []), "the venv differs from requirements.lock: run `make test-setup` (or `make lock` after a pyproject change)"
+
+
+# Where our code lives. Their names, the root's modules and a file's siblings (bench/'s scripts
+# import bench/common.py as `common`) are our own imports, not a distribution's.
+IMPORT_ROOTS = ["pipeline", "assets", "sensors", "quality", "testbed", "tests", "bench"]
+# The modules the image ships (deploy/Dockerfile): these may import at module level only what the
+# runtime dependencies install, not an extra.
+LIBRARY_ROOTS = ["pipeline", "assets", "sensors", "quality"]
+_IMPORTERS = {"import_module", "importorskip", "find_spec"}
+
+
+def _imports(path: Path) -> list[tuple[str, bool]]:
+    """(top-level module name, imported at module level) of each absolute import in a file,
+    including `importlib.import_module`, `importlib.util.find_spec` and `pytest.importorskip` of a
+    constant name."""
+    tree = ast.parse(path.read_text(), str(path))
+    in_function: set[ast.AST] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            in_function.update(n for n in ast.walk(node) if n is not node)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        elif (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) in _IMPORTERS
+              and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+            names = [node.args[0].value]
+        else:
+            continue
+        found += [(name.split(".")[0], node not in in_function) for name in names]
+    return found
+
+
+def test_every_directly_imported_package_is_declared():
+    """Each third-party module our code imports is installed by a dependency pyproject.toml declares
+    (not merely by some other package's dependency), and the image's modules import at module level
+    only what the runtime dependencies declare."""
+    project = _pyproject()["project"]
+    runtime = {canonicalize_name(Requirement(r).name) for r in project["dependencies"]}
+    declared = runtime | {canonicalize_name(Requirement(r).name) for extra in _extras().values() for r in extra}
+    providers = metadata.packages_distributions()
+    own = {*IMPORT_ROOTS, *(p.name for p in ROOT.iterdir() if (p / "__init__.py").exists()), *(p.stem for p in ROOT.glob("*.py"))}
+    undeclared, not_runtime = [], []
+    files = [p for root in IMPORT_ROOTS for p in sorted((ROOT / root).rglob("*.py"))] + sorted(ROOT.glob("*.py"))
+    assert len(files) > 100
+    for path in files:
+        siblings = {p.stem for p in path.parent.glob("*.py")}
+        library = path.parent == ROOT or path.relative_to(ROOT).parts[0] in LIBRARY_ROOTS
+        for module, top_level in sorted(set(_imports(path))):
+            if module in sys.stdlib_module_names or module in own or module in siblings:
+                continue
+            dists = {canonicalize_name(d) for d in providers.get(module, [])}
+            where = f"{path.relative_to(ROOT)}: {module} ({', '.join(sorted(dists)) or 'no installed distribution'})"
+            if not dists & declared:
+                undeclared.append(where)
+            elif library and top_level and not dists & runtime:
+                not_runtime.append(where)
+    assert not undeclared, "declare these in pyproject.toml (and run `make lock`):\n" + "\n".join(undeclared)
+    assert not not_runtime, ("the image installs only the runtime dependencies: import these lazily or declare them "
+                             "there:\n" + "\n".join(not_runtime))
 
 
 def _validate_instance_config(config: dict) -> None:
