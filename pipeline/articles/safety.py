@@ -8,9 +8,10 @@ GDELT article URLs are untrusted input, and so is every redirect a news server s
    host and checks *every* address (a name with one public and one private address is refused).
 
 2. ``SafeHTTPAdapter`` — the check at connection time, which is the one that matters. For every
-   request it resolves the host (or takes its ``HostMap`` target), refuses unless every resolved
-   address is allowed, and has urllib3 connect to one of exactly those checked addresses (the pool
-   is keyed by the IP literal, so urllib3 does no lookup of its own). Checking and connecting with
+   request it resolves the host (or takes its ``HostMap`` target; an answer is reused for up to a
+   minute), refuses unless every resolved address is allowed, and has urllib3 connect to one of
+   exactly those checked addresses (the pool is keyed by the IP literal, so urllib3 does no lookup
+   of its own). Checking and connecting with
    the same answer closes the DNS-rebinding window (a name that resolves to a public address for
    the check and to 169.254.169.254 for the connect), and it covers every hop and every new
    keep-alive connection without the fetcher having to remember. Only the socket's target is
