@@ -20,8 +20,9 @@ Every excluded row is counted under the first rule it fails, in the order of ``E
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, cached_property
 
 import numpy as np
 import polars as pl
@@ -119,20 +120,50 @@ class Normalized:
         }
 
 
-@dataclass(frozen=True)
-class _CodeLookups:
-    """The country and relation tables of rules 3 to 5 as dense arrays indexed by a code's bytes.
+CODE_BYTES = 3
+EXCLUDED, UNKNOWN = 254, 255  # country ids of a code the table excludes / does not know
 
-    Every CAMEO country and relation code is 3 bytes, so a code is its own index into an array of
-    2**24 entries (16 MiB each): looking up a batch is one numpy gather instead of a hash lookup per
-    row (polars' Enum cast took 5x longer on the benchmark month). ``country[key]`` is the position
-    of the code's ISO alpha-3 in ``countries``, or ``EXCLUDED`` for a code the table excludes, or
-    ``UNKNOWN`` for a code it does not know; two codes are the same country exactly when their
-    values are equal. ``relation[key]`` is true for MIRAI's level-2 codes.
+
+@dataclass(frozen=True)
+class _CodeMap:
+    """One small table of rules 3 to 5: a value for each of some codes, ``values[-1]`` for any
+    other string and for null.
+
+    Every CAMEO country and relation code is 3 bytes, so a code can be its own index into an
+    array of 2**24 entries (16 MiB): looking up a batch is then one numpy gather instead of a hash
+    lookup per row (polars' Enum cast took 5x longer on the benchmark month). That needs each
+    value's bytes as an integer, read from the Arrow string views (``_code_keys``); where that
+    read is not known to work (``_string_views_readable``), the lookup goes through the Enum cast.
     """
 
-    country: np.ndarray  # uint8[2**24]
-    relation: np.ndarray  # bool[2**24]
+    codes: pl.Series  # String, unique, each CODE_BYTES long
+    values: np.ndarray  # len(codes) + 1
+
+    @cached_property
+    def dense(self) -> np.ndarray:
+        table = np.full(1 << 8 * CODE_BYTES, self.values[-1], dtype=self.values.dtype)
+        table[_code_keys(self.codes)] = self.values[:-1]
+        return table
+
+    def lookup(self, column: pl.Series) -> np.ndarray:
+        if _string_views_readable():
+            return self.dense.take(_code_keys(column))
+        index = column.cast(pl.Enum(self.codes), strict=False).to_physical()
+        return self.values.take(index.fill_null(len(self.codes)).to_numpy())
+
+
+@dataclass(frozen=True)
+class _CodeLookups:
+    """The country and relation tables of rules 3 to 5.
+
+    ``country`` gives a code the position of its ISO alpha-3 in ``countries``, or ``EXCLUDED``
+    for a code the table excludes, or ``UNKNOWN`` for a code it does not know; two codes are the
+    same country exactly when their values are equal. ``relation`` is true for MIRAI's level-2
+    codes.
+    """
+
+    country: _CodeMap  # uint8 values
+    relation: _CodeMap  # bool values
     countries: pl.Series  # ISO alpha-3 codes, sorted
 
 
@@ -149,28 +180,25 @@ def _code_lookups() -> _CodeLookups:
     codes = table.get_column("cameo_code")
     relations = pl.Series(sorted(level2_codes()), dtype=pl.String)
     for name, column in (("country", codes), ("relation", relations)):
-        if not (column.str.len_bytes() == CODE_BYTES).all():
-            raise ValueError(f"every {name} code must be {CODE_BYTES} bytes for the dense lookup")
-    country = np.full(1 << 8 * CODE_BYTES, UNKNOWN, dtype=np.uint8)
-    country[_code_keys(codes)] = [position[iso[code]] if code in iso else EXCLUDED for code in codes]
-    relation = np.zeros(1 << 8 * CODE_BYTES, dtype=bool)
-    relation[_code_keys(relations)] = True
-    return _CodeLookups(country, relation, pl.Series(countries, dtype=pl.String))
-
-
-CODE_BYTES = 3
-EXCLUDED, UNKNOWN = 254, 255  # country ids of a code the table excludes / does not know
+        if not (column.str.len_bytes() == CODE_BYTES).all() or column.n_unique() != len(column):
+            raise ValueError(f"every {name} code must be {CODE_BYTES} bytes and listed once for the lookups")
+    country_ids = [position[iso[code]] if code in iso else EXCLUDED for code in codes]
+    return _CodeLookups(
+        _CodeMap(codes, np.array([*country_ids, UNKNOWN], dtype=np.uint8)),
+        _CodeMap(relations, np.append(np.ones(len(relations), dtype=bool), False)),
+        pl.Series(countries, dtype=pl.String),
+    )
 
 
 def _code_keys(column: pl.Series) -> np.ndarray:
     """Each value's bytes as an integer when it is ``CODE_BYTES`` long, else 0 (which no code has).
 
-    Read from the Arrow string views themselves (16 bytes a value: the length as a u32, then
-    strings of up to 12 bytes inline), so nothing is copied or hashed. Null values get
-    whatever their view holds: callers decide nulls from the column's validity.
+    Read from the Arrow string views themselves (Arrow columnar format, "Variable-size Binary
+    View Layout": 16 bytes a value, the length as an int32, then strings of up to 12 bytes
+    inline), so nothing is copied or hashed. This relies on polars exporting string views and on
+    the layout: callers check ``_string_views_readable()`` first. Null values get whatever their
+    view holds: callers decide nulls from the column's validity.
     """
-    if sys.byteorder != "little":
-        raise RuntimeError("the code lookups read Arrow string views as little-endian integers")
     arr = column.to_arrow(compat_level=pl.CompatLevel.newest())
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks()
@@ -181,6 +209,22 @@ def _code_keys(column: pl.Series) -> np.ndarray:
     keys = views[1::4] & np.uint32((1 << 8 * CODE_BYTES) - 1)
     keys[views[::4] != CODE_BYTES] = 0
     return keys
+
+
+@cache
+def _string_views_readable() -> bool:
+    """Whether ``_code_keys`` reads right here: a little-endian machine, polars 2 (whose
+    ``to_arrow(compat_level=newest)`` gives string views) and a probe of every case read back
+    as expected. Else the lookups take the public path; tests/test_normalize.py fails on it."""
+    if sys.byteorder != "little" or pl.__version__.split(".")[0] != "2":
+        return False
+    values = ["IRN", "US", "USAF", "", "Ü1", "a much longer string", "ISR", "0\x00A", "CHN"]
+    probe = pl.concat([pl.Series(values[:4]), pl.Series(values[4:])], rechunk=False).slice(1)
+    expected = [int.from_bytes(b, "little") if len(b) == CODE_BYTES else 0 for b in (v.encode() for v in values[1:])]
+    try:
+        return _code_keys(probe).tolist() == expected
+    except Exception:  # noqa: BLE001 - any failure of the probe means: take the public path
+        return False
 
 
 _ACTORS = (("Actor1CountryCode", "s"), ("Actor2CountryCode", "o"))
@@ -207,10 +251,8 @@ def _read(rows: pl.LazyFrame) -> _Pass:
     the input never sits in memory as a whole.
     """
     input_rows = rows.select(INPUT_COLUMNS)
-    # collect_batches is marked unstable in polars 2.1: if it changes, a plain collect() split
-    # into slices gives the same results, without the overlap (docs/benchmarks.md).
     parts, offset = [], 0
-    for batch in input_rows.collect_batches(chunk_size=BATCH_ROWS):
+    for batch in _batches(input_rows):
         parts.append(_split(batch, offset))
         offset += batch.height
     if not parts:  # no batch at all: the empty input still gives every output its columns
@@ -218,6 +260,23 @@ def _read(rows: pl.LazyFrame) -> _Pass:
     keys, candidates, unknown = (pl.concat(frames) for frames in zip(*parts))
     # Rules 1 and 6 run over the keys as whole columns: one chunk each (cheap, they are narrow).
     return _Pass(keys.rechunk(), candidates, unknown)
+
+
+def _batches(rows: pl.LazyFrame) -> Iterable[pl.DataFrame]:
+    """``rows`` in order, in batches of about ``BATCH_ROWS``.
+
+    ``LazyFrame.collect_batches`` streams them while the caller works on the previous ones, but
+    polars 2.1 marks it unstable: where it is missing or its arguments changed (checked here,
+    at each call), one ``collect()`` cut with ``iter_slices`` gives the same rows in the same
+    order, without the overlap and with the whole input in memory at once (docs/benchmarks.md).
+    """
+    collect_batches = getattr(rows, "collect_batches", None)
+    if collect_batches is not None:
+        try:
+            return collect_batches(chunk_size=BATCH_ROWS, maintain_order=True)
+        except TypeError:  # an incompatible signature; nothing has run yet
+            pass
+    return rows.collect().iter_slices(BATCH_ROWS)
 
 
 def _split(batch: pl.DataFrame, offset: int) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
@@ -260,9 +319,9 @@ def _row_keys(data: pl.DataFrame) -> pl.DataFrame:
     without SQLDATE or DATEADDED is not aligned, one without EventBaseCode has no valid relation.
     """
     lookups = _code_lookups()
-    s_id = lookups.country.take(_code_keys(data.get_column("Actor1CountryCode")))
-    o_id = lookups.country.take(_code_keys(data.get_column("Actor2CountryCode")))
-    relation_ok = lookups.relation.take(_code_keys(data.get_column("EventBaseCode")))
+    s_id = lookups.country.lookup(data.get_column("Actor1CountryCode"))
+    o_id = lookups.country.lookup(data.get_column("Actor2CountryCode"))
+    relation_ok = lookups.relation.lookup(data.get_column("EventBaseCode"))
     s, o = pl.col("s_id"), pl.col("o_id")
     row_rules = {
         "date_not_aligned": ~(pl.col("SQLDATE") == pl.col("pub_day")).fill_null(False),

@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import gzip
 import socket
+import ssl
+import threading
 import time
 from datetime import datetime, timedelta, timezone
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import polars as pl
 import pytest
+import requests
+import trustme
 
 from pipeline.articles import safety
 from pipeline.articles.fetch import FetchOutcome, fetch_article, fetch_articles, fetch_many, read_html
@@ -166,6 +171,109 @@ def test_connection_goes_to_the_checked_address(news, fs, monkeypatch):
     strict_session = make_safe_session(fs.with_(fetch_allow_loopback=False))
     with pytest.raises(UnsafeURL, match="loopback"):
         strict_session.get(f"http://pinned.example:{news.port}/news/2.html", timeout=1)
+
+
+def test_a_new_answer_is_checked_again_when_the_old_one_expires(news, fs, monkeypatch):
+    """DNS rebinding across requests: the name first answers with the site, later with the metadata
+    address. The later answer is checked before anything connects to it."""
+    answers = iter([["127.0.0.1"], ["169.254.169.254"]])
+    monkeypatch.setattr(safety, "resolve_host", lambda host, port: [
+        (socket.AF_INET, socket.SOCK_STREAM, 6, "", (ip, port)) for ip in next(answers)])
+    monkeypatch.setattr(safety, "ADDRESS_TTL_S", 0.0)
+    session = make_safe_session(fs)
+    url = f"http://rebind.example:{news.port}/news/5.html"
+    assert session.get(url, timeout=2).content == PAGES["/news/5.html"]
+    with pytest.raises(UnsafeURL, match="metadata"):
+        session.get(url, timeout=2)
+    assert [r["path"] for r in news.requests] == ["/news/5.html"]
+
+
+def test_an_address_that_refuses_gives_way_to_the_next_checked_one(news, fs, monkeypatch):
+    """A name with several addresses (an IPv6 one this machine cannot use, another that refuses)
+    is fetched from the one that answers, which is tried first from then on; a mixed answer with
+    one private address is refused before any of them is tried."""
+    calls: list[str] = []
+    fake_dns(monkeypatch, {"multi.example": ["::1", "127.0.0.2", "127.0.0.1"],
+                           "mixed.example": ["127.0.0.1", "10.1.2.3"]}, calls)
+    session = make_safe_session(fs)
+    url = f"http://multi.example:{news.port}/news/6.html"
+    for _ in range(2):
+        assert session.get(url, timeout=2).content == PAGES["/news/6.html"]
+    assert session.get_adapter(url).targets("multi.example", news.port)[0] == ("127.0.0.1", news.port)
+    assert calls == ["multi.example"]
+    assert news.requests[-1]["host"] == f"multi.example:{news.port}"
+    with pytest.raises(UnsafeURL, match="private address 10.1.2.3"):
+        session.get(f"http://mixed.example:{news.port}/news/6.html", timeout=2)
+    assert len(news.requests) == 2
+
+
+def test_proxy_settings_are_never_used(news, fs, monkeypatch):
+    """A proxy would resolve the name itself, after our check: proxy variables in the environment
+    are ignored and an explicit proxy is refused."""
+    with NewsServer({}) as proxy:
+        for var in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
+            monkeypatch.setenv(var, proxy.url)
+        for var in ("NO_PROXY", "no_proxy"):
+            monkeypatch.delenv(var, raising=False)
+        outcome, body = fetch_article(make_safe_session(fs), news.url_for("/news/7.html"), fs)
+        assert (outcome.status, body) == ("fetched", PAGES["/news/7.html"])
+        with pytest.raises(UnsafeURL, match="proxies"):
+            make_safe_session(fs).get(news.url_for("/news/7.html"), proxies={"http": proxy.url}, timeout=2)
+        assert proxy.requests == []
+
+
+@pytest.fixture
+def tls_site():
+    """An HTTPS server on 127.0.0.1 whose certificate, from a throwaway CA, names only secure.test.
+    Yields the CA and the port, and records the SNI name and Host header of each connection."""
+    ca = trustme.CA()
+    seen: list[tuple[str, str | None]] = []
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("secure.test").configure_cert(context)
+    context.sni_callback = lambda _sock, name, _ctx: seen.append(("sni", name))
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            seen.append(("host", self.headers.get("Host")))
+            body = page_html("over tls")
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    httpd.socket = context.wrap_socket(httpd.socket, server_side=True)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield ca, httpd.server_address[1], seen
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_tls_is_verified_against_the_host_name_not_the_checked_address(tls_site, fs, tmp_path):
+    """The socket goes to the checked address, but SNI, the Host header and certificate
+    verification use the name: the same server under a name its certificate lacks is refused,
+    and so is its certificate without our CA."""
+    ca, port, seen = tls_site
+    ca_file = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    settings = fs.with_(fetch_host_map=f"secure.test=127.0.0.1:{port},other.test=127.0.0.1:{port}")
+    session = make_safe_session(settings)
+    session.verify = str(ca_file)
+    response = session.get("https://secure.test/a", timeout=5)
+    assert response.status_code == 200 and b"over tls" in response.content
+    assert seen == [("sni", "secure.test"), ("host", "secure.test")]
+    with pytest.raises(requests.exceptions.SSLError, match="secure.test|other.test|hostname"):
+        session.get("https://other.test/a", timeout=5)
+    with pytest.raises(requests.exceptions.SSLError, match="certificate verify failed"):
+        make_safe_session(settings).get("https://secure.test/a", timeout=5)
+    assert [entry for entry in seen if entry[0] == "host"] == [("host", "secure.test")]
 
 
 def test_unresolvable_host_is_a_dns_error_not_a_robots_block(fs, monkeypatch):

@@ -7,8 +7,10 @@ import hashlib
 from datetime import date, datetime, timedelta, timezone
 
 import polars as pl
+import pyarrow as pa
 import pytest
 
+from pipeline import normalize
 from pipeline.config import Settings
 from pipeline.events import build_daily_quads, build_events
 from pipeline.gdelt import parse_export
@@ -340,3 +342,87 @@ def test_country_table_knows_every_code_in_real_files():
         rows = parse_export(shared_fixture(f"gdelt/{relative}").read_bytes(), source=relative).rows
         codes |= set(rows["Actor1CountryCode"].drop_nulls()) | set(rows["Actor2CountryCode"].drop_nulls())
     assert codes - known == set()
+
+
+# --- The fast paths and their public fallbacks -----------------------------------------------------
+
+
+def test_code_lookups_read_arrow_string_views_with_these_versions():
+    """The code lookups read Arrow string views (normalize._code_keys). If this fails, polars or
+    pyarrow changed what they export: normalisation still gives the same results through the
+    public Enum-cast path (slower at the lookups); adapt _code_keys or drop it."""
+    assert normalize._string_views_readable(), (
+        f"normalize._code_keys cannot read string views with polars {pl.__version__}, pyarrow {pa.__version__}"
+    )
+
+
+def test_both_code_lookup_paths_agree(monkeypatch):
+    odd = ["QQ", "QQQ", "USAX", "usa", "ÜS", "", "0\x00A", "a value longer than twelve bytes"]
+    values = pl.concat(
+        [pl.Series([None, *odd]), pl.Series([*country_table()["cameo_code"], *sorted(level2_codes()), None])],
+        rechunk=False,
+    ).slice(1)  # an offset and two chunks, as batches can come
+    lookups = normalize._code_lookups()
+    fast = [lookups.country.lookup(values), lookups.relation.lookup(values)]
+    monkeypatch.setattr(normalize, "_string_views_readable", lambda: False)
+    public = [lookups.country.lookup(values), lookups.relation.lookup(values)]
+    known = values.is_not_null().to_numpy()  # a null's entry is never read (rules 3 and 5 test nulls)
+    for a, b in zip(fast, public):
+        assert a.dtype == b.dtype and (a[known] == b[known]).all()
+    assert set(public[0][: len(odd)]) == {normalize.UNKNOWN} and not public[1][: len(odd)].any()
+    assert public[1].sum() == len(level2_codes())
+
+
+def _mixed_rows(n: int = 800, seed: int = 3) -> pl.DataFrame:
+    """Rows over three days with every country and relation code, odd values, nulls and repeats."""
+    import random
+
+    rng = random.Random(seed)
+    actors = [*country_table()["cameo_code"], "QQ", "QQQ", "USAX", "ÜS", "", None]
+    bases = [*sorted(level2_codes()), "04", "0421", "999", None]
+    rows = []
+    for i in range(n):
+        day = DAY1 + timedelta(days=rng.randrange(3))
+        s = rng.choice(actors)
+        row = event(day, s=s, o=s if i % 9 == 0 else rng.choice(actors), sqldate=day - timedelta(days=i % 13 == 0),
+                    url=rng.choice([f"https://news.example/{rng.randrange(200)}", None]), minute=rng.randrange(60))
+        row["EventBaseCode"] = rng.choice(bases)
+        if i % 10 == 9:
+            row["GLOBALEVENTID"] = rows[-3]["GLOBALEVENTID"]
+        rows.append(row)
+    return frame(*rows)
+
+
+def test_public_fallbacks_give_identical_results(monkeypatch):
+    """The Enum-cast lookups and the collect()-and-slice read give exactly the results of the
+    string-view lookups and collect_batches, batch boundaries included."""
+    rows = _mixed_rows()
+    reference = normalize_with_report(rows)
+    monkeypatch.setattr(normalize, "BATCH_ROWS", 64)
+    streamed = normalize_with_report(rows)
+    monkeypatch.setattr(normalize, "_string_views_readable", lambda: False)
+    monkeypatch.delattr(pl.LazyFrame, "collect_batches")
+    public = normalize_with_report(rows)
+    for result in (streamed, public):
+        assert result.events.equals(reference.events)
+        assert result.exclusions == reference.exclusions
+        assert result.unmapped_codes.equals(reference.unmapped_codes)
+    assert reference.events.height > 0 and all(reference.exclusions.values())  # every rule was exercised
+
+
+def test_read_falls_back_when_collect_batches_is_gone_or_changed(monkeypatch):
+    """collect_batches is unstable in polars 2.1: without it, or with a signature that refuses our
+    arguments, the rows come from one collect() cut into slices, in the same order."""
+    rows = pl.LazyFrame({"a": range(10)})
+    monkeypatch.setattr(normalize, "BATCH_ROWS", 4)
+    streamed = pl.concat(normalize._batches(rows))
+
+    def changed(self, *, batch_size=None):  # as if the argument had been renamed
+        raise AssertionError("not reached: the call itself fails on chunk_size")
+
+    monkeypatch.setattr(pl.LazyFrame, "collect_batches", changed)
+    assert [b.height for b in normalize._batches(rows)] == [4, 4, 2]
+    monkeypatch.delattr(pl.LazyFrame, "collect_batches")
+    sliced = list(normalize._batches(rows))
+    assert [b.height for b in sliced] == [4, 4, 2]
+    assert pl.concat(sliced).equals(streamed) and streamed["a"].to_list() == list(range(10))

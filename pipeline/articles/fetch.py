@@ -51,6 +51,7 @@ error                  an unexpected exception (a bug): recorded, the run goes o
 from __future__ import annotations
 
 import gzip
+import socket
 import threading
 import time
 from collections import deque
@@ -261,7 +262,7 @@ def _is_name_resolution_error(exc: BaseException) -> bool:
         if id(e) in seen or e is None:
             continue
         seen.add(id(e))
-        if isinstance(e, u3.NameResolutionError):
+        if isinstance(e, socket.gaierror):  # safety.SafeHTTPAdapter resolves names, not urllib3
             return True
         stack.extend([getattr(e, "reason", None), e.__cause__, e.__context__])
         stack.extend(a for a in e.args if isinstance(a, BaseException))

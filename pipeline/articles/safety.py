@@ -7,15 +7,17 @@ GDELT article URLs are untrusted input, and so is every redirect a news server s
    host is an IP literal, that address must be public. With ``resolve=True`` it also resolves the
    host and checks *every* address (a name with one public and one private address is refused).
 
-2. ``SafeHTTPAdapter`` — the check at connection time, which is the one that matters. Its
-   connection classes resolve the host once, refuse the connection unless every resolved address is
-   allowed, and then connect to exactly those checked addresses. Checking and connecting with the
-   same answer closes the DNS-rebinding window (a name that resolves to a public address for the
-   check and to 169.254.169.254 for the connect), and it covers every hop and every new keep-alive
-   connection without the fetcher having to remember. Only the socket's target is pinned: the
-   Host header, TLS SNI and certificate verification still use the hostname, so HTTPS works as
-   usual. Sessions made with ``make_safe_session`` also ignore proxy environment variables and
-   ``.netrc`` (a proxy would do its own resolution and defeat the check).
+2. ``SafeHTTPAdapter`` — the check at connection time, which is the one that matters. For every
+   request it resolves the host (or takes its ``HostMap`` target; an answer is reused for up to a
+   minute), refuses unless every resolved address is allowed, and has urllib3 connect to one of
+   exactly those checked addresses (the pool is keyed by the IP literal, so urllib3 does no lookup
+   of its own). Checking and connecting with
+   the same answer closes the DNS-rebinding window (a name that resolves to a public address for
+   the check and to 169.254.169.254 for the connect), and it covers every hop and every new
+   keep-alive connection without the fetcher having to remember. Only the socket's target is
+   pinned: the Host header, TLS SNI and certificate verification still use the hostname, so HTTPS
+   works as usual. Sessions made with ``make_safe_session`` also ignore proxy environment variables
+   and ``.netrc`` (a proxy would do its own resolution and defeat the check).
 
 Refused: loopback, private (RFC 1918, IPv6 ULA fc00::/7), link-local (169.254/16, fe80::/10),
 multicast, reserved, unspecified, shared/CGNAT (100.64/10, via ``is_global``), any other non-global
@@ -36,17 +38,14 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+import time
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
 import requests
 from requests.adapters import HTTPAdapter
-from urllib3.connection import HTTPConnection, HTTPSConnection
-from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
-from urllib3.exceptions import ConnectTimeoutError, NameResolutionError, NewConnectionError
-from urllib3.util.connection import _set_socket_options, allowed_gai_family
-from urllib3.util.timeout import _DEFAULT_TIMEOUT
+from urllib3.exceptions import NewConnectionError
 
 from pipeline.config import Settings
 from pipeline.http import make_session
@@ -138,8 +137,10 @@ def address_problem(ip: IPAddress, allow_loopback: bool = False) -> str | None:
 
 
 def resolve_host(host: str, port: int) -> list[tuple[Any, ...]]:
-    """``getaddrinfo`` for a TCP connection (a module-level seam, so tests can fake DNS)."""
-    return socket.getaddrinfo(host, port, allowed_gai_family(), socket.SOCK_STREAM)
+    """``getaddrinfo`` for a TCP connection, IPv4 and IPv6 (a module-level seam, so tests can fake
+    DNS). Every answer is checked; an address family the machine cannot reach fails to connect and
+    the adapter moves on to the next address."""
+    return socket.getaddrinfo(host, port, socket.AF_UNSPEC, socket.SOCK_STREAM)
 
 
 def checked_addresses(host: str, port: int, allow_loopback: bool = False,
@@ -190,57 +191,43 @@ def check_url(url: str, allow_loopback: bool = False, *, resolve: bool = True) -
 
 # --- connection layer: resolve, check, connect to what was checked ---
 
-
-def _connect_checked(conn: HTTPConnection, allow_loopback: bool, host_map: HostMap):
-    """The body of ``_new_conn`` for the safe connection classes (urllib3 2.x)."""
-    try:
-        infos = checked_addresses(conn._dns_host, conn.port, allow_loopback, host_map)
-    except socket.gaierror as exc:
-        raise NameResolutionError(conn.host, conn, exc) from exc
-    error: OSError | None = None
-    for family, socktype, proto, _canon, sockaddr in infos:
-        sock = socket.socket(family, socktype, proto)
-        try:
-            _set_socket_options(sock, conn.socket_options)
-            if conn.timeout is not _DEFAULT_TIMEOUT:
-                sock.settimeout(conn.timeout)
-            if conn.source_address:
-                sock.bind(conn.source_address)
-            sock.connect(sockaddr)  # the address that was checked, not a fresh lookup
-            return sock
-        except socket.timeout as exc:
-            sock.close()
-            message = f"Connection to {conn.host} timed out. (connect timeout={conn.timeout})"
-            raise ConnectTimeoutError(conn, message) from exc
-        except OSError as exc:
-            sock.close()
-            error = exc
-    raise NewConnectionError(conn, f"Failed to establish a new connection: {error}")
+ADDRESS_TTL_S = 60.0  # how long an adapter reuses a checked answer (a DNS cache, not a safety bound)
 
 
-def _pool_classes(allow_loopback: bool, host_map: HostMap = NO_HOST_MAP) -> dict[str, type]:
-    class SafeHTTPConnection(HTTPConnection):
-        def _new_conn(self):
-            return _connect_checked(self, allow_loopback, host_map)
-
-    class SafeHTTPSConnection(HTTPSConnection):
-        def _new_conn(self):
-            return _connect_checked(self, allow_loopback, host_map)
-
-    class SafeHTTPConnectionPool(HTTPConnectionPool):
-        ConnectionCls = SafeHTTPConnection
-
-    class SafeHTTPSConnectionPool(HTTPSConnectionPool):
-        ConnectionCls = SafeHTTPSConnection
-
-    return {"http": SafeHTTPConnectionPool, "https": SafeHTTPSConnectionPool}
+DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
-_POOL_CLASSES = {False: _pool_classes(False), True: _pool_classes(True)}
+def _name_and_port(url: str) -> tuple[str, int]:
+    parts = urlsplit(url)
+    return parts.hostname or "", parts.port or DEFAULT_PORTS.get(parts.scheme.lower(), 80)
+
+
+def _host_header(url: str) -> str:
+    """The Host header http.client would send for ``url``: the name, and the port unless default."""
+    name, port = _name_and_port(url)
+    name = name.rstrip(".")
+    name = f"[{name}]" if ":" in name else name
+    return name if port == DEFAULT_PORTS.get(urlsplit(url).scheme.lower()) else f"{name}:{port}"
+
+
+def _failed_to_connect(exc: requests.ConnectionError) -> bool:
+    """True when no connection was made (refused, unreachable): nothing was sent, another address
+    may work. A connect timeout is not retried on the next address (the deadline would double)."""
+    reason = getattr(exc.args[0], "reason", None) if exc.args else None
+    return isinstance(reason, NewConnectionError)
 
 
 class SafeHTTPAdapter(HTTPAdapter):
-    """An HTTPAdapter whose connections go only to checked addresses (see the module docstring)."""
+    """An HTTPAdapter whose connections go only to checked addresses (see the module docstring).
+
+    Built on requests' public extension points (requests >= 2.32.2, ``HTTPAdapter`` docs):
+    ``build_connection_pool_key_attributes`` resolves and checks the URL's host and keys the urllib3
+    pool by the checked IP literal, so urllib3 connects to that address with no lookup of its own;
+    for https the pool's ``server_hostname`` (a public urllib3 pool argument) keeps SNI and
+    certificate verification on the host name. ``add_headers`` sends the name as the Host header,
+    as requests-toolbelt's ``HostHeaderSSLAdapter`` does the other way round. ``send`` tries the
+    next checked address when one refuses the connection (an unreachable IPv6 address before a
+    working IPv4 one), and checked answers are reused for ``ADDRESS_TTL_S``."""
 
     def __init__(self, allow_loopback: bool = False, host_map: HostMap = NO_HOST_MAP, **kwargs):
         self.allow_loopback = allow_loopback
@@ -249,9 +236,49 @@ class SafeHTTPAdapter(HTTPAdapter):
 
     def init_poolmanager(self, *args, **kwargs) -> None:
         super().init_poolmanager(*args, **kwargs)
-        classes = _POOL_CLASSES[self.allow_loopback] if not self.host_map.entries else _pool_classes(
-            self.allow_loopback, self.host_map)
-        self.poolmanager.pool_classes_by_scheme = dict(classes)
+        # (name, port) -> (expiry, checked (address, port) targets, the one to try first leading)
+        self.checked: dict[tuple[str, int], tuple[float, tuple[tuple[str, int], ...]]] = {}
+
+    def targets(self, name: str, port: int) -> tuple[tuple[str, int], ...]:
+        """The checked ``(address, port)`` targets of ``name:port``, resolved again once stale.
+        Raises UnsafeURL, or requests.ConnectionError (from socket.gaierror) for a dead name."""
+        entry = self.checked.get((name, port))
+        if entry is None or entry[0] <= time.monotonic():
+            try:
+                infos = checked_addresses(name, port, self.allow_loopback, self.host_map)
+            except socket.gaierror as exc:
+                raise requests.ConnectionError(f"Failed to resolve {name!r} ({exc})") from exc
+            entry = (time.monotonic() + ADDRESS_TTL_S, tuple((info[4][0], info[4][1]) for info in infos))
+            self.checked[(name, port)] = entry
+        return entry[1]
+
+    def build_connection_pool_key_attributes(self, request, verify, cert=None):
+        host_params, pool_kwargs = super().build_connection_pool_key_attributes(request, verify, cert)
+        name, port = _name_and_port(request.url)
+        address, target_port = self.targets(name, port)[0]
+        if host_params["scheme"] == "https":
+            pool_kwargs["server_hostname"] = name.rstrip(".")
+        return {**host_params, "host": address, "port": target_port}, pool_kwargs
+
+    def add_headers(self, request, **kwargs) -> None:
+        # The pool's host is an address; the server must see the name (set on every hop, since
+        # requests copies a request's headers when it follows a redirect itself).
+        request.headers["Host"] = _host_header(request.url)
+
+    def send(self, request, stream=False, timeout=None, verify=True, cert=None, proxies=None):
+        key, tried = _name_and_port(request.url), set()
+        while True:
+            try:
+                return super().send(request, stream, timeout, verify, cert, proxies)
+            except requests.ConnectionError as exc:
+                expiry, targets = self.checked.get(key, (0.0, ()))
+                if not _failed_to_connect(exc) or not targets:
+                    raise
+                tried.add(targets[0])  # the target this attempt's pool was keyed by
+                untried = tuple(t for t in targets if t not in tried)
+                if not untried:
+                    raise
+                self.checked[key] = (expiry, untried + tuple(t for t in targets if t in tried))
 
     def proxy_manager_for(self, proxy, **proxy_kwargs):
         raise UnsafeURL("proxies are not used for article fetching (they would bypass the address check)")
