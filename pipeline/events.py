@@ -10,8 +10,9 @@ every key file it holds and is rebuilt when one of them changed or a day in its 
 since, so a day back-filled after later days were built is seen like any other. Key files and
 blocks are written only under the ``event-history`` lock.
 
-Key files hold polars hashes, which are stable only within one polars version, so each records the
-version and is rebuilt from the parsed rows when it differs; blocks record it too.
+Key files and blocks record ``KEYS_FORMAT``; a key file in another format is rebuilt from the
+day's parsed rows, a block in another format from its key files. URL hashes are stable across
+polars versions (``url_hash``), so this happens once per format change, not per polars upgrade.
 """
 
 from __future__ import annotations
@@ -45,7 +46,9 @@ from pipeline.storage import (
     write_sealed_parquet,
 )
 
-KEYS_FORMAT = f"keys-v2/polars-{pl.__version__}"
+# keys-v2 was polars' version-bound `Expr.hash` (tagged with the polars version); keys-v3 is
+# XXH3-64 (``url_hash``). Change it whenever a key's value or the key file's schema changes.
+KEYS_FORMAT = "keys-v3/xxh3-64"
 # History block sizes in days, largest first. Each is 8 times the next, so blocks nest: a block
 # is merged from the 8 blocks (or, for the smallest, the 8 key files) inside it.
 BLOCK_DAYS = (512, 64, 8)

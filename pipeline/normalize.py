@@ -26,6 +26,7 @@ from functools import cache, cached_property
 
 import numpy as np
 import polars as pl
+import polars_hash as plh
 import pyarrow as pa
 
 from pipeline.reference.tables import (
@@ -37,8 +38,10 @@ from pipeline.reference.tables import (
 )
 
 RULES_VERSION = "rules-v1"
-# polars' hash is stable within one polars version only, so stored URL hashes carry this tag and
-# are rebuilt when it changes (see pipeline.history).
+# Rule 6 and the stored history keys know a URL by its XXH3-64 hash with this seed: a published
+# algorithm (https://github.com/Cyan4973/xxHash/blob/dev/doc/xxhash_spec.md), computed by the
+# polars-hash plugin. Unlike polars' own `Expr.hash`, its values do not change with the polars
+# version, so the stored keys survive polars upgrades (docs/data-layout.md).
 URL_HASH_SEED = 20230101
 # A null publication day in rule 6's numpy arrays: later than every real day, so never a first
 # day while a real one exists, and never late itself (see _url_late).
@@ -83,9 +86,10 @@ INPUT_COLUMNS = (
 )
 
 
-def url_hash(column: str | pl.Expr = "url") -> pl.Expr:
-    expr = pl.col(column) if isinstance(column, str) else column
-    return expr.hash(seed=URL_HASH_SEED)
+def url_hash(column: str = "url") -> pl.Expr:
+    """A URL's stable 64-bit key. A null URL gets 0, as rule 6's numpy arrays hold no nulls; its
+    rows never count (``has_url``), and a real URL hashing to 0 has odds of 2**-64."""
+    return plh.col(column).nchash.xxh3_64(seed=URL_HASH_SEED).fill_null(pl.lit(0, pl.UInt64))
 
 
 @dataclass(frozen=True)

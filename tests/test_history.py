@@ -22,7 +22,7 @@ from pipeline.events import (
     write_event_keys,
 )
 from pipeline.gdelt.schema import EXPORT_SCHEMA
-from pipeline.normalize import normalize_with_report
+from pipeline.normalize import URL_HASH_SEED, normalize_with_report, url_hash
 from pipeline.storage import DataLayout, atomic_write_parquet, read_parquet_metadata
 
 UTC = timezone.utc
@@ -179,14 +179,56 @@ def test_rerunning_rewrites_nothing_and_an_unreadable_old_key_file_is_read_alone
         build_events(day, settings)
     assert {**block_files(layout), **{p.name: p.stat().st_mtime_ns for p in layout.event_keys_dir().iterdir()}} == files
     assert [layout.events_path(d).read_bytes() for d in days] == events
-    # A key file from another polars version is rebuilt from the parsed rows; without them it is
-    # kept and read on its own, outside any block.
+    # A key file in another format is rebuilt from the parsed rows; without them it is kept and read
+    # on its own, outside any block.
     old = START - timedelta(days=1)
     atomic_write_parquet(pl.read_parquet(layout.event_keys_path(days[0])).head(1), layout.event_keys_path(old),
                          metadata={"keys_format": "keys-v1/polars-0.0"})
     probe = days[-1] + timedelta(days=1)
     assert history_frames(layout, probe) == every_key_file(layout, probe)
     assert read_parquet_metadata(layout.event_keys_path(old))["keys_format"] == "keys-v1/polars-0.0"
+
+
+def test_keys_of_the_polars_bound_hash_migrate_once_and_the_events_stay_the_same(tmp_path, monkeypatch):
+    """Key files and blocks written before the stable hash (polars' ``Expr.hash``, tagged with the
+    polars version) are rewritten by the first run after the change, and never again."""
+    import pipeline.events as events_module
+    import pipeline.normalize as normalize_module
+
+    settings, layout = Settings(data_dir=tmp_path), DataLayout(tmp_path)
+    days = [START + timedelta(days=i) for i in range(12)]
+    for day in days:
+        write_day(layout, day, day_rows(day, 6))
+    old_format = f"keys-v2/polars-{pl.__version__}"
+    with monkeypatch.context() as patch:  # the previous release's writer: the same code with its hash
+        def old_hash(column: str = "url") -> pl.Expr:
+            return pl.col(column).hash(seed=URL_HASH_SEED)
+
+        patch.setattr(events_module, "KEYS_FORMAT", old_format)
+        patch.setattr(events_module, "url_hash", old_hash)
+        patch.setattr(normalize_module, "url_hash", old_hash)
+        for day in days:
+            build_events(day, settings)
+    key_paths = [layout.event_keys_path(d) for d in days]
+    assert {read_parquet_metadata(p)["keys_format"] for p in key_paths} == {old_format}
+    assert block_files(layout)
+    old_hashes = pl.read_parquet(key_paths).get_column("url_hash")
+    events = [layout.events_path(d).read_bytes() for d in days]
+
+    build_events(days[-1], settings)  # the first run after the change
+    migrated = {**block_files(layout), **{p.name: p.stat().st_mtime_ns for p in layout.event_keys_dir().iterdir()}}
+    block_paths = [layout.root / "keys" / "history" / name for name in block_files(layout)]
+    assert {read_parquet_metadata(p)["keys_format"] for p in key_paths + block_paths} == {KEYS_FORMAT}
+    parsed = pl.concat([pl.read_parquet(layout.parsed_dir("export", d) / "*.parquet") for d in days])
+    expected = parsed.select(url_hash("SOURCEURL")).to_series()
+    assert pl.read_parquet(key_paths).get_column("url_hash").equals(expected, check_names=False)
+    assert not old_hashes.equals(expected, check_names=False)
+    assert history_frames(layout, days[-1] + timedelta(days=1)) == every_key_file(layout, days[-1] + timedelta(days=1))
+
+    for day in days:  # later runs rewrite no key file and no block, and the events are unchanged
+        build_events(day, settings)
+    assert {**block_files(layout), **{p.name: p.stat().st_mtime_ns for p in layout.event_keys_dir().iterdir()}} == migrated
+    assert [layout.events_path(d).read_bytes() for d in days] == events
 
 
 @pytest.mark.parametrize("order", ["forward", "reverse", "shuffled"])

@@ -15,7 +15,7 @@ from pipeline.config import Settings
 from pipeline.events import build_daily_quads, build_events
 from pipeline.gdelt import parse_export
 from pipeline.gdelt.schema import EXPORT_SCHEMA
-from pipeline.normalize import EXCLUSIONS, History, daily_quads, normalize_events, normalize_with_report
+from pipeline.normalize import EXCLUSIONS, History, daily_quads, normalize_events, normalize_with_report, url_hash
 from pipeline.reference.tables import cameo_to_iso3, country_table, level2_codes
 from pipeline.storage import DataLayout, atomic_write_parquet
 
@@ -170,7 +170,7 @@ def test_url_rule_matches_plain_python_on_random_rows(seed):
     if seed % 2:
         rng.shuffle(rows)
     history = {url: rng.choice(days) - timedelta(days=rng.randrange(0, 3)) for url in rng.sample(pool[:-1], 8) + singles[:5]}
-    url_hashes = pl.DataFrame({"url": list(history)}).select(pl.col("url").hash(seed=20230101)).to_series()
+    url_hashes = pl.DataFrame({"url": list(history)}).select(url_hash("url")).to_series()
     hist = History(
         pl.LazyFrame(schema={"event_id": pl.Int64}),
         pl.LazyFrame({"url_hash": url_hashes, "first_day": list(history.values())}),
@@ -190,6 +190,22 @@ def test_url_rule_matches_plain_python_on_random_rows(seed):
     kept = {r["GLOBALEVENTID"] for r, is_late in zip(rows, late) if not is_late and r["DATEADDED"] is not None}
     assert set(result.events["event_id"]) == kept
     assert sum(late) > 0 and result.events.height > 0
+
+
+def test_url_hashes_are_pinned_so_a_library_change_cannot_silently_orphan_the_history():
+    """Stored key files hold these values (docs/data-layout.md): if polars-hash ever computes
+    others, this fails, and KEYS_FORMAT must change so that the stored keys are rebuilt."""
+    import polars_hash as plh
+
+    # XXH3-64 of the empty input with seed 0 is xxHash's own test vector
+    # (https://github.com/Cyan4973/xxHash/blob/v0.8.3/cli/xsum_sanity_check.c): the plugin computes
+    # the published algorithm, which any other implementation reproduces.
+    assert pl.DataFrame({"x": [""]}).select(plh.col("x").nchash.xxh3_64()).item() == 0x2D06800538D394C2
+    urls = ["https://www.reuters.com/world/europe/ukraine-talks-2024-01-15/", "https://news.example/a",
+            "http://xn--80ak6aa92e.com/путь?q=1", "", None]
+    hashes = pl.DataFrame({"url": urls}, schema={"url": pl.String}).select(url_hash("url")).to_series()
+    assert hashes.dtype == pl.UInt64 and hashes.null_count() == 0  # rule 6 sorts them as numpy u64
+    assert hashes.to_list() == [11282965737587454845, 2100281069559639947, 13304644214176492521, 11562568711957783906, 0]
 
 
 def _write_parsed(settings: Settings, day: date, rows: pl.DataFrame) -> None:
