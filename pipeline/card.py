@@ -9,13 +9,13 @@ a split rebuilds the same card and the same PNG bytes, and the release's checksu
 from __future__ import annotations
 
 import io
-import json
 from pathlib import Path
 
 import matplotlib
 import matplotlib.style
 import numpy as np
 import polars as pl
+import yaml
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
@@ -27,6 +27,8 @@ from pipeline.storage import atomic_write_bytes
 
 TOP_COUNTRIES = 20
 LONG_ANSWER = 10
+# A line width PyYAML never reaches: the front matter's strings stay on one line each.
+UNWRAPPED = 2**31 - 1
 
 # MIRAI's grouping of the 20 root codes (mirai_quad_class), not GDELT's QuadClass: the two differ
 # on 05, 09, 15 and 16, and MIRAI's quad-level metrics use this one.
@@ -320,25 +322,6 @@ def _size_category(rows: int) -> str:
     return next((label for bound, label in bounds if rows < bound), "1M<n<10M")
 
 
-def _yaml(value, indent: int = 0) -> list[str]:
-    """Block YAML for dicts, lists and scalars. Scalars are written as JSON, which is valid YAML
-    and quotes anything YAML would otherwise reinterpret ("n<1K", "yes", "2024-01")."""
-    pad = "  " * indent
-    lines = []
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if isinstance(item, (dict, list)):
-                lines += [f"{pad}{key}:", *_yaml(item, indent + 1)]
-            else:
-                lines.append(f"{pad}{key}: {json.dumps(item)}")
-    else:
-        for item in value:
-            nested = _yaml(item, indent + 1) if isinstance(item, (dict, list)) else [f"{pad}  {json.dumps(item)}"]
-            lines.append(f"{pad}- {nested[0].lstrip()}")
-            lines += nested[1:]
-    return lines
-
-
 def _generated(manifest: dict) -> str | None:
     """The description of the generated data the split was built from, or None for GDELT's feed."""
     source = manifest.get("source")
@@ -382,7 +365,12 @@ def _front_matter(manifest: dict, queries: pl.DataFrame) -> str:
             *(["synthetic"] if generated else []),
         ],
     }
-    return "---\n" + "\n".join(_yaml(meta)) + "\n---"
+    # Block style in insertion order, as huggingface_hub's CardData.to_yaml writes it
+    # (src/huggingface_hub/repocard_data.py);
+    # unwrapped so that the first line names the split whole. safe_dump quotes every string YAML
+    # would read as something else ("yes", "2024-01").
+    block = yaml.safe_dump(meta, sort_keys=False, allow_unicode=True, default_flow_style=False, width=UNWRAPPED)
+    return "---\n" + block + "---"
 
 
 def _override_note(manifest: dict) -> str:

@@ -23,11 +23,11 @@ import os
 import stat
 import sys
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
+
+from tqdm import tqdm
 
 from pipeline.release import CHUNK, ReleaseStore, sha256_hex
 from pipeline.release_layout import (
@@ -72,47 +72,26 @@ class DownloadResult:
 
 
 class ProgressBar:
-    """A one-line stderr bar (bytes, percent, rate, current file); silent when not a terminal.
-    Callable with a byte count, as boto3's transfer callbacks are (from several threads)."""
+    """tqdm's byte bar on stderr (bytes, percent, rate, current file); silent when stderr is not a
+    terminal. Callable with a byte count, as boto3's transfer callbacks are, from several threads
+    (tqdm does not document update() as thread-safe: the lock keeps the count exact)."""
 
-    def __init__(self, total: int, stream: TextIO | None = None, enabled: bool | None = None):
-        self.stream = stream or sys.stderr
-        self.enabled = self.stream.isatty() if enabled is None else enabled
-        self.total = max(total, 1)
-        self.done = 0
-        self.label = ""
-        self.started = time.monotonic()
-        self._drawn = 0.0
+    def __init__(self, total: int, enabled: bool | None = None):
+        self.bar = tqdm(total=max(total, 1), unit="B", unit_scale=True, unit_divisor=1024, mininterval=0.1,
+                        dynamic_ncols=True, file=sys.stderr, disable=None if enabled is None else not enabled)
+        self.enabled = not self.bar.disable
         self._lock = threading.Lock()
 
     def file(self, label: str) -> None:
-        self.label = label
-        self._draw(force=True)
+        if self.enabled:
+            self.bar.set_postfix_str(label[-40:])
 
     def __call__(self, nbytes: int) -> None:
         with self._lock:
-            self.done += nbytes
-            self._draw()
+            self.bar.update(nbytes)
 
     def close(self) -> None:
-        if self.enabled:
-            self._draw(force=True)
-            self.stream.write("\n")
-            self.stream.flush()
-
-    def _draw(self, force: bool = False) -> None:
-        now = time.monotonic()
-        if not self.enabled or (not force and now - self._drawn < 0.1):
-            return
-        self._drawn = now
-        fraction = min(self.done / self.total, 1.0)
-        filled = int(fraction * 30)
-        rate = self.done / max(now - self.started, 1e-6) / 2**20
-        self.stream.write(
-            f"\r[{'#' * filled}{' ' * (30 - filled)}] {fraction:6.1%} {self.done / 2**20:9.1f}/{self.total / 2**20:.1f} MiB "
-            f"{rate:7.1f} MiB/s  {self.label[-40:]:<40}"
-        )
-        self.stream.flush()
+        self.bar.close()
 
 
 def resolve_release(store: ReleaseStore, which: str) -> tuple[str, bytes, dict]:

@@ -1,10 +1,9 @@
-"""HTTP plumbing shared by every downloader: one pooled session, and a retry loop that knows
-which failures are worth retrying (timeouts, resets, 429, 5xx) and honours Retry-After."""
+"""HTTP plumbing shared by every downloader: one pooled session, and retries (tenacity) that know
+which failures are worth retrying (timeouts, resets, 429, 5xx) and honour Retry-After."""
 
 from __future__ import annotations
 
 import email.utils
-import random
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -12,6 +11,15 @@ from typing import Callable, TypeVar
 
 import requests
 from requests.adapters import HTTPAdapter
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception_type,
+    stop_after_attempt,
+    stop_before_delay,
+    wait_exponential,
+    wait_random_exponential,
+)
 
 from pipeline.config import Settings
 
@@ -80,6 +88,22 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}"[:300]
 
 
+def backoff_wait(base_s: float, max_s: float) -> Callable[[RetryCallState], float]:
+    """tenacity's wait for attempt n: exponential backoff with equal jitter, uniform(b/2, b) with
+    b = min(max_s, base_s * 2**(n-1)): half the growth for sure, half random, so the retries of
+    many files spread out. A failure carrying ``retry_after_s`` (the server's Retry-After) waits
+    that long instead, but never longer than our own ``max_s``."""
+    jittered = wait_exponential(multiplier=base_s / 2, max=max_s / 2) + wait_random_exponential(
+        multiplier=base_s / 2, max=max_s / 2
+    )
+
+    def wait(state: RetryCallState) -> float:
+        retry_after = getattr(state.outcome.exception(), "retry_after_s", None)
+        return min(max_s, retry_after) if retry_after is not None else jittered(state)
+
+    return wait
+
+
 def with_retries(
     operation: Callable[[], T],
     *,
@@ -88,34 +112,37 @@ def with_retries(
     backoff_max_s: float,
     log: RetryLog | None = None,
     retry_on: tuple[type[BaseException], ...] = (),
+    within_s: float | None = None,
     sleep: Callable[[float], None] = time.sleep,
 ) -> T:
-    """Run ``operation`` up to ``attempts`` times with exponential backoff and full jitter.
+    """Run ``operation`` up to ``attempts`` times (tenacity), waiting ``backoff_wait`` between.
 
-    Only transient failures (plus the caller's ``retry_on``) are retried; the last is re-raised. ``log`` records every attempt
-    so the ledger can show how hard a file was to get.
+    Only transient failures (plus the caller's ``retry_on``) are retried; the last is re-raised,
+    as is the last failure when the next wait would end past ``within_s`` seconds from now (a
+    deadline). ``log`` records every attempt so the ledger can show how hard a file was to get.
     """
     log = log if log is not None else RetryLog()
-    for attempt in range(1, attempts + 1):
+
+    def count(state: RetryCallState) -> None:
         log.attempts += 1
-        try:
-            return operation()
-        except TransientHTTPError as exc:
-            log.errors.append(str(exc))
+
+    def record(state: RetryCallState) -> None:
+        exc = state.outcome.exception()
+        if isinstance(exc, TransientHTTPError):
             log.last_status = exc.status
-            if attempt == attempts:
-                raise
-            delay = exc.retry_after_s
-        except (*RETRYABLE_EXCEPTIONS, *retry_on) as exc:
-            log.errors.append(describe(exc))
-            if attempt == attempts:
-                raise
-            delay = None
-        backoff = min(backoff_max_s, backoff_base_s * 2 ** (attempt - 1))
-        # Honour the server's Retry-After, but never wait longer than our own cap.
-        wait = min(backoff_max_s, delay) if delay is not None else random.uniform(backoff / 2, backoff)
-        sleep(wait)
-    raise AssertionError("unreachable")
+        log.errors.append(str(exc) if isinstance(exc, TransientHTTPError) else describe(exc))
+
+    stop = stop_after_attempt(attempts)
+    retrying = Retrying(
+        stop=stop if within_s is None else stop | stop_before_delay(within_s),
+        wait=backoff_wait(backoff_base_s, backoff_max_s),
+        retry=retry_if_exception_type((TransientHTTPError, *RETRYABLE_EXCEPTIONS, *retry_on)),
+        before=count,
+        after=record,
+        sleep=sleep,
+        reraise=True,
+    )
+    return retrying(operation)
 
 
 def utc_now() -> datetime:

@@ -11,6 +11,7 @@ import matplotlib.image
 import numpy as np
 import polars as pl
 import pytest
+import yaml
 
 from pipeline import card
 from pipeline.card import dataset_card, render_figures
@@ -103,7 +104,6 @@ def manifest() -> dict:
 
 
 def front_matter(text: str) -> dict:
-    yaml = pytest.importorskip("yaml")
     assert text.startswith("---\n")
     block, _, _ = text[4:].partition("\n---\n")
     return yaml.safe_load(block)
@@ -195,6 +195,17 @@ def test_card_front_matter(manifest, queries, tmp_path):
     paths = [f["path"] for config in meta["configs"] for f in config["data_files"]]
     assert paths == ["queries.parquet", "queries_sample.parquet"]
     assert "gdelt" in meta["tags"]
+
+
+def test_front_matter_keeps_a_generated_description_that_looks_like_yaml(queries):
+    """A description is free text: YAML syntax in it (": ", "#", quotes, "yes", a date, non-ASCII)
+    stays a string, and the first line still names the whole split however long it is."""
+    tricky = "yes: it's # not a comment, 2024-01 \"quoted\" — Zürich " + "long " * 30
+    manifest = {"month": "2024-01", "source": {"generated": True, "description": tricky}}
+    text = dataset_card(manifest, queries, queries.head(2), {})
+    assert front_matter(text)["pretty_name"] == f"MIRAI test split 2024-01 (GENERATED data, not GDELT: {tricky})"
+    assert "GENERATED data, not GDELT" in text.splitlines()[1] and "Zürich" in text.splitlines()[1]
+    assert front_matter(text)["tags"][-1] == "synthetic"
 
 
 def test_card_sections_and_manifest_values(manifest, queries, tmp_path):

@@ -14,7 +14,7 @@ import pytest
 import requests
 
 from pipeline.config import Settings, env_names
-from pipeline.http import TransientHTTPError, parse_retry_after, with_retries
+from pipeline.http import RetryLog, TransientHTTPError, parse_retry_after, with_retries
 from pipeline.storage import (
     WRITE_PIECE,
     LockTimeout,
@@ -151,3 +151,23 @@ def test_retry_loop_backs_off_honours_retry_after_and_gives_up():
 
     with pytest.raises(KeyError):
         with_retries(bug, attempts=3, backoff_base_s=1, backoff_max_s=10, sleep=sleeps.append)
+
+
+def test_retries_record_every_attempt_and_stop_before_a_wait_past_the_deadline():
+    """The ledger's attempt count and errors; a wait that would end past ``within_s`` is not
+    taken: the last failure is raised at once (the article fetcher's per-URL deadline)."""
+    sleeps: list[float] = []
+
+    def down():
+        raise TransientHTTPError(503, "u", retry_after_s=5.0)
+
+    log = RetryLog()
+    with pytest.raises(TransientHTTPError):
+        with_retries(down, attempts=4, backoff_base_s=1, backoff_max_s=10, log=log, within_s=60, sleep=sleeps.append)
+    assert sleeps == [5.0, 5.0, 5.0] and log.attempts == 4 and log.last_status == 503
+    assert log.errors == ["HTTP 503 for u"] * 4
+    sleeps.clear()
+    log = RetryLog()
+    with pytest.raises(TransientHTTPError):
+        with_retries(down, attempts=4, backoff_base_s=1, backoff_max_s=10, log=log, within_s=4, sleep=sleeps.append)
+    assert sleeps == [] and log.attempts == 1 and log.errors == ["HTTP 503 for u"]

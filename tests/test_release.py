@@ -637,3 +637,28 @@ def test_a_durable_download_fsyncs_every_file_and_directory_before_the_manifest(
     assert synced == []
     result = download_release(LocalStore(bucket), "2024-02", tmp_path / "dl", workers=3, durable=True)
     assert (target / "manifest.json").exists() and len(result.downloaded) == sum(p.is_file() for p in synced) > 0
+
+
+def test_the_progress_bar_counts_every_byte_from_many_threads_and_is_silent_off_a_terminal(capsys):
+    """boto3 calls the bar from its transfer threads and every byte counts; on a terminal it draws
+    bytes, percent and the current file; under capture (stderr not a TTY) the default draws nothing."""
+    from pipeline.download import ProgressBar
+
+    bar = ProgressBar(8 * 2000 * 1024, enabled=True)
+    bar.file("releases/2024-02/queries.parquet")
+    threads = [threading.Thread(target=lambda: [bar(1024) for _ in range(2000)]) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    bar(-1024)  # a resumed file that starts over takes its bytes back
+    bar(1024)
+    bar.close()
+    drawn = capsys.readouterr().err
+    assert bar.bar.n == 8 * 2000 * 1024
+    assert "100%" in drawn and "queries.parquet" in drawn and "15.6M/15.6M" in drawn
+    silent = ProgressBar(1024)
+    silent.file("x")
+    silent(1024)
+    silent.close()
+    assert not silent.enabled and capsys.readouterr().err == ""

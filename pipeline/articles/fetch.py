@@ -20,7 +20,7 @@ Every URL is bounded in time and size, whatever the server does:
   most one chunk beyond it in memory; a Content-Length over the cap is refused before reading;
 - only text/html and application/xhtml+xml are read; with no Content-Type the first bytes are
   sniffed (WHATWG-style HTML signatures);
-- timeouts, resets, 429 and 5xx are retried through ``pipeline.http.with_retries`` (Retry-After
+- timeouts, resets, 429 and 5xx are retried through ``pipeline.http.with_retries`` (tenacity; Retry-After
   honoured up to ``MIRAI_FETCH_BACKOFF_MAX_S``; a longer one ends the URL for this run and sets its
   earliest retry in the ledger).
 
@@ -279,57 +279,47 @@ def fetch_article(session: requests.Session, url: str, settings: Settings,
     outcome = FetchOutcome(url=url, url_md5=url_md5(url), status="error")
     log = RetryLog()
     hop = _Hop(url)
-    last: dict[str, BaseException] = {}
 
     def attempt() -> tuple[requests.Response, bytes, str | None]:
-        try:
-            response = _get_following_redirects(session, url, settings, deadline, hop, robots)
-            with response:
-                code = response.status_code
-                log.last_status = code
-                if code in RETRYABLE_STATUS:
-                    retry_after = parse_retry_after(response.headers.get("Retry-After"))
-                    if retry_after is not None and retry_after > settings.fetch_backoff_max_s:
-                        raise FetchFailure("http_error", f"HTTP {code}, Retry-After {retry_after:.0f}s",
-                                           http_status=code, retryable=True, retry_after_s=retry_after)
-                    raise TransientHTTPError(code, hop.url, retry_after)
-                if code != 200:
-                    raise FetchFailure("http_error", f"HTTP {code}", http_status=code, retryable=code >= 500)
-                content_type = response.headers.get("Content-Type", "").strip() or None
-                media = content_type.split(";", 1)[0].strip().lower() if content_type else None
-                if media is not None and media not in HTML_TYPES:
-                    raise FetchFailure("not_html", f"content type {content_type!r}", http_status=code)
-                encodings = {e.strip().lower() for e in response.headers.get("Content-Encoding", "").split(",")}
-                if not encodings <= DECODABLE_ENCODINGS:
-                    encoding = response.headers["Content-Encoding"]
-                    raise FetchFailure("decode_error", f"unsupported Content-Encoding {encoding!r}",
-                                       http_status=code, error_class="UnsupportedContentEncoding")
-                length = response.headers.get("Content-Length", "")
-                if length.isdigit() and int(length) > settings.fetch_max_bytes:
-                    raise FetchFailure("too_large", f"Content-Length {length} > {settings.fetch_max_bytes}",
+        response = _get_following_redirects(session, url, settings, deadline, hop, robots)
+        with response:
+            code = response.status_code
+            log.last_status = code
+            if code in RETRYABLE_STATUS:
+                retry_after = parse_retry_after(response.headers.get("Retry-After"))
+                # By hand, not a tenacity wait: a longer wait ends the URL's run and defers it in the ledger.
+                if retry_after is not None and retry_after > settings.fetch_backoff_max_s:
+                    raise FetchFailure("http_error", f"HTTP {code}, Retry-After {retry_after:.0f}s",
+                                       http_status=code, retryable=True, retry_after_s=retry_after)
+                raise TransientHTTPError(code, hop.url, retry_after)
+            if code != 200:
+                raise FetchFailure("http_error", f"HTTP {code}", http_status=code, retryable=code >= 500)
+            content_type = response.headers.get("Content-Type", "").strip() or None
+            media = content_type.split(";", 1)[0].strip().lower() if content_type else None
+            if media is not None and media not in HTML_TYPES:
+                raise FetchFailure("not_html", f"content type {content_type!r}", http_status=code)
+            encodings = {e.strip().lower() for e in response.headers.get("Content-Encoding", "").split(",")}
+            if not encodings <= DECODABLE_ENCODINGS:
+                encoding = response.headers["Content-Encoding"]
+                raise FetchFailure("decode_error", f"unsupported Content-Encoding {encoding!r}",
+                                   http_status=code, error_class="UnsupportedContentEncoding")
+            length = response.headers.get("Content-Length", "")
+            if length.isdigit() and int(length) > settings.fetch_max_bytes:
+                raise FetchFailure("too_large", f"Content-Length {length} > {settings.fetch_max_bytes}",
+                                   http_status=code)
+
+            def sniff(head: bytes) -> None:
+                if media is None and not looks_like_html(head):
+                    raise FetchFailure("not_html", "no content type, and the body does not look like HTML",
                                        http_status=code)
 
-                def sniff(head: bytes) -> None:
-                    if media is None and not looks_like_html(head):
-                        raise FetchFailure("not_html", "no content type, and the body does not look like HTML",
-                                           http_status=code)
-
-                try:
-                    body = read_capped(response, settings.fetch_max_bytes, deadline, on_head=sniff)
-                except BodyTooLarge as exc:
-                    raise FetchFailure("too_large", str(exc), http_status=code) from exc
-                if not body:
-                    raise FetchFailure("empty", "empty body", http_status=code)
-                return response, body, content_type
-        except BaseException as exc:
-            last["exc"] = exc
-            raise
-
-    def sleep(seconds: float) -> None:
-        # Out of time for another attempt: report the failure we have now instead of waiting.
-        if time.monotonic() + seconds >= deadline:
-            raise last["exc"]
-        time.sleep(seconds)
+            try:
+                body = read_capped(response, settings.fetch_max_bytes, deadline, on_head=sniff)
+            except BodyTooLarge as exc:
+                raise FetchFailure("too_large", str(exc), http_status=code) from exc
+            if not body:
+                raise FetchFailure("empty", "empty body", http_status=code)
+            return response, body, content_type
 
     body: bytes | None = None
     try:
@@ -340,7 +330,7 @@ def fetch_article(session: requests.Session, url: str, settings: Settings,
             backoff_base_s=settings.fetch_backoff_base_s,
             backoff_max_s=settings.fetch_backoff_max_s,
             log=log,
-            sleep=sleep,
+            within_s=deadline - time.monotonic(),  # out of time for another attempt: report this one
         )
         outcome.status, outcome.http_status = "fetched", response.status_code
         outcome.content_type, outcome.bytes = content_type, len(body)

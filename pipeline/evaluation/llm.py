@@ -9,7 +9,6 @@ time, and never appears in a log line, an exception or a stored record.
 from __future__ import annotations
 
 import os
-import random
 import threading
 import time
 from dataclasses import dataclass
@@ -17,8 +16,10 @@ from pathlib import Path
 from typing import Protocol
 
 import requests
+from tenacity import Retrying, retry_if_exception, stop_after_attempt
 
 from pipeline.evaluation.registry import Agent
+from pipeline.http import backoff_wait
 
 DEFAULT_MAX_TOKENS = 1024
 DEFAULT_N_CTX = 8192  # SmolLM2 and Llama-3.1-class models all handle 8k; capped by the model's own
@@ -30,6 +31,16 @@ UNAVAILABLE_STATUSES = frozenset({401, 403, 404})  # bad key, no access, unknown
 class LLMError(RuntimeError):
     """The model could not produce this reply (after retries); the message never holds the key.
     The episode ends in state "error" and the evaluation goes on."""
+
+
+class _Failure(Exception):
+    """One failed call: retried (tenacity) when ``retryable``, waiting ``retry_after_s`` if the
+    server said so; the message never holds the key."""
+
+    def __init__(self, problem: str, *, retryable: bool, retry_after_s: float | None = None):
+        super().__init__(problem)
+        self.retryable = retryable
+        self.retry_after_s = retry_after_s
 
 
 class ModelUnavailable(RuntimeError):
@@ -62,8 +73,9 @@ class HttpSettings:
 
 class OpenAIChatClient:
     """``POST {base_url}/chat/completions`` of any OpenAI-compatible server (OpenAI, vLLM,
-    llama.cpp's server, Ollama, ...). Retries connection errors, timeouts, 429 and 5xx with
-    exponential backoff and jitter, honouring Retry-After up to ``backoff_max_s``."""
+    llama.cpp's server, Ollama, ...). Retries connection errors, timeouts, 408/409/425/429 and 5xx
+    (tenacity) with exponential backoff and jitter, honouring a Retry-After in seconds up to
+    ``backoff_max_s`` (``pipeline.http.backoff_wait``)."""
 
     def __init__(self, base_url: str, model: str, api_key_env: str | None, *, seed: int = DEFAULT_SEED,
                  http: HttpSettings = HttpSettings(), session: requests.Session | None = None):
@@ -82,35 +94,39 @@ class OpenAIChatClient:
             raise ModelUnavailable(f"environment variable {self.api_key_env} (the endpoint's api_key_env) is not set")
         return {"Authorization": f"Bearer {key}"}
 
-    def _wait(self, attempt: int, response: requests.Response | None) -> float:
-        retry_after = response.headers.get("Retry-After") if response is not None else None
-        if retry_after and retry_after.strip().isdigit():
-            return min(float(retry_after), self.http.backoff_max_s)
-        return min(self.http.backoff_max_s, self.http.backoff_base_s * 2**attempt) * random.uniform(0.5, 1.0)
-
     def chat(self, messages, *, temperature, max_tokens, stop) -> Reply:
         payload = {"model": self.model, "messages": messages, "temperature": temperature,
                    "max_tokens": max_tokens, "stop": stop or None, "seed": self.seed}
         started = time.perf_counter()
-        problem = "no attempt made"
-        for attempt in range(self.http.attempts):
-            response = None
+        attempts = 0
+
+        def attempt() -> Reply:
+            nonlocal attempts
+            attempts += 1
             try:
                 response = self.session.post(self.url, json=payload, headers=self._headers(),
                                              timeout=(self.http.connect_timeout_s, self.http.read_timeout_s))
             except (requests.ConnectionError, requests.Timeout) as exc:
-                problem = f"{type(exc).__name__}"
-            else:
-                if response.status_code == 200:
-                    return self._reply(response, started)
-                problem = f"HTTP {response.status_code}: {response.text[:300]}"
-                if response.status_code in UNAVAILABLE_STATUSES:
-                    raise ModelUnavailable(f"{self.model} at {self.url}: {problem}")
-                if response.status_code not in RETRY_STATUSES:
-                    break
-            if attempt + 1 < self.http.attempts:
-                time.sleep(self._wait(attempt, response))
-        raise LLMError(f"{self.model} at {self.url}: {problem} (after {attempt + 1} attempt(s))")
+                raise _Failure(type(exc).__name__, retryable=True) from exc
+            if response.status_code == 200:
+                return self._reply(response, started)
+            problem = f"HTTP {response.status_code}: {response.text[:300]}"
+            if response.status_code in UNAVAILABLE_STATUSES:
+                raise ModelUnavailable(f"{self.model} at {self.url}: {problem}")
+            retry_after = response.headers.get("Retry-After", "").strip()
+            raise _Failure(problem, retryable=response.status_code in RETRY_STATUSES,
+                           retry_after_s=float(retry_after) if retry_after.isdigit() else None)
+
+        retrying = Retrying(
+            stop=stop_after_attempt(max(1, self.http.attempts)),
+            wait=backoff_wait(self.http.backoff_base_s, self.http.backoff_max_s),
+            retry=retry_if_exception(lambda exc: isinstance(exc, _Failure) and exc.retryable),
+            reraise=True,
+        )
+        try:
+            return retrying(attempt)
+        except _Failure as exc:
+            raise LLMError(f"{self.model} at {self.url}: {exc} (after {attempts} attempt(s))") from None
 
     def _reply(self, response: requests.Response, started: float) -> Reply:
         try:
