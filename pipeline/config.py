@@ -129,8 +129,7 @@ class Settings:
             if env is None:
                 loaded = _EnvSettings()
             else:
-                # model_validate reads only the mapping given, never os.environ.
-                loaded = _EnvSettings.model_validate({k: v for k, v in env.items() if v != ""})
+                loaded = _MappingSettings(**{k: v for k, v in env.items() if v != ""})
         except ValidationError as exc:
             error = exc.errors()[0]
             name = error["loc"][0]
@@ -275,3 +274,13 @@ _EnvSettings = create_model(
         for f in fields(Settings)
     },
 )
+
+
+class _MappingSettings(_EnvSettings):
+    """The same fields read from a given mapping only (``from_env(env=...)``: tests, the CLI's
+    subprocess environments), never from os.environ."""
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings,
+                                   file_secret_settings):
+        return (init_settings,)
