@@ -13,7 +13,7 @@ import dagster as dg
 import polars as pl
 import pytest
 
-from assets.resources import resources_for
+from assets.resources import resources_for, resources_from_env
 from pipeline.alerts import Alert, newest_landed_slot, send_alert
 from pipeline.config import Settings
 from pipeline.gdelt.ledger import LEDGER_SCHEMA, write_ledger
@@ -123,9 +123,9 @@ def doomed():
 def _tick(sensor, instance, webhook, cursor=None, **settings):
     """One tick of the sensor, with every resource as definitions.py binds them and the alert
     settings pointing at the webhook receiver."""
-    mirai = resources_for(alert_webhook_url=webhook.url, alert_attempts=2, alert_timeout_s=5, **settings)
-    context = dg.build_sensor_context(instance=instance, cursor=cursor, resources=mirai,
-                                      definitions=dg.Definitions(jobs=[doomed], sensors=[sensor], resources=mirai))
+    resources = resources_for(alert_webhook_url=webhook.url, alert_attempts=2, alert_timeout_s=5, **settings)
+    context = dg.build_sensor_context(instance=instance, cursor=cursor, resources=resources,
+                                      definitions=dg.Definitions(jobs=[doomed], sensors=[sensor], resources=resources))
     return sensor.evaluate_tick(context)
 
 
@@ -213,3 +213,19 @@ def test_before_anything_landed_there_is_no_breach(webhook, tmp_path):
     with dg.instance_for_test() as instance:
         tick = _tick(gdelt_freshness, instance, webhook, data_dir=str(tmp_path))
     assert webhook.requests == 0 and tick.skip_message == "no GDELT slot has landed yet"
+
+
+def test_the_deployments_webhook_url_is_an_env_var_the_sensor_resolves(receiver, tmp_path, monkeypatch):
+    """The secret's interface is its variable: the code location binds it as an EnvVar (shown by
+    name in the UI), and the tick resolves it to post the alert."""
+    monkeypatch.setenv("MIRAI_ALERT_WEBHOOK_URL", receiver.url)
+    alerts = resources_from_env()["alerts"]
+    assert isinstance(alerts.webhook_url, dg.EnvVar)
+    resources = {**resources_for(data_dir=str(tmp_path)), "alerts": alerts}
+    stale = _quarter(datetime.now(timezone.utc) - timedelta(hours=3))
+    _write_slots(tmp_path, stale.date(), [stale])
+    with dg.instance_for_test() as instance:
+        context = dg.build_sensor_context(instance=instance, resources=resources,
+                                          definitions=dg.Definitions(sensors=[gdelt_freshness], resources=resources))
+        gdelt_freshness.evaluate_tick(context)
+    assert [b["kind"] for b in receiver.bodies] == ["freshness_breach"]
