@@ -4,11 +4,11 @@ import dagster as dg
 
 from assets.articles import articles, fetch_ledger
 from assets.database import event_database
-from assets.evaluations import LlmRuntime, evaluation, leaderboard
+from assets.evaluations import evaluation, leaderboard
 from assets.events import daily_quads, events
 from assets.ingest import gdelt_events, gdelt_files, gdelt_mentions
 from assets.release import release
-from assets.resources import MiraiSettings
+from assets.resources import resources_from_env
 from assets.splits import test_split
 from quality.event_checks import articles_valid, daily_quads_valid, events_history_current, events_valid, gdelt_events_valid
 from quality.ingest_checks import gdelt_events_intact, gdelt_files_all_green, gdelt_mentions_intact
@@ -24,5 +24,7 @@ defs = dg.Definitions(
     jobs=[gdelt_ingest_job, articles_job, monthly_release_job, evaluation_job, leaderboard_job],
     schedules=[gdelt_every_15_minutes, articles_hourly, monthly_release_daily],
     sensors=[alert_on_run_failure, gdelt_freshness, evaluation_sensor],
-    resources={"mirai": MiraiSettings(), "llm": LlmRuntime()},
+    # Built from the environment when the code location loads (README.md's variables); the
+    # launchpad overrides any field per run (docs/deploy.md, "Resources").
+    resources=resources_from_env(),
 )

@@ -6,7 +6,7 @@ import dagster as dg
 
 from assets.events import daily_quads
 from assets.partitions import daily_partitions
-from assets.resources import MiraiSettings
+from assets.resources import ArticleFetcher, Dataset, pipeline_settings
 from pipeline.articles.day import ARTICLES_VERSION, build_articles
 from pipeline.articles.ledger import read_ledger, summarize
 from pipeline.storage import DataLayout
@@ -33,8 +33,8 @@ fetch_ledger = dg.AssetSpec(
     description="The day's selected articles (quads with daily_mentions ≥ MIRAI_ARTICLE_MIN_MENTIONS): "
     "title, filtered text, abstract, language, and the OBELICS decision with its first failing filter.",
 )
-def articles(context: dg.AssetExecutionContext, mirai: MiraiSettings) -> dg.MaterializeResult:
-    settings = mirai.settings()
+def articles(context: dg.AssetExecutionContext, dataset: Dataset, fetcher: ArticleFetcher) -> dg.MaterializeResult:
+    settings = pipeline_settings(dataset, fetcher)
     result = build_articles(date.fromisoformat(context.partition_key), settings)
     ledger_counts = summarize(read_ledger(DataLayout(settings.data_dir)))
     context.log_event(

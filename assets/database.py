@@ -7,7 +7,7 @@ import dagster as dg
 from assets.articles import articles
 from assets.events import daily_quads
 from assets.partitions import monthly_partitions
-from assets.resources import MiraiSettings
+from assets.resources import ArticleFetcher, Dataset, pipeline_settings
 from pipeline.database import DATABASE_VERSION, MonthNotReady, build_event_database
 
 
@@ -21,10 +21,10 @@ from pipeline.database import DATABASE_VERSION, MonthNotReady, build_event_datab
     description="database/{events,news}/month=YYYY-MM.parquet: quads with daily_mentions ≥ "
     "MIRAI_ARTICLE_MIN_MENTIONS that kept at least one filtered article, and those articles.",
 )
-def event_database(context: dg.AssetExecutionContext, mirai: MiraiSettings) -> dg.MaterializeResult:
+def event_database(context: dg.AssetExecutionContext, dataset: Dataset, fetcher: ArticleFetcher) -> dg.MaterializeResult:
     month = date.fromisoformat(context.partition_key)
     try:
-        db = build_event_database(month, mirai.settings())
+        db = build_event_database(month, pipeline_settings(dataset, fetcher))
     except MonthNotReady as exc:
         raise dg.Failure(description=str(exc), allow_retries=False) from exc
     return dg.MaterializeResult(metadata={"dagster/row_count": db.events.height, **db.counts})

@@ -8,19 +8,12 @@ from pydantic import Field
 
 from assets.metadata import png_metadata
 from assets.partitions import monthly_partitions
-from assets.resources import MiraiSettings
+from assets.resources import Dataset, GdeltFeed, LlmRuntime, ReleaseBucket, pipeline_settings
 from assets.splits import test_split
 from pipeline.agent_api import EventDatabase
 from pipeline.database import MonthNotReady
 from pipeline.evaluation.board import markdown_table, summary, write_leaderboard
-from pipeline.evaluation.llm import (
-    DEFAULT_MAX_TOKENS,
-    DEFAULT_N_CTX,
-    DEFAULT_SEED,
-    ClientSettings,
-    ModelUnavailable,
-    client_for,
-)
+from pipeline.evaluation.llm import ModelUnavailable, client_for
 from pipeline.evaluation.registry import Agent, RegistryError, eligibility, load_agents
 from pipeline.evaluation.run import (
     EVALUATION_VERSION,
@@ -50,19 +43,6 @@ class EvaluationConfig(dg.Config):
         default=False,
         description="run an agent that is not eligible for the month anyway: stored as contaminated, never ranked",
     )
-
-
-class LlmRuntime(dg.ConfigurableResource):
-    """How LLM agents are run, beyond their registry entry; recorded in every run's scores.json."""
-
-    max_tokens: int = DEFAULT_MAX_TOKENS  # per model reply
-    n_ctx: int = DEFAULT_N_CTX  # context of a local GGUF model (capped at its training context)
-    n_threads: int = 0  # CPU threads of a local model; 0 = llama.cpp's choice
-    seed: int = DEFAULT_SEED
-
-    def client_settings(self) -> ClientSettings:
-        return ClientSettings(max_tokens=self.max_tokens, n_ctx=self.n_ctx, n_threads=self.n_threads or None,
-                              seed=self.seed)
 
 
 def _agent(agents_file: Path, name: str) -> Agent:
@@ -116,12 +96,12 @@ def _run(agent: Agent, split_file: Path, data_dir: Path, config: EvaluationConfi
     "LLM agents, trajectories.jsonl, for each of the agent's distances; or refusal.json when the agent's "
     "knowledge cutoff is not before the month (docs/evaluation.md).",
 )
-def evaluation(context: dg.AssetExecutionContext, config: EvaluationConfig, mirai: MiraiSettings,
+def evaluation(context: dg.AssetExecutionContext, config: EvaluationConfig, dataset: Dataset,
                llm: LlmRuntime) -> dg.MaterializeResult:
     if config.query_set not in QUERY_SETS:
         raise dg.Failure(description=f"query_set must be one of {QUERY_SETS}, got {config.query_set!r}")
     keys = context.partition_key.keys_by_dimension
-    month, settings = date.fromisoformat(keys["month"]), mirai.settings()
+    month, settings = date.fromisoformat(keys["month"]), pipeline_settings(dataset)
     agent = _agent(settings.agents_file, keys["agent"])
     eligible, reason = eligibility(agent, month)
     if not eligible and not config.force:
@@ -137,7 +117,7 @@ def evaluation(context: dg.AssetExecutionContext, config: EvaluationConfig, mira
                          allow_retries=False)
     clear_refusal(settings.data_dir, month, agent.name, config.query_set)
     try:
-        records = _run(agent, split_file, settings.data_dir, config, llm, context, settings.sandbox_allow_unconfined)
+        records = _run(agent, split_file, settings.data_dir, config, llm, context, llm.sandbox_allow_unconfined)
     except (MonthNotReady, ModelUnavailable) as exc:
         raise dg.Failure(description=str(exc), allow_retries=False) from exc
     metadata = {
@@ -164,13 +144,14 @@ def evaluation(context: dg.AssetExecutionContext, config: EvaluationConfig, mira
     code_version=EVALUATION_VERSION,
     description=f"evaluations/leaderboard.parquet (every stored run; {RANK_RULE}) and evaluations/leaderboard.png.",
 )
-def leaderboard(mirai: MiraiSettings) -> dg.MaterializeResult:
-    data_dir = mirai.settings().data_dir
+def leaderboard(dataset: Dataset, gdelt: GdeltFeed, release_store: ReleaseBucket) -> dg.MaterializeResult:
+    settings = pipeline_settings(dataset, gdelt, release_store)
+    data_dir = settings.data_dir
     board, board_path, chart_path = write_leaderboard(data_dir)
     refused = refusals(data_dir)
     # Published beside the releases (issue 7: the leaderboard goes out with the releases), once
     # there is at least one release to sit beside.
-    store = open_store(mirai.settings())
+    store = open_store(settings)
     published = publish_leaderboard(store, board_path, chart_path) if store.release_months() else []
     return dg.MaterializeResult(metadata={
         "dagster/row_count": board.height,

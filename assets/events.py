@@ -6,7 +6,7 @@ import dagster as dg
 
 from assets.ingest import gdelt_events, gdelt_mentions
 from assets.partitions import daily_partitions
-from assets.resources import MiraiSettings
+from assets.resources import Dataset, pipeline_settings
 from pipeline.events import build_daily_quads, build_events
 from pipeline.gdelt.ledger import to_markdown
 from pipeline.normalize import RULES_VERSION
@@ -34,9 +34,9 @@ from pipeline.normalize import RULES_VERSION
     ],
     partitions_def=daily_partitions,
 )
-def events(context: dg.AssetExecutionContext, mirai: MiraiSettings):
+def events(context: dg.AssetExecutionContext, dataset: Dataset):
     day = date.fromisoformat(context.partition_key)
-    result = build_events(day, mirai.settings())
+    result = build_events(day, pipeline_settings(dataset))
     n = result.normalized
     yield dg.MaterializeResult(
         asset_key="events",
@@ -66,8 +66,8 @@ def events(context: dg.AssetExecutionContext, mirai: MiraiSettings):
     description="One row per (date, s, r, o): daily mentions, event count, article URLs and the "
     "number of distinct first-day WEB mention URLs.",
 )
-def daily_quads(context: dg.AssetExecutionContext, mirai: MiraiSettings) -> dg.MaterializeResult:
-    quads = build_daily_quads(date.fromisoformat(context.partition_key), mirai.settings())
+def daily_quads(context: dg.AssetExecutionContext, dataset: Dataset) -> dg.MaterializeResult:
+    quads = build_daily_quads(date.fromisoformat(context.partition_key), pipeline_settings(dataset))
     return dg.MaterializeResult(
         metadata={
             "dagster/row_count": quads.height,

@@ -8,6 +8,8 @@ import dagster as dg
 
 from pipeline.config import Settings
 
+# Read when the code location loads, by design: Dagster partitions are static, so the range cannot
+# be a resource field a run overrides (docs/deploy.md, "Resources"). Change the variables and reload.
 _settings = Settings.from_env()
 # MIRAI_END_DATE (inclusive) closes the range, as the demo does for its own days; Dagster's
 # end_date is exclusive.

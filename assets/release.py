@@ -6,7 +6,7 @@ from datetime import date
 import dagster as dg
 
 from assets.partitions import monthly_partitions
-from assets.resources import MiraiSettings
+from assets.resources import Dataset, GdeltFeed, ReleaseBucket, pipeline_settings
 from assets.splits import test_split
 from pipeline.release import (
     RELEASE_FORMAT,
@@ -29,9 +29,11 @@ from pipeline.release import (
     "manifest.json (written last) and the dataset card; then releases/index.json and latest.json. "
     "Immutable: a re-run verifies the published objects and changes nothing.",
 )
-def release(context: dg.AssetExecutionContext, mirai: MiraiSettings) -> dg.MaterializeResult:
+def release(context: dg.AssetExecutionContext, dataset: Dataset, gdelt: GdeltFeed,
+            release_store: ReleaseBucket) -> dg.MaterializeResult:
     month = date.fromisoformat(context.partition_key)
-    settings = mirai.settings()
+    # The store's HTTP timeouts are the GDELT feed's (one pair of connect/read timeouts).
+    settings = pipeline_settings(dataset, gdelt, release_store)
     try:
         store = open_store(settings)
         result = publish_release(month, settings, store, log=context.log.info)

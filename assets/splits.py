@@ -7,7 +7,7 @@ import dagster as dg
 from assets.database import event_database
 from assets.metadata import png_metadata
 from assets.partitions import monthly_partitions
-from assets.resources import MiraiSettings
+from assets.resources import ArticleFetcher, Dataset, GdeltFeed, pipeline_settings
 from pipeline.database import MonthNotReady
 from pipeline.http import utc_now
 from pipeline.splits import SPLIT_VERSION, Override, build_split
@@ -30,7 +30,9 @@ class SplitConfig(dg.Config):
     description="splits/YYYY-MM/: queries.parquet, queries_sample.parquet, manifest.json (sha256 of "
     "every file), README.md dataset card and its figures. Built only for a closed month.",
 )
-def test_split(context: dg.AssetExecutionContext, config: SplitConfig, mirai: MiraiSettings) -> dg.MaterializeResult:
+def test_split(context: dg.AssetExecutionContext, config: SplitConfig, dataset: Dataset, gdelt: GdeltFeed,
+               fetcher: ArticleFetcher) -> dg.MaterializeResult:
+    # The GDELT feed's URL is the split's recorded source; the fetcher's profile names its articles.
     month = date.fromisoformat(context.partition_key)
     now = utc_now()
     override = None
@@ -39,7 +41,7 @@ def test_split(context: dg.AssetExecutionContext, config: SplitConfig, mirai: Mi
             raise dg.Failure("an override needs both override_by and override_reason")
         override = Override(by=config.override_by, reason=config.override_reason, at=now)
     try:
-        split = build_split(month, mirai.settings(), now=now, override=override)
+        split = build_split(month, pipeline_settings(dataset, gdelt, fetcher), now=now, override=override)
     except MonthNotReady as exc:
         raise dg.Failure(description=str(exc), allow_retries=False) from exc
     manifest = split.manifest

@@ -1,15 +1,20 @@
 """One settings object, read from the environment (documented in README.md).
 
-Dagster resources wrap this; the CLI and tests build it directly. Nothing else reads os.environ.
+The Dagster resources (assets/resources.py) are built from it and build it back for pipeline/
+code; the CLI and tests build it directly. The environment is read through pydantic-settings
+(``_EnvSettings`` below); nothing else reads os.environ.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, fields, replace
 from datetime import date, timedelta
+from functools import partial
 from pathlib import Path
-from typing import Mapping
+from typing import Annotated, Mapping
+
+from pydantic import BeforeValidator, Field, ValidationError, create_model
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 # HTTPS keeps the index and files private and unaltered in transit; the index's md5 per file stays
 # the integrity check (pipeline/gdelt/download.py), so a mirror may still be plain HTTP.
@@ -118,18 +123,19 @@ class Settings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides) -> "Settings":
-        env = os.environ if env is None else env
-        values: dict[str, object] = {}
-        for f in fields(cls):
-            raw = env.get(_ENV_NAMES[f.name])
-            if raw is None or raw == "":
-                continue
-            try:
-                values[f.name] = _convert(f.type, raw)
-            except ValueError as exc:
-                raise ValueError(f"{_ENV_NAMES[f.name]}={raw!r}: {exc}") from exc
-        values.update(overrides)
-        return cls(**values)
+        """The settings the environment sets (``env``, default os.environ; an empty value counts
+        as unset), then ``overrides``. A bad value raises ValueError naming the variable."""
+        try:
+            if env is None:
+                loaded = _EnvSettings()
+            else:
+                loaded = _MappingSettings(**{k: v for k, v in env.items() if v != ""})
+        except ValidationError as exc:
+            error = exc.errors()[0]
+            name = error["loc"][0]
+            message = str(error.get("ctx", {}).get("error") or error["msg"])
+            raise ValueError(f"{name}={error['input']!r}: {message}") from None
+        return cls(**{**loaded.model_dump(exclude_unset=True), **overrides})
 
     def with_(self, **changes) -> "Settings":
         return replace(self, **changes)
@@ -226,8 +232,11 @@ def env_names() -> dict[str, str]:
     return dict(_ENV_NAMES)
 
 
-def _convert(type_name: str, raw: str) -> object:
-    # dataclass field types are strings under `from __future__ import annotations`
+def _parse(type_name: str, raw: object) -> object:
+    """The environment's spelling of each type (as README.md documents it); values that are not
+    strings (Dagster resources pass typed values) go to pydantic's own validation."""
+    if not isinstance(raw, str):
+        return raw
     if type_name == "Path":
         return Path(raw)
     if type_name in ("date", "date | None"):
@@ -244,3 +253,34 @@ def _convert(type_name: str, raw: str) -> object:
             return False
         raise ValueError("expected a boolean: 1/0, true/false, yes/no or on/off")
     return raw
+
+
+# Dataclass field types are strings under `from __future__ import annotations`.
+_TYPES = {"Path": Path, "date": date, "date | None": date | None, "int": int, "float": float, "bool": bool, "str": str}
+
+
+class _EnvBase(BaseSettings):
+    # Exact names (as the README lists them), an empty value is unset, other variables are ignored.
+    model_config = SettingsConfigDict(case_sensitive=True, env_ignore_empty=True, extra="ignore", frozen=True)
+
+
+# One field per Settings field, read from its variable in _ENV_NAMES.
+_EnvSettings = create_model(
+    "_EnvSettings",
+    __base__=_EnvBase,
+    **{
+        f.name: (Annotated[_TYPES[f.type], BeforeValidator(partial(_parse, f.type))],
+                 Field(default=f.default, validation_alias=_ENV_NAMES[f.name]))
+        for f in fields(Settings)
+    },
+)
+
+
+class _MappingSettings(_EnvSettings):
+    """The same fields read from a given mapping only (``from_env(env=...)``: tests, the CLI's
+    subprocess environments), never from os.environ."""
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings,
+                                   file_secret_settings):
+        return (init_settings,)

@@ -27,7 +27,7 @@ import polars as pl
 
 from assets.ingest import gdelt_events
 from assets.partitions import daily_partitions
-from assets.resources import MiraiSettings
+from assets.resources import Dataset
 from pipeline.storage import DataLayout, seal_problem
 from quality.suites import (
     SuiteResult,
@@ -86,33 +86,33 @@ def _validate_file(layout: DataLayout, path: Path, what: str, validate) -> dg.As
 
 
 @dg.asset_check(asset=gdelt_events, partitions_def=daily_partitions, blocking=False)
-def gdelt_events_valid(context: dg.AssetCheckExecutionContext, mirai: MiraiSettings) -> dg.AssetCheckResult:
+def gdelt_events_valid(context: dg.AssetCheckExecutionContext, dataset: Dataset) -> dg.AssetCheckResult:
     """The day's parsed export rows: 61 typed columns in order, GLOBALEVENTID non-null and unique
     over the day, DATEADDED inside the 15-minute slot of its file. A day without landed slots
     passes with a note."""
     day = date.fromisoformat(context.partition_key)
-    directory = DataLayout(mirai.settings().data_dir).parsed_dir("export", day)
+    directory = DataLayout(Path(dataset.data_dir)).parsed_dir("export", day)
     return _result(validate_raw_events(read_raw_events_day(directory)), directory)
 
 
 @dg.asset_check(asset=dg.AssetKey("events"), partitions_def=daily_partitions, blocking=True)
-def events_valid(context: dg.AssetCheckExecutionContext, mirai: MiraiSettings) -> dg.AssetCheckResult:
+def events_valid(context: dg.AssetCheckExecutionContext, dataset: Dataset) -> dg.AssetCheckResult:
     """The day's events obey MIRAI's rules: event_id unique, s/o ISO alpha-3 and different,
     r a level-2 CAMEO code with r1 its root, date the UTC day of date_added. Blocking."""
-    layout = DataLayout(mirai.settings().data_dir)
+    layout = DataLayout(Path(dataset.data_dir))
     return _validate_file(layout, layout.events_path(date.fromisoformat(context.partition_key)), "events", validate_events)
 
 
 @dg.asset_check(asset=dg.AssetKey("daily_quads"), partitions_def=daily_partitions, blocking=True)
-def daily_quads_valid(context: dg.AssetCheckExecutionContext, mirai: MiraiSettings) -> dg.AssetCheckResult:
+def daily_quads_valid(context: dg.AssetCheckExecutionContext, dataset: Dataset) -> dg.AssetCheckResult:
     """One row per (date, s, r, o), each with daily_mentions >= 1 and n_events >= 1. Blocking."""
-    layout = DataLayout(mirai.settings().data_dir)
+    layout = DataLayout(Path(dataset.data_dir))
     return _validate_file(layout, layout.daily_quads_path(date.fromisoformat(context.partition_key)), "daily_quads",
                           validate_daily_quads)
 
 
 @dg.asset_check(asset=dg.AssetKey("events"), partitions_def=daily_partitions, blocking=False)
-def events_history_current(context: dg.AssetCheckExecutionContext, mirai: MiraiSettings) -> dg.AssetCheckResult:
+def events_history_current(context: dg.AssetCheckExecutionContext, dataset: Dataset) -> dg.AssetCheckResult:
     """Rules 1 and 6 read every earlier day. If an earlier day was ingested (or gained slots)
     after this day was normalised, this day's events may keep a URL or event id that now belongs
     to an earlier day: warn, so the day is re-materialised."""
@@ -120,7 +120,7 @@ def events_history_current(context: dg.AssetCheckExecutionContext, mirai: MiraiS
     from pipeline.storage import read_parquet_metadata
 
     day = date.fromisoformat(context.partition_key)
-    layout = DataLayout(mirai.settings().data_dir)
+    layout = DataLayout(Path(dataset.data_dir))
     path = layout.events_path(day)
     if not path.exists():
         return _missing(path, "events")
@@ -135,11 +135,11 @@ def events_history_current(context: dg.AssetCheckExecutionContext, mirai: MiraiS
 
 
 @dg.asset_check(asset=dg.AssetKey("articles"), partitions_def=daily_partitions, blocking=False)
-def articles_valid(context: dg.AssetCheckExecutionContext, mirai: MiraiSettings) -> dg.AssetCheckResult:
+def articles_valid(context: dg.AssetCheckExecutionContext, dataset: Dataset) -> dg.AssetCheckResult:
     """The day's articles: url and url_md5 unique (url_md5 32 hex digits); kept rows carry text,
     an abstract, lang "en" and no failing filter; dropped rows name their failing filter; profile
     mirai/obelics; n_words >= 0. Metadata: rows, kept, dropped and dropped_<filter> from the file.
     Non-blocking: a bad article row is reported, nothing downstream is held back."""
-    layout = DataLayout(mirai.settings().data_dir)
+    layout = DataLayout(Path(dataset.data_dir))
     return _validate_file(layout, layout.articles_path(date.fromisoformat(context.partition_key)), "articles",
                           validate_articles)

@@ -2,27 +2,28 @@
 
 import time
 from datetime import date
+from pathlib import Path
 
 import dagster as dg
 import polars as pl
 
 from assets.ingest import gdelt_events, gdelt_files, gdelt_mentions
 from assets.partitions import daily_partitions
-from assets.resources import MiraiSettings
+from assets.resources import Dataset, pipeline_settings
 from pipeline.gdelt.integrity import verify_day
 from pipeline.gdelt.ledger import problems, read_ledger, to_markdown
 from pipeline.storage import DataLayout
 
 
 @dg.asset_check(asset=gdelt_files, partitions_def=daily_partitions, blocking=False)
-def gdelt_files_all_green(context: dg.AssetCheckExecutionContext, mirai: MiraiSettings) -> dg.AssetCheckResult:
+def gdelt_files_all_green(context: dg.AssetCheckExecutionContext, dataset: Dataset) -> dg.AssetCheckResult:
     """Warns when a due file of the day is not landed: GDELT gaps (missing) are normal, corrupt
     and failed files need a look, and a quarantined file (GDELT's index vouches for bytes that
     are not a usable file: see docs/data-layout.md, "Hostile GDELT files") is named with its
     reason. A warning, not an error: the day keeps every slot it has and its events are built
     from them."""
     day = date.fromisoformat(context.partition_key)
-    ledger = read_ledger(DataLayout(mirai.settings().data_dir), day)
+    ledger = read_ledger(DataLayout(Path(dataset.data_dir)), day)
     bad = ledger.filter(pl.col("status").is_in(["corrupt", "failed", "pending", "missing", "quarantined"]))
     quarantined = ledger.filter(pl.col("status") == "quarantined").sort("slot", "kind")
     named = [f"{row['slot']:%Y%m%d%H%M%S}.{row['kind']} ({row['last_error']})" for row in quarantined.iter_rows(named=True)]
@@ -46,13 +47,13 @@ def _listing(problems_by_path: dict[str, str]) -> dg.MetadataValue:
 
 def _parsed_files_intact(asset: dg.AssetsDefinition, kind: str) -> dg.AssetChecksDefinition:
     @dg.asset_check(asset=asset, name="parsed_files_intact", partitions_def=daily_partitions, blocking=True)
-    def check(context: dg.AssetCheckExecutionContext, mirai: MiraiSettings) -> dg.AssetCheckResult:
+    def check(context: dg.AssetCheckExecutionContext, dataset: Dataset) -> dg.AssetCheckResult:
         """Every parsed file of the day has the sha256 and size recorded when it was written, and
         every landed raw zip still has the md5 GDELT listed. A damaged parsed file fails with
         ERROR (blocking: the events are not built from it in this run) and the asset's next
         materialisation quarantines and re-parses it. A damaged raw zip only warns: the parsed
         files were built from its verified bytes."""
-        settings = mirai.settings()
+        settings = pipeline_settings(dataset)
         layout = DataLayout(settings.data_dir)
         started = time.perf_counter()
         found = verify_day(layout, kind, date.fromisoformat(context.partition_key), settings.day_lock_timeout_s)

@@ -10,7 +10,7 @@ from datetime import date
 import dagster as dg
 
 from assets.partitions import monthly_partitions
-from assets.resources import MiraiSettings
+from assets.resources import Dataset, pipeline_settings
 from assets.splits import test_split
 from pipeline.splits import leakage_audit
 
@@ -20,9 +20,9 @@ SHOWN_VIOLATIONS = 20
 
 @dg.asset_check(asset=test_split, partitions_def=monthly_partitions, blocking=True, description="Zero records after t − distance visible through "
                 "any agent API function (code blocks included) for every query date; month after the history cutoff.")
-def split_leakage_audit(context: dg.AssetCheckExecutionContext, mirai: MiraiSettings) -> dg.AssetCheckResult:
+def split_leakage_audit(context: dg.AssetCheckExecutionContext, dataset: Dataset) -> dg.AssetCheckResult:
     month = date.fromisoformat(context.partition_key)
-    audit = leakage_audit(mirai.settings(), month)
+    audit = leakage_audit(pipeline_settings(dataset), month)
     return dg.AssetCheckResult(
         passed=not audit.violations,
         severity=dg.AssetCheckSeverity.ERROR,

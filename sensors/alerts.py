@@ -8,7 +8,7 @@ from datetime import datetime, timezone
 
 import dagster as dg
 
-from assets.resources import MiraiSettings
+from assets.resources import Alerts, Dataset, pipeline_settings
 from pipeline.alerts import Alert, Freshness, freshness, send_alert
 
 FRESHNESS_INTERVAL_S = 300
@@ -24,7 +24,7 @@ class AlertNotDelivered(Exception):
 # switched on is the one that is missed.
 @dg.run_failure_sensor(name="alert_on_run_failure", default_status=dg.DefaultSensorStatus.RUNNING,
                        description="Posts every failed run (job, partition, run id, error) to MIRAI_ALERT_WEBHOOK_URL.")
-def alert_on_run_failure(context: dg.RunFailureSensorContext, mirai: MiraiSettings) -> None:
+def alert_on_run_failure(context: dg.RunFailureSensorContext, dataset: Dataset, alerts: Alerts) -> None:
     run = context.dagster_run
     partition = run.tags.get("dagster/partition")
     error = _root_causes(context) or context.failure_event.message
@@ -33,7 +33,7 @@ def alert_on_run_failure(context: dg.RunFailureSensorContext, mirai: MiraiSettin
         f"run of {run.job_name}{f' for {partition}' if partition else ''} failed: {error}",
         {"run_id": run.run_id, "job_name": run.job_name, "partition": partition, "error": error},
     )
-    if send_alert(alert, mirai.settings(), context.log.info) == "failed":
+    if send_alert(alert, pipeline_settings(dataset, alerts), context.log.info) == "failed":
         raise AlertNotDelivered(f"run failure alert for {run.run_id} not delivered")
 
 
@@ -65,10 +65,10 @@ def _freshness_alert(state: Freshness, recovered: bool) -> Alert:
            default_status=dg.DefaultSensorStatus.STOPPED,
            description="Alerts once when the newest landed GDELT slot is older than MIRAI_FRESHNESS_HOURS, "
            "and once when it is fresh again.")
-def gdelt_freshness(context: dg.SensorEvaluationContext, mirai: MiraiSettings) -> dg.SensorResult:
+def gdelt_freshness(context: dg.SensorEvaluationContext, dataset: Dataset, alerts: Alerts) -> dg.SensorResult:
     """The cursor remembers whether the breach was already announced, so a breach posts once, not
     on every tick. A failed delivery fails the tick, which keeps the cursor: the next tick retries."""
-    settings = mirai.settings()
+    settings = pipeline_settings(dataset, alerts)
     state = freshness(settings, datetime.now(timezone.utc))
     announced = json.loads(context.cursor)["breach_announced"] if context.cursor else False
     if state.stale == announced:

@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import json
 from datetime import date
+from pathlib import Path
 
 import dagster as dg
 
 from assets.evaluations import agent_partitions, evaluation, leaderboard
-from assets.resources import MiraiSettings
+from assets.resources import Dataset
 from pipeline.evaluation.registry import Agent, eligibility, load_agents
 from pipeline.evaluation.run import agent_config_hash
 
@@ -59,10 +60,10 @@ def _latest_evaluation(instance: dg.DagsterInstance) -> int:
 
 
 @dg.sensor(jobs=[evaluation_job, leaderboard_job], minimum_interval_seconds=120)
-def evaluation_sensor(context: dg.SensorEvaluationContext, mirai: MiraiSettings) -> dg.SensorResult:
+def evaluation_sensor(context: dg.SensorEvaluationContext, dataset: Dataset) -> dg.SensorResult:
     """A broken agents.yaml fails the tick with every problem listed (RegistryError)."""
     state = json.loads(context.cursor) if context.cursor else {"months": [], "agents": {}, "board": 0}
-    agents = load_agents(mirai.settings().agents_file)
+    agents = load_agents(Path(dataset.agents_file))
     months = sorted(context.instance.get_materialized_partitions(TEST_SPLIT))
     known = set(context.instance.get_dynamic_partitions(agent_partitions.name))
     new_names = [a.name for a in agents if a.name not in known]

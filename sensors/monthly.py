@@ -14,7 +14,7 @@ import dagster as dg
 from assets.database import event_database
 from assets.partitions import monthly_partitions
 from assets.release import release
-from assets.resources import MiraiSettings
+from assets.resources import Dataset, GdeltFeed, ReleaseBucket, pipeline_settings
 from assets.splits import test_split
 from pipeline.release import MANIFEST_NAME, open_store, release_key
 from pipeline.splits import month_closure
@@ -29,16 +29,21 @@ monthly_release_job = dg.define_asset_job(
 
 
 @dg.schedule(cron_schedule="0 6 * * *", job=monthly_release_job, execution_timezone="UTC")
-def monthly_release_daily(context: dg.ScheduleEvaluationContext, mirai: MiraiSettings):
+def monthly_release_daily(context: dg.ScheduleEvaluationContext, dataset: Dataset, gdelt: GdeltFeed,
+                          release_store: ReleaseBucket):
     """Request every ended month that is not released yet and has closed; skip with the reasons
     otherwise (visible on the schedule's tick history in the UI). A month whose run failed is
     requested again on the next day (the run key carries the day); re-running is idempotent."""
-    settings = mirai.settings()
     now = context.scheduled_execution_time
+    keys = monthly_partitions.get_partition_keys(current_time=now)
+    if not keys:
+        # Nothing to check: no store (no S3 client) is opened.
+        return dg.SkipReason("no month has ended since MIRAI_START_DATE")
+    settings = pipeline_settings(dataset, gdelt, release_store)
     store = open_store(settings, signed=True)
     started = set(store.release_months())
     requests, waiting = [], []
-    for key in monthly_partitions.get_partition_keys(current_time=now):
+    for key in keys:
         month = f"{date.fromisoformat(key):%Y-%m}"
         # Published = its manifest is there (written last); a directory alone is an interrupted run.
         if month in started and store.stat(release_key(month, MANIFEST_NAME)) is not None:

@@ -13,7 +13,7 @@ import dagster as dg
 import polars as pl
 import pytest
 
-from assets.resources import MiraiSettings
+from assets.resources import resources_for, resources_from_env
 from pipeline.alerts import Alert, newest_landed_slot, send_alert
 from pipeline.config import Settings
 from pipeline.gdelt.ledger import LEDGER_SCHEMA, write_ledger
@@ -72,11 +72,8 @@ def receiver():
 
 
 @pytest.fixture
-def webhook_env(receiver, monkeypatch):
-    """Sensors read their settings from the environment, as in a deployment."""
-    monkeypatch.setenv("MIRAI_ALERT_WEBHOOK_URL", receiver.url)
-    monkeypatch.setenv("MIRAI_ALERT_ATTEMPTS", "2")
-    monkeypatch.setenv("MIRAI_ALERT_TIMEOUT_S", "5")
+def webhook(receiver):
+    """The receiver the sensors' Alerts resource posts to (_tick binds it)."""
     return receiver
 
 
@@ -123,36 +120,38 @@ def doomed():
     fetch_something()
 
 
-def _tick(sensor, instance, cursor=None, **resources):
-    mirai = {"mirai": MiraiSettings(**resources)}
-    context = dg.build_sensor_context(instance=instance, cursor=cursor, resources=mirai,
-                                      definitions=dg.Definitions(jobs=[doomed], sensors=[sensor], resources=mirai))
+def _tick(sensor, instance, webhook, cursor=None, **settings):
+    """One tick of the sensor, with every resource as definitions.py binds them and the alert
+    settings pointing at the webhook receiver."""
+    resources = resources_for(alert_webhook_url=webhook.url, alert_attempts=2, alert_timeout_s=5, **settings)
+    context = dg.build_sensor_context(instance=instance, cursor=cursor, resources=resources,
+                                      definitions=dg.Definitions(jobs=[doomed], sensors=[sensor], resources=resources))
     return sensor.evaluate_tick(context)
 
 
-def test_a_failed_run_posts_its_run_id_and_job_name_once(webhook_env, tmp_path):
+def test_a_failed_run_posts_its_run_id_and_job_name_once(webhook, tmp_path):
     with dg.instance_for_test() as instance:
         # The first tick only places the cursor: runs that failed before the sensor existed are old news.
-        first = _tick(alert_on_run_failure, instance, data_dir=str(tmp_path))
+        first = _tick(alert_on_run_failure, instance, webhook, data_dir=str(tmp_path))
         result = doomed.execute_in_process(instance=instance, raise_on_error=False, tags={"dagster/partition": "2024-01-01"})
         assert not result.success
-        second = _tick(alert_on_run_failure, instance, cursor=first.cursor, data_dir=str(tmp_path))
-        [body] = webhook_env.bodies
+        second = _tick(alert_on_run_failure, instance, webhook, cursor=first.cursor, data_dir=str(tmp_path))
+        [body] = webhook.bodies
         assert (body["kind"], body["run_id"], body["job_name"], body["partition"]) == (
             "run_failure", result.run_id, "doomed", "2024-01-01")
         assert "GDELT index unreachable" in body["error"]
-        _tick(alert_on_run_failure, instance, cursor=second.cursor, data_dir=str(tmp_path))
-        assert len(webhook_env.bodies) == 1
+        _tick(alert_on_run_failure, instance, webhook, cursor=second.cursor, data_dir=str(tmp_path))
+        assert len(webhook.bodies) == 1
 
 
-def test_an_undeliverable_run_failure_alert_fails_the_sensor_tick(webhook_env, tmp_path):
-    webhook_env.status = 500
+def test_an_undeliverable_run_failure_alert_fails_the_sensor_tick(webhook, tmp_path):
+    webhook.status = 500
     with dg.instance_for_test() as instance:
-        first = _tick(alert_on_run_failure, instance, data_dir=str(tmp_path))
+        first = _tick(alert_on_run_failure, instance, webhook, data_dir=str(tmp_path))
         result = doomed.execute_in_process(instance=instance, raise_on_error=False)
-        [reaction] = _tick(alert_on_run_failure, instance, cursor=first.cursor, data_dir=str(tmp_path)).dagster_run_reactions
+        [reaction] = _tick(alert_on_run_failure, instance, webhook, cursor=first.cursor, data_dir=str(tmp_path)).dagster_run_reactions
     assert reaction.dagster_run.run_id == result.run_id
-    assert "not delivered" in reaction.error.to_string() and webhook_env.requests == 2
+    assert "not delivered" in reaction.error.to_string() and webhook.requests == 2
 
 
 def _write_slots(data_dir, day: date, slots: list[datetime], status: str = "landed") -> None:
@@ -173,45 +172,60 @@ def test_newest_landed_slot_skips_slots_that_did_not_land(tmp_path):
     assert newest_landed_slot(layout) == old
 
 
-def test_a_freshness_breach_posts_once_and_recovery_rearms_it(webhook_env, tmp_path, monkeypatch):
+def test_a_freshness_breach_posts_once_and_recovery_rearms_it(webhook, tmp_path):
     now = datetime.now(timezone.utc)
     stale = _quarter(now - timedelta(hours=2))
     _write_slots(tmp_path, stale.date(), [stale])
     with dg.instance_for_test() as instance:
-        tick = _tick(gdelt_freshness, instance, data_dir=str(tmp_path))
-        assert [b["kind"] for b in webhook_env.bodies] == ["freshness_breach"]
-        assert webhook_env.bodies[0]["newest_landed_slot"] == stale.isoformat()
-        assert webhook_env.bodies[0]["age_hours"] >= 2 and webhook_env.bodies[0]["limit_hours"] == 1
+        tick = _tick(gdelt_freshness, instance, webhook, data_dir=str(tmp_path))
+        assert [b["kind"] for b in webhook.bodies] == ["freshness_breach"]
+        assert webhook.bodies[0]["newest_landed_slot"] == stale.isoformat()
+        assert webhook.bodies[0]["age_hours"] >= 2 and webhook.bodies[0]["limit_hours"] == 1
 
         # Still stale: the next tick says so in its skip reason but posts nothing.
-        tick = _tick(gdelt_freshness, instance, cursor=tick.cursor, data_dir=str(tmp_path))
-        assert len(webhook_env.bodies) == 1 and "h old" in tick.skip_message
+        tick = _tick(gdelt_freshness, instance, webhook, cursor=tick.cursor, data_dir=str(tmp_path))
+        assert len(webhook.bodies) == 1 and "h old" in tick.skip_message
 
         fresh = _quarter(now - timedelta(minutes=10))
         _write_slots(tmp_path, fresh.date(), [stale, fresh] if fresh.date() == stale.date() else [fresh])
-        tick = _tick(gdelt_freshness, instance, cursor=tick.cursor, data_dir=str(tmp_path))
-        tick = _tick(gdelt_freshness, instance, cursor=tick.cursor, data_dir=str(tmp_path))
-        assert [b["kind"] for b in webhook_env.bodies] == ["freshness_breach", "freshness_recovered"]
+        tick = _tick(gdelt_freshness, instance, webhook, cursor=tick.cursor, data_dir=str(tmp_path))
+        tick = _tick(gdelt_freshness, instance, webhook, cursor=tick.cursor, data_dir=str(tmp_path))
+        assert [b["kind"] for b in webhook.bodies] == ["freshness_breach", "freshness_recovered"]
 
         # Re-armed: the next breach (a tighter limit here) is announced again.
-        monkeypatch.setenv("MIRAI_FRESHNESS_HOURS", "0.01")
-        _tick(gdelt_freshness, instance, cursor=tick.cursor, data_dir=str(tmp_path))
-        assert [b["kind"] for b in webhook_env.bodies] == ["freshness_breach", "freshness_recovered", "freshness_breach"]
+        _tick(gdelt_freshness, instance, webhook, cursor=tick.cursor, data_dir=str(tmp_path), freshness_hours=0.01)
+        assert [b["kind"] for b in webhook.bodies] == ["freshness_breach", "freshness_recovered", "freshness_breach"]
 
 
-def test_an_undelivered_freshness_alert_is_retried_on_the_next_tick(webhook_env, tmp_path):
+def test_an_undelivered_freshness_alert_is_retried_on_the_next_tick(webhook, tmp_path):
     stale = _quarter(datetime.now(timezone.utc) - timedelta(hours=3))
     _write_slots(tmp_path, stale.date(), [stale])
     with dg.instance_for_test() as instance:
-        webhook_env.status = 500
+        webhook.status = 500
         with pytest.raises(Exception, match="not delivered"):
-            _tick(gdelt_freshness, instance, data_dir=str(tmp_path))
-        webhook_env.status = 200
-        _tick(gdelt_freshness, instance, data_dir=str(tmp_path))
-        assert [b["kind"] for b in webhook_env.bodies] == ["freshness_breach"]
+            _tick(gdelt_freshness, instance, webhook, data_dir=str(tmp_path))
+        webhook.status = 200
+        _tick(gdelt_freshness, instance, webhook, data_dir=str(tmp_path))
+        assert [b["kind"] for b in webhook.bodies] == ["freshness_breach"]
 
 
-def test_before_anything_landed_there_is_no_breach(webhook_env, tmp_path):
+def test_before_anything_landed_there_is_no_breach(webhook, tmp_path):
     with dg.instance_for_test() as instance:
-        tick = _tick(gdelt_freshness, instance, data_dir=str(tmp_path))
-    assert webhook_env.requests == 0 and tick.skip_message == "no GDELT slot has landed yet"
+        tick = _tick(gdelt_freshness, instance, webhook, data_dir=str(tmp_path))
+    assert webhook.requests == 0 and tick.skip_message == "no GDELT slot has landed yet"
+
+
+def test_the_deployments_webhook_url_is_an_env_var_the_sensor_resolves(receiver, tmp_path, monkeypatch):
+    """The secret's interface is its variable: the code location binds it as an EnvVar (shown by
+    name in the UI), and the tick resolves it to post the alert."""
+    monkeypatch.setenv("MIRAI_ALERT_WEBHOOK_URL", receiver.url)
+    alerts = resources_from_env()["alerts"]
+    assert isinstance(alerts.webhook_url, dg.EnvVar)
+    resources = {**resources_for(data_dir=str(tmp_path)), "alerts": alerts}
+    stale = _quarter(datetime.now(timezone.utc) - timedelta(hours=3))
+    _write_slots(tmp_path, stale.date(), [stale])
+    with dg.instance_for_test() as instance:
+        context = dg.build_sensor_context(instance=instance, resources=resources,
+                                          definitions=dg.Definitions(sensors=[gdelt_freshness], resources=resources))
+        gdelt_freshness.evaluate_tick(context)
+    assert [b["kind"] for b in receiver.bodies] == ["freshness_breach"]

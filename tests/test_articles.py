@@ -167,16 +167,14 @@ def test_abstracts_of_the_demo_sites_and_real_pages_say_the_title_once():
         assert abstract(e.title, f"{e.title}\n{e.text}") == once, name
 
 
-def test_articles_asset_records_the_fetch_ledger(tmp_path, news, monkeypatch):
+def test_articles_asset_records_the_fetch_ledger(tmp_path, news):
     from assets.articles import articles
-    from assets.resources import MiraiSettings
+    from assets.resources import resources_for
 
     atomic_write_parquet(_quads([("042", 80, [news.url_for("/reuters.com.parasite.html")])]), DataLayout(tmp_path).daily_quads_path(DAY))
-    monkeypatch.setenv("MIRAI_FETCH_ALLOW_LOOPBACK", "1")
-    monkeypatch.setenv("MIRAI_EXTRACT_WORKERS", "1")
     with dg.instance_for_test() as instance:
         result = dg.materialize([articles], partition_key=DAY.isoformat(), instance=instance,
-                                resources={"mirai": MiraiSettings(data_dir=str(tmp_path))})
+                                resources=resources_for(data_dir=str(tmp_path), fetch_allow_loopback=True, extract_workers=1))
         assert result.success
         events = {m.asset_key.to_user_string(): m.metadata for m in result.asset_materializations_for_node("articles")}
         assert events["articles"]["kept"].value == 1 and events["articles"]["selected"].value == 1

@@ -16,7 +16,7 @@ import dagster as dg
 import polars as pl
 import pytest
 
-from assets.resources import MiraiSettings
+from assets.resources import resources_for
 from pipeline.articles.day import ARTICLES_SCHEMA
 from pipeline.storage import DataLayout, atomic_write_parquet, write_sealed_parquet
 from quality.suites import SCHEMA_CHECK, article_counts, filter_label, validate_articles
@@ -278,7 +278,7 @@ def _materialize(tmp_path, monkeypatch, frame: pl.DataFrame | None):
         result = dg.materialize(
             [article_assets.articles, articles_valid],
             partition_key=DAY.isoformat(),
-            resources={"mirai": MiraiSettings(data_dir=str(tmp_path))},
+            resources=resources_for(data_dir=str(tmp_path)),
             instance=instance,
             raise_on_error=False,
         )

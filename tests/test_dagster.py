@@ -19,7 +19,7 @@ import requests
 
 from assets.events import daily_quads, events
 from assets.ingest import gdelt_events, gdelt_files, gdelt_mentions
-from assets.resources import MiraiSettings
+from assets.resources import resources_for
 from pipeline.gdelt.ledger import read_ledger
 from pipeline.storage import DataLayout
 
@@ -46,7 +46,7 @@ def _expected_rows(mirror_dir: Path, kind: str) -> int:
 
 
 def test_materialize_a_day_on_a_real_instance(tmp_path, mirror, mirror_dir):
-    resources = {"mirai": MiraiSettings(data_dir=str(tmp_path / "data"), gdelt_base_url=mirror.base_url)}
+    resources = resources_for(data_dir=str(tmp_path / "data"), gdelt_base_url=mirror.base_url)
     with dg.instance_for_test() as instance:
         result = dg.materialize(
             [gdelt_files, gdelt_events, gdelt_mentions, events, daily_quads],
@@ -189,10 +189,7 @@ def test_ledger_check_warns_on_a_corrupt_file(tmp_path, mirror, monkeypatch):
     from quality.ingest_checks import gdelt_files_all_green
 
     mirror.faults.add(match="20240101101500.export", fault="wrong_bytes")
-    resources = {
-        "mirai": MiraiSettings(data_dir=str(tmp_path / "data"), gdelt_base_url=mirror.base_url),
-    }
-    monkeypatch.setenv("MIRAI_BACKOFF_BASE_S", "0.01")
+    resources = resources_for(data_dir=str(tmp_path / "data"), gdelt_base_url=mirror.base_url, backoff_base_s=0.01)
     with dg.instance_for_test() as instance:
         result = dg.materialize(
             [gdelt_files, gdelt_files_all_green],

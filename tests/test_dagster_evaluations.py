@@ -16,8 +16,8 @@ import pytest
 import yaml
 
 from assets.database import event_database
-from assets.evaluations import LlmRuntime, evaluation, leaderboard
-from assets.resources import MiraiSettings
+from assets.evaluations import evaluation, leaderboard
+from assets.resources import LlmRuntime, resources_for
 from assets.splits import test_split as split_asset
 from pipeline.config import Settings
 from pipeline.evaluation.board import chart
@@ -53,7 +53,7 @@ def build_split(data_dir: Path, month: date, instance: dg.DagsterInstance) -> No
     """The month's inputs, then event_database and test_split materialised for real."""
     write_month(Settings(data_dir=data_dir), month, split_quads(month))
     result = dg.materialize([event_database, split_asset], partition_key=month.isoformat(),
-                            resources={"mirai": MiraiSettings(data_dir=str(data_dir))}, instance=instance)
+                            resources=resources_for(data_dir=str(data_dir)), instance=instance)
     assert result.success
 
 
@@ -78,18 +78,19 @@ def write_agents(path: Path, *agents: dict) -> Path:
 
 
 @pytest.fixture
-def agents_file(tmp_path, monkeypatch) -> Path:
-    path = tmp_path / "agents.yaml"
-    monkeypatch.setenv("MIRAI_AGENTS_FILE", str(path))
-    return write_agents(path, BASELINE, RECENT)
+def agents_file(tmp_path) -> Path:
+    return write_agents(tmp_path / "agents.yaml", BASELINE, RECENT)
 
 
-def definitions(data_dir: Path, llm: LlmRuntime | None = None) -> dg.Definitions:
+def definitions(data_dir: Path, agents_file: Path, llm: LlmRuntime | None = None) -> dg.Definitions:
+    """The evaluation assets and sensor bound to these resources (as definitions.py binds the
+    deployment's)."""
+    resources = resources_for(data_dir=str(data_dir), agents_file=str(agents_file))
     return dg.Definitions(
         assets=[evaluation, leaderboard],
         jobs=[evaluation_job, leaderboard_job],
         sensors=[evaluation_sensor],
-        resources={"mirai": MiraiSettings(data_dir=str(data_dir)), "llm": llm or LlmRuntime()},
+        resources={**resources, "llm": llm or LlmRuntime()},
     )
 
 
@@ -103,7 +104,7 @@ def tick(defs: dg.Definitions, instance: dg.DagsterInstance, cursor: str | None 
     # instance_ref too: the daemon's context has one, and run requests for dynamic partitions are
     # validated through it.
     with dg.build_sensor_context(instance=instance, instance_ref=instance.get_ref(), cursor=cursor,
-                                 definitions=defs, resources={"mirai": defs.resources["mirai"]}) as context:
+                                 definitions=defs, resources={"dataset": defs.resources["dataset"]}) as context:
         data = evaluation_sensor.evaluate_tick(context)
     for request in data.dynamic_partitions_requests or []:
         instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
@@ -125,7 +126,7 @@ def execute(defs: dg.Definitions, instance: dg.DagsterInstance, request: dg.RunR
 
 
 def test_sensor_requests_each_pair_once_and_back_evaluates_new_agents(data_dir, agents_file):
-    defs = definitions(data_dir)
+    defs = definitions(data_dir, agents_file)
     with dg.instance_for_test() as instance:
         first = tick(defs, instance)
         assert first.run_requests == [] and "0 split month(s) × 2 agent(s)" in first.skip_message
@@ -156,7 +157,7 @@ def test_sensor_requests_each_pair_once_and_back_evaluates_new_agents(data_dir, 
 
 
 def test_requested_runs_evaluate_or_refuse_and_the_leaderboard_follows(data_dir, agents_file):
-    defs = definitions(data_dir)
+    defs = definitions(data_dir, agents_file)
     layout = DataLayout(data_dir)
     with dg.instance_for_test() as instance:
         split_landed(instance, FEB)
@@ -197,7 +198,7 @@ def test_requested_runs_evaluate_or_refuse_and_the_leaderboard_follows(data_dir,
 
 def test_a_forced_run_of_an_ineligible_agent_is_stored_as_contaminated(data_dir, agents_file):
     write_agents(agents_file, {**BASELINE, "knowledge_cutoff": "2024-03-01"})
-    defs = definitions(data_dir)
+    defs = definitions(data_dir, agents_file)
     with dg.instance_for_test() as instance:
         instance.add_dynamic_partitions("agents", ["recurrency"])
         result = defs.resolve_job_def(evaluation_job.name).execute_in_process(
@@ -233,9 +234,8 @@ def test_smollm2_react_end_to_end_through_the_sensor_triggered_job(tmp_path, mon
         "knowledge_cutoff": "2024-10", "strategy": "react", "action_type": "single_function",
         "temperature": 0.0, "max_steps": 2,
     })
-    monkeypatch.setenv("MIRAI_AGENTS_FILE", str(agents_file))
     data_dir = tmp_path / "data"
-    defs = definitions(data_dir, LlmRuntime(max_tokens=48, n_ctx=4096))
+    defs = definitions(data_dir, agents_file, LlmRuntime(max_tokens=48, n_ctx=4096))
     with dg.instance_for_test() as instance:
         build_split(data_dir, month, instance)
         [request] = tick(defs, instance).run_requests

@@ -11,7 +11,7 @@ import dagster as dg
 import pytest
 
 from assets.database import event_database
-from assets.resources import MiraiSettings
+from assets.resources import resources_for
 from assets.splits import test_split as split_asset
 from pipeline.config import Settings
 from pipeline.splits import leakage_audit
@@ -36,7 +36,7 @@ def _materialize(data_dir, instance, run_config=None, raise_on_error=True):
     return dg.materialize(
         [event_database, split_asset, split_leakage_audit],
         partition_key="2024-02-01",
-        resources={"mirai": MiraiSettings(data_dir=str(data_dir))},
+        resources=resources_for(data_dir=str(data_dir)),
         instance=instance,
         run_config=run_config,
         raise_on_error=raise_on_error,
@@ -79,7 +79,7 @@ def test_an_open_month_fails_with_the_reason_and_an_override_is_recorded(tmp_pat
 def test_schedule_waits_for_closure_then_requests_the_month_once(tmp_path):
     settings = Settings(data_dir=tmp_path / "data", start_date=date(2024, 2, 1))
     write_month(settings, FEB, [Quad(date(2024, 2, 3), "FRA", "036", "DEU", 100, kept=5)], slot_status="pending")
-    resources = {"mirai": MiraiSettings(data_dir=str(settings.data_dir))}
+    resources = resources_for(data_dir=str(settings.data_dir))
 
     def tick(at: datetime):
         with dg.build_schedule_context(scheduled_execution_time=at, resources=resources) as context:

@@ -143,7 +143,7 @@ def test_a_sixty_column_file_is_quarantined_and_its_day_flows_on_through_dagster
     good = (mirror_dir / "gdeltv2" / name).read_bytes()
     sixty = b"".join(line.rsplit(b"\t", 1)[0] + b"\n" for line in _member(mirror_dir, SIXTY).splitlines())
     relist(mirror_dir, name, zip_member(name.removesuffix(".zip"), sixty))
-    resources = {"mirai": _resource(tmp_path, mirror)}
+    resources = _resources(tmp_path, mirror)
     layout = DataLayout(tmp_path / "data")
     selection = [gdelt_files, gdelt_events, gdelt_mentions, gdelt_files_all_green]
     with dg.instance_for_test() as instance:
@@ -191,10 +191,10 @@ def test_a_sixty_column_file_is_quarantined_and_its_day_flows_on_through_dagster
         assert layout.parsed_path("export", SIXTY).exists()
 
 
-def _resource(tmp_path, mirror):
-    from assets.resources import MiraiSettings
+def _resources(tmp_path, mirror):
+    from assets.resources import resources_for
 
-    return MiraiSettings(data_dir=str(tmp_path / "data"), gdelt_base_url=mirror.base_url)
+    return resources_for(data_dir=str(tmp_path / "data"), gdelt_base_url=mirror.base_url)
 
 
 # (the 60-column file's re-runs are covered through Dagster above)

@@ -15,7 +15,7 @@ import dagster as dg
 import polars as pl
 import pytest
 
-from assets.resources import MiraiSettings
+from assets.resources import resources_for
 from pipeline.gdelt.schema import EXPORT_SCHEMA
 from pipeline.normalize import EVENTS_SCHEMA, QUADS_SCHEMA, daily_quads, normalize_events
 from pipeline.reference.tables import iso3_codes, level2_codes
@@ -367,7 +367,7 @@ def _run(data_dir: Path, instance, *, include_quads_check: bool = True):
         [gdelt_events, events, daily_quads_asset, gdelt_events_valid, events_valid,
          *([daily_quads_valid] if include_quads_check else [])],
         partition_key=DAY.isoformat(),
-        resources={"mirai": MiraiSettings(data_dir=str(data_dir))},
+        resources=resources_for(data_dir=str(data_dir)),
         instance=instance,
         raise_on_error=False,
     )
@@ -478,7 +478,7 @@ def test_checks_pass_on_a_real_pipeline_day(tmp_path, mirror):
     from assets.ingest import gdelt_events, gdelt_files, gdelt_mentions
     from quality.event_checks import daily_quads_valid, events_valid, gdelt_events_valid
 
-    resources = {"mirai": MiraiSettings(data_dir=str(tmp_path / "data"), gdelt_base_url=mirror.base_url)}
+    resources = resources_for(data_dir=str(tmp_path / "data"), gdelt_base_url=mirror.base_url)
     with dg.instance_for_test() as instance:
         result = dg.materialize(
             [gdelt_files, gdelt_events, gdelt_mentions, events, daily_quads_asset,

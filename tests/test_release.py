@@ -297,19 +297,15 @@ def test_s3_download_resumes_a_partial_file_with_a_range_request(data_dir, s3_se
     assert target.read_bytes() == source and not part.exists()
 
 
-def test_release_asset_publishes_once_and_never_shows_credentials(data_dir, s3_server, bucket, monkeypatch):
+def test_release_asset_publishes_once_and_never_shows_credentials(data_dir, s3_server, bucket):
     from assets.release import release
-    from assets.resources import MiraiSettings
+    from assets.resources import resources_for
 
-    settings = _s3_settings(data_dir, s3_server, bucket)
-    for name, value in {"MIRAI_RELEASE_URI": settings.release_uri, "MIRAI_S3_ENDPOINT_URL": s3_server.endpoint,
-                        "MIRAI_S3_REGION": "us-east-1", "MIRAI_RELEASE_MULTIPART_THRESHOLD_MB": "5",
-                        "MIRAI_RELEASE_MULTIPART_CHUNK_MB": "5"}.items():
-        monkeypatch.setenv(name, value)
+    # The run's ReleaseBucket resource points at the test's S3 server (credentials: the AWS chain).
+    resources = resources_for(_s3_settings(data_dir, s3_server, bucket))
     with dg.instance_for_test() as instance:
         runs = [
-            dg.materialize([release], partition_key="2024-02-01", instance=instance,
-                           resources={"mirai": MiraiSettings(data_dir=str(data_dir))})
+            dg.materialize([release], partition_key="2024-02-01", instance=instance, resources=resources)
             for _ in range(2)
         ]
         text = "\n".join(str(e) for r in runs for e in r.all_events)

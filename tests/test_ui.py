@@ -19,7 +19,7 @@ import pytest
 import requests
 
 from assets.database import event_database
-from assets.resources import MiraiSettings
+from assets.resources import resources_for
 from assets.splits import test_split as split_asset
 from pipeline.config import Settings
 from quality.split_checks import split_leakage_audit
@@ -69,7 +69,7 @@ def ui(tmp_path_factory):
     with dg.DagsterInstance.from_config(str(home)) as instance:
         result = dg.materialize(
             [event_database, split_asset, split_leakage_audit], partition_key="2024-02-01", instance=instance,
-            resources={"mirai": MiraiSettings(data_dir=str(data))},
+            resources=resources_for(data_dir=str(data)),
         )
         assert result.success
     env = {**os.environ, "DAGSTER_HOME": str(home), "MIRAI_DATA_DIR": str(data)}
