@@ -40,7 +40,7 @@ from testbed.s3 import SERVE_PORT, LocalS3
 from testbed.serve import MirrorServer
 from pipeline.storage import DataLayout, LockTimeout, file_lock
 
-ROOT = Path(__file__).resolve().parents[2]  # the project: definitions.py, workspace.yaml, agents.yaml
+ROOT = Path(__file__).resolve().parents[1]  # the project: definitions.py, workspace.yaml, agents.yaml
 BUCKET = "mirai-releases"
 RELEASE_PREFIX = "mirai"
 EVALUATION_JOB, LEADERBOARD_JOB = "agent_evaluation", "leaderboard_refresh"
