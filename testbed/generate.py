@@ -35,7 +35,7 @@ from functools import lru_cache
 from itertools import accumulate
 from pathlib import Path
 
-from pipeline.storage import atomic_write_bytes
+from pipeline.storage import atomic_write_bytes, remove_orphan_temps
 
 SLOTS_PER_DAY = 96
 GDELT_URL = "http://data.gdeltproject.org/gdeltv2/"
@@ -779,7 +779,7 @@ def _zip_file(path: Path, member: str, data: bytes, when: datetime) -> dict:
     with zipfile.ZipFile(buf, "w") as zf:
         zf.writestr(info, data, compresslevel=ZIP_LEVEL)
     blob = buf.getvalue()
-    atomic_write_bytes(path, blob)
+    atomic_write_bytes(path, blob, sweep=False)  # generate_mirror swept the feed once
     return {"size": len(blob), "md5": hashlib.md5(blob).hexdigest()}
 
 
@@ -833,6 +833,7 @@ def generate_mirror(out: Path, start: date, end: date, seed: int = 0, slots: int
         n_slots = min(n_slots, slots)
     feed = Path(out) / "gdeltv2"
     feed.mkdir(parents=True, exist_ok=True)
+    remove_orphan_temps(feed)  # a killed run's temp files, in one listing of the flat feed
     first_slot = (start - EPOCH).days * SLOTS_PER_DAY
 
     slot_entries: list[dict] = []

@@ -23,6 +23,7 @@ from pipeline.storage import (
     built_parquet_metadata,
     file_lock,
     read_parquet_metadata,
+    remove_orphan_temps,
     write_all,
 )
 
@@ -84,6 +85,25 @@ def test_a_crashed_writers_temp_file_is_removed_by_the_next_write_and_a_live_one
     atomic_write_bytes(target, b"done")
     assert target.read_bytes() == b"done"
     assert not crashed.exists() and concurrent.exists()
+
+
+def test_one_sweep_removes_every_crashed_writers_temp_file_of_a_directory_and_nothing_else(tmp_path):
+    """What a writer of many files calls once before writing them with sweep=False (the generated
+    mirror's feed)."""
+    import subprocess
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    crashed = [tmp_path / f".{name}.{dead.pid}.deadbeef.part" for name in ("a.zip", "b.zip")]
+    kept = [tmp_path / f".c.zip.{os.getpid()}.cafecafe.part",  # a live writer's
+            tmp_path / "a.zip", tmp_path / f".a.zip.{dead.pid}.part"]  # data, and not a temp name
+    for path in crashed + kept:
+        path.write_bytes(b"x")
+    assert sorted(remove_orphan_temps(tmp_path)) == sorted(crashed)
+    assert sorted(tmp_path.iterdir()) == sorted(kept)
+    atomic_write_bytes(tmp_path / "d.zip", b"done", sweep=False)
+    assert (tmp_path / "d.zip").read_bytes() == b"done" and sorted(tmp_path.iterdir()) == sorted(kept + [tmp_path / "d.zip"])
+    assert remove_orphan_temps(tmp_path / "absent") == []
 
 
 def test_a_truncated_derived_parquet_reads_as_not_built(tmp_path):
