@@ -10,7 +10,13 @@ from assets.ingest import gdelt_events, gdelt_files, gdelt_mentions
 from assets.release import release
 from assets.resources import resources_from_env
 from assets.splits import test_split
-from quality.event_checks import articles_valid, daily_quads_valid, events_history_current, events_valid, gdelt_events_valid
+from quality.event_checks import (
+    articles_valid,
+    daily_quads_valid,
+    events_history_current,
+    events_valid,
+    gdelt_events_valid,
+)
 from quality.ingest_checks import gdelt_events_intact, gdelt_files_all_green, gdelt_mentions_intact
 from quality.split_checks import split_leakage_audit
 from sensors.alerts import alert_on_run_failure, gdelt_freshness
@@ -19,8 +25,31 @@ from sensors.monthly import monthly_release_daily, monthly_release_job
 from sensors.schedules import articles_hourly, articles_job, gdelt_every_15_minutes, gdelt_ingest_job
 
 defs = dg.Definitions(
-    assets=[gdelt_files, gdelt_events, gdelt_mentions, events, daily_quads, articles, fetch_ledger, event_database, test_split, release, evaluation, leaderboard],
-    asset_checks=[gdelt_files_all_green, gdelt_events_intact, gdelt_mentions_intact, gdelt_events_valid, events_valid, events_history_current, daily_quads_valid, articles_valid, split_leakage_audit],
+    assets=[
+        gdelt_files,
+        gdelt_events,
+        gdelt_mentions,
+        events,
+        daily_quads,
+        articles,
+        fetch_ledger,
+        event_database,
+        test_split,
+        release,
+        evaluation,
+        leaderboard,
+    ],
+    asset_checks=[
+        gdelt_files_all_green,
+        gdelt_events_intact,
+        gdelt_mentions_intact,
+        gdelt_events_valid,
+        events_valid,
+        events_history_current,
+        daily_quads_valid,
+        articles_valid,
+        split_leakage_audit,
+    ],
     jobs=[gdelt_ingest_job, articles_job, monthly_release_job, evaluation_job, leaderboard_job],
     schedules=[gdelt_every_15_minutes, articles_hourly, monthly_release_daily],
     sensors=[alert_on_run_failure, gdelt_freshness, evaluation_sensor],

@@ -38,7 +38,9 @@ def articles(context: dg.AssetExecutionContext, dataset: Dataset, fetcher: Artic
     result = build_articles(date.fromisoformat(context.partition_key), settings)
     ledger_counts = summarize(read_ledger(DataLayout(settings.data_dir)))
     context.log_event(
-        dg.AssetMaterialization(asset_key="fetch_ledger", metadata={f"urls_{k}" if k != "urls" else k: v for k, v in ledger_counts.items()})
+        dg.AssetMaterialization(
+            asset_key="fetch_ledger", metadata={f"urls_{k}" if k != "urls" else k: v for k, v in ledger_counts.items()}
+        )
     )
     return dg.MaterializeResult(
         metadata={"dagster/row_count": result.articles.height, "profile": settings.article_profile, **result.counts}

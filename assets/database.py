@@ -21,7 +21,9 @@ from pipeline.database import DATABASE_VERSION, MonthNotReady, build_event_datab
     description="database/{events,news}/month=YYYY-MM.parquet: quads with daily_mentions ≥ "
     "MIRAI_ARTICLE_MIN_MENTIONS that kept at least one filtered article, and those articles.",
 )
-def event_database(context: dg.AssetExecutionContext, dataset: Dataset, fetcher: ArticleFetcher) -> dg.MaterializeResult:
+def event_database(
+    context: dg.AssetExecutionContext, dataset: Dataset, fetcher: ArticleFetcher
+) -> dg.MaterializeResult:
     month = date.fromisoformat(context.partition_key)
     try:
         db = build_event_database(month, pipeline_settings(dataset, fetcher))

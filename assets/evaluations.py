@@ -51,7 +51,9 @@ def _agent(agents_file: Path, name: str) -> Agent:
     except (RegistryError, OSError) as exc:
         raise dg.Failure(description=f"cannot read the agent registry: {exc}", allow_retries=False) from exc
     if name not in agents:
-        raise dg.Failure(description=f"agent {name!r} is not in {agents_file} (removed or renamed?)", allow_retries=False)
+        raise dg.Failure(
+            description=f"agent {name!r} is not in {agents_file} (removed or renamed?)", allow_retries=False
+        )
     return agents[name]
 
 
@@ -66,8 +68,15 @@ def _scores_table(records: list[dict]) -> str:
     return "\n".join([header, *rows])
 
 
-def _run(agent: Agent, split_file: Path, data_dir: Path, config: EvaluationConfig, llm: LlmRuntime,
-         context: dg.AssetExecutionContext, allow_unconfined_sandbox: bool = False) -> list[dict]:
+def _run(
+    agent: Agent,
+    split_file: Path,
+    data_dir: Path,
+    config: EvaluationConfig,
+    llm: LlmRuntime,
+    context: dg.AssetExecutionContext,
+    allow_unconfined_sandbox: bool = False,
+) -> list[dict]:
     """Evaluate the agent at each of its distances; the scores records."""
     records = []
     if agent.kind == "baseline":
@@ -77,10 +86,22 @@ def _run(agent: Agent, split_file: Path, data_dir: Path, config: EvaluationConfi
     settings = llm.client_settings()
     client = client_for(agent, settings)
     # Loaded once for every distance.
-    database = EventDatabase(data_dir, allow_unconfined_sandbox=allow_unconfined_sandbox) if agent.strategy == "react" else None
+    database = (
+        EventDatabase(data_dir, allow_unconfined_sandbox=allow_unconfined_sandbox)
+        if agent.strategy == "react"
+        else None
+    )
     for distance in agent.distances:
-        _, record = evaluate_agent(split_file, data_dir, agent, distance, force=config.force, client=client,
-                                   client_settings=settings, database=database)
+        _, record = evaluate_agent(
+            split_file,
+            data_dir,
+            agent,
+            distance,
+            force=config.force,
+            client=client,
+            client_settings=settings,
+            database=database,
+        )
         context.log.info(f"{agent.name} at distance {distance}: end states {record['end_states']}")
         records.append(record)
     return records
@@ -96,8 +117,9 @@ def _run(agent: Agent, split_file: Path, data_dir: Path, config: EvaluationConfi
     "LLM agents, trajectories.jsonl, for each of the agent's distances; or refusal.json when the agent's "
     "knowledge cutoff is not before the month (docs/evaluation.md).",
 )
-def evaluation(context: dg.AssetExecutionContext, config: EvaluationConfig, dataset: Dataset,
-               llm: LlmRuntime) -> dg.MaterializeResult:
+def evaluation(
+    context: dg.AssetExecutionContext, config: EvaluationConfig, dataset: Dataset, llm: LlmRuntime
+) -> dg.MaterializeResult:
     if config.query_set not in QUERY_SETS:
         raise dg.Failure(description=f"query_set must be one of {QUERY_SETS}, got {config.query_set!r}")
     keys = context.partition_key.keys_by_dimension
@@ -107,14 +129,19 @@ def evaluation(context: dg.AssetExecutionContext, config: EvaluationConfig, data
     if not eligible and not config.force:
         record = write_refusal(settings.data_dir, agent, month, config.query_set, reason)
         context.log.warning(f"{agent.name} is not evaluated on {month:%Y-%m}: {reason}")
-        return dg.MaterializeResult(metadata={
-            "status": "refused", "reason": reason, "agent config": record["agent_config_hash"],
-            "query_set": config.query_set,
-        })
+        return dg.MaterializeResult(
+            metadata={
+                "status": "refused",
+                "reason": reason,
+                "agent config": record["agent_config_hash"],
+                "query_set": config.query_set,
+            }
+        )
     split_file = DataLayout(settings.data_dir).split_dir(month) / f"{config.query_set}.parquet"
     if not split_file.exists():
-        raise dg.Failure(description=f"no split at {split_file}; materialise test_split for {month:%Y-%m} first",
-                         allow_retries=False)
+        raise dg.Failure(
+            description=f"no split at {split_file}; materialise test_split for {month:%Y-%m} first", allow_retries=False
+        )
     clear_refusal(settings.data_dir, month, agent.name, config.query_set)
     try:
         records = _run(agent, split_file, settings.data_dir, config, llm, context, llm.sandbox_allow_unconfined)
@@ -127,8 +154,13 @@ def evaluation(context: dg.AssetExecutionContext, config: EvaluationConfig, data
         "query_set": config.query_set,
         "dagster/row_count": sum(r["n"] * r["rounds"] for r in records),
         "scores": dg.MetadataValue.md(_scores_table(records)),
-        "path": dg.MetadataValue.path(str(DataLayout(settings.data_dir).evaluation_dir(
-            month, agent.name, config.query_set, agent.distances[0]).parent)),
+        "path": dg.MetadataValue.path(
+            str(
+                DataLayout(settings.data_dir)
+                .evaluation_dir(month, agent.name, config.query_set, agent.distances[0])
+                .parent
+            )
+        ),
     }
     if agent.kind == "llm":
         metadata["end states"] = dg.MetadataValue.json({f"distance={r['distance']}": r["end_states"] for r in records})
@@ -153,12 +185,15 @@ def leaderboard(dataset: Dataset, gdelt: GdeltFeed, release_store: ReleaseBucket
     # there is at least one release to sit beside.
     store = open_store(settings)
     published = publish_leaderboard(store, board_path, chart_path) if store.release_months() else []
-    return dg.MaterializeResult(metadata={
-        "dagster/row_count": board.height,
-        "path": dg.MetadataValue.path(str(board_path)),
-        "leaderboard": dg.MetadataValue.md(f"{markdown_table(summary(board))}\n\n{RANK_RULE}." if board.height
-                                           else "no evaluation runs yet"),
-        "chart": png_metadata(chart_path),
-        "refusals": dg.MetadataValue.md(markdown_table(refused) if refused.height else "none"),
-        "published": ", ".join(published) or "unchanged or no release yet",
-    })
+    return dg.MaterializeResult(
+        metadata={
+            "dagster/row_count": board.height,
+            "path": dg.MetadataValue.path(str(board_path)),
+            "leaderboard": dg.MetadataValue.md(
+                f"{markdown_table(summary(board))}\n\n{RANK_RULE}." if board.height else "no evaluation runs yet"
+            ),
+            "chart": png_metadata(chart_path),
+            "refusals": dg.MetadataValue.md(markdown_table(refused) if refused.height else "none"),
+            "published": ", ".join(published) or "unchanged or no release yet",
+        }
+    )

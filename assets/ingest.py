@@ -64,9 +64,11 @@ def _parsed_asset(kind: str):
                 "files": result.files,
                 "parsed_this_run": result.parsed,
                 "quarantined_this_run": dg.MetadataValue.md(
-                    "\n".join(f"- `{path}`" for path in result.quarantined) or "none"),
+                    "\n".join(f"- `{path}`" for path in result.quarantined) or "none"
+                ),
                 "refused_this_run": dg.MetadataValue.md(
-                    "\n".join(f"- `{path}`: {why}" for path, why in result.refused.items()) or "none"),
+                    "\n".join(f"- `{path}`: {why}" for path, why in result.refused.items()) or "none"
+                ),
             }
         )
 

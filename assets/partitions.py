@@ -16,7 +16,9 @@ _settings = Settings.from_env()
 _after_end = _settings.end_date + timedelta(days=1) if _settings.end_date else None
 
 daily_partitions = dg.DailyPartitionsDefinition(
-    start_date=_settings.start_date.isoformat(), timezone="UTC", end_offset=1,
+    start_date=_settings.start_date.isoformat(),
+    timezone="UTC",
+    end_offset=1,
     end_date=_after_end.isoformat() if _after_end else None,
 )
 
@@ -25,6 +27,8 @@ daily_partitions = dg.DailyPartitionsDefinition(
 # slot ledger to settle and the grace period (pipeline.splits.month_closure). With an end date,
 # the last month is the last one that ended by then.
 monthly_partitions = dg.MonthlyPartitionsDefinition(
-    start_date=_settings.start_date.replace(day=1).isoformat(), timezone="UTC", end_offset=0,
+    start_date=_settings.start_date.replace(day=1).isoformat(),
+    timezone="UTC",
+    end_offset=0,
     end_date=_after_end.replace(day=1).isoformat() if _after_end else None,
 )

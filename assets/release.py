@@ -29,8 +29,9 @@ from pipeline.release import (
     "manifest.json (written last) and the dataset card; then releases/index.json and latest.json. "
     "Immutable: a re-run verifies the published objects and changes nothing.",
 )
-def release(context: dg.AssetExecutionContext, dataset: Dataset, gdelt: GdeltFeed,
-            release_store: ReleaseBucket) -> dg.MaterializeResult:
+def release(
+    context: dg.AssetExecutionContext, dataset: Dataset, gdelt: GdeltFeed, release_store: ReleaseBucket
+) -> dg.MaterializeResult:
     month = date.fromisoformat(context.partition_key)
     # The store's HTTP timeouts are the GDELT feed's (one pair of connect/read timeouts).
     settings = pipeline_settings(dataset, gdelt, release_store)

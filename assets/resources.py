@@ -39,7 +39,7 @@ class SettingsPart(dg.ConfigurableResource):
         return cls._RENAMED.get(name, name)
 
     @classmethod
-    def from_settings(cls, settings: Settings, only: set[str] | None = None, **fields) -> "SettingsPart":
+    def from_settings(cls, settings: Settings, only: set[str] | None = None, **fields) -> SettingsPart:
         """The resource holding ``settings``' values (only the Settings fields in ``only``, if
         given; the rest keep their defaults), then ``fields`` (its own field names)."""
         values: dict[str, object] = {}
@@ -57,18 +57,37 @@ class Dataset(SettingsPart):
     partitions are fixed when the code location loads, so they come from MIRAI_START_DATE and
     MIRAI_END_DATE only (assets/partitions.py)."""
 
-    data_dir: str = Field(default=str(_DEFAULT.data_dir), description="MIRAI_DATA_DIR: root of every stored file (docs/data-layout.md)")
-    day_lock_timeout_s: float = Field(default=_DEFAULT.day_lock_timeout_s, description="wait for another run's lock on a day")
-    user_agent: str = Field(default=_DEFAULT.user_agent, description="User-Agent of every request (GDELT, news sites, webhook)")
-    article_min_mentions: int = Field(default=_DEFAULT.article_min_mentions, description="quads with at least this many daily mentions get articles (MIRAI §2)")
-    test_min_mentions: int = Field(default=_DEFAULT.test_min_mentions, description="a test query's quad needs this many daily mentions")
-    test_min_articles: int = Field(default=_DEFAULT.test_min_articles, description="... and this many filtered articles")
+    data_dir: str = Field(
+        default=str(_DEFAULT.data_dir), description="MIRAI_DATA_DIR: root of every stored file (docs/data-layout.md)"
+    )
+    day_lock_timeout_s: float = Field(
+        default=_DEFAULT.day_lock_timeout_s, description="wait for another run's lock on a day"
+    )
+    user_agent: str = Field(
+        default=_DEFAULT.user_agent, description="User-Agent of every request (GDELT, news sites, webhook)"
+    )
+    article_min_mentions: int = Field(
+        default=_DEFAULT.article_min_mentions,
+        description="quads with at least this many daily mentions get articles (MIRAI §2)",
+    )
+    test_min_mentions: int = Field(
+        default=_DEFAULT.test_min_mentions, description="a test query's quad needs this many daily mentions"
+    )
+    test_min_articles: int = Field(
+        default=_DEFAULT.test_min_articles, description="... and this many filtered articles"
+    )
     split_sample_size: int = Field(default=_DEFAULT.split_sample_size, description="queries in the balanced sample")
     split_seed: int = Field(default=_DEFAULT.split_seed, description="seed of the balanced sample")
-    split_grace_days: int = Field(default=_DEFAULT.split_grace_days, description="days after a month's end before its split")
-    agent_distance_days: int = Field(default=_DEFAULT.agent_distance_days, description="an agent answering for day t sees data up to t - distance")
+    split_grace_days: int = Field(
+        default=_DEFAULT.split_grace_days, description="days after a month's end before its split"
+    )
+    agent_distance_days: int = Field(
+        default=_DEFAULT.agent_distance_days, description="an agent answering for day t sees data up to t - distance"
+    )
     agents_file: str = Field(default=str(_DEFAULT.agents_file), description="the agent registry (docs/evaluation.md)")
-    generated_source: str = Field(default=_DEFAULT.generated_source, description="\"\" = GDELT's feed; else names generated data (the demo)")
+    generated_source: str = Field(
+        default=_DEFAULT.generated_source, description='"" = GDELT\'s feed; else names generated data (the demo)'
+    )
 
 
 class GdeltFeed(SettingsPart):
@@ -84,8 +103,12 @@ class GdeltFeed(SettingsPart):
     download_attempts: int = _DEFAULT.download_attempts
     backoff_base_s: float = _DEFAULT.backoff_base_s
     backoff_max_s: float = _DEFAULT.backoff_max_s
-    missing_grace_hours: float = Field(default=_DEFAULT.missing_grace_hours, description="an unlisted slot is pending this long, then missing")
-    late_after_hours: float = Field(default=_DEFAULT.late_after_hours, description="a file landing this long after its slot is late")
+    missing_grace_hours: float = Field(
+        default=_DEFAULT.missing_grace_hours, description="an unlisted slot is pending this long, then missing"
+    )
+    late_after_hours: float = Field(
+        default=_DEFAULT.late_after_hours, description="a file landing this long after its slot is late"
+    )
     max_uncompressed_mb: int = Field(default=_DEFAULT.max_uncompressed_mb, description="cap on one zip member unzipped")
 
 
@@ -94,7 +117,9 @@ class ArticleFetcher(SettingsPart):
     (pipeline/articles)."""
 
     article_include_mention_urls: bool = _DEFAULT.article_include_mention_urls
-    article_profile: str = Field(default=_DEFAULT.article_profile, description="OBELICS filter profile: mirai | obelics")
+    article_profile: str = Field(
+        default=_DEFAULT.article_profile, description="OBELICS filter profile: mirai | obelics"
+    )
     article_domain_dedup: bool = _DEFAULT.article_domain_dedup
     extract_workers: int = _DEFAULT.extract_workers
     extract_timeout_s: float = _DEFAULT.extract_timeout_s
@@ -108,11 +133,17 @@ class ArticleFetcher(SettingsPart):
     fetch_backoff_base_s: float = _DEFAULT.fetch_backoff_base_s
     fetch_backoff_max_s: float = _DEFAULT.fetch_backoff_max_s
     fetch_max_redirects: int = _DEFAULT.fetch_max_redirects
-    fetch_allow_loopback: bool = Field(default=_DEFAULT.fetch_allow_loopback, description="tests and the local demo only")
-    fetch_host_map: str = Field(default=_DEFAULT.fetch_host_map, description="reserved-TLD names to fixed addresses (the demo)")
+    fetch_allow_loopback: bool = Field(
+        default=_DEFAULT.fetch_allow_loopback, description="tests and the local demo only"
+    )
+    fetch_host_map: str = Field(
+        default=_DEFAULT.fetch_host_map, description="reserved-TLD names to fixed addresses (the demo)"
+    )
     fetch_respect_robots: bool = _DEFAULT.fetch_respect_robots
     fetch_robots_ttl_s: float = _DEFAULT.fetch_robots_ttl_s
-    fetch_retry_schedule_h: str = Field(default=_DEFAULT.fetch_retry_schedule_h, description="hours after each failed run before a retry")
+    fetch_retry_schedule_h: str = Field(
+        default=_DEFAULT.fetch_retry_schedule_h, description="hours after each failed run before a retry"
+    )
 
 
 class ReleaseBucket(SettingsPart):
@@ -120,20 +151,30 @@ class ReleaseBucket(SettingsPart):
     (pipeline/release.py, which keeps its own checksummed transfers). The S3 client is built when an
     asset or the monthly schedule opens the store, never at load."""
 
-    _RENAMED: ClassVar[Mapping[str, str]] = {"uri": "release_uri", "public_url": "release_public_url",
-                                             "multipart_threshold_mb": "release_multipart_threshold_mb",
-                                             "multipart_chunk_mb": "release_multipart_chunk_mb",
-                                             "concurrency": "release_concurrency",
-                                             "signed_download": "release_signed_download"}
+    _RENAMED: ClassVar[Mapping[str, str]] = {
+        "uri": "release_uri",
+        "public_url": "release_public_url",
+        "multipart_threshold_mb": "release_multipart_threshold_mb",
+        "multipart_chunk_mb": "release_multipart_chunk_mb",
+        "concurrency": "release_concurrency",
+        "signed_download": "release_signed_download",
+    }
 
-    uri: str = Field(default=_DEFAULT.release_uri, description="MIRAI_RELEASE_URI: s3://bucket/prefix or a path; \"\" = <data_dir>/releases-bucket")
-    public_url: str = Field(default=_DEFAULT.release_public_url, description="base of releases/index.json's URLs; \"\" = derived")
-    s3_endpoint_url: str = Field(default=_DEFAULT.s3_endpoint_url, description="\"\" = AWS; else any S3-compatible store")
-    s3_region: str = Field(default=_DEFAULT.s3_region, description="\"\" = the AWS chain's region")
+    uri: str = Field(
+        default=_DEFAULT.release_uri,
+        description='MIRAI_RELEASE_URI: s3://bucket/prefix or a path; "" = <data_dir>/releases-bucket',
+    )
+    public_url: str = Field(
+        default=_DEFAULT.release_public_url, description='base of releases/index.json\'s URLs; "" = derived'
+    )
+    s3_endpoint_url: str = Field(default=_DEFAULT.s3_endpoint_url, description='"" = AWS; else any S3-compatible store')
+    s3_region: str = Field(default=_DEFAULT.s3_region, description='"" = the AWS chain\'s region')
     s3_max_attempts: int = _DEFAULT.s3_max_attempts
     multipart_threshold_mb: int = _DEFAULT.release_multipart_threshold_mb
     multipart_chunk_mb: int = _DEFAULT.release_multipart_chunk_mb
-    concurrency: int = Field(default=_DEFAULT.release_concurrency, description="requests in flight per upload or download")
+    concurrency: int = Field(
+        default=_DEFAULT.release_concurrency, description="requests in flight per upload or download"
+    )
     signed_download: bool = _DEFAULT.release_signed_download
 
 
@@ -141,13 +182,18 @@ class Alerts(SettingsPart):
     """The alert webhook (pipeline/alerts.py). Its URL carries a token: set it as
     MIRAI_ALERT_WEBHOOK_URL, which the resource holds as an EnvVar, never as a value."""
 
-    _RENAMED: ClassVar[Mapping[str, str]] = {"webhook_url": "alert_webhook_url", "timeout_s": "alert_timeout_s",
-                                             "attempts": "alert_attempts"}
+    _RENAMED: ClassVar[Mapping[str, str]] = {
+        "webhook_url": "alert_webhook_url",
+        "timeout_s": "alert_timeout_s",
+        "attempts": "alert_attempts",
+    }
 
-    webhook_url: str = Field(default="", description="MIRAI_ALERT_WEBHOOK_URL (a secret); \"\" = alerts are only logged")
+    webhook_url: str = Field(default="", description='MIRAI_ALERT_WEBHOOK_URL (a secret); "" = alerts are only logged')
     timeout_s: float = _DEFAULT.alert_timeout_s
     attempts: int = _DEFAULT.alert_attempts
-    freshness_hours: float = Field(default=_DEFAULT.freshness_hours, description="alert when the newest landed slot is older")
+    freshness_hours: float = Field(
+        default=_DEFAULT.freshness_hours, description="alert when the newest landed slot is older"
+    )
 
 
 class LlmRuntime(dg.ConfigurableResource):
@@ -159,11 +205,13 @@ class LlmRuntime(dg.ConfigurableResource):
     seed: int = DEFAULT_SEED
     sandbox_allow_unconfined: bool = Field(
         default=_DEFAULT.sandbox_allow_unconfined,
-        description="MIRAI_SANDBOX_ALLOW_UNCONFINED: run code blocks where seccomp cannot be installed (recorded)")
+        description="MIRAI_SANDBOX_ALLOW_UNCONFINED: run code blocks where seccomp cannot be installed (recorded)",
+    )
 
     def client_settings(self) -> ClientSettings:
-        return ClientSettings(max_tokens=self.max_tokens, n_ctx=self.n_ctx, n_threads=self.n_threads or None,
-                              seed=self.seed)
+        return ClientSettings(
+            max_tokens=self.max_tokens, n_ctx=self.n_ctx, n_threads=self.n_threads or None, seed=self.seed
+        )
 
 
 def pipeline_settings(dataset: Dataset, *parts: SettingsPart) -> Settings:
@@ -179,18 +227,29 @@ def _typed(field: str, value: object) -> object:
     return Path(value) if field in ("data_dir", "agents_file") else value
 
 
-_PARTS = {"dataset": Dataset, "gdelt": GdeltFeed, "fetcher": ArticleFetcher, "release_store": ReleaseBucket,
-          "alerts": Alerts}
+_PARTS = {
+    "dataset": Dataset,
+    "gdelt": GdeltFeed,
+    "fetcher": ArticleFetcher,
+    "release_store": ReleaseBucket,
+    "alerts": Alerts,
+}
 
 
-def resources_for(settings: Settings | None = None, only: set[str] | None = None, **overrides) -> dict[str, dg.ConfigurableResource]:
+def resources_for(
+    settings: Settings | None = None, only: set[str] | None = None, **overrides
+) -> dict[str, dg.ConfigurableResource]:
     """Every resource, keyed as definitions.py binds them, holding ``settings`` (default: Settings'
     defaults) with ``overrides`` (Settings field names). Tests and the demo pass what they change."""
     settings = (settings or Settings()).with_(**{k: _typed(k, v) for k, v in overrides.items()})
     only = None if only is None else only | set(overrides)
-    resources: dict[str, dg.ConfigurableResource] = {key: cls.from_settings(settings, only) for key, cls in _PARTS.items()}
+    resources: dict[str, dg.ConfigurableResource] = {
+        key: cls.from_settings(settings, only) for key, cls in _PARTS.items()
+    }
     llm_only = only is None or "sandbox_allow_unconfined" in only
-    resources["llm"] = LlmRuntime(sandbox_allow_unconfined=settings.sandbox_allow_unconfined) if llm_only else LlmRuntime()
+    resources["llm"] = (
+        LlmRuntime(sandbox_allow_unconfined=settings.sandbox_allow_unconfined) if llm_only else LlmRuntime()
+    )
     return resources
 
 
@@ -204,6 +263,7 @@ def resources_from_env(env: Mapping[str, str] | None = None) -> dict[str, dg.Con
     only = {field for field, name in names.items() if env.get(name)}
     resources = resources_for(settings, only=only)
     if "alert_webhook_url" in only:
-        resources["alerts"] = Alerts.from_settings(settings, only - {"alert_webhook_url"},
-                                                   webhook_url=dg.EnvVar(names["alert_webhook_url"]))
+        resources["alerts"] = Alerts.from_settings(
+            settings, only - {"alert_webhook_url"}, webhook_url=dg.EnvVar(names["alert_webhook_url"])
+        )
     return resources

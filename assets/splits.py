@@ -30,8 +30,9 @@ class SplitConfig(dg.Config):
     description="splits/YYYY-MM/: queries.parquet, queries_sample.parquet, manifest.json (sha256 of "
     "every file), README.md dataset card and its figures. Built only for a closed month.",
 )
-def test_split(context: dg.AssetExecutionContext, config: SplitConfig, dataset: Dataset, gdelt: GdeltFeed,
-               fetcher: ArticleFetcher) -> dg.MaterializeResult:
+def test_split(
+    context: dg.AssetExecutionContext, config: SplitConfig, dataset: Dataset, gdelt: GdeltFeed, fetcher: ArticleFetcher
+) -> dg.MaterializeResult:
     # The GDELT feed's URL is the split's recorded source; the fetcher's profile names its articles.
     month = date.fromisoformat(context.partition_key)
     now = utc_now()

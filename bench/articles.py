@@ -46,7 +46,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from common import machine as machine_summary
@@ -54,7 +54,7 @@ from common import own_peak_rss_mib
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_HTML = ROOT.parent / "shared" / "fixtures" / "html"
-NOW = datetime(2024, 1, 2, tzinfo=timezone.utc)
+NOW = datetime(2024, 1, 2, tzinfo=UTC)
 GOALS = {"fetch_ratio": 0.8, "filter_share": 0.25}
 PROFILE = "mirai"  # Settings.article_profile's default
 OTHER_PROFILE = "obelics"
@@ -75,8 +75,10 @@ def fixture_pages(html_dir: Path) -> list[tuple[str, bytes]]:
         return [(f.name, f.read_bytes()) for f in files]
     from testbed.news import page_html
 
-    return [(f"generated-{i:02d}.html", page_html(f"Generated story {i} about talks between two governments", 8 + 4 * i))
-            for i in range(15)]
+    return [
+        (f"generated-{i:02d}.html", page_html(f"Generated story {i} about talks between two governments", 8 + 4 * i))
+        for i in range(15)
+    ]
 
 
 # --- 1. fetch ---------------------------------------------------------------------------------------
@@ -101,9 +103,15 @@ def _serve(conn, page_set: str, html_dir: str, n: int, latency_s: float) -> None
         conn.send(server.url)
         conn.recv()
         log = server.requests
-        conn.send({"max_in_flight": server.max_in_flight, "requests": len(log),
-                   "robots_requests": sum(1 for e in log if e["path"] == "/robots.txt"),
-                   "bytes_sent": sum(e["bytes"] for e in log), "server_cpu_s": cpu_seconds()})
+        conn.send(
+            {
+                "max_in_flight": server.max_in_flight,
+                "requests": len(log),
+                "robots_requests": sum(1 for e in log if e["path"] == "/robots.txt"),
+                "bytes_sent": sum(e["bytes"] for e in log),
+                "server_cpu_s": cpu_seconds(),
+            }
+        )
 
 
 class _InlineServer:
@@ -116,9 +124,13 @@ class _InlineServer:
     def stop(self) -> dict:
         log = self.server.requests
         self.server.stop()
-        return {"max_in_flight": self.server.max_in_flight, "requests": len(log),
-                "robots_requests": sum(1 for e in log if e["path"] == "/robots.txt"),
-                "bytes_sent": sum(e["bytes"] for e in log), "server_cpu_s": None}
+        return {
+            "max_in_flight": self.server.max_in_flight,
+            "requests": len(log),
+            "robots_requests": sum(1 for e in log if e["path"] == "/robots.txt"),
+            "bytes_sent": sum(e["bytes"] for e in log),
+            "server_cpu_s": None,
+        }
 
 
 class _ChildServer:
@@ -147,8 +159,13 @@ def run_fetch(args: argparse.Namespace) -> dict:
     urls = [server.url + p for p in paths]
     try:
         with tempfile.TemporaryDirectory(prefix="mirai-bench-articles-") as data_dir:
-            settings = Settings(data_dir=Path(data_dir), fetch_concurrency=c, fetch_per_host=c,
-                                fetch_allow_loopback=True, fetch_respect_robots=True)
+            settings = Settings(
+                data_dir=Path(data_dir),
+                fetch_concurrency=c,
+                fetch_per_host=c,
+                fetch_allow_loopback=True,
+                fetch_respect_robots=True,
+            )
             before, cpu0 = own_peak_rss_mib(), cpu_seconds()
             batch = fetch_many(urls, settings, now=NOW)
             cpu = cpu_seconds() - cpu0
@@ -162,13 +179,27 @@ def run_fetch(args: argparse.Namespace) -> dict:
     achieved = fetched / batch.elapsed_s
     ideal = c / latency  # = n / (n / c * latency)
     return {
-        "page_set": args.page_set, "server": args.server, "pages": n, "concurrency": c, "latency_s": latency,
-        "counts": counts, "elapsed_s": batch.elapsed_s, "achieved_per_s": achieved, "ideal_per_s": ideal,
-        "ratio": achieved / ideal, "ceiling_with_robots": (n / c) / (n / c + 1),
-        "per_url_median_s": statistics.median(per_url), "per_url_p95_s": per_url[int(0.95 * (len(per_url) - 1))],
-        "per_url_max_s": per_url[-1], "bytes": sum(o.bytes for o in batch.outcomes), "stored_gz_bytes": stored,
-        "client_cpu_s": cpu, "robots_requests_client": batch.robots_requests,
-        "peak_before_mib": before, "peak_after_mib": after, **server_stats,
+        "page_set": args.page_set,
+        "server": args.server,
+        "pages": n,
+        "concurrency": c,
+        "latency_s": latency,
+        "counts": counts,
+        "elapsed_s": batch.elapsed_s,
+        "achieved_per_s": achieved,
+        "ideal_per_s": ideal,
+        "ratio": achieved / ideal,
+        "ceiling_with_robots": (n / c) / (n / c + 1),
+        "per_url_median_s": statistics.median(per_url),
+        "per_url_p95_s": per_url[int(0.95 * (len(per_url) - 1))],
+        "per_url_max_s": per_url[-1],
+        "bytes": sum(o.bytes for o in batch.outcomes),
+        "stored_gz_bytes": stored,
+        "client_cpu_s": cpu,
+        "robots_requests_client": batch.robots_requests,
+        "peak_before_mib": before,
+        "peak_after_mib": after,
+        **server_stats,
     }
 
 
@@ -202,11 +233,23 @@ def run_extract(args: argparse.Namespace) -> dict:
             t2 = time.perf_counter()
             other = filter_document(extracted.text, OTHER_PROFILE) if extracted.error is None else None
             t3 = time.perf_counter()
-            out.append({"name": name, "extract_s": t1 - t0, "filter_s": t2 - t1, "filter_other_s": t3 - t2,
-                        "error": extracted.error, "n_words": extracted.n_words, "text": extracted.text,
-                        "decision": (("kept" if decision.kept else decision.failing_filter) if decision
-                                     else f"extraction:{extracted.error}"),
-                        "decision_other": (("kept" if other.kept else other.failing_filter) if other else "-")})
+            out.append(
+                {
+                    "name": name,
+                    "extract_s": t1 - t0,
+                    "filter_s": t2 - t1,
+                    "filter_other_s": t3 - t2,
+                    "error": extracted.error,
+                    "n_words": extracted.n_words,
+                    "text": extracted.text,
+                    "decision": (
+                        ("kept" if decision.kept else decision.failing_filter)
+                        if decision
+                        else f"extraction:{extracted.error}"
+                    ),
+                    "decision_other": (("kept" if other.kept else other.failing_filter) if other else "-"),
+                }
+            )
         return out
 
     one_round()  # warm-up: trafilatura's first-call setup, the language model, the word lists
@@ -231,20 +274,36 @@ def run_extract(args: argparse.Namespace) -> dict:
     per_page = []
     for i, (name, html, _) in enumerate(pages):
         runs = [rnd[i] for rnd in rounds]
-        per_page.append({
-            "name": name, "kib": len(html) / 1024, "words": runs[0]["n_words"],
-            "extract_ms": 1000 * statistics.median(r["extract_s"] for r in runs),
-            "filter_ms": 1000 * statistics.median(r["filter_s"] for r in runs),
-            "filter_other_ms": 1000 * statistics.median(r["filter_other_s"] for r in runs),
-            "decision": runs[0]["decision"], "decision_other": runs[0]["decision_other"],
-        })
+        per_page.append(
+            {
+                "name": name,
+                "kib": len(html) / 1024,
+                "words": runs[0]["n_words"],
+                "extract_ms": 1000 * statistics.median(r["extract_s"] for r in runs),
+                "filter_ms": 1000 * statistics.median(r["filter_s"] for r in runs),
+                "filter_other_ms": 1000 * statistics.median(r["filter_other_s"] for r in runs),
+                "decision": runs[0]["decision"],
+                "decision_other": runs[0]["decision_other"],
+            }
+        )
     return {
-        "cpu": cpu, "pages": len(pages), "rounds": args.rounds, "docs": docs, "filtered_docs": len(texts) * args.rounds,
-        "extract_s": extract_s, "filter_s": filter_s, "filter_other_s": filter_other_s,
-        "ours_in_extract_s": ours_in_extract, "wall_s": wall, "process_cpu_s": cpu_s,
-        "docs_per_s": docs / (extract_s + filter_s), "filter_share": filter_s / extract_s,
+        "cpu": cpu,
+        "pages": len(pages),
+        "rounds": args.rounds,
+        "docs": docs,
+        "filtered_docs": len(texts) * args.rounds,
+        "extract_s": extract_s,
+        "filter_s": filter_s,
+        "filter_other_s": filter_other_s,
+        "ours_in_extract_s": ours_in_extract,
+        "wall_s": wall,
+        "process_cpu_s": cpu_s,
+        "docs_per_s": docs / (extract_s + filter_s),
+        "filter_share": filter_s / extract_s,
         "filter_other_share": filter_other_s / extract_s,
-        "peak_before_mib": before, "peak_after_mib": after, "per_page": per_page,
+        "peak_before_mib": before,
+        "peak_after_mib": after,
+        "per_page": per_page,
     }
 
 
@@ -252,9 +311,24 @@ def run_extract(args: argparse.Namespace) -> dict:
 
 
 def in_subprocess(worker: str, args: argparse.Namespace, **extra: str) -> dict:
-    cmd = [sys.executable, __file__, "--worker", worker, "--pages", str(args.pages), "--concurrency",
-           str(args.concurrency), "--latency", str(args.latency), "--rounds", str(args.rounds), "--html", str(args.html),
-           "--server", args.server]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--worker",
+        worker,
+        "--pages",
+        str(args.pages),
+        "--concurrency",
+        str(args.concurrency),
+        "--latency",
+        str(args.latency),
+        "--rounds",
+        str(args.rounds),
+        "--html",
+        str(args.html),
+        "--server",
+        args.server,
+    ]
     for key, value in extra.items():
         cmd += [f"--{key.replace('_', '-')}", value]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT)
@@ -265,7 +339,9 @@ def machine() -> str:
     import lxml.etree
     import trafilatura
 
-    return machine_summary({"trafilatura": trafilatura.__version__, "lxml": ".".join(map(str, lxml.etree.LXML_VERSION[:3]))})
+    return machine_summary(
+        {"trafilatura": trafilatura.__version__, "lxml": ".".join(map(str, lxml.etree.LXML_VERSION[:3]))}
+    )
 
 
 def load() -> str:
@@ -284,8 +360,12 @@ def main() -> None:
     parser.add_argument("--latency", type=float, default=0.2, help="server latency per response, s (default 0.2)")
     parser.add_argument("--rounds", type=int, default=10, help="extraction rounds over the pages (default 10)")
     parser.add_argument("--html", type=Path, default=DEFAULT_HTML, help=f"real pages (default {DEFAULT_HTML})")
-    parser.add_argument("--server", choices=("process", "inline"), default="process",
-                        help="news server in a child process (default) or in the fetching process")
+    parser.add_argument(
+        "--server",
+        choices=("process", "inline"),
+        default="process",
+        help="news server in a child process (default) or in the fetching process",
+    )
     parser.add_argument("--fetch-pages", default="real,generated", help="page sets to fetch: real, generated or both")
     parser.add_argument("--skip-extract", action="store_true")
     parser.add_argument("--worker", choices=("fetch", "extract"), help=argparse.SUPPRESS)
@@ -299,7 +379,7 @@ def main() -> None:
         return
 
     print(f"machine: {machine()}")
-    print(f"date: {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC (VM clock); {load()}")
+    print(f"date: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC (VM clock); {load()}")
     print(f"command: {' '.join([Path(sys.executable).name, *sys.argv])}")
     real = args.html.is_dir() and any(args.html.glob("*.html"))
     print(f"pages: {args.html if real else 'generated (page_html): ' + str(args.html) + ' is absent'}\n")
@@ -309,47 +389,73 @@ def main() -> None:
         r = in_subprocess("fetch", args, page_set=page_set)
         fetch_results.append(r)
         mib = r["bytes"] / 2**20
-        print(f"1. fetch, {page_set} pages ({r['pages']} URLs, {mib:,.1f} MiB, mean {r['bytes'] / max(1, r['pages']) / 1024:,.1f} "
-              f"KiB; server {r['server']}; concurrency {r['concurrency']}, latency {r['latency_s'] * 1000:.0f} ms, robots on)")
+        print(
+            f"1. fetch, {page_set} pages ({r['pages']} URLs, {mib:,.1f} MiB, mean {r['bytes'] / max(1, r['pages']) / 1024:,.1f} "
+            f"KiB; server {r['server']}; concurrency {r['concurrency']}, latency {r['latency_s'] * 1000:.0f} ms, robots on)"
+        )
         print(f"   outcomes {r['counts']}; {r['elapsed_s']:.2f} s wall")
-        print(f"   achieved {r['achieved_per_s']:.1f} pages/s, ideal {r['ideal_per_s']:.1f} pages/s: "
-              f"ratio {r['ratio']:.3f}  (ceiling with the robots.txt round trip {r['ceiling_with_robots']:.3f})")
-        print(f"   server max_in_flight {r['max_in_flight']}; {r['requests']} requests "
-              f"({r['robots_requests']} robots.txt); per URL median {r['per_url_median_s']:.3f} s, "
-              f"p95 {r['per_url_p95_s']:.3f} s, max {r['per_url_max_s']:.3f} s")
+        print(
+            f"   achieved {r['achieved_per_s']:.1f} pages/s, ideal {r['ideal_per_s']:.1f} pages/s: "
+            f"ratio {r['ratio']:.3f}  (ceiling with the robots.txt round trip {r['ceiling_with_robots']:.3f})"
+        )
+        print(
+            f"   server max_in_flight {r['max_in_flight']}; {r['requests']} requests "
+            f"({r['robots_requests']} robots.txt); per URL median {r['per_url_median_s']:.3f} s, "
+            f"p95 {r['per_url_p95_s']:.3f} s, max {r['per_url_max_s']:.3f} s"
+        )
         server_cpu = f", server {r['server_cpu_s']:.2f} s" if r.get("server_cpu_s") is not None else ""
-        print(f"   CPU: client {r['client_cpu_s']:.2f} s{server_cpu}; stored {r['stored_gz_bytes'] / 2**20:,.1f} MiB gzip")
-        print(f"   peak RSS (VmHWM, fresh process): {r['peak_before_mib']:.0f} MiB after imports -> "
-              f"{r['peak_after_mib']:.0f} MiB after the fetch\n")
+        print(
+            f"   CPU: client {r['client_cpu_s']:.2f} s{server_cpu}; stored {r['stored_gz_bytes'] / 2**20:,.1f} MiB gzip"
+        )
+        print(
+            f"   peak RSS (VmHWM, fresh process): {r['peak_before_mib']:.0f} MiB after imports -> "
+            f"{r['peak_after_mib']:.0f} MiB after the fetch\n"
+        )
 
     ext = None
     if not args.skip_extract:
         ext = in_subprocess("extract", args)
-        print(f"2. extract + filter: {ext['pages']} pages x {ext['rounds']} rounds = {ext['docs']} documents "
-              f"({ext['filtered_docs']} filtered), one process pinned to CPU {ext['cpu']}")
-        print(f"   {'page':36s} {'KiB':>6s} {'words':>6s} {'extract ms':>10s} {'filter ms':>9s} {'share':>6s} "
-              f"{PROFILE + ' decision':24s} {OTHER_PROFILE + ' ms':>10s} {OTHER_PROFILE}")
+        print(
+            f"2. extract + filter: {ext['pages']} pages x {ext['rounds']} rounds = {ext['docs']} documents "
+            f"({ext['filtered_docs']} filtered), one process pinned to CPU {ext['cpu']}"
+        )
+        print(
+            f"   {'page':36s} {'KiB':>6s} {'words':>6s} {'extract ms':>10s} {'filter ms':>9s} {'share':>6s} "
+            f"{PROFILE + ' decision':24s} {OTHER_PROFILE + ' ms':>10s} {OTHER_PROFILE}"
+        )
         for p in ext["per_page"]:
             share = p["filter_ms"] / p["extract_ms"] if p["extract_ms"] else 0.0
-            print(f"   {p['name']:36s} {p['kib']:6.0f} {p['words']:6d} {p['extract_ms']:10.1f} {p['filter_ms']:9.2f} "
-                  f"{share:6.1%} {p['decision']:24s} {p['filter_other_ms']:10.2f} {p['decision_other']}")
-        print(f"   totals: extract {ext['extract_s']:.2f} s (of which language ID + word count of the text "
-              f"{ext['ours_in_extract_s']:.2f} s), filter_document[{PROFILE}] {ext['filter_s']:.2f} s, "
-              f"[{OTHER_PROFILE}] {ext['filter_other_s']:.2f} s; process CPU {ext['process_cpu_s']:.2f} s "
-              f"over {ext['wall_s']:.2f} s wall")
+            print(
+                f"   {p['name']:36s} {p['kib']:6.0f} {p['words']:6d} {p['extract_ms']:10.1f} {p['filter_ms']:9.2f} "
+                f"{share:6.1%} {p['decision']:24s} {p['filter_other_ms']:10.2f} {p['decision_other']}"
+            )
+        print(
+            f"   totals: extract {ext['extract_s']:.2f} s (of which language ID + word count of the text "
+            f"{ext['ours_in_extract_s']:.2f} s), filter_document[{PROFILE}] {ext['filter_s']:.2f} s, "
+            f"[{OTHER_PROFILE}] {ext['filter_other_s']:.2f} s; process CPU {ext['process_cpu_s']:.2f} s "
+            f"over {ext['wall_s']:.2f} s wall"
+        )
         print(f"   docs/s per core: {ext['docs_per_s']:.1f}  (documents / (extract + {PROFILE} filter seconds))")
-        print(f"   filter share: {ext['filter_share']:.1%} of extraction time ({OTHER_PROFILE}: "
-              f"{ext['filter_other_share']:.1%})")
-        print(f"   peak RSS (VmHWM, fresh process): {ext['peak_before_mib']:.0f} MiB after imports and pages -> "
-              f"{ext['peak_after_mib']:.0f} MiB after the rounds\n")
+        print(
+            f"   filter share: {ext['filter_share']:.1%} of extraction time ({OTHER_PROFILE}: "
+            f"{ext['filter_other_share']:.1%})"
+        )
+        print(
+            f"   peak RSS (VmHWM, fresh process): {ext['peak_before_mib']:.0f} MiB after imports and pages -> "
+            f"{ext['peak_after_mib']:.0f} MiB after the rounds\n"
+        )
 
     print(f"goals ({load()}):")
     for r in fetch_results:
-        print(f"  fetch throughput ({r['page_set']} pages) = {r['ratio']:.3f} of ideal, max in flight "
-              f"{r['max_in_flight']}  goal >= {GOALS['fetch_ratio']}: {verdict(r['ratio'] >= GOALS['fetch_ratio'])}")
+        print(
+            f"  fetch throughput ({r['page_set']} pages) = {r['ratio']:.3f} of ideal, max in flight "
+            f"{r['max_in_flight']}  goal >= {GOALS['fetch_ratio']}: {verdict(r['ratio'] >= GOALS['fetch_ratio'])}"
+        )
     if ext:
-        print(f"  filter share = {ext['filter_share']:.1%} of extraction ({ext['docs_per_s']:.1f} docs/s/core)  "
-              f"goal <= {GOALS['filter_share']:.0%}: {verdict(ext['filter_share'] <= GOALS['filter_share'])}")
+        print(
+            f"  filter share = {ext['filter_share']:.1%} of extraction ({ext['docs_per_s']:.1f} docs/s/core)  "
+            f"goal <= {GOALS['filter_share']:.0%}: {verdict(ext['filter_share'] <= GOALS['filter_share'])}"
+        )
     peaks = {f"fetch {r['page_set']}": r["peak_after_mib"] for r in fetch_results}
     if ext:
         peaks["extract + filter"] = ext["peak_after_mib"]

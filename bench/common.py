@@ -22,11 +22,22 @@ def own_peak_rss_mib() -> float:
 def machine(libraries: dict[str, str]) -> str:
     """CPU model, cores, memory, OS, Python and the given library versions."""
     cpuinfo = Path("/proc/cpuinfo")
-    models = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
-              if line.startswith("model name")] if cpuinfo.exists() else []
+    models = (
+        [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines() if line.startswith("model name")]
+        if cpuinfo.exists()
+        else []
+    )
     meminfo = Path("/proc/meminfo")
-    mem = next((int(line.split()[1]) / 2**20 for line in meminfo.read_text().splitlines()
-                if line.startswith("MemTotal:")), 0.0) if meminfo.exists() else 0.0
+    mem = (
+        next(
+            (int(line.split()[1]) / 2**20 for line in meminfo.read_text().splitlines() if line.startswith("MemTotal:")),
+            0.0,
+        )
+        if meminfo.exists()
+        else 0.0
+    )
     versions = ", ".join(f"{name} {version}" for name, version in libraries.items())
-    return (f"{models[0] if models else platform.processor() or 'unknown CPU'}, {os.cpu_count()} cores, {mem:.0f} GiB, "
-            f"{platform.system()} {platform.release()}; Python {platform.python_version()}, {versions}")
+    return (
+        f"{models[0] if models else platform.processor() or 'unknown CPU'}, {os.cpu_count()} cores, {mem:.0f} GiB, "
+        f"{platform.system()} {platform.release()}; Python {platform.python_version()}, {versions}"
+    )

@@ -25,20 +25,21 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 from pathlib import Path
 
-from common import machine
-
 import polars as pl
+
+from common import machine
 
 ROOT = Path(__file__).resolve().parents[1]
 BASELINE = "72660f9"  # quality/suites.py before the row rules were combined (docs/benchmarks.md)
 
 
 def load_baseline(rev: str):
-    source = subprocess.run(["git", "show", f"{rev}:quality/suites.py"], cwd=ROOT, check=True,
-                            capture_output=True, text=True).stdout
+    source = subprocess.run(
+        ["git", "show", f"{rev}:quality/suites.py"], cwd=ROOT, check=True, capture_output=True, text=True
+    ).stdout
     path = Path(tempfile.mkdtemp()) / "suites_baseline.py"
     path.write_text(source)
     spec = importlib.util.spec_from_file_location("suites_baseline", path)
@@ -50,15 +51,19 @@ def load_baseline(rev: str):
 
 def day_frames(scale: float, slots: int) -> tuple[dict[datetime, pl.DataFrame], pl.DataFrame, pl.DataFrame]:
     from pipeline.gdelt.parse import parse_export
-    from testbed.generate import MirrorOptions, generate_mirror
     from pipeline.normalize import daily_quads, normalize_events
+    from testbed.generate import MirrorOptions, generate_mirror
 
     day = date(2024, 1, 1)
     with tempfile.TemporaryDirectory() as tmp:
         generate_mirror(Path(tmp), day, day, seed=0, options=MirrorOptions(event_scale=scale))
         zips = sorted(Path(tmp).glob("**/*.export.CSV.zip"))[:slots]
-        raw = {datetime.strptime(z.name[:14], "%Y%m%d%H%M%S").replace(tzinfo=timezone.utc):
-               parse_export(z.read_bytes(), source=z.name).rows for z in zips}
+        raw = {
+            datetime.strptime(z.name[:14], "%Y%m%d%H%M%S").replace(tzinfo=UTC): parse_export(
+                z.read_bytes(), source=z.name
+            ).rows
+            for z in zips
+        }
     events = normalize_events(pl.concat(list(raw.values())))
     events = events.filter(pl.col("date") == day)  # the day's partition
     return raw, events, daily_quads(events)
@@ -66,7 +71,9 @@ def day_frames(scale: float, slots: int) -> tuple[dict[datetime, pl.DataFrame], 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--scale", type=float, default=0.05, help="event_scale of the generated day (the soak uses 0.05)")
+    parser.add_argument(
+        "--scale", type=float, default=0.05, help="event_scale of the generated day (the soak uses 0.05)"
+    )
     parser.add_argument("--slots", type=int, default=96)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--baseline", default=BASELINE)
@@ -79,8 +86,10 @@ def main() -> None:
     baseline = load_baseline(args.baseline)
     raw, events, quads = day_frames(args.scale, args.slots)
     print(machine({"polars": pl.__version__, "great_expectations": great_expectations.__version__}))
-    print(f"day: {len(raw)} slots, {sum(f.height for f in raw.values())} export rows, "
-          f"{events.height} events, {quads.height} quads; baseline {args.baseline}")
+    print(
+        f"day: {len(raw)} slots, {sum(f.height for f in raw.values())} export rows, "
+        f"{events.height} events, {quads.height} quads; baseline {args.baseline}"
+    )
     calls = {
         "raw_events": lambda m: m.validate_raw_events(raw),
         "events": lambda m: m.validate_events(events),
@@ -102,8 +111,10 @@ def main() -> None:
     for name in [*calls, "all three"]:
         b = totals["baseline"] if name == "all three" else times[(name, "baseline")]
         c = totals["current"] if name == "all three" else times[(name, "current")]
-        print(f"{name:<12} {statistics.median(b):>13.3f} / {min(b):.3f} {statistics.median(c):>13.3f} / {min(c):.3f} "
-              f"{statistics.median(b) / statistics.median(c):>14.1f}x")
+        print(
+            f"{name:<12} {statistics.median(b):>13.3f} / {min(b):.3f} {statistics.median(c):>13.3f} / {min(c):.3f} "
+            f"{statistics.median(b) / statistics.median(c):>14.1f}x"
+        )
 
 
 if __name__ == "__main__":

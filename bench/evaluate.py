@@ -37,19 +37,18 @@ import time
 from datetime import date, timedelta
 from pathlib import Path
 
-from common import machine as machine_summary
-
 import polars as pl
 
+from common import machine as machine_summary
 from pipeline.agent_api import EventDatabase
 from pipeline.evaluation.agents import AgentSpec, Query, run_react
 from pipeline.evaluation.baselines import default_top_k, forecast
 from pipeline.evaluation.llm import Reply
 from pipeline.evaluation.registry import load_agents
 from pipeline.evaluation.run import evaluate_baseline, load_history
-from testbed.database import generate_event_database
 from pipeline.splits import queries_from_events
 from pipeline.storage import DataLayout
+from testbed.database import generate_event_database
 
 ROOT = Path(__file__).resolve().parents[1]
 SEED = 0
@@ -141,8 +140,10 @@ def _script(query: Query, cutoff, action_type: str) -> list[str]:
     if action_type == "single_function":
         actions = [f"Thought: step {i}.\nAction: {call}" for i, call in enumerate(_calls(query, cutoff))]
     else:
-        actions = [f"Thought: step {i}.\nAction:\n```python\nresult = {call}\nprint(result)\n```"
-                   for i, call in enumerate(_calls(query, cutoff))]
+        actions = [
+            f"Thought: step {i}.\nAction:\n```python\nresult = {call}\nprint(result)\n```"
+            for i, call in enumerate(_calls(query, cutoff))
+        ]
     return [*actions, 'Thought: done.\nAction: Final Answer: {"04": ["042"]}']
 
 

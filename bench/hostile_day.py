@@ -25,26 +25,26 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common import machine, own_peak_rss_mib  # noqa: E402
-
-from pipeline.config import DEFAULT_MAX_UNCOMPRESSED_MB, Settings  # noqa: E402
+from common import machine, own_peak_rss_mib
+from pipeline.config import DEFAULT_MAX_UNCOMPRESSED_MB, Settings
 
 DAY = date(2024, 1, 1)
 # Spread over the day, away from the generator's outage and catch-up slots.
-SLOTS = [datetime(2024, 1, 1, hour, 15, tzinfo=timezone.utc) for hour in (1, 4, 7, 10, 13, 16, 19, 22)]
+SLOTS = [datetime(2024, 1, 1, hour, 15, tzinfo=UTC) for hour in (1, 4, 7, 10, 13, 16, 19, 22)]
 
 
 def worker(step: str, data_dir: Path, base_url: str, cap_mb: int) -> None:
     """One step in this fresh process; print JSON for the parent."""
     from pipeline.gdelt.ingest import ingest_day, parse_day
 
-    settings = Settings(data_dir=data_dir, gdelt_base_url=base_url, max_uncompressed_mb=cap_mb,
-                        backoff_base_s=0.01, backoff_max_s=0.05)
+    settings = Settings(
+        data_dir=data_dir, gdelt_base_url=base_url, max_uncompressed_mb=cap_mb, backoff_base_s=0.01, backoff_max_s=0.05
+    )
     before = own_peak_rss_mib()
     started = time.perf_counter()
     if step == "ingest":
@@ -52,15 +52,42 @@ def worker(step: str, data_dir: Path, base_url: str, cap_mb: int) -> None:
         outcome = {k: v for k, v in result.counts.items() if v}
     else:
         parsed = parse_day(DAY, "export", settings)
-        outcome = {"rows": parsed.rows, "rejects": parsed.rejects, "parsed": parsed.parsed,
-                   "quarantined": len(parsed.refused)}
-    print(json.dumps({"before_mib": before, "peak_mib": own_peak_rss_mib(),
-                      "seconds": time.perf_counter() - started, "outcome": outcome}))
+        outcome = {
+            "rows": parsed.rows,
+            "rejects": parsed.rejects,
+            "parsed": parsed.parsed,
+            "quarantined": len(parsed.refused),
+        }
+    print(
+        json.dumps(
+            {
+                "before_mib": before,
+                "peak_mib": own_peak_rss_mib(),
+                "seconds": time.perf_counter() - started,
+                "outcome": outcome,
+            }
+        )
+    )
 
 
 def in_subprocess(step: str, data_dir: Path, base_url: str, cap_mb: int) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--worker", step, "--data", str(data_dir), "--base-url", base_url,
-                          "--cap-mb", str(cap_mb)], check=True, capture_output=True, text=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            __file__,
+            "--worker",
+            step,
+            "--data",
+            str(data_dir),
+            "--base-url",
+            base_url,
+            "--cap-mb",
+            str(cap_mb),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     return json.loads(out.stdout)
 
 
@@ -96,14 +123,18 @@ def main() -> int:
         started = time.perf_counter()
         plant_hostile_day(root / "hostile", SLOTS, args.cap_mb * 2**20)
         zips = [(root / "hostile" / "gdeltv2" / f"{slot:%Y%m%d%H%M%S}.export.CSV.zip").stat().st_size for slot in SLOTS]
-        print(f"eight hostile exports ({', '.join(SHAPES)}): each inflates to {args.cap_mb} MiB - 64 bytes, "
-              f"zipped {min(zips):,}-{max(zips):,} bytes; built in {time.perf_counter() - started:.1f} s")
+        print(
+            f"eight hostile exports ({', '.join(SHAPES)}): each inflates to {args.cap_mb} MiB - 64 bytes, "
+            f"zipped {min(zips):,}-{max(zips):,} bytes; built in {time.perf_counter() - started:.1f} s"
+        )
         sides = {side: run_side(root / side, root / f"data-{side}", args.cap_mb) for side in ("baseline", "hostile")}
     for step in ("ingest", "parse"):
         base, hostile = sides["baseline"][step], sides["hostile"][step]
         for side, result in (("baseline", base), ("hostile", hostile)):
-            print(f"{step:6} {side:8}: peak RSS {result['peak_mib']:7.0f} MiB (after imports {result['before_mib']:.0f}), "
-                  f"{result['seconds']:6.2f} s, {result['outcome']}")
+            print(
+                f"{step:6} {side:8}: peak RSS {result['peak_mib']:7.0f} MiB (after imports {result['before_mib']:.0f}), "
+                f"{result['seconds']:6.2f} s, {result['outcome']}"
+            )
         print(f"{step:6} hostile/baseline peak RSS: {hostile['peak_mib'] / base['peak_mib']:.2f}x")
     peak = sides["hostile"]["parse"]["peak_mib"]
     verdict = "under" if peak <= args.limit_mib else "OVER"

@@ -46,7 +46,6 @@ from pathlib import Path
 
 from common import machine as machine_summary
 from common import own_peak_rss_mib
-
 from pipeline.gdelt import open_gdelt_zip, parse_export, parse_mentions
 from pipeline.gdelt.parse import default_workers, parse_files
 
@@ -158,7 +157,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path, help="a mirror directory from generate_mirror (default: generate one)")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--workers", type=int, default=default_workers(), help="parse_files threads (default: one per core)")
+    parser.add_argument(
+        "--workers", type=int, default=default_workers(), help="parse_files threads (default: one per core)"
+    )
     parser.add_argument("--worker", choices=("ours", "pandas"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -179,8 +180,10 @@ def main() -> None:
         kinds = {k: sum(1 for kind, _, _ in unzipped if kind == k) for k in KINDS}
         size_mib = sum(len(csv) for _, csv, _ in unzipped) / 2**20
         print(f"machine: {machine()}")
-        print(f"data: {DAY} seed {SEED}: {kinds['export']} export + {kinds['mentions']} mentions files, "
-              f"{size_mib:.1f} MiB of CSV; unzipping all of it took {unzip_s:.3f} s (excluded below)")
+        print(
+            f"data: {DAY} seed {SEED}: {kinds['export']} export + {kinds['mentions']} mentions files, "
+            f"{size_mib:.1f} MiB of CSV; unzipping all of it took {unzip_s:.3f} s (excluded below)"
+        )
 
         def day() -> list[File]:
             return unzipped
@@ -200,25 +203,36 @@ def main() -> None:
         ours = next(iter(sides))
         lines = results[ours]["lines"]
         for side in sides:
-            if side != "pandas" and (results[side]["rows"], results[side]["rejects"]) != (results[ours]["rows"], results[ours]["rejects"]):
+            if side != "pandas" and (results[side]["rows"], results[side]["rejects"]) != (
+                results[ours]["rows"],
+                results[ours]["rejects"],
+            ):
                 raise SystemExit(f"{side} disagrees with {ours}: {results[side]} vs {results[ours]}")
-        print(f"lines: {lines:,} ({results[ours]['rows']:,} rows kept, {results[ours]['rejects']:,} rejected; "
-              f"pandas returned {results['pandas']['rows']:,} rows)")
+        print(
+            f"lines: {lines:,} ({results[ours]['rows']:,} rows kept, {results[ours]['rejects']:,} rejected; "
+            f"pandas returned {results['pandas']['rows']:,} rows)"
+        )
         print(f"same process, {args.rounds} alternating rounds (median / best):")
         pandas_med, pandas_best = statistics.median(seconds["pandas"]), min(seconds["pandas"])
         for side in sides:
             med, best = statistics.median(seconds[side]), min(seconds[side])
             ratio = "" if side == "pandas" else f"   {pandas_med / med:5.2f}x / {pandas_best / best:5.2f}x pandas"
-            print(f"  {side:22s} {med:7.3f} s / {best:7.3f} s   {lines / med:12,.0f} / {lines / best:12,.0f} rows/s{ratio}")
+            print(
+                f"  {side:22s} {med:7.3f} s / {best:7.3f} s   {lines / med:12,.0f} / {lines / best:12,.0f} rows/s{ratio}"
+            )
         print(f"  peak RSS of this process (every side): {own_peak_rss_mib():.0f} MiB")
 
-        print("fresh subprocess per side, from the zip files, unzipping included "
-              "(one pass; peak RSS after imports -> after parsing):")
+        print(
+            "fresh subprocess per side, from the zip files, unzipping included "
+            "(one pass; peak RSS after imports -> after parsing):"
+        )
         for side in ("ours", "pandas"):
             r = in_subprocess(side, mirror, args.workers)
             label = f"ours ({args.workers} threads)" if side == "ours" else side
-            print(f"  {label:22s} {r['seconds']:7.3f} s {lines / r['seconds']:12,.0f} rows/s   "
-                  f"peak RSS {r['peak_before_mib']:.0f} -> {r['peak_after_mib']:.0f} MiB")
+            print(
+                f"  {label:22s} {r['seconds']:7.3f} s {lines / r['seconds']:12,.0f} rows/s   "
+                f"peak RSS {r['peak_before_mib']:.0f} -> {r['peak_after_mib']:.0f} MiB"
+            )
 
 
 if __name__ == "__main__":

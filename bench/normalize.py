@@ -47,14 +47,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
-
-from common import machine as machine_summary
-from common import own_peak_rss_mib
 
 import polars as pl
 
+from common import machine as machine_summary
+from common import own_peak_rss_mib
 from pipeline.normalize import EXCLUSIONS, INPUT_COLUMNS, History, normalize_with_report
 from pipeline.storage import DataLayout, atomic_write_bytes, atomic_write_parquet
 
@@ -96,7 +95,7 @@ def prepare(work: Path, start: date, end: date, log: Callable[[str], None] = pri
             stats = {"files": 0, "rows": 0, "rejects": 0}
             items = ((path.read_bytes(), path.name) for path in zips)
             for path, parsed in zip(zips, parse_files(items, "export")):
-                slot = datetime.strptime(path.name[:14], "%Y%m%d%H%M%S").replace(tzinfo=timezone.utc)
+                slot = datetime.strptime(path.name[:14], "%Y%m%d%H%M%S").replace(tzinfo=UTC)
                 target = layout.parsed_path("export", slot)
                 atomic_write_parquet(parsed.rows, target, metadata={"source_path": path.name})
                 stats["files"] += 1
@@ -104,8 +103,10 @@ def prepare(work: Path, start: date, end: date, log: Callable[[str], None] = pri
                 stats["rejects"] += parsed.rejects.height
             shutil.rmtree(mirror)
             atomic_write_bytes(marker, json.dumps(stats).encode())
-            log(f"  prepared {day}: {stats['files']} export files, {stats['rows']:,} rows "
-                f"(generate {t1 - t0:.1f} s, parse + write {time.perf_counter() - t1:.1f} s)")
+            log(
+                f"  prepared {day}: {stats['files']} export files, {stats['rows']:,} rows "
+                f"(generate {t1 - t0:.1f} s, parse + write {time.perf_counter() - t1:.1f} s)"
+            )
         stats = json.loads(marker.read_text())
         for key in totals:
             totals[key] += stats[key]
@@ -208,8 +209,16 @@ def run_pandas(files: list[Path], **_) -> dict:
     # Rule 5.
     invalid = ~df["EventBaseCode"].isin(level2_codes())
 
-    conditions = [duplicate, url_late.to_numpy(), misaligned, blank.to_numpy(), not_country.to_numpy(),
-                  unknown.to_numpy(), domestic.to_numpy(), invalid.to_numpy()]
+    conditions = [
+        duplicate,
+        url_late.to_numpy(),
+        misaligned,
+        blank.to_numpy(),
+        not_country.to_numpy(),
+        unknown.to_numpy(),
+        domestic.to_numpy(),
+        invalid.to_numpy(),
+    ]
     reason = np.select(conditions, np.arange(len(EXCLUSIONS)), default=-1)
     counts = np.bincount(reason + 1, minlength=len(EXCLUSIONS) + 1)
     keep = reason == -1
@@ -303,13 +312,31 @@ def worker(side: str, args: argparse.Namespace) -> None:
     t0 = time.perf_counter()
     result = SIDES[side](files, work=args.work, start=args.start, end=args.end)
     seconds = time.perf_counter() - t0
-    print(json.dumps({"seconds": seconds, "rows": result["rows"], "peak_before_mib": before,
-                      "peak_after_mib": own_peak_rss_mib()}))
+    print(
+        json.dumps(
+            {
+                "seconds": seconds,
+                "rows": result["rows"],
+                "peak_before_mib": before,
+                "peak_after_mib": own_peak_rss_mib(),
+            }
+        )
+    )
 
 
 def in_subprocess(side: str, args: argparse.Namespace) -> dict:
-    cmd = [sys.executable, __file__, "--worker", side, "--work", str(args.work),
-           "--start", args.start.isoformat(), "--end", args.end.isoformat()]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--worker",
+        side,
+        "--work",
+        str(args.work),
+        "--start",
+        args.start.isoformat(),
+        "--end",
+        args.end.isoformat(),
+    ]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True)
     return json.loads(out.stdout)
 
@@ -339,11 +366,16 @@ def daily_only(args: argparse.Namespace) -> None:
     # as a last third slower than the first.
     day_median = [statistics.median(r[i] for r in per_day) for i in range(days)]
     third = max(1, days // 3)
-    print(f"day by day, {days} days, {result['rows']:,} rows, {result['kept']:,} kept: backfill median "
-          f"{statistics.median(seconds):.2f} s, best {min(seconds):.2f} s ({args.rounds} rounds: "
-          + ", ".join(f"{x:.2f}" for x in seconds) + f"); re-run over its files {rerun:.2f} s")
-    print(f"  per day (median over rounds): first {third} days {statistics.mean(day_median[:third]) * 1000:.0f} ms, "
-          f"last {third} days {statistics.mean(day_median[-third:]) * 1000:.0f} ms")
+    print(
+        f"day by day, {days} days, {result['rows']:,} rows, {result['kept']:,} kept: backfill median "
+        f"{statistics.median(seconds):.2f} s, best {min(seconds):.2f} s ({args.rounds} rounds: "
+        + ", ".join(f"{x:.2f}" for x in seconds)
+        + f"); re-run over its files {rerun:.2f} s"
+    )
+    print(
+        f"  per day (median over rounds): first {third} days {statistics.mean(day_median[:third]) * 1000:.0f} ms, "
+        f"last {third} days {statistics.mean(day_median[-third:]) * 1000:.0f} ms"
+    )
 
 
 def main() -> None:
@@ -366,8 +398,10 @@ def main() -> None:
     totals = prepare(args.work, args.start, args.end, log=print)
     files = export_files(args.work, args.start, args.end)
     size_mib = sum(f.stat().st_size for f in files) / 2**20
-    print(f"data: {len(files):,} export parquet files ({size_mib:,.0f} MiB zstd), {totals['rows']:,} rows "
-          f"({totals['rejects']:,} malformed lines rejected by the parser)")
+    print(
+        f"data: {len(files):,} export parquet files ({size_mib:,.0f} MiB zstd), {totals['rows']:,} rows "
+        f"({totals['rejects']:,} malformed lines rejected by the parser)"
+    )
     if totals["rows"] < MIN_ROWS:
         print(f"WARNING: fewer than {MIN_ROWS:,} rows: widen --start/--end for a month-scale run")
 
@@ -391,18 +425,25 @@ def main() -> None:
         if round_no == 0:
             checked = check_same(results["project"], results["pandas"])
             project = results["project"]
-            print(f"kept events: {project['events'].height:,} of {project['rows']:,} rows; exclusions: "
-                  + ", ".join(f"{r} {n:,}" for r, n in project["exclusions"].items()))
+            print(
+                f"kept events: {project['events'].height:,} of {project['rows']:,} rows; exclusions: "
+                + ", ".join(f"{r} {n:,}" for r, n in project["exclusions"].items())
+            )
             rev = results["reversed"]
-            if not (rev["events"].equals(project["events"]) and rev["exclusions"] == project["exclusions"]
-                    and rev["unmapped"] == project["unmapped"]):
+            if not (
+                rev["events"].equals(project["events"])
+                and rev["exclusions"] == project["exclusions"]
+                and rev["unmapped"] == project["unmapped"]
+            ):
                 raise SystemExit("the project gave different results for the same files in reverse order")
             print("files in reverse order: the same events, exclusions and unmapped codes")
             if "daily" in results:
                 daily = results["daily"]
                 same = daily["kept"] == project["events"].height and daily["exclusions"] == project["exclusions"]
-                print(f"day by day: {daily['kept']:,} kept, exclusions "
-                      + ("identical to the month run" if same else f"DIFFER: {daily['exclusions']}"))
+                print(
+                    f"day by day: {daily['kept']:,} kept, exclusions "
+                    + ("identical to the month run" if same else f"DIFFER: {daily['exclusions']}")
+                )
             print(checked)
         del results
 
@@ -412,37 +453,51 @@ def main() -> None:
     fresh = {}
     for side in sides:
         fresh[side] = in_subprocess(side, args)
-        print(f"  {LABELS[side]:40s} {fresh[side]['seconds']:7.2f} s   {fresh[side]['peak_before_mib']:6.0f} -> "
-              f"{fresh[side]['peak_after_mib']:6.0f} MiB")
+        print(
+            f"  {LABELS[side]:40s} {fresh[side]['seconds']:7.2f} s   {fresh[side]['peak_before_mib']:6.0f} -> "
+            f"{fresh[side]['peak_after_mib']:6.0f} MiB"
+        )
 
     ratio_vs_pandas = med["pandas"] / med["project"]
     ratio_vs_read = med["project"] / med["read"]
     peak = fresh["project"]["peak_after_mib"]
-    print(f"\nresults: {rows['project']:,} input rows; seconds: {args.rounds} alternating rounds in one process; "
-          "peak RSS: the fresh subprocess")
-    head = (f"  {'side':40s} {'rows':>10s} {'median s':>9s} {'best s':>7s} {'rows/s':>11s} "
-            f"{'÷ read floor':>13s} {'peak RSS':>9s}")
+    print(
+        f"\nresults: {rows['project']:,} input rows; seconds: {args.rounds} alternating rounds in one process; "
+        "peak RSS: the fresh subprocess"
+    )
+    head = (
+        f"  {'side':40s} {'rows':>10s} {'median s':>9s} {'best s':>7s} {'rows/s':>11s} "
+        f"{'÷ read floor':>13s} {'peak RSS':>9s}"
+    )
     print(head)
     print("  " + "-" * (len(head) - 2))
     for side in sides:
-        print(f"  {LABELS[side]:40s} {rows[side]:10,} {med[side]:9.2f} {best[side]:7.2f} "
-              f"{rows[side] / med[side]:11,.0f} {med[side] / med['read']:12.2f}x "
-              f"{fresh[side]['peak_after_mib']:5.0f} MiB")
+        print(
+            f"  {LABELS[side]:40s} {rows[side]:10,} {med[side]:9.2f} {best[side]:7.2f} "
+            f"{rows[side] / med[side]:11,.0f} {med[side] / med['read']:12.2f}x "
+            f"{fresh[side]['peak_after_mib']:5.0f} MiB"
+        )
     print(f"  (pandas spent {statistics.median(pandas_read):.2f} s of its median reading the files)\n")
 
     def verdict(met: bool) -> str:
         return "met" if met else "MISSED"
 
-    print(f"  ratio_vs_pandas = {ratio_vs_pandas:5.2f}  pandas ÷ project, medians "
-          f"(best ÷ best {best['pandas'] / best['project']:.2f})"
-          f"  goal >= {GOALS['ratio_vs_pandas']:.0f}: {verdict(ratio_vs_pandas >= GOALS['ratio_vs_pandas'])}")
-    print(f"  ratio_vs_read   = {ratio_vs_read:5.2f}  project ÷ read of INPUT_COLUMNS, medians "
-          f"(best ÷ best {best['project'] / best['read']:.2f}; ÷ read of all 61 columns "
-          f"{med['project'] / med['read_all']:.2f})  goal <= {GOALS['ratio_vs_read']}: "
-          f"{verdict(ratio_vs_read <= GOALS['ratio_vs_read'])}")
-    print(f"  peak RSS        = {peak:5.0f} MiB of the project (the INPUT_COLUMNS read alone: "
-          f"{fresh['read']['peak_after_mib']:.0f} MiB)  goal <= {GOALS['peak_rss_mib']} MiB: "
-          f"{verdict(peak <= GOALS['peak_rss_mib'])}")
+    print(
+        f"  ratio_vs_pandas = {ratio_vs_pandas:5.2f}  pandas ÷ project, medians "
+        f"(best ÷ best {best['pandas'] / best['project']:.2f})"
+        f"  goal >= {GOALS['ratio_vs_pandas']:.0f}: {verdict(ratio_vs_pandas >= GOALS['ratio_vs_pandas'])}"
+    )
+    print(
+        f"  ratio_vs_read   = {ratio_vs_read:5.2f}  project ÷ read of INPUT_COLUMNS, medians "
+        f"(best ÷ best {best['project'] / best['read']:.2f}; ÷ read of all 61 columns "
+        f"{med['project'] / med['read_all']:.2f})  goal <= {GOALS['ratio_vs_read']}: "
+        f"{verdict(ratio_vs_read <= GOALS['ratio_vs_read'])}"
+    )
+    print(
+        f"  peak RSS        = {peak:5.0f} MiB of the project (the INPUT_COLUMNS read alone: "
+        f"{fresh['read']['peak_after_mib']:.0f} MiB)  goal <= {GOALS['peak_rss_mib']} MiB: "
+        f"{verdict(peak <= GOALS['peak_rss_mib'])}"
+    )
     print(f"bench wall time {time.perf_counter() - started:.0f} s")
 
 

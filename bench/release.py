@@ -50,7 +50,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from common import machine as machine_summary  # noqa: E402
-
 from pipeline.config import Settings  # noqa: E402
 from pipeline.download import download_release  # noqa: E402
 from pipeline.release import open_store, plan_release, publish_release  # noqa: E402
@@ -125,8 +124,14 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--hash-all", action="store_true", help="no database digests: ours hashes every file")
     args = parser.parse_args()
-    os.environ.update({"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
-                       "AWS_CONFIG_FILE": "/nonexistent", "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent"})
+    os.environ.update(
+        {
+            "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+            "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+            "AWS_CONFIG_FILE": "/nonexistent",
+            "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent",
+        }
+    )
     import boto3
     from botocore import UNSIGNED
     from botocore.config import Config
@@ -141,16 +146,26 @@ def main() -> int:
         print(f"release: {len(objects)} files, {total / 1e6:.1f} MB; load average before: {os.getloadavg()}")
         with SeaweedS3(work / "seaweedfs", volume_size_limit_mb=1024) as server:
             # Both sides retry alike (ours: MIRAI_S3_MAX_ATTEMPTS, "standard" mode).
-            same = Config(retries={"max_attempts": Settings().s3_max_attempts, "mode": "standard"},
-                          s3={"addressing_style": "path"})
+            same = Config(
+                retries={"max_attempts": Settings().s3_max_attempts, "mode": "standard"},
+                s3={"addressing_style": "path"},
+            )
             client = boto3.client("s3", endpoint_url=server.endpoint, region_name="us-east-1", config=same)
-            anonymous = boto3.client("s3", endpoint_url=server.endpoint, region_name="us-east-1",
-                                     config=same.merge(Config(signature_version=UNSIGNED)))
+            anonymous = boto3.client(
+                "s3",
+                endpoint_url=server.endpoint,
+                region_name="us-east-1",
+                config=same.merge(Config(signature_version=UNSIGNED)),
+            )
             client.create_bucket(Bucket="bench")
             times: dict[str, list[float]] = {k: [] for k in ("ours_up", "def_up", "ours_down", "def_down")}
             for r in range(args.rounds):
-                settings = Settings(data_dir=data_dir, release_uri=f"s3://bench/ours{r}",
-                                    s3_endpoint_url=server.endpoint, s3_region="us-east-1")
+                settings = Settings(
+                    data_dir=data_dir,
+                    release_uri=f"s3://bench/ours{r}",
+                    s3_endpoint_url=server.endpoint,
+                    s3_region="us-east-1",
+                )
                 dest = work / f"dl{r}"
                 # Clients are made before the clock starts, on both sides (a boto3 client costs
                 # 5-80 ms to create): the transfers are what is compared.
@@ -159,13 +174,22 @@ def main() -> int:
                     "ours_up": partial(ours_upload, settings, store),
                     "def_up": partial(defaults_upload, client, "bench", f"defaults{r}/releases/2024-02", objects),
                     "ours_down": partial(ours_download, settings, anonymous_store, dest / "ours"),
-                    "def_down": partial(defaults_download, anonymous, "bench", f"defaults{r}/releases/2024-02",
-                                        objects, dest / "defaults"),
+                    "def_down": partial(
+                        defaults_download,
+                        anonymous,
+                        "bench",
+                        f"defaults{r}/releases/2024-02",
+                        objects,
+                        dest / "defaults",
+                    ),
                 }
                 # Who goes first alternates (the page cache and the server's state still carry
                 # over from one step to the next).
-                order = ("ours_up", "def_up", "ours_down", "def_down") if r % 2 == 0 else (
-                    "def_up", "ours_up", "def_down", "ours_down")
+                order = (
+                    ("ours_up", "def_up", "ours_down", "def_down")
+                    if r % 2 == 0
+                    else ("def_up", "ours_up", "def_down", "ours_down")
+                )
                 for name in order:
                     # Every step starts with the previous one's writes on disk (not timed), so no
                     # side pays for the other's writeback; who goes first still alternates.
@@ -174,14 +198,20 @@ def main() -> int:
                     steps[name]()
                     times[name].append(time.perf_counter() - started)
                 shutil.rmtree(dest)
-                print(f"round {r + 1}: " + ", ".join(f"{k} {v[-1]:.2f}s" for k, v in times.items())
-                      + f"; load {os.getloadavg()[0]:.2f}", flush=True)
+                print(
+                    f"round {r + 1}: "
+                    + ", ".join(f"{k} {v[-1]:.2f}s" for k, v in times.items())
+                    + f"; load {os.getloadavg()[0]:.2f}",
+                    flush=True,
+                )
         median = {k: statistics.median(v) for k, v in times.items()}
         mb = total / 1e6
         for what in ("up", "down"):
             ours, default = median[f"ours_{what}"], median[f"def_{what}"]
-            print(f"{what}load: ours {mb / ours:.0f} MB/s ({ours:.2f}s), defaults {mb / default:.0f} MB/s "
-                  f"({default:.2f}s), ratio {default / ours:.2f}x")
+            print(
+                f"{what}load: ours {mb / ours:.0f} MB/s ({ours:.2f}s), defaults {mb / default:.0f} MB/s "
+                f"({default:.2f}s), ratio {default / ours:.2f}x"
+            )
         print(f"load average after: {os.getloadavg()}")
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -15,8 +15,8 @@ import time
 from datetime import date
 
 import polars as pl
-from common import machine
 
+from common import machine
 from pipeline.agent_api import EventDatabase
 from pipeline.agent_api.sandbox import layers
 from testbed.database import generate_event_database
@@ -36,8 +36,10 @@ def main() -> None:
             samples.append(time.perf_counter() - start)
             report = env.sandbox_report
             env.close()
-    print(f"sandbox start ({STARTS} starts): p50 {statistics.median(samples):.3f} s   min {min(samples):.3f} s   "
-          f"max {max(samples):.3f} s")
+    print(
+        f"sandbox start ({STARTS} starts): p50 {statistics.median(samples):.3f} s   min {min(samples):.3f} s   "
+        f"max {max(samples):.3f} s"
+    )
     for name, value in layers(report).items():
         print(f"  {name}: {value}")
     print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")

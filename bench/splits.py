@@ -19,22 +19,22 @@ import statistics
 import sys
 import tempfile
 import time
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
 import polars as pl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import machine  # noqa: E402
-from pipeline.articles.day import ARTICLES_SCHEMA  # noqa: E402
-from pipeline.config import Settings  # noqa: E402
-from pipeline.database import build_database_month, month_days, write_database_month  # noqa: E402
-from pipeline.gdelt.ledger import LEDGER_SCHEMA, write_ledger  # noqa: E402
-from testbed.database import generate_event_database  # noqa: E402
-from pipeline.normalize import QUADS_SCHEMA  # noqa: E402
-from pipeline.splits import Override, build_split  # noqa: E402
-from pipeline.storage import DataLayout, atomic_write_parquet  # noqa: E402
+from bench.common import machine
+from pipeline.articles.day import ARTICLES_SCHEMA
+from pipeline.config import Settings
+from pipeline.database import build_database_month, month_days, write_database_month
+from pipeline.gdelt.ledger import LEDGER_SCHEMA, write_ledger
+from pipeline.normalize import QUADS_SCHEMA
+from pipeline.splits import Override, build_split
+from pipeline.storage import DataLayout, atomic_write_parquet
+from testbed.database import generate_event_database
 
 MONTH = date(2024, 1, 1)
 
@@ -47,30 +47,41 @@ def daily_inputs(source: Path, target: Settings) -> dict[str, int]:
     news = pl.read_parquet(src.database_path("news", MONTH))
     layout = DataLayout(target.data_dir)
     url = pl.concat_str(pl.lit("https://news.example/"), pl.col("article_id"))
-    quads = events.with_columns(
-        pl.col("article_ids").list.eval(pl.concat_str(pl.lit("https://news.example/"), pl.element())).alias("urls"),
-        pl.lit(1, pl.UInt32).alias("n_events"),
-        pl.lit(0, pl.UInt32).alias("web_mention_urls"),
-    ).with_columns(pl.col("urls").list.len().alias("n_urls")).select(QUADS_SCHEMA.names()).match_to_schema(QUADS_SCHEMA)
+    quads = (
+        events.with_columns(
+            pl.col("article_ids").list.eval(pl.concat_str(pl.lit("https://news.example/"), pl.element())).alias("urls"),
+            pl.lit(1, pl.UInt32).alias("n_events"),
+            pl.lit(0, pl.UInt32).alias("web_mention_urls"),
+        )
+        .with_columns(pl.col("urls").list.len().alias("n_urls"))
+        .select(QUADS_SCHEMA.names())
+        .match_to_schema(QUADS_SCHEMA)
+    )
     # url_md5 is the md5 of the normalised URL, as the fetch ledger keys it (these URLs are
     # already normal). Setup only, so a Python call per article is fine.
     articles = news.select(
         url.alias("url"),
         url.map_elements(_md5, return_dtype=pl.String).alias("url_md5"),
         pl.col("date").alias("day"),
-        pl.lit(datetime(2024, 2, 1, tzinfo=timezone.utc)).alias("fetched_at"),
+        pl.lit(datetime(2024, 2, 1, tzinfo=UTC)).alias("fetched_at"),
         pl.lit(200, pl.Int16).alias("http_status"),
-        "title", "text", "abstract",
+        "title",
+        "text",
+        "abstract",
         pl.lit(True).alias("kept"),
         pl.lit("mirai").alias("profile"),
     ).match_to_schema(ARTICLES_SCHEMA, missing_columns="insert")
     for day in month_days(MONTH):
         atomic_write_parquet(quads.filter(pl.col("date") == day), layout.daily_quads_path(day))
         atomic_write_parquet(articles.filter(pl.col("day") == day), layout.articles_path(day))
-        start = datetime.combine(day, datetime.min.time(), timezone.utc)
+        start = datetime.combine(day, datetime.min.time(), UTC)
         slots = pl.DataFrame(
-            {"day": [day] * 192, "slot": [start + timedelta(minutes=15 * (i // 2)) for i in range(192)],
-             "kind": ["export", "mentions"] * 96, "status": ["landed"] * 192},
+            {
+                "day": [day] * 192,
+                "slot": [start + timedelta(minutes=15 * (i // 2)) for i in range(192)],
+                "kind": ["export", "mentions"] * 96,
+                "status": ["landed"] * 192,
+            },
         ).match_to_schema(LEDGER_SCHEMA, missing_columns="insert")
         write_ledger(layout, day, slots)
     return {"quads": quads.height, "articles": articles.height}
@@ -92,9 +103,11 @@ def main() -> None:
         generate_event_database(source, MONTH, 1, seed=0, quads_per_day=args.quads_per_day)
         settings = Settings(data_dir=data)
         sizes = daily_inputs(source, settings)
-        print(f"inputs: {sizes['quads']:,} quads ≥ 50 mentions, {sizes['articles']:,} kept articles "
-              f"(generated and written in {time.perf_counter() - t:.1f} s)")
-        override = Override("bench", "benchmark month", datetime(2024, 2, 1, tzinfo=timezone.utc))
+        print(
+            f"inputs: {sizes['quads']:,} quads ≥ 50 mentions, {sizes['articles']:,} kept articles "
+            f"(generated and written in {time.perf_counter() - t:.1f} s)"
+        )
+        override = Override("bench", "benchmark month", datetime(2024, 2, 1, tzinfo=UTC))
         database_s, split_s = [], []
         for _ in range(args.rounds):
             t = time.perf_counter()
@@ -102,7 +115,7 @@ def main() -> None:
             write_database_month(db, settings)
             database_s.append(time.perf_counter() - t)
             t = time.perf_counter()
-            split = build_split(MONTH, settings, now=datetime(2024, 2, 4, tzinfo=timezone.utc), override=override)
+            split = build_split(MONTH, settings, now=datetime(2024, 2, 4, tzinfo=UTC), override=override)
             split_s.append(time.perf_counter() - t)
         print(f"event database: {db.events.height:,} quads, {db.news.height:,} articles")
         print(f"split: {split.queries.height:,} queries, sample {split.sample.height}")

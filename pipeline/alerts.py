@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import date, datetime, timedelta
-from typing import Callable
+from datetime import UTC, date, datetime, timedelta
 
 import polars as pl
 import requests
@@ -36,8 +36,12 @@ class Alert:
     fields: dict[str, str | int | float | None] = field(default_factory=dict)
 
     def payload(self) -> dict[str, object]:
-        return {"text": f"[{SOURCE}] {scrub(self.title)}", "source": SOURCE, "kind": self.kind,
-                **{k: scrub(v) if isinstance(v, str) else v for k, v in self.fields.items()}}
+        return {
+            "text": f"[{SOURCE}] {scrub(self.title)}",
+            "source": SOURCE,
+            "kind": self.kind,
+            **{k: scrub(v) if isinstance(v, str) else v for k, v in self.fields.items()},
+        }
 
 
 def scrub(text: str) -> str:
@@ -46,8 +50,9 @@ def scrub(text: str) -> str:
     return masked if len(masked) <= MAX_TEXT else masked[: MAX_TEXT - 1] + "…"
 
 
-def send_alert(alert: Alert, settings: Settings, log: Callable[[str], None],
-               sleep: Callable[[float], None] = time.sleep) -> str:
+def send_alert(
+    alert: Alert, settings: Settings, log: Callable[[str], None], sleep: Callable[[float], None] = time.sleep
+) -> str:
     """POST the alert, retrying transient failures. Returns "sent"; "logged" when no webhook is
     set (the log line is the alert); "failed" when every attempt failed (the caller may try again
     on a later tick)."""
@@ -57,14 +62,19 @@ def send_alert(alert: Alert, settings: Settings, log: Callable[[str], None],
     retry_log = RetryLog()
 
     def post() -> None:
-        response = requests.post(settings.alert_webhook_url, json=alert.payload(), timeout=settings.alert_timeout_s,
-                                 headers={"User-Agent": settings.user_agent})
+        response = requests.post(
+            settings.alert_webhook_url,
+            json=alert.payload(),
+            timeout=settings.alert_timeout_s,
+            headers={"User-Agent": settings.user_agent},
+        )
         raise_for_transient(response)
         response.raise_for_status()
 
     try:
-        with_retries(post, attempts=settings.alert_attempts, backoff_base_s=1.0, backoff_max_s=10.0, log=retry_log,
-                     sleep=sleep)
+        with_retries(
+            post, attempts=settings.alert_attempts, backoff_base_s=1.0, backoff_max_s=10.0, log=retry_log, sleep=sleep
+        )
     except TransientHTTPError as exc:
         reason = f"HTTP {exc.status}"
     except requests.RequestException as exc:
@@ -80,7 +90,7 @@ def send_alert(alert: Alert, settings: Settings, log: Callable[[str], None],
 def newest_landed_slot(layout: DataLayout) -> datetime | None:
     """The newest slot whose file landed (landed or late), from the newest ledger that has one.
     Reads ledgers newest day first and stops at the first hit: normally one small file."""
-    directory = layout.slot_ledger_path(date.today()).parent  # DataLayout owns where ledgers live
+    directory = layout.slot_ledger_path(datetime.now(UTC).date()).parent  # DataLayout owns where ledgers live
     if not directory.is_dir():
         return None
     days = sorted((m.group(1) for p in directory.iterdir() if (m := _LEDGER_NAME.search(p.name))), reverse=True)

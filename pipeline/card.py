@@ -325,7 +325,11 @@ def _size_category(rows: int) -> str:
 def _generated(manifest: dict) -> str | None:
     """The description of the generated data the split was built from, or None for GDELT's feed."""
     source = manifest.get("source")
-    return str(source.get("description") or "generated data") if isinstance(source, dict) and source.get("generated") else None
+    return (
+        str(source.get("description") or "generated data")
+        if isinstance(source, dict) and source.get("generated")
+        else None
+    )
 
 
 def _source_line(manifest: dict) -> str:
@@ -338,8 +342,11 @@ def _front_matter(manifest: dict, queries: pl.DataFrame) -> str:
     meta = {
         # The card's first lines say when the data are not GDELT's (a demo release must not pass
         # for a real one).
-        "pretty_name": (f"MIRAI test split {manifest['month']} (GENERATED data, not GDELT: {generated})" if generated
-                        else f"MIRAI test split {manifest['month']} (rebuilt from GDELT 2.0)"),
+        "pretty_name": (
+            f"MIRAI test split {manifest['month']} (GENERATED data, not GDELT: {generated})"
+            if generated
+            else f"MIRAI test split {manifest['month']} (rebuilt from GDELT 2.0)"
+        ),
         # GDELT's terms are not an SPDX licence, hence "other" with a name and a link.
         "license": "other",
         "license_name": "gdelt-terms-of-use",
@@ -400,16 +407,20 @@ def _intro(manifest: dict) -> str:
     override = f"\n> {_override_note(manifest)}\n" if manifest.get("override") else ""
     if generated:
         heading = f"# MIRAI test split {month}: GENERATED data, not GDELT"
-        origin = (f"> **Generated data, not GDELT.** Built from {generated}: its events, articles and queries\n"
-                  "> are synthetic. Use it to try the pipeline and its tools, never to measure forecasting.\n\n"
-                  f"Forecasting queries for {month} in the format of [MIRAI](https://arxiv.org/abs/2407.01231)\n"
-                  "(Ye et al., 2024), built by mirai-pipeline from generated data in the format of the\n"
-                  "[GDELT](https://www.gdeltproject.org/) 2.0 event feed.")
+        origin = (
+            f"> **Generated data, not GDELT.** Built from {generated}: its events, articles and queries\n"
+            "> are synthetic. Use it to try the pipeline and its tools, never to measure forecasting.\n\n"
+            f"Forecasting queries for {month} in the format of [MIRAI](https://arxiv.org/abs/2407.01231)\n"
+            "(Ye et al., 2024), built by mirai-pipeline from generated data in the format of the\n"
+            "[GDELT](https://www.gdeltproject.org/) 2.0 event feed."
+        )
     else:
         heading = f"# MIRAI test split {month}"
-        origin = (f"Forecasting queries for {month} in the format of [MIRAI](https://arxiv.org/abs/2407.01231)\n"
-                  "(Ye et al., 2024), rebuilt by mirai-pipeline from the [GDELT](https://www.gdeltproject.org/) 2.0\n"
-                  "event feed.")
+        origin = (
+            f"Forecasting queries for {month} in the format of [MIRAI](https://arxiv.org/abs/2407.01231)\n"
+            "(Ye et al., 2024), rebuilt by mirai-pipeline from the [GDELT](https://www.gdeltproject.org/) 2.0\n"
+            "event feed."
+        )
     return f"""
 {heading}
 

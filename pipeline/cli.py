@@ -7,7 +7,7 @@ import json
 import re
 import sys
 import time
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
 import polars as pl
@@ -46,6 +46,7 @@ def _count(minimum: int, maximum: int | None = None):
             bounds = f"from {minimum} to {maximum}" if maximum is not None else f"at least {minimum}"
             raise argparse.ArgumentTypeError(f"expected {bounds}, got {value}")
         return value
+
     return parse
 
 
@@ -70,8 +71,10 @@ def _testbed(module: str):
     except ModuleNotFoundError as exc:
         if exc.name not in ("testbed", f"testbed.{module}"):
             raise
-        raise CommandError("this command needs testbed/ (the generated mirror, news sites and S3 server), "
-                           "which ships with the source checkout, not with this install") from None
+        raise CommandError(
+            "this command needs testbed/ (the generated mirror, news sites and S3 server), "
+            "which ships with the source checkout, not with this install"
+        ) from None
 
 
 def _ordered(start: date | None, end: date | None, start_flag: str, end_flag: str) -> None:
@@ -131,10 +134,16 @@ def cmd_gaps(args: argparse.Namespace) -> int:
     if entries.height == 0:
         print(f"{path}: no entries", file=sys.stderr)
         return 1
-    start = entries["slot"].min() if args.start is None else datetime.combine(args.start, datetime.min.time(), timezone.utc)
-    end = entries["slot"].max() if args.end is None else datetime.combine(args.end, datetime.min.time(), timezone.utc) + timedelta(hours=23, minutes=45)
+    start = entries["slot"].min() if args.start is None else datetime.combine(args.start, datetime.min.time(), UTC)
+    end = (
+        entries["slot"].max()
+        if args.end is None
+        else datetime.combine(args.end, datetime.min.time(), UTC) + timedelta(hours=23, minutes=45)
+    )
     gaps = slot_gaps(entries, start, end)
-    print(f"{path}: {entries.height} entries, {table.bad_lines.height} malformed lines, {gaps.height} slots with gaps in {start} .. {end}")
+    print(
+        f"{path}: {entries.height} entries, {table.bad_lines.height} malformed lines, {gaps.height} slots with gaps in {start} .. {end}"
+    )
     for slot, kinds in gaps.iter_rows():
         print(f"  {slot:%Y-%m-%d %H:%M} UTC  missing {'+'.join(kinds)}")
     for line_number, line in table.bad_lines.iter_rows():
@@ -226,7 +235,10 @@ def cmd_release(args: argparse.Namespace) -> int:
         bar = ProgressBar(sum(f.path.stat().st_size for f in release_sources(args.month, settings).files))
         try:
             result = publish_release(
-                args.month, settings, store, progress=bar,
+                args.month,
+                settings,
+                store,
+                progress=bar,
                 log=bar.file if bar.enabled else (lambda message: print(message, file=sys.stderr)),
             )
         finally:
@@ -235,8 +247,10 @@ def cmd_release(args: argparse.Namespace) -> int:
         print(f"not published: {exc}", file=sys.stderr)
         return 1
     state = "published" if result.changed else "already published, verified, nothing changed"
-    print(f"release {result.month} {state} at {result.store}: {len(result.uploaded)} files uploaded "
-          f"({result.bytes_uploaded:,} bytes), {len(result.verified)} verified; manifest {result.manifest_url}")
+    print(
+        f"release {result.month} {state} at {result.store}: {len(result.uploaded)} files uploaded "
+        f"({result.bytes_uploaded:,} bytes), {len(result.verified)} verified; manifest {result.manifest_url}"
+    )
     return 0
 
 
@@ -248,16 +262,19 @@ def cmd_download(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
     try:
         store = open_store(settings, uri=args.source, signed=args.signed or settings.release_signed_download)
-        result = download_release(store, args.release, args.dest, only=args.only, workers=settings.release_concurrency,
-                                  durable=args.fsync)
+        result = download_release(
+            store, args.release, args.dest, only=args.only, workers=settings.release_concurrency, durable=args.fsync
+        )
     except ChecksumMismatch as exc:
         print(f"checksum mismatch: {exc}", file=sys.stderr)
         return 3
     except ReleaseError as exc:
         print(f"download failed: {exc}", file=sys.stderr)
         return 1
-    print(f"release {result.release} in {result.directory}: {len(result.downloaded)} files downloaded "
-          f"({result.bytes_downloaded:,} bytes), {len(result.already_verified)} already there; all sha256 verified")
+    print(
+        f"release {result.release} in {result.directory}: {len(result.downloaded)} files downloaded "
+        f"({result.bytes_downloaded:,} bytes), {len(result.already_verified)} already there; all sha256 verified"
+    )
     return 0
 
 
@@ -279,8 +296,10 @@ def cmd_serve_release(args: argparse.Namespace) -> int:
     port = args.port or _testbed("s3").SERVE_PORT
     data_dir = Settings.from_env().data_dir.resolve()
     if not (data_dir / "s3" / "data").is_dir():
-        raise CommandError(f"no demo release store at {data_dir / 's3'}: run `mirai demo` first "
-                           "(or set MIRAI_DATA_DIR to the demo's data directory)")
+        raise CommandError(
+            f"no demo release store at {data_dir / 's3'}: run `mirai demo` first "
+            "(or set MIRAI_DATA_DIR to the demo's data directory)"
+        )
     with socket.socket() as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as weed's own listener: TIME_WAIT is no obstacle
         try:
@@ -300,7 +319,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="show the full traceback of an error")
     # Also accepted after the command (`mirai gaps --debug`); SUPPRESS keeps a top-level --debug.
     debug = _Parser(add_help=False)
-    debug.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show the full traceback of an error")
+    debug.add_argument(
+        "--debug", action="store_true", default=argparse.SUPPRESS, help="show the full traceback of an error"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("ledger", parents=[debug], help="print a day's slot ledger")
@@ -319,9 +340,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--end", type=_day)
     p.set_defaults(func=cmd_gaps)
 
-    mirror = sub.add_parser("mirror", parents=[debug], help="a generated GDELT mirror for demos and tests").add_subparsers(
-        dest="mirror_command", required=True
-    )
+    mirror = sub.add_parser(
+        "mirror", parents=[debug], help="a generated GDELT mirror for demos and tests"
+    ).add_subparsers(dest="mirror_command", required=True)
     p = mirror.add_parser("generate", parents=[debug], help="write deterministic GDELT-format sample data")
     p.add_argument("--start", type=_day, required=True)
     p.add_argument("--end", type=_day, required=True)
@@ -343,30 +364,46 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--override-reason", default="", help="why the month is forced (recorded in the manifest)")
     p.set_defaults(func=cmd_split)
 
-    p = sub.add_parser("release", parents=[debug], help="publish a month's release to MIRAI_RELEASE_URI (immutable; re-runs verify)")
+    p = sub.add_parser(
+        "release", parents=[debug], help="publish a month's release to MIRAI_RELEASE_URI (immutable; re-runs verify)"
+    )
     p.add_argument("--month", type=_month, required=True, help="YYYY-MM")
     p.set_defaults(func=cmd_release)
 
     p = sub.add_parser("download", parents=[debug], help="download and verify a published release")
     p.add_argument("release", nargs="?", default="latest", type=_release_name, help="latest (default) or YYYY-MM")
     p.add_argument("--dest", type=Path, default=Path("mirai-releases"), help="files go to DEST/YYYY-MM/")
-    p.add_argument("--only", choices=("split", "database"), help="only the split (queries, card, figures) or the database")
-    p.add_argument("--from", dest="source", help="s3://bucket/prefix, file:///path or a path (default MIRAI_RELEASE_URI)")
+    p.add_argument(
+        "--only", choices=("split", "database"), help="only the split (queries, card, figures) or the database"
+    )
+    p.add_argument(
+        "--from", dest="source", help="s3://bucket/prefix, file:///path or a path (default MIRAI_RELEASE_URI)"
+    )
     p.add_argument("--signed", action="store_true", help="sign requests with AWS credentials (private buckets)")
-    p.add_argument("--fsync", action="store_true",
-                   help="fsync every file before writing manifest.json (survives a power cut; slower on busy disks)")
+    p.add_argument(
+        "--fsync",
+        action="store_true",
+        help="fsync every file before writing manifest.json (survives a power cut; slower on busy disks)",
+    )
     p.set_defaults(func=cmd_download)
 
-    p = sub.add_parser("serve-release", parents=[debug],
-                       help="serve the demo's release store on 127.0.0.1 and print the commands that download it")
+    p = sub.add_parser(
+        "serve-release",
+        parents=[debug],
+        help="serve the demo's release store on 127.0.0.1 and print the commands that download it",
+    )
     p.add_argument("--port", type=_port, help="the S3 port (default 8333, testbed/s3.py)")
     p.set_defaults(func=cmd_serve_release)
 
-    p = sub.add_parser("demo", parents=[debug], help="the whole chain on a generated month, served on 127.0.0.1, through Dagster")
+    p = sub.add_parser(
+        "demo", parents=[debug], help="the whole chain on a generated month, served on 127.0.0.1, through Dagster"
+    )
     p.add_argument("--month", type=_month, default=DEMO_MONTH, help="the closed month to split and release (YYYY-MM)")
     p.add_argument("--extra-days", type=_count(0), default=3, help="days of the following month to ingest too")
     p.add_argument("--scale", type=_share, default=0.1, help="share of GDELT's events per 15-minute slot (0-1]")
-    p.add_argument("--stories", type=_count(1), default=8, help="well-reported stories per day (they make the test queries)")
+    p.add_argument(
+        "--stories", type=_count(1), default=8, help="well-reported stories per day (they make the test queries)"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_demo)
     return parser
@@ -395,8 +432,10 @@ def _problem(exc: Exception) -> str:
     if isinstance(exc, (requests.RequestException, TransientHTTPError)):
         return f"network error: {exc}"
     if isinstance(exc, EndpointConnectionError):
-        return (f"cannot reach the S3 endpoint: {exc} (is the server running? `mirai serve-release` serves the "
-                "demo's; MIRAI_S3_ENDPOINT_URL names the endpoint)")
+        return (
+            f"cannot reach the S3 endpoint: {exc} (is the server running? `mirai serve-release` serves the "
+            "demo's; MIRAI_S3_ENDPOINT_URL names the endpoint)"
+        )
     if isinstance(exc, NoCredentialsError):
         return f"S3: {exc}: set them in the standard AWS chain (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE)"
     if isinstance(exc, (BotoCoreError, ClientError)):

@@ -7,11 +7,12 @@ code; the CLI and tests build it directly. The environment is read through pydan
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from datetime import date, timedelta
 from functools import partial
 from pathlib import Path
-from typing import Annotated, Mapping
+from typing import Annotated
 
 from pydantic import BeforeValidator, Field, ValidationError, create_model
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -122,7 +123,7 @@ class Settings:
     sandbox_allow_unconfined: bool = False
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None, **overrides) -> "Settings":
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides) -> Settings:
         """The settings the environment sets (``env``, default os.environ; an empty value counts
         as unset), then ``overrides``. A bad value raises ValueError naming the variable."""
         try:
@@ -137,7 +138,7 @@ class Settings:
             raise ValueError(f"{name}={error['input']!r}: {message}") from None
         return cls(**{**loaded.model_dump(exclude_unset=True), **overrides})
 
-    def with_(self, **changes) -> "Settings":
+    def with_(self, **changes) -> Settings:
         return replace(self, **changes)
 
     @property
@@ -160,8 +161,11 @@ class Settings:
         """Where the data come from, as manifests record it (docs/splits.md)."""
         if self.generated_source:
             return {"generated": True, "description": self.generated_source}
-        return {"generated": False, "description": f"GDELT 2.0 event feed at {self.gdelt_base_url}",
-                "gdelt_base_url": self.gdelt_base_url}
+        return {
+            "generated": False,
+            "description": f"GDELT 2.0 event feed at {self.gdelt_base_url}",
+            "gdelt_base_url": self.gdelt_base_url,
+        }
 
 
 # Environment variable for each setting; the README's table is generated from this mapping.
@@ -269,8 +273,10 @@ _EnvSettings = create_model(
     "_EnvSettings",
     __base__=_EnvBase,
     **{
-        f.name: (Annotated[_TYPES[f.type], BeforeValidator(partial(_parse, f.type))],
-                 Field(default=f.default, validation_alias=_ENV_NAMES[f.name]))
+        f.name: (
+            Annotated[_TYPES[f.type], BeforeValidator(partial(_parse, f.type))],
+            Field(default=f.default, validation_alias=_ENV_NAMES[f.name]),
+        )
         for f in fields(Settings)
     },
 )
@@ -281,6 +287,7 @@ class _MappingSettings(_EnvSettings):
     subprocess environments), never from os.environ."""
 
     @classmethod
-    def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings,
-                                   file_secret_settings):
+    def settings_customise_sources(
+        cls, settings_cls, init_settings, env_settings, dotenv_settings, file_secret_settings
+    ):
         return (init_settings,)

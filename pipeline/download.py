@@ -77,8 +77,16 @@ class ProgressBar:
     (tqdm does not document update() as thread-safe: the lock keeps the count exact)."""
 
     def __init__(self, total: int, enabled: bool | None = None):
-        self.bar = tqdm(total=max(total, 1), unit="B", unit_scale=True, unit_divisor=1024, mininterval=0.1,
-                        dynamic_ncols=True, file=sys.stderr, disable=None if enabled is None else not enabled)
+        self.bar = tqdm(
+            total=max(total, 1),
+            unit="B",
+            unit_scale=True,
+            unit_divisor=1024,
+            mininterval=0.1,
+            dynamic_ncols=True,
+            file=sys.stderr,
+            disable=None if enabled is None else not enabled,
+        )
         self.enabled = not self.bar.disable
         self._lock = threading.Lock()
 
@@ -219,8 +227,10 @@ def _refuse_links(directory: Path, targets: list[Path]) -> None:
         else:
             found = f"a file with {st.st_nlink} hard links" if path in parts and st.st_nlink > 1 else None
         if found:
-            raise UnsafeRelease(f"{str(path)!r} is {found}: mirai download never writes through one; "
-                                "remove it and run again (nothing was written)")
+            raise UnsafeRelease(
+                f"{str(path)!r} is {found}: mirai download never writes through one; "
+                "remove it and run again (nothing was written)"
+            )
 
 
 def _open_file(path: Path, flags: int, mode: str):
@@ -277,7 +287,7 @@ def _fetch(store: ReleaseStore, key: str, target: Path, meta: dict, progress: Pr
         progress(-size)
 
 
-def _resume(part: Path, expected: int) -> tuple["hashlib._Hash", int]:
+def _resume(part: Path, expected: int) -> tuple[hashlib._Hash, int]:
     """The sha256 state and length of an earlier run's partial file (discarded if too long)."""
     digest = hashlib.sha256()
     try:
@@ -293,8 +303,9 @@ def _resume(part: Path, expected: int) -> tuple["hashlib._Hash", int]:
         return digest, fh.tell()
 
 
-def _stream(store: ReleaseStore, key: str, part: Path, offset: int, expected: int, digest, progress,
-            writeback: int | None) -> int:
+def _stream(
+    store: ReleaseStore, key: str, part: Path, offset: int, expected: int, digest, progress, writeback: int | None
+) -> int:
     """Append key's bytes from ``offset`` to part, hashing them; with ``writeback``, start writing
     every that many bytes to disk as they arrive (for a durable download's final fsync)."""
     from botocore.exceptions import BotoCoreError

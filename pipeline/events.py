@@ -88,11 +88,14 @@ def _write_keys(layout: DataLayout, day: date, keys: pl.DataFrame) -> None:
     # is left alone, so re-running a day does not make the blocks holding it look stale.
     digest = hashlib.sha256(keys.write_ipc(None, compression="uncompressed").getvalue()).hexdigest()[:32]
     if _key_digest(layout, day) != digest:
-        atomic_write_parquet(keys, layout.event_keys_path(day), metadata={"keys_format": KEYS_FORMAT, "keys_digest": digest})
+        atomic_write_parquet(
+            keys, layout.event_keys_path(day), metadata={"keys_format": KEYS_FORMAT, "keys_digest": digest}
+        )
 
 
-def write_event_keys(layout: DataLayout, day: date, rows: pl.LazyFrame,
-                     lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S) -> pl.DataFrame:
+def write_event_keys(
+    layout: DataLayout, day: date, rows: pl.LazyFrame, lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S
+) -> pl.DataFrame:
     """Write the day's key file and return its key rows."""
     keys = event_keys(rows)
     with _history_lock(layout, lock_timeout_s):
@@ -185,13 +188,15 @@ def _ensure_block(layout: DataLayout, block: Block) -> None:
     )
     for kind, frame in zip(("ids", "urls"), frames):
         buf = io.BytesIO()
-        frame.write_parquet(buf, compression="zstd", statistics=True, row_group_size=BLOCK_ROW_GROUP,
-                            metadata=_block_meta(members))
+        frame.write_parquet(
+            buf, compression="zstd", statistics=True, row_group_size=BLOCK_ROW_GROUP, metadata=_block_meta(members)
+        )
         atomic_write_bytes(layout.event_history_path(kind, first, size), buf.getvalue())
 
 
-def history_before(layout: DataLayout, day: date, keys: pl.DataFrame | None = None,
-                   lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S) -> tuple[History, list[date]]:
+def history_before(
+    layout: DataLayout, day: date, keys: pl.DataFrame | None = None, lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S
+) -> tuple[History, list[date]]:
     """Event ids and URL first days of every ingested day before ``day``.
 
     With ``keys`` (the day's :func:`event_keys`), only the ids and URLs those rows carry are
@@ -263,7 +268,9 @@ def build_events(day: date, settings: Settings) -> DayEvents:
         "exclusions": json.dumps(normalized.exclusions, sort_keys=True),
     }
     write_sealed_parquet(layout, normalized.events, layout.events_path(day), metadata=meta)
-    write_sealed_parquet(layout, normalized.unmapped_codes, layout.unmapped_codes_path(day), metadata={"day": day.isoformat()})
+    write_sealed_parquet(
+        layout, normalized.unmapped_codes, layout.unmapped_codes_path(day), metadata={"day": day.isoformat()}
+    )
     return DayEvents(day, normalized, len(days))
 
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import email.utils
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from typing import Callable, TypeVar
+from datetime import UTC, datetime
+from typing import TypeVar
 
 import requests
 from requests.adapters import HTTPAdapter
@@ -64,7 +65,7 @@ def parse_retry_after(value: str | None, now: float | None = None) -> float | No
     except (TypeError, ValueError):
         return None
     if when.tzinfo is None:
-        when = when.replace(tzinfo=timezone.utc)
+        when = when.replace(tzinfo=UTC)
     now = time.time() if now is None else now
     return max(0.0, when.timestamp() - now)
 
@@ -146,4 +147,4 @@ def with_retries(
 
 
 def utc_now() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)

@@ -81,8 +81,20 @@ EVENTS_SCHEMA = pl.Schema(
 )
 
 INPUT_COLUMNS = (
-    "GLOBALEVENTID", "SQLDATE", "Actor1CountryCode", "Actor2CountryCode", "EventCode", "EventBaseCode",
-    "QuadClass", "GoldsteinScale", "NumMentions", "NumSources", "NumArticles", "AvgTone", "DATEADDED", "SOURCEURL",
+    "GLOBALEVENTID",
+    "SQLDATE",
+    "Actor1CountryCode",
+    "Actor2CountryCode",
+    "EventCode",
+    "EventBaseCode",
+    "QuadClass",
+    "GoldsteinScale",
+    "NumMentions",
+    "NumSources",
+    "NumArticles",
+    "AvgTone",
+    "DATEADDED",
+    "SOURCEURL",
 )
 
 
@@ -101,7 +113,7 @@ class History:
     url_first_day: pl.LazyFrame  # url_hash: UInt64, first_day: Date; unique url_hash
 
     @classmethod
-    def empty(cls) -> "History":
+    def empty(cls) -> History:
         return cls(
             pl.LazyFrame(schema={"event_id": pl.Int64}),
             pl.LazyFrame(schema={"url_hash": pl.UInt64, "first_day": pl.Date}),
@@ -227,7 +239,7 @@ def _string_views_readable() -> bool:
     expected = [int.from_bytes(b, "little") if len(b) == CODE_BYTES else 0 for b in (v.encode() for v in values[1:])]
     try:
         return _code_keys(probe).tolist() == expected
-    except Exception:  # noqa: BLE001 - any failure of the probe means: take the public path
+    except Exception:
         return False
 
 
@@ -294,11 +306,15 @@ def _split(batch: pl.DataFrame, offset: int) -> tuple[pl.DataFrame, pl.DataFrame
     row = _row_keys(batch)
     s_id, o_id = row.get_column("s_id"), row.get_column("o_id")
     kept = row.get_column("row_rule").to_numpy() == 0
-    candidates = batch.drop("SQLDATE").filter(kept).with_columns(
-        pl.Series("_row", np.flatnonzero(kept) + offset, dtype=pl.UInt32),
-        row.get_column("pub_day").filter(kept),
-        s_id.filter(kept),
-        o_id.filter(kept),
+    candidates = (
+        batch.drop("SQLDATE")
+        .filter(kept)
+        .with_columns(
+            pl.Series("_row", np.flatnonzero(kept) + offset, dtype=pl.UInt32),
+            row.get_column("pub_day").filter(kept),
+            s_id.filter(kept),
+            o_id.filter(kept),
+        )
     )
     # Codes the table does not know are rare: keep just their rows (most batches have none).
     unknown = [
@@ -397,9 +413,11 @@ def _url_late(keys: pl.DataFrame, url_days: pl.DataFrame) -> pl.Series:
             "day": np.concatenate([run_day[maybe], hist_day]),
         }
     )
-    late_maybe = groups.select(
-        (pl.col("day") > pl.col("day").min().over("url_hash")) & (pl.col("day") != _NO_DAY)
-    ).to_series().head(maybe.size)
+    late_maybe = (
+        groups.select((pl.col("day") > pl.col("day").min().over("url_hash")) & (pl.col("day") != _NO_DAY))
+        .to_series()
+        .head(maybe.size)
+    )
     late_runs = maybe[late_maybe.to_numpy()]
     # Mark the rows of the late runs (a few percent of the runs).
     ends = np.append(starts[1:], n)
@@ -427,7 +445,8 @@ def _exclusions(keys: pl.DataFrame, history: History) -> tuple[pl.Series, bool]:
         first_copy = pl.col("GLOBALEVENTID").gather(by_time).is_first_distinct().gather(by_time.arg_sort())
     seen = pl.col("GLOBALEVENTID").is_in(seen_ids.get_column("event_id").implode()).fill_null(False)
     reason = (
-        pl.when(seen | ~first_copy).then(pl.lit(EXCLUSIONS.index("duplicate_event_id") + 1, pl.UInt8))
+        pl.when(seen | ~first_copy)
+        .then(pl.lit(EXCLUSIONS.index("duplicate_event_id") + 1, pl.UInt8))
         .when(pl.col("has_url") & pl.lit(late))
         .then(pl.lit(EXCLUSIONS.index("url_reported_earlier") + 1, pl.UInt8))
         .otherwise(pl.col("row_rule"))
@@ -519,7 +538,9 @@ QUADS_SCHEMA = pl.Schema(
 )
 
 
-def daily_quads(events: pl.DataFrame | pl.LazyFrame, mentions: pl.DataFrame | pl.LazyFrame | None = None) -> pl.DataFrame:
+def daily_quads(
+    events: pl.DataFrame | pl.LazyFrame, mentions: pl.DataFrame | pl.LazyFrame | None = None
+) -> pl.DataFrame:
     """One row per (date, s, r, o): daily_mentions = sum of NumMentions over its events, the
     event count, the sorted article URLs, and (from the mentions table) the number of distinct
     WEB mention URLs seen on the event's own day, more sources per event than MIRAI used."""
@@ -536,8 +557,11 @@ def daily_quads(events: pl.DataFrame | pl.LazyFrame, mentions: pl.DataFrame | pl
         first_day_web = (
             mentions.lazy()
             .filter(pl.col("MentionType") == 1)
-            .select(pl.col("GLOBALEVENTID").alias("event_id"), pl.col("MentionTimeDate").dt.date().alias("mention_day"),
-                    pl.col("MentionIdentifier").alias("mention_url"))
+            .select(
+                pl.col("GLOBALEVENTID").alias("event_id"),
+                pl.col("MentionTimeDate").dt.date().alias("mention_day"),
+                pl.col("MentionIdentifier").alias("mention_url"),
+            )
         )
         web = (
             ev.select("event_id", "date", "s", "r", "o")

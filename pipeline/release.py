@@ -19,7 +19,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 from pathlib import Path
 from urllib.parse import quote, urlparse
 
@@ -58,8 +58,10 @@ POINTER_CACHE = "no-cache"
 CHUNK = 1 << 20
 
 Progress = Callable[[int], None]
-_CHANGED = ("changed since it was hashed or its sha256 recorded (damaged or rewritten): rebuild it "
-            "(materialise its partition again), then publish again")
+_CHANGED = (
+    "changed since it was hashed or its sha256 recorded (damaged or rewritten): rebuild it "
+    "(materialise its partition again), then publish again"
+)
 
 
 class ReleaseNotReady(ReleaseError):
@@ -98,7 +100,9 @@ class ReleaseStore(ABC):
     def stat(self, key: str) -> ObjectInfo | None: ...
 
     @abstractmethod
-    def put_files(self, files: Iterable[tuple[str, PlannedObject]], *, cache_control: str, progress: Progress | None) -> None:
+    def put_files(
+        self, files: Iterable[tuple[str, PlannedObject]], *, cache_control: str, progress: Progress | None
+    ) -> None:
         """Store each (key, planned file), starting on each as soon as ``files`` yields it; the
         store checks the bytes against the plan's sha256 (per part for a multipart upload) and
         rejects a mismatch, so nothing unverified lands."""
@@ -161,9 +165,11 @@ class LocalStore(ReleaseStore):
             return None
         with open(path, "rb") as fh:
             digest = hashlib.file_digest(fh, "sha256").hexdigest()
-        return ObjectInfo(size=st.st_size, sha256=digest, modified=datetime.fromtimestamp(st.st_mtime, timezone.utc))
+        return ObjectInfo(size=st.st_size, sha256=digest, modified=datetime.fromtimestamp(st.st_mtime, UTC))
 
-    def put_files(self, files: Iterable[tuple[str, PlannedObject]], *, cache_control: str, progress: Progress | None) -> None:
+    def put_files(
+        self, files: Iterable[tuple[str, PlannedObject]], *, cache_control: str, progress: Progress | None
+    ) -> None:
         for key, obj in files:
             self._put_file(key, obj.path, obj.sha256, progress)
 
@@ -273,7 +279,9 @@ class S3Store(ReleaseStore):
         # UNSIGNED-PAYLOAD for them over HTTPS, but over plain HTTP (a local endpoint) it would
         # SHA-256 every byte once more, and the server too.
         self._checksummed = session.client(
-            "s3", region_name=self.region, endpoint_url=self.endpoint or None,
+            "s3",
+            region_name=self.region,
+            endpoint_url=self.endpoint or None,
             config=config.merge(Config(s3={**s3, "payload_signing_enabled": False})),
         )
         self.concurrency = settings.release_concurrency
@@ -297,10 +305,14 @@ class S3Store(ReleaseStore):
         composite = checksum if "-" in checksum else None
         # A single PUT carries the server-verified SHA-256 of the whole object; a multipart upload
         # only a checksum of its parts' checksums, so it also carries our sha256 as metadata.
-        digest = base64.b64decode(checksum).hex() if checksum and not composite else head.get("Metadata", {}).get("sha256")
+        digest = (
+            base64.b64decode(checksum).hex() if checksum and not composite else head.get("Metadata", {}).get("sha256")
+        )
         return ObjectInfo(size=head["ContentLength"], sha256=digest, modified=head["LastModified"], composite=composite)
 
-    def put_files(self, files: Iterable[tuple[str, PlannedObject]], *, cache_control: str, progress: Progress | None) -> None:
+    def put_files(
+        self, files: Iterable[tuple[str, PlannedObject]], *, cache_control: str, progress: Progress | None
+    ) -> None:
         """Every PUT and part of every file shares one pool of MIRAI_RELEASE_CONCURRENCY requests,
         and a file's requests start as soon as ``files`` yields it (while later files are still
         being hashed). Each request carries the plan's SHA-256 (of the object, recorded or computed,
@@ -312,13 +324,18 @@ class S3Store(ReleaseStore):
             with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
                 try:
                     for key, obj in files:
-                        pending[key] = [pool.submit(*task, progress) for task in self._tasks(key, obj, cache_control, uploads)]
+                        pending[key] = [
+                            pool.submit(*task, progress) for task in self._tasks(key, obj, cache_control, uploads)
+                        ]
                     for key, futures in pending.items():
                         parts = [future.result() for future in futures]
                         if key in uploads:
                             self._call(
-                                "complete_multipart_upload", Bucket=self.bucket, Key=self._key(key),
-                                UploadId=uploads.pop(key), MultipartUpload={"Parts": parts},
+                                "complete_multipart_upload",
+                                Bucket=self.bucket,
+                                Key=self._key(key),
+                                UploadId=uploads.pop(key),
+                                MultipartUpload={"Parts": parts},
                             )
                 except BaseException:
                     pool.shutdown(cancel_futures=True)  # a failed run sends nothing more
@@ -327,7 +344,7 @@ class S3Store(ReleaseStore):
             for key, upload_id in uploads.items():  # a failed run: free the parts already stored
                 try:
                     self.client.abort_multipart_upload(Bucket=self.bucket, Key=self._key(key), UploadId=upload_id)
-                except Exception:  # noqa: BLE001 - best effort; a lifecycle rule cleans up the rest
+                except Exception:
                     pass
 
     def _tasks(self, key: str, obj: PlannedObject, cache_control: str, uploads: dict[str, str]) -> list[tuple]:
@@ -347,8 +364,13 @@ class S3Store(ReleaseStore):
         # otherwise sit in memory); botocore rewinds it for a retry.
         with open(obj.path, "rb") as body:
             self._call(
-                "put_object", self._checksummed, Bucket=self.bucket, Key=self._key(key), Body=body,
-                ChecksumSHA256=base64.b64encode(bytes.fromhex(obj.sha256)).decode(), **head,
+                "put_object",
+                self._checksummed,
+                Bucket=self.bucket,
+                Key=self._key(key),
+                Body=body,
+                ChecksumSHA256=base64.b64encode(bytes.fromhex(obj.sha256)).decode(),
+                **head,
             )
         if progress:
             progress(obj.size)
@@ -359,8 +381,14 @@ class S3Store(ReleaseStore):
             body = os.pread(fh.fileno(), obj.part_size, n * obj.part_size)
         checksum = base64.b64encode(obj.part_sha256[n]).decode()
         response = self._call(
-            "upload_part", self._checksummed, Bucket=self.bucket, Key=self._key(key), UploadId=upload_id, PartNumber=n + 1,
-            Body=body, ChecksumSHA256=checksum,
+            "upload_part",
+            self._checksummed,
+            Bucket=self.bucket,
+            Key=self._key(key),
+            UploadId=upload_id,
+            PartNumber=n + 1,
+            Body=body,
+            ChecksumSHA256=checksum,
         )
         if progress:
             progress(len(body))
@@ -374,8 +402,10 @@ class S3Store(ReleaseStore):
         except ClientError as exc:
             code = exc.response.get("Error", {}).get("Code", "")
             if code in ("BadDigest", "InvalidDigest", "XAmzContentSHA256Mismatch"):
-                raise ReleaseNotReady(f"{kwargs['Key']}: the store rejected the bytes sent as not matching their "
-                                      f"sha256: the local file {_CHANGED}") from exc
+                raise ReleaseNotReady(
+                    f"{kwargs['Key']}: the store rejected the bytes sent as not matching their "
+                    f"sha256: the local file {_CHANGED}"
+                ) from exc
             raise _explain(exc, self.description) from exc
 
     def put_bytes(self, key: str, data: bytes, *, cache_control: str, if_absent: bool) -> bool:
@@ -528,7 +558,9 @@ class PlannedObject:
         """The checksum S3 reports for this file's multipart upload: base64(sha256(part digests))-N."""
         if self.part_size is None:
             return None
-        return f"{base64.b64encode(hashlib.sha256(b''.join(self.part_sha256)).digest()).decode()}-{len(self.part_sha256)}"
+        return (
+            f"{base64.b64encode(hashlib.sha256(b''.join(self.part_sha256)).digest()).decode()}-{len(self.part_sha256)}"
+        )
 
     def entry(self) -> dict:
         entry = {"sha256": self.sha256, "bytes": self.size, "content_type": content_type(self.name)}
@@ -597,8 +629,10 @@ class SourceFile:
     recorded_in: str = ""  # where ``recorded`` comes from, for messages
 
     def not_as_recorded(self, found: str, recorded: str) -> ReleaseNotReady:
-        return ReleaseNotReady(f"{self.path} no longer matches {self.recorded_in} ({found}, recorded {recorded}): "
-                               "rebuild it (materialise its partition again)")
+        return ReleaseNotReady(
+            f"{self.path} no longer matches {self.recorded_in} ({found}, recorded {recorded}): "
+            "rebuild it (materialise its partition again)"
+        )
 
 
 def _planned(source: SourceFile, settings: Settings) -> PlannedObject:
@@ -613,13 +647,15 @@ def _planned(source: SourceFile, settings: Settings) -> PlannedObject:
         raise source.not_as_recorded(f"{size} bytes", f"{recorded.bytes}")
     part_size = _part_size(settings, size)
     if recorded is not None and part_size is None:
-        return PlannedObject(name=name, path=path, sha256=recorded.sha256, size=size, part_size=None, part_sha256=(),
-                             rows=source.rows)
+        return PlannedObject(
+            name=name, path=path, sha256=recorded.sha256, size=size, part_size=None, part_sha256=(), rows=source.rows
+        )
     digest, size, parts = _digest(path, part_size)
     if recorded is not None and digest != recorded.sha256:
         raise source.not_as_recorded(f"sha256 {digest}", recorded.sha256)
-    return PlannedObject(name=name, path=path, sha256=digest, size=size, part_size=part_size, part_sha256=parts,
-                         rows=source.rows)
+    return PlannedObject(
+        name=name, path=path, sha256=digest, size=size, part_size=part_size, part_sha256=parts, rows=source.rows
+    )
 
 
 @dataclass(frozen=True)
@@ -643,7 +679,9 @@ def release_sources(month: date, settings: Settings) -> ReleaseSources:
     split_manifest = json.loads(manifest_path.read_text())
     months = _database_months(layout, month)
     files = [
-        SourceFile(name, split_dir / name, meta.get("rows"), FileDigest(meta["sha256"], meta["bytes"]), "its split manifest")
+        SourceFile(
+            name, split_dir / name, meta.get("rows"), FileDigest(meta["sha256"], meta["bytes"]), "its split manifest"
+        )
         for name, meta in sorted(split_manifest["files"].items())
     ]
     files.append(SourceFile(CARD_NAME, split_dir / CARD_NAME))
@@ -651,8 +689,14 @@ def release_sources(month: date, settings: Settings) -> ReleaseSources:
         for table in ("events", "news"):
             path = layout.database_path(table, date.fromisoformat(f"{m}-01"))
             digest = recorded_digest(layout, path)
-            files.append(SourceFile(f"database/{table}/{path.name}", path, recorded=digest,
-                                    recorded_in=f"its digest {layout.digest_path(path)}" if digest else ""))
+            files.append(
+                SourceFile(
+                    f"database/{table}/{path.name}",
+                    path,
+                    recorded=digest,
+                    recorded_in=f"its digest {layout.digest_path(path)}" if digest else "",
+                )
+            )
     for source in files:  # the names mirai download accepts, checked before any file is read
         check_name(label, source.name, f"release {label} as planned from {split_dir}")
     missing = [str(f.path) for f in files if not f.path.exists()]
@@ -697,7 +741,9 @@ def _database_months(layout: DataLayout, month: date) -> list[str]:
     """Every month up to and including the release month with an event database: the snapshot an
     agent answering this month's queries may search."""
     events_dir = layout.database_dir() / "events"
-    found = sorted(p.stem.removeprefix("month=") for p in events_dir.glob("month=*.parquet")) if events_dir.is_dir() else []
+    found = (
+        sorted(p.stem.removeprefix("month=") for p in events_dir.glob("month=*.parquet")) if events_dir.is_dir() else []
+    )
     months = [m for m in found if is_month(m) and m <= f"{month:%Y-%m}"]
     if f"{month:%Y-%m}" not in months:
         raise ReleaseNotReady(f"{month:%Y-%m}: no event database at {layout.database_path('events', month)}")
@@ -811,12 +857,16 @@ def _any_stored(store: ReleaseStore, month: str, files: list[SourceFile]) -> boo
         return any(info is not None for info in pool.map(store.stat, keys))
 
 
-def _upload_while_planning(store: ReleaseStore, sources: ReleaseSources, settings: Settings, log, progress) -> ReleasePlan:
+def _upload_while_planning(
+    store: ReleaseStore, sources: ReleaseSources, settings: Settings, log, progress
+) -> ReleasePlan:
     """Upload every file of a release the store holds nothing of, each as soon as it is planned;
     the plan (hence the manifest) is complete only once every upload is verified."""
     total = sum(f.path.stat().st_size for f in sources.files)
-    log(f"uploading {len(sources.files)} files ({total:,} bytes) to {store.description}: "
-        + ", ".join(f.name for f in sources.files))
+    log(
+        f"uploading {len(sources.files)} files ({total:,} bytes) to {store.description}: "
+        + ", ".join(f.name for f in sources.files)
+    )
     objects: list[PlannedObject] = []
 
     def planned() -> Iterator[tuple[str, PlannedObject]]:
@@ -845,7 +895,9 @@ def _check_then_upload(store: ReleaseStore, plan: ReleasePlan, published: bytes 
         elif _matches(info, obj):
             verified.append(obj.name)
         else:
-            conflicts.append(f"{obj.name} (store: {info.size} bytes, sha256 {info.sha256}; ours: {obj.size}, {obj.sha256})")
+            conflicts.append(
+                f"{obj.name} (store: {info.size} bytes, sha256 {info.sha256}; ours: {obj.size}, {obj.sha256})"
+            )
     if conflicts:
         raise ReleaseConflict(
             f"{store.description} holds different objects under {RELEASES_DIR}/{plan.month}/: "
@@ -857,8 +909,10 @@ def _check_then_upload(store: ReleaseStore, plan: ReleasePlan, published: bytes 
         # The manifest's bytes equal ours, so restoring the identical files overwrites nothing.
         log(f"release {plan.month} is published but {len(missing)} objects are missing; restoring them")
     if missing:
-        log(f"uploading {len(missing)} files ({sum(o.size for o in missing):,} bytes) to {store.description}: "
-            + ", ".join(o.name for o in missing))
+        log(
+            f"uploading {len(missing)} files ({sum(o.size for o in missing):,} bytes) to {store.description}: "
+            + ", ".join(o.name for o in missing)
+        )
         store.put_files(
             [(release_key(plan.month, o.name), o) for o in missing], cache_control=IMMUTABLE_CACHE, progress=progress
         )
@@ -905,7 +959,7 @@ def build_index(store: ReleaseStore) -> dict:
             "manifest": key,
             "manifest_sha256": sha256_hex(raw),
             # The manifest is written once, so its modification time is stable across runs.
-            "published_at": info.modified.astimezone(timezone.utc).isoformat(timespec="seconds"),
+            "published_at": info.modified.astimezone(UTC).isoformat(timespec="seconds"),
             "files": {name: release_key(month, name) for name in sorted(manifest["files"])},
         }
         if store.configured_url(key) is not None:

@@ -77,7 +77,9 @@ def parse_month(text: str) -> str:
 def shown(value: object) -> str:
     """A value for a one-line message: its repr (control characters escaped), cut at 80 characters."""
     text = repr(value)
-    return text if len(text) <= 80 else f"{text[:80]}… ({len(value) if isinstance(value, str) else len(text)} characters)"
+    return (
+        text if len(text) <= 80 else f"{text[:80]}… ({len(value) if isinstance(value, str) else len(text)} characters)"
+    )
 
 
 def name_problem(month: str, name: object) -> str | None:
@@ -104,8 +106,10 @@ def name_problem(month: str, name: object) -> str | None:
     database = _DATABASE_FILE.fullmatch(name)
     if database and is_month(database[1]) and database[1] <= month:
         return None
-    return (f"is not a file of release {month} (the layout allows {', '.join(sorted(TOP_LEVEL_FILES))} and "
-            f"database/{{{','.join(DATABASE_TABLES)}}}/month=YYYY-MM.parquet up to {month})")
+    return (
+        f"is not a file of release {month} (the layout allows {', '.join(sorted(TOP_LEVEL_FILES))} and "
+        f"database/{{{','.join(DATABASE_TABLES)}}}/month=YYYY-MM.parquet up to {month})"
+    )
 
 
 def check_name(month: str, name: object, where: str) -> str:
@@ -125,11 +129,13 @@ def check_manifest(month: str, manifest: object, where: str) -> dict[str, dict]:
         raise UnsafeRelease(f"{where}: the release {shown(month)} is not a month YYYY-MM; refused, nothing was written")
     found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
     if found != RELEASE_FORMAT:
-        raise UnsafeRelease(f"{where} is not a {RELEASE_FORMAT} manifest (format {shown(found)}); "
-                            "refused, nothing was written")
+        raise UnsafeRelease(
+            f"{where} is not a {RELEASE_FORMAT} manifest (format {shown(found)}); refused, nothing was written"
+        )
     if manifest.get("release") != month:
-        raise UnsafeRelease(f"{where} says it is release {shown(manifest.get('release'))}, not {month}; "
-                            "refused, nothing was written")
+        raise UnsafeRelease(
+            f"{where} says it is release {shown(manifest.get('release'))}, not {month}; refused, nothing was written"
+        )
     files = manifest.get("files")
     if not isinstance(files, dict):
         raise UnsafeRelease(f"{where} has no 'files' object; refused, nothing was written")
@@ -166,11 +172,14 @@ def check_pointer(entry: object, where: str) -> tuple[str, str]:
         raise UnsafeRelease(f"{where} has an entry that is not an object; refused, nothing was written")
     month, digest = entry.get("release"), entry.get("manifest_sha256")
     if not is_month(month):
-        raise UnsafeRelease(f"{where} names the release {shown(month)}, which is not a month YYYY-MM; "
-                            "refused, nothing was written")
+        raise UnsafeRelease(
+            f"{where} names the release {shown(month)}, which is not a month YYYY-MM; refused, nothing was written"
+        )
     if not (isinstance(digest, str) and _SHA256.fullmatch(digest)):
-        raise UnsafeRelease(f"{where} gives release {month} the manifest sha256 {shown(digest)} (not 64 lowercase "
-                            "hex digits); refused, nothing was written")
+        raise UnsafeRelease(
+            f"{where} gives release {month} the manifest sha256 {shown(digest)} (not 64 lowercase "
+            "hex digits); refused, nothing was written"
+        )
     return month, digest
 
 
@@ -196,7 +205,9 @@ def check_store_key(key: str) -> str:
     head, _, rest = key.partition("/")
     month, _, name = rest.partition("/")
     if head != RELEASES_DIR or not is_month(month):
-        raise UnsafeRelease(f"the store key {shown(key)} is not under {RELEASES_DIR}/YYYY-MM/; refused, nothing was written")
+        raise UnsafeRelease(
+            f"the store key {shown(key)} is not under {RELEASES_DIR}/YYYY-MM/; refused, nothing was written"
+        )
     if name != MANIFEST_NAME:
         check_name(month, name, f"the store key {shown(key)}")
     return key

@@ -17,7 +17,7 @@ import shutil
 import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
 import polars as pl
@@ -112,7 +112,7 @@ def month_closure(month: date, settings: Settings, now: datetime) -> Closure:
     ledgers = [read_ledger(layout, d) for d in days]
     slots = summarize(pl.concat(ledgers))
     reasons = []
-    due = datetime.combine(days[-1] + timedelta(days=1 + settings.split_grace_days), datetime.min.time(), timezone.utc)
+    due = datetime.combine(days[-1] + timedelta(days=1 + settings.split_grace_days), datetime.min.time(), UTC)
     if now < due:
         reasons.append(f"grace period runs until {due.isoformat()}")
     no_ledger = [d.isoformat() for d, ledger in zip(days, ledgers) if ledger.height == 0]
@@ -150,7 +150,11 @@ def queries_from_events(events: pl.DataFrame, month: date, *, min_mentions: int,
             pl.col("r").unique().sort().alias("answer_list"),
             pl.col("r1").unique().sort().alias("answer_level1"),
             pl.col("daily_mentions").sum().alias("daily_mentions"),
-            pl.col("article_ids").list.explode(keep_nulls=False, empty_as_null=False).n_unique().cast(pl.UInt32).alias("n_articles"),
+            pl.col("article_ids")
+            .list.explode(keep_nulls=False, empty_as_null=False)
+            .n_unique()
+            .cast(pl.UInt32)
+            .alias("n_articles"),
             pl.col("s_name").first(),
             pl.col("o_name").first(),
         )
@@ -162,9 +166,9 @@ def queries_from_events(events: pl.DataFrame, month: date, *, min_mentions: int,
         .join(regions.rename({"iso3": "o", "region": "o_region"}), on="o", how="left")
         .sort(key)
         .with_columns(
-            pl.format("{}-{}", pl.lit(f"{month:%Y-%m}"), (pl.int_range(pl.len()) + 1).cast(pl.String).str.zfill(5)).alias(
-                "query_id"
-            ),
+            pl.format(
+                "{}-{}", pl.lit(f"{month:%Y-%m}"), (pl.int_range(pl.len()) + 1).cast(pl.String).str.zfill(5)
+            ).alias("query_id"),
             pl.format("({}, {}, ?, {})", pl.col("date").dt.to_string("%Y-%m-%d"), "s", "o").alias("query_code"),
             pl.col("answer_list").map_elements(_answer_dict, return_dtype=pl.String).alias("answer_dict"),
             pl.col("min_articles").cast(pl.UInt32),

@@ -19,11 +19,12 @@ import re
 import shutil
 import time
 import uuid
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import BinaryIO
 
 import polars as pl
 
@@ -70,9 +71,7 @@ class DataLayout:
         return self.root / "quarantine" / "parsed" / kind / f"date={day.isoformat()}"
 
     def rejects_path(self, kind: str, slot: datetime) -> Path:
-        return (
-            self.root / "parsed" / "rejects" / f"date={slot.date().isoformat()}" / f"{slot_ts(slot)}.{kind}.parquet"
-        )
+        return self.root / "parsed" / "rejects" / f"date={slot.date().isoformat()}" / f"{slot_ts(slot)}.{kind}.parquet"
 
     def event_keys_path(self, day: date) -> Path:
         return self.root / "keys" / "events" / f"date={day.isoformat()}.parquet"
@@ -183,7 +182,7 @@ def remove_orphans(directory: Path, prefix: str) -> list[Path]:
     if not directory.is_dir():
         return removed
     for path in directory.glob(f"{glob.escape(prefix)}*"):
-        pid = path.name[len(prefix):].split(".", 1)[0]
+        pid = path.name[len(prefix) :].split(".", 1)[0]
         if not pid.isdigit() or _pid_alive(int(pid)):
             continue
         if path.is_dir():
@@ -267,7 +266,9 @@ class DamagedFile(RuntimeError):
     again before anything reads it."""
 
 
-def write_sealed_parquet(layout: DataLayout, df: pl.DataFrame, target: Path, metadata: dict[str, str] | None = None) -> None:
+def write_sealed_parquet(
+    layout: DataLayout, df: pl.DataFrame, target: Path, metadata: dict[str, str] | None = None
+) -> None:
     """Write a derived parquet file and, first, its sha256 and size under digests/: a sealed file
     is never on disk without its digest, and a reader or check that finds other bytes knows the
     file changed after it was written (its footer may well still open, and damaged pages can
@@ -313,7 +314,8 @@ def verified(layout: DataLayout, *paths: Path) -> list[Path]:
         raise DamagedFile(
             f"{len(damaged)} stored file(s) changed after they were written; materialise the partition "
             "that writes them again: "
-            + "; ".join(damaged[:5]) + (f" and {len(damaged) - 5} more" if len(damaged) > 5 else "")
+            + "; ".join(damaged[:5])
+            + (f" and {len(damaged) - 5} more" if len(damaged) > 5 else "")
         )
     return list(paths)
 
@@ -322,7 +324,7 @@ def quarantine_file(path: Path, directory: Path, name: str, note: dict) -> Path:
     """Move bad bytes out of the store into ``directory/<name>.<utc stamp>.bad``, with a JSON note
     beside it (``.bad.json``) saying why; a new pair per bad copy, never overwritten."""
     directory.mkdir(parents=True, exist_ok=True)
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
     dest = directory / f"{name}.{stamp}.bad"
     path.replace(dest)
     atomic_write_bytes(directory / f"{dest.name}.json", json.dumps(note, indent=2, sort_keys=True).encode())

@@ -19,7 +19,10 @@ def code_version() -> str:
     try:
         commit = subprocess.run(
             ["git", "-C", str(root), "describe", "--always", "--dirty=+dirty", "--abbrev=12", "--exclude=*"],
-            capture_output=True, text=True, timeout=5, check=True,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return base

@@ -52,11 +52,13 @@ def _result(res: SuiteResult, source: Path) -> dg.AssetCheckResult:
     if res.note:
         metadata["note"] = res.note
     description = res.note or (
-        f"{res.suite}: all expectations met" if res.passed
+        f"{res.suite}: all expectations met"
+        if res.passed
         else f"{res.suite}: failed " + ", ".join(sorted(res.failed_expectations))
     )
-    return dg.AssetCheckResult(passed=res.passed, severity=dg.AssetCheckSeverity.ERROR, metadata=metadata,
-                               description=description)
+    return dg.AssetCheckResult(
+        passed=res.passed, severity=dg.AssetCheckSeverity.ERROR, metadata=metadata, description=description
+    )
 
 
 def _missing(path: Path, what: str) -> dg.AssetCheckResult:
@@ -100,15 +102,18 @@ def events_valid(context: dg.AssetCheckExecutionContext, dataset: Dataset) -> dg
     """The day's events obey MIRAI's rules: event_id unique, s/o ISO alpha-3 and different,
     r a level-2 CAMEO code with r1 its root, date the UTC day of date_added. Blocking."""
     layout = DataLayout(Path(dataset.data_dir))
-    return _validate_file(layout, layout.events_path(date.fromisoformat(context.partition_key)), "events", validate_events)
+    return _validate_file(
+        layout, layout.events_path(date.fromisoformat(context.partition_key)), "events", validate_events
+    )
 
 
 @dg.asset_check(asset=dg.AssetKey("daily_quads"), partitions_def=daily_partitions, blocking=True)
 def daily_quads_valid(context: dg.AssetCheckExecutionContext, dataset: Dataset) -> dg.AssetCheckResult:
     """One row per (date, s, r, o), each with daily_mentions >= 1 and n_events >= 1. Blocking."""
     layout = DataLayout(Path(dataset.data_dir))
-    return _validate_file(layout, layout.daily_quads_path(date.fromisoformat(context.partition_key)), "daily_quads",
-                          validate_daily_quads)
+    return _validate_file(
+        layout, layout.daily_quads_path(date.fromisoformat(context.partition_key)), "daily_quads", validate_daily_quads
+    )
 
 
 @dg.asset_check(asset=dg.AssetKey("events"), partitions_def=daily_partitions, blocking=False)
@@ -141,5 +146,6 @@ def articles_valid(context: dg.AssetCheckExecutionContext, dataset: Dataset) -> 
     mirai/obelics; n_words >= 0. Metadata: rows, kept, dropped and dropped_<filter> from the file.
     Non-blocking: a bad article row is reported, nothing downstream is held back."""
     layout = DataLayout(Path(dataset.data_dir))
-    return _validate_file(layout, layout.articles_path(date.fromisoformat(context.partition_key)), "articles",
-                          validate_articles)
+    return _validate_file(
+        layout, layout.articles_path(date.fromisoformat(context.partition_key)), "articles", validate_articles
+    )

@@ -26,12 +26,16 @@ def gdelt_files_all_green(context: dg.AssetCheckExecutionContext, dataset: Datas
     ledger = read_ledger(DataLayout(Path(dataset.data_dir)), day)
     bad = ledger.filter(pl.col("status").is_in(["corrupt", "failed", "pending", "missing", "quarantined"]))
     quarantined = ledger.filter(pl.col("status") == "quarantined").sort("slot", "kind")
-    named = [f"{row['slot']:%Y%m%d%H%M%S}.{row['kind']} ({row['last_error']})" for row in quarantined.iter_rows(named=True)]
+    named = [
+        f"{row['slot']:%Y%m%d%H%M%S}.{row['kind']} ({row['last_error']})" for row in quarantined.iter_rows(named=True)
+    ]
     return dg.AssetCheckResult(
         passed=bad.height == 0,
         severity=dg.AssetCheckSeverity.WARN,
         description=f"{len(named)} file(s) quarantined, not fetched or parsed again until GDELT's index "
-        f"lists other bytes for them: {'; '.join(named)}" if named else None,
+        f"lists other bytes for them: {'; '.join(named)}"
+        if named
+        else None,
         metadata={
             "not_landed": bad.height,
             "corrupt_or_failed": bad.filter(pl.col("status").is_in(["corrupt", "failed"])).height,

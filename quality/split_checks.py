@@ -18,8 +18,13 @@ from pipeline.splits import leakage_audit
 SHOWN_VIOLATIONS = 20
 
 
-@dg.asset_check(asset=test_split, partitions_def=monthly_partitions, blocking=True, description="Zero records after t − distance visible through "
-                "any agent API function (code blocks included) for every query date; month after the history cutoff.")
+@dg.asset_check(
+    asset=test_split,
+    partitions_def=monthly_partitions,
+    blocking=True,
+    description="Zero records after t − distance visible through "
+    "any agent API function (code blocks included) for every query date; month after the history cutoff.",
+)
 def split_leakage_audit(context: dg.AssetCheckExecutionContext, dataset: Dataset) -> dg.AssetCheckResult:
     month = date.fromisoformat(context.partition_key)
     audit = leakage_audit(pipeline_settings(dataset), month)
@@ -31,6 +36,8 @@ def split_leakage_audit(context: dg.AssetCheckExecutionContext, dataset: Dataset
             "query dates audited": audit.dates_audited,
             "sandbox probed on": ", ".join(d.isoformat() for d in audit.sandbox_dates) or "none",
             "violations": len(audit.violations),
-            "first violations": dg.MetadataValue.md("\n".join(f"- {v}" for v in audit.violations[:SHOWN_VIOLATIONS]) or "none"),
+            "first violations": dg.MetadataValue.md(
+                "\n".join(f"- {v}" for v in audit.violations[:SHOWN_VIOLATIONS]) or "none"
+            ),
         },
     )

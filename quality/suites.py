@@ -18,7 +18,7 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -51,9 +51,13 @@ class SuiteResult:
         lines = ["| expectation | column | rule | unexpected | examples |", "|---|---|---|---|---|"]
         for f in self.failures:
             examples = f.get("unexpected_values") or f.get("exception") or f.get("observed") or ""
-            cells = [f["expectation"], f.get("column") or "", f.get("rule") or "",
-                     "" if f.get("unexpected_count") is None else str(f["unexpected_count"]),
-                     json.dumps(examples, default=str) if not isinstance(examples, str) else examples]
+            cells = [
+                f["expectation"],
+                f.get("column") or "",
+                f.get("rule") or "",
+                "" if f.get("unexpected_count") is None else str(f["unexpected_count"]),
+                json.dumps(examples, default=str) if not isinstance(examples, str) else examples,
+            ]
             lines.append("| " + " | ".join(c.replace("|", "\\|").replace("\n", " ")[:300] for c in cells) + " |")
         return "\n".join(lines)
 
@@ -71,16 +75,21 @@ def _schema_failures(df: pl.DataFrame, expected: pl.Schema, where: str | None = 
     if list(actual.names()) != list(expected.names()):
         missing = [c for c in expected.names() if c not in actual]
         extra = [c for c in actual.names() if c not in expected]
-        problems.append(f"columns differ: missing={missing}, extra={extra}, count={len(actual)}/{len(expected)}"
-                        if missing or extra else "columns out of order")
+        problems.append(
+            f"columns differ: missing={missing}, extra={extra}, count={len(actual)}/{len(expected)}"
+            if missing or extra
+            else "columns out of order"
+        )
     problems += [f"{c}: {actual[c]} != {dtype}" for c, dtype in expected.items() if c in actual and actual[c] != dtype]
-    return [{
-        "expectation": SCHEMA_CHECK,
-        "column": None,
-        "rule": f"stored schema{' of ' + where if where else ''}",
-        "unexpected_count": len(problems),
-        "unexpected_values": problems[:MAX_UNEXPECTED_VALUES],
-    }]
+    return [
+        {
+            "expectation": SCHEMA_CHECK,
+            "column": None,
+            "rule": f"stored schema{' of ' + where if where else ''}",
+            "unexpected_count": len(problems),
+            "unexpected_values": problems[:MAX_UNEXPECTED_VALUES],
+        }
+    ]
 
 
 def _jsonable(value: Any) -> Any:
@@ -115,9 +124,11 @@ def _failure(r) -> dict[str, Any]:
     if (result.get("details") or {}).get("mismatched"):
         out["observed"] = str(_jsonable(result["details"]["mismatched"]))[:300]
     info = r.exception_info or {}
-    messages = [info.get("exception_message")] if "raised_exception" in info else [
-        v.get("exception_message") for v in info.values() if isinstance(v, dict)
-    ]
+    messages = (
+        [info.get("exception_message")]
+        if "raised_exception" in info
+        else [v.get("exception_message") for v in info.values() if isinstance(v, dict)]
+    )
     messages = [m for m in messages if m]
     if messages:
         out["exception"] = messages[0][:300]
@@ -152,8 +163,12 @@ def not_null(column: str, rule: str) -> RowRule:
 
 def in_set(column: str, values: list[str], rule: str) -> RowRule:
     """Nulls pass, as in GX (a ``not_null`` rule catches them)."""
-    return RowRule("expect_column_values_to_be_in_set", (column,), rule,
-                   pl.col(column).is_not_null() & ~pl.col(column).is_in(values))
+    return RowRule(
+        "expect_column_values_to_be_in_set",
+        (column,),
+        rule,
+        pl.col(column).is_not_null() & ~pl.col(column).is_in(values),
+    )
 
 
 def at_least(column: str, low: int, rule: str, below: int | None = None) -> RowRule:
@@ -170,8 +185,12 @@ def is_null(column: str, rule: str) -> RowRule:
 def matches(column: str, regex: str, rule: str) -> RowRule:
     """The value contains a match of ``regex`` (``re.search``, as GX's pandas engine); nulls pass,
     as in GX (a ``not_null`` rule catches them)."""
-    return RowRule("expect_column_values_to_match_regex", (column,), rule,
-                   pl.col(column).is_not_null() & ~pl.col(column).str.contains(regex))
+    return RowRule(
+        "expect_column_values_to_match_regex",
+        (column,),
+        rule,
+        pl.col(column).is_not_null() & ~pl.col(column).str.contains(regex),
+    )
 
 
 def only_where(condition: pl.Expr, rule: RowRule) -> RowRule:
@@ -182,17 +201,27 @@ def only_where(condition: pl.Expr, rule: RowRule) -> RowRule:
 
 def pair_equal(a: str, b: str, rule: str) -> RowRule:
     """GX's pair rule: a row with both values missing is skipped; one missing value is unequal."""
-    return RowRule("expect_column_pair_values_to_be_equal", (a, b), rule,
-                   ~(pl.col(a).is_null() & pl.col(b).is_null()) & pl.col(a).ne_missing(pl.col(b)))
+    return RowRule(
+        "expect_column_pair_values_to_be_equal",
+        (a, b),
+        rule,
+        ~(pl.col(a).is_null() & pl.col(b).is_null()) & pl.col(a).ne_missing(pl.col(b)),
+    )
 
 
 def differ(a: str, b: str, rule: str) -> RowRule:
     """GX's unique-within-record on two columns: equal values break it, a missing value does not."""
-    return RowRule("expect_select_column_values_to_be_unique_within_record", (a, b), rule,
-                   pl.col(a).is_not_null() & pl.col(b).is_not_null() & (pl.col(a) == pl.col(b)))
+    return RowRule(
+        "expect_select_column_values_to_be_unique_within_record",
+        (a, b),
+        rule,
+        pl.col(a).is_not_null() & pl.col(b).is_not_null() & (pl.col(a) == pl.col(b)),
+    )
 
 
-def _apply_row_rules(df: pl.DataFrame, rules: list[RowRule]) -> tuple[pl.DataFrame, list[dict[str, Any]], list[dict[str, Any]]]:
+def _apply_row_rules(
+    df: pl.DataFrame, rules: list[RowRule]
+) -> tuple[pl.DataFrame, list[dict[str, Any]], list[dict[str, Any]]]:
     """``df`` with ``ROW_VIOLATIONS`` added; the failure of each broken rule (count and examples);
     and the rules that could not be computed (a missing column or a wrong dtype, also reported by
     the schema check), each as a failure with its exception, as GX reported such an expectation."""
@@ -204,21 +233,36 @@ def _apply_row_rules(df: pl.DataFrame, rules: list[RowRule]) -> tuple[pl.DataFra
         try:
             flag = df.select(r.violated.fill_null(False)).to_series()
         except pl.exceptions.PolarsError as exc:
-            unusable.append({**base, "unexpected_count": None, "unexpected_values": [],
-                             "exception": f"{type(exc).__name__}: {exc}"[:300]})
+            unusable.append(
+                {
+                    **base,
+                    "unexpected_count": None,
+                    "unexpected_values": [],
+                    "exception": f"{type(exc).__name__}: {exc}"[:300],
+                }
+            )
             continue
         flags[f"_rule_{i}"] = flag
         count = int(flag.sum())
         if count:
             shown = df.filter(flag).select(r.columns).head(MAX_UNEXPECTED_VALUES)
             examples = shown.to_series().to_list() if len(r.columns) == 1 else shown.rows()
-            failures.append({**base, "unexpected_count": count, "unexpected_values": _jsonable(examples),
-                             "validated_by": f"{ROW_RULES_EXPECTATION} on {ROW_VIOLATIONS}"})
+            failures.append(
+                {
+                    **base,
+                    "unexpected_count": count,
+                    "unexpected_values": _jsonable(examples),
+                    "validated_by": f"{ROW_RULES_EXPECTATION} on {ROW_VIOLATIONS}",
+                }
+            )
     if flags:
         marks = pl.DataFrame(flags)
-        named = [pl.when(pl.col(f"_rule_{i}")).then(pl.lit(r.rule)) for i, r in enumerate(rules) if f"_rule_{i}" in flags]
-        violations = marks.select(pl.concat_str(named, separator="; ", ignore_nulls=True)
-                                  .replace("", None).alias(ROW_VIOLATIONS)).to_series()
+        named = [
+            pl.when(pl.col(f"_rule_{i}")).then(pl.lit(r.rule)) for i, r in enumerate(rules) if f"_rule_{i}" in flags
+        ]
+        violations = marks.select(
+            pl.concat_str(named, separator="; ", ignore_nulls=True).replace("", None).alias(ROW_VIOLATIONS)
+        ).to_series()
     else:
         violations = pl.Series(ROW_VIOLATIONS, [None] * df.height, pl.String)
     return df.with_columns(violations), failures, unusable
@@ -246,8 +290,14 @@ def _validation_of(suite_name: str, expectations: Callable[[], list]) -> tuple[A
     return _gx_cache[suite_name]
 
 
-def _run(suite_name: str, df: pl.DataFrame, expectations: Callable[[], list], rules: list[RowRule],
-         schema_failures: list[dict[str, Any]], extra_stats: dict[str, Any]) -> SuiteResult:
+def _run(
+    suite_name: str,
+    df: pl.DataFrame,
+    expectations: Callable[[], list],
+    rules: list[RowRule],
+    schema_failures: list[dict[str, Any]],
+    extra_stats: dict[str, Any],
+) -> SuiteResult:
     """Validate ``df`` (polars, derived columns included) with GX: the suite's own expectations
     (built once per process by ``expectations``) and, when it has row rules, their combined column."""
     import great_expectations.expectations as gxe
@@ -275,8 +325,12 @@ def _run(suite_name: str, df: pl.DataFrame, expectations: Callable[[], list], ru
         "rules": len(suite.expectations) - (1 if rules else 0) + len(rules),
         "schema_problems": sum(f["unexpected_count"] for f in schema_failures),
     }
-    return SuiteResult(suite_name, passed=bool(res.success) and not schema_failures and not unusable,
-                       statistics=stats, failures=failures)
+    return SuiteResult(
+        suite_name,
+        passed=bool(res.success) and not schema_failures and not unusable,
+        statistics=stats,
+        failures=failures,
+    )
 
 
 def _gx_frame(df: pl.DataFrame, suite) -> Any:
@@ -289,17 +343,28 @@ def _gx_frame(df: pl.DataFrame, suite) -> Any:
     for e in suite.expectations:
         if e.expectation_type.startswith("expect_table_"):
             continue
-        read.update(c for c in [getattr(e, "column", None), getattr(e, "column_A", None), getattr(e, "column_B", None),
-                                *(getattr(e, "column_list", None) or [])] if c)
+        read.update(
+            c
+            for c in [
+                getattr(e, "column", None),
+                getattr(e, "column_A", None),
+                getattr(e, "column_B", None),
+                *(getattr(e, "column_list", None) or []),
+            ]
+            if c
+        )
     return df.select(pl.col(c) if c in read else pl.lit(0, pl.Int8).alias(c) for c in df.columns).to_pandas()
 
 
 def _empty(suite_name: str, schema_failures: list[dict[str, Any]], note: str, **stats: Any) -> SuiteResult:
-    return SuiteResult(suite_name, passed=not schema_failures, statistics={"rows": 0, **stats},
-                       failures=schema_failures, note=note)
+    return SuiteResult(
+        suite_name, passed=not schema_failures, statistics={"rows": 0, **stats}, failures=schema_failures, note=note
+    )
 
 
-def _derived(df: pl.DataFrame, column: str, expected: pl.DataType, expr: pl.Expr, name: str, out: pl.DataType) -> pl.Expr:
+def _derived(
+    df: pl.DataFrame, column: str, expected: pl.DataType, expr: pl.Expr, name: str, out: pl.DataType
+) -> pl.Expr:
     """A derived column, or nulls when its source column is absent or not of the stored type
     (the schema check reports that; the expectation on the derived column then fails too)."""
     ok = column in df.columns and df.schema[column] == expected
@@ -312,7 +377,7 @@ def _derived(df: pl.DataFrame, column: str, expected: pl.DataType, expr: pl.Expr
 
 def slot_of_file(path: Path) -> datetime:
     """``20240101101500.parquet`` -> 2024-01-01 10:15 UTC."""
-    return datetime.strptime(path.name.split(".", 1)[0], "%Y%m%d%H%M%S").replace(tzinfo=timezone.utc)
+    return datetime.strptime(path.name.split(".", 1)[0], "%Y%m%d%H%M%S").replace(tzinfo=UTC)
 
 
 def read_raw_events_day(directory: Path) -> dict[datetime, pl.DataFrame]:
@@ -329,34 +394,58 @@ def validate_raw_events(slots: Mapping[datetime, pl.DataFrame]) -> SuiteResult:
     """The parsed export rows of one day, given per slot (the time in the file's name)."""
     import great_expectations.expectations as gxe
 
-    schema_failures = [f for slot, df in slots.items()
-                       for f in _schema_failures(df, EXPORT_SCHEMA, where=f"slot {slot:%Y%m%d%H%M%S}")]
+    schema_failures = [
+        f for slot, df in slots.items() for f in _schema_failures(df, EXPORT_SCHEMA, where=f"slot {slot:%Y%m%d%H%M%S}")
+    ]
     total = sum(df.height for df in slots.values())
     if total == 0:
         return _empty("raw_events", schema_failures, "no parsed export rows for this day", files=len(slots))
     # Each row's slot, repeated per file in one expression (a literal per file cost more than
     # validating the day once GX ran one expectation for the row rules).
-    per_file = pl.DataFrame({"slot": list(slots), "rows": [df.height for df in slots.values()]},
-                            schema={"slot": pl.Datetime("us", "UTC"), "rows": pl.UInt32})
+    per_file = pl.DataFrame(
+        {"slot": list(slots), "rows": [df.height for df in slots.values()]},
+        schema={"slot": pl.Datetime("us", "UTC"), "rows": pl.UInt32},
+    )
     slot = per_file.filter(pl.col("rows") > 0).select(pl.col("slot").repeat_by("rows").explode()).to_series()
     rows = pl.concat(list(slots.values()), how="diagonal_relaxed").with_columns(slot)
     rows = rows.with_columns(
-        _derived(rows, "DATEADDED", EXPORT_SCHEMA["DATEADDED"],
-                 (pl.col("DATEADDED") - pl.col("slot")).dt.total_seconds(), "_dateadded_offset_s", pl.Int64)
+        _derived(
+            rows,
+            "DATEADDED",
+            EXPORT_SCHEMA["DATEADDED"],
+            (pl.col("DATEADDED") - pl.col("slot")).dt.total_seconds(),
+            "_dateadded_offset_s",
+            pl.Int64,
+        )
     )
     slot_seconds = SLOT_MINUTES * 60
+
     def expectations() -> list:  # called once per process (_validation_of)
         return [
-            gxe.ExpectTableColumnsToMatchOrderedList(column_list=[*EXPORT_SCHEMA.names(), *RAW_DERIVED], meta={"rule": "raw: exactly the 61 export columns, in order"}),  # raw schema (dtypes: polars side)
-            gxe.ExpectColumnValuesToBeUnique(column="GLOBALEVENTID", meta={"rule": "raw: GLOBALEVENTID unique over the day"}),  # raw: event key (rule 1 input)
+            gxe.ExpectTableColumnsToMatchOrderedList(
+                column_list=[*EXPORT_SCHEMA.names(), *RAW_DERIVED],
+                meta={"rule": "raw: exactly the 61 export columns, in order"},
+            ),  # raw schema (dtypes: polars side)
+            gxe.ExpectColumnValuesToBeUnique(
+                column="GLOBALEVENTID", meta={"rule": "raw: GLOBALEVENTID unique over the day"}
+            ),  # raw: event key (rule 1 input)
         ]
+
     rules = [
         not_null("GLOBALEVENTID", "raw: GLOBALEVENTID present"),  # raw: event key
         not_null("_dateadded_offset_s", "raw: DATEADDED present"),  # raw: publication time (rule 2 input)
-        at_least("_dateadded_offset_s", 0, "raw: DATEADDED within [slot, slot + 15 min)", below=slot_seconds),  # raw: file/slot consistency
+        at_least(
+            "_dateadded_offset_s", 0, "raw: DATEADDED within [slot, slot + 15 min)", below=slot_seconds
+        ),  # raw: file/slot consistency
     ]
-    return _run("raw_events", rows, expectations, rules, schema_failures,
-                {"rows": total, "files": len(slots), "first_slot": str(min(slots)), "last_slot": str(max(slots))})
+    return _run(
+        "raw_events",
+        rows,
+        expectations,
+        rules,
+        schema_failures,
+        {"rows": total, "files": len(slots), "first_slot": str(min(slots)), "last_slot": str(max(slots))},
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -377,15 +466,27 @@ def validate_events(events: pl.DataFrame) -> SuiteResult:
     df = events.with_columns(
         _derived(events, "r", pl.String(), pl.col("r").str.slice(0, 2), "_r_prefix", pl.String),
         # date_added is stored in UTC, so its calendar day is the UTC day.
-        _derived(events, "date_added", EVENTS_SCHEMA["date_added"], pl.col("date_added").dt.date(),
-                 "_date_added_day", pl.Date),
+        _derived(
+            events,
+            "date_added",
+            EVENTS_SCHEMA["date_added"],
+            pl.col("date_added").dt.date(),
+            "_date_added_day",
+            pl.Date,
+        ),
     )
     iso3, level2 = sorted(iso3_codes()), sorted(level2_codes())
+
     def expectations() -> list:  # called once per process (_validation_of)
         return [
-            gxe.ExpectTableColumnsToMatchOrderedList(column_list=[*EVENTS_SCHEMA.names(), *EVENTS_DERIVED], meta={"rule": "events: stored columns, in order"}),  # schema (dtypes: polars side)
-            gxe.ExpectColumnValuesToBeUnique(column="event_id", meta={"rule": "1: GLOBALEVENTID deduplicated"}),  # rule 1
+            gxe.ExpectTableColumnsToMatchOrderedList(
+                column_list=[*EVENTS_SCHEMA.names(), *EVENTS_DERIVED], meta={"rule": "events: stored columns, in order"}
+            ),  # schema (dtypes: polars side)
+            gxe.ExpectColumnValuesToBeUnique(
+                column="event_id", meta={"rule": "1: GLOBALEVENTID deduplicated"}
+            ),  # rule 1
         ]
+
     rules = [
         not_null("event_id", "1: event_id present"),  # rule 1
         not_null("date", "2: date present"),  # rule 2
@@ -400,8 +501,14 @@ def validate_events(events: pl.DataFrame) -> SuiteResult:
         pair_equal("r1", "_r_prefix", "5: r1 is the first two digits of r"),  # rule 5
     ]
     days = events.get_column("date").drop_nulls().unique().sort().to_list() if "date" in events.columns else []
-    return _run("events", df, expectations, rules, schema_failures,
-                {"rows": events.height, "days": ", ".join(str(d) for d in days[:3]) + (" …" if len(days) > 3 else "")})
+    return _run(
+        "events",
+        df,
+        expectations,
+        rules,
+        schema_failures,
+        {"rows": events.height, "days": ", ".join(str(d) for d in days[:3]) + (" …" if len(days) > 3 else "")},
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -418,19 +525,35 @@ def validate_daily_quads(quads: pl.DataFrame) -> SuiteResult:
     schema_failures = _schema_failures(quads, QUADS_SCHEMA)
     if quads.height == 0:
         return _empty("daily_quads", schema_failures, "no quads on this day")
+
     def expectations() -> list:  # called once per process (_validation_of)
         return [
-            gxe.ExpectTableColumnsToMatchOrderedList(column_list=[*QUADS_SCHEMA.names(), ROW_VIOLATIONS], meta={"rule": "quads: stored columns, in order"}),  # schema (dtypes: polars side)
-            gxe.ExpectCompoundColumnsToBeUnique(column_list=QUAD_KEY, meta={"rule": "quads: one row per (date, s, r, o)"}),  # compound key unique
+            gxe.ExpectTableColumnsToMatchOrderedList(
+                column_list=[*QUADS_SCHEMA.names(), ROW_VIOLATIONS], meta={"rule": "quads: stored columns, in order"}
+            ),  # schema (dtypes: polars side)
+            gxe.ExpectCompoundColumnsToBeUnique(
+                column_list=QUAD_KEY, meta={"rule": "quads: one row per (date, s, r, o)"}
+            ),  # compound key unique
         ]
+
     rules = [
         *[not_null(c, f"quads: key column {c} present") for c in QUAD_KEY],  # compound key complete
         at_least("daily_mentions", 1, "quads: daily_mentions >= 1"),  # a quad is mentioned
         at_least("n_events", 1, "quads: n_events >= 1"),  # a quad has events
     ]
-    return _run("daily_quads", quads, expectations, rules, schema_failures,
-                {"rows": quads.height, "total_mentions": int(quads.get_column("daily_mentions").sum())
-                 if "daily_mentions" in quads.columns and quads.schema["daily_mentions"].is_numeric() else None})
+    return _run(
+        "daily_quads",
+        quads,
+        expectations,
+        rules,
+        schema_failures,
+        {
+            "rows": quads.height,
+            "total_mentions": int(quads.get_column("daily_mentions").sum())
+            if "daily_mentions" in quads.columns and quads.schema["daily_mentions"].is_numeric()
+            else None,
+        },
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -469,13 +592,22 @@ def validate_articles(articles: pl.DataFrame) -> SuiteResult:
     schema_failures = _schema_failures(articles, ARTICLES_SCHEMA)
     counts = article_counts(articles)
     if articles.height == 0:
-        return _empty("articles", schema_failures, "no articles on this day", **{k: v for k, v in counts.items() if k != "rows"})
+        return _empty(
+            "articles", schema_failures, "no articles on this day", **{k: v for k, v in counts.items() if k != "rows"}
+        )
+
     def expectations() -> list:  # called once per process (_validation_of)
         return [
-            gxe.ExpectTableColumnsToMatchOrderedList(column_list=[*ARTICLES_SCHEMA.names(), ROW_VIOLATIONS], meta={"rule": "articles: stored columns, in order"}),  # schema (dtypes: polars side)
-            gxe.ExpectColumnValuesToBeUnique(column="url", meta={"rule": "articles: one row per normalised url"}),  # key
+            gxe.ExpectTableColumnsToMatchOrderedList(
+                column_list=[*ARTICLES_SCHEMA.names(), ROW_VIOLATIONS],
+                meta={"rule": "articles: stored columns, in order"},
+            ),  # schema (dtypes: polars side)
+            gxe.ExpectColumnValuesToBeUnique(
+                column="url", meta={"rule": "articles: one row per normalised url"}
+            ),  # key
             gxe.ExpectColumnValuesToBeUnique(column="url_md5", meta={"rule": "articles: url_md5 unique"}),
         ]
+
     kept, dropped = pl.col("kept"), ~pl.col("kept")  # null kept: neither (the not_null rule reports it)
     rules = [
         not_null("url", "articles: url present"),  # key

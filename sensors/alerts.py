@@ -4,7 +4,7 @@ sensor's tick history. docs/operations.md says what each alert means and what to
 """
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import dagster as dg
 
@@ -22,8 +22,11 @@ class AlertNotDelivered(Exception):
 
 # Running by default, unlike the schedules: it acts only on a failed run, and an alert nobody
 # switched on is the one that is missed.
-@dg.run_failure_sensor(name="alert_on_run_failure", default_status=dg.DefaultSensorStatus.RUNNING,
-                       description="Posts every failed run (job, partition, run id, error) to MIRAI_ALERT_WEBHOOK_URL.")
+@dg.run_failure_sensor(
+    name="alert_on_run_failure",
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    description="Posts every failed run (job, partition, run id, error) to MIRAI_ALERT_WEBHOOK_URL.",
+)
 def alert_on_run_failure(context: dg.RunFailureSensorContext, dataset: Dataset, alerts: Alerts) -> None:
     run = context.dagster_run
     partition = run.tags.get("dagster/partition")
@@ -38,7 +41,7 @@ def alert_on_run_failure(context: dg.RunFailureSensorContext, dataset: Dataset, 
 
 
 def _root_causes(context: dg.RunFailureSensorContext) -> str:
-    """"step: the innermost exception" per failed step; the run's own message only says which
+    """ "step: the innermost exception" per failed step; the run's own message only says which
     steps failed, the cause says why (an unreachable host, a lock timeout, a failed check)."""
     causes = []
     for event in context.get_step_failure_events():
@@ -51,9 +54,11 @@ def _root_causes(context: dg.RunFailureSensorContext) -> str:
 
 
 def _freshness_alert(state: Freshness, recovered: bool) -> Alert:
-    fields = {"newest_landed_slot": state.newest.isoformat() if state.newest else None,
-              "age_hours": None if state.age is None else round(state.age.total_seconds() / 3600, 2),
-              "limit_hours": state.limit.total_seconds() / 3600}
+    fields = {
+        "newest_landed_slot": state.newest.isoformat() if state.newest else None,
+        "age_hours": None if state.age is None else round(state.age.total_seconds() / 3600, 2),
+        "limit_hours": state.limit.total_seconds() / 3600,
+    }
     if recovered:
         return Alert("freshness_recovered", f"GDELT data fresh again: {state.describe()}", fields)
     return Alert("freshness_breach", f"GDELT data stale: {state.describe()}", fields)
@@ -61,15 +66,18 @@ def _freshness_alert(state: Freshness, recovered: bool) -> Alert:
 
 # Stopped by default like the 15-minute schedule it watches: on demo data (or before ingestion is
 # switched on) the newest slot is always old. Turn both on together.
-@dg.sensor(name="gdelt_freshness", minimum_interval_seconds=FRESHNESS_INTERVAL_S,
-           default_status=dg.DefaultSensorStatus.STOPPED,
-           description="Alerts once when the newest landed GDELT slot is older than MIRAI_FRESHNESS_HOURS, "
-           "and once when it is fresh again.")
+@dg.sensor(
+    name="gdelt_freshness",
+    minimum_interval_seconds=FRESHNESS_INTERVAL_S,
+    default_status=dg.DefaultSensorStatus.STOPPED,
+    description="Alerts once when the newest landed GDELT slot is older than MIRAI_FRESHNESS_HOURS, "
+    "and once when it is fresh again.",
+)
 def gdelt_freshness(context: dg.SensorEvaluationContext, dataset: Dataset, alerts: Alerts) -> dg.SensorResult:
     """The cursor remembers whether the breach was already announced, so a breach posts once, not
     on every tick. A failed delivery fails the tick, which keeps the cursor: the next tick retries."""
     settings = pipeline_settings(dataset, alerts)
-    state = freshness(settings, datetime.now(timezone.utc))
+    state = freshness(settings, datetime.now(UTC))
     announced = json.loads(context.cursor)["breach_announced"] if context.cursor else False
     if state.stale == announced:
         return dg.SensorResult(skip_reason=state.describe(), cursor=json.dumps({"breach_announced": announced}))

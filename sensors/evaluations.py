@@ -30,8 +30,12 @@ from pipeline.evaluation.registry import Agent, eligibility, load_agents
 from pipeline.evaluation.run import agent_config_hash
 
 TEST_SPLIT = dg.AssetKey("test_split")
-IN_FLIGHT = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
-             dg.DagsterRunStatus.STARTED]
+IN_FLIGHT = [
+    dg.DagsterRunStatus.QUEUED,
+    dg.DagsterRunStatus.NOT_STARTED,
+    dg.DagsterRunStatus.STARTING,
+    dg.DagsterRunStatus.STARTED,
+]
 
 evaluation_job = dg.define_asset_job(
     "agent_evaluation",
@@ -39,7 +43,9 @@ evaluation_job = dg.define_asset_job(
     # One run evaluates one (month, agent): a single step, so no per-step subprocess.
     executor_def=dg.in_process_executor,
 )
-leaderboard_job = dg.define_asset_job("leaderboard_refresh", selection=[leaderboard], executor_def=dg.in_process_executor)
+leaderboard_job = dg.define_asset_job(
+    "leaderboard_refresh", selection=[leaderboard], executor_def=dg.in_process_executor
+)
 
 
 def _request(month_key: str, agent: Agent, config_hash: str) -> dg.RunRequest:
@@ -48,8 +54,12 @@ def _request(month_key: str, agent: Agent, config_hash: str) -> dg.RunRequest:
         run_key=f"evaluation:{month_key}:{agent.name}:{config_hash}",
         job_name=evaluation_job.name,
         partition_key=dg.MultiPartitionKey({"month": month_key, "agent": agent.name}),
-        tags={"mirai/agent": agent.name, "mirai/month": month_key[:7], "mirai/agent_config": config_hash,
-              "mirai/eligible": str(eligible).lower()},
+        tags={
+            "mirai/agent": agent.name,
+            "mirai/month": month_key[:7],
+            "mirai/agent_config": config_hash,
+            "mirai/eligible": str(eligible).lower(),
+        },
     )
 
 
@@ -77,8 +87,10 @@ def evaluation_sensor(context: dg.SensorEvaluationContext, dataset: Dataset) -> 
     ]
     board = state["board"]
     latest = _latest_evaluation(context.instance)
-    if not requests and latest > board and not context.instance.get_runs_count(
-        dg.RunsFilter(job_name=evaluation_job.name, statuses=IN_FLIGHT)
+    if (
+        not requests
+        and latest > board
+        and not context.instance.get_runs_count(dg.RunsFilter(job_name=evaluation_job.name, statuses=IN_FLIGHT))
     ):
         requests.append(dg.RunRequest(run_key=f"leaderboard:{latest}", job_name=leaderboard_job.name))
         board = latest

@@ -29,8 +29,9 @@ monthly_release_job = dg.define_asset_job(
 
 
 @dg.schedule(cron_schedule="0 6 * * *", job=monthly_release_job, execution_timezone="UTC")
-def monthly_release_daily(context: dg.ScheduleEvaluationContext, dataset: Dataset, gdelt: GdeltFeed,
-                          release_store: ReleaseBucket):
+def monthly_release_daily(
+    context: dg.ScheduleEvaluationContext, dataset: Dataset, gdelt: GdeltFeed, release_store: ReleaseBucket
+):
     """Request every ended month that is not released yet and has closed; skip with the reasons
     otherwise (visible on the schedule's tick history in the UI). A month whose run failed is
     requested again on the next day (the run key carries the day); re-running is idempotent."""

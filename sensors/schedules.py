@@ -7,7 +7,7 @@ late slots (GDELT catching up) are picked up and pending ones become missing aft
 period.
 """
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import dagster as dg
 
@@ -28,20 +28,18 @@ gdelt_ingest_job = dg.define_asset_job(
 
 
 def newest_slot(at: datetime) -> datetime:
-    t = at.astimezone(timezone.utc) - PUBLISH_DELAY
+    t = at.astimezone(UTC) - PUBLISH_DELAY
     return t.replace(minute=t.minute - t.minute % 15, second=0, microsecond=0)
 
 
 @dg.schedule(cron_schedule="5,20,35,50 * * * *", job=gdelt_ingest_job, execution_timezone="UTC")
 def gdelt_every_15_minutes(context: dg.ScheduleEvaluationContext):
-    tick = context.scheduled_execution_time.astimezone(timezone.utc)
+    tick = context.scheduled_execution_time.astimezone(UTC)
     day = newest_slot(tick).date()
     requests = [dg.RunRequest(run_key=f"{day}@{tick:%Y%m%dT%H%M}", partition_key=day.isoformat())]
     if tick.minute == 5 and tick.hour < RECONCILE_PREVIOUS_DAY_HOURS:
         previous = day - timedelta(days=1)
-        requests.append(
-            dg.RunRequest(run_key=f"{previous}@{tick:%Y%m%dT%H%M}", partition_key=previous.isoformat())
-        )
+        requests.append(dg.RunRequest(run_key=f"{previous}@{tick:%Y%m%dT%H%M}", partition_key=previous.isoformat()))
     return requests
 
 
@@ -53,10 +51,12 @@ def articles_hourly(context: dg.ScheduleEvaluationContext):
     """Hourly, the articles of the current day's well-reported quads: soon after publication,
     before links rot. Only new URLs (and failed ones whose retry is due) are fetched, so an hourly
     run costs little; the 00:40 tick also finishes the previous day."""
-    tick = context.scheduled_execution_time.astimezone(timezone.utc)
+    tick = context.scheduled_execution_time.astimezone(UTC)
     day = newest_slot(tick).date()
     requests = [dg.RunRequest(run_key=f"articles-{day}@{tick:%Y%m%dT%H%M}", partition_key=day.isoformat())]
     if tick.hour == 0:
         previous = day - timedelta(days=1)
-        requests.append(dg.RunRequest(run_key=f"articles-{previous}@{tick:%Y%m%dT%H%M}", partition_key=previous.isoformat()))
+        requests.append(
+            dg.RunRequest(run_key=f"articles-{previous}@{tick:%Y%m%dT%H%M}", partition_key=previous.isoformat())
+        )
     return requests

@@ -55,30 +55,157 @@ WEEKDAY_FACTOR = (1.05, 1.08, 1.08, 1.05, 1.0, 0.85, 0.8)
 
 # The usual top of GDELT's international actor counts; every other country follows in code order.
 HEAD_COUNTRIES = (
-    "USA", "CHN", "RUS", "UKR", "ISR", "GBR", "IND", "IRN", "FRA", "DEU", "PSE", "TUR", "JPN",
-    "CAN", "AUS", "SAU", "PAK", "KOR", "PRK", "SYR", "EGY", "IRQ", "AFG", "MEX", "ITA", "NGA",
-    "QAT", "BRA", "ZAF", "LBN", "YEM", "PHL", "POL", "TWN", "ESP", "VEN", "ARE", "JOR", "AZE",
-    "ARM", "SDN", "ETH", "KEN", "IDN", "BLR", "HUN", "SRB", "XKX", "VNM", "MMR",
+    "USA",
+    "CHN",
+    "RUS",
+    "UKR",
+    "ISR",
+    "GBR",
+    "IND",
+    "IRN",
+    "FRA",
+    "DEU",
+    "PSE",
+    "TUR",
+    "JPN",
+    "CAN",
+    "AUS",
+    "SAU",
+    "PAK",
+    "KOR",
+    "PRK",
+    "SYR",
+    "EGY",
+    "IRQ",
+    "AFG",
+    "MEX",
+    "ITA",
+    "NGA",
+    "QAT",
+    "BRA",
+    "ZAF",
+    "LBN",
+    "YEM",
+    "PHL",
+    "POL",
+    "TWN",
+    "ESP",
+    "VEN",
+    "ARE",
+    "JOR",
+    "AZE",
+    "ARM",
+    "SDN",
+    "ETH",
+    "KEN",
+    "IDN",
+    "BLR",
+    "HUN",
+    "SRB",
+    "XKX",
+    "VNM",
+    "MMR",
 )
 # Share of events per CAMEO root, roughly GDELT's (statements, consultations, intent to cooperate,
 # diplomatic cooperation and fighting first).
 ROOT_WEIGHTS = {
-    "01": 18.0, "02": 6.0, "03": 11.0, "04": 16.0, "05": 9.0, "06": 3.0, "07": 3.0, "08": 3.0, "09": 2.0,
-    "10": 2.0, "11": 5.0, "12": 2.0, "13": 2.0, "14": 1.5, "15": 1.0, "16": 1.5, "17": 4.0, "18": 2.5,
-    "19": 7.0, "20": 0.3,
+    "01": 18.0,
+    "02": 6.0,
+    "03": 11.0,
+    "04": 16.0,
+    "05": 9.0,
+    "06": 3.0,
+    "07": 3.0,
+    "08": 3.0,
+    "09": 2.0,
+    "10": 2.0,
+    "11": 5.0,
+    "12": 2.0,
+    "13": 2.0,
+    "14": 1.5,
+    "15": 1.0,
+    "16": 1.5,
+    "17": 4.0,
+    "18": 2.5,
+    "19": 7.0,
+    "20": 0.3,
 }
 # Second-level codes GDELT reports far more often than their siblings.
-FAVOURITE_CODES = {"010": 4.0, "036": 4.0, "040": 3.0, "042": 5.0, "043": 4.0, "046": 3.0, "051": 3.0,
-                   "057": 3.0, "112": 3.0, "173": 3.0, "190": 5.0, "193": 2.0}
+FAVOURITE_CODES = {
+    "010": 4.0,
+    "036": 4.0,
+    "040": 3.0,
+    "042": 5.0,
+    "043": 4.0,
+    "046": 3.0,
+    "051": 3.0,
+    "057": 3.0,
+    "112": 3.0,
+    "173": 3.0,
+    "190": 5.0,
+    "193": 2.0,
+}
 TOPICS = (
-    "trade", "security", "border", "election", "sanctions", "ceasefire", "summit", "energy", "gas",
-    "oil", "grain", "tariffs", "investment", "refugees", "migration", "drones", "missiles", "navy",
-    "troops", "hostages", "aid", "humanitarian", "climate", "nuclear", "cyber", "embassy",
-    "diplomats", "treaty", "alliance", "military", "exercises", "protests", "economy", "debt",
-    "loans", "vaccines", "fishing", "airspace", "shipping", "ports", "pipeline", "weapons",
-    "ammunition", "peace", "negotiations", "elections", "corruption", "journalists", "tourism",
-    "students", "technology", "semiconductors", "minerals", "water", "dam", "floods", "earthquake",
-    "famine", "terrorism", "smuggling",
+    "trade",
+    "security",
+    "border",
+    "election",
+    "sanctions",
+    "ceasefire",
+    "summit",
+    "energy",
+    "gas",
+    "oil",
+    "grain",
+    "tariffs",
+    "investment",
+    "refugees",
+    "migration",
+    "drones",
+    "missiles",
+    "navy",
+    "troops",
+    "hostages",
+    "aid",
+    "humanitarian",
+    "climate",
+    "nuclear",
+    "cyber",
+    "embassy",
+    "diplomats",
+    "treaty",
+    "alliance",
+    "military",
+    "exercises",
+    "protests",
+    "economy",
+    "debt",
+    "loans",
+    "vaccines",
+    "fishing",
+    "airspace",
+    "shipping",
+    "ports",
+    "pipeline",
+    "weapons",
+    "ammunition",
+    "peace",
+    "negotiations",
+    "elections",
+    "corruption",
+    "journalists",
+    "tourism",
+    "students",
+    "technology",
+    "semiconductors",
+    "minerals",
+    "water",
+    "dam",
+    "floods",
+    "earthquake",
+    "famine",
+    "terrorism",
+    "smuggling",
 )
 OUTLETS = ("Reuters", "AP", "AFP", "the BBC", "Al Jazeera", "Xinhua", "local media", "state media")
 TITLE_TEMPLATES = 4
@@ -104,9 +231,8 @@ def _countries() -> pl.DataFrame:
 def _relations() -> pl.DataFrame:
     rel = relation_table().select("code", "name", "level1", "level1_name")
     root = pl.col("level1").replace_strict(ROOT_WEIGHTS, return_dtype=pl.Float64)
-    within = (
-        pl.when(pl.col("code").str.ends_with("0")).then(3.0).otherwise(1.0)
-        * pl.col("code").replace_strict(FAVOURITE_CODES, default=1.0, return_dtype=pl.Float64)
+    within = pl.when(pl.col("code").str.ends_with("0")).then(3.0).otherwise(1.0) * pl.col("code").replace_strict(
+        FAVOURITE_CODES, default=1.0, return_dtype=pl.Float64
     )
     # A root's weight is shared among its children in proportion to their within-root weight.
     return rel.with_columns((root * within / within.sum().over("level1")).alias("weight"))
@@ -125,14 +251,17 @@ def _pick(cumulative: pl.Series, u: pl.Series) -> pl.Series:
 
 def _day_counts(first: date, quads_per_day: int) -> pl.DataFrame:
     days = [first + timedelta(days=i) for i in range(calendar.monthrange(first.year, first.month)[1])]
-    return pl.DataFrame({
-        "date": pl.Series(days, dtype=pl.Date),
-        "target": [max(1, round(quads_per_day * WEEKDAY_FACTOR[day.weekday()])) for day in days],
-    })
+    return pl.DataFrame(
+        {
+            "date": pl.Series(days, dtype=pl.Date),
+            "target": [max(1, round(quads_per_day * WEEKDAY_FACTOR[day.weekday()])) for day in days],
+        }
+    )
 
 
-def _month_quads(rng: random.Random, first: date, quads_per_day: int,
-                 countries: pl.DataFrame, relations: pl.DataFrame) -> pl.DataFrame:
+def _month_quads(
+    rng: random.Random, first: date, quads_per_day: int, countries: pl.DataFrame, relations: pl.DataFrame
+) -> pl.DataFrame:
     """Unique (date, s, r, o) quads with mentions and the number of article draws.
 
     Popular triples repeat within a day, so each day draws OVERDRAW times its target and keeps the
@@ -161,9 +290,14 @@ def _month_quads(rng: random.Random, first: date, quads_per_day: int,
             .otherwise(pl.col("o_rank"))
             .alias("o_rank"),
             (MIN_MENTIONS * pl.col("u_mentions").pow(-1.0 / MENTIONS_ALPHA))
-            .floor().clip(MIN_MENTIONS, MAX_MENTIONS).cast(pl.Int64).alias("daily_mentions"),
+            .floor()
+            .clip(MIN_MENTIONS, MAX_MENTIONS)
+            .cast(pl.Int64)
+            .alias("daily_mentions"),
             (1 + (-pl.col("u_articles").log() * ARTICLES_SCALE).floor())
-            .clip(1, MAX_ARTICLES).cast(pl.Int64).alias("draws"),
+            .clip(1, MAX_ARTICLES)
+            .cast(pl.Int64)
+            .alias("draws"),
         )
         .unique(["date", "s_rank", "r_idx", "o_rank"], keep="first", maintain_order=True)
         .join(days.select("date", "target"), on="date", how="left", maintain_order="left")
@@ -175,18 +309,27 @@ def _month_quads(rng: random.Random, first: date, quads_per_day: int,
 
 def _article_draws(rng: random.Random, quads: pl.DataFrame) -> pl.DataFrame:
     """One row per (quad, article) link: each quad draws ``draws`` articles from its day's pool."""
-    pool = quads.group_by("date").agg(pl.len().alias("day_quads")).with_columns(
-        (pl.col("day_quads") * ARTICLE_POOL_FACTOR).ceil().cast(pl.Int64).alias("pool")
+    pool = (
+        quads.group_by("date")
+        .agg(pl.len().alias("day_quads"))
+        .with_columns((pl.col("day_quads") * ARTICLE_POOL_FACTOR).ceil().cast(pl.Int64).alias("pool"))
     )
     links = (
         quads.select("quad", "date", pl.int_ranges(0, "draws").alias("k"))
         .explode("k")
         .join(pool.select("date", "pool"), on="date", how="left", maintain_order="left")
     )
-    return links.with_columns(
-        (_uniforms(rng, links.height) * pl.col("pool")).floor().cast(pl.Int64).clip(0, pl.col("pool") - 1)
-        .alias("slot")
-    ).unique(["quad", "slot"], maintain_order=True).select("quad", "date", "slot")
+    return (
+        links.with_columns(
+            (_uniforms(rng, links.height) * pl.col("pool"))
+            .floor()
+            .cast(pl.Int64)
+            .clip(0, pl.col("pool") - 1)
+            .alias("slot")
+        )
+        .unique(["quad", "slot"], maintain_order=True)
+        .select("quad", "date", "slot")
+    )
 
 
 def _article_ids(seed: int, articles: pl.DataFrame) -> pl.Series:
@@ -211,61 +354,109 @@ def _news(rng: random.Random, articles: pl.DataFrame, quads: pl.DataFrame, count
     def choice(size: int) -> pl.Series:
         return (_uniforms(rng, n) * size).floor().cast(pl.Int64).clip(0, size - 1)
 
-    draws = pl.DataFrame({"template": choice(TITLE_TEMPLATES), "t1": choice(n_topics), "t2": choice(n_topics),
-                          "t3": choice(n_topics), "outlet": choice(n_outlets), "third": choice(n_countries)})
+    draws = pl.DataFrame(
+        {
+            "template": choice(TITLE_TEMPLATES),
+            "t1": choice(n_topics),
+            "t2": choice(n_topics),
+            "t3": choice(n_topics),
+            "outlet": choice(n_outlets),
+            "third": choice(n_countries),
+        }
+    )
     names = countries.select("rank", "name")
     topic = {f"t{i}": pl.col(f"t{i}").replace_strict(topic_idx, list(TOPICS)) for i in (1, 2, 3)}
     frame = (
         pl.concat([articles, draws], how="horizontal")
-        .join(quads.select("quad", "s_name", "o_name", "r_name", "level1_name"), on="quad", how="left",
-              maintain_order="left")
+        .join(
+            quads.select("quad", "s_name", "o_name", "r_name", "level1_name"),
+            on="quad",
+            how="left",
+            maintain_order="left",
+        )
         .join(names.rename({"rank": "third", "name": "third_name"}), on="third", how="left", maintain_order="left")
-        .with_columns(**topic, outlet=pl.col("outlet").replace_strict(list(range(n_outlets)), list(OUTLETS)),
-                      action=pl.col("r_name").str.replace(r", not specified$", "").str.to_lowercase())
+        .with_columns(
+            **topic,
+            outlet=pl.col("outlet").replace_strict(list(range(n_outlets)), list(OUTLETS)),
+            action=pl.col("r_name").str.replace(r", not specified$", "").str.to_lowercase(),
+        )
     )
     title = (
-        pl.when(pl.col("template") == 0).then(pl.format("{} and {}: {}", "s_name", "o_name", "r_name"))
-        .when(pl.col("template") == 1).then(pl.format("{} moves to {} with {} amid {} row", "s_name", "action", "o_name", "t1"))
-        .when(pl.col("template") == 2).then(pl.format("{} talks: {} and {} on {}", "t1", "s_name", "o_name", "t2"))
+        pl.when(pl.col("template") == 0)
+        .then(pl.format("{} and {}: {}", "s_name", "o_name", "r_name"))
+        .when(pl.col("template") == 1)
+        .then(pl.format("{} moves to {} with {} amid {} row", "s_name", "action", "o_name", "t1"))
+        .when(pl.col("template") == 2)
+        .then(pl.format("{} talks: {} and {} on {}", "t1", "s_name", "o_name", "t2"))
         .otherwise(pl.format("{} responds as {} signals {}", "o_name", "s_name", "action"))
     )
     first = pl.format(
         "{} and {} were in the news as officials moved to {}, {} reported. It is the latest case of {} between the two, amid concerns over {} and {}.",
-        "s_name", "o_name", "action", "outlet", pl.col("level1_name").str.to_lowercase(), "t1", "t2",
+        "s_name",
+        "o_name",
+        "action",
+        "outlet",
+        pl.col("level1_name").str.to_lowercase(),
+        "t1",
+        "t2",
     )
-    second = pl.format("Talks on {} involving {} are expected to continue, according to diplomats in {}.",
-                       "t3", "third_name", "s_name")
-    return frame.select(
-        "article_id",
-        "date",
-        pl.format("https://news.example/{}/{}", pl.col("date").dt.strftime("%Y/%m/%d"), "article_id").alias("url"),
-        title.alias("title"),
-        pl.concat_str([first, second], separator="\n").alias("text"),
-        pl.concat_str([title, first], separator="\n").alias("abstract"),
-    ).cast(dict(NEWS_DB_SCHEMA)).select(list(NEWS_DB_SCHEMA))
+    second = pl.format(
+        "Talks on {} involving {} are expected to continue, according to diplomats in {}.", "t3", "third_name", "s_name"
+    )
+    return (
+        frame.select(
+            "article_id",
+            "date",
+            pl.format("https://news.example/{}/{}", pl.col("date").dt.strftime("%Y/%m/%d"), "article_id").alias("url"),
+            title.alias("title"),
+            pl.concat_str([first, second], separator="\n").alias("text"),
+            pl.concat_str([title, first], separator="\n").alias("abstract"),
+        )
+        .cast(dict(NEWS_DB_SCHEMA))
+        .select(list(NEWS_DB_SCHEMA))
+    )
 
 
-def generate_month(first: date, *, seed: int, quads_per_day: int = DEFAULT_QUADS_PER_DAY) -> tuple[pl.DataFrame, pl.DataFrame]:
+def generate_month(
+    first: date, *, seed: int, quads_per_day: int = DEFAULT_QUADS_PER_DAY
+) -> tuple[pl.DataFrame, pl.DataFrame]:
     """The (events, news) frames of the month starting at ``first``, in the database schemas."""
     rng = random.Random(f"{GENERATOR_VERSION}/{seed}/{first:%Y-%m}")
     countries, relations = _countries(), _relations()
     quads = _month_quads(rng, first, quads_per_day, countries, relations)
     quads = (
-        quads.join(countries.rename({"rank": "s_rank", "iso3": "s", "name": "s_name"}), on="s_rank", how="left",
-                   maintain_order="left")
-        .join(countries.rename({"rank": "o_rank", "iso3": "o", "name": "o_name"}), on="o_rank", how="left",
-              maintain_order="left")
-        .join(relations.with_row_index("r_idx").select(pl.col("r_idx").cast(pl.Int64), pl.col("code").alias("r"),
-                                                        pl.col("level1").alias("r1"), pl.col("name").alias("r_name"),
-                                                        "level1_name"),
-              on="r_idx", how="left", maintain_order="left")
+        quads.join(
+            countries.rename({"rank": "s_rank", "iso3": "s", "name": "s_name"}),
+            on="s_rank",
+            how="left",
+            maintain_order="left",
+        )
+        .join(
+            countries.rename({"rank": "o_rank", "iso3": "o", "name": "o_name"}),
+            on="o_rank",
+            how="left",
+            maintain_order="left",
+        )
+        .join(
+            relations.with_row_index("r_idx").select(
+                pl.col("r_idx").cast(pl.Int64),
+                pl.col("code").alias("r"),
+                pl.col("level1").alias("r1"),
+                pl.col("name").alias("r_name"),
+                "level1_name",
+            ),
+            on="r_idx",
+            how="left",
+            maintain_order="left",
+        )
     )
     links = _article_draws(rng, quads)
     articles = _articles(seed, links)
     news = _news(rng, articles, quads, countries)
     linked = (
         links.join(articles.select("date", "slot", "article_id"), on=["date", "slot"], how="left")
-        .group_by("quad").agg(pl.col("article_id").unique().sort().alias("article_ids"))
+        .group_by("quad")
+        .agg(pl.col("article_id").unique().sort().alias("article_ids"))
     )
     events = (
         quads.join(linked, on="quad", how="left")
@@ -285,8 +476,9 @@ def _month_starts(first_month: date, months: int) -> list[date]:
     return out
 
 
-def generate_event_database(data_dir: Path | str, first_month: date, months: int, *, seed: int,
-                            quads_per_day: int = DEFAULT_QUADS_PER_DAY) -> dict:
+def generate_event_database(
+    data_dir: Path | str, first_month: date, months: int, *, seed: int, quads_per_day: int = DEFAULT_QUADS_PER_DAY
+) -> dict:
     """Write ``months`` months of events and news under ``data_dir``; return the row counts.
 
     ``{"events": total, "news": total, "months": {"YYYY-MM": {"events": n, "news": m}}}``.

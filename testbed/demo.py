@@ -34,11 +34,11 @@ import polars as pl
 
 from pipeline.config import Settings
 from pipeline.database import month_days
+from pipeline.storage import DataLayout, LockTimeout, file_lock
 from testbed.generate import MirrorOptions, generate_mirror, news_sites
 from testbed.news import SITE_SUFFIX, NewsServer
 from testbed.s3 import SERVE_PORT, LocalS3
 from testbed.serve import MirrorServer
-from pipeline.storage import DataLayout, LockTimeout, file_lock
 
 ROOT = Path(__file__).resolve().parents[1]  # the project: definitions.py, workspace.yaml, agents.yaml
 BUCKET = "mirai-releases"
@@ -70,7 +70,7 @@ class Stage:
     def __init__(self, number: int, total: int, title: str):
         self.label = f"[{number}/{total}] {title}"
 
-    def __enter__(self) -> "Stage":
+    def __enter__(self) -> Stage:
         self.started = time.perf_counter()
         _say(self.label)
         return self
@@ -83,9 +83,16 @@ class Stage:
 def ensure_mirror(plan: DemoPlan, mirror_dir: Path) -> bool:
     """Generate the mirror unless the one on disk was made with the same arguments; True if made."""
     manifest = mirror_dir / "manifest.json"
-    wanted = {"seed": plan.seed, "start": plan.days[0].isoformat(), "end": plan.days[-1].isoformat(),
-              "options": {"event_scale": plan.options.event_scale, "stories_per_day": plan.options.stories_per_day,
-                          "url_scheme": plan.options.url_scheme}}
+    wanted = {
+        "seed": plan.seed,
+        "start": plan.days[0].isoformat(),
+        "end": plan.days[-1].isoformat(),
+        "options": {
+            "event_scale": plan.options.event_scale,
+            "stories_per_day": plan.options.stories_per_day,
+            "url_scheme": plan.options.url_scheme,
+        },
+    }
     if manifest.exists():
         have = json.loads(manifest.read_text())
         if {k: have.get(k) for k in wanted} == wanted:
@@ -112,13 +119,16 @@ def demo_agents(plan: DemoPlan, path: Path) -> Path:
         distances = [d for d in entry.get("distances", DEFAULT_DISTANCES) if d <= reachable]
         if entry.get("kind") == "baseline" and distances:
             agents.append({**entry, "distances": distances})
-    path.write_text("# Written by `mirai demo` from agents.yaml (testbed/demo.py: demo_agents).\n"
-                    + yaml.safe_dump({"agents": agents}, sort_keys=False))
+    path.write_text(
+        "# Written by `mirai demo` from agents.yaml (testbed/demo.py: demo_agents).\n"
+        + yaml.safe_dump({"agents": agents}, sort_keys=False)
+    )
     return path
 
 
-def demo_env(plan: DemoPlan, data_dir: Path, mirror: MirrorServer, news: NewsServer, s3: LocalS3,
-             agents: Path) -> dict[str, str]:
+def demo_env(
+    plan: DemoPlan, data_dir: Path, mirror: MirrorServer, news: NewsServer, s3: LocalS3, agents: Path
+) -> dict[str, str]:
     """The settings the demo's runs read (pipeline.config names; the README's table)."""
     return {
         "MIRAI_DATA_DIR": str(data_dir),
@@ -160,8 +170,10 @@ def demo_lock(data_dir: Path) -> Iterator[None]:
         try:
             held.enter_context(file_lock(path, timeout_s=0))
         except LockTimeout as exc:
-            raise RuntimeError(f"another `mirai demo` or `mirai serve-release` is using {data_dir} (it holds "
-                               f"{path}): wait for it to end, or stop it") from exc
+            raise RuntimeError(
+                f"another `mirai demo` or `mirai serve-release` is using {data_dir} (it holds "
+                f"{path}): wait for it to end, or stop it"
+            ) from exc
         yield
 
 
@@ -191,24 +203,42 @@ class Runner:
         would wait for the slot forever (docs/demo.md). Call only under ``demo_lock``: then no demo
         run is alive; runs the UI or the daemon launched are never touched."""
         dg, storage = self.dg, self.instance.event_log_storage
-        unfinished = [dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
-                      dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING]
-        stale = [r.dagster_run for r in self.instance.get_run_records(
-            filters=dg.RunsFilter(tags=DEMO_TAGS, statuses=unfinished)) if self._in_process(r.dagster_run)]
+        unfinished = [
+            dg.DagsterRunStatus.NOT_STARTED,
+            dg.DagsterRunStatus.STARTING,
+            dg.DagsterRunStatus.STARTED,
+            dg.DagsterRunStatus.CANCELING,
+        ]
+        stale = [
+            r.dagster_run
+            for r in self.instance.get_run_records(filters=dg.RunsFilter(tags=DEMO_TAGS, statuses=unfinished))
+            if self._in_process(r.dagster_run)
+        ]
         holding: set[str] = set()
         if storage.supports_global_concurrency_limits:
             holders = storage.get_concurrency_run_ids()  # runs with steps waiting for a slot
             for key in storage.get_concurrency_keys():
                 holders |= storage.get_concurrency_info(key).active_run_ids
             # A demo run marked finished from the UI may still hold its slots too.
-            holding = {r.dagster_run.run_id for r in self.instance.get_run_records(
-                filters=dg.RunsFilter(tags=DEMO_TAGS, run_ids=sorted(holders)))
-                if self._in_process(r.dagster_run)} if holders else set()
+            holding = (
+                {
+                    r.dagster_run.run_id
+                    for r in self.instance.get_run_records(
+                        filters=dg.RunsFilter(tags=DEMO_TAGS, run_ids=sorted(holders))
+                    )
+                    if self._in_process(r.dagster_run)
+                }
+                if holders
+                else set()
+            )
         for run_id in holding:  # first the slots: a crash here leaves the run to the next demo
             storage.free_concurrency_slots_for_run(run_id)
         for run in stale:
-            self.instance.report_run_failed(run, message="The `mirai demo` running this run was killed; "
-                                            "the next demo marked it failed and freed its pool slots.")
+            self.instance.report_run_failed(
+                run,
+                message="The `mirai demo` running this run was killed; "
+                "the next demo marked it failed and freed its pool slots.",
+            )
         return stale
 
     @staticmethod
@@ -222,7 +252,10 @@ class Runner:
 
     def run(self, job: str, partition_key=None):
         result = self.defs.resolve_job_def(job).execute_in_process(
-            instance=self.instance, partition_key=partition_key, raise_on_error=False, tags=DEMO_TAGS,
+            instance=self.instance,
+            partition_key=partition_key,
+            raise_on_error=False,
+            tags=DEMO_TAGS,
             # The full event log is in the instance (the UI shows it); the terminal gets problems only.
             run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}},
         )
@@ -245,9 +278,11 @@ def run_days(runner: Runner, plan: DemoPlan) -> None:
         quads = _metadata(runner.run("gdelt_ingest", key), "daily_quads") if key not in ingested else {}
         ingest_s = time.perf_counter() - started
         articles = _metadata(runner.run("articles_daily", key), "articles")
-        _say(f"      {key}  ingest {ingest_s:4.1f}s quads {quads.get('dagster/row_count', '-'):>5}  "
-             f"articles {time.perf_counter() - started - ingest_s:4.1f}s selected {articles.get('selected', 0):>4} "
-             f"kept {articles.get('kept', 0):>4}")
+        _say(
+            f"      {key}  ingest {ingest_s:4.1f}s quads {quads.get('dagster/row_count', '-'):>5}  "
+            f"articles {time.perf_counter() - started - ingest_s:4.1f}s selected {articles.get('selected', 0):>4} "
+            f"kept {articles.get('kept', 0):>4}"
+        )
 
 
 def run_evaluations(runner: Runner, plan: DemoPlan) -> None:
@@ -257,8 +292,11 @@ def run_evaluations(runner: Runner, plan: DemoPlan) -> None:
 
     agents = load_agents(Settings.from_env().agents_file)
     baselines = [a.name for a in agents]
-    _say("      " + "; ".join(f"{a.name} at d = {', '.join(map(str, a.distances))}" for a in agents)
-         + " (one month of history: no longer distances)")
+    _say(
+        "      "
+        + "; ".join(f"{a.name} at d = {', '.join(map(str, a.distances))}" for a in agents)
+        + " (one month of history: no longer distances)"
+    )
     runner.instance.add_dynamic_partitions("agents", baselines)
     month_key = plan.month.isoformat()
     done = runner.done("evaluation")
@@ -287,9 +325,14 @@ def summary(plan: DemoPlan, settings: Settings, release_where: str, say: Callabl
     layout = DataLayout(settings.data_dir)
     slots = pl.concat([read_ledger(layout, d) for d in plan.days]).filter(pl.col("kind") == "export")
     by_status = dict(slots.group_by("status").len().iter_rows())
-    quads = pl.scan_parquet([layout.daily_quads_path(d) for d in plan.days]).select(
-        pl.len().alias("quads"), (pl.col("daily_mentions") >= settings.article_min_mentions).sum().alias("well")
-    ).collect().row(0, named=True)
+    quads = (
+        pl.scan_parquet([layout.daily_quads_path(d) for d in plan.days])
+        .select(
+            pl.len().alias("quads"), (pl.col("daily_mentions") >= settings.article_min_mentions).sum().alias("well")
+        )
+        .collect()
+        .row(0, named=True)
+    )
     fetch = read_fetch_ledger(layout)
     fetch_status = dict(fetch.group_by("status").len().sort("len", descending=True).iter_rows())
     judged = pl.read_parquet([layout.articles_path(d) for d in plan.days], columns=["kept", "failing_filter"])
@@ -299,11 +342,18 @@ def summary(plan: DemoPlan, settings: Settings, release_where: str, say: Callabl
     sample = pl.read_parquet(split / "queries_sample.parquet")
     say(f"  days        {plan.days[0]} .. {plan.days[-1]} (month {plan.month:%Y-%m} closed and released)")
     say(f"  slots       {slots.height:,}: " + ", ".join(f"{k} {v:,}" for k, v in sorted(by_status.items())))
-    say(f"  events      {_count([layout.events_path(d) for d in plan.days]):,} kept international events, "
-        f"{quads['quads']:,} daily quads ({quads['well']:,} with >= {settings.article_min_mentions} mentions)")
-    say(f"  articles    {fetch.height:,} URLs in the fetch ledger: " + ", ".join(f"{k} {v:,}" for k, v in fetch_status.items()))
-    say(f"              {judged.height:,} stored pages extracted and filtered: {judged['kept'].sum():,} kept, dropped by "
-        + ", ".join(f"{k} {v:,}" for k, v in dropped.iter_rows()))
+    say(
+        f"  events      {_count([layout.events_path(d) for d in plan.days]):,} kept international events, "
+        f"{quads['quads']:,} daily quads ({quads['well']:,} with >= {settings.article_min_mentions} mentions)"
+    )
+    say(
+        f"  articles    {fetch.height:,} URLs in the fetch ledger: "
+        + ", ".join(f"{k} {v:,}" for k, v in fetch_status.items())
+    )
+    say(
+        f"              {judged.height:,} stored pages extracted and filtered: {judged['kept'].sum():,} kept, dropped by "
+        + ", ".join(f"{k} {v:,}" for k, v in dropped.iter_rows())
+    )
     say(f"  split       {queries.height:,} queries, sample {sample.height:,} ({split})")
     for row in sample.head(3).select("query_code", "s_name", "o_name", "answer_list").iter_rows(named=True):
         say(f"              {row['query_code']}  {row['s_name']} -> {row['o_name']}: {', '.join(row['answer_list'])}")
@@ -346,8 +396,10 @@ def _run_demo(plan: DemoPlan, data_dir: Path) -> int:
             _say(f"      mirror {mirror.base_url}, news sites {news.url} (*{SITE_SUFFIX}), S3 {s3.endpoint}")
             runner, settings = Runner(), Settings.from_env()
             for run in runner.release_interrupted_runs():
-                _say(f"      run {run.run_id} of {run.job_name} {run.tags.get('dagster/partition', '')} was left "
-                     "unfinished by a killed demo: marked failed, its pool slots freed")
+                _say(
+                    f"      run {run.run_id} of {run.job_name} {run.tags.get('dagster/partition', '')} was left "
+                    "unfinished by a killed demo: marked failed, its pool slots freed"
+                )
         with Stage(3, total, f"Dagster: gdelt_ingest + articles_daily for {len(plan.days)} days"):
             run_days(runner, plan)
         with Stage(4, total, f"Dagster: monthly_release {plan.month:%Y-%m} (event_database, test_split, release)"):
@@ -361,10 +413,14 @@ def _run_demo(plan: DemoPlan, data_dir: Path) -> int:
     _say(f"[6/{total}] summary (servers stopped; {time.perf_counter() - started:.0f}s in all)")
     summary(plan, settings, release_where, _say)
     _say("\nOpen the same instance and data in the Dagster UI (http://127.0.0.1:3000):")
-    _say(f"  cd {ROOT} && DAGSTER_HOME={dagster_home} MIRAI_DATA_DIR={data_dir} MIRAI_AGENTS_FILE={agents} "
-         f"MIRAI_START_DATE={plan.days[0]} MIRAI_END_DATE={plan.days[-1]} .venv/bin/dagster dev -w workspace.yaml")
-    _say(f"The local S3 server is stopped; its data stays in {data_dir / 's3'}. To download the release, serve it "
-         f"on http://127.0.0.1:{SERVE_PORT} (the command prints the download commands):")
+    _say(
+        f"  cd {ROOT} && DAGSTER_HOME={dagster_home} MIRAI_DATA_DIR={data_dir} MIRAI_AGENTS_FILE={agents} "
+        f"MIRAI_START_DATE={plan.days[0]} MIRAI_END_DATE={plan.days[-1]} .venv/bin/dagster dev -w workspace.yaml"
+    )
+    _say(
+        f"The local S3 server is stopped; its data stays in {data_dir / 's3'}. To download the release, serve it "
+        f"on http://127.0.0.1:{SERVE_PORT} (the command prints the download commands):"
+    )
     _say(f"  cd {ROOT} && MIRAI_DATA_DIR={data_dir} {_mirai()} serve-release")
     return 0
 
@@ -388,12 +444,15 @@ def serve_release(data_dir: Path, port: int, say: Callable[[str], None] = _say) 
     # SIGTERM (not only Ctrl-C) must stop weed too: it runs in its own session.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     with demo_lock(data_dir), LocalS3(data_dir / "s3", BUCKET, s3_port=port) as s3:
-        reader = open_store(Settings(s3_endpoint_url=endpoint, s3_region="us-east-1", s3_max_attempts=1),
-                            uri=uri, signed=False)
+        reader = open_store(
+            Settings(s3_endpoint_url=endpoint, s3_region="us-east-1", s3_max_attempts=1), uri=uri, signed=False
+        )
         latest = reader.get_bytes(LATEST_KEY)
         base = f"{endpoint}/{BUCKET}/{RELEASE_PREFIX}"
-        say(f"serving the demo's release store {data_dir / 's3'} at {endpoint} ({uri}; anonymous read-only, "
-            "no listing); Ctrl-C stops it")
+        say(
+            f"serving the demo's release store {data_dir / 's3'} at {endpoint} ({uri}; anonymous read-only, "
+            "no listing); Ctrl-C stops it"
+        )
         if latest is None:
             say("no release is published there yet: `mirai demo` publishes one")
         else:

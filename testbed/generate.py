@@ -493,7 +493,7 @@ def _day_plan(seed: int, day: date, scale: float = 1.0) -> _DayPlan:
     if scale != 1.0:  # after every draw, so a scaled day keeps the default day's outage
         counts = [c if i == near_empty or not c else max(1, round(c * scale)) for i, c in enumerate(counts)]
     day_first = FIRST_EVENT_ID + (day - EPOCH).days * DAY_ID_BLOCK
-    first_ids = tuple(day_first + c for c in accumulate([0] + counts[:-1]))
+    first_ids = tuple(day_first + c for c in accumulate([0, *counts[:-1]]))
     assert first_ids[-1] + counts[-1] - day_first <= DAY_ID_BLOCK
     return _DayPlan(day, tuple(counts), first_ids, frozenset(gaps), near_empty, burst)
 
@@ -538,7 +538,7 @@ def _document(seed: int, slot_no: int, j: int, scheme: str = "https") -> tuple[s
     section = _SECTIONS[(h >> 16) % len(_SECTIONS)]
     if (h >> 24) & 1:  # half the URLs end with a numeric article id, as many CMSs print them
         slug = f"{slug}-{(h >> 25) % 9_000_000 + 1_000_000}"
-    prefix = site[1] if scheme == "https" else f"{scheme}{site[1][len('https'):]}"
+    prefix = site[1] if scheme == "https" else f"{scheme}{site[1][len('https') :]}"
     return site[0], f"{prefix}{section}/{day:%Y/%m/%d}/{slug}"
 
 
@@ -650,7 +650,7 @@ def _make_slot(seed: int, slot_no: int, opts: MirrorOptions = DEFAULT_OPTIONS) -
     actor_total = sum(t.actor_weights)
     cum1 = _cum([w / actor_total * (1 - blank1) for w in t.actor_weights] + [blank1])
     cum2 = _cum([w / actor_total * (1 - blank2) for w in t.actor_weights] + [blank2])
-    actor_pool = t.actors + [_BLANK_ACTOR]
+    actor_pool = [*t.actors, _BLANK_ACTOR]
     actor1 = rng.choices(actor_pool, cum_weights=cum1, k=n)
     actor2 = rng.choices(actor_pool, cum_weights=cum2, k=n)
     roots = rng.choices(("0", "1"), k=n)
@@ -741,8 +741,17 @@ def _stories(seed: int, day: date, n: int) -> tuple[tuple[str, str, str], ...]:
     return tuple(stories)
 
 
-def _tell_stories(seed: int, slot_no: int, opts: MirrorOptions, actor1: list[str], actor2: list[str],
-                  events: list[str], mentions: list[int], dates: list[str], same_day: str) -> None:
+def _tell_stories(
+    seed: int,
+    slot_no: int,
+    opts: MirrorOptions,
+    actor1: list[str],
+    actor2: list[str],
+    events: list[str],
+    mentions: list[int],
+    dates: list[str],
+    same_day: str,
+) -> None:
     """Turn some of a slot's events (in place) into reports of the day's stories, dated the day
     they are reported; the story is drawn from its own stream so the other fields stay put."""
     day = EPOCH + timedelta(days=slot_no // SLOTS_PER_DAY)
@@ -800,8 +809,9 @@ def _file_entry(name: str, text: _FileText | None, written: dict | None) -> dict
     }
 
 
-def generate_mirror(out: Path, start: date, end: date, seed: int = 0, slots: int | None = None,
-                    options: MirrorOptions = DEFAULT_OPTIONS) -> dict:
+def generate_mirror(
+    out: Path, start: date, end: date, seed: int = 0, slots: int | None = None, options: MirrorOptions = DEFAULT_OPTIONS
+) -> dict:
     """Write a GDELT 2.0 mirror for the UTC days ``start``..``end`` (inclusive) under ``out``.
 
     ``slots`` limits the run to the first N 15-minute slot positions from ``start`` 00:00 (gaps
@@ -846,7 +856,9 @@ def generate_mirror(out: Path, start: date, end: date, seed: int = 0, slots: int
         def drain(limit: int) -> None:
             while len(pending) > limit:
                 text, slot_no, fut = pending.pop(0)
-                slot_entries.append(_slot_entry(slot_no, text, fut.result() if fut else None, seed, options.event_scale))
+                slot_entries.append(
+                    _slot_entry(slot_no, text, fut.result() if fut else None, seed, options.event_scale)
+                )
 
         for slot_no in range(first_slot, first_slot + n_slots):
             plan = _day_plan(seed, EPOCH + timedelta(days=slot_no // SLOTS_PER_DAY), options.event_scale)
@@ -871,8 +883,12 @@ def generate_mirror(out: Path, start: date, end: date, seed: int = 0, slots: int
     for stale in feed.iterdir():
         if _FILE_NAME.match(stale.name) and stale.name not in written_names:
             stale.unlink()
-    atomic_write_bytes(feed / "masterfilelist.txt", "".join(line + "\n" for lines in index_lines for line in lines).encode())
-    atomic_write_bytes(feed / "lastupdate.txt", "".join(line + "\n" for line in index_lines[-1]).encode() if index_lines else b"")
+    atomic_write_bytes(
+        feed / "masterfilelist.txt", "".join(line + "\n" for lines in index_lines for line in lines).encode()
+    )
+    atomic_write_bytes(
+        feed / "lastupdate.txt", "".join(line + "\n" for line in index_lines[-1]).encode() if index_lines else b""
+    )
 
     manifest = _manifest(start, end, seed, slots, slot_entries, options)
     atomic_write_bytes(Path(out) / "manifest.json", (json.dumps(manifest, indent=1) + "\n").encode())
@@ -892,7 +908,9 @@ def _slot_entry(slot_no: int, text: _SlotText | None, written: dict | None, seed
     plan = _day_plan(seed, when.date(), scale)
     i = slot_no % SLOTS_PER_DAY
     first_id, count = _slot_events(seed, slot_no, scale)
-    kind = "gap" if i in plan.gaps else "near_empty" if i == plan.near_empty else "burst" if i == plan.burst else "normal"
+    kind = (
+        "gap" if i in plan.gaps else "near_empty" if i == plan.near_empty else "burst" if i == plan.burst else "normal"
+    )
     return {
         "ts": ts,
         "day": when.date().isoformat(),
@@ -902,7 +920,9 @@ def _slot_entry(slot_no: int, text: _SlotText | None, written: dict | None, seed
         "first_mentions": text.first_mentions if text else 0,
         "re_mentions": text.re_mentions if text else 0,
         "export": _file_entry(f"{ts}.export.CSV.zip", text.export if text else None, written and written["export"]),
-        "mentions": _file_entry(f"{ts}.mentions.CSV.zip", text.mentions if text else None, written and written["mentions"]),
+        "mentions": _file_entry(
+            f"{ts}.mentions.CSV.zip", text.mentions if text else None, written and written["mentions"]
+        ),
     }
 
 
@@ -928,7 +948,9 @@ def _totals(entries: list[dict]) -> dict:
     return totals
 
 
-def _manifest(start: date, end: date, seed: int, slots: int | None, entries: list[dict], options: MirrorOptions) -> dict:
+def _manifest(
+    start: date, end: date, seed: int, slots: int | None, entries: list[dict], options: MirrorOptions
+) -> dict:
     days: dict[str, list[dict]] = {}
     for e in entries:
         days.setdefault(e["day"], []).append(e)

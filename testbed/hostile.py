@@ -29,8 +29,16 @@ from pathlib import Path
 
 from pipeline.storage import raw_file_name
 
-SHAPES = ("huge_line", "huge_url", "huge_undecodable", "tiny_rows", "tiny_bad_rows", "sixty_columns", "newlines",
-          "real_rows")
+SHAPES = (
+    "huge_line",
+    "huge_url",
+    "huge_undecodable",
+    "tiny_rows",
+    "tiny_bad_rows",
+    "sixty_columns",
+    "newlines",
+    "real_rows",
+)
 
 # The shortest well-formed export row: a 1-digit GLOBALEVENTID, 58 empty fields, DATEADDED and an
 # empty SOURCEURL.

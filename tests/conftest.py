@@ -20,7 +20,9 @@ def shared_fixture(relative: str) -> Path:
     """A file from ../shared/fixtures, or a skip saying why it is not there."""
     path = FIXTURES / relative
     if not path.exists():
-        pytest.skip(f"../shared/fixtures/{relative} is absent (tests on real GDELT files need ../shared next to the project)")
+        pytest.skip(
+            f"../shared/fixtures/{relative} is absent (tests on real GDELT files need ../shared next to the project)"
+        )
     return path
 
 

@@ -33,4 +33,5 @@ def run_check_alone(check, asset, resources: dict, instance) -> dg.ExecuteInProc
     job = dg.define_asset_job("check_only", selection=dg.AssetSelection.checks(check))
     defs = dg.Definitions(assets=[asset], asset_checks=[check], jobs=[job], resources=resources)
     return defs.resolve_job_def("check_only").execute_in_process(
-        instance=instance, tags={"dagster/partition": PARTITION}, raise_on_error=False)
+        instance=instance, tags={"dagster/partition": PARTITION}, raise_on_error=False
+    )

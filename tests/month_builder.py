@@ -7,7 +7,7 @@ are built by the real code from files, and every threshold can sit on its bounda
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
 
 import polars as pl
 
@@ -48,11 +48,23 @@ def write_month(settings: Settings, month: date, quads: list[Quad], *, slot_stat
         day_quads = [q for q in quads if q.day == day]
         _write_ledger(layout, day, slot_status)
         rows = [
-            {"date": q.day, "s": q.s, "r": q.r, "o": q.o, "r1": q.r[:2], "daily_mentions": q.mentions,
-             "n_events": 1, "urls": sorted(q.urls), "n_urls": len(q.urls), "web_mention_urls": 0}
+            {
+                "date": q.day,
+                "s": q.s,
+                "r": q.r,
+                "o": q.o,
+                "r1": q.r[:2],
+                "daily_mentions": q.mentions,
+                "n_events": 1,
+                "urls": sorted(q.urls),
+                "n_urls": len(q.urls),
+                "web_mention_urls": 0,
+            }
             for q in day_quads
         ]
-        atomic_write_parquet(pl.DataFrame(rows, schema=QUADS_SCHEMA).sort("date", "s", "r", "o"), layout.daily_quads_path(day))
+        atomic_write_parquet(
+            pl.DataFrame(rows, schema=QUADS_SCHEMA).sort("date", "s", "r", "o"), layout.daily_quads_path(day)
+        )
         articles = {}
         for q in day_quads:
             if q.mentions < settings.article_min_mentions:
@@ -61,24 +73,43 @@ def write_month(settings: Settings, month: date, quads: list[Quad], *, slot_stat
                 norm = normalize_url(url)
                 kept = "/kept-" in url
                 articles[norm] = {
-                    "url": norm, "url_md5": url_md5(norm), "day": day,
-                    "fetched_at": datetime.combine(day, datetime.min.time(), timezone.utc) + timedelta(hours=20),
-                    "http_status": 200, "final_url": None, "title": f"Title of {norm}",
-                    "text": f"Text of {norm}" if kept else "", "abstract": f"Title of {norm}\nText" if kept else None,
-                    "date_published": str(day), "lang": "en", "lang_score": 0.99, "n_words": 300,
-                    "extraction_error": None, "kept": kept,
-                    "failing_filter": None if kept else "doc_word_count", "failing_value": None if kept else 3.0,
-                    "paragraphs_in": 5, "paragraphs_kept": 5 if kept else 0, "paragraph_drops": "{}", "profile": "mirai",
+                    "url": norm,
+                    "url_md5": url_md5(norm),
+                    "day": day,
+                    "fetched_at": datetime.combine(day, datetime.min.time(), UTC) + timedelta(hours=20),
+                    "http_status": 200,
+                    "final_url": None,
+                    "title": f"Title of {norm}",
+                    "text": f"Text of {norm}" if kept else "",
+                    "abstract": f"Title of {norm}\nText" if kept else None,
+                    "date_published": str(day),
+                    "lang": "en",
+                    "lang_score": 0.99,
+                    "n_words": 300,
+                    "extraction_error": None,
+                    "kept": kept,
+                    "failing_filter": None if kept else "doc_word_count",
+                    "failing_value": None if kept else 3.0,
+                    "paragraphs_in": 5,
+                    "paragraphs_kept": 5 if kept else 0,
+                    "paragraph_drops": "{}",
+                    "profile": "mirai",
                 }
         frame = pl.DataFrame(sorted(articles.values(), key=lambda a: a["url"]), schema=ARTICLES_SCHEMA)
         atomic_write_parquet(frame, layout.articles_path(day))
 
 
 def _write_ledger(layout: DataLayout, day: date, status: str) -> None:
-    start = datetime.combine(day, datetime.min.time(), timezone.utc)
+    start = datetime.combine(day, datetime.min.time(), UTC)
     rows = [
-        {"day": day, "slot": start + timedelta(minutes=15 * i), "kind": kind, "status": status, "listed": True,
-         "attempts": 1}
+        {
+            "day": day,
+            "slot": start + timedelta(minutes=15 * i),
+            "kind": kind,
+            "status": status,
+            "listed": True,
+            "attempts": 1,
+        }
         for i in range(96)
         for kind in ("export", "mentions")
     ]

@@ -15,5 +15,5 @@ PROBE_BUCKET = "readiness-probe"
 __all__ = ["ACCESS_KEY", "SECRET_KEY", "SeaweedS3", "weed_binary"]
 
 
-def SeaweedS3(root: Path, *, volume_size_limit_mb: int = 256) -> LocalS3:  # noqa: N802 - reads as the class it returns
+def SeaweedS3(root: Path, *, volume_size_limit_mb: int = 256) -> LocalS3:
     return LocalS3(root, PROBE_BUCKET, credentials=(ACCESS_KEY, SECRET_KEY), volume_size_limit_mb=volume_size_limit_mb)

@@ -29,8 +29,8 @@ from pipeline.agent_api.audit import leakage_violations
 from pipeline.agent_api.lockdown import SECCOMP_ARCHES, machine
 from pipeline.config import Settings
 from pipeline.database import EVENT_DB_SCHEMA, NEWS_DB_SCHEMA
-from testbed.database import generate_event_database
 from pipeline.storage import DamagedFile, DataLayout, atomic_write_parquet
+from testbed.database import generate_event_database
 
 QUERY = date(2024, 2, 10)
 CUTOFF = QUERY - timedelta(days=1)
@@ -39,15 +39,31 @@ FUTURE_COUNTRY, FUTURE_RELATION, FUTURE_WORD = "PRK", "193", "zeppelin"
 
 
 def _event(day: date, s: str, r: str, o: str, ids: list[str]) -> dict:
-    return {"date": day, "s": s, "r": r, "o": o, "r1": r[:2], "s_name": s, "o_name": o, "r_name": r,
-            "daily_mentions": 120, "n_articles": len(ids), "article_ids": ids}
+    return {
+        "date": day,
+        "s": s,
+        "r": r,
+        "o": o,
+        "r1": r[:2],
+        "s_name": s,
+        "o_name": o,
+        "r_name": r,
+        "daily_mentions": 120,
+        "n_articles": len(ids),
+        "article_ids": ids,
+    }
 
 
 def _article(article_id: str, day: date, future: bool) -> dict:
     word = FUTURE_WORD if future else "summit"
-    return {"article_id": article_id, "date": day, "url": f"https://x.test/{article_id}",
-            "title": f"{'FUTURE' if future else 'Past'} {word} story {article_id}",
-            "text": f"Officials discussed the {word} and trade on {day}.", "abstract": ""}
+    return {
+        "article_id": article_id,
+        "date": day,
+        "url": f"https://x.test/{article_id}",
+        "title": f"{'FUTURE' if future else 'Past'} {word} story {article_id}",
+        "text": f"Officials discussed the {word} and trade on {day}.",
+        "abstract": "",
+    }
 
 
 def _write_month(root: Path, month: date, events: list[dict], news: list[dict]) -> None:
@@ -60,12 +76,26 @@ def _write_month(root: Path, month: date, events: list[dict], news: list[dict]) 
 def gate_db(tmp_path_factory) -> Path:
     """Three months; rows before, at, one day after and long after the cutoff (2024-02-09)."""
     root = tmp_path_factory.mktemp("gate-db")
-    days = {"jan": date(2024, 1, 15), "before": CUTOFF - timedelta(days=1), "at": CUTOFF,
-            "query": QUERY, "after": QUERY + timedelta(days=1), "march": date(2024, 3, 5)}
-    past = [("jan", "USA", "042", "CHN"), ("before", "CHN", "036", "USA"), ("at", "USA", "010", "RUS"),
-            ("at", "AUS", "042", "CHN")]
-    future = [("query", FUTURE_COUNTRY, FUTURE_RELATION, "USA"), ("query", "USA", "042", "CHN"),
-              ("after", "USA", FUTURE_RELATION, FUTURE_COUNTRY), ("march", FUTURE_COUNTRY, "190", "CHN")]
+    days = {
+        "jan": date(2024, 1, 15),
+        "before": CUTOFF - timedelta(days=1),
+        "at": CUTOFF,
+        "query": QUERY,
+        "after": QUERY + timedelta(days=1),
+        "march": date(2024, 3, 5),
+    }
+    past = [
+        ("jan", "USA", "042", "CHN"),
+        ("before", "CHN", "036", "USA"),
+        ("at", "USA", "010", "RUS"),
+        ("at", "AUS", "042", "CHN"),
+    ]
+    future = [
+        ("query", FUTURE_COUNTRY, FUTURE_RELATION, "USA"),
+        ("query", "USA", "042", "CHN"),
+        ("after", "USA", FUTURE_RELATION, FUTURE_COUNTRY),
+        ("march", FUTURE_COUNTRY, "190", "CHN"),
+    ]
     months: dict[date, tuple[list, list]] = {}
     for i, (key, s, r, o) in enumerate(past + future):
         day, is_future = days[key], (key, s, r, o) in future
@@ -101,10 +131,15 @@ def env(generated_db):
 
 def _visible_text(env: Environment) -> str:
     """Everything every function returns with no filter, as text."""
-    out = [repr(env.get_events()), repr(env.get_entity_distribution()), repr(env.get_relation_distribution()),
-           repr(env.get_news_articles()), repr(env.get_events(text_description=FUTURE_WORD)),
-           repr(env.get_news_articles(text_description=FUTURE_WORD)),
-           repr(env.get_news_articles(keywords=[FUTURE_WORD, "FUTURE"]))]
+    out = [
+        repr(env.get_events()),
+        repr(env.get_entity_distribution()),
+        repr(env.get_relation_distribution()),
+        repr(env.get_news_articles()),
+        repr(env.get_events(text_description=FUTURE_WORD)),
+        repr(env.get_news_articles(text_description=FUTURE_WORD)),
+        repr(env.get_news_articles(keywords=[FUTURE_WORD, "FUTURE"])),
+    ]
     out += [env.browse_news_article(d, t) for d, t in env.get_news_articles()]
     return "\n".join(out)
 
@@ -155,11 +190,19 @@ DATED_CALLS = {
 
 
 @pytest.mark.parametrize("name", sorted(DATED_CALLS))
-@pytest.mark.parametrize("date_range", [DateRange(None, AFTER), DateRange(AFTER, None), DateRange(AFTER, AFTER),
-                                        DateRange(BEFORE_START, None), DateRange("2024-01-01", "2024-12-31")],
-                         ids=["end-after", "start-after", "day-after", "before-start", "year"])
+@pytest.mark.parametrize(
+    "date_range",
+    [
+        DateRange(None, AFTER),
+        DateRange(AFTER, None),
+        DateRange(AFTER, AFTER),
+        DateRange(BEFORE_START, None),
+        DateRange("2024-01-01", "2024-12-31"),
+    ],
+    ids=["end-after", "start-after", "day-after", "before-start", "year"],
+)
 def test_dates_past_the_cutoff_or_before_the_start_are_refused(gate_env, name, date_range):
-    with pytest.raises(DateGateError, match="2024-02-09|2024-01-01"):
+    with pytest.raises(DateGateError, match=r"2024-02-09|2024-01-01"):
         DATED_CALLS[name](gate_env, date_range)
 
 
@@ -204,8 +247,9 @@ def test_the_cached_database_gives_the_same_tables_as_a_fresh_one(gate_db):
 
 
 def test_filters_relations_expand_and_results_are_capped(env):
-    assert env.count_events(relations=["04"]) == sum(env.count_events(relations=[r.cameo_code])
-                                                    for r in env.get_child_relations("04"))
+    assert env.count_events(relations=["04"]) == sum(
+        env.count_events(relations=[r.cameo_code]) for r in env.get_child_relations("04")
+    )
     events = env.get_events()
     assert len(events) == 30
     assert [e.date for e in events] == sorted((e.date for e in events), reverse=True)
@@ -274,8 +318,10 @@ def test_data_classes_validate():
 # --- the sandbox ----------------------------------------------------------------------------------
 
 # Reaching a module agent code may not import, through an object graph it can walk.
-ESCAPE = ("_m = [c for c in ().__class__.__base__.__subclasses__() if c.__name__ == 'catch_warnings'][0]"
-          ".__init__.__globals__['sys'].modules\n")
+ESCAPE = (
+    "_m = [c for c in ().__class__.__base__.__subclasses__() if c.__name__ == 'catch_warnings'][0]"
+    ".__init__.__globals__['sys'].modules\n"
+)
 
 
 @pytest.mark.parametrize("module", ["os", "subprocess", "socket", "ctypes", "sys", "importlib", "polars"])
@@ -283,20 +329,23 @@ def test_sandbox_refuses_imports(env, module):
     assert env.run_code(f"import {module}").startswith("ImportError")
 
 
-@pytest.mark.parametrize("code", [
-    "open('/etc/hostname').read()",
-    ESCAPE + "_m['io'].open('/etc/hostname').read()",
-    ESCAPE + "_m['os'].listdir('/')",
-    ESCAPE + "_m['os'].system('true')",
-    ESCAPE + "_m['subprocess'].run(['true'])",
-    ESCAPE + "_m['socket'].create_connection(('127.0.0.1', 9))",
-    ESCAPE + "_m['ctypes'].CDLL(None)",
-    "get_events.__func__.__code__",
-    ESCAPE + "_m['os'].kill(_m['os'].getppid(), 0)",
-    ESCAPE + "_m['sys']._getframe()",
-    # polars reads files in Rust, below the audit hook: the kernel filter and the descriptor limit stop it
-    "get_events.__globals__['pl'].read_parquet('/etc/hostname')",
-])
+@pytest.mark.parametrize(
+    "code",
+    [
+        "open('/etc/hostname').read()",
+        ESCAPE + "_m['io'].open('/etc/hostname').read()",
+        ESCAPE + "_m['os'].listdir('/')",
+        ESCAPE + "_m['os'].system('true')",
+        ESCAPE + "_m['subprocess'].run(['true'])",
+        ESCAPE + "_m['socket'].create_connection(('127.0.0.1', 9))",
+        ESCAPE + "_m['ctypes'].CDLL(None)",
+        "get_events.__func__.__code__",
+        ESCAPE + "_m['os'].kill(_m['os'].getppid(), 0)",
+        ESCAPE + "_m['sys']._getframe()",
+        # polars reads files in Rust, below the audit hook: the kernel filter and the descriptor limit stop it
+        "get_events.__globals__['pl'].read_parquet('/etc/hostname')",
+    ],
+)
 def test_sandbox_blocks_files_network_processes_and_introspection(env, code):
     observation = env.run_code(code)
     assert observation.startswith(("PermissionError", "NameError", "OSError")), observation
@@ -304,15 +353,18 @@ def test_sandbox_blocks_files_network_processes_and_introspection(env, code):
 
 def test_sandbox_holds_only_gated_rows(generated_db, env):
     cutoff = env.cutoff.isoformat()
-    seen = env.run_code("_e, _n = get_events.__self__.tables()\n"
-                        "print(_e.get_column('date').max(), _n.get_column('date').max())").split()
+    seen = env.run_code(
+        "_e, _n = get_events.__self__.tables()\nprint(_e.get_column('date').max(), _n.get_column('date').max())"
+    ).split()
     assert seen == [cutoff, cutoff]
     after = (env.cutoff + timedelta(days=1)).isoformat()
     assert env.run_code(f"get_events(DateRange(None, Date('{after}')))").startswith("DateGateError")
     assert env.run_code("count_events()").strip() == str(env.count_events())
     # The month files exist, but the child was never told where and cannot open them anyway.
     path = DataLayout(generated_db).database_path("events", date(2024, 1, 1))
-    assert env.run_code(f"get_events.__globals__['pl'].read_parquet('{path}')").startswith(("PermissionError", "OSError"))
+    assert env.run_code(f"get_events.__globals__['pl'].read_parquet('{path}')").startswith(
+        ("PermissionError", "OSError")
+    )
 
 
 def test_sandbox_variables_persist_and_output_is_the_observation(env):
@@ -329,15 +381,18 @@ def test_sandbox_survives_an_infinite_loop_and_a_memory_bomb(generated_db):
         assert env.run_code("while True:\n    pass", timeout_s=2).startswith("TimeoutError")
         assert env.run_code("kept").startswith("NameError")  # restarted: variables are gone
         assert env.run_code("kept = 2\nblob = bytearray(50 * 2**30)", memory_mb=512).startswith("MemoryError")
-        assert env.run_code("chunks = []\nwhile True:\n    chunks.append(bytearray(2**26))",
-                            timeout_s=20, memory_mb=512).startswith(("MemoryError", "SandboxError"))
+        assert env.run_code(
+            "chunks = []\nwhile True:\n    chunks.append(bytearray(2**26))", timeout_s=20, memory_mb=512
+        ).startswith(("MemoryError", "SandboxError"))
         assert env.run_code("count_events()").strip() == str(env.count_events())
     finally:
         env.close()
 
 
-@pytest.mark.skipif(sys.platform != "linux" or machine() not in SECCOMP_ARCHES,
-                    reason=f"the seccomp allowlist is written for Linux {', '.join(SECCOMP_ARCHES)}")
+@pytest.mark.skipif(
+    sys.platform != "linux" or machine() not in SECCOMP_ARCHES,
+    reason=f"the seccomp allowlist is written for Linux {', '.join(SECCOMP_ARCHES)}",
+)
 def test_seccomp_layer_blocks_syscalls_without_the_audit_hook():
     """The kernel filter on its own: files, sockets, fork, exec and new threads fail."""
     script = textwrap.dedent("""
@@ -359,10 +414,22 @@ def test_seccomp_layer_blocks_syscalls_without_the_audit_hook():
             results.append("thread:denied")
         print(" ".join(results))
     """)
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False,
-                         cwd=Path(__file__).resolve().parents[1])
-    assert out.stdout.split() == ["open:denied", "socket:denied", "fork:denied", "exec:denied", "stat:denied",
-                                  "thread:denied"], out.stderr
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    assert out.stdout.split() == [
+        "open:denied",
+        "socket:denied",
+        "fork:denied",
+        "exec:denied",
+        "stat:denied",
+        "thread:denied",
+    ], out.stderr
 
 
 def test_code_blocks_are_refused_on_an_architecture_without_the_allowlist_unless_allowed(generated_db, monkeypatch):
@@ -371,7 +438,9 @@ def test_code_blocks_are_refused_on_an_architecture_without_the_allowlist_unless
 
     monkeypatch.setattr(sandbox, "machine", lambda: "riscv64")
     refused = EventDatabase(generated_db).environment(date(2023, 12, 1))
-    with pytest.raises(sandbox.SandboxError, match="code blocks are refused on linux/riscv64.*MIRAI_SANDBOX_ALLOW_UNCONFINED"):
+    with pytest.raises(
+        sandbox.SandboxError, match=r"code blocks are refused on linux/riscv64.*MIRAI_SANDBOX_ALLOW_UNCONFINED"
+    ):
         refused.run_code("1")
     allowed = EventDatabase(generated_db, allow_unconfined_sandbox=True).environment(date(2023, 12, 1))
     try:
@@ -399,8 +468,10 @@ def test_generator_is_deterministic_and_realistic(tmp_path):
     files = sorted(p.relative_to(tmp_path / "a") for p in (tmp_path / "a").rglob("*.parquet"))
     assert len(files) == 4
     for rel in files:
-        assert hashlib.md5((tmp_path / "a" / rel).read_bytes()).digest() == \
-            hashlib.md5((tmp_path / "b" / rel).read_bytes()).digest()
+        assert (
+            hashlib.md5((tmp_path / "a" / rel).read_bytes()).digest()
+            == hashlib.md5((tmp_path / "b" / rel).read_bytes()).digest()
+        )
     jan = Path("database/events/month=2024-01.parquet")
     assert (tmp_path / "a" / jan).read_bytes() != (tmp_path / "c" / jan).read_bytes()
     events = pl.read_parquet(tmp_path / "a" / jan)
@@ -431,8 +502,9 @@ def test_audit_catches_an_environment_built_without_the_gate(generated_db):
     db = EventDatabase(generated_db)
     events, news = db.gated_tables(db.last_day)  # everything, not cut at the query's cutoff
     cutoff = date(2023, 12, 14)
-    leaky = Environment(events, news, start=db.start, cutoff=cutoff, query_date=cutoff + timedelta(days=1),
-                        distance_days=1)
+    leaky = Environment(
+        events, news, start=db.start, cutoff=cutoff, query_date=cutoff + timedelta(days=1), distance_days=1
+    )
     try:
         violations = leakage_violations(leaky)
     finally:

@@ -33,8 +33,8 @@ from pipeline.evaluation.llm import (
 from pipeline.evaluation.prompts import api_description, system_prompt
 from pipeline.evaluation.registry import Agent
 from pipeline.evaluation.run import evaluate_agent
-from testbed.database import generate_event_database
 from pipeline.storage import DataLayout
+from testbed.database import generate_event_database
 
 QUERY = Query("2024-02-00001", date(2024, 2, 10), "USA", "CHN", "United States", "China")
 CUTOFF = date(2024, 2, 9)
@@ -55,8 +55,9 @@ class ScriptedClient:
         reply = self.replies.pop(0)
         if isinstance(reply, Exception):
             raise reply
-        return Reply(reply, tokens_in=sum(len(m["content"]) for m in messages) // 4, tokens_out=len(reply) // 4,
-                     latency_s=0.0)
+        return Reply(
+            reply, tokens_in=sum(len(m["content"]) for m in messages) // 4, tokens_out=len(reply) // 4, latency_s=0.0
+        )
 
 
 def react(action_type="single_function", max_steps=6) -> AgentSpec:
@@ -77,8 +78,9 @@ def database(data_dir):
 
 def episode(database, replies, spec=None, query=QUERY):
     client = ScriptedClient(replies)
-    trajectory = run_react(client, spec or react(), query, query.date - timedelta(days=1),
-                           lambda: database.environment(query.date, 1))
+    trajectory = run_react(
+        client, spec or react(), query, query.date - timedelta(days=1), lambda: database.environment(query.date, 1)
+    )
     assert not client.replies, "the script was not used up"
     return trajectory, client
 
@@ -89,7 +91,11 @@ def episode(database, replies, spec=None, query=QUERY):
 @pytest.mark.parametrize(
     ("reply", "kind", "code"),
     [
-        (f"Thought: look at the pair.\nAction: {DIST}", "call", 'get_relation_distribution(head_entities=[\'USA\'], tail_entities=[\'CHN\'])'),
+        (
+            f"Thought: look at the pair.\nAction: {DIST}",
+            "call",
+            "get_relation_distribution(head_entities=['USA'], tail_entities=['CHN'])",
+        ),
         ("Action: `count_events(head_entities = ['USA'])`", "call", "count_events(head_entities=['USA'])"),
         ("Action:\n```python\ncount_events()\n```", "call", "count_events()"),
         ("count_events()", "call", "count_events()"),  # no labels at all: the reply is the action
@@ -106,7 +112,9 @@ def test_single_function_actions(reply, kind, code):
 
 
 def test_final_answers_and_code_blocks():
-    thought, action_text, action = parse_action('Thought: enough.\nAction: Final Answer: {"04": ["042"]}', "single_function")
+    thought, action_text, action = parse_action(
+        'Thought: enough.\nAction: Final Answer: {"04": ["042"]}', "single_function"
+    )
     assert (thought, action.kind, action.answer) == ("enough.", "final", {"04": ["042"]})
     assert action_text == 'Final Answer: {"04": ["042"]}'
     # An empty forecast is an answer; "Final Answer:" without an object is an invalid action.
@@ -116,18 +124,28 @@ def test_final_answers_and_code_blocks():
     assert (block.kind, block.code) == ("code", "x = count_events()\nprint(x)")
     assert parse_action(f"Action: {DIST}", "code_block")[2].kind == "invalid"  # a code block needs its fence
     # "Final Answer:" in the thought does not spoil a valid call; with no valid action it counts.
-    assert parse_action(f"Thought: before the Final Answer: I need data\nAction: {DIST}", "single_function")[2].kind == "call"
+    assert (
+        parse_action(f"Thought: before the Final Answer: I need data\nAction: {DIST}", "single_function")[2].kind
+        == "call"
+    )
     assert parse_action('Final Answer: {"04": ["042"]}\nAction: none', "single_function")[2].answer == {"04": ["042"]}
     # Repeats are recognised through whitespace and quoting differences.
     a = parse_action(f"Action: {DIST}", "single_function")[2]
-    b = parse_action("Action: get_relation_distribution( head_entities=['USA'],tail_entities=['CHN'] )", "single_function")[2]
+    b = parse_action(
+        "Action: get_relation_distribution( head_entities=['USA'],tail_entities=['CHN'] )", "single_function"
+    )[2]
     assert a.key == b.key
 
 
 def test_execution_errors_are_told_apart_from_values():
-    assert execution_error("DateGateError: date_range end 2024-03-01 is after ...", "single_function").startswith("DateGateError")
+    assert execution_error("DateGateError: date_range end 2024-03-01 is after ...", "single_function").startswith(
+        "DateGateError"
+    )
     assert execution_error("[Event(...)]", "single_function") is None
-    assert execution_error("12\nNameError: name 'x' is not defined\n", "code_block") == "NameError: name 'x' is not defined"
+    assert (
+        execution_error("12\nNameError: name 'x' is not defined\n", "code_block")
+        == "NameError: name 'x' is not defined"
+    )
     assert execution_error("count: 12\n", "code_block") is None
 
 
@@ -144,45 +162,64 @@ def test_api_description_is_generated_from_the_environment():
 
 
 def test_final_answer_after_a_call(database):
-    trajectory, client = episode(database, [
-        f"Thought: first the pair's history.\nAction: {DIST}",
-        'Thought: 042 dominates.\nAction: Final Answer: {"04": ["042"]}',
-    ])
-    assert (trajectory.end_state, trajectory.answer_source, trajectory.answer) == ("final_answer", "final_answer", {"04": ["042"]})
+    trajectory, client = episode(
+        database,
+        [
+            f"Thought: first the pair's history.\nAction: {DIST}",
+            'Thought: 042 dominates.\nAction: Final Answer: {"04": ["042"]}',
+        ],
+    )
+    assert (trajectory.end_state, trajectory.answer_source, trajectory.answer) == (
+        "final_answer",
+        "final_answer",
+        {"04": ["042"]},
+    )
     first, last = trajectory.steps
     assert first.thought == "first the pair's history." and first.action_kind == "call" and first.error is None
     assert first.observation.startswith("{CAMEOCode(") and first.env_s > 0 and first.tokens_in > 0
     assert last.action_kind == "final" and last.observation is None
     # The model saw its own turn and then the observation, as a user message.
-    assert client.calls[1][-2]["role"] == "assistant" and client.calls[1][-1]["content"].startswith("Observation: {CAMEOCode(")
+    assert client.calls[1][-2]["role"] == "assistant" and client.calls[1][-1]["content"].startswith(
+        "Observation: {CAMEOCode("
+    )
     assert "February 10, 2024" in client.calls[0][1]["content"] and "(2024-02-09)" in client.calls[0][1]["content"]
     record = trajectory.record()
     assert record["n_actions"] == 2 and json.dumps(record)  # JSON-ready
 
 
 def test_max_steps_then_one_final_request(database):
-    trajectory, client = episode(database, [
-        f"Thought: a\nAction: {DIST}",
-        "Thought: b\nAction: count_events(head_entities=['USA'])",
-        'Final Answer: {"03": ["036"]}',  # the extra request
-    ], spec=react(max_steps=2))
+    trajectory, client = episode(
+        database,
+        [
+            f"Thought: a\nAction: {DIST}",
+            "Thought: b\nAction: count_events(head_entities=['USA'])",
+            'Final Answer: {"03": ["036"]}',  # the extra request
+        ],
+        spec=react(max_steps=2),
+    )
     assert trajectory.end_state == "max_steps"
     assert (trajectory.answer, trajectory.answer_source) == ({"03": ["036"]}, "final_request")
     assert [s.kind for s in trajectory.steps] == ["react", "react", "final_request"]
     request = client.calls[-1]
     assert [m["role"] for m in request] == ["system", "user"]  # a fresh conversation ...
     assert request[0] == client.calls[0][0]  # ... under the episode's system prompt (a cached prefix)
-    assert "count_events(head_entities=['USA'])" in request[1]["content"] and "Observation: {CAMEOCode(" in request[1]["content"]
+    assert (
+        "count_events(head_entities=['USA'])" in request[1]["content"]
+        and "Observation: {CAMEOCode(" in request[1]["content"]
+    )
 
 
 def test_consecutive_invalid_actions_end_the_episode(database):
-    trajectory, client = episode(database, [
-        "Thought: I think they will consult.",  # no action
-        # an executed action that raises counts as invalid too
-        "Action: get_events(date_range=DateRange('2024-02-01', '2024-02-20'))",
-        "Action: print('hi')",
-        "Final Answer: nothing",  # the extra request, with no object in it
-    ])
+    trajectory, client = episode(
+        database,
+        [
+            "Thought: I think they will consult.",  # no action
+            # an executed action that raises counts as invalid too
+            "Action: get_events(date_range=DateRange('2024-02-01', '2024-02-20'))",
+            "Action: print('hi')",
+            "Final Answer: nothing",  # the extra request, with no object in it
+        ],
+    )
     assert trajectory.end_state == "invalid_actions" and len(trajectory.steps) == CONSECUTIVE_LIMIT + 1
     assert trajectory.steps[1].action_kind == "call" and trajectory.steps[1].error.startswith("DateGateError")
     assert "invalid action" in trajectory.steps[2].error
@@ -193,20 +230,30 @@ def test_consecutive_invalid_actions_end_the_episode(database):
 
 
 def test_a_valid_action_resets_the_invalid_count(database):
-    trajectory, _ = episode(database, [
-        "Action: nope", "Action: nope again", f"Action: {DIST}", "Action: nope", "Action: nope?",
-        'Action: Final Answer: {"01": ["010"]}',
-    ])
+    trajectory, _ = episode(
+        database,
+        [
+            "Action: nope",
+            "Action: nope again",
+            f"Action: {DIST}",
+            "Action: nope",
+            "Action: nope?",
+            'Action: Final Answer: {"01": ["010"]}',
+        ],
+    )
     assert trajectory.end_state == "final_answer" and trajectory.n_actions == 6
 
 
 def test_repeated_actions_end_the_episode(database):
-    trajectory, client = episode(database, [
-        f"Action: {DIST}",
-        "Action: get_relation_distribution(head_entities=['USA'], tail_entities=['CHN'])",
-        f"Thought: once more\nAction: {DIST}",
-        '{"04": ["043"]}',
-    ])
+    trajectory, client = episode(
+        database,
+        [
+            f"Action: {DIST}",
+            "Action: get_relation_distribution(head_entities=['USA'], tail_entities=['CHN'])",
+            f"Thought: once more\nAction: {DIST}",
+            '{"04": ["043"]}',
+        ],
+    )
     assert trajectory.end_state == "repeated_actions" and trajectory.n_actions == CONSECUTIVE_LIMIT
     assert all(s.error is None for s in trajectory.steps[:3])
     assert "(You took this same action in your previous step.)" in client.calls[2][-1]["content"]
@@ -224,20 +271,28 @@ def test_model_failure_ends_in_error_and_the_final_request_is_still_made(databas
 
 def test_a_query_on_the_databases_first_day_runs_with_an_empty_history(database):
     early = Query("2024-01-00001", date(2024, 1, 1), "USA", "CHN", "United States", "China")
-    trajectory, _ = episode(database, [
-        "Action: count_events(head_entities=['USA'], tail_entities=['CHN'])",
-        'Final Answer: {"01": ["010"]}',
-    ], query=early)
+    trajectory, _ = episode(
+        database,
+        [
+            "Action: count_events(head_entities=['USA'], tail_entities=['CHN'])",
+            'Final Answer: {"01": ["010"]}',
+        ],
+        query=early,
+    )
     assert trajectory.end_state == "final_answer" and trajectory.answer == {"01": ["010"]}
     assert trajectory.steps[0].observation.strip() == "0"  # nothing is visible before the database starts
 
 
 def test_code_blocks_keep_variables_and_stay_in_the_sandbox(database):
-    trajectory, _ = episode(database, [
-        "Thought: count\nAction:\n```python\nn = count_events(head_entities=['USA'], tail_entities=['CHN'])\nprint('n =', n)\n```",
-        "Action:\n```python\nprint(n > 0)\nimport os\n```",
-        'Final Answer: {"04": ["042"]}',
-    ], spec=react("code_block"))
+    trajectory, _ = episode(
+        database,
+        [
+            "Thought: count\nAction:\n```python\nn = count_events(head_entities=['USA'], tail_entities=['CHN'])\nprint('n =', n)\n```",
+            "Action:\n```python\nprint(n > 0)\nimport os\n```",
+            'Final Answer: {"04": ["042"]}',
+        ],
+        spec=react("code_block"),
+    )
     first, second, _ = trajectory.steps
     assert first.observation.startswith("n = ") and first.error is None
     assert second.observation.startswith("True\nImportError: import of 'os' is not allowed")
@@ -247,8 +302,14 @@ def test_code_blocks_keep_variables_and_stay_in_the_sandbox(database):
 @pytest.mark.parametrize("strategy", ["direct", "cot"])
 def test_single_turn_strategies(strategy):
     spec = AgentSpec(strategy, None, 0.0, None, 256)
-    answered = run_single_turn(ScriptedClient(['Reasoning...\nFinal Answer: {"04": ["042"], "19": ["190"]}']), spec, QUERY, CUTOFF)
-    assert (answered.end_state, answered.answer, len(answered.steps)) == ("final_answer", {"04": ["042"], "19": ["190"]}, 1)
+    answered = run_single_turn(
+        ScriptedClient(['Reasoning...\nFinal Answer: {"04": ["042"], "19": ["190"]}']), spec, QUERY, CUTOFF
+    )
+    assert (answered.end_state, answered.answer, len(answered.steps)) == (
+        "final_answer",
+        {"04": ["042"], "19": ["190"]},
+        1,
+    )
     client = ScriptedClient(["They will probably talk.", '{"04": ["040"]}'])
     missing = run_single_turn(client, spec, QUERY, CUTOFF)
     assert (missing.end_state, missing.answer_source, missing.answer) == ("no_answer", "final_request", {"04": ["040"]})
@@ -260,23 +321,45 @@ def test_single_turn_strategies(strategy):
 
 def _split(data_dir) -> pl.DataFrame:
     answers = [{"04": ["042"]}, {"19": ["190", "193"]}]
-    return pl.DataFrame({
-        "query_id": ["2024-02-00001", "2024-02-00002"], "date": [date(2024, 2, 10), date(2024, 2, 11)],
-        "s": ["USA", "RUS"], "o": ["CHN", "UKR"], "answer_dict": [json.dumps(a) for a in answers],
-    })
+    return pl.DataFrame(
+        {
+            "query_id": ["2024-02-00001", "2024-02-00002"],
+            "date": [date(2024, 2, 10), date(2024, 2, 11)],
+            "s": ["USA", "RUS"],
+            "o": ["CHN", "UKR"],
+            "answer_dict": [json.dumps(a) for a in answers],
+        }
+    )
 
 
 def test_evaluate_agent_stores_scores_and_trajectories(data_dir):
-    agent = Agent(name="scripted", kind="llm", knowledge_cutoff=date(2023, 12, 31), distances=(1,), rounds=2,
-                  gguf=data_dir / "none.gguf", strategy="react", action_type="single_function", temperature=0.0,
-                  max_steps=3)
+    agent = Agent(
+        name="scripted",
+        kind="llm",
+        knowledge_cutoff=date(2023, 12, 31),
+        distances=(1,),
+        rounds=2,
+        gguf=data_dir / "none.gguf",
+        strategy="react",
+        action_type="single_function",
+        temperature=0.0,
+        max_steps=3,
+    )
     replies = [
         # round 0: a call then a right answer; three invalid actions then the final request
-        f"Action: {DIST}", 'Final Answer: {"04": ["042"]}', "x", "y", "z", '{"19": ["190"]}',
+        f"Action: {DIST}",
+        'Final Answer: {"04": ["042"]}',
+        "x",
+        "y",
+        "z",
+        '{"19": ["190"]}',
         # round 1: two wrong answers at once
-        'Final Answer: {"01": ["010"]}', 'Final Answer: {"01": ["010"]}',
+        'Final Answer: {"01": ["010"]}',
+        'Final Answer: {"01": ["010"]}',
     ]
-    results, record = evaluate_agent(_split(data_dir), data_dir, agent, 1, client=ScriptedClient(replies), query_set="t")
+    results, record = evaluate_agent(
+        _split(data_dir), data_dir, agent, 1, client=ScriptedClient(replies), query_set="t"
+    )
     directory = DataLayout(data_dir).evaluation_dir(date(2024, 2, 1), "scripted", "t", 1)
     assert sorted(p.name for p in directory.iterdir()) == ["results.parquet", "scores.json", "trajectories.jsonl"]
     assert json.loads((directory / "scores.json").read_text()) == record
@@ -285,12 +368,16 @@ def test_evaluate_agent_stores_scores_and_trajectories(data_dir):
     assert record["answer_sources"] == {"final_answer": 3, "final_request": 1}
     # Round 0 scores L2 F1 100 (042 exact) and 66.7 (190 of 190/193); round 1 scores 0.
     assert record["metrics"]["level2_f1"] == pytest.approx((100 + 200 / 3) / 2 / 2)
-    assert record["metrics_std"]["level2_f1"] == pytest.approx(((100 + 200 / 3) / 2) / 2 ** 0.5)
+    assert record["metrics_std"]["level2_f1"] == pytest.approx(((100 + 200 / 3) / 2) / 2**0.5)
     assert results.get_column("round").to_list() == [0, 0, 1, 1]
     assert results.get_column("ranked").to_list()[:2] == [["042"], ["190"]]
     lines = [json.loads(line) for line in (directory / "trajectories.jsonl").read_text().splitlines()]
     assert [(line["round"], line["query_id"]) for line in lines] == [
-        (0, "2024-02-00001"), (0, "2024-02-00002"), (1, "2024-02-00001"), (1, "2024-02-00002")]
+        (0, "2024-02-00001"),
+        (0, "2024-02-00002"),
+        (1, "2024-02-00001"),
+        (1, "2024-02-00002"),
+    ]
     assert lines[1]["end_state"] == "invalid_actions" and len(lines[1]["steps"]) == 4
     assert record["model"] == {"gguf": "none.gguf", "gguf_bytes": None} and record["harness"]["prompt_version"]
 
@@ -316,8 +403,10 @@ class _Server:
                     self.end_headers()
                     self.wfile.write(b'{"error": "busy"}')
                     return
-                payload = {"choices": [{"message": {"content": "Final Answer: {}"}}],
-                           "usage": {"prompt_tokens": 11, "completion_tokens": 3}}
+                payload = {
+                    "choices": [{"message": {"content": "Final Answer: {}"}}],
+                    "usage": {"prompt_tokens": 11, "completion_tokens": 3},
+                }
                 data = json.dumps(payload).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
@@ -373,13 +462,21 @@ def test_openai_client_failures_never_show_the_key(monkeypatch):
     assert "HTTP 401" in str(rejected.value) and "HTTP 400" in str(bad_request.value)
     assert "sk-secret" not in str(rejected.value) + str(bad_request.value)
     monkeypatch.delenv("TEST_LLM_KEY")
-    with pytest.raises(ModelUnavailable, match="TEST_LLM_KEY .* is not set"):
+    with pytest.raises(ModelUnavailable, match=r"TEST_LLM_KEY .* is not set"):
         client.chat(question, temperature=0, max_tokens=1, stop=[])
 
 
 def test_a_missing_model_stops_the_evaluation_and_stores_nothing(data_dir):
-    agent = Agent(name="missing", kind="llm", knowledge_cutoff=date(2023, 12, 31), distances=(1,), rounds=1,
-                  gguf=data_dir / "missing.gguf", strategy="direct", temperature=0.0)
-    with pytest.raises(ModelUnavailable, match="missing.gguf does not exist"):
+    agent = Agent(
+        name="missing",
+        kind="llm",
+        knowledge_cutoff=date(2023, 12, 31),
+        distances=(1,),
+        rounds=1,
+        gguf=data_dir / "missing.gguf",
+        strategy="direct",
+        temperature=0.0,
+    )
+    with pytest.raises(ModelUnavailable, match=r"missing.gguf does not exist"):
         evaluate_agent(_split(data_dir), data_dir, agent, 1, query_set="t")
     assert not (DataLayout(data_dir).root / "evaluations/2024-02/missing").exists()

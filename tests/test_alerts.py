@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import dagster as dg
@@ -81,7 +81,9 @@ def test_an_alert_is_posted_as_json_retried_on_503_and_never_carries_the_token(r
     settings = Settings(alert_webhook_url=receiver.url, alert_attempts=3)
     receiver.fail_next = 1
     lines: list[str] = []
-    alert = Alert("run_failure", "run of gdelt_ingest failed", {"error": "HTTP 403 for s3://AKIAX:topsecret@bucket/key"})
+    alert = Alert(
+        "run_failure", "run of gdelt_ingest failed", {"error": "HTTP 403 for s3://AKIAX:topsecret@bucket/key"}
+    )
     assert send_alert(alert, settings, lines.append, sleep=lambda s: None) == "sent"
     assert receiver.requests == 2
     [body] = receiver.bodies
@@ -102,8 +104,12 @@ def test_without_a_webhook_the_alert_is_only_logged(receiver):
 def test_an_undeliverable_alert_fails_without_quoting_the_url(receiver, status):
     receiver.status = status
     lines: list[str] = []
-    result = send_alert(Alert("run_failure", "x"), Settings(alert_webhook_url=receiver.url, alert_attempts=3),
-                        lines.append, sleep=lambda s: None)
+    result = send_alert(
+        Alert("run_failure", "x"),
+        Settings(alert_webhook_url=receiver.url, alert_attempts=3),
+        lines.append,
+        sleep=lambda s: None,
+    )
     assert result == "failed"
     # 5xx is retried to the last attempt; a 4xx will not get better and is not.
     assert receiver.requests == (3 if status == 503 else 1)
@@ -124,8 +130,12 @@ def _tick(sensor, instance, webhook, cursor=None, **settings):
     """One tick of the sensor, with every resource as definitions.py binds them and the alert
     settings pointing at the webhook receiver."""
     resources = resources_for(alert_webhook_url=webhook.url, alert_attempts=2, alert_timeout_s=5, **settings)
-    context = dg.build_sensor_context(instance=instance, cursor=cursor, resources=resources,
-                                      definitions=dg.Definitions(jobs=[doomed], sensors=[sensor], resources=resources))
+    context = dg.build_sensor_context(
+        instance=instance,
+        cursor=cursor,
+        resources=resources,
+        definitions=dg.Definitions(jobs=[doomed], sensors=[sensor], resources=resources),
+    )
     return sensor.evaluate_tick(context)
 
 
@@ -133,12 +143,18 @@ def test_a_failed_run_posts_its_run_id_and_job_name_once(webhook, tmp_path):
     with dg.instance_for_test() as instance:
         # The first tick only places the cursor: runs that failed before the sensor existed are old news.
         first = _tick(alert_on_run_failure, instance, webhook, data_dir=str(tmp_path))
-        result = doomed.execute_in_process(instance=instance, raise_on_error=False, tags={"dagster/partition": "2024-01-01"})
+        result = doomed.execute_in_process(
+            instance=instance, raise_on_error=False, tags={"dagster/partition": "2024-01-01"}
+        )
         assert not result.success
         second = _tick(alert_on_run_failure, instance, webhook, cursor=first.cursor, data_dir=str(tmp_path))
         [body] = webhook.bodies
         assert (body["kind"], body["run_id"], body["job_name"], body["partition"]) == (
-            "run_failure", result.run_id, "doomed", "2024-01-01")
+            "run_failure",
+            result.run_id,
+            "doomed",
+            "2024-01-01",
+        )
         assert "GDELT index unreachable" in body["error"]
         _tick(alert_on_run_failure, instance, webhook, cursor=second.cursor, data_dir=str(tmp_path))
         assert len(webhook.bodies) == 1
@@ -149,7 +165,9 @@ def test_an_undeliverable_run_failure_alert_fails_the_sensor_tick(webhook, tmp_p
     with dg.instance_for_test() as instance:
         first = _tick(alert_on_run_failure, instance, webhook, data_dir=str(tmp_path))
         result = doomed.execute_in_process(instance=instance, raise_on_error=False)
-        [reaction] = _tick(alert_on_run_failure, instance, webhook, cursor=first.cursor, data_dir=str(tmp_path)).dagster_run_reactions
+        [reaction] = _tick(
+            alert_on_run_failure, instance, webhook, cursor=first.cursor, data_dir=str(tmp_path)
+        ).dagster_run_reactions
     assert reaction.dagster_run.run_id == result.run_id
     assert "not delivered" in reaction.error.to_string() and webhook.requests == 2
 
@@ -166,14 +184,14 @@ def _quarter(t: datetime) -> datetime:
 def test_newest_landed_slot_skips_slots_that_did_not_land(tmp_path):
     layout = DataLayout(tmp_path)
     assert newest_landed_slot(layout) is None
-    old = datetime(2024, 1, 1, 23, 45, tzinfo=timezone.utc)
+    old = datetime(2024, 1, 1, 23, 45, tzinfo=UTC)
     _write_slots(tmp_path, old.date(), [old - timedelta(minutes=15), old])
-    _write_slots(tmp_path, date(2024, 1, 2), [datetime(2024, 1, 2, 0, 0, tzinfo=timezone.utc)], status="pending")
+    _write_slots(tmp_path, date(2024, 1, 2), [datetime(2024, 1, 2, 0, 0, tzinfo=UTC)], status="pending")
     assert newest_landed_slot(layout) == old
 
 
 def test_a_freshness_breach_posts_once_and_recovery_rearms_it(webhook, tmp_path):
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     stale = _quarter(now - timedelta(hours=2))
     _write_slots(tmp_path, stale.date(), [stale])
     with dg.instance_for_test() as instance:
@@ -198,7 +216,7 @@ def test_a_freshness_breach_posts_once_and_recovery_rearms_it(webhook, tmp_path)
 
 
 def test_an_undelivered_freshness_alert_is_retried_on_the_next_tick(webhook, tmp_path):
-    stale = _quarter(datetime.now(timezone.utc) - timedelta(hours=3))
+    stale = _quarter(datetime.now(UTC) - timedelta(hours=3))
     _write_slots(tmp_path, stale.date(), [stale])
     with dg.instance_for_test() as instance:
         webhook.status = 500
@@ -222,10 +240,13 @@ def test_the_deployments_webhook_url_is_an_env_var_the_sensor_resolves(receiver,
     alerts = resources_from_env()["alerts"]
     assert isinstance(alerts.webhook_url, dg.EnvVar)
     resources = {**resources_for(data_dir=str(tmp_path)), "alerts": alerts}
-    stale = _quarter(datetime.now(timezone.utc) - timedelta(hours=3))
+    stale = _quarter(datetime.now(UTC) - timedelta(hours=3))
     _write_slots(tmp_path, stale.date(), [stale])
     with dg.instance_for_test() as instance:
-        context = dg.build_sensor_context(instance=instance, resources=resources,
-                                          definitions=dg.Definitions(sensors=[gdelt_freshness], resources=resources))
+        context = dg.build_sensor_context(
+            instance=instance,
+            resources=resources,
+            definitions=dg.Definitions(sensors=[gdelt_freshness], resources=resources),
+        )
         gdelt_freshness.evaluate_tick(context)
     assert [b["kind"] for b in receiver.bodies] == ["freshness_breach"]

@@ -4,7 +4,7 @@ HTML -> extraction workers -> OBELICS decision -> articles parquet, and the Dags
 from __future__ import annotations
 
 import json
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 
 import dagster as dg
 import polars as pl
@@ -13,9 +13,9 @@ import pytest
 from pipeline.articles.day import ARTICLES_SCHEMA, abstract, build_articles, select_urls
 from pipeline.articles.urls import normalize_url
 from pipeline.config import Settings
-from testbed.news import NewsServer
 from pipeline.normalize import QUADS_SCHEMA
 from pipeline.storage import DataLayout, atomic_write_parquet
+from testbed.news import NewsServer
 
 from .conftest import FIXTURES
 
@@ -26,8 +26,18 @@ HTML = FIXTURES / "html"
 def _quads(rows: list[tuple[str, int, list[str]]]) -> pl.DataFrame:
     return pl.DataFrame(
         [
-            {"date": DAY, "s": "USA", "r": r, "o": "CHN", "r1": r[:2], "daily_mentions": m, "n_events": 1,
-             "urls": urls, "n_urls": len(urls), "web_mention_urls": 0}
+            {
+                "date": DAY,
+                "s": "USA",
+                "r": r,
+                "o": "CHN",
+                "r1": r[:2],
+                "daily_mentions": m,
+                "n_events": 1,
+                "urls": urls,
+                "n_urls": len(urls),
+                "web_mention_urls": 0,
+            }
             for r, m, urls in rows
         ],
         schema=QUADS_SCHEMA,
@@ -38,18 +48,24 @@ def _quads(rows: list[tuple[str, int, list[str]]]) -> pl.DataFrame:
 def news():
     if not HTML.exists():
         pytest.skip("../shared/fixtures/html is absent (real news pages are served from there)")
-    pages = {f"/{name}": (HTML / name).read_bytes() for name in ("reuters.com.parasite.html", "zeit.de.zugverkehr.html")}
+    pages = {
+        f"/{name}": (HTML / name).read_bytes() for name in ("reuters.com.parasite.html", "zeit.de.zugverkehr.html")
+    }
     with NewsServer(pages) as server:
         yield server
 
 
 def _settings(tmp_path, **overrides) -> Settings:
-    return Settings(data_dir=tmp_path, fetch_allow_loopback=True, fetch_backoff_base_s=0.01, extract_workers=1, **overrides)
+    return Settings(
+        data_dir=tmp_path, fetch_allow_loopback=True, fetch_backoff_base_s=0.01, extract_workers=1, **overrides
+    )
 
 
 def test_a_day_of_articles(tmp_path, news):
     settings = _settings(tmp_path)
-    reuters, zeit, missing = (news.url_for(p) for p in ("/reuters.com.parasite.html", "/zeit.de.zugverkehr.html", "/hostile/404"))
+    reuters, zeit, missing = (
+        news.url_for(p) for p in ("/reuters.com.parasite.html", "/zeit.de.zugverkehr.html", "/hostile/404")
+    )
     quiet = news.url_for("/quiet.html")
     atomic_write_parquet(
         _quads([("042", 80, [reuters, zeit]), ("043", 120, [missing, reuters]), ("010", 49, [quiet])]),
@@ -57,7 +73,7 @@ def test_a_day_of_articles(tmp_path, news):
     )
     assert select_urls(DAY, settings) == sorted(normalize_url(u) for u in (reuters, zeit, missing))
 
-    first = build_articles(DAY, settings, now=datetime(2024, 1, 2, tzinfo=timezone.utc))
+    first = build_articles(DAY, settings, now=datetime(2024, 1, 2, tzinfo=UTC))
     assert first.counts["selected"] == 3 and first.counts["stored"] == 2 and first.counts["failed_http_error"] == 1
     assert news.count("/quiet.html") == 0  # below the mention threshold: never fetched
     arts = first.articles.sort("url")
@@ -76,14 +92,16 @@ def test_a_day_of_articles(tmp_path, news):
 
     # Fetched once ever: a re-run re-extracts from the stored HTML and fetches nothing.
     requests_before = news.count("/reuters.com.parasite.html")
-    again = build_articles(DAY, settings, now=datetime(2024, 1, 2, 0, 5, tzinfo=timezone.utc))
+    again = build_articles(DAY, settings, now=datetime(2024, 1, 2, 0, 5, tzinfo=UTC))
     assert again.counts["fetched_this_run"] == 0 and news.count("/reuters.com.parasite.html") == requests_before
     assert again.articles.equals(first.articles)
 
 
 def test_obelics_profile_is_applied_when_chosen(tmp_path, news):
     settings = _settings(tmp_path, article_profile="obelics")
-    atomic_write_parquet(_quads([("042", 80, [news.url_for("/zeit.de.zugverkehr.html")])]), DataLayout(tmp_path).daily_quads_path(DAY))
+    atomic_write_parquet(
+        _quads([("042", 80, [news.url_for("/zeit.de.zugverkehr.html")])]), DataLayout(tmp_path).daily_quads_path(DAY)
+    )
     result = build_articles(DAY, settings)
     assert result.articles["profile"].to_list() == ["obelics"]
     assert result.articles["kept"].to_list() == [False]
@@ -92,19 +110,28 @@ def test_obelics_profile_is_applied_when_chosen(tmp_path, news):
 def test_domain_dedup_removes_boilerplate_repeated_across_a_sites_pages(tmp_path):
     shared = "Subscribe to our newsletter for the best of world news, delivered every single morning to you."
     stories = [
-        ["Dock workers walked out at dawn, halting container traffic along the northern quay.",
-         "Port officials said ferries would still sail, although freight could wait for days.",
-         "Union leaders promised talks with the shipping firms before the weekend ends."],
-        ["Wheat shipments rose sharply last month as buyers in Asia returned to the market.",
-         "Traders expect prices to ease once the southern harvest reaches the coast in spring.",
-         "The agriculture ministry will publish revised export quotas early next quarter."],
-        ["Envoys from both capitals met near the frontier to discuss crossing rules for trucks.",
-         "A joint statement mentioned patrols, customs software and a hotline for emergencies.",
-         "Observers called the meeting cordial but noted that no treaty text was signed yet."],
+        [
+            "Dock workers walked out at dawn, halting container traffic along the northern quay.",
+            "Port officials said ferries would still sail, although freight could wait for days.",
+            "Union leaders promised talks with the shipping firms before the weekend ends.",
+        ],
+        [
+            "Wheat shipments rose sharply last month as buyers in Asia returned to the market.",
+            "Traders expect prices to ease once the southern harvest reaches the coast in spring.",
+            "The agriculture ministry will publish revised export quotas early next quarter.",
+        ],
+        [
+            "Envoys from both capitals met near the frontier to discuss crossing rules for trucks.",
+            "A joint statement mentioned patrols, customs software and a hotline for emergencies.",
+            "Observers called the meeting cordial but noted that no treaty text was signed yet.",
+        ],
     ]
     pages = {
-        f"/p{i}.html": (f"<html><head><title>Story {i}</title></head><body><article><h1>Story {i}</h1>"
-                        + "".join(f"<p>{line}</p>" for line in lines) + f"<p>{shared}</p></article></body></html>").encode()
+        f"/p{i}.html": (
+            f"<html><head><title>Story {i}</title></head><body><article><h1>Story {i}</h1>"
+            + "".join(f"<p>{line}</p>" for line in lines)
+            + f"<p>{shared}</p></article></body></html>"
+        ).encode()
         for i, lines in enumerate(stories)
     }
     with NewsServer(pages) as server:
@@ -135,7 +162,9 @@ def test_abstract_does_not_repeat_a_title_the_text_starts_with():
     )
     # Up to case, spacing and edge punctuation; a different first line is kept.
     assert abstract("Border talks resume", "  border talks  RESUME.\n" + body).count("order talks") == 1
-    assert abstract("Border talks", "Border talks resume today\n" + body).startswith("Border talks\nBorder talks resume")
+    assert abstract("Border talks", "Border talks resume today\n" + body).startswith(
+        "Border talks\nBorder talks resume"
+    )
 
 
 def test_abstracts_of_the_demo_sites_and_real_pages_say_the_title_once():
@@ -171,10 +200,16 @@ def test_articles_asset_records_the_fetch_ledger(tmp_path, news):
     from assets.articles import articles
     from assets.resources import resources_for
 
-    atomic_write_parquet(_quads([("042", 80, [news.url_for("/reuters.com.parasite.html")])]), DataLayout(tmp_path).daily_quads_path(DAY))
+    atomic_write_parquet(
+        _quads([("042", 80, [news.url_for("/reuters.com.parasite.html")])]), DataLayout(tmp_path).daily_quads_path(DAY)
+    )
     with dg.instance_for_test() as instance:
-        result = dg.materialize([articles], partition_key=DAY.isoformat(), instance=instance,
-                                resources=resources_for(data_dir=str(tmp_path), fetch_allow_loopback=True, extract_workers=1))
+        result = dg.materialize(
+            [articles],
+            partition_key=DAY.isoformat(),
+            instance=instance,
+            resources=resources_for(data_dir=str(tmp_path), fetch_allow_loopback=True, extract_workers=1),
+        )
         assert result.success
         events = {m.asset_key.to_user_string(): m.metadata for m in result.asset_materializations_for_node("articles")}
         assert events["articles"]["kept"].value == 1 and events["articles"]["selected"].value == 1

@@ -10,7 +10,7 @@ counts, and that a failed check is an ERROR that blocks nothing.
 from __future__ import annotations
 
 import hashlib
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 
 import dagster as dg
 import polars as pl
@@ -25,7 +25,7 @@ from .conftest import FIXTURES
 from .gx_helpers import assert_fails_only, failure, set_row
 
 DAY = date(2024, 1, 1)
-FETCHED_AT = datetime(2024, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+FETCHED_AT = datetime(2024, 1, 2, 3, 4, 5, tzinfo=UTC)
 
 UNIQUE = "expect_column_values_to_be_unique"
 NOT_NULL = "expect_column_values_to_not_be_null"
@@ -42,8 +42,14 @@ COLUMN_LIST = "expect_table_columns_to_match_ordered_list"
 def _row(n: int, *, kept: bool, failing_filter: str | None = None, lang: str = "en", profile: str = "mirai") -> dict:
     url = f"https://news.example/2024/01/01/story-{n}"
     title = f"Story {n}: ministers meet over the border dispute"
-    text = (f"Ministers from both countries met on Monday to discuss story {n}.\n"
-            "Officials said the talks would continue next week in the capital.") if kept else ""
+    text = (
+        (
+            f"Ministers from both countries met on Monday to discuss story {n}.\n"
+            "Officials said the talks would continue next week in the capital."
+        )
+        if kept
+        else ""
+    )
     return {
         "url": url,
         "url_md5": hashlib.md5(url.encode()).hexdigest(),
@@ -58,7 +64,9 @@ def _row(n: int, *, kept: bool, failing_filter: str | None = None, lang: str = "
         "lang": lang,
         "lang_score": 0.97,
         "n_words": 22 if kept else 180,
-        "extraction_error": failing_filter.split(":", 1)[1] if failing_filter and failing_filter.startswith("extraction:") else None,
+        "extraction_error": failing_filter.split(":", 1)[1]
+        if failing_filter and failing_filter.startswith("extraction:")
+        else None,
         "kept": kept,
         "failing_filter": failing_filter,
         "failing_value": None if kept or (failing_filter or "").startswith("extraction:") else 0.41,
@@ -77,12 +85,6 @@ def good_articles() -> pl.DataFrame:
         _row(6, kept=False, failing_filter="words"),
     ]
     return pl.DataFrame(rows, schema=ARTICLES_SCHEMA)
-
-
-
-
-
-
 
 
 # --- the suite ------------------------------------------------------------------------------
@@ -160,12 +162,16 @@ def test_kept_row_without_lang_fails():
 
 
 def test_kept_row_with_a_failing_filter_fails():
-    f = assert_fails_only(validate_articles(set_row(good_articles(), 0, failing_filter="words")), IS_NULL, "failing_filter")
+    f = assert_fails_only(
+        validate_articles(set_row(good_articles(), 0, failing_filter="words")), IS_NULL, "failing_filter"
+    )
     assert f["rule"] == "kept: no failing_filter"
 
 
 def test_dropped_row_without_failing_filter_fails():
-    f = assert_fails_only(validate_articles(set_row(good_articles(), 4, failing_filter=None)), NOT_NULL, "failing_filter")
+    f = assert_fails_only(
+        validate_articles(set_row(good_articles(), 4, failing_filter=None)), NOT_NULL, "failing_filter"
+    )
     assert f["rule"] == "dropped: failing_filter named" and f["unexpected_count"] == 1
 
 
@@ -184,7 +190,9 @@ def test_null_kept_fails():
 
 
 def test_wrong_dtype_fails_on_the_polars_side():
-    f = assert_fails_only(validate_articles(good_articles().with_columns(pl.col("http_status").cast(pl.Int64))), SCHEMA_CHECK)
+    f = assert_fails_only(
+        validate_articles(good_articles().with_columns(pl.col("http_status").cast(pl.Int64))), SCHEMA_CHECK
+    )
     assert f["unexpected_values"] == ["http_status: Int64 != Int16"]
 
 
@@ -224,7 +232,12 @@ def news():
     html = FIXTURES / "html"
     if not html.exists():
         pytest.skip("../shared/fixtures/html is absent (real news pages are served from there)")
-    names = ("reuters.com.parasite.html", "zeit.de.zugverkehr.html", "scmp.com.playbook.html", "theverge.com.ios13.html")
+    names = (
+        "reuters.com.parasite.html",
+        "zeit.de.zugverkehr.html",
+        "scmp.com.playbook.html",
+        "theverge.com.ios13.html",
+    )
     with NewsServer({f"/{n}": (html / n).read_bytes() for n in names}) as server:
         yield server, names
 
@@ -233,8 +246,20 @@ def _write_quads(data_dir, urls: list[str]) -> None:
     from pipeline.normalize import QUADS_SCHEMA
 
     quads = pl.DataFrame(
-        [{"date": DAY, "s": "USA", "r": "042", "o": "CHN", "r1": "04", "daily_mentions": 80, "n_events": 1,
-          "urls": urls, "n_urls": len(urls), "web_mention_urls": 0}],
+        [
+            {
+                "date": DAY,
+                "s": "USA",
+                "r": "042",
+                "o": "CHN",
+                "r1": "04",
+                "daily_mentions": 80,
+                "n_events": 1,
+                "urls": urls,
+                "n_urls": len(urls),
+                "web_mention_urls": 0,
+            }
+        ],
         schema=QUADS_SCHEMA,
     )
     atomic_write_parquet(quads, DataLayout(data_dir).daily_quads_path(DAY))
@@ -291,9 +316,17 @@ def test_check_passes_with_the_day_counts(tmp_path, monkeypatch):
     assert result.success and check.check_name == "articles_valid" and check.passed
     meta = {k: v.value for k, v in check.metadata.items()}
     assert meta["suite"] == "articles" and meta["failed_expectations"] == 0
-    assert {k: meta[k] for k in ("rows", "kept", "dropped", "dropped_language_id", "dropped_words",
-                                 "dropped_extraction:failed")} == {
-        "rows": 7, "kept": 4, "dropped": 3, "dropped_language_id": 1, "dropped_words": 1, "dropped_extraction:failed": 1}
+    assert {
+        k: meta[k]
+        for k in ("rows", "kept", "dropped", "dropped_language_id", "dropped_words", "dropped_extraction:failed")
+    } == {
+        "rows": 7,
+        "kept": 4,
+        "dropped": 3,
+        "dropped_language_id": 1,
+        "dropped_words": 1,
+        "dropped_extraction:failed": 1,
+    }
     assert meta["source"] == str(DataLayout(tmp_path).articles_path(DAY))
 
 
@@ -319,6 +352,7 @@ def test_definitions_register_the_articles_check():
 
     keys = definitions.defs.resolve_asset_graph().asset_check_keys
     assert dg.AssetCheckKey(dg.AssetKey("articles"), "articles_valid") in keys
-    check_def = next(c for c in definitions.defs.asset_checks if c.check_specs and
-                     next(iter(c.check_specs)).name == "articles_valid")
+    check_def = next(
+        c for c in definitions.defs.asset_checks if c.check_specs and next(iter(c.check_specs)).name == "articles_valid"
+    )
     assert not next(iter(check_def.check_specs)).blocking

@@ -37,7 +37,8 @@ def d(day: str) -> date:
 def history(*rows: tuple[str, str, str, str]) -> pl.DataFrame:
     """Events (date, s, r, o)."""
     return pl.DataFrame(
-        [(d(day), s, r, o) for day, s, r, o in rows], schema={"date": pl.Date, "s": pl.String, "r": pl.String, "o": pl.String},
+        [(d(day), s, r, o) for day, s, r, o in rows],
+        schema={"date": pl.Date, "s": pl.String, "r": pl.String, "o": pl.String},
         orient="row",
     )
 
@@ -206,8 +207,14 @@ def test_contaminated_runs_need_force_and_are_never_ranked(tmp_path):
     write_database(tmp_path, PAIR_HISTORY)
     qs = queries(("q1", "2024-02-10", "USA", "CHN"), answers=[{"03": ["036"]}])
     # A "baseline" trained through February 2024 may have seen the month it is tested on.
-    trained = Agent(name="trained", kind="baseline", knowledge_cutoff=d("2024-02-29"), distances=(1,), rounds=1,
-                    baseline="recurrency")
+    trained = Agent(
+        name="trained",
+        kind="baseline",
+        knowledge_cutoff=d("2024-02-29"),
+        distances=(1,),
+        rounds=1,
+        baseline="recurrency",
+    )
     with pytest.raises(NotEligible, match="not before 2024-02-01"):
         evaluate_baseline(qs, tmp_path, trained, 1)
     _, record = evaluate_baseline(qs, tmp_path, trained, 1, force=True)
@@ -236,7 +243,12 @@ def test_leaderboard_ranks_within_month_and_distance(tmp_path):
     assert board.height == 4
     assert board.filter(pl.col("agent") == "recurrency").get_column("rank").to_list() == [1, 1]
     assert board.filter(pl.col("agent") == "empty").get_column("rank").to_list() == [None, None]
-    assert board.select("distance", "agent").rows() == [(1, "recurrency"), (1, "empty"), (7, "recurrency"), (7, "empty")]
+    assert board.select("distance", "agent").rows() == [
+        (1, "recurrency"),
+        (1, "empty"),
+        (7, "recurrency"),
+        (7, "empty"),
+    ]
     assert leaderboard(tmp_path / "nothing").height == 0
 
 
@@ -250,8 +262,11 @@ def test_all_zero_runs_are_ranked_last_and_ties_fall_to_level1_f1_then_mrr(tmp_p
     # Gold 043. recurrency lists every relation (043 among them); frequency's one pick, 042, is
     # wrong at level 2 but right at level 1 (04); empty predicts nothing.
     qs = queries(("q1", "2024-02-10", "USA", "CHN"), answers=[{"04": ["043"]}])
-    for agent in (baseline("aaa-empty", "empty"), baseline("frequency", "frequency", top_k=1),
-                  baseline("recurrency", "recurrency")):
+    for agent in (
+        baseline("aaa-empty", "empty"),
+        baseline("frequency", "frequency", top_k=1),
+        baseline("recurrency", "recurrency"),
+    ):
         evaluate_baseline(qs, tmp_path, agent, 1)
     board = leaderboard(tmp_path)
     rows = {row["agent"]: row for row in board.iter_rows(named=True)}
@@ -279,7 +294,8 @@ def test_thousand_queries_in_one_pass(tmp_path):
     codes = ["010", "036", "042", "043", "190"]
     hist = pl.DataFrame(
         [(day, s, r, o) for day in days for s, o in pairs for r in codes],
-        schema={"date": pl.Date, "s": pl.String, "r": pl.String, "o": pl.String}, orient="row",
+        schema={"date": pl.Date, "s": pl.String, "r": pl.String, "o": pl.String},
+        orient="row",
     )
     qs = queries(*[(f"q{i}", (T + timedelta(days=i % 15)).isoformat(), *pairs[i % 4]) for i in range(1000)])
     started = time.perf_counter()

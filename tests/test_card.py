@@ -200,7 +200,7 @@ def test_card_front_matter(manifest, queries, tmp_path):
 def test_front_matter_keeps_a_generated_description_that_looks_like_yaml(queries):
     """A description is free text: YAML syntax in it (": ", "#", quotes, "yes", a date, non-ASCII)
     stays a string, and the first line still names the whole split however long it is."""
-    tricky = "yes: it's # not a comment, 2024-01 \"quoted\" — Zürich " + "long " * 30
+    tricky = 'yes: it\'s # not a comment, 2024-01 "quoted" — Zürich ' + "long " * 30
     manifest = {"month": "2024-01", "source": {"generated": True, "description": tricky}}
     text = dataset_card(manifest, queries, queries.head(2), {})
     assert front_matter(text)["pretty_name"] == f"MIRAI test split 2024-01 (GENERATED data, not GDELT: {tricky})"

@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+from datetime import UTC
 from pathlib import Path
 
 import requests
@@ -37,14 +38,21 @@ def test_generate_serve_with_faults_then_ingest(tmp_path):
     faults = tmp_path / "faults.json"
     faults.write_text(json.dumps([{"match": first, "fault": "500"}]))
     port = _free_port()
-    server = subprocess.Popen([MIRAI, "mirror", "serve", str(out), "--port", str(port), "--faults", str(faults)],
-                              stdout=subprocess.PIPE, text=True)
+    server = subprocess.Popen(
+        [MIRAI, "mirror", "serve", str(out), "--port", str(port), "--faults", str(faults)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert "serving" in server.stdout.readline()
         base = f"http://127.0.0.1:{port}/gdeltv2"
         assert requests.get(f"{base}/{first}", timeout=5).status_code == 500
-        env = {"MIRAI_DATA_DIR": str(tmp_path / "data"), "GDELT_BASE_URL": base,
-               "MIRAI_BACKOFF_BASE_S": "0.01", "MIRAI_DOWNLOAD_ATTEMPTS": "2"}
+        env = {
+            "MIRAI_DATA_DIR": str(tmp_path / "data"),
+            "GDELT_BASE_URL": base,
+            "MIRAI_BACKOFF_BASE_S": "0.01",
+            "MIRAI_DOWNLOAD_ATTEMPTS": "2",
+        }
         ingest = run("ingest", "--day", "2024-02-01", env=env)
         assert ingest.returncode == 0, ingest.stderr
         assert "failed=1" in ingest.stdout
@@ -100,7 +108,7 @@ def test_split_command_checks_closure_and_builds_with_an_override(tmp_path):
 
 
 def test_release_command_publishes_once_then_verifies_and_refuses_a_missing_file(tmp_path):
-    from datetime import date, datetime, timezone
+    from datetime import date, datetime
 
     from pipeline.config import Settings
     from pipeline.database import build_event_database
@@ -113,16 +121,21 @@ def test_release_command_publishes_once_then_verifies_and_refuses_a_missing_file
     settings = Settings(data_dir=data)
     write_month(settings, date(2024, 2, 1), QUADS)
     build_event_database(date(2024, 2, 1), settings)
-    build_split(date(2024, 2, 1), settings, now=datetime(2024, 3, 4, tzinfo=timezone.utc))
+    build_split(date(2024, 2, 1), settings, now=datetime(2024, 3, 4, tzinfo=UTC))
     env = {"MIRAI_DATA_DIR": str(data), "MIRAI_RELEASE_URI": str(bucket)}
 
     first = run("release", "--month", "2024-02", env=env)
     assert first.returncode == 0, first.stderr
     assert "release 2024-02 published" in first.stdout
     manifest = json.loads((bucket / "releases/2024-02/manifest.json").read_text())
-    assert (bucket / "releases/2024-02/queries.parquet").read_bytes() == (data / "splits/2024-02/queries.parquet").read_bytes()
-    assert set(manifest["files"]) == {str(p.relative_to(bucket / "releases/2024-02"))
-                                      for p in (bucket / "releases/2024-02").rglob("*") if p.is_file() and p.name != "manifest.json"}
+    assert (bucket / "releases/2024-02/queries.parquet").read_bytes() == (
+        data / "splits/2024-02/queries.parquet"
+    ).read_bytes()
+    assert set(manifest["files"]) == {
+        str(p.relative_to(bucket / "releases/2024-02"))
+        for p in (bucket / "releases/2024-02").rglob("*")
+        if p.is_file() and p.name != "manifest.json"
+    }
 
     again = run("release", "--month", "2024-02", env=env)
     assert again.returncode == 0, again.stderr
@@ -131,16 +144,24 @@ def test_release_command_publishes_once_then_verifies_and_refuses_a_missing_file
     (data / "splits/2024-02/README.md").unlink()
     missing = run("release", "--month", "2024-02", env=env)
     assert missing.returncode == 1
-    assert "not published: 2024-02: 1 file(s) of the release are missing" in missing.stderr and "README.md" in missing.stderr
+    assert (
+        "not published: 2024-02: 1 file(s) of the release are missing" in missing.stderr
+        and "README.md" in missing.stderr
+    )
 
 
 def test_every_bad_input_is_one_line_and_a_non_zero_exit(tmp_path):
     """Each bad input a newcomer met (issue 20): one stderr line naming the problem, no traceback,
     a non-zero exit; --debug shows the traceback."""
     dead = f"http://127.0.0.1:{_free_port()}"  # nothing listens there
-    no_credentials = {"AWS_ACCESS_KEY_ID": None, "AWS_SECRET_ACCESS_KEY": None, "AWS_PROFILE": None,
-                      "AWS_CONFIG_FILE": str(tmp_path / "none"), "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
-                      "AWS_EC2_METADATA_DISABLED": "true"}
+    no_credentials = {
+        "AWS_ACCESS_KEY_ID": None,
+        "AWS_SECRET_ACCESS_KEY": None,
+        "AWS_PROFILE": None,
+        "AWS_CONFIG_FILE": str(tmp_path / "none"),
+        "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
     s3 = {"MIRAI_S3_ENDPOINT_URL": dead, "MIRAI_S3_MAX_ATTEMPTS": "1"}
     cases = [
         (["gaps", "--index", "/nonexistent"], {}, 1, "no GDELT index file at /nonexistent"),
@@ -148,16 +169,32 @@ def test_every_bad_input_is_one_line_and_a_non_zero_exit(tmp_path):
         (["mirror", "serve", str(tmp_path), "--port", "99999"], {}, 2, "expected from 0 to 65535, got 99999"),
         (["demo", "--scale", "5"], {}, 2, "argument --scale: expected a share in (0, 1]"),
         (["demo", "--stories", "0"], {}, 2, "argument --stories: expected at least 1, got 0"),
-        (["ingest", "--day", "2024-01-10"],
-         {"GDELT_BASE_URL": f"{dead}/gdeltv2", "MIRAI_DOWNLOAD_ATTEMPTS": "1", "MIRAI_BACKOFF_BASE_S": "0.01"},
-         1, f"cannot reach {dead}/gdeltv2/masterfilelist.txt: [Errno 111] Connection refused"),
-        (["ingest", "--day", "2024-01-10", "--end", "2024-01-05"], {}, 2, "--end 2024-01-05 is before --day 2024-01-10"),
+        (
+            ["ingest", "--day", "2024-01-10"],
+            {"GDELT_BASE_URL": f"{dead}/gdeltv2", "MIRAI_DOWNLOAD_ATTEMPTS": "1", "MIRAI_BACKOFF_BASE_S": "0.01"},
+            1,
+            f"cannot reach {dead}/gdeltv2/masterfilelist.txt: [Errno 111] Connection refused",
+        ),
+        (
+            ["ingest", "--day", "2024-01-10", "--end", "2024-01-05"],
+            {},
+            2,
+            "--end 2024-01-05 is before --day 2024-01-10",
+        ),
         (["download", "2024-13"], {}, 2, "invalid month '2024-13'"),
         (["serve-release"], {}, 1, f"no demo release store at {tmp_path / 'data' / 's3'}: run `mirai demo` first"),
-        (["download", "--from", "s3://mirai-releases/mirai", "--dest", str(tmp_path / "dl")], s3,
-         1, f'cannot reach the S3 endpoint: Could not connect to the endpoint URL: "{dead}/mirai-releases/mirai/releases/latest.json"'),
-        (["download", "--signed", "--from", "s3://mirai-releases/mirai", "--dest", str(tmp_path / "dl")],
-         {**s3, **no_credentials}, 1, "S3: Unable to locate credentials"),
+        (
+            ["download", "--from", "s3://mirai-releases/mirai", "--dest", str(tmp_path / "dl")],
+            s3,
+            1,
+            f'cannot reach the S3 endpoint: Could not connect to the endpoint URL: "{dead}/mirai-releases/mirai/releases/latest.json"',
+        ),
+        (
+            ["download", "--signed", "--from", "s3://mirai-releases/mirai", "--dest", str(tmp_path / "dl")],
+            {**s3, **no_credentials},
+            1,
+            "S3: Unable to locate credentials",
+        ),
     ]
     for args, env, status, message in cases:
         result = run(*args, env={"MIRAI_DATA_DIR": str(tmp_path / "data"), **env})
@@ -169,7 +206,9 @@ def test_every_bad_input_is_one_line_and_a_non_zero_exit(tmp_path):
 
     debug = run("--debug", "gaps", "--index", "/nonexistent")
     assert debug.returncode == 1 and debug.stderr.startswith("Traceback") and "no GDELT index file" in debug.stderr
-    after = run("ingest", "--day", "2024-01-10", "--debug", env={"MIRAI_DATA_DIR": str(tmp_path / "data"), **cases[5][1]})
+    after = run(
+        "ingest", "--day", "2024-01-10", "--debug", env={"MIRAI_DATA_DIR": str(tmp_path / "data"), **cases[5][1]}
+    )
     assert after.returncode == 1 and "Traceback" in after.stderr and "ConnectionError" in after.stderr
 
 
@@ -180,7 +219,7 @@ def test_serve_release_serves_the_demo_store_and_its_printed_commands_download_i
     public-read policy of docs/releases.md)."""
     import shlex
     import signal
-    from datetime import date, datetime, timezone
+    from datetime import date, datetime
 
     import boto3
     import pytest
@@ -190,10 +229,10 @@ def test_serve_release_serves_the_demo_store_and_its_printed_commands_download_i
 
     from pipeline.config import Settings
     from pipeline.database import build_event_database
-    from testbed.demo import BUCKET, RELEASE_PREFIX, demo_lock
-    from testbed.s3 import LocalS3, weed_binary
     from pipeline.release import open_store, publish_release
     from pipeline.splits import build_split
+    from testbed.demo import BUCKET, RELEASE_PREFIX, demo_lock
+    from testbed.s3 import LocalS3, weed_binary
 
     from .month_builder import write_month
     from .test_splits import QUADS
@@ -204,19 +243,24 @@ def test_serve_release_serves_the_demo_store_and_its_printed_commands_download_i
     settings = Settings(data_dir=data)
     write_month(settings, date(2024, 2, 1), QUADS)
     build_event_database(date(2024, 2, 1), settings)
-    build_split(date(2024, 2, 1), settings, now=datetime(2024, 3, 4, tzinfo=timezone.utc))
+    build_split(date(2024, 2, 1), settings, now=datetime(2024, 3, 4, tzinfo=UTC))
     with LocalS3(data / "s3", BUCKET) as s3:  # as `mirai demo` publishes: a temporary port
         for name, value in s3.env().items():
             monkeypatch.setenv(name, value)
-        published = settings.with_(release_uri=f"s3://{BUCKET}/{RELEASE_PREFIX}", s3_endpoint_url=s3.endpoint,
-                                   s3_region="us-east-1")
+        published = settings.with_(
+            release_uri=f"s3://{BUCKET}/{RELEASE_PREFIX}", s3_endpoint_url=s3.endpoint, s3_region="us-east-1"
+        )
         publish_release(date(2024, 2, 1), published, open_store(published))
         temporary = s3.endpoint
 
     port = _free_port()
     clean_env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "MIRAI_S3_"))}
-    server = subprocess.Popen([MIRAI, "serve-release", "--port", str(port)], stdout=subprocess.PIPE, text=True,
-                              env={**clean_env, "MIRAI_DATA_DIR": str(data)})
+    server = subprocess.Popen(
+        [MIRAI, "serve-release", "--port", str(port)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**clean_env, "MIRAI_DATA_DIR": str(data)},
+    )
     try:
         lines = [server.stdout.readline() for _ in range(6)]
         assert lines[0].startswith(f"serving the demo's release store {data / 's3'} at http://127.0.0.1:{port}")
@@ -225,20 +269,33 @@ def test_serve_release_serves_the_demo_store_and_its_printed_commands_download_i
         assert command.startswith(f"MIRAI_S3_ENDPOINT_URL=http://127.0.0.1:{port} ") and " download latest " in command
         assignment, *argv = shlex.split(command)
         name, value = assignment.split("=", 1)
-        download = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                                  env={**clean_env, name: value})
+        download = subprocess.run(
+            argv, cwd=tmp_path, capture_output=True, text=True, timeout=120, env={**clean_env, name: value}
+        )
         assert download.returncode == 0, download.stderr
-        assert "release 2024-02 in mirai-releases/2024-02" in download.stdout and "all sha256 verified" in download.stdout
+        assert (
+            "release 2024-02 in mirai-releases/2024-02" in download.stdout and "all sha256 verified" in download.stdout
+        )
         assert (tmp_path / "mirai-releases/2024-02/queries.parquet").read_bytes() == (
-            data / "splits/2024-02/queries.parquet").read_bytes()
+            data / "splits/2024-02/queries.parquet"
+        ).read_bytes()
 
         index_url = lines[4].split()[-1]
         index = requests.get(index_url, timeout=10)
-        assert index.status_code == 200 and temporary.encode() not in index.content and b"127.0.0.1" not in index.content
-        assert requests.get(lines[5].split()[-1], timeout=10).content == (data / "splits/2024-02/queries.parquet").read_bytes()
+        assert (
+            index.status_code == 200 and temporary.encode() not in index.content and b"127.0.0.1" not in index.content
+        )
+        assert (
+            requests.get(lines[5].split()[-1], timeout=10).content
+            == (data / "splits/2024-02/queries.parquet").read_bytes()
+        )
 
-        anonymous = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}", region_name="us-east-1",
-                                 config=Config(signature_version=UNSIGNED, s3={"addressing_style": "path"}))
+        anonymous = boto3.client(
+            "s3",
+            endpoint_url=f"http://127.0.0.1:{port}",
+            region_name="us-east-1",
+            config=Config(signature_version=UNSIGNED, s3={"addressing_style": "path"}),
+        )
         with pytest.raises(ClientError, match="AccessDenied"):
             anonymous.list_objects_v2(Bucket=BUCKET)
         with pytest.raises(ClientError, match="AccessDenied"):
@@ -258,16 +315,23 @@ def test_serve_release_serves_the_demo_store_and_its_printed_commands_download_i
 def test_demo_commands_say_so_where_the_testbed_is_not_installed(tmp_path):
     """The Docker image ships the library without testbed/: the commands that need it refuse in one
     line; the others never load it."""
-    code = ("import sys; sys.modules['testbed'] = None; from pipeline.cli import main; "
-            "sys.exit(main(sys.argv[1:]))")
-    for args in (["demo"], ["mirror", "generate", "--out", str(tmp_path / "m"), "--start", "2024-01-01",
-                  "--end", "2024-01-01"],
-                 ["serve-release"]):
-        result = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120,
-                                env={**os.environ, "MIRAI_DATA_DIR": str(tmp_path / "data")})
+    code = "import sys; sys.modules['testbed'] = None; from pipeline.cli import main; sys.exit(main(sys.argv[1:]))"
+    for args in (
+        ["demo"],
+        ["mirror", "generate", "--out", str(tmp_path / "m"), "--start", "2024-01-01", "--end", "2024-01-01"],
+        ["serve-release"],
+    ):
+        result = subprocess.run(
+            [sys.executable, "-c", code, *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "MIRAI_DATA_DIR": str(tmp_path / "data")},
+        )
         assert result.returncode == 1 and len(result.stderr.splitlines()) == 1, (args, result.stderr)
         assert "needs testbed/" in result.stderr and "source checkout" in result.stderr, result.stderr
-    listing = subprocess.run([sys.executable, "-c", code, "gaps", "--index", "/nonexistent"],
-                             capture_output=True, text=True, timeout=120)
+    listing = subprocess.run(
+        [sys.executable, "-c", code, "gaps", "--index", "/nonexistent"], capture_output=True, text=True, timeout=120
+    )
     assert listing.returncode == 1 and "no GDELT index file" in listing.stderr
     assert not (tmp_path / "m").exists()

@@ -9,7 +9,7 @@ import socket
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import dagster as dg
@@ -67,7 +67,9 @@ def test_materialize_a_day_on_a_real_instance(tmp_path, mirror, mirror_dir):
         ev_meta = result.asset_materializations_for_node("events")
         ev = next(m for m in ev_meta if m.asset_key == dg.AssetKey("events")).metadata
         excluded = sum(v.value for k, v in ev.items() if k.startswith("excluded_"))
-        assert ev["dagster/row_count"].value + excluded == ev["input_rows"].value == _expected_rows(mirror_dir, "export")
+        assert (
+            ev["dagster/row_count"].value + excluded == ev["input_rows"].value == _expected_rows(mirror_dir, "export")
+        )
         assert ev["rules_version"].value == "rules-v1"
         quads_meta = result.asset_materializations_for_node("daily_quads")[0].metadata
         assert quads_meta["quads_ge_50_mentions"].value > 0
@@ -79,15 +81,33 @@ def test_materialize_a_day_on_a_real_instance(tmp_path, mirror, mirror_dir):
 def test_dagster_cli_materializes_and_mirai_ledger_prints_it(tmp_path, mirror, mirror_dir):
     env = _env(tmp_path, mirror)
     proc = subprocess.run(
-        [str(BIN / "dagster"), "asset", "materialize", "-m", "definitions",
-         "--select", "gdelt_files,gdelt_events,gdelt_mentions", "--partition", MIRROR_DAY.isoformat()],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+        [
+            str(BIN / "dagster"),
+            "asset",
+            "materialize",
+            "-m",
+            "definitions",
+            "--select",
+            "gdelt_files,gdelt_events,gdelt_mentions",
+            "--partition",
+            MIRROR_DAY.isoformat(),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = pl.scan_parquet(DataLayout(tmp_path / "data").parsed_dir("export", MIRROR_DAY) / "*.parquet")
     assert rows.select(pl.len()).collect().item() == _expected_rows(mirror_dir, "export")
-    out = subprocess.run([str(BIN / "mirai"), "ledger", "--day", MIRROR_DAY.isoformat()],
-                         env=env, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [str(BIN / "mirai"), "ledger", "--day", MIRROR_DAY.isoformat()],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     assert "landed=" in out.stdout and "missing=" in out.stdout
     # The gaps the generator left out of the index are named in the report.
@@ -95,19 +115,24 @@ def test_dagster_cli_materializes_and_mirai_ledger_prints_it(tmp_path, mirror, m
 
 
 def test_definitions_validate():
-    proc = subprocess.run([str(BIN / "dagster"), "definitions", "validate", "-w", "workspace.yaml"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [str(BIN / "dagster"), "definitions", "validate", "-w", "workspace.yaml"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 @pytest.mark.parametrize(
     ("tick", "expected"),
     [
-        (datetime(2024, 3, 10, 23, 50, tzinfo=timezone.utc), ["2024-03-10"]),
+        (datetime(2024, 3, 10, 23, 50, tzinfo=UTC), ["2024-03-10"]),
         # 00:05: the 00:00 slot of the new day is out, and the previous day is reconciled.
-        (datetime(2024, 3, 11, 0, 5, tzinfo=timezone.utc), ["2024-03-11", "2024-03-10"]),
-        (datetime(2024, 3, 11, 0, 20, tzinfo=timezone.utc), ["2024-03-11"]),
-        (datetime(2024, 3, 11, 7, 5, tzinfo=timezone.utc), ["2024-03-11"]),
+        (datetime(2024, 3, 11, 0, 5, tzinfo=UTC), ["2024-03-11", "2024-03-10"]),
+        (datetime(2024, 3, 11, 0, 20, tzinfo=UTC), ["2024-03-11"]),
+        (datetime(2024, 3, 11, 7, 5, tzinfo=UTC), ["2024-03-11"]),
     ],
 )
 def test_schedule_targets_the_right_day(tick, expected):
@@ -128,9 +153,9 @@ def test_schedule_targets_the_right_day(tick, expected):
 @pytest.mark.parametrize(
     ("tick", "expected"),
     [
-        (datetime(2024, 3, 10, 23, 40, tzinfo=timezone.utc), ["2024-03-10"]),
-        (datetime(2024, 3, 11, 0, 40, tzinfo=timezone.utc), ["2024-03-11", "2024-03-10"]),
-        (datetime(2024, 3, 11, 13, 40, tzinfo=timezone.utc), ["2024-03-11"]),
+        (datetime(2024, 3, 10, 23, 40, tzinfo=UTC), ["2024-03-10"]),
+        (datetime(2024, 3, 11, 0, 40, tzinfo=UTC), ["2024-03-11", "2024-03-10"]),
+        (datetime(2024, 3, 11, 13, 40, tzinfo=UTC), ["2024-03-11"]),
     ],
 )
 def test_articles_schedule_targets_the_day_and_finishes_the_previous_one(tick, expected):
@@ -157,7 +182,10 @@ def test_webserver_lists_the_schedule(tmp_path):
     env = {**os.environ, "DAGSTER_HOME": str(tmp_path)}
     server = subprocess.Popen(
         [str(BIN / "dagster-webserver"), "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(port)],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
     )
     query = """{ repositoriesOrError { ... on RepositoryConnection { nodes { name
         schedules { name cronSchedule executionTimezone pipelineName }

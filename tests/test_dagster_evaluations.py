@@ -29,8 +29,13 @@ from .month_builder import Quad, write_month
 FEB, MAR = "2024-02-01", "2024-03-01"
 BASELINE = {"name": "recurrency", "kind": "baseline", "baseline": "recurrency", "distances": [1, 7]}
 # Its knowledge cutoff is inside February: refused there, eligible from March on.
-RECENT = {"name": "recent-llm", "kind": "llm", "endpoint": {"base_url": "http://127.0.0.1:9/v1", "model": "m"},
-          "knowledge_cutoff": "2024-02-15", "strategy": "direct"}
+RECENT = {
+    "name": "recent-llm",
+    "kind": "llm",
+    "endpoint": {"base_url": "http://127.0.0.1:9/v1", "model": "m"},
+    "knowledge_cutoff": "2024-02-15",
+    "strategy": "direct",
+}
 
 
 def split_quads(month: date) -> list[Quad]:
@@ -52,8 +57,12 @@ def split_quads(month: date) -> list[Quad]:
 def build_split(data_dir: Path, month: date, instance: dg.DagsterInstance) -> None:
     """The month's inputs, then event_database and test_split materialised for real."""
     write_month(Settings(data_dir=data_dir), month, split_quads(month))
-    result = dg.materialize([event_database, split_asset], partition_key=month.isoformat(),
-                            resources=resources_for(data_dir=str(data_dir)), instance=instance)
+    result = dg.materialize(
+        [event_database, split_asset],
+        partition_key=month.isoformat(),
+        resources=resources_for(data_dir=str(data_dir)),
+        instance=instance,
+    )
     assert result.success
 
 
@@ -103,8 +112,13 @@ def tick(defs: dg.Definitions, instance: dg.DagsterInstance, cursor: str | None 
     """Evaluate the sensor once and apply its dynamic partition requests, as the daemon does."""
     # instance_ref too: the daemon's context has one, and run requests for dynamic partitions are
     # validated through it.
-    with dg.build_sensor_context(instance=instance, instance_ref=instance.get_ref(), cursor=cursor,
-                                 definitions=defs, resources={"dataset": defs.resources["dataset"]}) as context:
+    with dg.build_sensor_context(
+        instance=instance,
+        instance_ref=instance.get_ref(),
+        cursor=cursor,
+        definitions=defs,
+        resources={"dataset": defs.resources["dataset"]},
+    ) as context:
         data = evaluation_sensor.evaluate_tick(context)
     for request in data.dynamic_partitions_requests or []:
         instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
@@ -114,15 +128,21 @@ def tick(defs: dg.Definitions, instance: dg.DagsterInstance, cursor: str | None 
 def pairs(data) -> list[tuple[str, str, str]]:
     """(month, agent, eligible tag) of each evaluation request."""
     return sorted(
-        (r.partition_key.keys_by_dimension["month"], r.partition_key.keys_by_dimension["agent"], r.tags["mirai/eligible"])
-        for r in data.run_requests if r.job_name == evaluation_job.name
+        (
+            r.partition_key.keys_by_dimension["month"],
+            r.partition_key.keys_by_dimension["agent"],
+            r.tags["mirai/eligible"],
+        )
+        for r in data.run_requests
+        if r.job_name == evaluation_job.name
     )
 
 
 def execute(defs: dg.Definitions, instance: dg.DagsterInstance, request: dg.RunRequest):
     job = defs.resolve_job_def(request.job_name)
-    return job.execute_in_process(instance=instance, partition_key=request.partition_key, tags=request.tags,
-                                  run_config=request.run_config)
+    return job.execute_in_process(
+        instance=instance, partition_key=request.partition_key, tags=request.tags, run_config=request.run_config
+    )
 
 
 def test_sensor_requests_each_pair_once_and_back_evaluates_new_agents(data_dir, agents_file):
@@ -149,7 +169,12 @@ def test_sensor_requests_each_pair_once_and_back_evaluates_new_agents(data_dir, 
         assert pairs(added) == [(FEB, "frequency", "true"), (MAR, "frequency", "true")]
         assert "frequency" in instance.get_dynamic_partitions("agents")
         # A changed entry is a new configuration: a new run key for every month.
-        write_agents(agents_file, {**BASELINE, "distances": [1]}, RECENT, {**BASELINE, "name": "frequency", "baseline": "frequency"})
+        write_agents(
+            agents_file,
+            {**BASELINE, "distances": [1]},
+            RECENT,
+            {**BASELINE, "name": "frequency", "baseline": "frequency"},
+        )
         changed = tick(defs, instance, added.cursor)
         assert pairs(changed) == [(FEB, "recurrency", "true"), (MAR, "recurrency", "true")]
         assert not {r.run_key for r in changed.run_requests} & {r.run_key for r in feb.run_requests + mar.run_requests}
@@ -172,10 +197,14 @@ def test_requested_runs_evaluate_or_refuse_and_the_leaderboard_follows(data_dir,
         assert not list((layout.root / "evaluations/2024-02/recent-llm").glob("*/distance=*"))
 
         evaluated = results["recurrency"].asset_materializations_for_node("evaluation")[0].metadata
-        assert evaluated["status"].value == "evaluated" and evaluated["dagster/row_count"].value == 6  # 3 queries × 2 distances
+        assert (
+            evaluated["status"].value == "evaluated" and evaluated["dagster/row_count"].value == 6
+        )  # 3 queries × 2 distances
         assert "| 7 | 3 | 1 |" in evaluated["scores"].value
         for distance in (1, 7):
-            assert (layout.evaluation_dir(date(2024, 2, 1), "recurrency", "queries_sample", distance) / "scores.json").exists()
+            assert (
+                layout.evaluation_dir(date(2024, 2, 1), "recurrency", "queries_sample", distance) / "scores.json"
+            ).exists()
 
         # Evaluations landed and none is in flight: the next tick rebuilds the leaderboard, once.
         board_tick = tick(defs, instance, requested.cursor)
@@ -202,7 +231,8 @@ def test_a_forced_run_of_an_ineligible_agent_is_stored_as_contaminated(data_dir,
     with dg.instance_for_test() as instance:
         instance.add_dynamic_partitions("agents", ["recurrency"])
         result = defs.resolve_job_def(evaluation_job.name).execute_in_process(
-            instance=instance, partition_key=dg.MultiPartitionKey({"month": FEB, "agent": "recurrency"}),
+            instance=instance,
+            partition_key=dg.MultiPartitionKey({"month": FEB, "agent": "recurrency"}),
             run_config={"ops": {"evaluation": {"config": {"force": True}}}},
         )
     assert result.asset_materializations_for_node("evaluation")[0].metadata["status"].value == "contaminated"
@@ -228,12 +258,20 @@ def smollm2_gguf() -> Path:
 def test_smollm2_react_end_to_end_through_the_sensor_triggered_job(tmp_path, monkeypatch):
     gguf = smollm2_gguf()
     month = date(2025, 2, 1)  # after the cutoff below
-    agents_file = write_agents(tmp_path / "agents.yaml", {
-        "name": "smollm2-react", "kind": "llm", "gguf": str(gguf),
-        # SmolLM2 was released in November 2024; October 2024 is a conservative cutoff.
-        "knowledge_cutoff": "2024-10", "strategy": "react", "action_type": "single_function",
-        "temperature": 0.0, "max_steps": 2,
-    })
+    agents_file = write_agents(
+        tmp_path / "agents.yaml",
+        {
+            "name": "smollm2-react",
+            "kind": "llm",
+            "gguf": str(gguf),
+            # SmolLM2 was released in November 2024; October 2024 is a conservative cutoff.
+            "knowledge_cutoff": "2024-10",
+            "strategy": "react",
+            "action_type": "single_function",
+            "temperature": 0.0,
+            "max_steps": 2,
+        },
+    )
     data_dir = tmp_path / "data"
     defs = definitions(data_dir, agents_file, LlmRuntime(max_tokens=48, n_ctx=4096))
     with dg.instance_for_test() as instance:
@@ -254,7 +292,8 @@ def test_smollm2_react_end_to_end_through_the_sensor_triggered_job(tmp_path, mon
     assert scores["tokens_in"] > 0 and scores["tokens_out"] > 0
     results = pl.read_parquet(directory / "results.parquet")
     assert results.height == 3 and results.get_column("end_state").to_list() == [
-        t["end_state"] for t in map(json.loads, (directory / "trajectories.jsonl").read_text().splitlines())]
+        t["end_state"] for t in map(json.loads, (directory / "trajectories.jsonl").read_text().splitlines())
+    ]
 
     trajectories = [json.loads(line) for line in (directory / "trajectories.jsonl").read_text().splitlines()]
     assert [t["query_id"] for t in trajectories] == results.get_column("query_id").to_list()

@@ -28,8 +28,14 @@ from pipeline.config import Settings, env_names
 
 from .conftest import ROOT
 
-RESOURCES = {"dataset": Dataset, "gdelt": GdeltFeed, "fetcher": ArticleFetcher, "release_store": ReleaseBucket,
-             "alerts": Alerts, "llm": LlmRuntime}
+RESOURCES = {
+    "dataset": Dataset,
+    "gdelt": GdeltFeed,
+    "fetcher": ArticleFetcher,
+    "release_store": ReleaseBucket,
+    "alerts": Alerts,
+    "llm": LlmRuntime,
+}
 SECRET_URL = "https://hooks.example.org/services/T0/B0/s3cr3t-token"
 
 RESOURCES_QUERY = """
@@ -59,7 +65,11 @@ query ($pipeline: PipelineSelector!, $config: RunConfigData) {
 def resources_page():
     """Every top-level resource's details, from the code location loaded with a deployment's
     environment: a webhook URL (a secret), a split seed and a GDELT mirror."""
-    env = {"MIRAI_ALERT_WEBHOOK_URL": SECRET_URL, "MIRAI_SPLIT_SEED": "7", "GDELT_BASE_URL": "http://mirror.test/gdeltv2"}
+    env = {
+        "MIRAI_ALERT_WEBHOOK_URL": SECRET_URL,
+        "MIRAI_SPLIT_SEED": "7",
+        "GDELT_BASE_URL": "http://mirror.test/gdeltv2",
+    }
     with dg.instance_for_test() as instance, ExitStack() as stack:
         with pytest.MonkeyPatch.context() as mp:
             for name, value in env.items():
@@ -94,7 +104,9 @@ def test_every_resource_and_config_field_is_listed_with_its_default(resources_pa
 
 def test_the_environment_shows_as_configured_values_and_the_secret_as_an_env_var(resources_page):
     resources = resources_page["resources"]
-    configured = {(name, v["key"]): (v["value"], v["type"]) for name, r in resources.items() for v in r["configuredValues"]}
+    configured = {
+        (name, v["key"]): (v["value"], v["type"]) for name, r in resources.items() for v in r["configuredValues"]
+    }
     assert configured[("alerts", "webhook_url")] == ("MIRAI_ALERT_WEBHOOK_URL", "ENV_VAR")
     assert configured[("dataset", "split_seed")] == ("7", "VALUE")
     assert configured[("gdelt", "base_url")] == ('"http://mirror.test/gdeltv2"', "VALUE")
@@ -104,14 +116,25 @@ def test_the_environment_shows_as_configured_values_and_the_secret_as_an_env_var
 
 def test_the_launchpad_accepts_a_resource_override_and_refuses_a_mistyped_one(resources_page):
     context, selector = resources_page["context"], resources_page["selector"]
-    pipeline = {"pipelineName": "gdelt_ingest", "repositoryName": selector["repositoryName"],
-                "repositoryLocationName": selector["repositoryLocationName"]}
+    pipeline = {
+        "pipelineName": "gdelt_ingest",
+        "repositoryName": selector["repositoryName"],
+        "repositoryLocationName": selector["repositoryLocationName"],
+    }
 
     def validate(config: dict) -> dict:
-        return execute_dagster_graphql(context, VALIDATE_QUERY, {"pipeline": pipeline, "config": config}).data["isPipelineConfigValid"]
+        return execute_dagster_graphql(context, VALIDATE_QUERY, {"pipeline": pipeline, "config": config}).data[
+            "isPipelineConfigValid"
+        ]
 
-    ok = validate({"resources": {"gdelt": {"config": {"base_url": "http://other.test", "download_attempts": 2}},
-                                 "dataset": {"config": {"data_dir": "/srv/mirai"}}}})
+    ok = validate(
+        {
+            "resources": {
+                "gdelt": {"config": {"base_url": "http://other.test", "download_attempts": 2}},
+                "dataset": {"config": {"data_dir": "/srv/mirai"}},
+            }
+        }
+    )
     assert ok["__typename"] == "PipelineConfigValidationValid", ok
     bad = validate({"resources": {"gdelt": {"config": {"download_attempts": "many"}}}})
     assert bad["__typename"] == "RunConfigValidationInvalid"
@@ -127,14 +150,25 @@ def test_a_run_config_override_reaches_the_pipeline_settings(tmp_path):
         seen["settings"] = pipeline_settings(dataset, gdelt)
 
     resources = resources_for(data_dir=str(tmp_path / "bound"))
-    config = {"resources": {"gdelt": {"config": {"download_attempts": 9}}, "dataset": {"config": {"data_dir": str(tmp_path / "run")}}}}
+    config = {
+        "resources": {
+            "gdelt": {"config": {"download_attempts": 9}},
+            "dataset": {"config": {"data_dir": str(tmp_path / "run")}},
+        }
+    }
     assert dg.materialize([probe], resources=resources, run_config=config).success
     assert (seen["settings"].data_dir, seen["settings"].download_attempts) == (tmp_path / "run", 9)
 
 
 def test_resources_from_the_environment_hold_the_same_settings():
-    env = {"MIRAI_DATA_DIR": "/srv/mirai", "MIRAI_FETCH_ALLOW_LOOPBACK": "yes", "MIRAI_RELEASE_URI": "s3://b/p",
-           "MIRAI_ALERT_TIMEOUT_S": "3", "MIRAI_START_DATE": "2024-01-01", "MIRAI_SANDBOX_ALLOW_UNCONFINED": "1"}
+    env = {
+        "MIRAI_DATA_DIR": "/srv/mirai",
+        "MIRAI_FETCH_ALLOW_LOOPBACK": "yes",
+        "MIRAI_RELEASE_URI": "s3://b/p",
+        "MIRAI_ALERT_TIMEOUT_S": "3",
+        "MIRAI_START_DATE": "2024-01-01",
+        "MIRAI_SANDBOX_ALLOW_UNCONFINED": "1",
+    }
     resources = resources_from_env(env)
     parts = [resources[key] for key in ("gdelt", "fetcher", "release_store", "alerts")]
     # The partitions' start date is not a resource field; the sandbox switch is the LLM runtime's.

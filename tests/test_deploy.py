@@ -86,7 +86,9 @@ def test_every_copied_path_exists_and_is_in_the_build_context():
         keep = True
         for pattern in patterns:
             negate = pattern.startswith("!")
-            if fnmatch.fnmatch(path, pattern.lstrip("!")) or fnmatch.fnmatch(path, pattern.lstrip("!").removesuffix("/**") + "/*"):
+            if fnmatch.fnmatch(path, pattern.lstrip("!")) or fnmatch.fnmatch(
+                path, pattern.lstrip("!").removesuffix("/**") + "/*"
+            ):
                 keep = negate
         return keep
 
@@ -110,13 +112,27 @@ def test_the_library_imports_neither_dagster_nor_the_testbed():
     offenders = []
     for path in sorted((ROOT / "pipeline").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
-            names += [node.args[0].value for node in [node] if isinstance(node, ast.Call)
-                      and getattr(node.func, "attr", getattr(node.func, "id", "")) == "import_module"
-                      and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)]
-            offenders += [f"{path.relative_to(ROOT)}:{node.lineno} {n}" for n in names
-                          if n.split(".")[0] in ("dagster", "testbed")]
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
+            names += [
+                node.args[0].value
+                for node in [node]
+                if isinstance(node, ast.Call)
+                and getattr(node.func, "attr", getattr(node.func, "id", "")) == "import_module"
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+                and isinstance(node.args[0].value, str)
+            ]
+            offenders += [
+                f"{path.relative_to(ROOT)}:{node.lineno} {n}"
+                for n in names
+                if n.split(".")[0] in ("dagster", "testbed")
+            ]
     assert offenders == []
 
 
@@ -147,8 +163,9 @@ def test_every_make_install_uses_the_lock(target, tmp_path):
     ruff checks and format-checks before pytest."""
     if shutil.which("make") is None:
         pytest.skip("make is not installed (the README's commands need it)")
-    dry = subprocess.run(["make", "-n", "-C", str(ROOT), target, f"VENV={tmp_path / 'venv'}"],
-                         capture_output=True, text=True, check=True).stdout.splitlines()
+    dry = subprocess.run(
+        ["make", "-n", "-C", str(ROOT), target, f"VENV={tmp_path / 'venv'}"], capture_output=True, text=True, check=True
+    ).stdout.splitlines()
     installs = [line for line in dry if " install " in line and "/pip " in line]
     assert installs and all("-c requirements.lock" in line for line in installs), installs
     [project] = [line for line in installs if " -e " in line]
@@ -157,8 +174,10 @@ def test_every_make_install_uses_the_lock(target, tmp_path):
     # holds every package the image holds, at the same versions.
     assert extras == (set(_extras()) if target == "test" else {"demo"})
     if target == "test":
-        steps = [next(i for i, line in enumerate(dry) if marker in line)
-                 for marker in ("ruff check .", "ruff format --check .", "-m pytest")]
+        steps = [
+            next(i for i, line in enumerate(dry) if marker in line)
+            for marker in ("ruff check .", "ruff format --check .", "-m pytest")
+        ]
         assert steps == sorted(steps), dry
         # What they enforce: at least pycodestyle's errors, pyflakes, isort, pyupgrade and bugbear.
         assert {"E4", "E7", "E9", "F", "I", "UP", "B"} <= set(_pyproject()["tool"]["ruff"]["lint"]["select"])
@@ -173,13 +192,18 @@ def test_the_lock_pins_every_dependency_and_extra_within_its_range():
         name = canonicalize_name(requirement.name)
         assert name in pins, f"{name} is declared in pyproject.toml but not locked: run `make lock`"
         version = _pinned_version(pins[name])
-        assert requirement.specifier.contains(version, prereleases=True), f"{name}=={version} vs {requirement.specifier}: run `make lock`"
+        assert requirement.specifier.contains(version, prereleases=True), (
+            f"{name}=={version} vs {requirement.specifier}: run `make lock`"
+        )
     # One Dagster release train: the core's packages at the core's version, the add-ons (0.x) at
     # the same patch (1.13.27 ↔ 0.29.27).
     core = _dagster_version()
     for name in [n for n in pins if n == "dagster" or n.startswith("dagster-")]:
         version = _pinned_version(pins[name])
-        assert version == core or (version.startswith("0.") and version.split(".")[2] == core.split(".")[2]), (name, version)
+        assert version == core or (version.startswith("0.") and version.split(".")[2] == core.split(".")[2]), (
+            name,
+            version,
+        )
 
 
 def test_the_test_venv_runs_exactly_the_locked_versions():
@@ -198,7 +222,9 @@ def test_the_test_venv_runs_exactly_the_locked_versions():
             continue
         if canonicalize_version(installed) != canonicalize_version(locked):
             mismatched.append(f"{name}: installed {installed}, locked {locked}")
-    assert (missing, mismatched) == ([], []), "the venv differs from requirements.lock: run `make test-setup` (or `make lock` after a pyproject change)"
+    assert (missing, mismatched) == ([], []), (
+        "the venv differs from requirements.lock: run `make test-setup` (or `make lock` after a pyproject change)"
+    )
 
 
 # Where our code lives. Their names, the root's modules and a file's siblings (bench/'s scripts
@@ -225,8 +251,13 @@ def _imports(path: Path) -> list[tuple[str, bool]]:
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             names = [node.module]
-        elif (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) in _IMPORTERS
-              and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+        elif (
+            isinstance(node, ast.Call)
+            and getattr(node.func, "attr", getattr(node.func, "id", None)) in _IMPORTERS
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
             names = [node.args[0].value]
         else:
             continue
@@ -242,7 +273,11 @@ def test_every_directly_imported_package_is_declared():
     runtime = {canonicalize_name(Requirement(r).name) for r in project["dependencies"]}
     declared = runtime | {canonicalize_name(Requirement(r).name) for extra in _extras().values() for r in extra}
     providers = metadata.packages_distributions()
-    own = {*IMPORT_ROOTS, *(p.name for p in ROOT.iterdir() if (p / "__init__.py").exists()), *(p.stem for p in ROOT.glob("*.py"))}
+    own = {
+        *IMPORT_ROOTS,
+        *(p.name for p in ROOT.iterdir() if (p / "__init__.py").exists()),
+        *(p.stem for p in ROOT.glob("*.py")),
+    }
     undeclared, not_runtime = [], []
     files = [p for root in IMPORT_ROOTS for p in sorted((ROOT / root).rglob("*.py"))] + sorted(ROOT.glob("*.py"))
     assert len(files) > 100
@@ -259,8 +294,10 @@ def test_every_directly_imported_package_is_declared():
             elif library and top_level and not dists & runtime:
                 not_runtime.append(where)
     assert not undeclared, "declare these in pyproject.toml (and run `make lock`):\n" + "\n".join(undeclared)
-    assert not not_runtime, ("the image installs only the runtime dependencies: import these lazily or declare them "
-                             "there:\n" + "\n".join(not_runtime))
+    assert not not_runtime, (
+        "the image installs only the runtime dependencies: import these lazily or declare them "
+        "there:\n" + "\n".join(not_runtime)
+    )
 
 
 def _validate_instance_config(config: dict) -> None:
@@ -323,7 +360,10 @@ def test_helm_values_run_our_image_with_the_k8s_run_launcher(schedule_names):
     env = {e["name"]: e.get("value") for e in deployment["env"]}
     assert {m["mountPath"] for m in deployment["volumeMounts"]} == {env["MIRAI_DATA_DIR"]}
     # Secrets come from a Secret, never from values (which end up in the release's ConfigMaps).
-    assert deployment["envSecrets"] and not {"MIRAI_ALERT_WEBHOOK_URL", "MIRAI_RELEASE_URI", "AWS_SECRET_ACCESS_KEY"} & env.keys()
+    assert (
+        deployment["envSecrets"]
+        and not {"MIRAI_ALERT_WEBHOOK_URL", "MIRAI_RELEASE_URI", "AWS_SECRET_ACCESS_KEY"} & env.keys()
+    )
     _validate_instance_config(values["additionalInstanceConfig"])
     _check_limits(values["additionalInstanceConfig"]["concurrency"], schedule_names)
 

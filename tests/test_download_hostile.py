@@ -96,19 +96,33 @@ class Scene:
         self.outside.mkdir()
         (self.outside / "keep.txt").write_bytes(KEEP)
 
-    def publish(self, files: dict[str, bytes], *, month: str = MONTH, manifest: dict | None = None,
-                latest: dict | None = None, index: list | None = None) -> None:
+    def publish(
+        self,
+        files: dict[str, bytes],
+        *,
+        month: str = MONTH,
+        manifest: dict | None = None,
+        latest: dict | None = None,
+        index: list | None = None,
+    ) -> None:
         """A release as a hostile publisher makes it: every object stored, every checksum right."""
         for name, data in files.items():
             self.bucket.put(f"releases/{month}/{name}", data)
-        body = {"format": RELEASE_FORMAT, "release": month, "database_months": [month], "split": {},
-                "files": {name: {"sha256": _sha256(data), "bytes": len(data)} for name, data in files.items()}}
+        body = {
+            "format": RELEASE_FORMAT,
+            "release": month,
+            "database_months": [month],
+            "split": {},
+            "files": {name: {"sha256": _sha256(data), "bytes": len(data)} for name, data in files.items()},
+        }
         raw = json.dumps({**body, **(manifest or {})}).encode()
         self.bucket.put(f"releases/{month}/manifest.json", raw)
         pointer = {"release": month, "manifest_sha256": _sha256(raw), **(latest or {})}
         self.bucket.put("releases/latest.json", json.dumps({"format": "mirai-release-index-v1", **pointer}).encode())
         entries = index if index is not None else [pointer]
-        self.bucket.put("releases/index.json", json.dumps({"format": "mirai-release-index-v1", "releases": entries}).encode())
+        self.bucket.put(
+            "releases/index.json", json.dumps({"format": "mirai-release-index-v1", "releases": entries}).encode()
+        )
 
     def snapshot(self) -> dict[str, object]:
         """Every path under the test's directory but the bucket's, with its bytes or link target."""
@@ -194,7 +208,9 @@ BAD_NAMES = [
 
 
 @pytest.mark.parametrize("make_name, because", [pytest.param(f, b, id=i) for i, f, b in BAD_NAMES])
-def test_a_manifest_naming_a_file_outside_the_layout_is_refused_before_anything_is_written(scene, make_name, because, capsys):
+def test_a_manifest_naming_a_file_outside_the_layout_is_refused_before_anything_is_written(
+    scene, make_name, because, capsys
+):
     bad = make_name(scene)
     scene.publish({**CLEAN, bad: PAYLOAD})
     _refused(scene, "latest", naming=repr(bad)[:40], because=because, capsys=capsys)
@@ -219,26 +235,57 @@ BAD_POINTERS = [
     ("latest-trailing-newline", lambda s: {"month": "2024-01\n"}, "latest", lambda s: "2024-01\n", "is not a month"),
     ("latest-number", lambda s: {"latest": {"release": 202401}}, "latest", lambda s: 202401, "is not a month"),
     ("latest-bad-sha256", lambda s: {"latest": {"manifest_sha256": "../x"}}, "latest", lambda s: "../x", "not 64"),
-    ("index-bad-entry", lambda s: {"index": [{"release": MONTH, "manifest_sha256": "0" * 64},
-                                             {"release": str(s.outside), "manifest_sha256": "0" * 64}]},
-     MONTH, lambda s: str(s.outside), "is not a month"),
-    ("index-duplicate", lambda s: {"index": [{"release": MONTH, "manifest_sha256": "0" * 64}] * 2},
-     MONTH, lambda s: MONTH, "twice"),
-    ("manifest-other-month", lambda s: {"month": "2024-02", "manifest": {"release": MONTH}}, "latest",
-     lambda s: MONTH, "not 2024-02"),
-    ("manifest-release-escapes", lambda s: {"manifest": {"release": str(s.outside)}}, "latest",
-     lambda s: str(s.outside), "not 2024-01"),
-    ("manifest-other-format", lambda s: {"manifest": {"format": "mirai-release-v9"}}, "latest",
-     lambda s: "mirai-release-v9", "is not a mirai-release-v1 manifest"),
+    (
+        "index-bad-entry",
+        lambda s: {
+            "index": [
+                {"release": MONTH, "manifest_sha256": "0" * 64},
+                {"release": str(s.outside), "manifest_sha256": "0" * 64},
+            ]
+        },
+        MONTH,
+        lambda s: str(s.outside),
+        "is not a month",
+    ),
+    (
+        "index-duplicate",
+        lambda s: {"index": [{"release": MONTH, "manifest_sha256": "0" * 64}] * 2},
+        MONTH,
+        lambda s: MONTH,
+        "twice",
+    ),
+    (
+        "manifest-other-month",
+        lambda s: {"month": "2024-02", "manifest": {"release": MONTH}},
+        "latest",
+        lambda s: MONTH,
+        "not 2024-02",
+    ),
+    (
+        "manifest-release-escapes",
+        lambda s: {"manifest": {"release": str(s.outside)}},
+        "latest",
+        lambda s: str(s.outside),
+        "not 2024-01",
+    ),
+    (
+        "manifest-other-format",
+        lambda s: {"manifest": {"format": "mirai-release-v9"}},
+        "latest",
+        lambda s: "mirai-release-v9",
+        "is not a mirai-release-v1 manifest",
+    ),
     ("command-line-dotdot", lambda s: {}, "../outside", lambda s: "../outside", "invalid month"),
     ("command-line-month-13", lambda s: {}, "2024-13", lambda s: "2024-13", "invalid month"),
 ]
 
 
-@pytest.mark.parametrize("release, which, named, because",
-                         [pytest.param(r, w, n, b, id=i) for i, r, w, n, b in BAD_POINTERS])
+@pytest.mark.parametrize(
+    "release, which, named, because", [pytest.param(r, w, n, b, id=i) for i, r, w, n, b in BAD_POINTERS]
+)
 def test_a_release_id_that_is_not_the_manifests_month_is_refused_before_anything_is_written(
-        scene, release, which, named, because, capsys):
+    scene, release, which, named, because, capsys
+):
     scene.publish(CLEAN, **release(scene))
     _refused(scene, which, naming=repr(named(scene))[:40], because=because, capsys=capsys)
 
@@ -283,20 +330,43 @@ def test_malformed_pointers_and_manifests_are_one_line_not_a_traceback(scene, ca
 # (id, what is put in dest before the download, the path named)
 LINKS = [
     ("month-dir-symlink", lambda s: (s.dest.mkdir(), (s.dest / MONTH).symlink_to(s.outside)), MONTH),
-    ("database-dir-symlink", lambda s: ((s.dest / MONTH).mkdir(parents=True),
-                                        (s.dest / MONTH / "database").symlink_to(s.outside)), f"{MONTH}/database"),
-    ("part-symlink", lambda s: ((s.dest / MONTH).mkdir(parents=True),
-                                (s.dest / MONTH / ".queries.parquet.part").symlink_to(s.outside / "keep.txt")),
-     f"{MONTH}/.queries.parquet.part"),
-    ("part-hard-link", lambda s: ((s.dest / MONTH).mkdir(parents=True),
-                                  os.link(s.outside / "keep.txt", s.dest / MONTH / ".queries.parquet.part")),
-     f"{MONTH}/.queries.parquet.part"),
-    ("file-symlink", lambda s: ((s.dest / MONTH).mkdir(parents=True),
-                                (s.dest / MONTH / "queries.parquet").symlink_to(s.outside / "keep.txt")),
-     f"{MONTH}/queries.parquet"),
-    ("manifest-symlink", lambda s: ((s.dest / MONTH).mkdir(parents=True),
-                                    (s.dest / MONTH / "manifest.json").symlink_to(s.outside / "keep.txt")),
-     f"{MONTH}/manifest.json"),
+    (
+        "database-dir-symlink",
+        lambda s: ((s.dest / MONTH).mkdir(parents=True), (s.dest / MONTH / "database").symlink_to(s.outside)),
+        f"{MONTH}/database",
+    ),
+    (
+        "part-symlink",
+        lambda s: (
+            (s.dest / MONTH).mkdir(parents=True),
+            (s.dest / MONTH / ".queries.parquet.part").symlink_to(s.outside / "keep.txt"),
+        ),
+        f"{MONTH}/.queries.parquet.part",
+    ),
+    (
+        "part-hard-link",
+        lambda s: (
+            (s.dest / MONTH).mkdir(parents=True),
+            os.link(s.outside / "keep.txt", s.dest / MONTH / ".queries.parquet.part"),
+        ),
+        f"{MONTH}/.queries.parquet.part",
+    ),
+    (
+        "file-symlink",
+        lambda s: (
+            (s.dest / MONTH).mkdir(parents=True),
+            (s.dest / MONTH / "queries.parquet").symlink_to(s.outside / "keep.txt"),
+        ),
+        f"{MONTH}/queries.parquet",
+    ),
+    (
+        "manifest-symlink",
+        lambda s: (
+            (s.dest / MONTH).mkdir(parents=True),
+            (s.dest / MONTH / "manifest.json").symlink_to(s.outside / "keep.txt"),
+        ),
+        f"{MONTH}/manifest.json",
+    ),
 ]
 
 
@@ -305,8 +375,9 @@ def test_links_already_in_dest_are_never_followed(scene, plant, named, capsys):
     """A clean release; the destination holds a link (left by the user or another program)."""
     scene.publish(CLEAN)
     plant(scene)
-    _refused(scene, "latest", naming=f"/dest/{named}'", because="mirai download never writes through one",
-             capsys=capsys)
+    _refused(
+        scene, "latest", naming=f"/dest/{named}'", because="mirai download never writes through one", capsys=capsys
+    )
 
 
 def test_dest_itself_may_be_a_symlink(scene, capsys):
@@ -343,7 +414,8 @@ def _data_dir_with_split(root: Path, names: dict[str, bytes]) -> Settings:
 @pytest.mark.parametrize("bad", ["../../../outside/keep.txt", "/etc/hostname", "run.sh", "a\x00b.png", "manifest.json"])
 @pytest.mark.parametrize("where", ["local", "s3"])
 def test_a_split_naming_a_file_outside_the_layout_is_refused_when_planned_and_published(
-        tmp_path, bad, where, request, monkeypatch):
+    tmp_path, bad, where, request, monkeypatch
+):
     settings = _data_dir_with_split(tmp_path, {"queries.parquet": b"PAR1 q", bad: PAYLOAD})
     if where == "local":
         store = LocalStore(tmp_path / "bucket")
@@ -351,11 +423,16 @@ def test_a_split_naming_a_file_outside_the_layout_is_refused_when_planned_and_pu
         server = request.getfixturevalue("s3_server")
         bucket = f"plan-{uuid.uuid4().hex[:12]}"
         server.client().create_bucket(Bucket=bucket)
-        for name, value in (("AWS_ACCESS_KEY_ID", ACCESS_KEY), ("AWS_SECRET_ACCESS_KEY", SECRET_KEY),
-                            ("AWS_CONFIG_FILE", "/nonexistent"), ("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")):
+        for name, value in (
+            ("AWS_ACCESS_KEY_ID", ACCESS_KEY),
+            ("AWS_SECRET_ACCESS_KEY", SECRET_KEY),
+            ("AWS_CONFIG_FILE", "/nonexistent"),
+            ("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent"),
+        ):
             monkeypatch.setenv(name, value)
-        store = S3Store(bucket, "p", Settings(data_dir=settings.data_dir, s3_endpoint_url=server.endpoint,
-                                              s3_region="us-east-1"))
+        store = S3Store(
+            bucket, "p", Settings(data_dir=settings.data_dir, s3_endpoint_url=server.endpoint, s3_region="us-east-1")
+        )
     with pytest.raises(UnsafeRelease, match="refused") as refused:
         plan_release(date(2024, 1, 1), settings)
     assert repr(bad)[:20] in str(refused.value)
@@ -370,20 +447,36 @@ def test_a_split_naming_a_file_outside_the_layout_is_refused_when_planned_and_pu
 def test_a_plan_handed_to_publish_with_a_name_outside_the_layout_is_refused_before_any_write(tmp_path):
     source = tmp_path / "payload.sh"
     source.write_bytes(PAYLOAD)
-    bad = PlannedObject(name="../../outside/run.sh", path=source, sha256=_sha256(PAYLOAD), size=len(PAYLOAD),
-                        part_size=None, part_sha256=())
+    bad = PlannedObject(
+        name="../../outside/run.sh",
+        path=source,
+        sha256=_sha256(PAYLOAD),
+        size=len(PAYLOAD),
+        part_size=None,
+        part_sha256=(),
+    )
     manifest = {"format": RELEASE_FORMAT, "release": MONTH, "files": {bad.name: bad.entry()}}
     plan = ReleasePlan(month=MONTH, objects=[bad], manifest=manifest, manifest_bytes=json.dumps(manifest).encode())
     with pytest.raises(UnsafeRelease, match=r"'\.\./\.\./outside/run\.sh' has a '\.\.' path segment"):
-        publish_release(date(2024, 1, 1), Settings(data_dir=tmp_path / "data"), LocalStore(tmp_path / "bucket"), plan=plan)
+        publish_release(
+            date(2024, 1, 1), Settings(data_dir=tmp_path / "data"), LocalStore(tmp_path / "bucket"), plan=plan
+        )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["payload.sh"]
 
 
-@pytest.mark.parametrize("key", [
-    "releases/2024-01/../../outside/keep.txt", "releases//tmp/x", "releases/2024-01//etc/passwd",
-    "releases/2024-01/run.sh", "releases/../x/manifest.json", "releases/2024-1/manifest.json", "index.json",
-    "releases/2024-01/database/events/month=2024-01.parquet/../../../../../x",
-])
+@pytest.mark.parametrize(
+    "key",
+    [
+        "releases/2024-01/../../outside/keep.txt",
+        "releases//tmp/x",
+        "releases/2024-01//etc/passwd",
+        "releases/2024-01/run.sh",
+        "releases/../x/manifest.json",
+        "releases/2024-1/manifest.json",
+        "index.json",
+        "releases/2024-01/database/events/month=2024-01.parquet/../../../../../x",
+    ],
+)
 def test_local_store_keys_outside_the_layout_are_refused(tmp_path, key):
     store = LocalStore(tmp_path / "bucket")
     for attempt in (
@@ -395,15 +488,17 @@ def test_local_store_keys_outside_the_layout_are_refused(tmp_path, key):
     ):
         with pytest.raises(UnsafeRelease):
             attempt()
-    assert [p for p in tmp_path.rglob("*")] == []
+    assert list(tmp_path.rglob("*")) == []
 
 
 def test_publishing_refuses_to_index_a_hostile_manifest_already_in_the_store(tmp_path):
     """A store someone else wrote to: its pointers are never rebuilt to lead to a bad release."""
     bucket = LocalBucket(tmp_path / "bucket")
     files = {"../../x.sh": {"sha256": _sha256(PAYLOAD), "bytes": len(PAYLOAD)}}
-    bucket.put("releases/2023-12/manifest.json",
-               json.dumps({"format": RELEASE_FORMAT, "release": "2023-12", "files": files}).encode())
+    bucket.put(
+        "releases/2023-12/manifest.json",
+        json.dumps({"format": RELEASE_FORMAT, "release": "2023-12", "files": files}).encode(),
+    )
     with pytest.raises(UnsafeRelease, match=r"'\.\./\.\./x\.sh'"):
         update_pointers(LocalStore(bucket.root))
     assert not (bucket.root / "releases" / "index.json").exists()

@@ -19,8 +19,7 @@ from urllib.parse import urlsplit
 import pytest
 import requests
 
-from pipeline.articles import extract, filter_document
-from pipeline.articles import langid
+from pipeline.articles import extract, filter_document, langid
 from pipeline.articles.extract import (
     CRASHED,
     TIMEOUT,

@@ -31,7 +31,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_settings_from_env_and_clear_errors():
-    s = Settings.from_env({"MIRAI_DATA_DIR": "/tmp/x", "MIRAI_START_DATE": "2024-02-01", "MIRAI_DOWNLOAD_ATTEMPTS": "7"})
+    s = Settings.from_env(
+        {"MIRAI_DATA_DIR": "/tmp/x", "MIRAI_START_DATE": "2024-02-01", "MIRAI_DOWNLOAD_ATTEMPTS": "7"}
+    )
     assert (s.data_dir, s.start_date, s.download_attempts) == (Path("/tmp/x"), date(2024, 2, 1), 7)
     assert Settings.from_env({}).gdelt_base_url == "https://data.gdeltproject.org/gdeltv2"  # HTTPS by default
     with pytest.raises(ValueError, match="MIRAI_START_DATE"):
@@ -95,14 +97,19 @@ def test_one_sweep_removes_every_crashed_writers_temp_file_of_a_directory_and_no
     dead = subprocess.Popen(["true"])
     dead.wait()
     crashed = [tmp_path / f".{name}.{dead.pid}.deadbeef.part" for name in ("a.zip", "b.zip")]
-    kept = [tmp_path / f".c.zip.{os.getpid()}.cafecafe.part",  # a live writer's
-            tmp_path / "a.zip", tmp_path / f".a.zip.{dead.pid}.part"]  # data, and not a temp name
+    kept = [
+        tmp_path / f".c.zip.{os.getpid()}.cafecafe.part",  # a live writer's
+        tmp_path / "a.zip",
+        tmp_path / f".a.zip.{dead.pid}.part",
+    ]  # data, and not a temp name
     for path in crashed + kept:
         path.write_bytes(b"x")
     assert sorted(remove_orphan_temps(tmp_path)) == sorted(crashed)
     assert sorted(tmp_path.iterdir()) == sorted(kept)
     atomic_write_bytes(tmp_path / "d.zip", b"done", sweep=False)
-    assert (tmp_path / "d.zip").read_bytes() == b"done" and sorted(tmp_path.iterdir()) == sorted(kept + [tmp_path / "d.zip"])
+    assert (tmp_path / "d.zip").read_bytes() == b"done" and sorted(tmp_path.iterdir()) == sorted(
+        [*kept, tmp_path / "d.zip"]
+    )
     assert remove_orphan_temps(tmp_path / "absent") == []
 
 

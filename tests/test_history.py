@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import io
 import random
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
 
 import polars as pl
 import pytest
@@ -25,7 +25,7 @@ from pipeline.gdelt.schema import EXPORT_SCHEMA
 from pipeline.normalize import URL_HASH_SEED, normalize_with_report, url_hash
 from pipeline.storage import DataLayout, atomic_write_parquet, read_parquet_metadata
 
-UTC = timezone.utc
+UTC = UTC
 START = date(2024, 1, 1)
 
 
@@ -36,7 +36,7 @@ def day_rows(day: date, n: int = 3, *, seed: int = 0, id_base: int | None = None
     base = id_base if id_base is not None else (day - START).days * 1000 + 1_000_000
     rows = []
     for i in range(n):
-        row = {name: None for name in EXPORT_SCHEMA.names()}
+        row = dict.fromkeys(EXPORT_SCHEMA.names())
         row.update(
             GLOBALEVENTID=base + i,
             SQLDATE=day,
@@ -67,12 +67,16 @@ def history_frames(layout: DataLayout, day: date, keys: pl.DataFrame | None = No
 
 def every_key_file(layout: DataLayout, day: date, keys: pl.DataFrame | None = None) -> tuple[list, list]:
     """The history the slow way: every key file of an earlier day, read in full."""
-    paths = sorted(p for p in layout.event_keys_dir().glob("date=*.parquet") if p.stem.removeprefix("date=") < day.isoformat())
+    paths = sorted(
+        p for p in layout.event_keys_dir().glob("date=*.parquet") if p.stem.removeprefix("date=") < day.isoformat()
+    )
     if not paths:
         return [], []
     rows = pl.read_parquet(paths)
     if keys is not None:
-        rows = rows.filter(pl.col("event_id").is_in(keys["event_id"].implode()) | pl.col("url_hash").is_in(keys["url_hash"].implode()))
+        rows = rows.filter(
+            pl.col("event_id").is_in(keys["event_id"].implode()) | pl.col("url_hash").is_in(keys["url_hash"].implode())
+        )
     ids = rows.get_column("event_id").drop_nulls().unique()
     if keys is not None:
         ids = ids.filter(ids.is_in(keys["event_id"].implode()))
@@ -93,7 +97,9 @@ def test_parts_cover_every_earlier_day_once_with_aligned_blocks_before_the_day()
         first = START - timedelta(days=rng.randint(0, 2000))
         days = sorted({first + timedelta(days=rng.randint(0, 1500)) for _ in range(rng.randint(0, 200))})
         day = first + timedelta(days=rng.randint(0, 1600))
-        digests = {d: ("old" if rng.random() < 0.05 else f"g{d}") if rng.random() > 0.02 else None for d in days if d < day}
+        digests = {
+            d: ("old" if rng.random() < 0.05 else f"g{d}") if rng.random() > 0.02 else None for d in days if d < day
+        }
         blocks, singles = _history_parts(digests, day)
         covered = [d for _, _, members in blocks for d in members] + singles
         assert sorted(covered) == sorted(digests)  # every earlier day exactly once
@@ -147,7 +153,9 @@ def test_a_day_that_changed_inside_a_block_rebuilds_that_block(tmp_path):
     probe = START + timedelta(days=20)
     history_frames(layout, probe)
     changed = START + timedelta(days=3)
-    write_event_keys(layout, changed, pl.concat([day_rows(changed), day_rows(changed, 2, seed=1, id_base=9_000_000)]).lazy())
+    write_event_keys(
+        layout, changed, pl.concat([day_rows(changed), day_rows(changed, 2, seed=1, id_base=9_000_000)]).lazy()
+    )
     assert history_frames(layout, probe) == every_key_file(layout, probe)
     assert 9_000_000 in history_frames(layout, probe)[0]
 
@@ -182,8 +190,11 @@ def test_rerunning_rewrites_nothing_and_an_unreadable_old_key_file_is_read_alone
     # A key file in another format is rebuilt from the parsed rows; without them it is kept and read
     # on its own, outside any block.
     old = START - timedelta(days=1)
-    atomic_write_parquet(pl.read_parquet(layout.event_keys_path(days[0])).head(1), layout.event_keys_path(old),
-                         metadata={"keys_format": "keys-v1/polars-0.0"})
+    atomic_write_parquet(
+        pl.read_parquet(layout.event_keys_path(days[0])).head(1),
+        layout.event_keys_path(old),
+        metadata={"keys_format": "keys-v1/polars-0.0"},
+    )
     probe = days[-1] + timedelta(days=1)
     assert history_frames(layout, probe) == every_key_file(layout, probe)
     assert read_parquet_metadata(layout.event_keys_path(old))["keys_format"] == "keys-v1/polars-0.0"
@@ -201,6 +212,7 @@ def test_keys_of_the_polars_bound_hash_migrate_once_and_the_events_stay_the_same
         write_day(layout, day, day_rows(day, 6))
     old_format = f"keys-v2/polars-{pl.__version__}"
     with monkeypatch.context() as patch:  # the previous release's writer: the same code with its hash
+
         def old_hash(column: str = "url") -> pl.Expr:
             return pl.col(column).hash(seed=URL_HASH_SEED)
 
@@ -227,7 +239,10 @@ def test_keys_of_the_polars_bound_hash_migrate_once_and_the_events_stay_the_same
 
     for day in days:  # later runs rewrite no key file and no block, and the events are unchanged
         build_events(day, settings)
-    assert {**block_files(layout), **{p.name: p.stat().st_mtime_ns for p in layout.event_keys_dir().iterdir()}} == migrated
+    assert {
+        **block_files(layout),
+        **{p.name: p.stat().st_mtime_ns for p in layout.event_keys_dir().iterdir()},
+    } == migrated
     assert [layout.events_path(d).read_bytes() for d in days] == events
 
 
@@ -244,7 +259,9 @@ def test_events_are_the_same_whatever_order_days_are_built_in(tmp_path, order):
         for day in sequence:
             build_events(day, settings)
         for day in days:
-            if read_parquet_metadata(layout.events_path(day))["history_fingerprint"] != history_fingerprint(layout, day):
+            if read_parquet_metadata(layout.events_path(day))["history_fingerprint"] != history_fingerprint(
+                layout, day
+            ):
                 build_events(day, settings)
         return [layout.events_path(d).read_bytes() for d in days]
 

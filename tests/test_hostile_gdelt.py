@@ -16,7 +16,7 @@ import os
 import subprocess
 import sys
 import zipfile
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import dagster as dg
 import polars as pl
@@ -27,15 +27,15 @@ from assets.ingest import gdelt_events, gdelt_files, gdelt_mentions
 from pipeline.gdelt.ingest import ingest_day, parse_day
 from pipeline.gdelt.ledger import read_ledger
 from pipeline.gdelt.parse import REJECT_LINE_BYTES
-from testbed.hostile import SHAPES, hostile_member, plant_hostile_day, relist, zip_member
 from pipeline.storage import DataLayout, raw_file_name
 from quality.ingest_checks import gdelt_files_all_green
+from testbed.hostile import SHAPES, hostile_member, plant_hostile_day, relist, zip_member
 
 from .conftest import MIRROR_DAY, ROOT
 from .dagster_day import PARTITION
 
-SLOTS = [datetime(2024, 1, 1, hour, 15, tzinfo=timezone.utc) for hour in (1, 4, 7, 10, 13, 16, 19, 22)]
-SIXTY = datetime(2024, 1, 1, 5, 30, tzinfo=timezone.utc)
+SLOTS = [datetime(2024, 1, 1, hour, 15, tzinfo=UTC) for hour in (1, 4, 7, 10, 13, 16, 19, 22)]
+SIXTY = datetime(2024, 1, 1, 5, 30, tzinfo=UTC)
 CAP_MB = 4  # the test's cap (MIRAI_MAX_UNCOMPRESSED_MB), an eighth of the default, to stay fast
 # What the eight hostile files may add to parse_day's peak over the same day with normal files.
 # bench/hostile_day.py measures ~25x the cap at the default 32 MiB (under the 1.5 GiB bound); at a
@@ -74,8 +74,13 @@ print(json.dumps({"before": before, "after": own_peak_rss_mib(), "refused": pars
 
 
 def _parse_in_a_fresh_process(data_dir) -> dict:
-    out = subprocess.run([sys.executable, "-c", PARSE_IN_A_FRESH_PROCESS, str(ROOT), str(data_dir), str(CAP_MB)],
-                         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", PARSE_IN_A_FRESH_PROCESS, str(ROOT), str(data_dir), str(CAP_MB)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        check=True,
+    )
     return json.loads(out.stdout)
 
 
@@ -114,7 +119,8 @@ def test_an_eight_file_hostile_day_parses_in_bounded_memory(settings, mirror, mi
         line = hostile_member(shape, members[slot], cap - 64).split(b"\n")[-2]
         assert len(line) > 3 * 2**20
         assert rejects.select("reason", "raw_line", "raw_length", "raw_sha256").rows() == [
-            (reason, line[:REJECT_LINE_BYTES], len(line), hashlib.sha256(line).hexdigest())]
+            (reason, line[:REJECT_LINE_BYTES], len(line), hashlib.sha256(line).hexdigest())
+        ]
     assert set(planted.values()) == set(SHAPES)
 
 
@@ -130,8 +136,9 @@ def test_a_zip_inflating_past_the_cap_is_quarantined_once_and_fetched_again_when
 
     again = _row(ingest_day(MIRROR_DAY, settings).ledger, SIXTY)
     assert _fetches(mirror, name) == 1  # the index still vouches for the same bytes: left alone
-    assert {k: again[k] for k in ("status", "attempts", "quarantined", "last_error")} == \
-        {k: first[k] for k in ("status", "attempts", "quarantined", "last_error")}
+    assert {k: again[k] for k in ("status", "attempts", "quarantined", "last_error")} == {
+        k: first[k] for k in ("status", "attempts", "quarantined", "last_error")
+    }
 
     relist(mirror_dir, name, good)  # GDELT publishes other bytes for the slot
     assert _row(ingest_day(MIRROR_DAY, settings).ledger, SIXTY)["status"] == "landed"
@@ -147,8 +154,9 @@ def test_a_sixty_column_file_is_quarantined_and_its_day_flows_on_through_dagster
     layout = DataLayout(tmp_path / "data")
     selection = [gdelt_files, gdelt_events, gdelt_mentions, gdelt_files_all_green]
     with dg.instance_for_test() as instance:
-        first = dg.materialize([*selection, events, daily_quads], partition_key=PARTITION, resources=resources,
-                               instance=instance)
+        first = dg.materialize(
+            [*selection, events, daily_quads], partition_key=PARTITION, resources=resources, instance=instance
+        )
         assert first.success  # before: GdeltFormatError failed gdelt_events on every run, so no events
         parsed_rows = first.asset_materializations_for_node("gdelt_events")[0].metadata["dagster/row_count"].value
         built = next(m for m in first.asset_materializations_for_node("events") if m.asset_key == dg.AssetKey("events"))
@@ -177,8 +185,9 @@ def test_a_sixty_column_file_is_quarantined_and_its_day_flows_on_through_dagster
         second = dg.materialize(selection, partition_key=PARTITION, resources=resources, instance=instance)
         assert second.success and _fetches(mirror, name) == fetched
         again = _row(read_ledger(layout, MIRROR_DAY), SIXTY)
-        assert {k: again[k] for k in ("status", "quarantined", "last_error", "attempts")} == \
-            {k: row[k] for k in ("status", "quarantined", "last_error", "attempts")}
+        assert {k: again[k] for k in ("status", "quarantined", "last_error", "attempts")} == {
+            k: row[k] for k in ("status", "quarantined", "last_error", "attempts")
+        }
         assert len(list(layout.quarantine_dir(MIRROR_DAY).glob(f"{name}.*.bad"))) == 1
         parsed = [m for m in second.get_asset_materialization_events() if m.asset_key == gdelt_events.key]
         assert parsed[0].event_specific_data.materialization.metadata["parsed_this_run"].value == 0
@@ -201,8 +210,11 @@ def _resources(tmp_path, mirror):
 @pytest.mark.parametrize("shape", ["newlines"])
 def test_parse_day_refuses_without_raising_and_is_idempotent(settings, mirror, mirror_dir, shape):
     name = raw_file_name(SIXTY, "export")
-    relist(mirror_dir, name, zip_member(name.removesuffix(".zip"),
-                                        hostile_member(shape, _member(mirror_dir, SIXTY), 2**20)))
+    relist(
+        mirror_dir,
+        name,
+        zip_member(name.removesuffix(".zip"), hostile_member(shape, _member(mirror_dir, SIXTY), 2**20)),
+    )
     ingest_day(MIRROR_DAY, settings)
     first = parse_day(MIRROR_DAY, "export", settings)
     [(where, why)] = first.refused.items()
@@ -219,7 +231,7 @@ def test_a_landed_zip_damaged_on_disk_is_marked_corrupt_and_downloaded_again(set
     raw = layout.raw_path(SIXTY, "export")
     raw.write_bytes(raw.read_bytes()[:-200])  # bit rot after landing: the zip no longer opens
     parsed = parse_day(MIRROR_DAY, "export", settings)
-    assert list(parsed.refused.values())[0].startswith("truncated or damaged zip archive")
+    assert next(iter(parsed.refused.values())).startswith("truncated or damaged zip archive")
     row = _row(read_ledger(layout, MIRROR_DAY), SIXTY)
     assert row["status"] == "corrupt" and row["last_error"].startswith("raw zip damaged on disk")
     fetched = _fetches(mirror, name)

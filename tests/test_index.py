@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 from pathlib import Path
 
 import pytest
@@ -14,7 +14,7 @@ from pipeline.storage import DataLayout
 
 from .conftest import shared_fixture
 
-UTC = timezone.utc
+UTC = UTC
 
 
 def test_real_master_list_parses_and_reports_its_gaps():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import polars as pl
@@ -18,7 +18,7 @@ from pipeline.storage import DataLayout
 
 from .conftest import MIRROR_DAY, shared_fixture
 
-SLOT = datetime(2024, 1, 1, 3, 15, tzinfo=timezone.utc)
+SLOT = datetime(2024, 1, 1, 3, 15, tzinfo=UTC)
 EXPORT = "20240101031500.export.CSV.zip"
 MENTIONS = "20240101031500.mentions.CSV.zip"
 
@@ -41,7 +41,8 @@ def relist_with(mirror_dir: Path, name: str, data: bytes) -> None:
     (mirror_dir / "gdeltv2" / name).write_bytes(data)
     lines = [
         f"{len(data)} {hashlib.md5(data).hexdigest()} http://data.gdeltproject.org/gdeltv2/{name}"
-        if line.endswith("/" + name) else line
+        if line.endswith("/" + name)
+        else line
         for line in index_lines(mirror_dir)
     ]
     write_index(mirror_dir, lines)

@@ -42,7 +42,11 @@ def approx(value: float):
 def test_perfect_prediction_scores_100_and_zero_kl():
     gold = {"01": ["010"], "19": ["190", "193"]}
     out = query_scores({"19": ["193", "190"], "01": ["010"]}, gold)
-    assert all(out[f"{lvl}_{m}"] == 100.0 for lvl in ("level1", "level2", "binary", "quad") for m in ("precision", "recall", "f1"))
+    assert all(
+        out[f"{lvl}_{m}"] == 100.0
+        for lvl in ("level1", "level2", "binary", "quad")
+        for m in ("precision", "recall", "f1")
+    )
     # Both sides: binary {mediation: 1/2, conflict: 1/2}, quad {verbal coop: 1/2, material conflict: 1/2}.
     assert out["binary_kl"] == 0.0 and out["quad_kl"] == 0.0
 
@@ -76,7 +80,9 @@ def test_partial_overlap():
     half = 0.5 + E
     assert out["binary_kl"] == approx(half * math.log(half / (1 + E)) + half * math.log(half / E))  # ≈ 10.820
     # quad KL over (vcoop, mcoop, vconf, mconf): gold (½, 0, 0, ½), pred (½, ½, 0, 0), all +ε.
-    expected_quad = half * math.log(half / half) + E * math.log(E / half) + E * math.log(E / E) + half * math.log(half / E)
+    expected_quad = (
+        half * math.log(half / half) + E * math.log(E / half) + E * math.log(E / E) + half * math.log(half / E)
+    )
     assert out["quad_kl"] == approx(expected_quad)  # ≈ 11.135
     assert out["quad_kl"] == pytest.approx(0.5 * math.log(5e9), rel=1e-9)
 

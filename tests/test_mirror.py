@@ -13,7 +13,7 @@ import re
 import time
 import zipfile
 from collections import Counter
-from datetime import date, datetime
+from datetime import UTC, date, datetime
 from pathlib import Path
 
 import polars as pl
@@ -25,7 +25,9 @@ from testbed.generate import generate_mirror
 from testbed.serve import MirrorServer
 
 DAY = date(2024, 1, 1)
-INDEX_LINE = re.compile(r"^(\d+) ([0-9a-f]{32}) http://data\.gdeltproject\.org/gdeltv2/((\d{14})\.(export|mentions)\.CSV\.zip)$")
+INDEX_LINE = re.compile(
+    r"^(\d+) ([0-9a-f]{32}) http://data\.gdeltproject\.org/gdeltv2/((\d{14})\.(export|mentions)\.CSV\.zip)$"
+)
 
 
 def member(path: Path) -> bytes:
@@ -35,7 +37,7 @@ def member(path: Path) -> bytes:
         infos = zf.infolist()
         assert [i.filename for i in infos] == [path.name.removesuffix(".zip")]
         assert infos[0].compress_type == zipfile.ZIP_DEFLATED
-        assert datetime(*infos[0].date_time).strftime("%Y%m%d%H%M%S") == path.name[:14]
+        assert datetime(*infos[0].date_time, tzinfo=UTC).strftime("%Y%m%d%H%M%S") == path.name[:14]
         return zf.read(infos[0])
 
 
@@ -59,14 +61,14 @@ def split_lines(data: bytes, n_fields: int) -> tuple[list[bytes], Counter]:
 def frame(lines: list[bytes], columns) -> pl.DataFrame:
     names = [name for name, _ in columns]
     if not lines:
-        return pl.DataFrame(schema={n: pl.String for n in names})
+        return pl.DataFrame(schema=dict.fromkeys(names, pl.String))
     return pl.read_csv(
         b"\n".join(lines) + b"\n",
         separator="\t",
         has_header=False,
         quote_char=None,
         new_columns=names,
-        schema_overrides={n: pl.String for n in names},
+        schema_overrides=dict.fromkeys(names, pl.String),
         infer_schema=False,
     )
 
@@ -221,14 +223,32 @@ def test_export_rows_are_gdelt_like(parsed):
     root = coded["EventRootCode"].cast(pl.Int32)
     quad = pl.Series([1 if r <= 5 else 2 if r <= 9 else 3 if r <= 14 else 4 for r in root])
     assert (coded["QuadClass"].cast(pl.Int32) == quad).all()
-    goldstein = e.group_by("EventCode").agg(pl.col("GoldsteinScale").n_unique().alias("n"), pl.col("GoldsteinScale").first())
+    goldstein = e.group_by("EventCode").agg(
+        pl.col("GoldsteinScale").n_unique().alias("n"), pl.col("GoldsteinScale").first()
+    )
     assert (goldstein["n"] == 1).all()
     assert goldstein["GoldsteinScale"].cast(pl.Float64).is_between(-10, 10).all()
 
     # Actors: ISO-3 mostly, CAMEO aliases, regions and outdated codes, blanks at GDELT's rates.
     countries = set(e["Actor1CountryCode"].drop_nulls()) | set(e["Actor2CountryCode"].drop_nulls())
     assert {"USA", "CHN", "RUS", "UKR", "ISR", "GBR", "FRA", "DEU", "IND", "IRN"} <= countries
-    assert {"ROM", "TMP", "IMY", "MTN", "WSB", "GZS", "BAG", "AFR", "EUR", "WST", "MEA", "SAS", "ASA", "ANT", "SSD"} <= countries
+    assert {
+        "ROM",
+        "TMP",
+        "IMY",
+        "MTN",
+        "WSB",
+        "GZS",
+        "BAG",
+        "AFR",
+        "EUR",
+        "WST",
+        "MEA",
+        "SAS",
+        "ASA",
+        "ANT",
+        "SSD",
+    } <= countries
     assert e["Actor1CountryCode"].value_counts(sort=True)["Actor1CountryCode"].drop_nulls()[0] == "USA"
     assert 0.06 <= e["Actor1Code"].is_null().mean() <= 0.11
     assert 0.25 <= e["Actor2Code"].is_null().mean() <= 0.31
@@ -266,7 +286,9 @@ def test_export_rows_are_gdelt_like(parsed):
     published = url.str.extract(r"/(\d{4}/\d{2}/\d{2})/").str.to_date("%Y/%m/%d")
     age = (DAY - published).dt.total_days()
     assert set(age.unique()) == {0, 1, 2, 3} and 0.005 < (age > 0).mean() < 0.05
-    non_ascii = e.select(pl.concat_str(pl.all().fill_null(""), separator="\t").str.contains(r"[^\x00-\x7F]")).to_series()
+    non_ascii = e.select(
+        pl.concat_str(pl.all().fill_null(""), separator="\t").str.contains(r"[^\x00-\x7F]")
+    ).to_series()
     assert 0.016 <= non_ascii.mean() <= 0.049
 
 
@@ -327,7 +349,9 @@ def test_get_head_and_ranges(srv, small_mirror):
     assert r.status_code == 206 and r.content == data[10:]
     assert r.headers["Content-Range"] == f"bytes 10-{len(data) - 1}/{len(data)}"
     r = requests.get(url, headers={"Range": "bytes=10-19"})
-    assert r.status_code == 206 and r.content == data[10:20] and r.headers["Content-Range"] == f"bytes 10-19/{len(data)}"
+    assert (
+        r.status_code == 206 and r.content == data[10:20] and r.headers["Content-Range"] == f"bytes 10-19/{len(data)}"
+    )
     r = requests.get(url, headers={"Range": f"bytes={len(data)}-"})
     assert r.status_code == 416 and r.headers["Content-Range"] == f"bytes */{len(data)}"
     size, md5, name = index_entries(small_mirror)[0]
@@ -347,7 +371,9 @@ def test_files_are_read_at_request_time(tmp_path):
         assert requests.get(f"{srv.base_url}/masterfilelist.txt", headers={"Range": "bytes=4-"}).text == "two\n"
 
 
-@pytest.mark.parametrize("path", ["/gdeltv2/../../etc/passwd", "/%2e%2e/%2e%2e/etc/passwd", "/gdeltv2/..%2f..%2fmanifest.json"])
+@pytest.mark.parametrize(
+    "path", ["/gdeltv2/../../etc/passwd", "/%2e%2e/%2e%2e/etc/passwd", "/gdeltv2/..%2f..%2fmanifest.json"]
+)
 def test_path_traversal_is_refused(srv, path):
     # http.client sends the path as written; requests would normalise the dots away.
     conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=5)

@@ -4,7 +4,7 @@ independent plain-Python implementation; idempotence of the daily outputs."""
 from __future__ import annotations
 
 import hashlib
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
 
 import polars as pl
 import pyarrow as pa
@@ -21,15 +21,25 @@ from pipeline.storage import DataLayout, atomic_write_parquet
 
 from .conftest import shared_fixture
 
-UTC = timezone.utc
+UTC = UTC
 DAY1 = date(2024, 3, 1)
 _ids = iter(range(1_000_000, 2_000_000))
 
 
-def event(day: date = DAY1, *, s: str | None = "USA", o: str | None = "CHN", code: str = "042", sqldate: date | None = None,
-          url: str | None = "https://news.example/a", mentions: int = 10, event_id: int | None = None, minute: int = 0) -> dict:
+def event(
+    day: date = DAY1,
+    *,
+    s: str | None = "USA",
+    o: str | None = "CHN",
+    code: str = "042",
+    sqldate: date | None = None,
+    url: str | None = "https://news.example/a",
+    mentions: int = 10,
+    event_id: int | None = None,
+    minute: int = 0,
+) -> dict:
     """One GDELT export row with every column of EXPORT_SCHEMA (unset ones null)."""
-    row = {name: None for name in EXPORT_SCHEMA.names()}
+    row = dict.fromkeys(EXPORT_SCHEMA.names())
     row.update(
         GLOBALEVENTID=event_id if event_id is not None else next(_ids),
         SQLDATE=sqldate or day,
@@ -169,7 +179,9 @@ def test_url_rule_matches_plain_python_on_random_rows(seed):
     rows.extend(event(rng.choice(days[1:]), url=url) for url in singles)
     if seed % 2:
         rng.shuffle(rows)
-    history = {url: rng.choice(days) - timedelta(days=rng.randrange(0, 3)) for url in rng.sample(pool[:-1], 8) + singles[:5]}
+    history = {
+        url: rng.choice(days) - timedelta(days=rng.randrange(0, 3)) for url in rng.sample(pool[:-1], 8) + singles[:5]
+    }
     url_hashes = pl.DataFrame({"url": list(history)}).select(url_hash("url")).to_series()
     hist = History(
         pl.LazyFrame(schema={"event_id": pl.Int64}),
@@ -201,11 +213,22 @@ def test_url_hashes_are_pinned_so_a_library_change_cannot_silently_orphan_the_hi
     # (https://github.com/Cyan4973/xxHash/blob/v0.8.3/cli/xsum_sanity_check.c): the plugin computes
     # the published algorithm, which any other implementation reproduces.
     assert pl.DataFrame({"x": [""]}).select(plh.col("x").nchash.xxh3_64()).item() == 0x2D06800538D394C2
-    urls = ["https://www.reuters.com/world/europe/ukraine-talks-2024-01-15/", "https://news.example/a",
-            "http://xn--80ak6aa92e.com/путь?q=1", "", None]
+    urls = [
+        "https://www.reuters.com/world/europe/ukraine-talks-2024-01-15/",
+        "https://news.example/a",
+        "http://xn--80ak6aa92e.com/путь?q=1",
+        "",
+        None,
+    ]
     hashes = pl.DataFrame({"url": urls}, schema={"url": pl.String}).select(url_hash("url")).to_series()
     assert hashes.dtype == pl.UInt64 and hashes.null_count() == 0  # rule 6 sorts them as numpy u64
-    assert hashes.to_list() == [11282965737587454845, 2100281069559639947, 13304644214176492521, 11562568711957783906, 0]
+    assert hashes.to_list() == [
+        11282965737587454845,
+        2100281069559639947,
+        13304644214176492521,
+        11562568711957783906,
+        0,
+    ]
 
 
 def _write_parsed(settings: Settings, day: date, rows: pl.DataFrame) -> None:
@@ -218,8 +241,11 @@ def test_url_across_two_daily_partitions_keeps_day_one(tmp_path):
     settings = Settings(data_dir=tmp_path)
     day2 = DAY1 + timedelta(days=1)
     _write_parsed(settings, DAY1, frame(event(DAY1, url="shared", o="RUS"), event(DAY1, url="only1")))
-    _write_parsed(settings, day2, frame(event(day2, url="shared", o="IND"), event(day2, url="only2"),
-                                        event(day2, url="x", event_id=None)))
+    _write_parsed(
+        settings,
+        day2,
+        frame(event(day2, url="shared", o="IND"), event(day2, url="only2"), event(day2, url="x", event_id=None)),
+    )
     first = build_events(DAY1, settings)
     second = build_events(day2, settings)
     assert first.history_days == 0 and second.history_days == 1
@@ -251,27 +277,37 @@ def test_event_replayed_on_a_later_day_adds_nothing(tmp_path):
     day2 = DAY1 + timedelta(days=1)
     original = event(DAY1, event_id=7, url="a")
     _write_parsed(settings, DAY1, frame(original))
-    _write_parsed(settings, day2, frame(dict(original, DATEADDED=original["DATEADDED"] + timedelta(days=1), SQLDATE=day2)))
+    _write_parsed(
+        settings, day2, frame(dict(original, DATEADDED=original["DATEADDED"] + timedelta(days=1), SQLDATE=day2))
+    )
     build_events(DAY1, settings)
     assert build_events(day2, settings).normalized.exclusions["duplicate_event_id"] == 1
 
 
 def test_daily_outputs_are_byte_identical_on_rerun(tmp_path):
     settings = Settings(data_dir=tmp_path)
-    _write_parsed(settings, DAY1, frame(*(event(o=o, url=f"u{i}", mentions=60) for i, o in enumerate(["CHN", "RUS", "CHN"]))))
+    _write_parsed(
+        settings, DAY1, frame(*(event(o=o, url=f"u{i}", mentions=60) for i, o in enumerate(["CHN", "RUS", "CHN"])))
+    )
     layout = DataLayout(tmp_path)
 
     def digest() -> tuple[str, str]:
         build_events(DAY1, settings)
         build_daily_quads(DAY1, settings)
-        return tuple(hashlib.sha256(p.read_bytes()).hexdigest() for p in (layout.events_path(DAY1), layout.daily_quads_path(DAY1)))
+        return tuple(
+            hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in (layout.events_path(DAY1), layout.daily_quads_path(DAY1))
+        )
 
     assert digest() == digest()
 
 
 def test_daily_quads_sum_mentions_and_count_first_day_web_mentions():
-    rows = frame(event(o="CHN", url="a", mentions=30, event_id=1), event(o="CHN", url="b", mentions=25, event_id=2),
-                 event(o="RUS", url="c", mentions=5, event_id=3))
+    rows = frame(
+        event(o="CHN", url="a", mentions=30, event_id=1),
+        event(o="CHN", url="b", mentions=25, event_id=2),
+        event(o="RUS", url="c", mentions=5, event_id=3),
+    )
     events = normalize_events(rows)
     day_start = datetime(2024, 3, 1, tzinfo=UTC)
     mentions = pl.DataFrame(
@@ -281,12 +317,21 @@ def test_daily_quads_sum_mentions_and_count_first_day_web_mentions():
             "MentionTimeDate": [day_start, day_start, day_start, day_start, day_start + timedelta(days=1)],
             "MentionIdentifier": ["m1", "m2", "m1", "BBC Monitoring", "late"],
         },
-        schema={"GLOBALEVENTID": pl.Int64, "MentionType": pl.Int8, "MentionTimeDate": pl.Datetime("us", "UTC"),
-                "MentionIdentifier": pl.String},
+        schema={
+            "GLOBALEVENTID": pl.Int64,
+            "MentionType": pl.Int8,
+            "MentionTimeDate": pl.Datetime("us", "UTC"),
+            "MentionIdentifier": pl.String,
+        },
     )
     quads = daily_quads(events, mentions)
     china = quads.filter(pl.col("o") == "CHN").row(0, named=True)
-    assert (china["daily_mentions"], china["n_events"], china["urls"], china["web_mention_urls"]) == (55, 2, ["a", "b"], 2)
+    assert (china["daily_mentions"], china["n_events"], china["urls"], china["web_mention_urls"]) == (
+        55,
+        2,
+        ["a", "b"],
+        2,
+    )
     russia = quads.filter(pl.col("o") == "RUS").row(0, named=True)
     assert (russia["daily_mentions"], russia["web_mention_urls"]) == (5, 0)
     assert quads.select(pl.struct("date", "s", "r", "o").is_unique().all()).item()
@@ -400,8 +445,14 @@ def _mixed_rows(n: int = 800, seed: int = 3) -> pl.DataFrame:
     for i in range(n):
         day = DAY1 + timedelta(days=rng.randrange(3))
         s = rng.choice(actors)
-        row = event(day, s=s, o=s if i % 9 == 0 else rng.choice(actors), sqldate=day - timedelta(days=i % 13 == 0),
-                    url=rng.choice([f"https://news.example/{rng.randrange(200)}", None]), minute=rng.randrange(60))
+        row = event(
+            day,
+            s=s,
+            o=s if i % 9 == 0 else rng.choice(actors),
+            sqldate=day - timedelta(days=i % 13 == 0),
+            url=rng.choice([f"https://news.example/{rng.randrange(200)}", None]),
+            minute=rng.randrange(60),
+        )
         row["EventBaseCode"] = rng.choice(bases)
         if i % 10 == 9:
             row["GLOBALEVENTID"] = rows[-3]["GLOBALEVENTID"]

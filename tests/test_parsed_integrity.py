@@ -20,8 +20,9 @@ from .dagster_day import PARTITION, materialised_day, run_check_alone
 @pytest.fixture
 def materialised(tmp_path, mirror):
     """A day landed and parsed through Dagster, with both checks run in the same run."""
-    with materialised_day(tmp_path, mirror, [gdelt_files, gdelt_events, gdelt_mentions, gdelt_events_intact,
-                                             gdelt_mentions_intact]) as day:
+    with materialised_day(
+        tmp_path, mirror, [gdelt_files, gdelt_events, gdelt_mentions, gdelt_events_intact, gdelt_mentions_intact]
+    ) as day:
         yield day
 
 
@@ -71,8 +72,9 @@ def test_a_damaged_parsed_file_fails_the_check_until_the_asset_re_parses_it(mate
     assert check.metadata["raw_damaged"].value == "none"
 
     # The next materialisation quarantines the file and parses its slot again; the check passes.
-    result = dg.materialize([gdelt_events, gdelt_events_intact], partition_key=PARTITION, resources=resources,
-                            instance=instance)
+    result = dg.materialize(
+        [gdelt_events, gdelt_events_intact], partition_key=PARTITION, resources=resources, instance=instance
+    )
     [materialisation] = result.asset_materializations_for_node("gdelt_events")
     assert materialisation.metadata["parsed_this_run"].value == 1
     quarantined = materialisation.metadata["quarantined_this_run"].value
@@ -107,7 +109,8 @@ def test_a_day_parsed_before_digests_were_recorded_warns_until_it_is_materialise
     check = _run_export_check(resources, instance)
     assert not check.passed and check.severity == dg.AssetCheckSeverity.WARN
     assert "parsed before digests were recorded" in check.description
-    result = dg.materialize([gdelt_events, gdelt_events_intact], partition_key=PARTITION, resources=resources,
-                            instance=instance)
+    result = dg.materialize(
+        [gdelt_events, gdelt_events_intact], partition_key=PARTITION, resources=resources, instance=instance
+    )
     assert result.asset_materializations_for_node("gdelt_events")[0].metadata["parsed_this_run"].value == 0
     assert _evaluations(result)["gdelt_events"].passed

@@ -84,7 +84,9 @@ class Postgres:
         }
 
     def query(self, sql: str, params: tuple = ()) -> list[tuple]:
-        with psycopg2.connect(host=self.host, port=self.port, dbname=self.db, user=self.user, password=self.password) as conn:
+        with psycopg2.connect(
+            host=self.host, port=self.port, dbname=self.db, user=self.user, password=self.password
+        ) as conn:
             with conn.cursor() as cur:
                 cur.execute(sql, params)
                 return cur.fetchall()
@@ -94,8 +96,10 @@ class Postgres:
 def postgres():
     bin_dir = _server_bin_dir()
     if bin_dir is None:
-        pytest.skip("PostgreSQL server binaries (initdb, pg_ctl) not found: install Debian's `postgresql` "
-                    "package (`make test` does so when run as root with apt-get)")
+        pytest.skip(
+            "PostgreSQL server binaries (initdb, pg_ctl) not found: install Debian's `postgresql` "
+            "package (`make test` does so when run as root with apt-get)"
+        )
     prefix, user = _as_server_user()
     # Not under pytest's tmp_path: that is private to root, and the server user must enter it.
     base = Path(tempfile.mkdtemp(prefix="mirai-pg-"))
@@ -105,16 +109,44 @@ def postgres():
         shutil.chown(base, user)
         shutil.chown(base / "pwfile", user)
     port = _free_port()
-    run = lambda *args: subprocess.run([*prefix, *map(str, args)], check=True, capture_output=True, text=True, timeout=60)  # noqa: E731
+
+    def run(*args):
+        return subprocess.run([*prefix, *map(str, args)], check=True, capture_output=True, text=True, timeout=60)
+
     try:
         # Password (scram) over TCP, like a real deployment; the socket lives in our temp dir only.
-        run(bin_dir / "initdb", "-D", data, "-U", "dagster", "--pwfile", base / "pwfile", "--auth-host=scram-sha-256",
-            "--auth-local=trust", "-E", "UTF8", "--no-locale")
-        run(bin_dir / "pg_ctl", "-D", data, "-l", log, "-w", "-t", "30", "-o",
-            f"-h 127.0.0.1 -p {port} -k {base} -c fsync=off -c full_page_writes=off", "start")
+        run(
+            bin_dir / "initdb",
+            "-D",
+            data,
+            "-U",
+            "dagster",
+            "--pwfile",
+            base / "pwfile",
+            "--auth-host=scram-sha-256",
+            "--auth-local=trust",
+            "-E",
+            "UTF8",
+            "--no-locale",
+        )
+        run(
+            bin_dir / "pg_ctl",
+            "-D",
+            data,
+            "-l",
+            log,
+            "-w",
+            "-t",
+            "30",
+            "-o",
+            f"-h 127.0.0.1 -p {port} -k {base} -c fsync=off -c full_page_writes=off",
+            "start",
+        )
     except subprocess.CalledProcessError as exc:
         shutil.rmtree(base, ignore_errors=True)
-        raise AssertionError(f"PostgreSQL did not start: {exc.stderr}\n{log.read_text() if log.exists() else ''}") from exc
+        raise AssertionError(
+            f"PostgreSQL did not start: {exc.stderr}\n{log.read_text() if log.exists() else ''}"
+        ) from exc
     server = Postgres("127.0.0.1", port, "dagster", "dagster", PASSWORD)
     admin = psycopg2.connect(host=server.host, port=port, dbname="postgres", user=server.user, password=PASSWORD)
     admin.autocommit = True
@@ -124,8 +156,11 @@ def postgres():
     try:
         yield server
     finally:
-        subprocess.run([*prefix, str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop"],
-                       capture_output=True, timeout=60)
+        subprocess.run(
+            [*prefix, str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop"],
+            capture_output=True,
+            timeout=60,
+        )
         shutil.rmtree(base, ignore_errors=True)
 
 
@@ -138,13 +173,32 @@ def _dagster_home(tmp_path: Path) -> Path:
 
 def test_a_day_materialises_on_the_deployed_instance_in_postgresql(tmp_path, mirror, postgres):
     home = _dagster_home(tmp_path)
-    env = {**os.environ, **postgres.env(), "DAGSTER_HOME": str(home), "MIRAI_DATA_DIR": str(tmp_path / "data"),
-           "GDELT_BASE_URL": mirror.base_url, "MIRAI_BACKOFF_BASE_S": "0.01"}
+    env = {
+        **os.environ,
+        **postgres.env(),
+        "DAGSTER_HOME": str(home),
+        "MIRAI_DATA_DIR": str(tmp_path / "data"),
+        "GDELT_BASE_URL": mirror.base_url,
+        "MIRAI_BACKOFF_BASE_S": "0.01",
+    }
     proc = subprocess.run(
         # The job the 15-minute schedule launches, for one daily partition.
-        [str(BIN / "dagster"), "job", "execute", "-m", "definitions", "-j", "gdelt_ingest",
-         "--tags", json.dumps({"dagster/partition": MIRROR_DAY.isoformat()})],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+        [
+            str(BIN / "dagster"),
+            "job",
+            "execute",
+            "-m",
+            "definitions",
+            "-j",
+            "gdelt_ingest",
+            "--tags",
+            json.dumps({"dagster/partition": MIRROR_DAY.isoformat()}),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
 
@@ -159,7 +213,9 @@ def test_a_day_materialises_on_the_deployed_instance_in_postgresql(tmp_path, mir
     )
     assert sorted(materialised) == sorted((f'["{a}"]', MIRROR_DAY.isoformat()) for a in DAY_ASSETS)
     # The step in the gdelt_http pool took its one slot (created at the default limit) and gave it back.
-    assert postgres.query("SELECT concurrency_key, \"limit\", using_default_limit FROM concurrency_limits") == [("gdelt_http", 1, True)]
+    assert postgres.query('SELECT concurrency_key, "limit", using_default_limit FROM concurrency_limits') == [
+        ("gdelt_http", 1, True)
+    ]
     assert postgres.query("SELECT concurrency_key, run_id FROM concurrency_slots") == [("gdelt_http", None)]
     # The day's checks ran in the same run and were recorded there too.
     # Named, not counted: a check added to the job then shows up here by name.
@@ -167,12 +223,16 @@ def test_a_day_materialises_on_the_deployed_instance_in_postgresql(tmp_path, mir
         "SELECT event FROM event_logs WHERE run_id = %s AND dagster_event_type = 'ASSET_CHECK_EVALUATION'", (run_id,)
     )
     names = sorted(
-        (json.loads(row[0])["dagster_event"]["event_specific_data"]["asset_key"]["path"][0],
-         json.loads(row[0])["dagster_event"]["event_specific_data"]["check_name"])
+        (
+            json.loads(row[0])["dagster_event"]["event_specific_data"]["asset_key"]["path"][0],
+            json.loads(row[0])["dagster_event"]["event_specific_data"]["check_name"],
+        )
         for row in evaluated
     )
     assert names == sorted(DAY_CHECKS)
-    assert postgres.query("SELECT count(*) FROM event_logs WHERE run_id = %s AND dagster_event_type = 'STEP_FAILURE'", (run_id,)) == [(0,)]
+    assert postgres.query(
+        "SELECT count(*) FROM event_logs WHERE run_id = %s AND dagster_event_type = 'STEP_FAILURE'", (run_id,)
+    ) == [(0,)]
 
 
 def test_the_deployed_instance_reads_back_from_postgresql_with_its_limits(tmp_path, postgres, monkeypatch):

@@ -8,7 +8,7 @@ real assets on a data dir written here (or on the generated mirror) and show tha
 
 from __future__ import annotations
 
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
 import dagster as dg
@@ -31,7 +31,7 @@ from quality.suites import (
 from .conftest import MIRROR_DAY, shared_fixture
 from .gx_helpers import assert_fails_only, failure, set_row
 
-UTC = timezone.utc
+UTC = UTC
 DAY = MIRROR_DAY  # inside the daily partitions (they start at MIRAI_START_DATE, 2023-01-01)
 SLOT = datetime(DAY.year, DAY.month, DAY.day, 10, 15, tzinfo=UTC)
 REAL_EXPORT = "gdelt/narayave-Insight-GDELT-Feed/b412634/20190121220000.export.CSV"
@@ -82,7 +82,9 @@ def raw_rows(slot: datetime, ids: list[int], pairs: list[tuple[str, str, str]] |
 
 def raw_day(n_slots: int = 3, per_slot: int = 6) -> dict[datetime, pl.DataFrame]:
     return {
-        SLOT + timedelta(minutes=15 * k): raw_rows(SLOT + timedelta(minutes=15 * k), list(range(1000 * k, 1000 * k + per_slot)))
+        SLOT + timedelta(minutes=15 * k): raw_rows(
+            SLOT + timedelta(minutes=15 * k), list(range(1000 * k, 1000 * k + per_slot))
+        )
         for k in range(n_slots)
     }
 
@@ -117,12 +119,6 @@ def good_events() -> pl.DataFrame:
         },
         schema=EVENTS_SCHEMA,
     )
-
-
-
-
-
-
 
 
 def test_reference_sets_hold_the_codes_the_builders_use():
@@ -176,7 +172,7 @@ def test_raw_dateadded_outside_its_slot_fails(offset):
 
 def test_raw_dateadded_at_the_last_second_of_its_slot_passes():
     day = raw_day()
-    slot = list(day)[0]
+    slot = next(iter(day))
     day[slot] = set_row(day[slot], 0, DATEADDED=slot + timedelta(minutes=14, seconds=59))
     assert validate_raw_events(day).passed
 
@@ -263,9 +259,15 @@ def test_a_row_breaking_two_rules_names_each_rule_with_its_count_and_examples():
     assert not res.passed and len(res.failures) == 2, res.failures
     s_rule, r_rule = failure(res, IN_SET, "s"), failure(res, IN_SET, "r")
     assert (s_rule["rule"], s_rule["unexpected_count"], s_rule["unexpected_values"]) == (
-        "3: s is an ISO 3166-1 alpha-3 country", 1, ["EUR"])
+        "3: s is an ISO 3166-1 alpha-3 country",
+        1,
+        ["EUR"],
+    )
     assert (r_rule["rule"], r_rule["unexpected_count"], r_rule["unexpected_values"]) == (
-        "5: r is a MIRAI level-2 CAMEO code", 2, ["999", "998"])
+        "5: r is a MIRAI level-2 CAMEO code",
+        2,
+        ["999", "998"],
+    )
     assert s_rule["validated_by"] == "expect_column_values_to_be_null on _row_rule_violations"
     assert res.statistics["unsuccessful_expectations"] == 1  # the one combined GX expectation
     md = res.failures_markdown()
@@ -300,7 +302,10 @@ def test_events_date_added_in_the_evening_of_the_previous_day_is_misaligned():
 def test_events_wrong_dtype_fails_on_the_polars_side():
     res = validate_events(good_events().with_columns(pl.col("date_added").dt.replace_time_zone(None)))
     f = failure(res, SCHEMA_CHECK)
-    assert "date_added: Datetime(time_unit='us', time_zone=None) != Datetime(time_unit='us', time_zone='UTC')" in f["unexpected_values"]
+    assert (
+        "date_added: Datetime(time_unit='us', time_zone=None) != Datetime(time_unit='us', time_zone='UTC')"
+        in f["unexpected_values"]
+    )
     assert not res.passed
 
 
@@ -358,14 +363,21 @@ def _write_parsed_day(data_dir: Path, day: dict[datetime, pl.DataFrame]) -> None
 
 
 def _run(data_dir: Path, instance, *, include_quads_check: bool = True):
-    from assets.events import daily_quads as daily_quads_asset, events
+    from assets.events import daily_quads as daily_quads_asset
+    from assets.events import events
     from assets.ingest import gdelt_events
     from quality.event_checks import daily_quads_valid, events_valid, gdelt_events_valid
 
     # gdelt_events finds no ledger here, so it parses nothing and keeps the files written above.
     return dg.materialize(
-        [gdelt_events, events, daily_quads_asset, gdelt_events_valid, events_valid,
-         *([daily_quads_valid] if include_quads_check else [])],
+        [
+            gdelt_events,
+            events,
+            daily_quads_asset,
+            gdelt_events_valid,
+            events_valid,
+            *([daily_quads_valid] if include_quads_check else []),
+        ],
         partition_key=DAY.isoformat(),
         resources=resources_for(data_dir=str(data_dir)),
         instance=instance,
@@ -388,7 +400,10 @@ def test_checks_pass_on_a_good_day(tmp_path):
     assert result.success
     evals = _evaluations(result)
     assert {name: e.passed for name, e in evals.items()} == {
-        "gdelt_events_valid": True, "events_valid": True, "daily_quads_valid": True}
+        "gdelt_events_valid": True,
+        "events_valid": True,
+        "daily_quads_valid": True,
+    }
     assert evals["events_valid"].metadata["rows"].value == 18
     assert evals["events_valid"].metadata["unsuccessful_expectations"].value == 0
     assert {"events", "daily_quads"} <= _materialized(result)
@@ -463,8 +478,13 @@ def test_definitions_carry_the_checks_without_importing_great_expectations():
         "print(sorted(k.name for k in keys));"
         "print('great_expectations' in sys.modules)"
     )
-    out = subprocess.run([sys.executable, "-W", "ignore", "-c", code], cwd=Path(__file__).resolve().parents[1],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", code],
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     names, gx_loaded = out.stdout.strip().splitlines()[-2:]
     assert {"gdelt_events_valid", "events_valid", "daily_quads_valid"} <= set(eval(names))
@@ -474,21 +494,34 @@ def test_definitions_carry_the_checks_without_importing_great_expectations():
 def test_checks_pass_on_a_real_pipeline_day(tmp_path, mirror):
     """The whole chain on the generated GDELT mirror (malformed lines, gaps, aliases, regions,
     late re-reports): the pipeline's own output meets every expectation."""
-    from assets.events import daily_quads as daily_quads_asset, events
+    from assets.events import daily_quads as daily_quads_asset
+    from assets.events import events
     from assets.ingest import gdelt_events, gdelt_files, gdelt_mentions
     from quality.event_checks import daily_quads_valid, events_valid, gdelt_events_valid
 
     resources = resources_for(data_dir=str(tmp_path / "data"), gdelt_base_url=mirror.base_url)
     with dg.instance_for_test() as instance:
         result = dg.materialize(
-            [gdelt_files, gdelt_events, gdelt_mentions, events, daily_quads_asset,
-             gdelt_events_valid, events_valid, daily_quads_valid],
-            partition_key=MIRROR_DAY.isoformat(), resources=resources, instance=instance,
+            [
+                gdelt_files,
+                gdelt_events,
+                gdelt_mentions,
+                events,
+                daily_quads_asset,
+                gdelt_events_valid,
+                events_valid,
+                daily_quads_valid,
+            ],
+            partition_key=MIRROR_DAY.isoformat(),
+            resources=resources,
+            instance=instance,
         )
     assert result.success
     evals = _evaluations(result)
     assert {n: e.passed for n, e in evals.items()} == {
-        "gdelt_events_valid": True, "events_valid": True, "daily_quads_valid": True}, {
-        n: e.metadata.get("failures") for n, e in evals.items()}
+        "gdelt_events_valid": True,
+        "events_valid": True,
+        "daily_quads_valid": True,
+    }, {n: e.metadata.get("failures") for n, e in evals.items()}
     assert evals["gdelt_events_valid"].metadata["rows"].value > 10_000
     assert evals["events_valid"].metadata["rows"].value > 1_000

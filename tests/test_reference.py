@@ -156,9 +156,9 @@ def test_relation_table_matches_the_paper_count():
 def test_quad_classes_by_root():
     gdelt = {1: range(1, 6), 2: range(6, 10), 3: range(10, 15), 4: range(15, 21)}
     mirai = {1: range(1, 5), 2: range(5, 9), 3: range(9, 17), 4: range(17, 21)}
-    for code, root, quad, mirai_quad in relation_table().select(
-        "code", pl.col("level1").cast(pl.Int32), "quad_class", "mirai_quad_class"
-    ).iter_rows():
+    for code, root, quad, mirai_quad in (
+        relation_table().select("code", pl.col("level1").cast(pl.Int32), "quad_class", "mirai_quad_class").iter_rows()
+    ):
         assert root in gdelt[quad], code
         assert root in mirai[mirai_quad], code
 

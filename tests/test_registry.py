@@ -64,14 +64,21 @@ def test_llm_defaults():
     (agent,) = parse(LLM)
     assert agent.endpoint == Endpoint("https://api.openai.com/v1", "gpt-4o-mini", "OPENAI_API_KEY")
     # MIRAI's setting: react, single function, temperature 0.4, 20 steps; one round at distance 1.
-    assert (agent.strategy, agent.action_type, agent.temperature, agent.max_steps) == ("react", "single_function", 0.4, 20)
+    assert (agent.strategy, agent.action_type, agent.temperature, agent.max_steps) == (
+        "react",
+        "single_function",
+        0.4,
+        20,
+    )
     assert (agent.rounds, agent.distances, agent.gguf) == (1, (1,), None)
 
 
 def test_direct_strategy_has_no_tool_settings():
     (agent,) = parse({**LLM, "strategy": "direct", "rounds": 5, "distances": [1, 7]})
     assert (agent.action_type, agent.max_steps, agent.rounds, agent.distances) == (None, None, 5, (1, 7))
-    assert "action_type applies only to strategy react" in problems({**LLM, "strategy": "cot", "action_type": "code_block"})
+    assert "action_type applies only to strategy react" in problems(
+        {**LLM, "strategy": "cot", "action_type": "code_block"}
+    )
 
 
 def test_local_gguf_is_relative_to_the_registry():
@@ -99,14 +106,26 @@ def test_yaml_file_round_trip(tmp_path):
     [
         ({"name": "x", "kind": "oracle"}, "kind must be one of baseline, llm"),
         ({"name": "x", "kind": "baseline"}, "baseline is required"),
-        ({"name": "x", "kind": "baseline", "baseline": "magic"}, "baseline must be one of recurrency, frequency, empty"),
-        ({"name": "x", "kind": "baseline", "baseline": "recurrency", "top_k": 3}, "top_k applies only to the frequency"),
+        (
+            {"name": "x", "kind": "baseline", "baseline": "magic"},
+            "baseline must be one of recurrency, frequency, empty",
+        ),
+        (
+            {"name": "x", "kind": "baseline", "baseline": "recurrency", "top_k": 3},
+            "top_k applies only to the frequency",
+        ),
         ({"name": "x", "kind": "baseline", "baseline": "frequency", "top_k": 0}, "top_k must be a positive integer"),
         ({"name": "x", "kind": "baseline", "baseline": "empty", "rounds": 3}, "rounds must be 1 for a baseline"),
-        ({"name": "x", "kind": "baseline", "baseline": "empty", "temperature": 0.4}, "unknown fields for a baseline agent: ['temperature']"),
+        (
+            {"name": "x", "kind": "baseline", "baseline": "empty", "temperature": 0.4},
+            "unknown fields for a baseline agent: ['temperature']",
+        ),
         ({"name": "x", "kind": "baseline", "baseline": "empty", "distances": []}, "distances must be a non-empty list"),
         ({"name": "x", "kind": "baseline", "baseline": "empty", "distances": [1, 1]}, "distances repeat"),
-        ({"name": "x", "kind": "baseline", "baseline": "empty", "distances": [0]}, "every distance must be a positive integer"),
+        (
+            {"name": "x", "kind": "baseline", "baseline": "empty", "distances": [0]},
+            "every distance must be a positive integer",
+        ),
         ({**LLM, "temprature": 0.4}, "unknown fields for a llm agent: ['temprature']"),
         ({**LLM, "temperature": 3}, "temperature must be a number from 0 to 2"),
         ({**LLM, "strategy": "tot"}, "strategy must be one of direct, cot, react"),
@@ -121,7 +140,10 @@ def test_yaml_file_round_trip(tmp_path):
         ({**LLM, "endpoint": {**LLM["endpoint"], "base_url": "api.openai.com"}}, "base_url must be an http(s) URL"),
         ({**LLM, "endpoint": {**LLM["endpoint"], "api_key_env": "OPENAI KEY"}}, "environment variable name"),
         ({**LLM, "endpoint": "https://api.openai.com/v1"}, "endpoint must be a mapping"),
-        ({**{k: v for k, v in LLM.items() if k != "endpoint"}, "gguf": "model.bin"}, "gguf must be the path of a .gguf"),
+        (
+            {**{k: v for k, v in LLM.items() if k != "endpoint"}, "gguf": "model.bin"},
+            "gguf must be the path of a .gguf",
+        ),
         ({**LLM, "name": "a/b"}, "name must be letters, digits"),
         ({**LLM, "name": None}, "name must be letters, digits"),
     ],

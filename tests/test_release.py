@@ -11,7 +11,7 @@ import shutil
 import threading
 import urllib.request
 import uuid
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 from pathlib import Path
 
 import dagster as dg
@@ -44,7 +44,7 @@ from .s3_server import ACCESS_KEY, SECRET_KEY, SeaweedS3, weed_binary
 from .test_splits import QUADS
 
 JAN, FEB = date(2024, 1, 1), date(2024, 2, 1)
-AFTER_GRACE = datetime(2024, 3, 4, tzinfo=timezone.utc)
+AFTER_GRACE = datetime(2024, 3, 4, tzinfo=UTC)
 JAN_QUADS = [
     Quad(date(2024, 1, 10), "FRA", "036", "DEU", 100, kept=5),
     Quad(date(2024, 1, 31), "USA", "042", "CHN", 300, kept=6),
@@ -133,7 +133,9 @@ def _a_different_february(tmp_path: Path, data_dir: Path) -> Settings:
 # --- S3 (SeaweedFS) -----------------------------------------------------------------------------
 
 
-def test_s3_publish_then_download_round_trip_is_byte_identical_and_republish_is_a_no_op(data_dir, s3_server, bucket, tmp_path):
+def test_s3_publish_then_download_round_trip_is_byte_identical_and_republish_is_a_no_op(
+    data_dir, s3_server, bucket, tmp_path
+):
     settings = _s3_settings(data_dir, s3_server, bucket)
     store = open_store(settings)
     first = publish_release(JAN, settings, store)
@@ -149,8 +151,10 @@ def test_s3_publish_then_download_round_trip_is_byte_identical_and_republish_is_
         Bucket=bucket, Key="mirai/v1/releases/2024-02/database/events/month=2023-12.parquet", ChecksumMode="ENABLED"
     )
     assert big["ChecksumSHA256"].endswith("-3")  # multipart, every part SHA-256 checked by the server
-    types = {k: admin.head_object(Bucket=bucket, Key=f"mirai/v1/{k}")["ContentType"]
-             for k in (release_key("2024-02", "README.md"), release_key("2024-02", "relation_distribution.png"), LATEST_KEY)}
+    types = {
+        k: admin.head_object(Bucket=bucket, Key=f"mirai/v1/{k}")["ContentType"]
+        for k in (release_key("2024-02", "README.md"), release_key("2024-02", "relation_distribution.png"), LATEST_KEY)
+    }
     assert types == {
         "releases/2024-02/README.md": "text/markdown; charset=utf-8",
         "releases/2024-02/relation_distribution.png": "image/png",
@@ -176,11 +180,15 @@ def test_s3_publish_then_download_round_trip_is_byte_identical_and_republish_is_
     raw_index = admin.get_object(Bucket=bucket, Key="mirai/v1/" + INDEX_KEY)["Body"].read()
     index = json.loads(raw_index)
     assert [(e["release"], e["manifest_sha256"]) for e in index["releases"]] == [
-        ("2024-01", first.manifest_sha256), ("2024-02", second.manifest_sha256)
+        ("2024-01", first.manifest_sha256),
+        ("2024-02", second.manifest_sha256),
     ]
     assert b"127.0.0.1" not in raw_index and b"://" not in raw_index
     key = index["releases"][1]["files"]["queries.parquet"]
-    assert key == "releases/2024-02/queries.parquet" and index["releases"][1]["manifest"] == "releases/2024-02/manifest.json"
+    assert (
+        key == "releases/2024-02/queries.parquet"
+        and index["releases"][1]["manifest"] == "releases/2024-02/manifest.json"
+    )
     url = f"{s3_server.endpoint}/{bucket}/mirai/v1/{key}"
     assert urllib.request.urlopen(url).read() == (data_dir / "splits/2024-02/queries.parquet").read_bytes()
 
@@ -205,7 +213,7 @@ def test_s3_server_killed_mid_upload_then_the_next_run_completes_the_release(dat
             s3_server.stop(kill=True)
 
     try:
-        with pytest.raises(Exception):
+        with pytest.raises(Exception):  # noqa: B017 - whatever a server killed mid-upload makes boto3 raise
             publish_release(FEB, settings, open_store(settings), progress=crash_mid_multipart)
     finally:
         s3_server.start()
@@ -228,7 +236,9 @@ def test_s3_server_killed_mid_upload_then_the_next_run_completes_the_release(dat
     _assert_identical(tmp_path / "dl" / "2024-02", data_dir, FEB)
 
 
-def test_s3_corrupted_object_makes_download_fail_loudly_and_keep_nothing(data_dir, s3_server, bucket, tmp_path, monkeypatch, capsys):
+def test_s3_corrupted_object_makes_download_fail_loudly_and_keep_nothing(
+    data_dir, s3_server, bucket, tmp_path, monkeypatch, capsys
+):
     settings = _s3_settings(data_dir, s3_server, bucket)
     publish_release(FEB, settings, open_store(settings))
     # Bit rot (or tampering) behind the publisher's back: other bytes, the same sha256 metadata.
@@ -261,7 +271,9 @@ def test_s3_bucket_holding_a_different_release_is_refused_and_not_overwritten(da
     other_s3 = _s3_settings(other.data_dir, s3_server, bucket)
     with pytest.raises(ReleaseConflict, match="already holds a different release 2024-02"):
         publish_release(FEB, other_s3, open_store(other_s3))
-    assert {o["Key"]: (o["ETag"], o["LastModified"]) for o in admin.list_objects_v2(Bucket=bucket)["Contents"]} == before
+    assert {
+        o["Key"]: (o["ETag"], o["LastModified"]) for o in admin.list_objects_v2(Bucket=bucket)["Contents"]
+    } == before
 
 
 def test_s3_an_unpublished_key_with_other_bytes_is_refused_before_anything_is_written(data_dir, s3_server, bucket):
@@ -269,7 +281,7 @@ def test_s3_an_unpublished_key_with_other_bytes_is_refused_before_anything_is_wr
     admin = s3_server.client()
     key = "mirai/v1/releases/2024-02/queries.parquet"
     admin.put_object(Bucket=bucket, Key=key, Body=b"someone else's queries")
-    with pytest.raises(ReleaseConflict, match="queries.parquet"):
+    with pytest.raises(ReleaseConflict, match=r"queries.parquet"):
         publish_release(FEB, settings, open_store(settings))
     assert [o["Key"] for o in admin.list_objects_v2(Bucket=bucket)["Contents"]] == [key]
 
@@ -287,7 +299,9 @@ def test_s3_download_resumes_a_partial_file_with_a_range_request(data_dir, s3_se
     store = open_store(settings, signed=False)
     result = download_release(store, "2024-02", tmp_path / "dl", only="database")
     assert target.read_bytes() == source and not part.exists()
-    small = sum(len(p.read_bytes()) for n, p in _source_files(data_dir, FEB).items() if n.startswith("database/") and n != name)
+    small = sum(
+        len(p.read_bytes()) for n, p in _source_files(data_dir, FEB).items() if n.startswith("database/") and n != name
+    )
     assert result.bytes_downloaded == BIG - BIG // 3 + small
 
     # A partial file whose bytes went bad is discarded and fetched again from the start.
@@ -330,7 +344,9 @@ def test_local_store_is_the_default_and_round_trips(data_dir, tmp_path):
         publish_release(month, settings, store)
     root = tmp_path / "bucket" / "releases"
     assert json.loads((root / "latest.json").read_text())["release"] == "2024-02"
-    assert (root / "2024-02" / "queries.parquet").read_bytes() == (data_dir / "splits/2024-02/queries.parquet").read_bytes()
+    assert (root / "2024-02" / "queries.parquet").read_bytes() == (
+        data_dir / "splits/2024-02/queries.parquet"
+    ).read_bytes()
     mtimes = {p: p.stat().st_mtime_ns for p in root.rglob("*")}
     assert not publish_release(FEB, settings, store).changed
     assert {p: p.stat().st_mtime_ns for p in root.rglob("*")} == mtimes
@@ -345,8 +361,9 @@ def test_local_store_is_the_default_and_round_trips(data_dir, tmp_path):
 
 
 def test_index_carries_absolute_urls_only_from_the_configured_public_url(data_dir, tmp_path):
-    settings = Settings(data_dir=data_dir, release_uri=str(tmp_path / "bucket"),
-                        release_public_url="https://data.example.org/mirai/")
+    settings = Settings(
+        data_dir=data_dir, release_uri=str(tmp_path / "bucket"), release_public_url="https://data.example.org/mirai/"
+    )
     publish_release(FEB, settings)
     index = json.loads((tmp_path / "bucket" / INDEX_KEY).read_text())
     entry = index["releases"][0]
@@ -363,20 +380,39 @@ def test_manifests_and_cards_record_their_source(data_dir, tmp_path):
     settings = Settings(data_dir=data_dir, release_uri=str(tmp_path / "bucket"))
     publish_release(FEB, settings)
     gdelt = json.loads((tmp_path / "bucket/releases/2024-02/manifest.json").read_text())
-    assert gdelt["source"] == gdelt["split"]["source"] == {
-        "generated": False, "gdelt_base_url": Settings().gdelt_base_url,
-        "description": f"GDELT 2.0 event feed at {Settings().gdelt_base_url}"}
+    assert (
+        gdelt["source"]
+        == gdelt["split"]["source"]
+        == {
+            "generated": False,
+            "gdelt_base_url": Settings().gdelt_base_url,
+            "description": f"GDELT 2.0 event feed at {Settings().gdelt_base_url}",
+        }
+    )
     card_text = (tmp_path / "bucket/releases/2024-02/README.md").read_text()
-    assert "GENERATED" not in card_text and f"| source | GDELT 2.0 event feed at {Settings().gdelt_base_url} |" in card_text
+    assert (
+        "GENERATED" not in card_text
+        and f"| source | GDELT 2.0 event feed at {Settings().gdelt_base_url} |" in card_text
+    )
 
-    demo = Settings(data_dir=tmp_path / "demo", release_uri=str(tmp_path / "demo-bucket"),
-                    generated_source="generated mirror, seed 7")
+    demo = Settings(
+        data_dir=tmp_path / "demo",
+        release_uri=str(tmp_path / "demo-bucket"),
+        generated_source="generated mirror, seed 7",
+    )
     _build(demo, FEB, QUADS)
     publish_release(FEB, demo)
     manifest = json.loads((tmp_path / "demo-bucket/releases/2024-02/manifest.json").read_text())
-    assert manifest["source"] == manifest["split"]["source"] == {"generated": True, "description": "generated mirror, seed 7"}
+    assert (
+        manifest["source"]
+        == manifest["split"]["source"]
+        == {"generated": True, "description": "generated mirror, seed 7"}
+    )
     first_lines = (tmp_path / "demo-bucket/releases/2024-02/README.md").read_text().splitlines()[:3]
-    assert first_lines[1] == 'pretty_name: "MIRAI test split 2024-02 (GENERATED data, not GDELT: generated mirror, seed 7)"'
+    assert (
+        first_lines[1]
+        == 'pretty_name: "MIRAI test split 2024-02 (GENERATED data, not GDELT: generated mirror, seed 7)"'
+    )
     card_text = (tmp_path / "demo-bucket/releases/2024-02/README.md").read_text()
     assert "# MIRAI test split 2024-02: GENERATED data, not GDELT" in card_text
     assert "> **Generated data, not GDELT.** Built from generated mirror, seed 7" in card_text
@@ -399,7 +435,7 @@ def test_local_download_detects_a_corrupted_file(data_dir, tmp_path):
     publish_release(FEB, Settings(data_dir=data_dir, release_uri=f"file://{bucket}"))
     card = bucket / "releases/2024-02/README.md"
     card.write_text("tampered")
-    with pytest.raises(ChecksumMismatch, match="README.md"):
+    with pytest.raises(ChecksumMismatch, match=r"README.md"):
         download_release(LocalStore(bucket), "2024-02", tmp_path / "dl")
     assert not (tmp_path / "dl/2024-02/README.md").exists()
 
@@ -473,8 +509,13 @@ def test_s3_uploads_send_unsigned_payload_only_with_their_sha256_checksum(data_d
 
     def record(request, **kwargs):
         payload = request.headers.get("X-Amz-Content-SHA256")
-        sent.append((request.method, payload.decode() if isinstance(payload, bytes) else payload,
-                     "x-amz-checksum-sha256" in request.headers))
+        sent.append(
+            (
+                request.method,
+                payload.decode() if isinstance(payload, bytes) else payload,
+                "x-amz-checksum-sha256" in request.headers,
+            )
+        )
 
     for client in (store.client, store._checksummed):
         client.meta.events.register("before-send.s3", record)
@@ -487,7 +528,9 @@ def test_s3_uploads_send_unsigned_payload_only_with_their_sha256_checksum(data_d
     assert completes  # CompleteMultipartUpload carries no checksum: its body stays signed
 
 
-def test_s3_first_publish_uploads_files_while_later_ones_are_still_being_planned(data_dir, s3_server, bucket, monkeypatch):
+def test_s3_first_publish_uploads_files_while_later_ones_are_still_being_planned(
+    data_dir, s3_server, bucket, monkeypatch
+):
     """The last file's planning waits until a request of an earlier file has been sent: a publish
     that planned the whole release before uploading would never send it (and the wait fails)."""
     settings = _s3_settings(data_dir, s3_server, bucket)
@@ -509,7 +552,9 @@ def test_s3_first_publish_uploads_files_while_later_ones_are_still_being_planned
     assert result.manifest_sha256 == sha256_hex(plan_release(FEB, settings).manifest_bytes)
 
 
-def test_s3_a_file_changed_right_after_it_was_hashed_is_rejected_by_its_part_checksums(data_dir, s3_server, bucket, tmp_path, monkeypatch):
+def test_s3_a_file_changed_right_after_it_was_hashed_is_rejected_by_its_part_checksums(
+    data_dir, s3_server, bucket, tmp_path, monkeypatch
+):
     copy = tmp_path / "data"
     shutil.copytree(data_dir, copy)
     settings = _s3_settings(copy, s3_server, bucket)
@@ -531,7 +576,9 @@ def test_s3_a_file_changed_right_after_it_was_hashed_is_rejected_by_its_part_che
     assert not uploads  # the failed multipart upload was aborted
 
 
-def test_a_publish_reads_only_the_files_whose_sha256_was_not_recorded(data_dir, s3_server, bucket, tmp_path, monkeypatch):
+def test_a_publish_reads_only_the_files_whose_sha256_was_not_recorded(
+    data_dir, s3_server, bucket, tmp_path, monkeypatch
+):
     """The split's files (sha256 in its manifest) and the sealed database months go up with their
     recorded sha256 without being read to plan them; only the card and the unsealed December
     month are hashed (December, over the multipart threshold, part by part)."""
@@ -541,15 +588,22 @@ def test_a_publish_reads_only_the_files_whose_sha256_was_not_recorded(data_dir, 
     monkeypatch.setattr(release, "_digest", lambda path, part_size: hashed.append(path) or digest(path, part_size))
     result = publish_release(FEB, settings, open_store(settings))
     layout = DataLayout(data_dir)
-    assert sorted(hashed) == sorted([layout.split_dir(FEB) / "README.md", layout.database_path("events", date(2023, 12, 1)),
-                                     layout.database_path("news", date(2023, 12, 1))])
+    assert sorted(hashed) == sorted(
+        [
+            layout.split_dir(FEB) / "README.md",
+            layout.database_path("events", date(2023, 12, 1)),
+            layout.database_path("news", date(2023, 12, 1)),
+        ]
+    )
     assert result.manifest_written and set(result.uploaded) == set(_source_files(data_dir, FEB))
     downloaded = download_release(open_store(settings), "2024-02", tmp_path / "dl", bar=False)
     _assert_identical(downloaded.directory, data_dir, FEB)
 
 
 @pytest.mark.parametrize("where", ["s3", "local"])
-def test_a_sealed_database_file_damaged_since_it_was_written_is_refused_by_the_store(data_dir, tmp_path, where, request):
+def test_a_sealed_database_file_damaged_since_it_was_written_is_refused_by_the_store(
+    data_dir, tmp_path, where, request
+):
     """Same size, other bytes: the PUT's recorded sha256 makes S3 answer BadDigest (the local store
     compares while copying); nothing of the release is committed."""
     copy = tmp_path / "data"
@@ -576,7 +630,9 @@ def test_a_sealed_database_file_of_another_size_stops_the_publish_naming_its_dig
     with DataLayout(copy).database_path("news", JAN).open("ab") as fh:
         fh.write(b"appended")
     bucket = tmp_path / "bucket"
-    with pytest.raises(release.ReleaseNotReady, match=r"no longer matches its digest .*digests/database/news/month=2024-01"):
+    with pytest.raises(
+        release.ReleaseNotReady, match=r"no longer matches its digest .*digests/database/news/month=2024-01"
+    ):
         publish_release(FEB, Settings(data_dir=copy, release_uri=str(bucket)))
     assert not (bucket / "releases/2024-02/manifest.json").exists()
 
@@ -607,7 +663,9 @@ def test_a_durable_download_starts_writing_each_file_to_disk_while_it_streams(da
     download_release(LocalStore(bucket), "2024-02", tmp_path / "dl", only="database", workers=1, durable=True)
     assert asked == [(0, 4 * 2**20), (4 * 2**20, 4 * 2**20), (8 * 2**20, 4 * 2**20)]  # the 12 MiB file only
     name = "database/events/month=2023-12.parquet"
-    assert (tmp_path / "dl/2024-02" / name).read_bytes() == DataLayout(data_dir).database_path("events", date(2023, 12, 1)).read_bytes()
+    assert (tmp_path / "dl/2024-02" / name).read_bytes() == DataLayout(data_dir).database_path(
+        "events", date(2023, 12, 1)
+    ).read_bytes()
 
 
 def test_a_durable_download_fsyncs_every_file_and_directory_before_the_manifest(data_dir, tmp_path, monkeypatch):

@@ -28,8 +28,10 @@ from pipeline.agent_api.lockdown import SECCOMP_ARCHES, STDERR_LIMIT, machine
 from pipeline.agent_api.sandbox import MAX_OUTPUT_CHARS, REPLY_CAP_BYTES, namespace_prefix
 from testbed.database import generate_event_database
 
-pytestmark = pytest.mark.skipif(sys.platform != "linux" or machine() not in SECCOMP_ARCHES,
-                                reason=f"the sandbox's OS layer is built for Linux {', '.join(SECCOMP_ARCHES)}")
+pytestmark = pytest.mark.skipif(
+    sys.platform != "linux" or machine() not in SECCOMP_ARCHES,
+    reason=f"the sandbox's OS layer is built for Linux {', '.join(SECCOMP_ARCHES)}",
+)
 
 # The bypass, as agent code: reach sys through the API's module globals, then overwrite the type
 # of the audit hook's two allow-lists (ALLOWED_EVENTS in lockdown.py, ALLOWED_MODULES in the
@@ -74,49 +76,156 @@ RUN_ATTACKS = textwrap.dedent("""
 
 # (x86_64 number, aarch64 number or None where the call does not exist there)
 NUMBERS = {
-    "open": (2, None), "openat": (257, 56), "openat2": (437, 437), "creat": (85, None),
-    "socket": (41, 198), "connect": (42, 203),
-    "fork": (57, None), "vfork": (58, None), "clone": (56, 220), "clone3": (435, 435),
-    "execve": (59, 221), "execveat": (322, 281), "memfd_create": (319, 279),
-    "ptrace": (101, 117), "process_vm_readv": (310, 270), "pidfd_open": (434, 434),
-    "kill": (62, 129), "tgkill": (234, 131), "prlimit64": (302, 261),
-    "keyctl": (250, 219), "add_key": (248, 217), "bpf": (321, 280), "io_uring_setup": (425, 425),
-    "userfaultfd": (323, 282), "perf_event_open": (298, 241),
-    "mount": (165, 40), "unshare": (272, 97), "setns": (308, 268), "chroot": (161, 51),
-    "chmod": (90, None), "fchmodat": (268, 53), "fchmodat2": (452, 452), "chown": (92, None),
-    "utimensat": (280, 88), "rename": (82, None), "renameat2": (316, 276), "unlink": (87, None),
-    "unlinkat": (263, 35), "truncate": (76, 45), "mkdirat": (258, 34), "symlinkat": (266, 36),
-    "linkat": (265, 37), "mknodat": (259, 33),
-    "setxattr": (188, 5), "getxattr": (191, 8), "listxattr": (194, 11),
-    "setxattrat": (463, 463), "getxattrat": (464, 464),
-    "stat": (4, None), "newfstatat": (262, 79), "statx": (332, 291), "faccessat2": (439, 439),
-    "readlinkat": (267, 78), "chdir": (80, 49),
-    "listmount": (458, 458), "statmount": (457, 457),
-    "shmget": (29, 194), "shmat": (30, 196), "msgget": (68, 186), "semget": (64, 190),
-    "sched_setaffinity": (203, 122), "setpriority": (141, 140), "sched_setscheduler": (144, 119),
-    "mmap": (9, 222), "mprotect": (10, 226), "mremap": (25, 216), "madvise": (28, 233),
-    "pivot_root": (155, 41), "umount2": (166, 39), "open_tree": (428, 428), "move_mount": (429, 429),
-    "fsopen": (430, 430), "mount_setattr": (442, 442), "name_to_handle_at": (303, 264),
-    "open_by_handle_at": (304, 265), "tkill": (200, 130), "rt_sigqueueinfo": (129, 138),
-    "pidfd_send_signal": (424, 424), "process_vm_writev": (311, 271), "kcmp": (312, 272),
-    "request_key": (249, 218), "clock_settime": (227, 112), "settimeofday": (164, 170),
-    "adjtimex": (159, 171), "reboot": (169, 142), "kexec_load": (246, 104), "swapon": (167, 224),
-    "acct": (163, 89), "quotactl": (179, 60), "syslog": (103, 116), "init_module": (175, 105),
-    "ioperm": (173, None), "iopl": (172, None), "modify_ldt": (154, None), "arch_prctl": (158, None),
-    "personality": (135, 92), "pkey_mprotect": (329, 288), "remap_file_pages": (216, 234),
-    "sched_setattr": (314, 274), "ioprio_set": (251, 30), "migrate_pages": (256, 238),
-    "setresuid": (117, 147), "capset": (126, 91), "prctl": (157, 167), "ioctl": (16, 29),
-    "pread64": (17, 67), "pwrite64": (18, 68), "sendfile": (40, 71), "splice": (275, 76),
-    "copy_file_range": (326, 285), "fstat": (5, 80), "fchmod": (91, 52), "fchown": (93, 55),
-    "ftruncate": (77, 46), "fallocate": (285, 47), "getdents64": (217, 61), "fchdir": (81, 50),
-    "dup3": (292, 24), "fcntl": (72, 25), "pipe2": (293, 59), "eventfd2": (290, 19),
-    "io_setup": (206, 0), "mlockall": (151, 230), "setitimer": (38, 103), "timer_create": (222, 107),
+    "open": (2, None),
+    "openat": (257, 56),
+    "openat2": (437, 437),
+    "creat": (85, None),
+    "socket": (41, 198),
+    "connect": (42, 203),
+    "fork": (57, None),
+    "vfork": (58, None),
+    "clone": (56, 220),
+    "clone3": (435, 435),
+    "execve": (59, 221),
+    "execveat": (322, 281),
+    "memfd_create": (319, 279),
+    "ptrace": (101, 117),
+    "process_vm_readv": (310, 270),
+    "pidfd_open": (434, 434),
+    "kill": (62, 129),
+    "tgkill": (234, 131),
+    "prlimit64": (302, 261),
+    "keyctl": (250, 219),
+    "add_key": (248, 217),
+    "bpf": (321, 280),
+    "io_uring_setup": (425, 425),
+    "userfaultfd": (323, 282),
+    "perf_event_open": (298, 241),
+    "mount": (165, 40),
+    "unshare": (272, 97),
+    "setns": (308, 268),
+    "chroot": (161, 51),
+    "chmod": (90, None),
+    "fchmodat": (268, 53),
+    "fchmodat2": (452, 452),
+    "chown": (92, None),
+    "utimensat": (280, 88),
+    "rename": (82, None),
+    "renameat2": (316, 276),
+    "unlink": (87, None),
+    "unlinkat": (263, 35),
+    "truncate": (76, 45),
+    "mkdirat": (258, 34),
+    "symlinkat": (266, 36),
+    "linkat": (265, 37),
+    "mknodat": (259, 33),
+    "setxattr": (188, 5),
+    "getxattr": (191, 8),
+    "listxattr": (194, 11),
+    "setxattrat": (463, 463),
+    "getxattrat": (464, 464),
+    "stat": (4, None),
+    "newfstatat": (262, 79),
+    "statx": (332, 291),
+    "faccessat2": (439, 439),
+    "readlinkat": (267, 78),
+    "chdir": (80, 49),
+    "listmount": (458, 458),
+    "statmount": (457, 457),
+    "shmget": (29, 194),
+    "shmat": (30, 196),
+    "msgget": (68, 186),
+    "semget": (64, 190),
+    "sched_setaffinity": (203, 122),
+    "setpriority": (141, 140),
+    "sched_setscheduler": (144, 119),
+    "mmap": (9, 222),
+    "mprotect": (10, 226),
+    "mremap": (25, 216),
+    "madvise": (28, 233),
+    "pivot_root": (155, 41),
+    "umount2": (166, 39),
+    "open_tree": (428, 428),
+    "move_mount": (429, 429),
+    "fsopen": (430, 430),
+    "mount_setattr": (442, 442),
+    "name_to_handle_at": (303, 264),
+    "open_by_handle_at": (304, 265),
+    "tkill": (200, 130),
+    "rt_sigqueueinfo": (129, 138),
+    "pidfd_send_signal": (424, 424),
+    "process_vm_writev": (311, 271),
+    "kcmp": (312, 272),
+    "request_key": (249, 218),
+    "clock_settime": (227, 112),
+    "settimeofday": (164, 170),
+    "adjtimex": (159, 171),
+    "reboot": (169, 142),
+    "kexec_load": (246, 104),
+    "swapon": (167, 224),
+    "acct": (163, 89),
+    "quotactl": (179, 60),
+    "syslog": (103, 116),
+    "init_module": (175, 105),
+    "ioperm": (173, None),
+    "iopl": (172, None),
+    "modify_ldt": (154, None),
+    "arch_prctl": (158, None),
+    "personality": (135, 92),
+    "pkey_mprotect": (329, 288),
+    "remap_file_pages": (216, 234),
+    "sched_setattr": (314, 274),
+    "ioprio_set": (251, 30),
+    "migrate_pages": (256, 238),
+    "setresuid": (117, 147),
+    "capset": (126, 91),
+    "prctl": (157, 167),
+    "ioctl": (16, 29),
+    "pread64": (17, 67),
+    "pwrite64": (18, 68),
+    "sendfile": (40, 71),
+    "splice": (275, 76),
+    "copy_file_range": (326, 285),
+    "fstat": (5, 80),
+    "fchmod": (91, 52),
+    "fchown": (93, 55),
+    "ftruncate": (77, 46),
+    "fallocate": (285, 47),
+    "getdents64": (217, 61),
+    "fchdir": (81, 50),
+    "dup3": (292, 24),
+    "fcntl": (72, 25),
+    "pipe2": (293, 59),
+    "eventfd2": (290, 19),
+    "io_setup": (206, 0),
+    "mlockall": (151, 230),
+    "setitimer": (38, 103),
+    "timer_create": (222, 107),
 }
 # Newer than the oldest kernel the sandbox runs on: probed first, skipped if the kernel lacks them.
-PROBED = ("memfd_create", "execveat", "userfaultfd", "bpf", "statx", "io_uring_setup", "pidfd_open",
-          "clone3", "openat2", "faccessat2", "fchmodat2", "statmount", "listmount", "setxattrat",
-          "getxattrat", "open_tree", "move_mount", "fsopen", "mount_setattr", "pkey_mprotect",
-          "pidfd_send_signal")
+PROBED = (
+    "memfd_create",
+    "execveat",
+    "userfaultfd",
+    "bpf",
+    "statx",
+    "io_uring_setup",
+    "pidfd_open",
+    "clone3",
+    "openat2",
+    "faccessat2",
+    "fchmodat2",
+    "statmount",
+    "listmount",
+    "setxattrat",
+    "getxattrat",
+    "open_tree",
+    "move_mount",
+    "fsopen",
+    "mount_setattr",
+    "pkey_mprotect",
+    "pidfd_send_signal",
+)
 AT_FDCWD = -100
 LSMT_ROOT = 0xFFFFFFFFFFFFFFFF
 MiB = 2**20
@@ -150,43 +259,71 @@ def _attacks(target: Path, parent: int, parent_address: int) -> list[tuple[str, 
     sockaddr = "X:" + struct.pack("<HH4s8x", 2, 9, bytes([127, 0, 0, 1])).hex()
     iov = "X:" + struct.pack("<QQ", parent_address, 8).hex()
     return [
-        ("open", "open", [t, 0]), ("open_write", "open", [t, os.O_WRONLY | os.O_TRUNC]),
-        ("openat", "openat", [AT_FDCWD, t, 0]), ("openat_root", "openat", [AT_FDCWD, "P:/", os.O_DIRECTORY]),
-        ("openat2", "openat2", [AT_FDCWD, t, how, 24]), ("creat", "creat", [d, 0o755]),
-        ("socket", "socket", [2, 1, 0]), ("connect", "connect", [1, sockaddr, 16]),
-        ("fork", "fork", []), ("vfork", "vfork", []), ("clone_process", "clone", [17, 0, 0, 0, 0]),
+        ("open", "open", [t, 0]),
+        ("open_write", "open", [t, os.O_WRONLY | os.O_TRUNC]),
+        ("openat", "openat", [AT_FDCWD, t, 0]),
+        ("openat_root", "openat", [AT_FDCWD, "P:/", os.O_DIRECTORY]),
+        ("openat2", "openat2", [AT_FDCWD, t, how, 24]),
+        ("creat", "creat", [d, 0o755]),
+        ("socket", "socket", [2, 1, 0]),
+        ("connect", "connect", [1, sockaddr, 16]),
+        ("fork", "fork", []),
+        ("vfork", "vfork", []),
+        ("clone_process", "clone", [17, 0, 0, 0, 0]),
         ("clone3", "clone3", ["B:88", 88]),
-        ("execve", "execve", ["P:/bin/true", 0, 0]), ("execveat", "execveat", [AT_FDCWD, "P:/bin/true", 0, 0, 0]),
+        ("execve", "execve", ["P:/bin/true", 0, 0]),
+        ("execveat", "execveat", [AT_FDCWD, "P:/bin/true", 0, 0, 0]),
         ("memfd_create", "memfd_create", ["P:x", 0]),
         ("ptrace", "ptrace", [16, parent, 0, 0]),
         ("process_vm_readv", "process_vm_readv", [parent, "B:16", 1, iov, 1, 0]),
         ("pidfd_open", "pidfd_open", [parent, 0]),
-        ("kill_parent", "kill", [parent, 0]), ("kill_group", "kill", [0, 0]), ("kill_all", "kill", [-1, 0]),
+        ("kill_parent", "kill", [parent, 0]),
+        ("kill_group", "kill", [0, 0]),
+        ("kill_all", "kill", [-1, 0]),
         ("tgkill_parent", "tgkill", [parent, parent, 0]),
         ("prlimit64_parent", "prlimit64", [parent, 7, limits, 0]),
         ("prlimit64_raise_own", "prlimit64", [0, 7, limits, 0]),
-        ("keyctl", "keyctl", [1, 0]), ("add_key", "add_key", ["P:user", "P:mirai", "P:data", 4, -2]),
-        ("bpf", "bpf", [0, "B:128", 128]), ("io_uring_setup", "io_uring_setup", [1, "B:120"]),
-        ("userfaultfd", "userfaultfd", [0]), ("perf_event_open", "perf_event_open", ["B:128", 0, -1, -1, 0]),
+        ("keyctl", "keyctl", [1, 0]),
+        ("add_key", "add_key", ["P:user", "P:mirai", "P:data", 4, -2]),
+        ("bpf", "bpf", [0, "B:128", 128]),
+        ("io_uring_setup", "io_uring_setup", [1, "B:120"]),
+        ("userfaultfd", "userfaultfd", [0]),
+        ("perf_event_open", "perf_event_open", ["B:128", 0, -1, -1, 0]),
         ("mount", "mount", ["P:none", f"P:{target.parent}", "P:tmpfs", 0, 0]),
-        ("unshare", "unshare", [0x10000000]), ("setns", "setns", [0, 0]), ("chroot", "chroot", ["P:/"]),
-        ("chmod", "chmod", [t, 0o6777]), ("fchmodat", "fchmodat", [AT_FDCWD, t, 0o6777]),
-        ("fchmodat2", "fchmodat2", [AT_FDCWD, t, 0o6777, 0]), ("chown", "chown", [t, 1, 1]),
+        ("unshare", "unshare", [0x10000000]),
+        ("setns", "setns", [0, 0]),
+        ("chroot", "chroot", ["P:/"]),
+        ("chmod", "chmod", [t, 0o6777]),
+        ("fchmodat", "fchmodat", [AT_FDCWD, t, 0o6777]),
+        ("fchmodat2", "fchmodat2", [AT_FDCWD, t, 0o6777, 0]),
+        ("chown", "chown", [t, 1, 1]),
         ("utimensat", "utimensat", [AT_FDCWD, t, 0, 0]),
-        ("rename", "rename", [t, t2]), ("renameat2", "renameat2", [AT_FDCWD, t, AT_FDCWD, t2, 0]),
-        ("unlink", "unlink", [t]), ("unlinkat", "unlinkat", [AT_FDCWD, t, 0]), ("truncate", "truncate", [t, 0]),
-        ("mkdirat", "mkdirat", [AT_FDCWD, d, 0o755]), ("symlinkat", "symlinkat", ["P:/etc/passwd", AT_FDCWD, d]),
-        ("linkat", "linkat", [AT_FDCWD, t, AT_FDCWD, d, 0]), ("mknodat", "mknodat", [AT_FDCWD, d, 0o10644, 0]),
+        ("rename", "rename", [t, t2]),
+        ("renameat2", "renameat2", [AT_FDCWD, t, AT_FDCWD, t2, 0]),
+        ("unlink", "unlink", [t]),
+        ("unlinkat", "unlinkat", [AT_FDCWD, t, 0]),
+        ("truncate", "truncate", [t, 0]),
+        ("mkdirat", "mkdirat", [AT_FDCWD, d, 0o755]),
+        ("symlinkat", "symlinkat", ["P:/etc/passwd", AT_FDCWD, d]),
+        ("linkat", "linkat", [AT_FDCWD, t, AT_FDCWD, d, 0]),
+        ("mknodat", "mknodat", [AT_FDCWD, d, 0o10644, 0]),
         ("setxattr", "setxattr", [t, "P:user.mirai", "P:x", 1, 0]),
-        ("getxattr", "getxattr", [t, "P:user.mirai", "B:64", 64]), ("listxattr", "listxattr", [t, "B:256", 256]),
+        ("getxattr", "getxattr", [t, "P:user.mirai", "B:64", 64]),
+        ("listxattr", "listxattr", [t, "B:256", 256]),
         ("setxattrat", "setxattrat", [AT_FDCWD, t, 0, "P:user.mirai", xattr_args, 16]),
         ("getxattrat", "getxattrat", [AT_FDCWD, t, 0, "P:user.mirai", xattr_args, 16]),
-        ("stat", "stat", [t, "B:256"]), ("newfstatat", "newfstatat", [AT_FDCWD, t, "B:256", 0]),
-        ("statx", "statx", [AT_FDCWD, t, 0, 0x7FF, "B:256"]), ("faccessat2", "faccessat2", [AT_FDCWD, t, 0, 0]),
-        ("readlinkat", "readlinkat", [AT_FDCWD, "P:/proc/self/exe", "B:256", 256]), ("chdir", "chdir", ["P:/tmp"]),
-        ("listmount", "listmount", [mnt_req, "B:800", 100, 0]), ("statmount", "statmount", [mnt_req, "B:4096", 4096, 0]),
-        ("shmget", "shmget", [0, ATTACK_SEGMENT, 0o1600]), ("shmat", "shmat", [0, 0, 0]),
-        ("msgget", "msgget", [0, 0o1600]), ("semget", "semget", [0, 1, 0o1600]),
+        ("stat", "stat", [t, "B:256"]),
+        ("newfstatat", "newfstatat", [AT_FDCWD, t, "B:256", 0]),
+        ("statx", "statx", [AT_FDCWD, t, 0, 0x7FF, "B:256"]),
+        ("faccessat2", "faccessat2", [AT_FDCWD, t, 0, 0]),
+        ("readlinkat", "readlinkat", [AT_FDCWD, "P:/proc/self/exe", "B:256", 256]),
+        ("chdir", "chdir", ["P:/tmp"]),
+        ("listmount", "listmount", [mnt_req, "B:800", 100, 0]),
+        ("statmount", "statmount", [mnt_req, "B:4096", 4096, 0]),
+        ("shmget", "shmget", [0, ATTACK_SEGMENT, 0o1600]),
+        ("shmat", "shmat", [0, 0, 0]),
+        ("msgget", "msgget", [0, 0o1600]),
+        ("semget", "semget", [0, 1, 0o1600]),
         ("sched_setaffinity_parent", "sched_setaffinity", [parent, 128, cpu0]),
         ("setpriority_parent", "setpriority", [0, parent, 19]),
         ("sched_setscheduler_parent", "sched_setscheduler", [parent, 5, "B:4"]),
@@ -200,42 +337,74 @@ def _attacks(target: Path, parent: int, parent_address: int) -> list[tuple[str, 
         ("clone_high_bits", "clone", [(1 << 32) | 17, 0, 0, 0, 0]),
         ("mmap_exec_high_bits", "mmap", [0, 4096, (1 << 32) | 5, 0x22, -1, 0]),
         ("mmap_stderr_exec", "mmap", [0, 4096, 0x5, 0x1, 2, 0]),
-        ("madvise_hwpoison", "madvise", [0x10000, 4096, 100]), ("madvise_soft_offline", "madvise", [0x10000, 4096, 101]),
-        ("prctl_pdeathsig", "prctl", [1, 0]), ("prctl_dumpable", "prctl", [4, 1]), ("prctl_set_mm", "prctl", [35, 1, 0]),
-        ("prctl_name_high_bits", "prctl", [(1 << 32) | 15, "P:x"]), ("ioctl_tiocsti", "ioctl", [0, 0x5412, "P:x"]),
+        ("madvise_hwpoison", "madvise", [0x10000, 4096, 100]),
+        ("madvise_soft_offline", "madvise", [0x10000, 4096, 101]),
+        ("prctl_pdeathsig", "prctl", [1, 0]),
+        ("prctl_dumpable", "prctl", [4, 1]),
+        ("prctl_set_mm", "prctl", [35, 1, 0]),
+        ("prctl_name_high_bits", "prctl", [(1 << 32) | 15, "P:x"]),
+        ("ioctl_tiocsti", "ioctl", [0, 0x5412, "P:x"]),
         # Namespaces, mounts and handles: leaving the empty root or reaching a host inode.
-        ("pivot_root", "pivot_root", ["P:/", "P:/"]), ("umount2", "umount2", ["P:/", 2]),
-        ("open_tree", "open_tree", [AT_FDCWD, "P:/", 1]), ("move_mount", "move_mount", [-1, "P:", AT_FDCWD, "P:/", 4]),
-        ("fsopen", "fsopen", ["P:tmpfs", 0]), ("mount_setattr", "mount_setattr", [AT_FDCWD, "P:/", 0, "B:32", 32]),
+        ("pivot_root", "pivot_root", ["P:/", "P:/"]),
+        ("umount2", "umount2", ["P:/", 2]),
+        ("open_tree", "open_tree", [AT_FDCWD, "P:/", 1]),
+        ("move_mount", "move_mount", [-1, "P:", AT_FDCWD, "P:/", 4]),
+        ("fsopen", "fsopen", ["P:tmpfs", 0]),
+        ("mount_setattr", "mount_setattr", [AT_FDCWD, "P:/", 0, "B:32", 32]),
         ("name_to_handle_at", "name_to_handle_at", [AT_FDCWD, t, "B:128", "B:4", 0]),
         ("open_by_handle_at", "open_by_handle_at", [2, "B:128", 0]),
         # Other processes, the machine's clock and kernel state (harmless arguments where a call that
         # went through would do damage: a wrong reboot magic, a path that does not exist).
-        ("tkill_parent", "tkill", [parent, 0]), ("rt_sigqueueinfo_parent", "rt_sigqueueinfo", [parent, 10, "B:128"]),
+        ("tkill_parent", "tkill", [parent, 0]),
+        ("rt_sigqueueinfo_parent", "rt_sigqueueinfo", [parent, 10, "B:128"]),
         ("pidfd_send_signal", "pidfd_send_signal", [0, 0, 0, 0]),
-        ("process_vm_writev", "process_vm_writev", [parent, "B:16", 1, iov, 1, 0]), ("kcmp", "kcmp", [parent, 1, 0, 0, 0]),
+        ("process_vm_writev", "process_vm_writev", [parent, "B:16", 1, iov, 1, 0]),
+        ("kcmp", "kcmp", [parent, 1, 0, 0, 0]),
         ("request_key", "request_key", ["P:user", "P:mirai", 0, 0]),
-        ("clock_settime", "clock_settime", [0, "B:16"]), ("settimeofday", "settimeofday", ["B:16", 0]),
-        ("adjtimex", "adjtimex", ["B:208"]), ("reboot", "reboot", [0, 0, 0, 0]), ("kexec_load", "kexec_load", [0, 0, 0, 0]),
-        ("swapon", "swapon", ["P:/nonexistent", 0]), ("acct", "acct", ["P:/nonexistent"]),
-        ("quotactl", "quotactl", [0, "P:/nonexistent", 0, 0]), ("syslog_read", "syslog", [3, "B:4096", 4096]),
-        ("init_module", "init_module", [0, 0, "P:"]), ("ioperm", "ioperm", [0x80, 1, 1]), ("iopl", "iopl", [3]),
-        ("modify_ldt", "modify_ldt", [0, "B:64", 64]), ("arch_prctl", "arch_prctl", [0x1003, "B:8"]),
+        ("clock_settime", "clock_settime", [0, "B:16"]),
+        ("settimeofday", "settimeofday", ["B:16", 0]),
+        ("adjtimex", "adjtimex", ["B:208"]),
+        ("reboot", "reboot", [0, 0, 0, 0]),
+        ("kexec_load", "kexec_load", [0, 0, 0, 0]),
+        ("swapon", "swapon", ["P:/nonexistent", 0]),
+        ("acct", "acct", ["P:/nonexistent"]),
+        ("quotactl", "quotactl", [0, "P:/nonexistent", 0, 0]),
+        ("syslog_read", "syslog", [3, "B:4096", 4096]),
+        ("init_module", "init_module", [0, 0, "P:"]),
+        ("ioperm", "ioperm", [0x80, 1, 1]),
+        ("iopl", "iopl", [3]),
+        ("modify_ldt", "modify_ldt", [0, "B:64", 64]),
+        ("arch_prctl", "arch_prctl", [0x1003, "B:8"]),
         ("personality_read_implies_exec", "personality", [0x0400000]),
-        ("pkey_mprotect_exec", "pkey_mprotect", [0, 4096, 7, 0]), ("remap_file_pages", "remap_file_pages", [0, 4096, 0, 0, 0]),
-        ("sched_setattr_parent", "sched_setattr", [parent, "B:48", 0]), ("ioprio_set_parent", "ioprio_set", [1, parent, 3 << 13]),
+        ("pkey_mprotect_exec", "pkey_mprotect", [0, 4096, 7, 0]),
+        ("remap_file_pages", "remap_file_pages", [0, 4096, 0, 0, 0]),
+        ("sched_setattr_parent", "sched_setattr", [parent, "B:48", 0]),
+        ("ioprio_set_parent", "ioprio_set", [1, parent, 3 << 13]),
         ("migrate_pages_parent", "migrate_pages", [parent, 64, "B:8", "B:8"]),
-        ("setresuid", "setresuid", [1, 1, 1]), ("capset", "capset", ["X:" + struct.pack("<Ii", 0x20080522, 0).hex(), "B:24"]),
+        ("setresuid", "setresuid", [1, 1, 1]),
+        ("capset", "capset", ["X:" + struct.pack("<Ii", 0x20080522, 0).hex(), "B:24"]),
         # The descriptors the child holds (pipes, its stderr file, /dev/null, polars' epoll and
         # eventfd): only read, write, seek and close work on them.
-        ("pread64", "pread64", [2, "B:16", 16, 0]), ("pwrite64", "pwrite64", [2, "P:xx", 2, 0]),
-        ("sendfile", "sendfile", [1, 2, 0, 100]), ("splice", "splice", [2, 0, 1, 0, 100, 0]),
-        ("copy_file_range", "copy_file_range", [2, 0, 2, 0, 100, 0]), ("fstat", "fstat", [2, "B:256"]),
-        ("fchmod", "fchmod", [2, 0o6777]), ("fchown", "fchown", [2, 1, 1]), ("ftruncate", "ftruncate", [2, 1 << 30]),
-        ("fallocate", "fallocate", [2, 0, 0, 1 << 30]), ("getdents64", "getdents64", [2, "B:256", 256]),
-        ("fchdir", "fchdir", [2]), ("dup3", "dup3", [2, 7, 0]), ("fcntl_setpipe_sz", "fcntl", [1, 1031, 1 << 20]),
-        ("pipe2", "pipe2", ["B:8", 0]), ("eventfd2", "eventfd2", [0, 0]), ("io_setup", "io_setup", [1000, "B:8"]),
-        ("mlockall", "mlockall", [3]), ("setitimer", "setitimer", [0, "B:32", 0]), ("timer_create", "timer_create", [0, 0, "B:8"]),
+        ("pread64", "pread64", [2, "B:16", 16, 0]),
+        ("pwrite64", "pwrite64", [2, "P:xx", 2, 0]),
+        ("sendfile", "sendfile", [1, 2, 0, 100]),
+        ("splice", "splice", [2, 0, 1, 0, 100, 0]),
+        ("copy_file_range", "copy_file_range", [2, 0, 2, 0, 100, 0]),
+        ("fstat", "fstat", [2, "B:256"]),
+        ("fchmod", "fchmod", [2, 0o6777]),
+        ("fchown", "fchown", [2, 1, 1]),
+        ("ftruncate", "ftruncate", [2, 1 << 30]),
+        ("fallocate", "fallocate", [2, 0, 0, 1 << 30]),
+        ("getdents64", "getdents64", [2, "B:256", 256]),
+        ("fchdir", "fchdir", [2]),
+        ("dup3", "dup3", [2, 7, 0]),
+        ("fcntl_setpipe_sz", "fcntl", [1, 1031, 1 << 20]),
+        ("pipe2", "pipe2", ["B:8", 0]),
+        ("eventfd2", "eventfd2", [0, 0]),
+        ("io_setup", "io_setup", [1000, "B:8"]),
+        ("mlockall", "mlockall", [3]),
+        ("setitimer", "setitimer", [0, "B:32", 0]),
+        ("timer_create", "timer_create", [0, 0, "B:8"]),
     ]
 
 
@@ -264,14 +433,25 @@ def attacked(env, tmp_path_factory):
     target.chmod(0o644)
     anchor = ctypes.c_uint64(0x6D69726169)  # an address in this process for process_vm_readv
     parent = os.getpid()
-    attacks = [(label, _nr(name), args) for label, name, args in _attacks(target, parent, ctypes.addressof(anchor))
-               if _nr(name) is not None and not (name in PROBED and _unknown_to_kernel(name))]
+    attacks = [
+        (label, _nr(name), args)
+        for label, name, args in _attacks(target, parent, ctypes.addressof(anchor))
+        if _nr(name) is not None and not (name in PROBED and _unknown_to_kernel(name))
+    ]
 
     def parent_state():
         st = target.stat()
-        return (target.read_text(), st.st_mode, st.st_mtime_ns, os.listxattr(target), sorted(target.parent.iterdir()),
-                os.sched_getaffinity(parent), os.getpriority(os.PRIO_PROCESS, parent), os.sched_getscheduler(parent),
-                _host_segments(ATTACK_SEGMENT))
+        return (
+            target.read_text(),
+            st.st_mode,
+            st.st_mtime_ns,
+            os.listxattr(target),
+            sorted(target.parent.iterdir()),
+            os.sched_getaffinity(parent),
+            os.getpriority(os.PRIO_PROCESS, parent),
+            os.sched_getscheduler(parent),
+            _host_segments(ATTACK_SEGMENT),
+        )
 
     before = parent_state()
     assert env.run_code(BYPASS).strip() == "guards off"
@@ -312,14 +492,16 @@ def test_no_thread_starts_and_the_api_still_works_after_the_attacks(env, attacke
     """A thread bomb (small native stacks, about 20 KiB of address space each: the default memory
     budget holds 50,000, more than a pid_max of 32,768, so the host could start no process) starts
     nothing, and the allowlist keeps what analysis needs: the API answers, memory comes and goes."""
-    code = ("_thread = _sys.modules['_thread']\n_started = 0\ntry:\n"
-            "    for _ in range(100):\n        _thread.start_new_thread(_sys.modules['time'].sleep, (60,))\n"
-            "        _started += 1\nexcept RuntimeError:\n    pass\n"
-            "_attr = _ctypes.create_string_buffer(64)\n_libc.pthread_attr_init(_attr)\n"
-            "_libc.pthread_attr_setstacksize(_attr, _ctypes.c_size_t(16384))\n_tid = _ctypes.c_ulong()\n"
-            "_native = [_libc.pthread_create(_ctypes.byref(_tid), _attr, _ctypes.cast(_libc.sleep, _ctypes.c_void_p),"
-            " _ctypes.c_void_p(60)) for _ in range(100)]\n"
-            "print(_started, sum(rc == 0 for rc in _native), count_events() > 0, len(bytearray(64 * 2**20)))")
+    code = (
+        "_thread = _sys.modules['_thread']\n_started = 0\ntry:\n"
+        "    for _ in range(100):\n        _thread.start_new_thread(_sys.modules['time'].sleep, (60,))\n"
+        "        _started += 1\nexcept RuntimeError:\n    pass\n"
+        "_attr = _ctypes.create_string_buffer(64)\n_libc.pthread_attr_init(_attr)\n"
+        "_libc.pthread_attr_setstacksize(_attr, _ctypes.c_size_t(16384))\n_tid = _ctypes.c_ulong()\n"
+        "_native = [_libc.pthread_create(_ctypes.byref(_tid), _attr, _ctypes.cast(_libc.sleep, _ctypes.c_void_p),"
+        " _ctypes.c_void_p(60)) for _ in range(100)]\n"
+        "print(_started, sum(rc == 0 for rc in _native), count_events() > 0, len(bytearray(64 * 2**20)))"
+    )
     assert env.run_code(code).split() == ["0", "0", "True", str(64 * 2**20)]
 
 
@@ -328,10 +510,12 @@ def test_memory_calls_stay_within_the_budget(env, attacked):
     a 64 GiB reservation without backing (MAP_NORESERVE), a locked 2 GiB mapping, growing a page
     to 64 GiB with mremap."""
     gib, mmap, mremap = 2**30, _nr("mmap"), _nr("mremap")
-    code = ("_c = lambda *a: (_ctypes.set_errno(0), _libc.syscall(*[_ctypes.c_long(x) for x in a]), _ctypes.get_errno())[1:]\n"
-            f"_page = _c({mmap}, 0, 4096, 3, 0x22, -1, 0)[0]\n"
-            f"print(_page > 0, _c({mmap}, 0, {64 * gib}, 3, 0x4022, -1, 0), _c({mmap}, 0, {2 * gib}, 3, 0x2022, -1, 0),"
-            f" _c({mremap}, _page, 4096, {64 * gib}, 1))")
+    code = (
+        "_c = lambda *a: (_ctypes.set_errno(0), _libc.syscall(*[_ctypes.c_long(x) for x in a]), _ctypes.get_errno())[1:]\n"
+        f"_page = _c({mmap}, 0, 4096, 3, 0x22, -1, 0)[0]\n"
+        f"print(_page > 0, _c({mmap}, 0, {64 * gib}, 3, 0x4022, -1, 0), _c({mmap}, 0, {2 * gib}, 3, 0x2022, -1, 0),"
+        f" _c({mremap}, _page, 4096, {64 * gib}, 1))"
+    )
     first, rest = env.run_code(code).strip().split(" ", 1)
     noreserve, locked, grown = (tuple(int(n) for n in part.strip("()").split(", ")) for part in rest.split(") ("))
     # A locked mapping meets RLIMIT_MEMLOCK first (EAGAIN), or the address-space limit (ENOMEM).
@@ -340,10 +524,13 @@ def test_memory_calls_stay_within_the_budget(env, attacked):
 
 
 def test_code_cannot_make_executable_memory(env, attacked):
-    code = ("_m = _libc.syscall(_ctypes.c_long(%d), _ctypes.c_long(0), _ctypes.c_long(4096), _ctypes.c_long(3), "
-            "_ctypes.c_long(0x22), _ctypes.c_long(-1), _ctypes.c_long(0))\n"
-            "print(_m != -1, _libc.syscall(_ctypes.c_long(%d), _ctypes.c_long(_m), _ctypes.c_long(4096), "
-            "_ctypes.c_long(5)), _ctypes.get_errno())") % (_nr("mmap"), _nr("mprotect"))
+    mmap, mprotect = _nr("mmap"), _nr("mprotect")
+    code = (
+        f"_m = _libc.syscall(_ctypes.c_long({mmap}), _ctypes.c_long(0), _ctypes.c_long(4096), _ctypes.c_long(3), "
+        "_ctypes.c_long(0x22), _ctypes.c_long(-1), _ctypes.c_long(0))\n"
+        f"print(_m != -1, _libc.syscall(_ctypes.c_long({mprotect}), _ctypes.c_long(_m), _ctypes.c_long(4096), "
+        "_ctypes.c_long(5)), _ctypes.get_errno())"
+    )
     assert env.run_code(code).split() == ["True", "-1", str(errno.EPERM)]
 
 
@@ -352,14 +539,21 @@ def test_no_syscall_tells_whether_a_path_exists(env, attacked, tmp_path):
     path-inspecting call answers the same for a file that exists and one that does not."""
     present, absent = tmp_path / "month=2099-01.parquet", tmp_path / "month=2099-02.parquet"
     present.write_bytes(b"PAR1")
-    calls = [("getxattr", ["P:{}", "P:user.mirai", "B:64", 64]),
-             ("getxattrat", [AT_FDCWD, "P:{}", 0, "P:user.mirai", "B:16", 16]),
-             ("listxattr", ["P:{}", "B:256", 256]), ("newfstatat", [AT_FDCWD, "P:{}", "B:256", 0]),
-             ("statx", [AT_FDCWD, "P:{}", 0, 0x7FF, "B:256"]), ("faccessat2", [AT_FDCWD, "P:{}", 0, 0]),
-             ("openat", [AT_FDCWD, "P:{}", 0])]
-    attacks = [(f"{name}:{which}", _nr(name), [a.format(path) if isinstance(a, str) else a for a in args])
-               for name, args in calls if not (name in PROBED and _unknown_to_kernel(name))
-               for which, path in (("present", present), ("absent", absent))]
+    calls = [
+        ("getxattr", ["P:{}", "P:user.mirai", "B:64", 64]),
+        ("getxattrat", [AT_FDCWD, "P:{}", 0, "P:user.mirai", "B:16", 16]),
+        ("listxattr", ["P:{}", "B:256", 256]),
+        ("newfstatat", [AT_FDCWD, "P:{}", "B:256", 0]),
+        ("statx", [AT_FDCWD, "P:{}", 0, 0x7FF, "B:256"]),
+        ("faccessat2", [AT_FDCWD, "P:{}", 0, 0]),
+        ("openat", [AT_FDCWD, "P:{}", 0]),
+    ]
+    attacks = [
+        (f"{name}:{which}", _nr(name), [a.format(path) if isinstance(a, str) else a for a in args])
+        for name, args in calls
+        if not (name in PROBED and _unknown_to_kernel(name))
+        for which, path in (("present", present), ("absent", absent))
+    ]
     answers = {}
     for line in env.run_code(f"ATTACKS = {attacks!r}\n" + RUN_ATTACKS).splitlines():
         label, rc, err = line.split()
@@ -384,21 +578,30 @@ def test_the_lockdown_report_names_every_layer(env):
 
 
 def _run_python(code: str, prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
-    return subprocess.run([*prefix, sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          timeout=60, check=False, cwd=Path(__file__).resolve().parents[1],
-                          env={"PYTHONPATH": str(Path(__file__).resolve().parents[1]), "PATH": "/usr/bin:/bin"})
+    return subprocess.run(
+        [*prefix, sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=Path(__file__).resolve().parents[1],
+        env={"PYTHONPATH": str(Path(__file__).resolve().parents[1]), "PATH": "/usr/bin:/bin"},
+    )
 
 
 @pytest.mark.skipif(not namespace_prefix()[0], reason=f"no namespaces here: {namespace_prefix()[1]}")
 def test_ipc_namespace_alone_lets_no_segment_outlive_the_child():
     """Without seccomp, a child started the way the sandbox starts it creates a SysV segment; it
     is gone with the child, and the host never saw it."""
-    out = _run_python(f"""
+    out = _run_python(
+        f"""
         import ctypes
         libc = ctypes.CDLL(None, use_errno=True)
         shmid = libc.shmget(0, {PROBE_SEGMENT}, 0o1600)
         print(shmid >= 0, '{PROBE_SEGMENT}' in open('/proc/sysvipc/shm').read())
-    """, namespace_prefix()[0])
+    """,
+        namespace_prefix()[0],
+    )
     assert out.stdout.split() == ["True", "True"], out.stderr
     assert _host_segments(PROBE_SEGMENT) == []
 
@@ -408,10 +611,11 @@ def test_the_empty_root_alone_hides_every_path(tmp_path):
     """Without Landlock or seccomp, a child started the way the sandbox starts it sees an empty,
     read-only root after enter_empty_root, and cannot undo it; the host's directory is untouched."""
     (tmp_path / "keep.txt").write_text("keep")
-    out = _run_python(f"""
+    out = _run_python(
+        f"""
         import os
         from pipeline.agent_api.lockdown import enter_empty_root
-        print(enter_empty_root({os.readlink('/proc/self/ns/mnt')!r}).startswith('an empty'))
+        print(enter_empty_root({os.readlink("/proc/self/ns/mnt")!r}).startswith('an empty'))
         print(os.listdir('/'), os.path.exists({str(tmp_path / "keep.txt")!r}), os.path.exists('/etc/passwd'))
         for call in (lambda: open('/planted', 'w'), lambda: os.mkdir('/planted'), lambda: os.chroot('/')):
             try:
@@ -419,9 +623,12 @@ def test_the_empty_root_alone_hides_every_path(tmp_path):
                 print('allowed')
             except OSError as exc:
                 print(type(exc).__name__)
-    """, namespace_prefix()[0])
-    assert out.stdout.split() == ["True", "[]", "False", "False", "OSError", "OSError", "PermissionError"], \
+    """,
+        namespace_prefix()[0],
+    )
+    assert out.stdout.split() == ["True", "[]", "False", "False", "OSError", "OSError", "PermissionError"], (
         out.stdout + out.stderr
+    )
     assert (tmp_path / "keep.txt").read_text() == "keep"
     assert os.path.exists("/etc/passwd")
 
@@ -463,25 +670,27 @@ def test_landlock_alone_refuses_every_path(tmp_path):
 
 def test_reply_cap_is_the_observation_cap():
     """An observation at the cap, every character escaped as a surrogate pair, still fits."""
-    assert len(json.dumps({"id": 2**31, "output": "\U0001F600" * MAX_OUTPUT_CHARS})) < REPLY_CAP_BYTES
+    assert len(json.dumps({"id": 2**31, "output": "\U0001f600" * MAX_OUTPUT_CHARS})) < REPLY_CAP_BYTES
 
 
 # --- the reply pipe -------------------------------------------------------------------------------
 
 # After BYPASS: write straight to the reply pipe (fd 1), as the child's first request (id 1).
-FORGE = "_os = _sys.modules['os']\ndef _forge(data, claimed=None):\n" \
-        "    _os.write(1, (len(data) if claimed is None else claimed).to_bytes(4, 'big') + data)\n"
+FORGE = (
+    "_os = _sys.modules['os']\ndef _forge(data, claimed=None):\n"
+    "    _os.write(1, (len(data) if claimed is None else claimed).to_bytes(4, 'big') + data)\n"
+)
 FORGERIES = {
-    "wrong type": "_forge(b'{\"id\": 1, \"output\": 123}')",
-    "wrong length": "_forge(b'{\"id\": 1, \"output\": \"x\"}', claimed=50)",
+    "wrong type": '_forge(b\'{"id": 1, "output": 123}\')',
+    "wrong length": '_forge(b\'{"id": 1, "output": "x"}\', claimed=50)',
     "100 MB": "_forge(b'', claimed=100 * 2**20)\nwhile True:\n    _os.write(1, b'x' * 2**20)",
     "not an object": "_forge(b'[1, 2, 3]')",
-    "out of order": "_forge(b'{\"id\": 2, \"output\": \"the answer to a request not yet made\"}')",
-    "extra keys": "_forge(b'{\"id\": 1, \"output\": \"x\", \"ready\": {}}')",
+    "out of order": '_forge(b\'{"id": 2, "output": "the answer to a request not yet made"}\')',
+    "extra keys": '_forge(b\'{"id": 1, "output": "x", "ready": {}}\')',
     "too deep": "_forge(b'[' * 100000)",
-    "not UTF-8": "_forge(b'{\"id\": 1, \"output\": \"\\xff\\xfe\"}')",
+    "not UTF-8": '_forge(b\'{"id": 1, "output": "\\xff\\xfe"}\')',
     "an output over the cap": "_forge(_sys.modules['json'].dumps({'id': 1, 'output': 'x' * 30000}).encode())",
-    "two replies": "_forge(b'{\"id\": 1, \"output\": \"forged\"}')",
+    "two replies": '_forge(b\'{"id": 1, "output": "forged"}\')',
 }
 
 
@@ -516,7 +725,7 @@ def test_an_output_with_a_lone_surrogate_is_valid_text(fresh_env):
 def test_a_child_that_stops_reading_cannot_hang_the_parent(fresh_env):
     """The block answers its own request with a forged reply and then never reads again; the next
     request (larger than a pipe buffer) meets the block's deadline instead of blocking forever."""
-    stall = "_forge(b'{\"id\": 1, \"output\": \"done\"}')\nwhile True:\n    _sys.modules['time'].sleep(1)"
+    stall = '_forge(b\'{"id": 1, "output": "done"}\')\nwhile True:\n    _sys.modules[\'time\'].sleep(1)'
     assert fresh_env.run_code(BYPASS + FORGE + stall) == "done"
     big = "x = 1  # " + "y" * 300_000
     assert fresh_env.run_code(big, timeout_s=3).startswith("TimeoutError")
@@ -526,8 +735,10 @@ def test_a_child_that_stops_reading_cannot_hang_the_parent(fresh_env):
 def test_a_reply_that_drips_meets_the_deadline(fresh_env):
     """A well-formed reply sent one byte every quarter second (7 s in all): the block's deadline
     holds for the whole reply, not per read."""
-    drip = ("_r = b'{\"id\": 1, \"output\": \"late\"}'\n_os.write(1, len(_r).to_bytes(4, 'big'))\n"
-            "for _b in _r:\n    _os.write(1, bytes([_b]))\n    _sys.modules['time'].sleep(0.25)")
+    drip = (
+        '_r = b\'{"id": 1, "output": "late"}\'\n_os.write(1, len(_r).to_bytes(4, \'big\'))\n'
+        "for _b in _r:\n    _os.write(1, bytes([_b]))\n    _sys.modules['time'].sleep(0.25)"
+    )
     assert fresh_env.run_code(BYPASS + FORGE + drip, timeout_s=1).startswith("TimeoutError")
     assert fresh_env.run_code("count_events()").strip() == str(fresh_env.count_events())
 
@@ -535,21 +746,27 @@ def test_a_reply_that_drips_meets_the_deadline(fresh_env):
 def test_the_reply_cap_is_exact(fresh_env):
     """A reply padded to exactly REPLY_CAP_BYTES is accepted; one byte more is refused unread.
     (The forging child exits, so that its genuine reply does not follow.)"""
-    pad = "_r = b'{\"id\": 1, \"output\": \"at the cap\"}'\n_forge(_r + b' ' * (%d - len(_r)))\n"
+    pad = '_r = b\'{"id": 1, "output": "at the cap"}\'\n_forge(_r + b\' \' * (%d - len(_r)))\n'
     assert fresh_env.run_code(BYPASS + FORGE + pad % REPLY_CAP_BYTES + "_os._exit(0)") == "at the cap"
     assert fresh_env.run_code("1").startswith("SandboxError: the code block ended the sandbox process")
     assert fresh_env.run_code(BYPASS + FORGE + pad % (REPLY_CAP_BYTES + 1)).startswith(
-        f"SandboxError: the sandbox process broke the reply protocol (a reply of {REPLY_CAP_BYTES + 1} bytes")
+        f"SandboxError: the sandbox process broke the reply protocol (a reply of {REPLY_CAP_BYTES + 1} bytes"
+    )
 
 
 def test_stderr_cannot_grow_past_its_limit(fresh_env):
     """The child's stderr is a file on the host: writing 4 MiB, then seeking to 10 MiB and writing,
     ends at RLIMIT_FSIZE (EFBIG) with exactly STDERR_LIMIT bytes written."""
-    flood = ("_n = 0\ntry:\n    for _ in range(64):\n        _n += _os.write(2, b'e' * 2**16)\n"
-             "except OSError as _exc:\n    print(_exc.errno, _n)\n_os.lseek(2, 10 * 2**20, 0)\ntry:\n"
-             "    _os.write(2, b'z')\nexcept OSError as _exc:\n    print(_exc.errno)")
-    assert fresh_env.run_code(BYPASS + "_os = _sys.modules['os']\n" + flood).split()[-3:] == \
-        [str(errno.EFBIG), str(STDERR_LIMIT), str(errno.EFBIG)]
+    flood = (
+        "_n = 0\ntry:\n    for _ in range(64):\n        _n += _os.write(2, b'e' * 2**16)\n"
+        "except OSError as _exc:\n    print(_exc.errno, _n)\n_os.lseek(2, 10 * 2**20, 0)\ntry:\n"
+        "    _os.write(2, b'z')\nexcept OSError as _exc:\n    print(_exc.errno)"
+    )
+    assert fresh_env.run_code(BYPASS + "_os = _sys.modules['os']\n" + flood).split()[-3:] == [
+        str(errno.EFBIG),
+        str(STDERR_LIMIT),
+        str(errno.EFBIG),
+    ]
 
 
 class _Scripted:
@@ -575,24 +792,51 @@ def test_forged_replies_end_as_error_observations_and_the_evaluation_completes(t
     from pipeline.storage import DataLayout
 
     generate_event_database(tmp_path, date(2024, 1, 1), 2, seed=3, quads_per_day=20)
-    split = pl.DataFrame({"query_id": ["2024-02-00001", "2024-02-00002"], "date": [date(2024, 2, 10), date(2024, 2, 11)],
-                          "s": ["USA", "RUS"], "o": ["CHN", "UKR"],
-                          "answer_dict": ['{"04": ["042"]}', '{"19": ["190"]}']})
-    agent = Agent(name="forger", kind="llm", knowledge_cutoff=date(2023, 12, 31), distances=(1,), rounds=1,
-                  gguf=tmp_path / "none.gguf", strategy="react", action_type="code_block", temperature=0.0, max_steps=6)
+    split = pl.DataFrame(
+        {
+            "query_id": ["2024-02-00001", "2024-02-00002"],
+            "date": [date(2024, 2, 10), date(2024, 2, 11)],
+            "s": ["USA", "RUS"],
+            "o": ["CHN", "UKR"],
+            "answer_dict": ['{"04": ["042"]}', '{"19": ["190"]}'],
+        }
+    )
+    agent = Agent(
+        name="forger",
+        kind="llm",
+        knowledge_cutoff=date(2023, 12, 31),
+        distances=(1,),
+        rounds=1,
+        gguf=tmp_path / "none.gguf",
+        strategy="react",
+        action_type="code_block",
+        temperature=0.0,
+        max_steps=6,
+    )
     block = "Action:\n```python\n{}\n```"
     forged = [block.format(BYPASS + FORGE + FORGERIES[k]) for k in ("wrong type", "wrong length", "100 MB")]
     count = block.format("print(count_events())")
     # Never three errors in a row, which would end the episode (MIRAI D.1).
-    replies = [forged[0], forged[1], count, forged[2], 'Final Answer: {"04": ["042"]}',
-               count, 'Final Answer: {"19": ["190"]}']
+    replies = [
+        forged[0],
+        forged[1],
+        count,
+        forged[2],
+        'Final Answer: {"04": ["042"]}',
+        count,
+        'Final Answer: {"19": ["190"]}',
+    ]
     results, record = evaluate_agent(split, tmp_path, agent, 1, client=_Scripted(replies), query_set="t")
     directory = DataLayout(tmp_path).evaluation_dir(date(2024, 2, 1), "forger", "t", 1)
     lines = [json.loads(line) for line in (directory / "trajectories.jsonl").read_text().splitlines()]
     first, second = lines
     observations = [step["observation"] for step in first["steps"] if step["observation"] is not None]
-    assert [o.startswith("SandboxError: the sandbox process broke the reply protocol") for o in observations] == \
-        [True, True, False, True]
+    assert [o.startswith("SandboxError: the sandbox process broke the reply protocol") for o in observations] == [
+        True,
+        True,
+        False,
+        True,
+    ]
     assert int(observations[2]) > 0
     assert record["end_states"] == {"final_answer": 2}
     assert int(second["steps"][0]["observation"]) > 0
@@ -612,6 +856,7 @@ UNFILTERED = {"x32 getpid": 0x40000000 | 39, "uretprobe": 335, "uprobe": 336}
 @pytest.mark.parametrize("label", list(UNFILTERED))
 def test_calls_outside_the_filter_only_end_the_child(fresh_env, label):
     observation = fresh_env.run_code(BYPASS + f"print('rc', _libc.syscall(_ctypes.c_long({UNFILTERED[label]})))")
-    assert observation.startswith("SandboxError: the code block ended the sandbox process") or \
-        observation.split()[-2:] == ["rc", "-1"], observation
+    assert observation.startswith("SandboxError: the code block ended the sandbox process") or observation.split()[
+        -2:
+    ] == ["rc", "-1"], observation
     assert fresh_env.run_code("count_events()").strip() == str(fresh_env.count_events())

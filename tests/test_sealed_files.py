@@ -34,7 +34,9 @@ def test_a_sealed_file_matches_its_digest_and_other_bytes_do_not(tmp_path):
     assert pl.read_parquet(path)["n"].to_list() == [3, 1, 8]
     problem = seal_problem(layout, path)
     assert problem is not None and "; written as sha256 " in problem
-    with pytest.raises(DamagedFile, match=r"1 stored file\(s\) changed after they were written.*events/date=2024-01-01\.parquet"):
+    with pytest.raises(
+        DamagedFile, match=r"1 stored file\(s\) changed after they were written.*events/date=2024-01-01\.parquet"
+    ):
         verified(layout, tmp_path / "other.parquet", path)
 
     path.unlink()
@@ -60,8 +62,11 @@ def test_rewriting_a_sealed_file_gives_the_same_bytes_and_digest(tmp_path):
 
 @pytest.fixture
 def materialised(tmp_path, mirror):
-    with materialised_day(tmp_path, mirror, [gdelt_files, gdelt_events, gdelt_mentions, events, daily_quads,
-                                             events_valid, daily_quads_valid]) as (layout, resources, instance, _):
+    with materialised_day(
+        tmp_path,
+        mirror,
+        [gdelt_files, gdelt_events, gdelt_mentions, events, daily_quads, events_valid, daily_quads_valid],
+    ) as (layout, resources, instance, _):
         yield layout, resources, instance
 
 
@@ -78,8 +83,9 @@ def test_damaged_events_fail_their_check_stop_the_quads_and_are_rebuilt(material
 
     # Damage that decodes: one event's target country changed, the file otherwise intact.
     frame = pl.read_parquet(events_path)
-    frame.with_columns(pl.when(pl.int_range(pl.len()) == 0).then(pl.lit("ATA")).otherwise(pl.col("o")).alias("o")) \
-        .write_parquet(events_path)
+    frame.with_columns(
+        pl.when(pl.int_range(pl.len()) == 0).then(pl.lit("ATA")).otherwise(pl.col("o")).alias("o")
+    ).write_parquet(events_path)
 
     check = _check_alone(events_valid, events, resources, instance)
     assert not check.passed and check.severity == dg.AssetCheckSeverity.ERROR
@@ -87,16 +93,26 @@ def test_damaged_events_fail_their_check_stop_the_quads_and_are_rebuilt(material
     assert "written as sha256" in check.metadata["damage"].value
 
     # A reader refuses it: the quads are not built from damaged events.
-    failed = dg.materialize([daily_quads], partition_key=PARTITION, resources=resources, instance=instance,
-                            selection=[daily_quads], raise_on_error=False)
+    failed = dg.materialize(
+        [daily_quads],
+        partition_key=PARTITION,
+        resources=resources,
+        instance=instance,
+        selection=[daily_quads],
+        raise_on_error=False,
+    )
     assert not failed.success
     [failure] = [e for e in failed.all_events if e.is_step_failure]
     assert "changed after they were written" in str(failure.step_failure_data.error)
     assert quads_path.read_bytes() == good_quads
 
     # Materialising the day again rebuilds the events byte for byte; the check passes again.
-    rebuilt = dg.materialize([events, daily_quads, events_valid, daily_quads_valid], partition_key=PARTITION,
-                             resources=resources, instance=instance)
+    rebuilt = dg.materialize(
+        [events, daily_quads, events_valid, daily_quads_valid],
+        partition_key=PARTITION,
+        resources=resources,
+        instance=instance,
+    )
     assert rebuilt.success and all(e.passed for e in rebuilt.get_asset_check_evaluations())
     assert events_path.read_bytes() == good_events and quads_path.read_bytes() == good_quads
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 
 import polars as pl
 import pytest
@@ -34,7 +34,7 @@ from .month_builder import Quad, write_month
 
 FEB = date(2024, 2, 1)
 D1, D2 = date(2024, 2, 3), date(2024, 2, 29)
-AFTER_GRACE = datetime(2024, 3, 4, tzinfo=timezone.utc)  # Feb 29 + 1 day + 3 grace days
+AFTER_GRACE = datetime(2024, 3, 4, tzinfo=UTC)  # Feb 29 + 1 day + 3 grace days
 
 QUADS = [
     # database threshold: 49 is out, 50 is in
@@ -133,7 +133,7 @@ def test_queries_thresholds_and_answers(month_settings):
 
 def test_open_month_is_refused_and_an_override_is_recorded(month_settings):
     build_event_database(FEB, month_settings)
-    before_grace = datetime(2024, 3, 3, 23, 59, tzinfo=timezone.utc)
+    before_grace = datetime(2024, 3, 3, 23, 59, tzinfo=UTC)
     closure = month_closure(FEB, month_settings, before_grace)
     assert not closure.closed and "grace period" in closure.describe()
     with pytest.raises(MonthNotReady, match="grace period"):
@@ -141,7 +141,11 @@ def test_open_month_is_refused_and_an_override_is_recorded(month_settings):
     override = Override(by="maintainer", reason="testing the override", at=before_grace)
     split = build_split(FEB, month_settings, now=before_grace, override=override)
     manifest = json.loads((split.directory / "manifest.json").read_text())
-    assert manifest["override"] == {"by": "maintainer", "reason": "testing the override", "at": before_grace.isoformat()}
+    assert manifest["override"] == {
+        "by": "maintainer",
+        "reason": "testing the override",
+        "at": before_grace.isoformat(),
+    }
     assert manifest["closure"]["closed"] is False
 
 
@@ -176,15 +180,53 @@ def test_split_files_manifest_and_determinism(month_settings):
 def _synthetic_queries(n: int, seed: int) -> pl.DataFrame:
     """Skewed like GDELT: a few countries, dates and level-1 codes dominate."""
     rng = random.Random(seed)
-    countries = ["USA", "CHN", "RUS", "UKR", "ISR", "PSE", "IRN", "GBR", "FRA", "DEU", "IND", "PAK", "JPN", "KOR", "TUR", "EGY"]
-    regions = {"USA": "North America", "GBR": "Europe", "FRA": "Europe", "DEU": "Europe", "RUS": "Europe", "UKR": "Europe", "TUR": "Asia", "EGY": "Africa"}
+    countries = [
+        "USA",
+        "CHN",
+        "RUS",
+        "UKR",
+        "ISR",
+        "PSE",
+        "IRN",
+        "GBR",
+        "FRA",
+        "DEU",
+        "IND",
+        "PAK",
+        "JPN",
+        "KOR",
+        "TUR",
+        "EGY",
+    ]
+    regions = {
+        "USA": "North America",
+        "GBR": "Europe",
+        "FRA": "Europe",
+        "DEU": "Europe",
+        "RUS": "Europe",
+        "UKR": "Europe",
+        "TUR": "Asia",
+        "EGY": "Africa",
+    }
     rows = []
     for i in range(n):
         s, o = rng.choices(countries, weights=[1 / (k + 1) for k in range(len(countries))], k=2)
         day = date(2024, 2, min(29, 1 + int(rng.expovariate(0.15))))
-        codes = sorted({rng.choice(["01", "04", "04", "04", "03", "19", "05", "11", "17"]) + "0" for _ in range(rng.randint(1, 3))})
-        rows.append({"query_id": f"2024-02-{i:05d}", "date": day, "s": s, "o": o, "s_region": regions.get(s, "Asia"),
-                     "o_region": regions.get(o, "Asia"), "answer_list": codes, "answer_level1": sorted({c[:2] for c in codes})})
+        codes = sorted(
+            {rng.choice(["01", "04", "04", "04", "03", "19", "05", "11", "17"]) + "0" for _ in range(rng.randint(1, 3))}
+        )
+        rows.append(
+            {
+                "query_id": f"2024-02-{i:05d}",
+                "date": day,
+                "s": s,
+                "o": o,
+                "s_region": regions.get(s, "Asia"),
+                "o_region": regions.get(o, "Asia"),
+                "answer_list": codes,
+                "answer_level1": sorted({c[:2] for c in codes}),
+            }
+        )
     return pl.DataFrame(rows).match_to_schema(QUERIES_SCHEMA, missing_columns="insert")
 
 

@@ -34,15 +34,33 @@ CHROMEDRIVER = shutil.which("chromedriver")
 # The flags a sandboxed root CI needs; background networking off because the machine's closed
 # network refuses Chromium's own update and metrics connections.
 CHROMIUM_FLAGS = [
-    "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic",
-    "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
     "--window-size=1600,1000",
 ]
 # The UI renders after its GraphQL answers arrive; on a loaded 2-core CI machine that takes seconds.
 RENDER_TIMEOUT_S = 90
 EVERY_ASSET = {
-    "gdelt_files", "gdelt_events", "gdelt_mentions", "events", "unmapped_codes", "daily_quads", "articles",
-    "fetch_ledger", "event_database", "test_split", "release", "evaluation", "leaderboard",
+    "gdelt_files",
+    "gdelt_events",
+    "gdelt_mentions",
+    "events",
+    "unmapped_codes",
+    "daily_quads",
+    "articles",
+    "fetch_ledger",
+    "event_database",
+    "test_split",
+    "release",
+    "evaluation",
+    "leaderboard",
 }
 
 pytestmark = pytest.mark.skipif(
@@ -68,7 +86,9 @@ def ui(tmp_path_factory):
     write_month(Settings(data_dir=data), date(2024, 2, 1), QUADS)
     with dg.DagsterInstance.from_config(str(home)) as instance:
         result = dg.materialize(
-            [event_database, split_asset, split_leakage_audit], partition_key="2024-02-01", instance=instance,
+            [event_database, split_asset, split_leakage_audit],
+            partition_key="2024-02-01",
+            instance=instance,
             resources=resources_for(data_dir=str(data)),
         )
         assert result.success
@@ -76,11 +96,17 @@ def ui(tmp_path_factory):
     port = _free_port()
     webserver = subprocess.Popen(
         [str(BIN / "dagster-webserver"), "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(port)],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
     )
     daemon = subprocess.Popen(
         [str(BIN / "dagster-daemon"), "run", "-w", "workspace.yaml"],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
     )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -127,7 +153,13 @@ def test_graphql_lists_the_graph_schedules_sensors_and_checks(ui):
     assert {"articles_hourly", "monthly_release_daily"} <= set(schedules)
     assert {"evaluation_sensor", "alert_on_run_failure", "gdelt_freshness"} <= {s["name"] for s in repo["sensors"]}
     checks = {c["name"] for node in repo["assetNodes"] for c in (node["assetChecksOrError"].get("checks") or [])}
-    assert {"events_valid", "daily_quads_valid", "articles_valid", "split_leakage_audit", "gdelt_files_all_green"} <= checks
+    assert {
+        "events_valid",
+        "daily_quads_valid",
+        "articles_valid",
+        "split_leakage_audit",
+        "gdelt_files_all_green",
+    } <= checks
 
 
 def test_a_materialisation_shows_its_metadata(ui):
@@ -181,7 +213,9 @@ def _open_and_wait_for(driver, url: str, texts: list[str]) -> str:
 
     driver.get(url)
     try:
-        WebDriverWait(driver, RENDER_TIMEOUT_S, poll_frequency=0.5).until(lambda d: all(t in _visible_text(d) for t in texts))
+        WebDriverWait(driver, RENDER_TIMEOUT_S, poll_frequency=0.5).until(
+            lambda d: all(t in _visible_text(d) for t in texts)
+        )
     except TimeoutException:
         shown = _visible_text(driver)
         pytest.fail(f"{url} never showed {[t for t in texts if t not in shown]}; it shows: {shown[:1500]!r}")
@@ -199,7 +233,9 @@ def _wait_until_still(driver) -> None:
     screenshot shows what the user ends up seeing."""
     from selenium.webdriver.support.ui import WebDriverWait
 
-    WebDriverWait(driver, RENDER_TIMEOUT_S).until(lambda d: d.execute_script("return document.getAnimations().length") == 0)
+    WebDriverWait(driver, RENDER_TIMEOUT_S).until(
+        lambda d: d.execute_script("return document.getAnimations().length") == 0
+    )
 
 
 def test_asset_graph_renders_every_group_and_a_group_opens_on_click(ui, browser):
@@ -213,7 +249,8 @@ def test_asset_graph_renders_every_group_and_a_group_opens_on_click(ui, browser)
     # the elements named so: the sidebar lists the groups first) shows its assets in the graph.
     browser.find_elements(By.XPATH, "//*[normalize-space(text())='splits']")[-1].click()
     WebDriverWait(browser, RENDER_TIMEOUT_S).until(
-        lambda d: all(name in _visible_text(d).split("\n") for name in ("event_database", "test_split")))
+        lambda d: all(name in _visible_text(d).split("\n") for name in ("event_database", "test_split"))
+    )
     _wait_until_still(browser)
     shot = ui["root"] / "asset_graph.png"  # kept with the test run: open it to see what the UI showed
     assert browser.save_screenshot(str(shot))
@@ -222,7 +259,9 @@ def test_asset_graph_renders_every_group_and_a_group_opens_on_click(ui, browser)
     assert pixels.shape[:2] == (height, width) and width >= 1500 and height >= 800
     # A blank or error page is (nearly) one colour; the graph page has text, boxes and edges.
     assert pixels[..., :3].std() > 0.05
-    catalog = _open_and_wait_for(browser, f"{ui['url']}/assets", ["gdelt_files", "daily_quads", "test_split", "leaderboard"])
+    catalog = _open_and_wait_for(
+        browser, f"{ui['url']}/assets", ["gdelt_files", "daily_quads", "test_split", "leaderboard"]
+    )
     assert all(name in catalog for name in EVERY_ASSET)
 
 
@@ -230,22 +269,34 @@ def test_asset_page_shows_the_latest_materialisation_its_figure_and_its_check(ui
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    page = _open_and_wait_for(browser, f"{ui['url']}/assets/test_split",
-                              ["Latest materialization", "2024-02-01", "Row count", "relation_distribution.png"])
+    page = _open_and_wait_for(
+        browser,
+        f"{ui['url']}/assets/test_split",
+        ["Latest materialization", "2024-02-01", "Row count", "relation_distribution.png"],
+    )
     assert "Row count\n2\n" in page  # the split's two queries
     # The card's figure is Markdown metadata: the maintainer opens it and the UI renders the PNG.
     row = browser.find_element(By.XPATH, "//tr[.//*[normalize-space(text())='relation_distribution.png']]")
     row.find_element(By.XPATH, ".//*[contains(text(), 'Show Markdown')]").click()
-    figure = WebDriverWait(browser, RENDER_TIMEOUT_S).until(lambda d: next(
-        (img for img in d.find_elements(By.TAG_NAME, "img")
-         if (img.get_attribute("src") or "").startswith("data:image/png;base64,") and img.get_property("naturalWidth")),
-        None,
-    ))
+    figure = WebDriverWait(browser, RENDER_TIMEOUT_S).until(
+        lambda d: next(
+            (
+                img
+                for img in d.find_elements(By.TAG_NAME, "img")
+                if (img.get_attribute("src") or "").startswith("data:image/png;base64,")
+                and img.get_property("naturalWidth")
+            ),
+            None,
+        )
+    )
     assert figure.get_property("naturalWidth") > 300 and figure.is_displayed()
     _wait_until_still(browser)  # the dialog fades in
     browser.save_screenshot(str(ui["root"] / "relation_distribution_in_ui.png"))
 
     # The blocking leakage audit, as the maintainer finds it under the asset's Checks tab.
-    checks = _open_and_wait_for(browser, f"{ui['url']}/assets/test_split?view=checks",
-                                ["split_leakage_audit", "This is a blocking asset check.", "Evaluation result"])
+    checks = _open_and_wait_for(
+        browser,
+        f"{ui['url']}/assets/test_split?view=checks",
+        ["split_leakage_audit", "This is a blocking asset check.", "Evaluation result"],
+    )
     assert "Evaluation result\nPassed" in checks and "violations 0" in checks and "query dates audited 2" in checks

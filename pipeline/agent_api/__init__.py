@@ -26,6 +26,17 @@ from pipeline.agent_api.types import (
 )
 
 __all__ = [
-    "API_FUNCTIONS", "CAMEOCode", "Country", "Date", "DateGateError", "DateRange", "Environment", "Event",
-    "EventDatabase", "ISOCode", "NewsArticle", "Relation", "open_environment",
+    "API_FUNCTIONS",
+    "CAMEOCode",
+    "Country",
+    "Date",
+    "DateGateError",
+    "DateRange",
+    "Environment",
+    "Event",
+    "EventDatabase",
+    "ISOCode",
+    "NewsArticle",
+    "Relation",
+    "open_environment",
 ]

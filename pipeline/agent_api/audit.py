@@ -22,8 +22,23 @@ from datetime import date, timedelta
 
 from pipeline.agent_api.types import Date, DateGateError, DateRange
 
-RANDOM_WORDS = ("trade", "security", "border", "sanctions", "ceasefire", "summit", "visit", "military", "aid",
-                "talks", "protest", "attack", "election", "nuclear", "refugees")
+RANDOM_WORDS = (
+    "trade",
+    "security",
+    "border",
+    "sanctions",
+    "ceasefire",
+    "summit",
+    "visit",
+    "military",
+    "aid",
+    "talks",
+    "protest",
+    "attack",
+    "election",
+    "nuclear",
+    "refugees",
+)
 # Number of random (head, tail, relation) filters probed per environment.
 RANDOM_PROBES = 6
 
@@ -37,8 +52,10 @@ def _check_tables(env, out: list[str]) -> None:
     for name, frame in (("events", events), ("news", news)):
         late = frame.filter(frame.get_column("date") > env.cutoff)
         if late.height:
-            out.append(f"the environment's {name} table holds {late.height} rows dated after the cutoff "
-                       f"{env.cutoff} (latest {late.get_column('date').max()})")
+            out.append(
+                f"the environment's {name} table holds {late.height} rows dated after the cutoff "
+                f"{env.cutoff} (latest {late.get_column('date').max()})"
+            )
 
 
 def _check_events(env, label: str, events, out: list[str]) -> None:
@@ -60,12 +77,22 @@ def _filters(env, rng: random.Random) -> list[dict]:
     relations = list(env.get_relation_distribution())[:3]
     every_country = list(env.get_entity_distribution())
     every_relation = list(env.get_relation_distribution())
-    filters = [{}, {"head_entities": heads}, {"tail_entities": tails}, {"relations": relations},
-               {"head_entities": heads[:1], "tail_entities": tails[:1]}, {"relations": ["01", "19"]}]
+    filters = [
+        {},
+        {"head_entities": heads},
+        {"tail_entities": tails},
+        {"relations": relations},
+        {"head_entities": heads[:1], "tail_entities": tails[:1]},
+        {"relations": ["01", "19"]},
+    ]
     for _ in range(RANDOM_PROBES if every_country and every_relation else 0):
-        filters.append({"head_entities": rng.sample(every_country, min(2, len(every_country))),
-                        "tail_entities": rng.sample(every_country, min(2, len(every_country))),
-                        "relations": rng.sample(every_relation, min(3, len(every_relation)))})
+        filters.append(
+            {
+                "head_entities": rng.sample(every_country, min(2, len(every_country))),
+                "tail_entities": rng.sample(every_country, min(2, len(every_country))),
+                "relations": rng.sample(every_relation, min(3, len(every_relation))),
+            }
+        )
     return filters
 
 
@@ -82,8 +109,12 @@ def _check_functions(env, rng: random.Random, out: list[str]) -> None:
         for kwargs in (flt, news_flt):
             articles = env.get_news_articles(**kwargs)
             _check_articles(env, f"get_news_articles{label}", articles, out)
-            _check_articles(env, f"get_news_articles{label} by text",
-                            env.get_news_articles(**kwargs, text_description=" ".join(words)), out)
+            _check_articles(
+                env,
+                f"get_news_articles{label} by text",
+                env.get_news_articles(**kwargs, text_description=" ".join(words)),
+                out,
+            )
             if env.count_news_articles(**kwargs) != env.count_news_articles(cutoff, **kwargs):
                 out.append(f"count_news_articles{label} counts articles after the cutoff {env.cutoff}")
         for day, title in [(d, t) for d, t in articles if not _late(d.to_date(), env.cutoff)][:2]:
@@ -107,16 +138,22 @@ def _check_empty(env, out: list[str]) -> None:
         "get_relation_distribution()": len(env.get_relation_distribution()),
         "get_entity_distribution()": len(env.get_entity_distribution()),
     }
-    out.extend(f"{call} shows {n} records although the cutoff {env.cutoff} is before the database starts"
-               for call, n in seen.items() if n)
+    out.extend(
+        f"{call} shows {n} records although the cutoff {env.cutoff} is before the database starts"
+        for call, n in seen.items()
+        if n
+    )
 
 
 def _refused_calls(env) -> list[tuple[str, object]]:
     """(label, call) for every date-taking function with a date past the cutoff or before the start."""
     after = Date((env.cutoff + timedelta(days=1)).isoformat())
     before = Date((env.start - timedelta(days=1)).isoformat())
-    ranges = {"end after the cutoff": DateRange(None, after), "start after the cutoff": DateRange(after, None),
-              "start before the database": DateRange(before, None)}
+    ranges = {
+        "end after the cutoff": DateRange(None, after),
+        "start after the cutoff": DateRange(after, None),
+        "start before the database": DateRange(before, None),
+    }
     calls = []
     for what, rng in ranges.items():
         calls += [
@@ -137,7 +174,7 @@ def _check_refusals(env, out: list[str]) -> None:
             call()
         except DateGateError:
             continue
-        except Exception as exc:  # noqa: BLE001 - any other outcome is the finding
+        except Exception as exc:
             out.append(f"{label} raised {type(exc).__name__} instead of DateGateError: {exc}")
             continue
         out.append(f"{label} was not refused")
@@ -149,7 +186,7 @@ def _check_sandbox(env, out: list[str]) -> None:
     probes = {
         # The child's own tables, read the way agent code could.
         "sandbox tables": "_e, _n = get_events.__self__.tables()\n"
-                          "print(max([d for d in (_e.get_column('date').max(), _n.get_column('date').max()) if d], default=''))",
+        "print(max([d for d in (_e.get_column('date').max(), _n.get_column('date').max()) if d], default=''))",
         "sandbox get_events": "print(max((e.date.date for e in get_events()), default=''))",
         "sandbox get_news_articles": "print(max((d.date for d, _ in get_news_articles()), default=''))",
     }

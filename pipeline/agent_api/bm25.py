@@ -23,7 +23,39 @@ B = 0.75
 TOKEN = re.compile(r"[a-z0-9]+")
 TOKEN_PATTERN = r"[A-Za-z0-9]+"
 STOPWORDS = frozenset(
-    ["a", "an", "and", "are", "as", "at", "be", "by", "for", "from", "has", "have", "in", "is", "it", "its", "of", "on", "or", "that", "the", "this", "to", "was", "were", "will", "with", "not", "specified", "other", "otherwise"]
+    [
+        "a",
+        "an",
+        "and",
+        "are",
+        "as",
+        "at",
+        "be",
+        "by",
+        "for",
+        "from",
+        "has",
+        "have",
+        "in",
+        "is",
+        "it",
+        "its",
+        "of",
+        "on",
+        "or",
+        "that",
+        "the",
+        "this",
+        "to",
+        "was",
+        "were",
+        "will",
+        "with",
+        "not",
+        "specified",
+        "other",
+        "otherwise",
+    ]
 )
 _SUFFIXES = ("ations", "ation", "ions", "ion", "ings", "ing", "ies", "es", "ed", "s")
 MIN_STEM = 4
@@ -67,8 +99,12 @@ def bm25_scores(frame: pl.DataFrame, texts: tuple[str, ...], length: str, query:
     tf_cols = [f"__tf{i}" for i in range(len(terms))]
     with_tf = frame.select(
         pl.col(length).cast(pl.Float64).alias("__len"),
-        *(pl.sum_horizontal(pl.col(text).str.count_matches(_term_pattern(term)) for text in texts)
-          .cast(pl.Float64).alias(col) for term, col in zip(terms, tf_cols)),
+        *(
+            pl.sum_horizontal(pl.col(text).str.count_matches(_term_pattern(term)) for text in texts)
+            .cast(pl.Float64)
+            .alias(col)
+            for term, col in zip(terms, tf_cols)
+        ),
     )
     norm = K1 * (1.0 - B + B * pl.col("__len") / pl.col("__len").mean().clip(lower_bound=1.0))
     parts = []

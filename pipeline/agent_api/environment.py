@@ -67,17 +67,23 @@ def _prepare_month(events: pl.LazyFrame, news: pl.LazyFrame, offset: int) -> tup
     index = news_df.select("article_id", (pl.int_range(pl.len(), dtype=pl.UInt32) + offset).alias("idx"))
     events_df = (
         events.select("date", "s", "r", "o", "r1", "daily_mentions", "article_ids")
-        .with_columns(pl.col("s").cast(ISO_ENUM), pl.col("o").cast(ISO_ENUM), pl.col("r").cast(REL_ENUM),
-                      pl.col("r1").cast(ROOT_ENUM))
+        .with_columns(
+            pl.col("s").cast(ISO_ENUM),
+            pl.col("o").cast(ISO_ENUM),
+            pl.col("r").cast(REL_ENUM),
+            pl.col("r1").cast(ROOT_ENUM),
+        )
         .sort(["date", "daily_mentions", "s", "o", "r"], descending=[False, False, True, True, True])
         .with_row_index("__row")
         .collect()
     )
     # Article ids resolve within the month: an article's date is its events' date (MIRAI's alignment).
     links = (
-        events_df.select("__row", pl.col("article_ids").alias("article_id")).explode("article_id")
+        events_df.select("__row", pl.col("article_ids").alias("article_id"))
+        .explode("article_id")
         .join(index, on="article_id", how="inner")
-        .group_by("__row").agg(pl.col("idx").sort().alias("article_idx"))
+        .group_by("__row")
+        .agg(pl.col("idx").sort().alias("article_idx"))
     )
     events_df = (
         events_df.join(links, on="__row", how="left", maintain_order="left")
@@ -98,8 +104,11 @@ class EventDatabase:
         self.allow_unconfined_sandbox = allow_unconfined_sandbox  # passed to every Environment
         self.layout = DataLayout(data_dir)
         events_dir = self.layout.database_dir() / "events"
-        found = sorted(date(int(m[1]), int(m[2]), 1) for p in events_dir.glob("month=*.parquet")
-                       if (m := _MONTH_FILE.match(p.name)))
+        found = sorted(
+            date(int(m[1]), int(m[2]), 1)
+            for p in events_dir.glob("month=*.parquet")
+            if (m := _MONTH_FILE.match(p.name))
+        )
         if not found:
             raise FileNotFoundError(f"no event database months under {events_dir}")
         self.months = found
@@ -117,8 +126,9 @@ class EventDatabase:
             offset = sum(news.height for _, news in self._loaded)
             # Sealed months are checked once, as they are cached (~1 ms per MB; a downloaded
             # release has no digests: `mirai download` checked it against its manifest).
-            events, news = verified(self.layout, self.layout.database_path("events", month),
-                                    self.layout.database_path("news", month))
+            events, news = verified(
+                self.layout, self.layout.database_path("events", month), self.layout.database_path("news", month)
+            )
             self._loaded.append(_prepare_month(pl.scan_parquet(events), pl.scan_parquet(news), offset))
         return self._loaded[i]
 
@@ -136,11 +146,20 @@ class EventDatabase:
 
     def environment(self, query_date: date, distance_days: int = 1) -> Environment:
         if distance_days < 1:
-            raise ValueError(f"distance_days must be at least 1 (the query day itself is never visible), got {distance_days}")
+            raise ValueError(
+                f"distance_days must be at least 1 (the query day itself is never visible), got {distance_days}"
+            )
         cutoff = query_date - timedelta(days=distance_days)
         events, news = self.gated_tables(cutoff)
-        return Environment(events, news, start=self.start, cutoff=cutoff, query_date=query_date,
-                           distance_days=distance_days, allow_unconfined_sandbox=self.allow_unconfined_sandbox)
+        return Environment(
+            events,
+            news,
+            start=self.start,
+            cutoff=cutoff,
+            query_date=query_date,
+            distance_days=distance_days,
+            allow_unconfined_sandbox=self.allow_unconfined_sandbox,
+        )
 
 
 def open_environment(data_dir: Path | str, query_date: date, distance_days: int = 1) -> Environment:
@@ -188,8 +207,17 @@ class Environment:
     """MIRAI's API (Table 12) over one query's gated tables. Methods take the API's data classes or
     plain strings ("2023-11-02", "AUS", "042")."""
 
-    def __init__(self, events: pl.DataFrame, news: pl.DataFrame, *, start: date, cutoff: date,
-                 query_date: date, distance_days: int, allow_unconfined_sandbox: bool = False):
+    def __init__(
+        self,
+        events: pl.DataFrame,
+        news: pl.DataFrame,
+        *,
+        start: date,
+        cutoff: date,
+        query_date: date,
+        distance_days: int,
+        allow_unconfined_sandbox: bool = False,
+    ):
         self._events = events
         self._news = news
         self.start = start
@@ -231,7 +259,8 @@ class Environment:
         tails = coerce_list(tail_entities, coerce_iso)
         rels = coerce_list(relations, coerce_cameo)
         return _Filter(
-            start, end,
+            start,
+            end,
             None if heads is None else [c.code for c in heads],
             None if tails is None else [c.code for c in tails],
             None if rels is None else lookup.expand_relations(rels),
@@ -254,15 +283,23 @@ class Environment:
 
     @staticmethod
     def _to_events(frame: pl.DataFrame) -> list[Event]:
-        return [Event(Date(d.isoformat()), ISOCode(s), CAMEOCode(r), ISOCode(o))
-                for d, s, r, o in frame.select("date", "s", "r", "o").iter_rows()]
+        return [
+            Event(Date(d.isoformat()), ISOCode(s), CAMEOCode(r), ISOCode(o))
+            for d, s, r, o in frame.select("date", "s", "r", "o").iter_rows()
+        ]
 
     def count_events(self, date_range=None, head_entities=None, tail_entities=None, relations=None) -> int:
         """Number of (date, head, relation, tail) events matching every given condition."""
         return self._matching_events(self._filter(date_range, head_entities, tail_entities, relations)).height
 
-    def get_events(self, date_range=None, head_entities=None, tail_entities=None, relations=None,
-                   text_description: str | None = None) -> list[Event]:
+    def get_events(
+        self,
+        date_range=None,
+        head_entities=None,
+        tail_entities=None,
+        relations=None,
+        text_description: str | None = None,
+    ) -> list[Event]:
         """At most 30 matching events: newest first, or by BM25 relevance of their source articles to
         ``text_description`` (an event scores as its best article)."""
         matches = self._matching_events(self._filter(date_range, head_entities, tail_entities, relations))
@@ -283,8 +320,9 @@ class Environment:
         )
         return self._to_events(ordered)
 
-    def get_entity_distribution(self, date_range=None, involved_relations=None, interacted_entities=None,
-                                entity_role: str | None = None) -> dict[ISOCode, int]:
+    def get_entity_distribution(
+        self, date_range=None, involved_relations=None, interacted_entities=None, entity_role: str | None = None
+    ) -> dict[ISOCode, int]:
         """Countries and their number of matching events, most frequent first. ``entity_role``
         'head' counts subjects of events whose object is among ``interacted_entities``, 'tail' the
         objects of events whose subject is, 'both' or None both."""
@@ -304,11 +342,14 @@ class Environment:
         counts = counts.with_columns(pl.col("entity").cast(pl.String)).sort(["len", "entity"], descending=[True, False])
         return {ISOCode(code): n for code, n in counts.iter_rows()}
 
-    def get_relation_distribution(self, date_range=None, head_entities=None, tail_entities=None) -> dict[CAMEOCode, int]:
+    def get_relation_distribution(
+        self, date_range=None, head_entities=None, tail_entities=None
+    ) -> dict[CAMEOCode, int]:
         """Second-level relations and their number of matching events, most frequent first."""
         matches = self._matching_events(self._filter(date_range, head_entities, tail_entities, None))
         counts = (
-            matches.group_by("r").len()
+            matches.group_by("r")
+            .len()
             .with_columns(pl.col("r").cast(pl.String))
             .sort(["len", "r"], descending=[True, False])
         )
@@ -341,21 +382,28 @@ class Environment:
             articles = articles.filter(pl.col("title").str.contains(pattern) | pl.col("text").str.contains(pattern))
         return articles
 
-    def count_news_articles(self, date_range=None, head_entities=None, tail_entities=None, relations=None,
-                            keywords=None) -> int:
+    def count_news_articles(
+        self, date_range=None, head_entities=None, tail_entities=None, relations=None, keywords=None
+    ) -> int:
         """Number of articles matching every condition; ``keywords``: any one of them must appear."""
         return self._matching_articles(date_range, head_entities, tail_entities, relations, keywords).height
 
-    def get_news_articles(self, date_range=None, head_entities=None, tail_entities=None, relations=None,
-                          keywords=None, text_description: str | None = None) -> list[tuple[Date, str]]:
+    def get_news_articles(
+        self,
+        date_range=None,
+        head_entities=None,
+        tail_entities=None,
+        relations=None,
+        keywords=None,
+        text_description: str | None = None,
+    ) -> list[tuple[Date, str]]:
         """At most 15 (date, title) pairs: newest first, or by BM25 relevance to ``text_description``."""
         articles = self._matching_articles(date_range, head_entities, tail_entities, relations, keywords)
         if not text_description:
             top = articles.tail(MAX_ARTICLES).reverse()
         else:
             scores = bm25_scores(articles, ("title", "text"), "n_tokens", text_description)
-            top = (articles.with_columns(scores).sort(["score", "idx"], descending=[True, True])
-                   .head(MAX_ARTICLES))
+            top = articles.with_columns(scores).sort(["score", "idx"], descending=[True, True]).head(MAX_ARTICLES)
         return [(Date(d.isoformat()), title) for d, title in top.select("date", "title").iter_rows()]
 
     def browse_news_article(self, date: Date | str, title: str) -> str:
@@ -425,8 +473,18 @@ def coerce_keywords(keywords) -> list[str]:
 
 
 API_FUNCTIONS = (
-    "map_country_name_to_iso", "map_iso_to_country_name", "map_relation_description_to_cameo",
-    "map_cameo_to_relation", "get_parent_relation", "get_child_relations", "get_sibling_relations",
-    "count_events", "get_events", "get_entity_distribution", "get_relation_distribution",
-    "count_news_articles", "get_news_articles", "browse_news_article",
+    "map_country_name_to_iso",
+    "map_iso_to_country_name",
+    "map_relation_description_to_cameo",
+    "map_cameo_to_relation",
+    "get_parent_relation",
+    "get_child_relations",
+    "get_sibling_relations",
+    "count_events",
+    "get_events",
+    "get_entity_distribution",
+    "get_relation_distribution",
+    "count_news_articles",
+    "get_news_articles",
+    "browse_news_article",
 )

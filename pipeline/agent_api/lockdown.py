@@ -33,14 +33,41 @@ SECCOMP_ARCHES = ("x86_64", "aarch64")
 # lockdown (strace -ff over real code blocks; docs/agent_api.md says how), plus the calls a
 # signal or an exit makes.
 ALLOWED_SYSCALLS = (
-    "read", "readv", "write", "writev", "lseek", "close",
-    "munmap", "mremap", "brk",
-    "futex", "futex_waitv", "set_robust_list", "rseq", "sched_yield",
-    "rt_sigaction", "rt_sigprocmask", "rt_sigreturn", "sigaltstack", "restart_syscall",
-    "clock_gettime", "clock_getres", "gettimeofday", "clock_nanosleep", "nanosleep",
-    "getpid", "gettid", "getrandom", "getrlimit",
-    "epoll_wait", "epoll_pwait", "epoll_pwait2", "poll", "ppoll",
-    "exit", "exit_group",
+    "read",
+    "readv",
+    "write",
+    "writev",
+    "lseek",
+    "close",
+    "munmap",
+    "mremap",
+    "brk",
+    "futex",
+    "futex_waitv",
+    "set_robust_list",
+    "rseq",
+    "sched_yield",
+    "rt_sigaction",
+    "rt_sigprocmask",
+    "rt_sigreturn",
+    "sigaltstack",
+    "restart_syscall",
+    "clock_gettime",
+    "clock_getres",
+    "gettimeofday",
+    "clock_nanosleep",
+    "nanosleep",
+    "getpid",
+    "gettid",
+    "getrandom",
+    "getrlimit",
+    "epoll_wait",
+    "epoll_pwait",
+    "epoll_pwait2",
+    "poll",
+    "ppoll",
+    "exit",
+    "exit_group",
 )
 _PROT_EXEC = 0x4
 # madvise(2): advice values from MADV_HWPOISON (100) up act beyond the process (poisoning or
@@ -89,8 +116,10 @@ def seccomp_filter(pid: int):
 def install_seccomp() -> str:
     """Load the allowlist on every thread; return what was installed, or raise OSError."""
     if sys.platform != "linux" or machine() not in SECCOMP_ARCHES:
-        raise OSError(f"no seccomp allowlist for {sys.platform}/{platform.machine()} "
-                      f"(written for Linux {', '.join(SECCOMP_ARCHES)})")
+        raise OSError(
+            f"no seccomp allowlist for {sys.platform}/{platform.machine()} "
+            f"(written for Linux {', '.join(SECCOMP_ARCHES)})"
+        )
     seccomp_filter(os.getpid()).load()
     return f"allowlist (default EPERM) on every thread, {machine()}"
 
@@ -123,8 +152,10 @@ def enter_empty_root(parent_mount_namespace: str | None) -> str:
     header, data = struct.pack("Ii", _LINUX_CAPABILITY_VERSION_3, 0), bytes(24)
     if libc.capset(header, data) != 0:
         raise OSError(ctypes.get_errno(), "capset: dropping the user namespace's capabilities failed")
-    return ("an empty read-only root (tmpfs) in its own mount namespace, on every thread; "
-            "no capabilities on the agent's thread")
+    return (
+        "an empty read-only root (tmpfs) in its own mount namespace, on every thread; "
+        "no capabilities on the agent's thread"
+    )
 
 
 # --- Landlock ---------------------------------------------------------------------------------
@@ -149,8 +180,11 @@ class _Landlock:
 
         with self.ruleset as ruleset:
             ruleset.restrict(ll.RestrictFlag.TSYNC)  # dropped below ABI 8
-            handled = [f"fs={int(ruleset.handled_fs):#x}", f"net={int(ruleset.handled_net):#x}",
-                       f"scoped={int(ruleset.scoped):#x}"]
+            handled = [
+                f"fs={int(ruleset.handled_fs):#x}",
+                f"net={int(ruleset.handled_net):#x}",
+                f"scoped={int(ruleset.scoped):#x}",
+            ]
         threads = "every thread" if self.abi >= 8 else "the thread that runs agent code and the threads it starts"
         return f"ABI {self.abi}: no filesystem or network access ({', '.join(handled)}), on {threads}"
 
@@ -214,8 +248,9 @@ def install_audit_hook(allowed_modules: frozenset[str]) -> None:
     sys.addaudithook(hook)
 
 
-def lock_down(*, memory_mb: int, cpu_budget_s: int, allowed_modules: frozenset[str],
-              parent_mount_namespace: str | None = None) -> dict:
+def lock_down(
+    *, memory_mb: int, cpu_budget_s: int, allowed_modules: frozenset[str], parent_mount_namespace: str | None = None
+) -> dict:
     """Apply every layer; return what was applied (the sandbox reports it). A layer that could not
     be applied says why instead; the parent decides whether the sandbox may run without it."""
     report = set_limits(memory_mb, cpu_budget_s)

@@ -52,8 +52,10 @@ def country_names() -> dict[str, str]:
 @cache
 def _name_index() -> tuple[tuple[str, str], ...]:
     """(normalised name, ISO code) for every known name of every code."""
-    pairs = {(_normalise(name), iso) for name, iso in
-             country_table().filter(pl.col("iso3").is_not_null()).select("name", "iso3").iter_rows()}
+    pairs = {
+        (_normalise(name), iso)
+        for name, iso in country_table().filter(pl.col("iso3").is_not_null()).select("name", "iso3").iter_rows()
+    }
     for entry in pycountry.countries:
         if entry.alpha_3 in country_names():
             for attr in ("name", "official_name", "common_name"):
@@ -66,8 +68,10 @@ def _similarity(query: str, name: str) -> float:
     # Whole-string ratio, or a misspelt word matching one word of a long official name
     # ("Britian" in "United Kingdom of Great Britain and Northern Ireland").
     words = name.split()
-    score = max(SequenceMatcher(None, query, name).ratio(),
-                max(0.9 * SequenceMatcher(None, query, word).ratio() for word in words) if words else 0.0)
+    score = max(
+        SequenceMatcher(None, query, name).ratio(),
+        max(0.9 * SequenceMatcher(None, query, word).ratio() for word in words) if words else 0.0,
+    )
     if query in name or name in query:
         score += 0.3
     shared = set(query.split()) & set(name.split())
@@ -106,20 +110,33 @@ def relations_frame() -> pl.DataFrame:
     second = table.select(
         "code",
         "name",
-        pl.format("{}. A second-level CAMEO relation under {} ({}), in MIRAI's {} class. "
-                  "Composed from the relation table, not quoted from the CAMEO manual.",
-                  "name", "level1", "level1_name", quad).alias("description"),
+        pl.format(
+            "{}. A second-level CAMEO relation under {} ({}), in MIRAI's {} class. "
+            "Composed from the relation table, not quoted from the CAMEO manual.",
+            "name",
+            "level1",
+            "level1_name",
+            quad,
+        ).alias("description"),
     )
-    first = table.group_by("level1", maintain_order=True).agg(
-        pl.col("level1_name").first(),
-        quad.first().alias("quad"),
-        pl.col("name").str.join("; ").alias("children"),
-    ).select(
-        pl.col("level1").alias("code"),
-        pl.col("level1_name").alias("name"),
-        pl.format("{}. A first-level CAMEO relation in MIRAI's {} class; its second-level relations: {}. "
-                  "Composed from the relation table, not quoted from the CAMEO manual.",
-                  "level1_name", "quad", "children").alias("description"),
+    first = (
+        table.group_by("level1", maintain_order=True)
+        .agg(
+            pl.col("level1_name").first(),
+            quad.first().alias("quad"),
+            pl.col("name").str.join("; ").alias("children"),
+        )
+        .select(
+            pl.col("level1").alias("code"),
+            pl.col("level1_name").alias("name"),
+            pl.format(
+                "{}. A first-level CAMEO relation in MIRAI's {} class; its second-level relations: {}. "
+                "Composed from the relation table, not quoted from the CAMEO manual.",
+                "level1_name",
+                "quad",
+                "children",
+            ).alias("description"),
+        )
     )
     both = pl.concat([first, second]).sort("code")
     # BM25 ranks on name and parent name only: the children list of a first-level description would
@@ -133,8 +150,10 @@ def relations_frame() -> pl.DataFrame:
 
 @cache
 def _relations_by_code() -> dict[str, Relation]:
-    return {code: Relation(CAMEOCode(code), name, description)
-            for code, name, description in relations_frame().select("code", "name", "description").iter_rows()}
+    return {
+        code: Relation(CAMEOCode(code), name, description)
+        for code, name, description in relations_frame().select("code", "name", "description").iter_rows()
+    }
 
 
 def map_cameo_to_relation(cameo_code: CAMEOCode | str) -> Relation:
@@ -152,8 +171,13 @@ def map_relation_description_to_cameo(description: str) -> list[Relation]:
     if exact.height:
         return [map_cameo_to_relation(code) for code in exact.get_column("code")]
     scores = bm25_scores(frame, ("search_text",), "search_len", description)
-    ranked = frame.select("code").with_columns(scores).filter(pl.col("score") > 0).sort(
-        ["score", "code"], descending=[True, False]).head(TOP_K)
+    ranked = (
+        frame.select("code")
+        .with_columns(scores)
+        .filter(pl.col("score") > 0)
+        .sort(["score", "code"], descending=[True, False])
+        .head(TOP_K)
+    )
     return [map_cameo_to_relation(code) for code in ranked.get_column("code")]
 
 

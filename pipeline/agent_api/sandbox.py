@@ -70,7 +70,10 @@ def namespace_prefix() -> tuple[tuple[str, ...], str]:
     except (OSError, subprocess.TimeoutExpired) as exc:
         return (), f"unavailable: {exc}"
     if probe.returncode != 0:
-        return (), f"unavailable: unshare {' '.join(NAMESPACE_FLAGS)} failed: {probe.stderr.decode(errors='replace').strip()[:200]}"
+        return (
+            (),
+            f"unavailable: unshare {' '.join(NAMESPACE_FLAGS)} failed: {probe.stderr.decode(errors='replace').strip()[:200]}",
+        )
     return prefix, "user, mount, IPC, network and PID namespaces of its own"
 
 
@@ -83,7 +86,8 @@ def _ipc(frame: pl.DataFrame) -> bytes:
 def _checked_report(message: dict) -> dict:
     report = message.get("ready") if set(message) == {"ready"} else None
     if not isinstance(report, dict) or not all(
-            isinstance(k, str) and (isinstance(v, str) and len(v) <= 1000 or type(v) is int) for k, v in report.items()):
+        isinstance(k, str) and ((isinstance(v, str) and len(v) <= 1000) or type(v) is int) for k, v in report.items()
+    ):
         raise ProtocolError("the start-up reply is not a lockdown report")
     return report
 
@@ -96,20 +100,32 @@ class _Child:
         self.requests = 0
         prefix, namespaces = namespace_prefix()
         # Kept for the child's lifetime (closed in stop), so not a with-block.
-        self.stderr = tempfile.TemporaryFile()  # noqa: SIM115
+        self.stderr = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(
             [*prefix, sys.executable, "-m", "pipeline.agent_api.sandbox_child"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
-            cwd="/", close_fds=True,
-            env={"PYTHONPATH": str(PROJECT_ROOT), "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8",
-                 "PYTHONDONTWRITEBYTECODE": "1"},
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.stderr,
+            cwd="/",
+            close_fds=True,
+            env={
+                "PYTHONPATH": str(PROJECT_ROOT),
+                "PATH": "/usr/bin:/bin",
+                "LANG": "C.UTF-8",
+                "PYTHONDONTWRITEBYTECODE": "1",
+            },
         )
         events, news = env.tables()
-        config = {"start": env.start.isoformat(), "cutoff": env.cutoff.isoformat(),
-                  "query_date": env.query_date.isoformat(), "distance_days": env.distance_days,
-                  "memory_mb": memory_mb, "cpu_budget_s": cpu_budget_s,
-                  # The child mounts its empty root only in a mount namespace other than this one.
-                  "parent_mount_namespace": os.readlink("/proc/self/ns/mnt") if prefix else None}
+        config = {
+            "start": env.start.isoformat(),
+            "cutoff": env.cutoff.isoformat(),
+            "query_date": env.query_date.isoformat(),
+            "distance_days": env.distance_days,
+            "memory_mb": memory_mb,
+            "cpu_budget_s": cpu_budget_s,
+            # The child mounts its empty root only in a mount namespace other than this one.
+            "parent_mount_namespace": os.readlink("/proc/self/ns/mnt") if prefix else None,
+        }
         # Requests go out non-blocking under a deadline: a child that stops reading its stdin
         # cannot hang the evaluation.
         os.set_blocking(self.proc.stdin.fileno(), False)
@@ -123,9 +139,11 @@ class _Child:
             raise SandboxError(f"the sandbox process did not start: {exc}; {detail}") from exc
         if str(self.report.get("seccomp", "unavailable")).startswith("unavailable") and not allow_unconfined:
             self.stop()
-            raise SandboxError(f"code blocks are refused: the seccomp allowlist could not be installed "
-                               f"({self.report.get('seccomp')}); an operator may allow unconfined code blocks "
-                               "with MIRAI_SANDBOX_ALLOW_UNCONFINED=true (docs/agent_api.md)")
+            raise SandboxError(
+                f"code blocks are refused: the seccomp allowlist could not be installed "
+                f"({self.report.get('seccomp')}); an operator may allow unconfined code blocks "
+                "with MIRAI_SANDBOX_ALLOW_UNCONFINED=true (docs/agent_api.md)"
+            )
 
     def _send(self, payload: bytes, deadline: float) -> None:
         """One length-prefixed message to the child's stdin, or TimeoutError at ``deadline``."""
@@ -137,7 +155,7 @@ class _Child:
                 if remaining <= 0 or not select.select([], [fd], [], remaining)[1]:
                     raise TimeoutError
                 try:
-                    view = view[os.write(fd, view):]
+                    view = view[os.write(fd, view) :]
                 except BlockingIOError:
                     continue
 
@@ -187,8 +205,10 @@ class _Child:
             raise ProtocolError(f"the reply to request {reply['id']} when {self.requests} was due")
         output = reply["output"]
         if not isinstance(output, str) or len(output) > MAX_OUTPUT_CHARS:
-            raise ProtocolError(f"an output that is a {type(output).__name__}"
-                                + (f" of {len(output)} characters" if isinstance(output, str) else ""))
+            raise ProtocolError(
+                f"an output that is a {type(output).__name__}"
+                + (f" of {len(output)} characters" if isinstance(output, str) else "")
+            )
         # JSON can carry lone surrogates ('\\ud800'), which no UTF-8 request to an LLM endpoint can:
         # they are shown escaped, so the agent's output cannot end its own episode.
         return output.encode("utf-8", "backslashreplace").decode("utf-8")
@@ -216,8 +236,14 @@ class Sandbox:
     ``allow_unconfined``: run code blocks even where the seccomp allowlist cannot be installed
     (an operator's explicit choice; the report says so)."""
 
-    def __init__(self, env, *, memory_mb: int = DEFAULT_MEMORY_MB, cpu_budget_s: int = DEFAULT_CPU_BUDGET_S,
-                 allow_unconfined: bool = False):
+    def __init__(
+        self,
+        env,
+        *,
+        memory_mb: int = DEFAULT_MEMORY_MB,
+        cpu_budget_s: int = DEFAULT_CPU_BUDGET_S,
+        allow_unconfined: bool = False,
+    ):
         self._env = env
         self._memory_mb = memory_mb
         self._cpu_budget_s = cpu_budget_s
@@ -230,9 +256,11 @@ class Sandbox:
             self._restart()
         if self._child is None:
             if machine() not in SECCOMP_ARCHES and not self._allow_unconfined:
-                raise SandboxError(f"code blocks are refused on {sys.platform}/{machine()}: the seccomp allowlist is "
-                                   f"written for {', '.join(SECCOMP_ARCHES)}; an operator may allow unconfined code "
-                                   "blocks with MIRAI_SANDBOX_ALLOW_UNCONFINED=true (docs/agent_api.md)")
+                raise SandboxError(
+                    f"code blocks are refused on {sys.platform}/{machine()}: the seccomp allowlist is "
+                    f"written for {', '.join(SECCOMP_ARCHES)}; an operator may allow unconfined code "
+                    "blocks with MIRAI_SANDBOX_ALLOW_UNCONFINED=true (docs/agent_api.md)"
+                )
             self._child = _Child(self._env, memory_mb, self._cpu_budget_s, self._allow_unconfined)
             self.last_report = self._child.report
         return self._child
@@ -255,17 +283,23 @@ class Sandbox:
             return child.run(code, timeout)
         except TimeoutError:
             self._restart()
-            return (f"TimeoutError: the code block ran longer than {timeout:g} s and was stopped; "
-                    "the sandbox was restarted, so variables defined earlier are gone")
+            return (
+                f"TimeoutError: the code block ran longer than {timeout:g} s and was stopped; "
+                "the sandbox was restarted, so variables defined earlier are gone"
+            )
         except ProtocolError as exc:
             self._restart()
-            return (f"SandboxError: the sandbox process broke the reply protocol ({exc}) and was stopped; "
-                    "the sandbox was restarted, so variables defined earlier are gone")
+            return (
+                f"SandboxError: the sandbox process broke the reply protocol ({exc}) and was stopped; "
+                "the sandbox was restarted, so variables defined earlier are gone"
+            )
         except (OSError, EOFError):
             detail = self._restart()
-            return (f"SandboxError: the code block ended the sandbox process ({detail.split(';')[0]}), "
-                    "e.g. by exceeding its memory or CPU limit; the sandbox was restarted, so variables "
-                    "defined earlier are gone")
+            return (
+                f"SandboxError: the code block ended the sandbox process ({detail.split(';')[0]}), "
+                "e.g. by exceeding its memory or CPU limit; the sandbox was restarted, so variables "
+                "defined earlier are gone"
+            )
 
     def close(self) -> None:
         self._restart()

@@ -24,11 +24,34 @@ from datetime import date
 
 # Modules agent code may import. Each is imported before lockdown, so importing it later reads
 # no file; anything else is refused by the import guard and the audit hook.
-ALLOWED_MODULES = frozenset({
-    "math", "cmath", "statistics", "collections", "itertools", "functools", "operator", "datetime",
-    "calendar", "json", "re", "random", "string", "textwrap", "heapq", "bisect", "decimal", "fractions",
-    "typing", "dataclasses", "copy", "pprint", "enum", "time",
-})
+ALLOWED_MODULES = frozenset(
+    {
+        "math",
+        "cmath",
+        "statistics",
+        "collections",
+        "itertools",
+        "functools",
+        "operator",
+        "datetime",
+        "calendar",
+        "json",
+        "re",
+        "random",
+        "string",
+        "textwrap",
+        "heapq",
+        "bisect",
+        "decimal",
+        "fractions",
+        "typing",
+        "dataclasses",
+        "copy",
+        "pprint",
+        "enum",
+        "time",
+    }
+)
 # Builtins agent code does not get: file and console access, the interactive helpers.
 REMOVED_BUILTINS = ("open", "input", "breakpoint", "help", "exit", "quit", "copyright", "credits", "license")
 MAX_OBSERVATION_CHARS = 20_000
@@ -54,8 +77,9 @@ def write_message(stream, payload: bytes) -> None:
 def _guarded_import(real_import):
     def __import__(name, globals=None, locals=None, fromlist=(), level=0):
         if level != 0 or name.partition(".")[0] not in ALLOWED_MODULES:
-            raise ImportError(f"import of {name!r} is not allowed in the sandbox; allowed: "
-                              f"{', '.join(sorted(ALLOWED_MODULES))}")
+            raise ImportError(
+                f"import of {name!r} is not allowed in the sandbox; allowed: {', '.join(sorted(ALLOWED_MODULES))}"
+            )
         return real_import(name, globals, locals, fromlist, level)
 
     return __import__
@@ -68,8 +92,17 @@ def agent_namespace(env) -> dict:
     safe = {k: v for k, v in vars(builtins).items() if k not in REMOVED_BUILTINS}
     safe["__import__"] = _guarded_import(builtins.__import__)
     namespace = {"__builtins__": safe, "__name__": "__agent__"}
-    for name in ("Date", "DateRange", "ISOCode", "Country", "CAMEOCode", "Relation", "Event", "NewsArticle",
-                 "DateGateError"):
+    for name in (
+        "Date",
+        "DateRange",
+        "ISOCode",
+        "Country",
+        "CAMEOCode",
+        "Relation",
+        "Event",
+        "NewsArticle",
+        "DateGateError",
+    ):
         namespace[name] = getattr(types, name)
     namespace.update(env.functions())
     return namespace
@@ -84,12 +117,12 @@ def run_block(code: str, namespace: dict) -> str:
     try:
         tree = ast.parse(code, mode="exec")
         last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
-        exec(compile(tree, "<agent>", "exec"), namespace)  # noqa: S102 - running agent code is the point
+        exec(compile(tree, "<agent>", "exec"), namespace)
         if last is not None:
             value = eval(compile(ast.Expression(last.value), "<agent>", "eval"), namespace)
             if value is not None:
                 print(repr(value))
-    except BaseException as exc:  # noqa: BLE001 - the agent's error is its observation, whatever it is
+    except BaseException as exc:
         print(f"{type(exc).__name__}: {exc}")
     finally:
         sys.stdout, sys.stderr = saved
@@ -130,16 +163,25 @@ def main() -> None:
     config = json.loads(read_message(stdin))
     events = pl.read_ipc(io.BytesIO(read_message(stdin)))
     news = pl.read_ipc(io.BytesIO(read_message(stdin)))
-    env = Environment(events, news, start=date.fromisoformat(config["start"]),
-                      cutoff=date.fromisoformat(config["cutoff"]), query_date=date.fromisoformat(config["query_date"]),
-                      distance_days=config["distance_days"])
+    env = Environment(
+        events,
+        news,
+        start=date.fromisoformat(config["start"]),
+        cutoff=date.fromisoformat(config["cutoff"]),
+        query_date=date.fromisoformat(config["query_date"]),
+        distance_days=config["distance_days"],
+    )
     # Exercise every table path once so nothing lazy is left to initialise after lockdown.
     env.get_events(text_description="warm up")
     env.get_news_articles(keywords=["warm"])
     namespace = agent_namespace(env)
     del events, news
-    report = lock_down(memory_mb=config["memory_mb"], cpu_budget_s=config["cpu_budget_s"],
-                       allowed_modules=ALLOWED_MODULES, parent_mount_namespace=config["parent_mount_namespace"])
+    report = lock_down(
+        memory_mb=config["memory_mb"],
+        cpu_budget_s=config["cpu_budget_s"],
+        allowed_modules=ALLOWED_MODULES,
+        parent_mount_namespace=config["parent_mount_namespace"],
+    )
     write_message(stdout, json.dumps({"ready": report}).encode())
     while True:
         try:

@@ -75,8 +75,10 @@ class ISOCode:
 
     def __post_init__(self) -> None:
         if not isinstance(self.code, str) or self.code.upper() not in iso3_codes():
-            raise ValueError(f"ISOCode {self.code!r} is not a known ISO 3166-1 alpha-3 code; "
-                             "map_country_name_to_iso(name) finds the code of a country name")
+            raise ValueError(
+                f"ISOCode {self.code!r} is not a known ISO 3166-1 alpha-3 code; "
+                "map_country_name_to_iso(name) finds the code of a country name"
+            )
         object.__setattr__(self, "code", self.code.upper())
 
     def __repr__(self) -> str:
@@ -98,8 +100,10 @@ class CAMEOCode:
 
     def __post_init__(self) -> None:
         if not isinstance(self.code, str) or self.code not in _known_codes():
-            raise ValueError(f"CAMEOCode {self.code!r} is not a known 2- or 3-digit CAMEO code; "
-                             "map_relation_description_to_cameo(text) finds codes for a description")
+            raise ValueError(
+                f"CAMEOCode {self.code!r} is not a known 2- or 3-digit CAMEO code; "
+                "map_relation_description_to_cameo(text) finds codes for a description"
+            )
 
     @property
     def is_first_level(self) -> bool:

@@ -56,8 +56,10 @@ ARTICLES_SCHEMA = pl.Schema(
 
 def _same_line(a: str, b: str) -> bool:
     """Equal up to case, spacing and edge punctuation: a headline repeated as the text's first line."""
+
     def norm(s: str) -> str:
         return " ".join(s.split()).casefold().strip(" .:;,|-\u2013\u2014")
+
     return bool(norm(a)) and norm(a) == norm(b)
 
 
@@ -81,11 +83,15 @@ def select_urls(day: date, settings: Settings) -> list[str]:
     """Normalised article URLs of the day's quads with daily_mentions ≥ the threshold (plus,
     optionally, the first-day WEB mention URLs of their events), sorted and unique."""
     layout = DataLayout(settings.data_dir)
-    quads = pl.scan_parquet(verified(layout, layout.daily_quads_path(day))).filter(pl.col("daily_mentions") >= settings.article_min_mentions)
+    quads = pl.scan_parquet(verified(layout, layout.daily_quads_path(day))).filter(
+        pl.col("daily_mentions") >= settings.article_min_mentions
+    )
     urls = quads.select(pl.col("urls").explode().alias("url"))
     mentions = scan_parsed(layout, "mentions", day) if settings.article_include_mention_urls else None
     if mentions is not None:
-        events = pl.scan_parquet(verified(layout, layout.events_path(day))).join(quads.select("date", "s", "r", "o"), on=["date", "s", "r", "o"], how="semi")
+        events = pl.scan_parquet(verified(layout, layout.events_path(day))).join(
+            quads.select("date", "s", "r", "o"), on=["date", "s", "r", "o"], how="semi"
+        )
         web = (
             mentions.filter(pl.col("MentionType") == 1, pl.col("MentionTimeDate").dt.date() == day)
             .join(events.select(pl.col("event_id").alias("GLOBALEVENTID")), on="GLOBALEVENTID", how="semi")
@@ -118,7 +124,11 @@ def build_articles(day: date, settings: Settings, *, now: datetime | None = None
     docs = ((read_html(layout, r["url_md5"]), r["final_url"] or r["url"]) for r in stored.iter_rows(named=True))
     with ExtractionPool(settings.extract_workers, timeout_s=settings.extract_timeout_s) as pool:
         judged = [
-            (r, extracted, filter_document(extracted.text, settings.article_profile) if extracted.error is None else None)
+            (
+                r,
+                extracted,
+                filter_document(extracted.text, settings.article_profile) if extracted.error is None else None,
+            )
             for r, extracted in zip(stored.iter_rows(named=True), pool.map(docs))
         ]
     if settings.article_domain_dedup:
@@ -145,7 +155,9 @@ def build_articles(day: date, settings: Settings, *, now: datetime | None = None
                 "abstract": abstract(extracted.title, text) if decision and decision.kept else None,
                 "date_published": extracted.date,
                 "lang": decision.lang if decision and decision.lang else extracted.lang,
-                "lang_score": decision.lang_score if decision and decision.lang_score is not None else extracted.lang_score,
+                "lang_score": decision.lang_score
+                if decision and decision.lang_score is not None
+                else extracted.lang_score,
                 "n_words": extracted.n_words,
                 "extraction_error": extracted.error,
                 "kept": bool(decision and decision.kept),
@@ -159,7 +171,10 @@ def build_articles(day: date, settings: Settings, *, now: datetime | None = None
         )
     articles = pl.DataFrame(rows, schema=ARTICLES_SCHEMA)
     write_sealed_parquet(
-        layout, articles, layout.articles_path(day), metadata={"articles_version": ARTICLES_VERSION, "profile": settings.article_profile}
+        layout,
+        articles,
+        layout.articles_path(day),
+        metadata={"articles_version": ARTICLES_VERSION, "profile": settings.article_profile},
     )
     not_stored = ledger.filter(pl.col("html_path").is_null())
     counts = {

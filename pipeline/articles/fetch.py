@@ -55,11 +55,11 @@ import socket
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Callable, Iterable
 from urllib.parse import urldefrag, urljoin
 
 import requests
@@ -88,14 +88,49 @@ REDIRECT_CODES = frozenset({301, 302, 303, 307, 308})
 DECODABLE_ENCODINGS = frozenset({"", "identity", "gzip", "x-gzip", "deflate"})
 SNIFF_BYTES = 512
 STATUSES = (
-    "fetched", "http_error", "not_html", "too_large", "empty", "blocked_unsafe", "blocked_robots", "timeout",
-    "connection_error", "dns_error", "redirect_loop", "too_many_redirects", "decode_error", "invalid_url", "error",
+    "fetched",
+    "http_error",
+    "not_html",
+    "too_large",
+    "empty",
+    "blocked_unsafe",
+    "blocked_robots",
+    "timeout",
+    "connection_error",
+    "dns_error",
+    "redirect_loop",
+    "too_many_redirects",
+    "decode_error",
+    "invalid_url",
+    "error",
 )
 # WHATWG MIME sniffing, "text/html" patterns: a tag name followed by a space or '>'.
 _HTML_SIGNATURES = tuple(
     f"<{tag}".encode()
-    for tag in ("!doctype html", "html", "head", "script", "iframe", "h1", "div", "font", "table", "a", "style",
-                "title", "b", "body", "br", "p", "meta", "link", "article", "section", "header", "nav")
+    for tag in (
+        "!doctype html",
+        "html",
+        "head",
+        "script",
+        "iframe",
+        "h1",
+        "div",
+        "font",
+        "table",
+        "a",
+        "style",
+        "title",
+        "b",
+        "body",
+        "br",
+        "p",
+        "meta",
+        "link",
+        "article",
+        "section",
+        "header",
+        "nav",
+    )
 )
 
 
@@ -124,8 +159,16 @@ class FetchOutcome:
 class FetchFailure(Exception):
     """A final verdict reached inside an attempt (not retried in this run)."""
 
-    def __init__(self, status: str, error: str, *, http_status: int | None = None, retryable: bool = False,
-                 retry_after_s: float | None = None, error_class: str | None = None):
+    def __init__(
+        self,
+        status: str,
+        error: str,
+        *,
+        http_status: int | None = None,
+        retryable: bool = False,
+        retry_after_s: float | None = None,
+        error_class: str | None = None,
+    ):
         super().__init__(error)
         self.status = status
         self.http_status = http_status
@@ -169,8 +212,14 @@ def looks_like_html(head: bytes) -> bool:
     return any(data.startswith(sig) and data[len(sig) : len(sig) + 1] in (b" ", b">") for sig in _HTML_SIGNATURES)
 
 
-def read_capped(response: requests.Response, max_bytes: int, deadline: float, *, truncate: bool = False,
-                on_head: Callable[[bytes], None] | None = None) -> bytes:
+def read_capped(
+    response: requests.Response,
+    max_bytes: int,
+    deadline: float,
+    *,
+    truncate: bool = False,
+    on_head: Callable[[bytes], None] | None = None,
+) -> bytes:
     """Read the decoded body, at most ``max_bytes`` (BodyTooLarge, or cut there with ``truncate``),
     giving up at ``deadline``. ``read1`` returns whatever one socket read brought, so the deadline is
     checked however slowly the server drips; urllib3 errors become the requests errors that
@@ -209,8 +258,14 @@ def read_capped(response: requests.Response, max_bytes: int, deadline: float, *,
     return body
 
 
-def _get_following_redirects(session: requests.Session, url: str, settings: Settings, deadline: float,
-                             hop: _Hop, robots: RobotsCache | None = None) -> requests.Response:
+def _get_following_redirects(
+    session: requests.Session,
+    url: str,
+    settings: Settings,
+    deadline: float,
+    hop: _Hop,
+    robots: RobotsCache | None = None,
+) -> requests.Response:
     """GET ``url`` following redirects by hand; every hop is checked (safety, then robots). Returns
     the final, non-redirect response (streaming, unread)."""
     visited = {url}
@@ -223,14 +278,19 @@ def _get_following_redirects(session: requests.Session, url: str, settings: Sett
             if not verdict.allowed and verdict.failure_status == "dns_error":
                 raise FetchFailure("dns_error", verdict.reason, retryable=True, error_class="NameResolutionError")
             if not verdict.allowed:
-                raise FetchFailure("blocked_robots", verdict.reason, retryable=verdict.unreachable,
-                                   error_class="RobotsUnavailable" if verdict.unreachable else "RobotsDisallowed")
+                raise FetchFailure(
+                    "blocked_robots",
+                    verdict.reason,
+                    retryable=verdict.unreachable,
+                    error_class="RobotsUnavailable" if verdict.unreachable else "RobotsDisallowed",
+                )
         try:
             response = session.get(current, stream=True, allow_redirects=False, timeout=_timeouts(settings, deadline))
         except requests.ConnectionError as exc:
             if _is_name_resolution_error(exc):
-                raise FetchFailure("dns_error", describe(exc), retryable=True,
-                                   error_class="NameResolutionError") from exc
+                raise FetchFailure(
+                    "dns_error", describe(exc), retryable=True, error_class="NameResolutionError"
+                ) from exc
             raise
         hop.http_status = response.status_code
         if response.status_code not in REDIRECT_CODES:
@@ -238,20 +298,23 @@ def _get_following_redirects(session: requests.Session, url: str, settings: Sett
         location = response.headers.get("Location", "").strip()
         response.close()
         if not location:
-            raise FetchFailure("http_error", f"HTTP {response.status_code} without Location",
-                               http_status=response.status_code)
+            raise FetchFailure(
+                "http_error", f"HTTP {response.status_code} without Location", http_status=response.status_code
+            )
         target = urldefrag(urljoin(current, location))[0]
         # A consent or cookie wall redirects to the same URL once, after setting a cookie: that is
         # not a loop. Any other return to a visited URL is (and max_redirects bounds both).
         if target in visited and "Set-Cookie" not in response.headers:
             hop.url = target
-            raise FetchFailure("redirect_loop", f"redirect back to {target} after {hops + 1} hop(s)",
-                               http_status=response.status_code)
+            raise FetchFailure(
+                "redirect_loop", f"redirect back to {target} after {hops + 1} hop(s)", http_status=response.status_code
+            )
         visited.add(target)
         current = target
     hop.url = current
-    raise FetchFailure("too_many_redirects", f"more than {settings.fetch_max_redirects} redirects",
-                       http_status=hop.http_status)
+    raise FetchFailure(
+        "too_many_redirects", f"more than {settings.fetch_max_redirects} redirects", http_status=hop.http_status
+    )
 
 
 def _is_name_resolution_error(exc: BaseException) -> bool:
@@ -269,8 +332,9 @@ def _is_name_resolution_error(exc: BaseException) -> bool:
     return False
 
 
-def fetch_article(session: requests.Session, url: str, settings: Settings,
-                  robots: RobotsCache | None = None) -> tuple[FetchOutcome, bytes | None]:
+def fetch_article(
+    session: requests.Session, url: str, settings: Settings, robots: RobotsCache | None = None
+) -> tuple[FetchOutcome, bytes | None]:
     """Fetch one article URL: (outcome, decoded HTML bytes or None). Never raises for anything a
     server or a URL can do; ``robots=None`` skips robots.txt."""
     started = time.monotonic()
@@ -289,8 +353,13 @@ def fetch_article(session: requests.Session, url: str, settings: Settings,
                 retry_after = parse_retry_after(response.headers.get("Retry-After"))
                 # By hand, not a tenacity wait: a longer wait ends the URL's run and defers it in the ledger.
                 if retry_after is not None and retry_after > settings.fetch_backoff_max_s:
-                    raise FetchFailure("http_error", f"HTTP {code}, Retry-After {retry_after:.0f}s",
-                                       http_status=code, retryable=True, retry_after_s=retry_after)
+                    raise FetchFailure(
+                        "http_error",
+                        f"HTTP {code}, Retry-After {retry_after:.0f}s",
+                        http_status=code,
+                        retryable=True,
+                        retry_after_s=retry_after,
+                    )
                 raise TransientHTTPError(code, hop.url, retry_after)
             if code != 200:
                 raise FetchFailure("http_error", f"HTTP {code}", http_status=code, retryable=code >= 500)
@@ -301,17 +370,23 @@ def fetch_article(session: requests.Session, url: str, settings: Settings,
             encodings = {e.strip().lower() for e in response.headers.get("Content-Encoding", "").split(",")}
             if not encodings <= DECODABLE_ENCODINGS:
                 encoding = response.headers["Content-Encoding"]
-                raise FetchFailure("decode_error", f"unsupported Content-Encoding {encoding!r}",
-                                   http_status=code, error_class="UnsupportedContentEncoding")
+                raise FetchFailure(
+                    "decode_error",
+                    f"unsupported Content-Encoding {encoding!r}",
+                    http_status=code,
+                    error_class="UnsupportedContentEncoding",
+                )
             length = response.headers.get("Content-Length", "")
             if length.isdigit() and int(length) > settings.fetch_max_bytes:
-                raise FetchFailure("too_large", f"Content-Length {length} > {settings.fetch_max_bytes}",
-                                   http_status=code)
+                raise FetchFailure(
+                    "too_large", f"Content-Length {length} > {settings.fetch_max_bytes}", http_status=code
+                )
 
             def sniff(head: bytes) -> None:
                 if media is None and not looks_like_html(head):
-                    raise FetchFailure("not_html", "no content type, and the body does not look like HTML",
-                                       http_status=code)
+                    raise FetchFailure(
+                        "not_html", "no content type, and the body does not look like HTML", http_status=code
+                    )
 
             try:
                 body = read_capped(response, settings.fetch_max_bytes, deadline, on_head=sniff)
@@ -334,7 +409,7 @@ def fetch_article(session: requests.Session, url: str, settings: Settings,
         )
         outcome.status, outcome.http_status = "fetched", response.status_code
         outcome.content_type, outcome.bytes = content_type, len(body)
-        outcome.fetched_at = datetime.now(timezone.utc)
+        outcome.fetched_at = datetime.now(UTC)
     except UnsafeURL as exc:
         reason = exc.reason if hop.url == url else f"redirect to {hop.url} refused: {exc.reason}"
         _fail(outcome, "blocked_unsafe", exc, reason)
@@ -353,8 +428,12 @@ def fetch_article(session: requests.Session, url: str, settings: Settings,
         _fail(outcome, "decode_error", exc, describe(exc))
     except (requests.ConnectionError, requests.exceptions.ChunkedEncodingError) as exc:
         _fail(outcome, "connection_error", exc, describe(exc), retryable=True)
-    except (requests.exceptions.InvalidURL, requests.exceptions.InvalidSchema, requests.exceptions.MissingSchema,
-            u3.LocationParseError) as exc:
+    except (
+        requests.exceptions.InvalidURL,
+        requests.exceptions.InvalidSchema,
+        requests.exceptions.MissingSchema,
+        u3.LocationParseError,
+    ) as exc:
         _fail(outcome, "invalid_url", exc, describe(exc))
     except Exception as exc:  # a bug or something unforeseen: recorded, and the batch goes on
         _fail(outcome, "error", exc, describe(exc))
@@ -366,8 +445,15 @@ def fetch_article(session: requests.Session, url: str, settings: Settings,
     return outcome, body
 
 
-def _fail(outcome: FetchOutcome, status: str, exc: BaseException, message: str, *, retryable: bool = False,
-          error_class: str | None = None) -> None:
+def _fail(
+    outcome: FetchOutcome,
+    status: str,
+    exc: BaseException,
+    message: str,
+    *,
+    retryable: bool = False,
+    error_class: str | None = None,
+) -> None:
     outcome.status = status
     outcome.error_class = error_class or type(exc).__name__
     outcome.error = message[:500]
@@ -421,7 +507,7 @@ class FetchBatch:
     robots_requests: int = 0
 
     def counts(self) -> dict[str, int]:
-        counts = {status: 0 for status in STATUSES}
+        counts = dict.fromkeys(STATUSES, 0)
         for outcome in self.outcomes:
             counts[outcome.status] = counts.get(outcome.status, 0) + 1
         return counts
@@ -430,8 +516,13 @@ class FetchBatch:
         return {o.url: o for o in self.outcomes}
 
 
-def fetch_many(urls: Iterable[str], settings: Settings, *, now: datetime | None = None,
-               on_outcome: Callable[[FetchOutcome], None] | None = None) -> FetchBatch:
+def fetch_many(
+    urls: Iterable[str],
+    settings: Settings,
+    *,
+    now: datetime | None = None,
+    on_outcome: Callable[[FetchOutcome], None] | None = None,
+) -> FetchBatch:
     """Fetch URLs (normalised and deduplicated here) with at most ``fetch_concurrency`` requests in
     flight and at most ``fetch_per_host`` to any one host, storing fetched HTML under raw_html/.
 
@@ -450,7 +541,7 @@ def fetch_many(urls: Iterable[str], settings: Settings, *, now: datetime | None 
     for url in dict.fromkeys(normalize_url(u) for u in urls):
         queues.setdefault(host_key(url), deque()).append(url)
     ready: deque[str] = deque(queues)
-    active: dict[str, int] = {host: 0 for host in queues}
+    active: dict[str, int] = dict.fromkeys(queues, 0)
 
     local = threading.local()
     sessions: list[requests.Session] = []
@@ -479,6 +570,7 @@ def fetch_many(urls: Iterable[str], settings: Settings, *, now: datetime | None 
     running: dict[Future, str] = {}
     pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="fetch")
     try:
+
         def fill() -> None:
             while len(running) < concurrency and ready:
                 progressed = False
@@ -524,8 +616,9 @@ class FetchRun:
     ledger_path: Path = field(default=Path())
 
 
-def fetch_articles(candidate_urls: Iterable[str], settings: Settings, *, now: datetime | None = None,
-                   checkpoint_s: float = 30.0) -> FetchRun:
+def fetch_articles(
+    candidate_urls: Iterable[str], settings: Settings, *, now: datetime | None = None, checkpoint_s: float = 30.0
+) -> FetchRun:
     """One fetch run: the due URLs among the candidates are fetched and every outcome is merged
     into the global fetch ledger (under its file lock, re-read before each write so concurrent
     runs for other days lose nothing). The ledger is also written every ``checkpoint_s`` during a
@@ -558,5 +651,12 @@ def fetch_articles(candidate_urls: Iterable[str], settings: Settings, *, now: da
 
     batch = fetch_many(plan.due, settings, now=now, on_outcome=on_outcome)
     flush()
-    return FetchRun(plan.candidates, len(plan.due), plan.already_fetched, plan.waiting, plan.given_up, batch,
-                    layout.fetch_ledger_path())
+    return FetchRun(
+        plan.candidates,
+        len(plan.due),
+        plan.already_fetched,
+        plan.waiting,
+        plan.given_up,
+        batch,
+        layout.fetch_ledger_path(),
+    )

@@ -19,9 +19,10 @@ blocked_unsafe, 404, …), gives up. A fetched URL is never due again.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING, Iterable, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
 
 import polars as pl
 
@@ -58,7 +59,7 @@ FETCH_LEDGER_SCHEMA = pl.Schema(
 
 
 def _utc(moment: datetime) -> datetime:
-    return moment.replace(tzinfo=timezone.utc) if moment.tzinfo is None else moment.astimezone(timezone.utc)
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
 
 
 def empty_ledger() -> pl.DataFrame:
@@ -115,8 +116,9 @@ def due_urls(ledger: pl.DataFrame, candidate_urls: Iterable[str], now: datetime)
     return plan_fetch(ledger, candidate_urls, now).due
 
 
-def _next_retry(failed_runs: int, now: datetime, schedule: Sequence[timedelta],
-                retry_after_s: float | None) -> datetime | None:
+def _next_retry(
+    failed_runs: int, now: datetime, schedule: Sequence[timedelta], retry_after_s: float | None
+) -> datetime | None:
     if failed_runs > len(schedule):
         return None
     when = now + schedule[failed_runs - 1]
@@ -125,8 +127,9 @@ def _next_retry(failed_runs: int, now: datetime, schedule: Sequence[timedelta],
     return when
 
 
-def record_outcomes(ledger: pl.DataFrame, outcomes: Sequence["FetchOutcome"], now: datetime,
-                    schedule: Sequence[timedelta]) -> pl.DataFrame:
+def record_outcomes(
+    ledger: pl.DataFrame, outcomes: Sequence[FetchOutcome], now: datetime, schedule: Sequence[timedelta]
+) -> pl.DataFrame:
     """The ledger with these outcomes merged in (one row per URL; attempts and tries add up)."""
     if not outcomes:
         return ledger

@@ -21,10 +21,11 @@ import re
 import string
 import unicodedata
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from functools import cache, cached_property
 from importlib import resources
-from typing import ClassVar, Iterable
+from typing import ClassVar
 
 from pipeline.articles.langid import LangGuess, identify
 
@@ -289,11 +290,13 @@ PROFILES: dict[str, Profile] = {
         paragraph=(
             WordCount(min=4, max=5000, source=f"{_MIRAI}: number_words_node_level_min/max_cutoff"),
             CharacterRepetition(
-                n=10, max=0.1,
+                n=10,
+                max=0.1,
                 source=f"{_MIRAI}: character_repetition_length_node_level, character_repetition_node_level_max_cutoff",
             ),
             WordRepetition(
-                n=5, max=0.1,
+                n=5,
+                max=0.1,
                 source=f"{_MIRAI}: word_repetition_length_node_level, word_repetition_node_level_max_cutoff",
             ),
             SpecialCharacters(max=0.3, source=f"{_MIRAI}: special_character_ratio_node_level_max_cutoff"),
@@ -302,11 +305,13 @@ PROFILES: dict[str, Profile] = {
         document=(
             WordCount(min=10, max=10000, source=f"{_MIRAI}: number_words_doc_level_min/max_cutoff"),
             CharacterRepetition(
-                n=10, max=0.2,
+                n=10,
+                max=0.2,
                 source=f"{_MIRAI}: character_repetition_length_doc_level, character_repetition_doc_level_max_cutoff",
             ),
             WordRepetition(
-                n=5, max=0.3,
+                n=5,
+                max=0.3,
                 source=f"{_MIRAI}: word_repetition_length_doc_level, word_repetition_doc_level_max_cutoff",
             ),
             SpecialCharacters(max=0.3, source=f"{_MIRAI}: special_character_ratio_doc_level_max_cutoff"),

@@ -31,8 +31,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 from urllib.parse import urlsplit
 
 import requests
@@ -115,8 +115,13 @@ def interpret(fetched: RobotsFetch) -> tuple[str, Protego | None, str]:
 class RobotsCache:
     """Thread-safe robots.txt verdicts for one run."""
 
-    def __init__(self, settings: Settings, *, clock: Callable[[], float] = time.monotonic,
-                 fetcher: Callable[[requests.Session, str, Settings], RobotsFetch] | None = None):
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        fetcher: Callable[[requests.Session, str, Settings], RobotsFetch] | None = None,
+    ):
         self.settings = settings
         self.product_token = product_token(settings.user_agent)
         self._clock = clock

@@ -40,7 +40,7 @@ import ipaddress
 import socket
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
 import requests
@@ -51,9 +51,7 @@ from pipeline.config import Settings
 from pipeline.http import make_session
 
 ALLOWED_SCHEMES = ("http", "https")
-METADATA_ADDRESSES = frozenset(
-    ipaddress.ip_address(a) for a in ("169.254.169.254", "fd00:ec2::254", "100.100.100.200")
-)
+METADATA_ADDRESSES = frozenset(ipaddress.ip_address(a) for a in ("169.254.169.254", "fd00:ec2::254", "100.100.100.200"))
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 RESERVED_TLDS = ("example", "test", "invalid", "localhost")  # RFC 2606, RFC 6761: never public names
@@ -69,7 +67,7 @@ class HostMap:
     entries: tuple[tuple[str, str, int], ...] = ()
 
     @classmethod
-    def parse(cls, text: str) -> "HostMap":
+    def parse(cls, text: str) -> HostMap:
         entries = []
         for item in filter(None, (part.strip() for part in text.split(","))):
             pattern, sep, target = item.partition("=")
@@ -143,8 +141,9 @@ def resolve_host(host: str, port: int) -> list[tuple[Any, ...]]:
     return socket.getaddrinfo(host, port, socket.AF_UNSPEC, socket.SOCK_STREAM)
 
 
-def checked_addresses(host: str, port: int, allow_loopback: bool = False,
-                      host_map: HostMap = NO_HOST_MAP) -> list[tuple[Any, ...]]:
+def checked_addresses(
+    host: str, port: int, allow_loopback: bool = False, host_map: HostMap = NO_HOST_MAP
+) -> list[tuple[Any, ...]]:
     """Resolve ``host`` (or take its ``host_map`` target) and return its addrinfo entries, or raise
     UnsafeURL if *any* address is refused (socket.gaierror when the name does not resolve)."""
     host, port = host_map.target(host.strip("[]"), port)
@@ -283,7 +282,7 @@ class SafeHTTPAdapter(HTTPAdapter):
     def proxy_manager_for(self, proxy, **proxy_kwargs):
         raise UnsafeURL("proxies are not used for article fetching (they would bypass the address check)")
 
-    __attrs__ = [*HTTPAdapter.__attrs__, "allow_loopback", "host_map"]  # pickling keeps the policy
+    __attrs__: ClassVar[list[str]] = [*HTTPAdapter.__attrs__, "allow_loopback", "host_map"]  # pickling keeps the policy
 
 
 def make_safe_session(settings: Settings, pool_maxsize: int = 1) -> requests.Session:
@@ -298,8 +297,11 @@ def make_safe_session(settings: Settings, pool_maxsize: int = 1) -> requests.Ses
         }
     )
     adapter = SafeHTTPAdapter(
-        allow_loopback=settings.fetch_allow_loopback, host_map=HostMap.parse(settings.fetch_host_map),
-        pool_connections=16, pool_maxsize=pool_maxsize, max_retries=0,
+        allow_loopback=settings.fetch_allow_loopback,
+        host_map=HostMap.parse(settings.fetch_host_map),
+        pool_connections=16,
+        pool_maxsize=pool_maxsize,
+        max_retries=0,
     )
     session.mount("http://", adapter)
     session.mount("https://", adapter)

@@ -132,7 +132,7 @@ def split_reply(text: str) -> tuple[str, str]:
     if not marks:
         return "", text.strip()
     last = marks[-1]
-    return _THOUGHT.sub("", text[: last.start()].strip(), count=1), text[last.end():].strip()
+    return _THOUGHT.sub("", text[: last.start()].strip(), count=1), text[last.end() :].strip()
 
 
 def read_answer(text: str) -> dict | None:
@@ -146,7 +146,7 @@ def _final(text: str) -> Action | None:
     match = _FINAL.search(text)
     if match is None:
         return None
-    answer = read_answer(text[match.end():])
+    answer = read_answer(text[match.end() :])
     if answer is None:
         return Action("invalid", problem='"Final Answer:" must be followed by the JSON object, e.g. {"04": ["042"]}')
     return Action("final", answer=answer)
@@ -162,8 +162,11 @@ def parse_call(action: str) -> Action:
     try:
         tree = ast.parse(code, mode="eval")
     except SyntaxError:
-        return Action("invalid", problem="the action must be one Python call of an API function on one line, "
-                                         "e.g. count_events(head_entities=[\"USA\"])")
+        return Action(
+            "invalid",
+            problem="the action must be one Python call of an API function on one line, "
+            'e.g. count_events(head_entities=["USA"])',
+        )
     call = tree.body
     if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id in API_FUNCTIONS):
         return Action("invalid", problem="the action must call one of the API functions: " + ", ".join(API_FUNCTIONS))
@@ -201,7 +204,7 @@ def execution_error(observation: str, action_type: str) -> str | None:
     if action_type == "single_function":
         return observation.strip() if _ERROR_LINE.match(observation) else None
     match = _ERROR_LINE.search(observation)
-    return observation[match.start():].strip() if match else None
+    return observation[match.start() :].strip() if match else None
 
 
 # --- episodes -----------------------------------------------------------------------------------
@@ -212,7 +215,12 @@ def _call(client: ChatClient, messages: list[dict], spec: AgentSpec) -> Reply:
 
 
 def _model_step(step: Step, reply: Reply) -> None:
-    step.reply, step.tokens_in, step.tokens_out, step.latency_s = reply.text, reply.tokens_in, reply.tokens_out, reply.latency_s
+    step.reply, step.tokens_in, step.tokens_out, step.latency_s = (
+        reply.text,
+        reply.tokens_in,
+        reply.tokens_out,
+        reply.latency_s,
+    )
 
 
 def _notes(steps: list[Step]) -> str:
@@ -290,8 +298,9 @@ def _clip(observation: str) -> str:
     return observation[:OBSERVATION_CHARS] + f"\n[observation cut at {OBSERVATION_CHARS} characters]"
 
 
-def run_react(client: ChatClient, spec: AgentSpec, query: Query, cutoff: date,
-              env_factory: Callable[[], object]) -> Trajectory:
+def run_react(
+    client: ChatClient, spec: AgentSpec, query: Query, cutoff: date, env_factory: Callable[[], object]
+) -> Trajectory:
     """One ReAct episode. ``env_factory`` opens the query's Environment (visible up to
     ``cutoff``); it is closed, and its sandbox stopped, when the episode ends."""
     trajectory = Trajectory(query.query_id, "react", spec.action_type)
@@ -325,7 +334,9 @@ def run_single_turn(client: ChatClient, spec: AgentSpec, query: Query, cutoff: d
     step = Step(index=0, kind="answer", reply="")
     trajectory.steps.append(step)
     try:
-        _model_step(step, _call(client, [{"role": "system", "content": system}, {"role": "user", "content": text}], spec))
+        _model_step(
+            step, _call(client, [{"role": "system", "content": system}, {"role": "user", "content": text}], spec)
+        )
     except LLMError as exc:
         step.error = trajectory.error = f"{type(exc).__name__}: {exc}"
         trajectory.end_state = "error"

@@ -31,7 +31,9 @@ def visible_history(queries: pl.DataFrame, history: pl.LazyFrame | pl.DataFrame,
     """(query_id, r, date): every s→o event dated ≤ t − distance_days, for each query (t, s, o).
     An event on day t − distance_days + 1 or later is never visible."""
     if distance_days < 1:
-        raise ValueError(f"distance_days must be at least 1 (the query day itself is never visible), got {distance_days}")
+        raise ValueError(
+            f"distance_days must be at least 1 (the query day itself is never visible), got {distance_days}"
+        )
     gates = queries.lazy().select(
         "query_id", "s", "o", (pl.col("date") - pl.duration(days=distance_days)).alias("cutoff")
     )
@@ -45,8 +47,10 @@ def visible_history(queries: pl.DataFrame, history: pl.LazyFrame | pl.DataFrame,
 def _relation_stats(queries: pl.DataFrame, history: pl.LazyFrame | pl.DataFrame, distance_days: int) -> pl.LazyFrame:
     """Per (query, relation): the last visible day it occurred and on how many visible days (the
     event database holds one row per (date, s, r, o), so rows are days)."""
-    return visible_history(queries, history, distance_days).group_by("query_id", "r").agg(
-        pl.col("date").max().alias("last_seen"), pl.len().alias("days")
+    return (
+        visible_history(queries, history, distance_days)
+        .group_by("query_id", "r")
+        .agg(pl.col("date").max().alias("last_seen"), pl.len().alias("days"))
     )
 
 
@@ -70,8 +74,10 @@ def recurrency(queries: pl.DataFrame, history: pl.LazyFrame | pl.DataFrame, *, d
     code. The set prediction is every relation with a non-zero score (every relation s ever took
     toward o in the visible history): that is what gives D.8's Recurrency its high second-level
     recall (≈80%) and low precision (≈14%)."""
-    lists = _relation_stats(queries, history, distance_days).group_by("query_id").agg(
-        pl.col("r").sort_by(["last_seen", "days", "r"], descending=[True, True, False]).alias("ranked")
+    lists = (
+        _relation_stats(queries, history, distance_days)
+        .group_by("query_id")
+        .agg(pl.col("r").sort_by(["last_seen", "days", "r"], descending=[True, True, False]).alias("ranked"))
     )
     return _forecasts(queries, lists)
 
@@ -102,8 +108,10 @@ def frequency(
         k = default_top_k(queries, history, distance_days)
     if k < 1:
         raise ValueError(f"k must be at least 1, got {k}")
-    lists = _relation_stats(queries, history, distance_days).group_by("query_id").agg(
-        pl.col("r").sort_by(["days", "last_seen", "r"], descending=[True, True, False]).head(k).alias("ranked")
+    lists = (
+        _relation_stats(queries, history, distance_days)
+        .group_by("query_id")
+        .agg(pl.col("r").sort_by(["days", "last_seen", "r"], descending=[True, True, False]).head(k).alias("ranked"))
     )
     return _forecasts(queries, lists)
 
@@ -117,7 +125,12 @@ BASELINE_METHODS = ("recurrency", "frequency", "empty")
 
 
 def forecast(
-    method: str, queries: pl.DataFrame, history: pl.LazyFrame | pl.DataFrame, *, distance_days: int, top_k: int | None = None
+    method: str,
+    queries: pl.DataFrame,
+    history: pl.LazyFrame | pl.DataFrame,
+    *,
+    distance_days: int,
+    top_k: int | None = None,
 ) -> pl.DataFrame:
     """Run the named baseline (one of BASELINE_METHODS); top_k applies to ``frequency`` only."""
     if method == "recurrency":

@@ -19,8 +19,23 @@ from pipeline.storage import DataLayout, atomic_write_bytes, atomic_write_parque
 BOARD_FILE = "leaderboard.parquet"
 CHART_FILE = "leaderboard.png"
 # What the Dagster UI shows of each run; the parquet file has every metric and its std.
-SUMMARY_COLUMNS = ("rank", "month", "query_set", "distance", "agent", "kind", "contaminated", "n", "rounds",
-                   "level2_f1", "level1_f1", "level2_precision", "level2_recall", "quad_kl", "mrr")
+SUMMARY_COLUMNS = (
+    "rank",
+    "month",
+    "query_set",
+    "distance",
+    "agent",
+    "kind",
+    "contaminated",
+    "n",
+    "rounds",
+    "level2_f1",
+    "level1_f1",
+    "level2_precision",
+    "level2_recall",
+    "quad_kl",
+    "mrr",
+)
 
 
 def _label(row: dict) -> str:
@@ -43,8 +58,13 @@ def chart(board: pl.DataFrame) -> bytes:
             month = board.get_column("month").max()
             rows = board.filter(pl.col("month") == month).to_dicts()  # already in rank order
             y = list(range(len(rows)))[::-1]
-            ax.barh(y, [r[RANK_METRIC] for r in rows], xerr=[r[f"{RANK_METRIC}_std"] for r in rows],
-                    color=["0.7" if r["contaminated"] else "tab:blue" for r in rows], capsize=3)
+            ax.barh(
+                y,
+                [r[RANK_METRIC] for r in rows],
+                xerr=[r[f"{RANK_METRIC}_std"] for r in rows],
+                color=["0.7" if r["contaminated"] else "tab:blue" for r in rows],
+                capsize=3,
+            )
             ax.set_yticks(y, [_label(r) for r in rows], fontsize=9)
             ax.set_xlabel("second-level F1 (%), mean ± std over rounds")
             ax.set_xlim(0, 100)
@@ -58,6 +78,7 @@ def chart(board: pl.DataFrame) -> bytes:
 
 def markdown_table(frame: pl.DataFrame) -> str:
     """A markdown table (floats to 2 decimals, booleans yes/no, nulls blank) for Dagster metadata."""
+
     def cell(value) -> str:
         if value is None:
             return ""

@@ -59,7 +59,9 @@ class Reply:
 class ChatClient(Protocol):
     """What the harness needs from a model: one chat completion per call."""
 
-    def chat(self, messages: list[dict[str, str]], *, temperature: float, max_tokens: int, stop: list[str]) -> Reply: ...
+    def chat(
+        self, messages: list[dict[str, str]], *, temperature: float, max_tokens: int, stop: list[str]
+    ) -> Reply: ...
 
 
 @dataclass(frozen=True)
@@ -77,8 +79,16 @@ class OpenAIChatClient:
     (tenacity) with exponential backoff and jitter, honouring a Retry-After in seconds up to
     ``backoff_max_s`` (``pipeline.http.backoff_wait``)."""
 
-    def __init__(self, base_url: str, model: str, api_key_env: str | None, *, seed: int = DEFAULT_SEED,
-                 http: HttpSettings = HttpSettings(), session: requests.Session | None = None):
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        api_key_env: str | None,
+        *,
+        seed: int = DEFAULT_SEED,
+        http: HttpSettings = HttpSettings(),
+        session: requests.Session | None = None,
+    ):
         self.url = base_url.rstrip("/") + "/chat/completions"
         self.model = model
         self.api_key_env = api_key_env
@@ -95,8 +105,14 @@ class OpenAIChatClient:
         return {"Authorization": f"Bearer {key}"}
 
     def chat(self, messages, *, temperature, max_tokens, stop) -> Reply:
-        payload = {"model": self.model, "messages": messages, "temperature": temperature,
-                   "max_tokens": max_tokens, "stop": stop or None, "seed": self.seed}
+        payload = {
+            "model": self.model,
+            "messages": messages,
+            "temperature": temperature,
+            "max_tokens": max_tokens,
+            "stop": stop or None,
+            "seed": self.seed,
+        }
         started = time.perf_counter()
         attempts = 0
 
@@ -104,8 +120,12 @@ class OpenAIChatClient:
             nonlocal attempts
             attempts += 1
             try:
-                response = self.session.post(self.url, json=payload, headers=self._headers(),
-                                             timeout=(self.http.connect_timeout_s, self.http.read_timeout_s))
+                response = self.session.post(
+                    self.url,
+                    json=payload,
+                    headers=self._headers(),
+                    timeout=(self.http.connect_timeout_s, self.http.read_timeout_s),
+                )
             except (requests.ConnectionError, requests.Timeout) as exc:
                 raise _Failure(type(exc).__name__, retryable=True) from exc
             if response.status_code == 200:
@@ -114,8 +134,11 @@ class OpenAIChatClient:
             if response.status_code in UNAVAILABLE_STATUSES:
                 raise ModelUnavailable(f"{self.model} at {self.url}: {problem}")
             retry_after = response.headers.get("Retry-After", "").strip()
-            raise _Failure(problem, retryable=response.status_code in RETRY_STATUSES,
-                           retry_after_s=float(retry_after) if retry_after.isdigit() else None)
+            raise _Failure(
+                problem,
+                retryable=response.status_code in RETRY_STATUSES,
+                retry_after_s=float(retry_after) if retry_after.isdigit() else None,
+            )
 
         retrying = Retrying(
             stop=stop_after_attempt(max(1, self.http.attempts)),
@@ -135,8 +158,12 @@ class OpenAIChatClient:
         except (ValueError, KeyError, IndexError, TypeError) as exc:
             raise LLMError(f"{self.model}: malformed completion ({type(exc).__name__}): {response.text[:300]}") from exc
         usage = body.get("usage") or {}
-        return Reply(text, int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0)),
-                     time.perf_counter() - started)
+        return Reply(
+            text,
+            int(usage.get("prompt_tokens", 0)),
+            int(usage.get("completion_tokens", 0)),
+            time.perf_counter() - started,
+        )
 
 
 # One loaded model per (file, context size) per process: loading costs seconds and the memory
@@ -160,14 +187,23 @@ def _load_llama(path: Path, n_ctx: int, n_threads: int | None):
             try:
                 from llama_cpp import Llama  # lazy: only local-model agents need it
             except ImportError as exc:
-                raise ModelUnavailable("a gguf agent needs llama-cpp-python: pip install 'llama-cpp-python>=0.3.36,<0.4'") from exc
-            llama = Llama(model_path=str(path), n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=0,
-                          seed=DEFAULT_SEED, verbose=False)
+                raise ModelUnavailable(
+                    "a gguf agent needs llama-cpp-python: pip install 'llama-cpp-python>=0.3.36,<0.4'"
+                ) from exc
+            llama = Llama(
+                model_path=str(path), n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=0, seed=DEFAULT_SEED, verbose=False
+            )
             trained = _trained_context(llama, n_ctx)
             if trained < n_ctx:  # positions past the trained context are not meaningful
                 del llama
-                llama = Llama(model_path=str(path), n_ctx=trained, n_threads=n_threads, n_gpu_layers=0,
-                              seed=DEFAULT_SEED, verbose=False)
+                llama = Llama(
+                    model_path=str(path),
+                    n_ctx=trained,
+                    n_threads=n_threads,
+                    n_gpu_layers=0,
+                    seed=DEFAULT_SEED,
+                    verbose=False,
+                )
             _MODELS[key] = llama
         return _MODELS[key]
 
@@ -179,8 +215,9 @@ class LlamaCppChatClient:
     the model's training context, whichever is smaller; a conversation that outgrows it raises
     LLMError (the episode ends with status "error")."""
 
-    def __init__(self, path: Path | str, *, n_ctx: int = DEFAULT_N_CTX, n_threads: int | None = None,
-                 seed: int = DEFAULT_SEED):
+    def __init__(
+        self, path: Path | str, *, n_ctx: int = DEFAULT_N_CTX, n_threads: int | None = None, seed: int = DEFAULT_SEED
+    ):
         self.path = Path(path)
         self.n_ctx = n_ctx
         self.n_threads = n_threads
@@ -190,13 +227,18 @@ class LlamaCppChatClient:
         llama = _load_llama(self.path, self.n_ctx, self.n_threads)
         started = time.perf_counter()
         try:
-            out = llama.create_chat_completion(messages=messages, temperature=temperature, max_tokens=max_tokens,
-                                               stop=stop or None, seed=self.seed)
+            out = llama.create_chat_completion(
+                messages=messages, temperature=temperature, max_tokens=max_tokens, stop=stop or None, seed=self.seed
+            )
         except ValueError as exc:  # llama-cpp-python's "Requested tokens exceed context window"
             raise LLMError(f"{self.path.name}: {exc}") from exc
         usage = out.get("usage") or {}
-        return Reply(out["choices"][0]["message"]["content"] or "", int(usage.get("prompt_tokens", 0)),
-                     int(usage.get("completion_tokens", 0)), time.perf_counter() - started)
+        return Reply(
+            out["choices"][0]["message"]["content"] or "",
+            int(usage.get("prompt_tokens", 0)),
+            int(usage.get("completion_tokens", 0)),
+            time.perf_counter() - started,
+        )
 
 
 @dataclass(frozen=True)

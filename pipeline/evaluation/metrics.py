@@ -49,11 +49,15 @@ _QUAD_OF = {code: label for label, codes in QUAD_CLASSES.items() for code in cod
 # eval.py adds this to every probability, without renormalising, before taking the KL divergence.
 EPSILON = 1e-10
 
-SET_METRICS = tuple(
-    f"{level}_{measure}"
-    for level in ("level1", "level2", "binary", "quad")
-    for measure in ("precision", "recall", "f1")
-) + ("binary_kl", "quad_kl")
+SET_METRICS = (
+    *tuple(
+        f"{level}_{measure}"
+        for level in ("level1", "level2", "binary", "quad")
+        for measure in ("precision", "recall", "f1")
+    ),
+    "binary_kl",
+    "quad_kl",
+)
 
 
 @dataclass(frozen=True)
@@ -197,7 +201,9 @@ def mrr(rankings: Sequence[Iterable[object]], answers: Sequence[Mapping[str, Seq
     return 100 * statistics.fmean(reciprocal_rank(r, a) for r, a in zip(rankings, answers))
 
 
-def hit_at_k(rankings: Sequence[Iterable[object]], answers: Sequence[Mapping[str, Sequence[str]]], k: int = 10) -> float:
+def hit_at_k(
+    rankings: Sequence[Iterable[object]], answers: Sequence[Mapping[str, Sequence[str]]], k: int = 10
+) -> float:
     """Hit@k in percent (D.8.3: "proportion of queries where at least one correct relation appears
     in top-10 predictions")."""
     if k < 1:

@@ -119,7 +119,9 @@ def _signature(function) -> str:
         if param.annotation is not inspect.Parameter.empty:
             text += f": {_annotation(param.annotation)}"
         if param.default is not inspect.Parameter.empty:
-            text += f" = {param.default!r}" if param.annotation is not inspect.Parameter.empty else f"={param.default!r}"
+            text += (
+                f" = {param.default!r}" if param.annotation is not inspect.Parameter.empty else f"={param.default!r}"
+            )
         params.append(text)
     returns = "" if sig.return_annotation is inspect.Signature.empty else f" -> {_annotation(sig.return_annotation)}"
     return f"({', '.join(params)}){returns}"
@@ -136,8 +138,10 @@ def _class_line(cls) -> str:
 @cache
 def api_description() -> str:
     """The data classes and functions agents can use, as Python stubs with their docstrings."""
-    classes = [getattr(types, name) for name in
-               ("Date", "DateRange", "ISOCode", "Country", "CAMEOCode", "Relation", "Event", "NewsArticle")]
+    classes = [
+        getattr(types, name)
+        for name in ("Date", "DateRange", "ISOCode", "Country", "CAMEOCode", "Relation", "Event", "NewsArticle")
+    ]
     lines = ["# Data classes", *(_class_line(cls) for cls in classes), "", "# Functions"]
     for name in API_FUNCTIONS:
         function = getattr(Environment, name)

@@ -200,7 +200,9 @@ def _parse_agent(entry: dict, base_dir: Path) -> Agent:
         if ("endpoint" in entry) == ("gguf" in entry):
             problems.append("an llm agent needs exactly one of endpoint (base_url, model, api_key_env) or gguf")
         if "knowledge_cutoff" not in entry:
-            problems.append("knowledge_cutoff is required for an llm agent (it decides which months it may be ranked on)")
+            problems.append(
+                "knowledge_cutoff is required for an llm agent (it decides which months it may be ranked on)"
+            )
     if problems:
         raise ValueError("; ".join(problems))
     return agent
@@ -219,7 +221,9 @@ def parse_agents(document: object, source: str = "agents.yaml", base_dir: Path =
             problems.append(f"{where}: expected a mapping of fields, got {entry!r}")
             continue
         if not isinstance(name, str) or not _NAME.match(name):
-            problems.append(f"{where}: name must be letters, digits, '.', '_' or '-' (it names a directory), got {name!r}")
+            problems.append(
+                f"{where}: name must be letters, digits, '.', '_' or '-' (it names a directory), got {name!r}"
+            )
             continue
         if name in seen:
             problems.append(f"{where}: the name {name!r} is already used by an earlier agent")

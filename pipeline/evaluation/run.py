@@ -70,9 +70,11 @@ RANK_METRIC = "level2_f1"
 # Ties on second-level F1 are broken by these, in order (all higher-is-better).
 TIEBREAK_METRICS = ("level1_f1", "mrr")
 # Said wherever the leaderboard shows (demo summary, Dagster metadata, chart, docs/evaluation.md).
-RANK_RULE = ("rank: within each month, query set and distance, by second-level F1, ties broken by first-level "
-             "F1 then MRR (equal on all three share a rank); runs that scored 0 on all three and contaminated "
-             "runs are not ranked and listed last")
+RANK_RULE = (
+    "rank: within each month, query set and distance, by second-level F1, ties broken by first-level "
+    "F1 then MRR (equal on all three share a rank); runs that scored 0 on all three and contaminated "
+    "runs are not ranked and listed last"
+)
 HIT_K = 10  # Hit@10, as in MIRAI (arXiv:2407.01231) Appendix D.8
 _MONTH_FILE = re.compile(r"^month=(\d{4})-(\d{2})\.parquet$")
 
@@ -111,7 +113,9 @@ def load_history(data_dir: Path | str, until: date) -> pl.LazyFrame:
         if (m := _MONTH_FILE.match(path.name)) and date(int(m[1]), int(m[2]), 1) <= until
     )
     if not paths:
-        raise MonthNotReady(f"no event database month up to {until} under {directory}; materialise event_database first")
+        raise MonthNotReady(
+            f"no event database month up to {until} under {directory}; materialise event_database first"
+        )
     return pl.scan_parquet(paths).select("date", "s", "r", "o").filter(pl.col("date") <= until)
 
 
@@ -151,8 +155,9 @@ def score_forecasts(queries: pl.DataFrame, forecasts: pl.DataFrame) -> tuple[pl.
     return pl.concat([frame, per_query], how="horizontal"), metrics
 
 
-def write_evaluation(directory: Path, results: pl.DataFrame, record: dict,
-                     extra_files: Mapping[str, bytes] | None = None) -> dict:
+def write_evaluation(
+    directory: Path, results: pl.DataFrame, record: dict, extra_files: Mapping[str, bytes] | None = None
+) -> dict:
     """Write results.parquet, scores.json and any ``extra_files`` (name → bytes) into a staging
     directory and swap it into place; return the record as stored (with the sha256 of
     results.parquet)."""
@@ -198,10 +203,14 @@ def evaluate_baseline(
     results, metrics = score_forecasts(frame, forecasts)
     record = _record(agent, month, query_set, distance, aggregate_rounds([metrics]), contaminated, reason)
     record = {"agent": agent.name, "kind": agent.kind, "baseline": agent.baseline, "top_k": top_k} | record
-    return results, write_evaluation(DataLayout(data_dir).evaluation_dir(month, agent.name, query_set, distance), results, record)
+    return results, write_evaluation(
+        DataLayout(data_dir).evaluation_dir(month, agent.name, query_set, distance), results, record
+    )
 
 
-def _record(agent: Agent, month: date, query_set: str, distance: int, rounds: dict, contaminated: bool, reason: str) -> dict:
+def _record(
+    agent: Agent, month: date, query_set: str, distance: int, rounds: dict, contaminated: bool, reason: str
+) -> dict:
     """The scores.json fields every run has, baseline or LLM."""
     return {
         "agent": agent.name,
@@ -264,19 +273,29 @@ def _episode_columns(trajectories: list[Trajectory]) -> pl.DataFrame:
             "env_s": [r["env_s"] for r in records],
             "wall_s": [r["wall_s"] for r in records],
         },
-        schema={"end_state": pl.String, "answer_source": pl.String, "n_actions": pl.Int64, "tokens_in": pl.Int64,
-                "tokens_out": pl.Int64, "model_s": pl.Float64, "env_s": pl.Float64, "wall_s": pl.Float64},
+        schema={
+            "end_state": pl.String,
+            "answer_source": pl.String,
+            "n_actions": pl.Int64,
+            "tokens_in": pl.Int64,
+            "tokens_out": pl.Int64,
+            "model_s": pl.Float64,
+            "env_s": pl.Float64,
+            "wall_s": pl.Float64,
+        },
     )
 
 
-def _run_round(client: ChatClient, spec: AgentSpec, queries: list[Query], distance: int,
-               database: EventDatabase | None) -> list[Trajectory]:
+def _run_round(
+    client: ChatClient, spec: AgentSpec, queries: list[Query], distance: int, database: EventDatabase | None
+) -> list[Trajectory]:
     trajectories = []
     for query in queries:
         cutoff = query.date - timedelta(days=distance)
         if spec.strategy == "react":
-            trajectories.append(run_react(client, spec, query, cutoff,
-                                          lambda q=query: database.environment(q.date, distance)))
+            trajectories.append(
+                run_react(client, spec, query, cutoff, lambda q=query: database.environment(q.date, distance))
+            )
         else:
             trajectories.append(run_single_turn(client, spec, query, cutoff))
     return trajectories
@@ -320,15 +339,21 @@ def evaluate_agent(
     for round_no in range(agent.rounds):
         trajectories = _run_round(client, spec, items, distance, database)
         forecasts = pl.DataFrame(
-            {"query_id": [t.query_id for t in trajectories],
-             "ranked": [_listed_codes(t.answer) for t in trajectories],
-             "answer_dict": [json.dumps(t.answer, sort_keys=True) for t in trajectories]},
+            {
+                "query_id": [t.query_id for t in trajectories],
+                "ranked": [_listed_codes(t.answer) for t in trajectories],
+                "answer_dict": [json.dumps(t.answer, sort_keys=True) for t in trajectories],
+            },
             schema=FORECAST_SCHEMA,
         )
         scored, metrics = score_forecasts(frame, forecasts)
         per_round.append(metrics)
-        results.append(pl.concat([scored.with_columns(pl.lit(round_no, pl.Int64).alias("round")),
-                                  _episode_columns(trajectories)], how="horizontal"))
+        results.append(
+            pl.concat(
+                [scored.with_columns(pl.lit(round_no, pl.Int64).alias("round")), _episode_columns(trajectories)],
+                how="horizontal",
+            )
+        )
         lines.extend(json.dumps({"round": round_no} | t.record(), default=str) for t in trajectories)
         sandboxes.update(json.dumps(t.sandbox, sort_keys=True) for t in trajectories if t.sandbox is not None)
     results = pl.concat(results)
@@ -339,8 +364,12 @@ def evaluate_agent(
         "temperature": agent.temperature,
         "max_steps": agent.max_steps,
         "model": _model_description(agent),
-        "harness": {"prompt_version": PROMPT_VERSION, "max_tokens": client_settings.max_tokens,
-                    "n_ctx": client_settings.n_ctx, "seed": client_settings.seed},
+        "harness": {
+            "prompt_version": PROMPT_VERSION,
+            "max_tokens": client_settings.max_tokens,
+            "n_ctx": client_settings.n_ctx,
+            "seed": client_settings.seed,
+        },
         "agent_config_hash": agent_config_hash(agent),
         "end_states": dict(sorted(results.get_column("end_state").value_counts().iter_rows())),
         "answer_sources": dict(sorted(results.get_column("answer_source").value_counts().iter_rows())),
@@ -378,8 +407,10 @@ def write_refusal(data_dir: Path | str, agent: Agent, month: date, query_set: st
         "code_version": code_version(),
         "refused_at": datetime.now(UTC).isoformat(timespec="seconds"),
     }
-    atomic_write_bytes(refusal_path(data_dir, month, agent.name, query_set),
-                       (json.dumps(record, indent=2, sort_keys=True) + "\n").encode())
+    atomic_write_bytes(
+        refusal_path(data_dir, month, agent.name, query_set),
+        (json.dumps(record, indent=2, sort_keys=True) + "\n").encode(),
+    )
     return record
 
 
@@ -434,7 +465,10 @@ def leaderboard(data_dir: Path | str) -> pl.DataFrame:
     return (
         pl.DataFrame(rows, infer_schema_length=None)
         .with_columns(key.rank("min", descending=True).over(group).cast(pl.UInt32).alias("rank"))
-        .sort([*group, "rank", "contaminated", "agent"], descending=[True, False, False, False, False, False],
-              nulls_last=True)
+        .sort(
+            [*group, "rank", "contaminated", "agent"],
+            descending=[True, False, False, False, False, False],
+            nulls_last=True,
+        )
         .select("rank", pl.exclude("rank"))
     )

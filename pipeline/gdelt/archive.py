@@ -44,9 +44,7 @@ def is_zip(data: bytes) -> bool:
     return data[:4] in _ZIP_MAGIC
 
 
-def open_gdelt_zip(
-    data: bytes, *, max_uncompressed_bytes: int = DEFAULT_MAX_UNCOMPRESSED_BYTES
-) -> tuple[str, bytes]:
+def open_gdelt_zip(data: bytes, *, max_uncompressed_bytes: int = DEFAULT_MAX_UNCOMPRESSED_BYTES) -> tuple[str, bytes]:
     """Return ``(member name, member bytes)`` of a single-member GDELT zip.
 
     Raises :class:`CorruptArchiveError` when ``data`` is not a zip, is truncated or damaged, fails
@@ -110,8 +108,7 @@ def _single_member(fh: IO[bytes], what: str, cap: int) -> Iterator[tuple[zipfile
             raise CorruptArchiveError(f"the only member, {member.filename!r}, is a directory")
         if member.file_size > cap:
             raise CorruptArchiveError(
-                f"member {member.filename!r} declares {member.file_size:,} bytes uncompressed, "
-                f"above the cap of {cap:,}"
+                f"member {member.filename!r} declares {member.file_size:,} bytes uncompressed, above the cap of {cap:,}"
             )
         yield archive, member
 

@@ -22,7 +22,14 @@ import requests
 
 from pipeline.config import Settings
 from pipeline.gdelt.archive import CorruptArchiveError, verify_gdelt_zip
-from pipeline.http import RETRYABLE_EXCEPTIONS, RetryLog, TransientHTTPError, describe, raise_for_transient, with_retries
+from pipeline.http import (
+    RETRYABLE_EXCEPTIONS,
+    RetryLog,
+    TransientHTTPError,
+    describe,
+    raise_for_transient,
+    with_retries,
+)
 from pipeline.storage import commit_temp, quarantine_file, temp_path_for
 
 CHUNK = 64 * 1024
@@ -104,8 +111,13 @@ def fetch_verified(
                         verify_gdelt_zip(temp, max_uncompressed_bytes=settings.max_uncompressed_bytes)
                     except CorruptArchiveError as exc:
                         # The bytes are exactly what GDELT lists, so fetching again won't help.
-                        note = {"url": url, "reason": f"zip: {exc}", "size": size, "md5": got_md5,
-                                "action": "not fetched again until GDELT's index lists other bytes for it"}
+                        note = {
+                            "url": url,
+                            "reason": f"zip: {exc}",
+                            "size": size,
+                            "md5": got_md5,
+                            "action": "not fetched again until GDELT's index lists other bytes for it",
+                        }
                         quarantined.append(str(quarantine_file(temp, quarantine_dir, target.name, note)))
                         return FetchResult("quarantined", log.attempts, 200, f"zip: {exc}", size)
                 if problem is not None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
 import polars as pl
@@ -70,7 +70,7 @@ def parse_index(data: bytes, first_line_number: int = 1) -> IndexTable:
 
 
 def day_slots(day: date) -> list[datetime]:
-    start = datetime(day.year, day.month, day.day, tzinfo=timezone.utc)
+    start = datetime(day.year, day.month, day.day, tzinfo=UTC)
     return [start + i * SLOT for i in range(96)]
 
 
@@ -263,7 +263,7 @@ class GdeltIndex:
         if not tables:
             return IndexTable(ENTRY_SCHEMA.to_frame(), BAD_LINE_SCHEMA.to_frame())
         entries = pl.concat([t.entries for t in tables])
-        day_start = datetime(day.year, day.month, day.day, tzinfo=timezone.utc)
+        day_start = datetime(day.year, day.month, day.day, tzinfo=UTC)
         entries = (
             entries.filter(pl.col("slot").is_between(day_start, day_start + timedelta(days=1), closed="left"))
             .unique("name", keep="last", maintain_order=True)

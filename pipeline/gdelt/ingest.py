@@ -8,10 +8,10 @@ same day at once serialise on a per-day lock instead of racing.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
-from typing import Callable
 
 import polars as pl
 
@@ -56,7 +56,7 @@ class DayIngest:
 
 
 def _plan_row(previous: dict | None, day: date, slot: datetime, kind: str, now: datetime) -> dict:
-    row = dict(previous) if previous else {name: None for name in LEDGER_SCHEMA.names()}
+    row = dict(previous) if previous else dict.fromkeys(LEDGER_SCHEMA.names())
     row.update(day=day, slot=slot, kind=kind, updated_at=now)
     row["attempts"] = row["attempts"] or 0
     row["quarantined"] = row["quarantined"] or 0
@@ -95,8 +95,11 @@ def ingest_day(
                 row["listed"] = entry is not None
                 if row["status"] in GREEN:
                     continue
-                if row["status"] == "quarantined" and entry is not None and (
-                        (entry["size"], entry["md5"]) == (row["expected_size"], row["expected_md5"])):
+                if (
+                    row["status"] == "quarantined"
+                    and entry is not None
+                    and ((entry["size"], entry["md5"]) == (row["expected_size"], row["expected_md5"]))
+                ):
                     continue  # the same bytes would be refused again: only a re-publication is tried
                 if slot > now:
                     row["status"] = "not_due"
@@ -214,8 +217,12 @@ def parse_day(day: date, kind: str, settings: Settings) -> DayParse:
         except UnreadableDigests as exc:
             # Nothing says which slot files are intact, so every slot is parsed again; only those
             # whose footer no longer opens are known to be damaged and kept in quarantine.
-            bad = quarantine_file(layout.parsed_digests_path(kind, day), layout.parsed_quarantine_dir(kind, day),
-                                  "digests.parquet", {"reason": str(exc), "action": "every slot of the day is parsed again"})
+            bad = quarantine_file(
+                layout.parsed_digests_path(kind, day),
+                layout.parsed_quarantine_dir(kind, day),
+                "digests.parquet",
+                {"reason": str(exc), "action": "every slot of the day is parsed again"},
+            )
             quarantined.append(str(bad.relative_to(layout.root)))
             recorded, table_lost = {}, True
         digests: dict[datetime, FileDigest] = {}
@@ -237,8 +244,11 @@ def parse_day(day: date, kind: str, settings: Settings) -> DayParse:
             elif meta is None and out.exists():
                 # Slot files are renamed into place whole: one whose footer does not open is damaged.
                 expected = (recorded or {}).get(slot)
-                quarantined.append(_quarantine_slot(layout, kind, row, "parquet footer does not open", expected,
-                                                    FileDigest.of_file(out)))
+                quarantined.append(
+                    _quarantine_slot(
+                        layout, kind, row, "parquet footer does not open", expected, FileDigest.of_file(out)
+                    )
+                )
             to_parse.append(row)
         # Held until the table is written: a day of serialised files is ~12 MB at GDELT's volume.
         parsed_slots: list[tuple[datetime, bytes, bytes | None]] = []  # slot, rows file, rejects file
@@ -246,20 +256,27 @@ def parse_day(day: date, kind: str, settings: Settings) -> DayParse:
         raw_files = (((layout.root / row["path"]).read_bytes(), row["path"]) for row in to_parse)
         refusals: list[tuple[dict, Exception]] = []
         try:
-            for row, parsed in zip(to_parse, parse_files(
-                    raw_files, kind, max_member_bytes=settings.max_uncompressed_bytes, refused="yield")):
+            for row, parsed in zip(
+                to_parse,
+                parse_files(raw_files, kind, max_member_bytes=settings.max_uncompressed_bytes, refused="yield"),
+            ):
                 if isinstance(parsed, Exception):
                     refusals.append((row, parsed))
                     continue
                 slot, md5 = row["slot"], row["expected_md5"]
-                rows_file = parquet_bytes(parsed.rows, metadata={
-                    "source_md5": md5,
-                    "source_path": row["path"],
-                    "format_version": PARSED_FORMAT_VERSION,
-                    "rows": str(parsed.rows.height),
-                    "rejects": str(parsed.rejects.height),
-                })
-                rejects_file = parquet_bytes(parsed.rejects, metadata={"source_md5": md5}) if parsed.rejects.height else None
+                rows_file = parquet_bytes(
+                    parsed.rows,
+                    metadata={
+                        "source_md5": md5,
+                        "source_path": row["path"],
+                        "format_version": PARSED_FORMAT_VERSION,
+                        "rows": str(parsed.rows.height),
+                        "rejects": str(parsed.rejects.height),
+                    },
+                )
+                rejects_file = (
+                    parquet_bytes(parsed.rejects, metadata={"source_md5": md5}) if parsed.rejects.height else None
+                )
                 parsed_slots.append((slot, rows_file, rejects_file))
                 digests[slot] = FileDigest.of_bytes(rows_file)
                 stats.append({"slot": slot, "rows": parsed.rows.height, "rejects": parsed.rejects.height})
@@ -267,7 +284,9 @@ def parse_day(day: date, kind: str, settings: Settings) -> DayParse:
             # Slots are independent: what was parsed before a file that fails is still written.
             _write_parsed(layout, kind, day, recorded, digests, parsed_slots)
         refused = _quarantine_refused(layout, kind, day, refusals, settings.day_lock_timeout_s)
-    per_slot = pl.DataFrame(stats, schema={"slot": pl.Datetime("us", "UTC"), "rows": pl.Int64, "rejects": pl.Int64}).sort("slot")
+    per_slot = pl.DataFrame(
+        stats, schema={"slot": pl.Datetime("us", "UTC"), "rows": pl.Int64, "rejects": pl.Int64}
+    ).sort("slot")
     return DayParse(
         day=day,
         kind=kind,
@@ -281,8 +300,9 @@ def parse_day(day: date, kind: str, settings: Settings) -> DayParse:
     )
 
 
-def _quarantine_refused(layout: DataLayout, kind: str, day: date, refusals: list[tuple[dict, Exception]],
-                        lock_timeout_s: float) -> dict[str, str]:
+def _quarantine_refused(
+    layout: DataLayout, kind: str, day: date, refusals: list[tuple[dict, Exception]], lock_timeout_s: float
+) -> dict[str, str]:
     """Mark each refused slot ``quarantined`` in the ledger, then move its raw zip to quarantine.
 
     The ledger is rewritten under the day's ingest lock (the one ``ingest_day`` holds while it
@@ -301,15 +321,23 @@ def _quarantine_refused(layout: DataLayout, kind: str, day: date, refusals: list
     for row, exc in refusals:
         raw = layout.root / row["path"]
         intact = raw.exists() and md5_of_file(raw) == (row["expected_size"], row["expected_md5"])
-        why[(row["slot"], kind)] = (row["expected_md5"], "quarantined", f"parse: {exc}") if intact else (
-            row["expected_md5"], "corrupt", f"raw zip damaged on disk since it landed: {exc}")
+        why[(row["slot"], kind)] = (
+            (row["expected_md5"], "quarantined", f"parse: {exc}")
+            if intact
+            else (row["expected_md5"], "corrupt", f"raw zip damaged on disk since it landed: {exc}")
+        )
     with file_lock(layout.lock_path(f"ingest-{day.isoformat()}"), lock_timeout_s):
         rows = []
         for row in read_ledger(layout, day).iter_rows(named=True):
             md5, status, reason = why.get((row["slot"], row["kind"]), (None, None, None))
             if reason is not None and row["status"] in GREEN and row["expected_md5"] == md5:
-                row.update(status=status, last_error=reason, path=None, updated_at=now,
-                           quarantined=(row["quarantined"] or 0) + 1)
+                row.update(
+                    status=status,
+                    last_error=reason,
+                    path=None,
+                    updated_at=now,
+                    quarantined=(row["quarantined"] or 0) + 1,
+                )
             rows.append(row)
         write_ledger(layout, day, pl.DataFrame(rows, schema=LEDGER_SCHEMA))
     moved: dict[str, str] = {}
@@ -319,9 +347,14 @@ def _quarantine_refused(layout: DataLayout, kind: str, day: date, refusals: list
         raw = layout.root / row["path"]
         if raw.exists():
             _, status, reason = why[(row["slot"], kind)]
-            action = ("the slot is quarantined in the ledger; it is fetched and parsed again only when GDELT's "
-                      "index lists another size or md5 for it") if status == "quarantined" else (
-                      "the slot is corrupt in the ledger; the next ingest run downloads it again")
+            action = (
+                (
+                    "the slot is quarantined in the ledger; it is fetched and parsed again only when GDELT's "
+                    "index lists another size or md5 for it"
+                )
+                if status == "quarantined"
+                else ("the slot is corrupt in the ledger; the next ingest run downloads it again")
+            )
             note = {"path": row["path"], "md5": row["expected_md5"], "reason": reason, "action": action}
             bad = quarantine_file(raw, layout.quarantine_dir(day), raw.name, note)
             moved[str(bad.relative_to(layout.root))] = str(exc)
@@ -332,8 +365,9 @@ def _built_from(meta: dict[str, str], row: dict) -> bool:
     return meta.get("source_md5") == row["expected_md5"] and meta.get("format_version") == PARSED_FORMAT_VERSION
 
 
-def _quarantine_slot(layout: DataLayout, kind: str, row: dict, reason: str,
-                     expected: FileDigest | None, found: FileDigest) -> str:
+def _quarantine_slot(
+    layout: DataLayout, kind: str, row: dict, reason: str, expected: FileDigest | None, found: FileDigest
+) -> str:
     path = layout.parsed_path(kind, row["slot"])
     note = {
         "path": str(path.relative_to(layout.root)),
@@ -350,8 +384,14 @@ def _quarantine_slot(layout: DataLayout, kind: str, row: dict, reason: str,
     return str(bad.relative_to(layout.root))
 
 
-def _write_parsed(layout: DataLayout, kind: str, day: date, recorded: dict[datetime, FileDigest] | None,
-                  digests: dict[datetime, FileDigest], parsed_slots: list[tuple[datetime, bytes, bytes | None]]) -> None:
+def _write_parsed(
+    layout: DataLayout,
+    kind: str,
+    day: date,
+    recorded: dict[datetime, FileDigest] | None,
+    digests: dict[datetime, FileDigest],
+    parsed_slots: list[tuple[datetime, bytes, bytes | None]],
+) -> None:
     # The table before the files (see pipeline/gdelt/integrity.py); rewritten only when it changes.
     if digests != (recorded or {}):
         write_digests(layout, kind, day, digests)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 from pathlib import Path
 
 import polars as pl
@@ -70,8 +70,10 @@ def read_digests(layout: DataLayout, kind: str, day: date) -> dict[datetime, Fil
 def write_digests(layout: DataLayout, kind: str, day: date, digests: dict[datetime, FileDigest]) -> None:
     """No timestamps in it: the same slot files give the same table, byte for byte."""
     table = pl.DataFrame(
-        [(slot, str(layout.parsed_path(kind, slot).relative_to(layout.root)), d.sha256, d.bytes)
-         for slot, d in sorted(digests.items())],
+        [
+            (slot, str(layout.parsed_path(kind, slot).relative_to(layout.root)), d.sha256, d.bytes)
+            for slot, d in sorted(digests.items())
+        ],
         schema=DIGESTS_SCHEMA,
         orient="row",
     )
@@ -123,7 +125,8 @@ def verify_day(layout: DataLayout, kind: str, day: date, lock_timeout_s: float) 
                 result.damaged[str(path.relative_to(layout.root))] = f"not in the digest table ({found.describe()})"
             elif expected != found:
                 result.damaged[str(path.relative_to(layout.root))] = (
-                    f"{found.describe()}; the digest table recorded {expected.describe()}")
+                    f"{found.describe()}; the digest table recorded {expected.describe()}"
+                )
         for slot in sorted((recorded or {}).keys() - {_slot_of(p) for p in on_disk}):
             path = layout.parsed_path(kind, slot)
             result.damaged[str(path.relative_to(layout.root))] = "missing (the digest table records it)"
@@ -138,13 +141,14 @@ def verify_day(layout: DataLayout, kind: str, day: date, lock_timeout_s: float) 
         result.raw_bytes += size
         if (size, md5) != (row["expected_size"], row["expected_md5"]):
             result.raw_damaged[row["path"]] = (
-                f"md5 {md5}, {size} bytes; GDELT listed md5 {row['expected_md5']}, {row['expected_size']} bytes")
+                f"md5 {md5}, {size} bytes; GDELT listed md5 {row['expected_md5']}, {row['expected_size']} bytes"
+            )
     return result
 
 
 def _slot_of(path: Path) -> datetime | None:
     """``20240101101500.parquet`` -> 2024-01-01 10:15 UTC; None for a name parse_day never writes."""
     try:
-        return datetime.strptime(path.name.split(".", 1)[0], "%Y%m%d%H%M%S").replace(tzinfo=timezone.utc)
+        return datetime.strptime(path.name.split(".", 1)[0], "%Y%m%d%H%M%S").replace(tzinfo=UTC)
     except ValueError:
         return None

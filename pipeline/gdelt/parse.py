@@ -45,8 +45,8 @@ __all__ = [
     "REQUIRED_COLUMNS",
     "GdeltFormatError",
     "ImplausibleLinesError",
-    "RefusedFileError",
     "ParsedFile",
+    "RefusedFileError",
     "parse_export",
     "parse_files",
     "parse_mentions",
@@ -84,7 +84,7 @@ _READ_SCHEMAS: dict[str, pl.Schema] = {
 # And when the reader refuses a number: every column as text, so the bad value is kept and
 # reported instead of failing the whole read.
 _TEXT_SCHEMAS: dict[str, pl.Schema] = {
-    kind: pl.Schema({name: pl.String for name in schema.names()}) for kind, schema in _SCHEMAS.items()
+    kind: pl.Schema(dict.fromkeys(schema.names(), pl.String)) for kind, schema in _SCHEMAS.items()
 }
 _NUMERIC_COLUMNS: dict[str, list[tuple[str, pl.DataType]]] = {
     kind: [(n, t) for n, t in schema.items() if t != pl.String and t not in _DATE_TYPES]
@@ -133,8 +133,7 @@ class ParsedFile:
     def __post_init__(self) -> None:
         if self.rows.height + self.rejects.height != self.total_lines:
             raise ValueError(
-                f"{self.source}: {self.rows.height} rows + {self.rejects.height} rejects "
-                f"!= {self.total_lines} lines"
+                f"{self.source}: {self.rows.height} rows + {self.rejects.height} rejects != {self.total_lines} lines"
             )
 
 
@@ -426,9 +425,7 @@ def _without_undecodable(plan: _Plan, kind: str, tabs: int) -> _Plan:
     )
 
 
-def _line_by_line(
-    plan: _Plan, kind: str, undecodable: list[tuple[int, int, int]] | None = None
-) -> _Plan:
+def _line_by_line(plan: _Plan, kind: str, undecodable: list[tuple[int, int, int]] | None = None) -> _Plan:
     """``plan`` with its malformed lines found and left out of what the reader gets."""
     data = plan.data
     view = _byte_view(data)
@@ -628,9 +625,7 @@ def _date(name: str, dtype: pl.DataType, *, check_shape: bool) -> pl.Expr:
     if dtype == SQL_DATE:
         parsed = column.str.to_date(fmt, strict=False)
     else:
-        parsed = column.str.to_datetime(
-            fmt, time_unit=dtype.time_unit, time_zone=dtype.time_zone, strict=False
-        )
+        parsed = column.str.to_datetime(fmt, time_unit=dtype.time_unit, time_zone=dtype.time_zone, strict=False)
     return pl.when(column.str.contains(shape)).then(parsed) if check_shape else parsed
 
 
@@ -778,9 +773,7 @@ def _check_format(votes: dict[int, int], kind: str, expected: int, source: str) 
     )
 
 
-def _value_reasons(
-    fields: pl.DataFrame, rows: pl.DataFrame, required: tuple[str, ...]
-) -> pl.Series | None:
+def _value_reasons(fields: pl.DataFrame, rows: pl.DataFrame, required: tuple[str, ...]) -> pl.Series | None:
     """Per row, ``bad_value:…`` / ``missing_value:…`` or null; None when every row is fine.
 
     A conversion never turns null into a value, so equal null counts per column prove that

@@ -50,13 +50,15 @@ def stage_cmd(stage: str, *args: str) -> list[str]:
     return [sys.executable, "-m", "tests.reliability.driver", stage, *args]
 
 
-def run_stage(env: dict[str, str], stage: str, *args: str, kill_at: int | None = None,
-              kill_when=None, timeout_s: float = 120.0) -> StageRun:
+def run_stage(
+    env: dict[str, str], stage: str, *args: str, kill_at: int | None = None, kill_when=None, timeout_s: float = 120.0
+) -> StageRun:
     """Run a stage to its end, or kill it: ``kill_at`` = the process kills itself before its N-th
     commit (driver.py); ``kill_when(proc)`` = polled every 10 ms, we SIGKILL it once it is true."""
     env = {**env, "RELIABILITY_KILL_AT": str(kill_at) if kill_at else ""}
-    proc = subprocess.Popen(stage_cmd(stage, *args), cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        stage_cmd(stage, *args), cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     deadline = time.monotonic() + timeout_s
     killed_by_us = False
     while proc.poll() is None:
@@ -90,8 +92,12 @@ def file_digests(root: Path, skip: set[str] = SKIPPED_TOP) -> dict[str, str]:
     out = {}
     for path in sorted(root.rglob("*")):
         rel = path.relative_to(root)
-        if path.is_file() and rel.parts[0] not in skip and not ORPHAN_FILE.match(path.name) \
-                and not any(ORPHAN_DIR.match(p) for p in rel.parts):
+        if (
+            path.is_file()
+            and rel.parts[0] not in skip
+            and not ORPHAN_FILE.match(path.name)
+            and not any(ORPHAN_DIR.match(p) for p in rel.parts)
+        ):
             out[str(rel)] = hashlib.sha256(path.read_bytes()).hexdigest()
     return out
 
@@ -137,7 +143,9 @@ def assert_same_data(clean: Path, resumed: Path) -> None:
         sealed = rel.removeprefix("digests/").removesuffix(".sha256")
         if rel.startswith("digests/") and volatile_columns(sealed):
             recorded = (resumed / rel).read_text().split()[0]
-            assert recorded == hashlib.sha256((resumed / sealed).read_bytes()).hexdigest(), f"{rel} does not seal {sealed}"
+            assert recorded == hashlib.sha256((resumed / sealed).read_bytes()).hexdigest(), (
+                f"{rel} does not seal {sealed}"
+            )
             continue
         columns = volatile_columns(rel)
         if columns is None:
@@ -209,14 +217,15 @@ class Publisher:
 
 def settings_env(data_dir: Path, base_url: str, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MIRAI_", "GDELT_"))}
-    env.update({
-        "MIRAI_DATA_DIR": str(data_dir),
-        "GDELT_BASE_URL": base_url,
-        "MIRAI_BACKOFF_BASE_S": "0.01",
-        "MIRAI_BACKOFF_MAX_S": "0.05",
-        "MIRAI_HTTP_READ_TIMEOUT_S": "2",
-        "MIRAI_DAY_LOCK_TIMEOUT_S": "60",
-        **extra,
-    })
+    env.update(
+        {
+            "MIRAI_DATA_DIR": str(data_dir),
+            "GDELT_BASE_URL": base_url,
+            "MIRAI_BACKOFF_BASE_S": "0.01",
+            "MIRAI_BACKOFF_MAX_S": "0.05",
+            "MIRAI_HTTP_READ_TIMEOUT_S": "2",
+            "MIRAI_DAY_LOCK_TIMEOUT_S": "60",
+            **extra,
+        }
+    )
     return env
-

@@ -22,12 +22,12 @@ from pathlib import Path
 import pytest
 
 from pipeline.config import Settings
+from pipeline.release import INDEX_KEY, LATEST_KEY, MANIFEST_NAME, release_key
+from pipeline.storage import DataLayout
 from testbed.generate import MirrorOptions, generate_mirror, news_sites
 from testbed.news import NewsServer
 from testbed.s3 import LocalS3
 from testbed.serve import MirrorServer
-from pipeline.release import INDEX_KEY, LATEST_KEY, MANIFEST_NAME, release_key
-from pipeline.storage import DataLayout
 
 from ..month_builder import Quad, write_month
 from ..s3_server import SeaweedS3, weed_binary
@@ -69,7 +69,8 @@ class World:
 
     def env(self, data_dir: Path) -> dict[str, str]:
         return settings_env(
-            data_dir, self.mirror.base_url,
+            data_dir,
+            self.mirror.base_url,
             MIRAI_FETCH_ALLOW_LOOPBACK="1",
             MIRAI_FETCH_HOST_MAP=f"*.example=127.0.0.1:{self.news.port}",
             MIRAI_ARTICLE_MIN_MENTIONS="20",  # a few dozen URLs from the small mirror
@@ -86,8 +87,14 @@ def _snapshot(src: Path, dest: Path) -> Path:
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     base = tmp_path_factory.mktemp("kill")
-    generate_mirror(base / "mirror", D1, D2, seed=11, slots=SLOTS,
-                    options=MirrorOptions(event_scale=0.1, stories_per_day=4, url_scheme="http"))
+    generate_mirror(
+        base / "mirror",
+        D1,
+        D2,
+        seed=11,
+        slots=SLOTS,
+        options=MirrorOptions(event_scale=0.1, stories_per_day=4, url_scheme="http"),
+    )
     with MirrorServer(base / "mirror") as mirror, NewsServer(sites=news_sites()) as news:
         w = World(mirror, news, {})
         data = base / "clean"
@@ -109,7 +116,9 @@ def world(tmp_path_factory):
         write_month(Settings(data_dir=month), FEB, QUADS)
         before = _snapshot(month, base / "before-split")
         commits = must_finish(w.env(month), "split", FEB.isoformat(), AFTER_GRACE)
-        w.cases["split"] = Case("split", (FEB.isoformat(), AFTER_GRACE), before, _snapshot(month, base / "after-split"), commits)
+        w.cases["split"] = Case(
+            "split", (FEB.isoformat(), AFTER_GRACE), before, _snapshot(month, base / "after-split"), commits
+        )
         store = base / "store"
         commits = must_finish(w.env(month), "release", FEB.isoformat(), str(store))
         w.cases["release"] = Case("release", (FEB.isoformat(),), base / "after-split", store, commits)
@@ -139,16 +148,18 @@ def assert_same_store(clean: Path, resumed: Path) -> None:
             assert _pointer((clean / rel).read_bytes()) == _pointer((resumed / rel).read_bytes()), rel
 
 
-def _kill_and_rerun(world: World, case: Case, tmp_path: Path, *, kill_at=None, kill_when=None,
-                    data: Path | None = None) -> tuple[Path, list[str]]:
+def _kill_and_rerun(
+    world: World, case: Case, tmp_path: Path, *, kill_at=None, kill_when=None, data: Path | None = None
+) -> tuple[Path, list[str]]:
     data = data or _snapshot(case.before, tmp_path / "data")
     args = case.args
     store = None
     if case.stage == "release":
         store = tmp_path / "store"
         args = (*args, str(store))
-    killed = run_stage(world.env(data), case.stage, *args, kill_at=kill_at,
-                       kill_when=(lambda: kill_when(data)) if kill_when else None)
+    killed = run_stage(
+        world.env(data), case.stage, *args, kill_at=kill_at, kill_when=(lambda: kill_when(data)) if kill_when else None
+    )
     assert killed.killed, f"the kill did not land inside the stage:\n{killed.output[-2000:]}"
     left = orphans(store or data)
     must_finish(world.env(data), case.stage, *args)
@@ -239,8 +250,10 @@ class S3World:
     def env(self, world: World, data_dir: Path, bucket: str, **extra: str) -> dict[str, str]:
         env = {k: v for k, v in world.env(data_dir).items() if not k.startswith("AWS_")}
         return {
-            **env, **self.server.env(),  # endpoint, region and the admin keys, in the AWS chain's names
-            "AWS_CONFIG_FILE": "/nonexistent", "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent",
+            **env,
+            **self.server.env(),  # endpoint, region and the admin keys, in the AWS chain's names
+            "AWS_CONFIG_FILE": "/nonexistent",
+            "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent",
             "MIRAI_RELEASE_URI": f"s3://{bucket}/{PREFIX}",
             "MIRAI_RELEASE_PUBLIC_URL": PUBLIC,  # index links must not name the run's bucket
             "MIRAI_RELEASE_MULTIPART_THRESHOLD_MB": str(PART_MB),
@@ -328,8 +341,9 @@ def _assert_no_half_release_is_reachable(client, bucket: str, killed_month: str)
             assert release_key(month, MANIFEST_NAME) in sizes, f"index.json lists unpublished {month}"
 
 
-def _kill_and_rerun_s3(world: World, s3: S3World, tmp_path: Path, label: str, *, kill_at=None, kill_when=None,
-                       **extra_env: str) -> list[str]:
+def _kill_and_rerun_s3(
+    world: World, s3: S3World, tmp_path: Path, label: str, *, kill_at=None, kill_when=None, **extra_env: str
+) -> list[str]:
     """Publish January, kill February's publish, check what a reader would see, re-run, compare
     with the clean bucket. Returns the keys of the multipart uploads the kill left open."""
     case = s3.case
@@ -337,8 +351,13 @@ def _kill_and_rerun_s3(world: World, s3: S3World, tmp_path: Path, label: str, *,
     client, bucket = s3.server.client(), s3.bucket(label)
     env = s3.env(world, data, bucket, **extra_env)
     must_finish(env, "release", JAN.isoformat(), "s3")  # the complete earlier release
-    killed = run_stage(env, case.stage, *case.args, kill_at=kill_at,
-                       kill_when=(lambda: kill_when(client, bucket)) if kill_when else None)
+    killed = run_stage(
+        env,
+        case.stage,
+        *case.args,
+        kill_at=kill_at,
+        kill_when=(lambda: kill_when(client, bucket)) if kill_when else None,
+    )
     assert killed.killed, f"the kill did not land inside the release:\n{killed.output[-2000:]}"
     _assert_no_half_release_is_reachable(client, bucket, f"{FEB:%Y-%m}")
     left = _incomplete_uploads(client, bucket)
@@ -351,7 +370,9 @@ def _kill_and_rerun_s3(world: World, s3: S3World, tmp_path: Path, label: str, *,
     return left
 
 
-def test_kill_9_at_seeded_commits_of_an_s3_release_then_rerun_equals_an_uninterrupted_publish(world, s3_release, tmp_path):
+def test_kill_9_at_seeded_commits_of_an_s3_release_then_rerun_equals_an_uninterrupted_publish(
+    world, s3_release, tmp_path
+):
     case = s3_release.case
     for n, point in enumerate(kill_points("release-s3", case.commits)):
         _kill_and_rerun_s3(world, s3_release, tmp_path / str(n), f"commit-{point}", kill_at=point)
@@ -360,6 +381,7 @@ def test_kill_9_at_seeded_commits_of_an_s3_release_then_rerun_equals_an_uninterr
 def test_kill_9_mid_multipart_upload_to_s3_then_rerun_leaves_no_open_upload(world, s3_release, tmp_path):
     """External SIGKILL once a part of the big file is stored; one request at a time, so the
     other parts (~40 ms each) leave the poll (every 10 ms) time to land before the upload ends."""
-    left = _kill_and_rerun_s3(world, s3_release, tmp_path, "mid-multipart", kill_when=_mid_multipart_upload,
-                              MIRAI_RELEASE_CONCURRENCY="1")
+    left = _kill_and_rerun_s3(
+        world, s3_release, tmp_path, "mid-multipart", kill_when=_mid_multipart_upload, MIRAI_RELEASE_CONCURRENCY="1"
+    )
     assert left == [BIG_KEY], "the kill left no open multipart upload: the test no longer exercises that case"

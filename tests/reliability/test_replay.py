@@ -10,7 +10,7 @@ import io
 import json
 import re
 import shutil
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 from pathlib import Path
 
 import polars as pl
@@ -20,14 +20,14 @@ from pipeline.config import Settings
 from pipeline.events import build_daily_quads, build_events
 from pipeline.gdelt.ingest import ingest_day, parse_day
 from pipeline.gdelt.integrity import read_digests, write_digests
+from pipeline.storage import DamagedFile, DataLayout, atomic_write_bytes
 from testbed.generate import MirrorOptions, generate_mirror
 from testbed.serve import MirrorServer
-from pipeline.storage import DamagedFile, DataLayout, atomic_write_bytes
 
 from .helpers import assert_no_duplicate_rows, file_digests
 
 D1, D2 = date(2024, 1, 1), date(2024, 1, 2)
-NOW = datetime(2024, 1, 3, tzinfo=timezone.utc)
+NOW = datetime(2024, 1, 3, tzinfo=UTC)
 DAYS = (D1, D2)
 
 
@@ -47,8 +47,13 @@ def store(tmp_path_factory):
     base = tmp_path_factory.mktemp("replay")
     manifest = generate_mirror(base / "mirror", D1, D2, seed=5, slots=120, options=MirrorOptions(event_scale=0.1))
     with MirrorServer(base / "mirror") as mirror:
-        settings = Settings(data_dir=base / "clean", gdelt_base_url=mirror.base_url, backoff_base_s=0.01,
-                            backoff_max_s=0.05, read_timeout_s=2.0)
+        settings = Settings(
+            data_dir=base / "clean",
+            gdelt_base_url=mirror.base_url,
+            backoff_base_s=0.01,
+            backoff_max_s=0.05,
+            read_timeout_s=2.0,
+        )
         run_days(settings)
         yield base / "clean", settings, manifest
 
@@ -65,7 +70,9 @@ def test_the_store_holds_exactly_what_the_generator_published(store):
     clean, _, manifest = store
     layout = DataLayout(clean)
     for kind in ("export", "mentions"):
-        rows = sum(pl.scan_parquet(layout.parsed_dir(kind, d) / "*.parquet").select(pl.len()).collect().item() for d in DAYS)
+        rows = sum(
+            pl.scan_parquet(layout.parsed_dir(kind, d) / "*.parquet").select(pl.len()).collect().item() for d in DAYS
+        )
         assert rows == manifest["totals"][kind]["valid_rows"]
     assert_no_duplicate_rows(clean)
 
@@ -82,7 +89,7 @@ def test_replaying_later_changes_only_unsettled_ledger_rows(copy, store):
     """Days later, a replay may settle what was pending (unlisted slots become missing after the
     grace period), but data files keep their bytes and settled ledger rows keep their values."""
     data, settings = copy
-    run_days(settings, now=datetime(2024, 1, 5, tzinfo=timezone.utc))
+    run_days(settings, now=datetime(2024, 1, 5, tzinfo=UTC))
     clean = store[0]
     before, after = file_digests(clean), file_digests(data)
     assert sorted(before) == sorted(after)
@@ -163,8 +170,11 @@ def test_a_damaged_derived_file_is_refused_by_its_reader_and_the_next_run_rebuil
     assert file_digests(data) == file_digests(store[0])
 
 
-@pytest.mark.parametrize("damage", [_truncate, _flip_bytes, _flip_a_bit_that_still_decodes],
-                         ids=["truncated", "damaged_pages", "damaged_values"])
+@pytest.mark.parametrize(
+    "damage",
+    [_truncate, _flip_bytes, _flip_a_bit_that_still_decodes],
+    ids=["truncated", "damaged_pages", "damaged_values"],
+)
 def test_a_corrupted_parsed_slot_is_parsed_again(copy, store, damage):
     data, settings = copy
     path = sorted(DataLayout(data).parsed_dir("export", D2).glob("*.parquet"))[3]
@@ -196,7 +206,7 @@ def test_a_corrupted_parsed_slot_is_never_silently_read(copy, store, damage):
     before = layout.events_path(D2).read_bytes()
     if damage is _flip_bytes:
         # Without the parse step the damage is at least loud: decoding fails, the events stay as they were.
-        with pytest.raises(Exception, match="(?i)corrupt|parquet|zstd"):
+        with pytest.raises(Exception, match=r"(?i)corrupt|parquet|zstd"):
             build_events(D2, settings)
         assert layout.events_path(D2).read_bytes() == before
     else:
@@ -211,8 +221,12 @@ def test_a_corrupted_parsed_slot_is_never_silently_read(copy, store, damage):
 def test_a_day_parsed_before_digests_were_recorded_gets_its_table_without_being_parsed_again(copy, store):
     data, settings = copy
     shutil.rmtree(data / "parsed" / "digests")
-    slot_files = {p: p.stat().st_mtime_ns for kind in ("export", "mentions") for d in DAYS
-                  for p in DataLayout(data).parsed_dir(kind, d).glob("*.parquet")}
+    slot_files = {
+        p: p.stat().st_mtime_ns
+        for kind in ("export", "mentions")
+        for d in DAYS
+        for p in DataLayout(data).parsed_dir(kind, d).glob("*.parquet")
+    }
     for day in DAYS:
         for kind in ("export", "mentions"):
             assert parse_day(day, kind, settings).parsed == 0
@@ -230,7 +244,8 @@ def test_a_slot_whose_file_is_missing_after_its_digest_was_recorded_is_parsed_ag
 
 
 def test_a_run_that_dies_between_the_digest_table_and_its_slot_files_leaves_nothing_to_quarantine(
-        copy, store, monkeypatch):
+    copy, store, monkeypatch
+):
     """The table is written before the slot files, so a run that dies part way leaves slots that
     are missing (parsed again by the next run), never a built file the table does not list."""
     from pipeline.gdelt import ingest

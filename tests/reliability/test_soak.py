@@ -11,30 +11,38 @@ fault. At the end every slot is landed or recorded missing, and the rows equal t
 from __future__ import annotations
 
 import random
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
 
 import dagster as dg
 import polars as pl
 
 from pipeline.gdelt.ledger import read_ledger
+from pipeline.storage import DataLayout
 from testbed.generate import MirrorOptions, generate_mirror
 from testbed.serve import MirrorServer
-from pipeline.storage import DataLayout
 
 from .helpers import Publisher, assert_no_duplicate_rows
 
 START = date(2024, 1, 1)
-FIRST_TICK = datetime(2024, 1, 1, 0, 5, tzinfo=timezone.utc)
+FIRST_TICK = datetime(2024, 1, 1, 0, 5, tzinfo=UTC)
 TICKS = 200
 SLOTS = TICKS  # the tick at hh:mm+5 sees the slot at hh:mm: one new slot per tick
-END = datetime(2024, 1, 1, tzinfo=timezone.utc) + timedelta(minutes=15 * SLOTS)  # the first slot not generated
+END = datetime(2024, 1, 1, tzinfo=UTC) + timedelta(minutes=15 * SLOTS)  # the first slot not generated
 FAULT_RATE = 0.05
 # Every kind the mirror injects, with parameters that keep a tick short: a stall beyond the read
 # timeout, a short Retry-After. Each rule hits one request, so the retry loop gets a clean one.
 FAULTS = [
-    ("404", {}), ("500", {}), ("503", {"retry_after": 0}), ("429", {"retry_after": 0}), ("reset", {}),
-    ("reset_mid_body", {}), ("slow", {"delay_s": 0.01}), ("stall", {"delay_s": 1.5}), ("wrong_bytes", {}),
-    ("truncate", {}), ("empty", {}),
+    ("404", {}),
+    ("500", {}),
+    ("503", {"retry_after": 0}),
+    ("429", {"retry_after": 0}),
+    ("reset", {}),
+    ("reset_mid_body", {}),
+    ("slow", {"delay_s": 0.01}),
+    ("stall", {"delay_s": 1.5}),
+    ("wrong_bytes", {}),
+    ("truncate", {}),
+    ("empty", {}),
 ]
 # The console logger at DEBUG costs a third of a small run; failures are asserted, not read in logs.
 QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
@@ -66,16 +74,25 @@ def test_200_ticks_of_the_schedule_with_faults_land_every_slot(tmp_path, monkeyp
     from definitions import defs
     from sensors.schedules import gdelt_every_15_minutes, newest_slot
 
-    manifest = generate_mirror(tmp_path / "mirror", START, START + timedelta(days=2), seed=3, slots=SLOTS,
-                               options=MirrorOptions(event_scale=0.05))
+    manifest = generate_mirror(
+        tmp_path / "mirror",
+        START,
+        START + timedelta(days=2),
+        seed=3,
+        slots=SLOTS,
+        options=MirrorOptions(event_scale=0.05),
+    )
     publisher = Publisher(tmp_path / "mirror")
     data = tmp_path / "data"
     rng = random.Random(2024)
     # An in-memory instance: SQLite event-log writes were a third of each small run's time.
     with MirrorServer(tmp_path / "mirror") as mirror, dg.DagsterInstance.ephemeral() as instance:
         for name, value in {
-            "MIRAI_DATA_DIR": str(data), "GDELT_BASE_URL": mirror.base_url,
-            "MIRAI_BACKOFF_BASE_S": "0.01", "MIRAI_BACKOFF_MAX_S": "0.05", "MIRAI_HTTP_READ_TIMEOUT_S": "1",
+            "MIRAI_DATA_DIR": str(data),
+            "GDELT_BASE_URL": mirror.base_url,
+            "MIRAI_BACKOFF_BASE_S": "0.01",
+            "MIRAI_BACKOFF_MAX_S": "0.05",
+            "MIRAI_HTTP_READ_TIMEOUT_S": "1",
             # Unlisted slots are confirmed missing an hour after their time, so the feed outages of
             # the soak's two days settle inside it (production waits 24 h).
             "MIRAI_MISSING_GRACE_HOURS": "1",
@@ -89,11 +106,17 @@ def test_200_ticks_of_the_schedule_with_faults_land_every_slot(tmp_path, monkeyp
             if n < TICKS:
                 faults += inject(mirror, publisher, tick, rng)
             monkeypatch.setattr("pipeline.gdelt.ingest.utc_now", lambda tick=tick: tick)
-            context = dg.build_schedule_context(instance=instance, scheduled_execution_time=tick,
-                                                repository_def=defs.get_repository_def())
+            context = dg.build_schedule_context(
+                instance=instance, scheduled_execution_time=tick, repository_def=defs.get_repository_def()
+            )
             for request in gdelt_every_15_minutes.evaluate_tick(context).run_requests:
-                result = job.execute_in_process(instance=instance, partition_key=request.partition_key,
-                                                tags=request.tags, raise_on_error=False, run_config=QUIET)
+                result = job.execute_in_process(
+                    instance=instance,
+                    partition_key=request.partition_key,
+                    tags=request.tags,
+                    raise_on_error=False,
+                    run_config=QUIET,
+                )
                 runs += 1
                 assert result.success, f"tick {tick:%Y-%m-%d %H:%M} run of {request.partition_key} failed"
             if n >= TICKS and _all_settled(data):
@@ -111,11 +134,17 @@ def test_200_ticks_of_the_schedule_with_faults_land_every_slot(tmp_path, monkeyp
     assert set(due["status"].unique()) <= set(SETTLED), due.group_by("status").len()
     # Landed exactly what the generator listed, missing exactly its gaps.
     listed = {(s["ts"], kind) for s in manifest["slots"] for kind in ("export", "mentions") if s[kind]["listed"]}
-    landed = {(r["slot"].strftime("%Y%m%d%H%M%S"), r["kind"]) for r in due.filter(pl.col("status") != "missing").iter_rows(named=True)}
+    landed = {
+        (r["slot"].strftime("%Y%m%d%H%M%S"), r["kind"])
+        for r in due.filter(pl.col("status") != "missing").iter_rows(named=True)
+    }
     assert landed == listed
     for kind in ("export", "mentions"):
-        rows = sum(pl.scan_parquet(layout.parsed_dir(kind, d) / "*.parquet").select(pl.len()).collect().item()
-                   for d in days if layout.parsed_dir(kind, d).exists())
+        rows = sum(
+            pl.scan_parquet(layout.parsed_dir(kind, d) / "*.parquet").select(pl.len()).collect().item()
+            for d in days
+            if layout.parsed_dir(kind, d).exists()
+        )
         assert rows == manifest["totals"][kind]["valid_rows"], kind
     # The events of each day were rebuilt from all of its slots: input rows = the day's export rows.
     from pipeline.storage import read_parquet_metadata
