@@ -50,7 +50,7 @@ class Settings:
     max_uncompressed_mb: int = DEFAULT_MAX_UNCOMPRESSED_MB
     user_agent: str = "mirai-pipeline/0.1 (+https://github.com/mirai-pipeline; GDELT benchmark builder)"
     day_lock_timeout_s: float = 1800.0
-    # Articles: MIRAI fetched the articles of quads with more than 50 daily mentions (§2).
+    # Articles: MIRAI fetched the articles of quads with more than 50 daily mentions (MIRAI paper, arXiv:2407.01231, §2).
     article_min_mentions: int = 50
     article_include_mention_urls: bool = False  # also first-day WEB mention URLs of those quads
     article_profile: str = "mirai"  # OBELICS filter profile: mirai | obelics
