@@ -71,6 +71,7 @@ def inject(mirror: MirrorServer, publisher: Publisher, tick: datetime, rng: rand
 
 
 def test_200_ticks_of_the_schedule_with_faults_land_every_slot(tmp_path, monkeypatch):
+    from assets.resources import resources_for
     from definitions import defs
     from sensors.schedules import gdelt_every_15_minutes, newest_slot
 
@@ -87,18 +88,25 @@ def test_200_ticks_of_the_schedule_with_faults_land_every_slot(tmp_path, monkeyp
     rng = random.Random(2024)
     # An in-memory instance: SQLite event-log writes were a third of each small run's time.
     with MirrorServer(tmp_path / "mirror") as mirror, dg.DagsterInstance.ephemeral() as instance:
-        for name, value in {
-            "MIRAI_DATA_DIR": str(data),
-            "GDELT_BASE_URL": mirror.base_url,
-            "MIRAI_BACKOFF_BASE_S": "0.01",
-            "MIRAI_BACKOFF_MAX_S": "0.05",
-            "MIRAI_HTTP_READ_TIMEOUT_S": "1",
-            # Unlisted slots are confirmed missing an hour after their time, so the feed outages of
-            # the soak's two days settle inside it (production waits 24 h).
-            "MIRAI_MISSING_GRACE_HOURS": "1",
-        }.items():
-            monkeypatch.setenv(name, value)
-        job = defs.resolve_job_def("gdelt_ingest")
+        # The deployment's definitions with the soak's resources: fast backoff, a 1 s read timeout,
+        # and unlisted slots confirmed missing an hour after their time, so the feed outages of the
+        # soak's two days settle inside it (production waits 24 h).
+        resources = resources_for(
+            data_dir=str(data),
+            gdelt_base_url=mirror.base_url,
+            backoff_base_s=0.01,
+            backoff_max_s=0.05,
+            read_timeout_s=1.0,
+            missing_grace_hours=1.0,
+        )
+        soak_defs = dg.Definitions(
+            assets=list(defs.assets),
+            asset_checks=list(defs.asset_checks),
+            jobs=list(defs.jobs),
+            schedules=list(defs.schedules),
+            resources=resources,
+        )
+        job = soak_defs.resolve_job_def("gdelt_ingest")
         runs, faults = 0, 0
         for n, tick in enumerate(ticks(FIRST_TICK, TICKS + DRAIN_TICKS)):
             publisher.publish_until(newest_slot(tick))
@@ -107,7 +115,7 @@ def test_200_ticks_of_the_schedule_with_faults_land_every_slot(tmp_path, monkeyp
                 faults += inject(mirror, publisher, tick, rng)
             monkeypatch.setattr("pipeline.gdelt.ingest.utc_now", lambda tick=tick: tick)
             context = dg.build_schedule_context(
-                instance=instance, scheduled_execution_time=tick, repository_def=defs.get_repository_def()
+                instance=instance, scheduled_execution_time=tick, repository_def=soak_defs.get_repository_def()
             )
             for request in gdelt_every_15_minutes.evaluate_tick(context).run_requests:
                 result = job.execute_in_process(
