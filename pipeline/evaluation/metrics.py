@@ -23,6 +23,7 @@ import json
 import math
 import re
 import statistics
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -132,18 +133,23 @@ def kl_divergence(pred_labels: Sequence[str], gold_labels: Sequence[str], classe
     return sum(gold[c] * math.log(gold[c] / pred[c]) for c in gold)
 
 
-def query_scores(prediction: object, answer: Mapping[str, Sequence[str]]) -> dict[str, float]:
-    """Every set metric of one query (the keys of SET_METRICS)."""
+def query_scores(
+    prediction: object, answer: Mapping[str, Sequence[str]], *, gold_class_repeats: bool = False
+) -> dict[str, float]:
+    """Every set metric of one query (the keys of SET_METRICS). ``gold_class_repeats`` scores the
+    binary/quad P/R/F1 against the gold class labels with repeats kept (one per first-level code),
+    as eval.py does for its "repeated" aggregate only (see ``aggregate_answers``)."""
     pred, gold = clean_prediction(prediction), gold_relations(answer)
     # Class labels, one per distinct first-level code: with repeats for KL, as sets for P/R/F1.
     pred_binary, gold_binary = [_BINARY_OF[c] for c in pred.level1], [_BINARY_OF[c] for c in gold.level1]
     pred_quad, gold_quad = [_QUAD_OF[c] for c in pred.level1], [_QUAD_OF[c] for c in gold.level1]
+    gold_classes = (lambda labels: labels) if gold_class_repeats else (lambda labels: sorted(set(labels)))
     out: dict[str, float] = {}
     for level, p, g in (
         ("level1", pred.level1, gold.level1),
         ("level2", pred.level2, gold.level2),
-        ("binary", sorted(set(pred_binary)), sorted(set(gold_binary))),
-        ("quad", sorted(set(pred_quad)), sorted(set(gold_quad))),
+        ("binary", sorted(set(pred_binary)), gold_classes(gold_binary)),
+        ("quad", sorted(set(pred_quad)), gold_classes(gold_quad)),
     ):
         out[f"{level}_precision"], out[f"{level}_recall"], out[f"{level}_f1"] = precision_recall_f1(p, g)
     out["binary_kl"] = kl_divergence(pred_binary, gold_binary, BINARY_CLASSES)
@@ -158,10 +164,12 @@ def _check_lengths(predictions: Sequence, answers: Sequence) -> None:
         raise ValueError("no queries to score")
 
 
-def score(predictions: Sequence[object], answers: Sequence[Mapping[str, Sequence[str]]]) -> dict[str, float]:
+def score(
+    predictions: Sequence[object], answers: Sequence[Mapping[str, Sequence[str]]], *, gold_class_repeats: bool = False
+) -> dict[str, float]:
     """The SET_METRICS averaged over queries (MIRAI's macro scheme), plus ``n`` (queries)."""
     _check_lengths(predictions, answers)
-    rows = [query_scores(p, a) for p, a in zip(predictions, answers)]
+    rows = [query_scores(p, a, gold_class_repeats=gold_class_repeats) for p, a in zip(predictions, answers)]
     out: dict[str, float] = {m: statistics.fmean(r[m] for r in rows) for m in SET_METRICS}
     out["n"] = len(rows)
     return out
@@ -235,6 +243,73 @@ def aggregate_rounds(rounds: Sequence[Mapping[str, float]]) -> dict:
         "mean": {m: statistics.fmean(r[m] for r in rounds) for m in metrics},
         "std": {m: statistics.stdev([r[m] for r in rounds]) if len(rounds) > 1 else 0.0 for m in metrics},
     }
+
+
+# MIRAI's "repeated" aggregate keeps a code predicted in at least this many rounds (eval.py; the
+# paper's §3.2 calls it a variant of self-consistency).
+REPEATED_MIN_ROUNDS = 2
+
+
+def _answers_by_query(
+    rounds: Sequence[Mapping[str, object]], answers: Mapping[str, Mapping[str, Sequence[str]]]
+) -> list[list[object]]:
+    """Per gold query, in the gold order, its answer in each round; a round without the query
+    counts as having answered ``{}`` (no answer, like one eval.py cannot read)."""
+    if not rounds:
+        raise ValueError("no rounds to aggregate")
+    if not answers:
+        raise ValueError("no queries to score")
+    unknown = sorted({q for r in rounds for q in r if q not in answers})
+    if unknown:
+        raise ValueError(f"predictions for queries that have no gold answer: {unknown[:5]}")
+    return [[r.get(query_id, {}) for r in rounds] for query_id in answers]
+
+
+def best_round_answer(round_answers: Sequence[object], answer: Mapping[str, Sequence[str]]) -> object:
+    """Max@K's pick for one query: the answer of the round with the highest second-level F1,
+    the latest such round on a tie (eval.py compares with ``>=`` from 0, so when every round
+    scores 0 the last round's answer is kept, whatever its first-level codes)."""
+    f1s = [query_scores(a, answer)["level2_f1"] for a in round_answers]
+    return round_answers[max(range(len(f1s)), key=lambda i: (f1s[i], i))]
+
+
+def repeated_answer(round_answers: Sequence[object], min_rounds: int = REPEATED_MIN_ROUNDS) -> dict[str, list[str]]:
+    """The "repeated" answer for one query: the first-level codes and, separately, the
+    second-level codes that at least ``min_rounds`` rounds predicted (each round's cleaned answer
+    counts a code once), as one answer dict. A second-level code kept implies its first-level
+    code kept (every round that predicted it also predicted its key)."""
+    cleaned = [clean_prediction(a) for a in round_answers]
+    level1 = Counter(code for r in cleaned for code in r.level1)
+    level2 = Counter(code for r in cleaned for code in r.level2)
+    kept2 = sorted(code for code, n in level2.items() if n >= min_rounds)
+    return {key: [c for c in kept2 if c[:2] == key] for key in sorted(c for c, n in level1.items() if n >= min_rounds)}
+
+
+def aggregate_answers(
+    rounds: Sequence[Mapping[str, object]], answers: Mapping[str, Mapping[str, Sequence[str]]]
+) -> dict:
+    """MIRAI's two answer-level aggregates over K rounds of one setting (eval.py's "max" and
+    "repeated"; paper §3.2, Figure 4a), from each round's predicted answers (query id → answer
+    dict) and the gold answers (query id → answer dict):
+
+    - ``max_at_k``: every SET_METRIC of the answers picked by ``best_round_answer`` (per query the
+      round with the best second-level F1), averaged over queries. The pick is made on
+      second-level F1 only; the other metrics are those of the picked answer, not their own maxima.
+    - ``repeated``: every SET_METRIC of the ``repeated_answer`` of each query, or None for K < 2
+      (eval.py computes it only from 2 rounds on). Its binary/quad P/R/F1 are scored against the
+      gold class labels with repeats kept, as eval.py does there.
+
+    Returns ``{"k", "n", "max_at_k", "repeated"}``."""
+    by_query = _answers_by_query(rounds, answers)
+    gold = list(answers.values())
+    best = [best_round_answer(r, g) for r, g in zip(by_query, gold)]
+    repeated = None
+    if len(rounds) >= REPEATED_MIN_ROUNDS:
+        repeated = score([repeated_answer(r) for r in by_query], gold, gold_class_repeats=True)
+        del repeated["n"]
+    max_at_k = score(best, gold)
+    del max_at_k["n"]
+    return {"k": len(rounds), "n": len(gold), "max_at_k": max_at_k, "repeated": repeated}
 
 
 # --- reading an answer out of free text -----------------------------------------------------------

@@ -45,6 +45,7 @@ from pipeline.evaluation.baselines import FORECAST_SCHEMA, default_top_k, foreca
 from pipeline.evaluation.llm import ChatClient, ClientSettings, client_for
 from pipeline.evaluation.metrics import (
     SET_METRICS,
+    aggregate_answers,
     aggregate_rounds,
     hit,
     hit_at_k,
@@ -155,6 +156,27 @@ def score_forecasts(queries: pl.DataFrame, forecasts: pl.DataFrame) -> tuple[pl.
     return pl.concat([frame, per_query], how="horizontal"), metrics
 
 
+def round_aggregates(queries: pl.DataFrame, results: pl.DataFrame, *, steps: bool) -> dict:
+    """scores.json's across-round aggregates besides the mean (docs/evaluation.md, "Rounds"):
+    ``max_at_k`` and ``repeated`` (``metrics.aggregate_answers``) from the predictions of every
+    round in ``results`` (a results table without a ``round`` column is one round), and
+    ``avg_steps``, the mean ``n_actions`` over every (round, query) episode when ``steps``
+    (ReAct agents; MIRAI's ``n_steps_avg``), else None."""
+    gold = {query_id: json.loads(answer) for query_id, answer in queries.select("query_id", "answer_dict").iter_rows()}
+    if "round" not in results.columns:
+        results = results.with_columns(pl.lit(0, pl.Int64).alias("round"))
+    rounds = [
+        {query_id: json.loads(prediction) for query_id, prediction in part.select("query_id", "prediction").iter_rows()}
+        for part in results.sort("round", maintain_order=True).partition_by("round", maintain_order=True)
+    ]
+    aggregates = aggregate_answers(rounds, gold)
+    return {
+        "max_at_k": aggregates["max_at_k"],
+        "repeated": aggregates["repeated"],
+        "avg_steps": float(results.get_column("n_actions").mean()) if steps else None,
+    }
+
+
 def write_evaluation(
     directory: Path, results: pl.DataFrame, record: dict, extra_files: Mapping[str, bytes] | None = None
 ) -> dict:
@@ -203,6 +225,7 @@ def evaluate_baseline(
     results, metrics = score_forecasts(frame, forecasts)
     record = _record(agent, month, query_set, distance, aggregate_rounds([metrics]), contaminated, reason)
     record = {"agent": agent.name, "kind": agent.kind, "baseline": agent.baseline, "top_k": top_k} | record
+    record |= round_aggregates(frame, results, steps=False)
     return results, write_evaluation(
         DataLayout(data_dir).evaluation_dir(month, agent.name, query_set, distance), results, record
     )
@@ -381,6 +404,7 @@ def evaluate_agent(
         # model"): one entry unless they differed between episodes; empty if no code ran.
         "sandbox": [json.loads(layers) for layers in sorted(sandboxes)],
     }
+    record |= round_aggregates(frame, results, steps=agent.strategy == "react")
     directory = DataLayout(data_dir).evaluation_dir(month, agent.name, query_set, distance)
     return results, write_evaluation(directory, results, record, {"trajectories.jsonl": trajectories_jsonl})
 
@@ -442,10 +466,51 @@ _BOARD_SCHEMA = {
 }
 
 
+# The across-round aggregates' columns (docs/evaluation.md, "Rounds"), after every column above;
+# null where a run did not store the aggregate.
+AGGREGATE_COLUMNS = (
+    *(f"max_at_k_{m}" for m in SET_METRICS),
+    *(f"repeated_{m}" for m in SET_METRICS),
+    "avg_steps",
+)
+# Said under the leaderboard wherever RANK_RULE is (Dagster metadata, docs/evaluation.md).
+AGGREGATION_RULE = (
+    "metrics are means over a run's K rounds (std: sample std); max_at_k_*: per query the round with the best "
+    "second-level F1 (latest on ties), averaged over queries; repeated_*: per query the codes predicted in at "
+    "least 2 of the K rounds, scored as one answer (K >= 2 only); avg_steps: mean ReAct steps per episode"
+)
+
+
+def aggregation(record: Mapping) -> str:
+    """What a run's metric columns are, for its leaderboard row: K, and which of Max@K, repeated
+    and average steps it stored (a run evaluated before they existed has none of them)."""
+    k = record["rounds"]
+    parts = [f"mean ± std of {k} rounds" if k > 1 else "1 round"]
+    if "max_at_k" not in record:
+        return "; ".join([*parts, "Max@K, repeated and steps not stored"])
+    parts.append(f"Max@{k}")
+    if record["repeated"] is not None:
+        parts.append(f"repeated (≥ 2 of {k})")
+    if record["avg_steps"] is not None:
+        parts.append("avg steps")
+    return "; ".join(parts)
+
+
+def _aggregate_cells(record: Mapping) -> dict:
+    best, repeated = record.get("max_at_k") or {}, record.get("repeated") or {}
+    return (
+        {"aggregation": aggregation(record)}
+        | {f"max_at_k_{m}": best.get(m) for m in SET_METRICS}
+        | {f"repeated_{m}": repeated.get(m) for m in SET_METRICS}
+        | {"avg_steps": record.get("avg_steps")}
+    )
+
+
 def leaderboard(data_dir: Path | str) -> pl.DataFrame:
     """One row per stored run: its keys, every metric (mean, and ``<metric>_std``), the code
-    version; ``rank`` follows RANK_RULE (1 = best): a run that got nothing right (0 on every
-    ranking metric) is not ranked above anything, and a contaminated run is never ranked."""
+    version, then ``aggregation`` (what the run's metric columns are) and AGGREGATE_COLUMNS;
+    ``rank`` follows RANK_RULE (1 = best): a run that got nothing right (0 on every ranking
+    metric) is not ranked above anything, and a contaminated run is never ranked."""
     rows = []
     for path in sorted((DataLayout(data_dir).root / "evaluations").glob("*/*/*/distance=*/scores.json")):
         record = json.loads(path.read_text())
@@ -454,6 +519,7 @@ def leaderboard(data_dir: Path | str) -> pl.DataFrame:
             | record["metrics"]
             | {f"{m}_std": v for m, v in record["metrics_std"].items()}
             | {"code_version": record["code_version"], "evaluated_at": record["evaluated_at"]}
+            | _aggregate_cells(record)
         )
     if not rows:
         return pl.DataFrame(schema={"rank": pl.UInt32, **_BOARD_SCHEMA})
@@ -464,6 +530,8 @@ def leaderboard(data_dir: Path | str) -> pl.DataFrame:
     key = pl.when(~pl.col("contaminated") & scored).then(pl.struct(metrics))
     return (
         pl.DataFrame(rows, infer_schema_length=None)
+        # All null (only old runs) would infer the Null type.
+        .with_columns(pl.col(AGGREGATE_COLUMNS).cast(pl.Float64))
         .with_columns(key.rank("min", descending=True).over(group).cast(pl.UInt32).alias("rank"))
         .sort(
             [*group, "rank", "contaminated", "agent"],
