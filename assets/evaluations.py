@@ -16,6 +16,7 @@ from pipeline.evaluation.board import markdown_table, summary, write_leaderboard
 from pipeline.evaluation.llm import ModelUnavailable, client_for
 from pipeline.evaluation.registry import Agent, RegistryError, eligibility, load_agents
 from pipeline.evaluation.run import (
+    AGGREGATION_RULE,
     EVALUATION_VERSION,
     RANK_RULE,
     agent_config_hash,
@@ -58,10 +59,19 @@ def _agent(agents_file: Path, name: str) -> Agent:
 
 
 def _scores_table(records: list[dict]) -> str:
-    header = "| distance | n | rounds | L2 F1 | L1 F1 | L2 precision | L2 recall | quad KL | MRR |\n|---|---|---|---|---|---|---|---|---|"
+    header = (
+        "| distance | n | rounds | L2 F1 | L1 F1 | L2 precision | L2 recall | quad KL | MRR "
+        "| Max@K L2 F1 | repeated L2 F1 | avg steps |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
+    )
+
+    def cell(value: float | None) -> str:
+        return "" if value is None else f"{value:.2f}"
+
     rows = [
         f"| {r['distance']} | {r['n']} | {r['rounds']} | {m['level2_f1']:.2f} | {m['level1_f1']:.2f} | "
-        f"{m['level2_precision']:.2f} | {m['level2_recall']:.2f} | {m['quad_kl']:.2f} | {m['mrr']:.2f} |"
+        f"{m['level2_precision']:.2f} | {m['level2_recall']:.2f} | {m['quad_kl']:.2f} | {m['mrr']:.2f} | "
+        f"{cell(r['max_at_k']['level2_f1'])} | {cell((r['repeated'] or {}).get('level2_f1'))} | "
+        f"{cell(r['avg_steps'])} |"
         for r in records
         for m in [r["metrics"]]
     ]
@@ -190,7 +200,9 @@ def leaderboard(dataset: Dataset, gdelt: GdeltFeed, release_store: ReleaseBucket
             "dagster/row_count": board.height,
             "path": dg.MetadataValue.path(str(board_path)),
             "leaderboard": dg.MetadataValue.md(
-                f"{markdown_table(summary(board))}\n\n{RANK_RULE}." if board.height else "no evaluation runs yet"
+                f"{markdown_table(summary(board))}\n\n{RANK_RULE}; {AGGREGATION_RULE}."
+                if board.height
+                else "no evaluation runs yet"
             ),
             "chart": png_metadata(chart_path),
             "refusals": dg.MetadataValue.md(markdown_table(refused) if refused.height else "none"),

@@ -32,7 +32,7 @@ from pipeline.evaluation.llm import (
 )
 from pipeline.evaluation.prompts import api_description, system_prompt
 from pipeline.evaluation.registry import Agent
-from pipeline.evaluation.run import evaluate_agent
+from pipeline.evaluation.run import evaluate_agent, leaderboard
 from pipeline.storage import DataLayout
 from testbed.database import generate_event_database
 
@@ -380,6 +380,62 @@ def test_evaluate_agent_stores_scores_and_trajectories(data_dir):
     ]
     assert lines[1]["end_state"] == "invalid_actions" and len(lines[1]["steps"]) == 4
     assert record["model"] == {"gguf": "none.gguf", "gguf_bytes": None} and record["harness"]["prompt_version"]
+
+
+def test_evaluate_agent_stores_max_at_k_repeated_and_avg_steps_and_the_board_shows_them(data_dir):
+    """Three rounds of two queries (gold 042; 190 + 193), hand-scored in the comments."""
+    from pipeline.evaluation.board import markdown_table, summary
+
+    agent = Agent(
+        name="scripted3",
+        kind="llm",
+        knowledge_cutoff=date(2023, 12, 31),
+        distances=(1,),
+        rounds=3,
+        gguf=data_dir / "none.gguf",
+        strategy="react",
+        action_type="single_function",
+        temperature=0.0,
+        max_steps=3,
+    )
+    replies = [
+        # round 0: q1 {04: [042]} in 1 step; q2 a call, then {19: [190]} (2 steps)
+        'Final Answer: {"04": ["042"]}',
+        f"Action: {DIST}",
+        'Final Answer: {"19": ["190"]}',
+        # round 1: q1 {04: [042, 043]} (1 step); q2 three invalid actions, then {19: [193]} from
+        # the final request (3 steps: the request is not a step)
+        'Final Answer: {"04": ["042", "043"]}',
+        "x",
+        "y",
+        "z",
+        '{"19": ["193"]}',
+        # round 2: q1 {} (1 step); q2 {19: [190, 193], 01: [010]} (1 step)
+        "Final Answer: {}",
+        'Final Answer: {"19": ["190", "193"], "01": ["010"]}',
+    ]
+    _, record = evaluate_agent(_split(data_dir), data_dir, agent, 1, client=ScriptedClient(replies), query_set="t")
+    # Max@3: q1 round 0 (L2 F1 100 > 66.7 > 0); q2 round 2 (L2 P 66.7 R 100 F1 80 beats 66.7 and
+    # 66.7), whose L1 {01, 19} scores P 50 R 100 F1 66.7.
+    assert record["max_at_k"]["level2_f1"] == pytest.approx((100 + 80) / 2)
+    assert record["max_at_k"]["level1_f1"] == pytest.approx((100 + 200 / 3) / 2)
+    # repeated: q1 {04: [042]} (042 in rounds 0 and 1), q2 {19: [190, 193]} (190 in 0 and 2, 193
+    # in 1 and 2; 01/010 once): both exact.
+    assert record["repeated"]["level2_f1"] == pytest.approx(100)
+    assert record["avg_steps"] == pytest.approx((1 + 2 + 1 + 3 + 1 + 1) / 6)
+    # The mean is unchanged by all this: round L2 F1s (100 + 66.7)/2, (66.7 + 66.7)/2, (0 + 80)/2.
+    assert record["metrics"]["level2_f1"] == pytest.approx((100 + 200 / 3 + 400 / 3 + 80) / 6)
+
+    board = leaderboard(data_dir).filter(pl.col("agent") == "scripted3")
+    row = board.row(0, named=True)
+    assert row["aggregation"] == "mean ± std of 3 rounds; Max@3; repeated (≥ 2 of 3); avg steps"
+    assert row["max_at_k_level2_f1"] == pytest.approx(90) and row["repeated_level2_f1"] == pytest.approx(100)
+    assert row["avg_steps"] == pytest.approx(1.5) and row["rank"] == 1
+    table = markdown_table(summary(board)).splitlines()
+    assert table[0].endswith("| max_at_k_level2_f1 | repeated_level2_f1 | avg_steps | aggregation |")
+    assert table[2].endswith(
+        "| 90.00 | 100.00 | 1.50 | mean ± std of 3 rounds; Max@3; repeated (≥ 2 of 3); avg steps |"
+    )
 
 
 # --- the OpenAI-compatible client ------------------------------------------------------------------

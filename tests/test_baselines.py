@@ -18,8 +18,10 @@ from pipeline.evaluation.baselines import (
     recurrency,
     visible_history,
 )
+from pipeline.evaluation.metrics import SET_METRICS
 from pipeline.evaluation.registry import Agent
 from pipeline.evaluation.run import (
+    AGGREGATE_COLUMNS,
     NotEligible,
     evaluate_baseline,
     leaderboard,
@@ -276,6 +278,52 @@ def test_all_zero_runs_are_ranked_last_and_ties_fall_to_level1_f1_then_mrr(tmp_p
     assert "ties broken by first-level F1 then MRR" in RANK_RULE and "not ranked and listed last" in RANK_RULE
     assert markdown_table(summary(board)).splitlines()[-1].startswith("|  | 2024-02 |")  # unranked, last
     assert chart(board)[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_leaderboard_aggregate_columns_for_baselines_and_for_runs_that_predate_them(tmp_path):
+    """A baseline is one round: Max@1 is that round, "repeated" needs two rounds, it takes no
+    steps. A run stored before the aggregates existed shows them empty, never 0, and keeps its
+    rank."""
+    from pipeline.evaluation.board import markdown_table, summary
+
+    write_database(tmp_path, PAIR_HISTORY)
+    qs = queries(("q1", "2024-02-10", "USA", "CHN"), answers=[{"03": ["036"], "04": ["042"]}])
+    _, record = evaluate_baseline(qs, tmp_path, baseline("recurrency", "recurrency"), 1)
+    assert record["max_at_k"] == {m: record["metrics"][m] for m in SET_METRICS}
+    assert record["repeated"] is None and record["avg_steps"] is None
+    evaluate_baseline(qs, tmp_path, baseline("old", "recurrency"), 1)
+    old = DataLayout(tmp_path).evaluation_dir(d("2024-02-01"), "old", "queries", 1) / "scores.json"
+    stored = json.loads(old.read_text())
+    old.write_text(json.dumps({k: v for k, v in stored.items() if k not in ("max_at_k", "repeated", "avg_steps")}))
+
+    board = leaderboard(tmp_path)
+    assert set(AGGREGATE_COLUMNS) <= set(board.columns)
+    assert all(board.schema[c] == pl.Float64 for c in AGGREGATE_COLUMNS)
+    rows = {row["agent"]: row for row in board.iter_rows(named=True)}
+    assert rows["recurrency"]["aggregation"] == "1 round; Max@1"
+    assert rows["recurrency"]["max_at_k_level2_f1"] == rows["recurrency"]["level2_f1"] > 0
+    assert rows["recurrency"]["repeated_level2_f1"] is None and rows["recurrency"]["avg_steps"] is None
+    assert rows["old"]["aggregation"] == "1 round; Max@K, repeated and steps not stored"
+    assert all(rows["old"][c] is None for c in AGGREGATE_COLUMNS)
+    assert rows["old"]["rank"] == rows["recurrency"]["rank"] == 1  # equal metrics share the rank
+    # Tied, so by name: old first. The cells after MRR: Max@K L2 F1, repeated L2 F1, avg steps.
+    lines = markdown_table(summary(board)).splitlines()
+    assert lines[2].endswith("| 100.00 |  |  |  | 1 round; Max@K, repeated and steps not stored |")
+    assert lines[3].endswith(f"| 100.00 | {rows['recurrency']['level2_f1']:.2f} |  |  | 1 round; Max@1 |")
+
+    # Only old runs: the columns are still there, all null, with their type.
+    old_only = tmp_path / "old-only"
+    write_database(old_only, PAIR_HISTORY)
+    evaluate_baseline(qs, old_only, baseline("old", "recurrency"), 1)
+    path = DataLayout(old_only).evaluation_dir(d("2024-02-01"), "old", "queries", 1) / "scores.json"
+    path.write_text(
+        json.dumps(
+            {k: v for k, v in json.loads(path.read_text()).items() if k not in ("max_at_k", "repeated", "avg_steps")}
+        )
+    )
+    board = leaderboard(old_only)
+    assert board.select(AGGREGATE_COLUMNS).null_count().row(0) == (1,) * len(AGGREGATE_COLUMNS)
+    assert all(board.schema[c] == pl.Float64 for c in AGGREGATE_COLUMNS)
 
 
 def test_queries_must_come_from_one_month(tmp_path):

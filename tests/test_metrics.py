@@ -17,13 +17,16 @@ from pipeline.evaluation.metrics import (
     EPSILON,
     QUAD_CLASSES,
     SET_METRICS,
+    aggregate_answers,
     aggregate_rounds,
+    best_round_answer,
     clean_prediction,
     hit_at_k,
     mrr,
     parse_answer,
     query_scores,
     reciprocal_rank,
+    repeated_answer,
     score,
     to_answer_dict,
 )
@@ -258,3 +261,108 @@ def test_parse_answer(text, expected):
 
 def test_parse_answer_never_evaluates_code():
     assert parse_answer('{"04": __import__("os").getcwd()}') == {}
+
+
+# --- across-round aggregates: Max@K and "repeated" (eval.py's "max" and "repeated") -------------
+
+
+def test_max_at_k_picks_the_round_with_the_best_second_level_f1():
+    gold = {"04": ["042", "043"]}
+    rounds = [{"04": ["042"]}, {"04": ["042", "043"]}, {"04": ["043"], "01": ["010"]}]  # L2 F1 66.7, 100, 50
+    assert best_round_answer(rounds, gold) == rounds[1]
+
+
+def test_max_at_k_ties_go_to_the_latest_round_whatever_its_other_metrics():
+    gold = {"19": ["190"], "04": ["042"]}
+    # Both score L2 F1 2·1·0.5/1.5 = 66.7; the later one also names a wrong first-level code (01),
+    # so its L1 F1 is 50 against the earlier one's 66.7, and it is still the one kept.
+    assert best_round_answer([{"19": ["190"]}, {"04": ["042"], "01": []}], gold) == {"04": ["042"], "01": []}
+    # Every round scores 0 at level 2: the last round is kept, even an unreadable one, although
+    # the first got the first-level code right.
+    assert best_round_answer([{"10": ["101"]}, {}, "garbage"], {"10": ["100"]}) == "garbage"
+
+
+def test_repeated_keeps_codes_predicted_in_at_least_two_rounds():
+    rounds = [
+        {"04": ["042", "043"]},
+        {"04": ["042"], "01": ["010"]},
+        {"04": ["042", "042"], "01": [], "99": ["042"]},  # a repeat within a round counts once
+    ]
+    # L1: 04 ×3, 01 ×2 (a bare key counts at level 1); L2: 042 ×3, 043 ×1, 010 ×1.
+    assert repeated_answer(rounds) == {"01": [], "04": ["042"]}
+    assert repeated_answer([{}, "not a dict", {"19": ["190"]}]) == {}
+    assert repeated_answer([{"19": ["190"]}]) == {}  # one round: nothing is in two
+
+
+def test_aggregate_answers_hand_computed():
+    gold = {
+        "q1": {"04": ["042", "043"]},
+        "q2": {"19": ["190"], "04": ["042"]},
+        "q3": {"10": ["100"]},
+    }
+    rounds = [
+        {"q1": {"04": ["042"]}, "q2": {"19": ["190"]}, "q3": {"10": ["100"]}},
+        {"q1": {"04": ["042", "043"]}, "q2": {"19": ["190"]}, "q3": {}},
+        # q3 is missing from the last round: it counts as the empty answer {}
+        {"q1": {"04": ["043"], "01": ["010"]}, "q2": {"04": ["042"], "01": []}},
+    ]
+    out = aggregate_answers(rounds, gold)
+    assert (out["k"], out["n"]) == (3, 3)
+    best = out["max_at_k"]
+    # Picks: q1 round 1 (L2 F1 100); q2 round 2 (tie at 66.7 with rounds 0 and 1, latest wins:
+    # L2 {042}: P 100 R 50; L1 {01, 04}: P 50 R 50 F1 50); q3 round 0 (F1 100 beats the two
+    # empty answers).
+    assert best["level2_f1"] == approx((100 + 200 / 3 + 100) / 3)
+    assert best["level2_precision"] == approx(100) and best["level2_recall"] == approx((100 + 50 + 100) / 3)
+    assert best["level1_f1"] == approx((100 + 50 + 100) / 3)
+    assert best["level1_precision"] == approx((100 + 50 + 100) / 3)
+    # binary KL: q1 and q3 match their gold's class mix (0); q2's pick {01, 04} is all mediation
+    # against gold {19, 04}, half conflict: ½ ln(½ / (1+ε)) + ½ ln(½ / ε), with every ε kept.
+    q2_kl = (0.5 + E) * math.log((0.5 + E) / (1 + E)) + (0.5 + E) * math.log((0.5 + E) / E)
+    assert best["binary_kl"] == approx(q2_kl / 3)
+    assert set(best) == set(SET_METRICS)
+    rep = out["repeated"]
+    # Repeated answers: q1 {04: [042, 043]} (04 ×3, 042 ×2, 043 ×2; 01 and 010 once): L2 100;
+    # q2 {19: [190]} (19 and 190 ×2; 04, 01, 042 once): L2 P 100 R 50 F1 66.7, L1 the same;
+    # q3 {} (100 and 10 in one round only): 0 everywhere, KL ≈ 23 at both class levels.
+    assert rep["level2_f1"] == approx((100 + 200 / 3 + 0) / 3)
+    assert rep["level2_recall"] == approx((100 + 50 + 0) / 3)
+    assert rep["level1_f1"] == approx((100 + 200 / 3 + 0) / 3)
+    # binary KL: q1 0; q2 pred all conflict against gold half each: the same value as above by
+    # symmetry; q3 an empty prediction against one class.
+    assert rep["binary_kl"] == approx((0 + q2_kl + KL_EMPTY_ONE_CLASS) / 3)
+
+
+def test_repeated_scores_classes_against_gold_labels_with_repeats_like_eval_py():
+    """eval.py scores its "repeated" binary/quad P/R/F1 against the gold class list with one
+    label per first-level code (not deduplicated, unlike its mean and max): a missed class counts
+    once per gold code in it. The same answer under Max@K is scored on distinct classes."""
+    gold = {"q": {"04": ["042"], "05": ["051"], "19": ["190"]}}  # binary: mediation ×2, conflict
+    out = aggregate_answers([{"q": {"19": ["190"]}}, {"q": {"19": ["190"]}}], gold)
+    # Repeated answer {19: [190]}: binary pred {conflict}; tp 1, fp 0, fn 2 (mediation twice).
+    assert out["repeated"]["binary_precision"] == approx(100)
+    assert out["repeated"]["binary_recall"] == approx(100 / 3)
+    assert out["repeated"]["binary_f1"] == approx(50)
+    # Max@2 (the same answer): gold classes {conflict, mediation}, fn 1.
+    assert out["max_at_k"]["binary_recall"] == approx(50) and out["max_at_k"]["binary_f1"] == approx(200 / 3)
+    # Quad classes of the gold are distinct (verbal coop, material coop, material conflict): equal.
+    assert out["repeated"]["quad_recall"] == out["max_at_k"]["quad_recall"] == approx(100 / 3)
+
+
+def test_one_round_max_at_k_is_that_round_and_repeated_is_not_computed():
+    gold = {"q1": {"04": ["042", "043"]}, "q2": {"19": ["190"]}}
+    round_ = {"q1": {"04": ["042"], "01": ["010"]}, "q2": "junk"}
+    out = aggregate_answers([round_], gold)
+    expected = score([round_["q1"], round_["q2"]], list(gold.values()))
+    del expected["n"]
+    assert out["max_at_k"] == expected and out["repeated"] is None and out["k"] == 1
+
+
+def test_aggregate_answers_rejects_bad_inputs():
+    gold = {"q1": {"04": ["042"]}}
+    with pytest.raises(ValueError, match="no rounds"):
+        aggregate_answers([], gold)
+    with pytest.raises(ValueError, match="no queries"):
+        aggregate_answers([{}], {})
+    with pytest.raises(ValueError, match="no gold answer: \\['q9'\\]"):
+        aggregate_answers([{"q1": {}}, {"q9": {}}], gold)

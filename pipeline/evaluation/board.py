@@ -35,6 +35,11 @@ SUMMARY_COLUMNS = (
     "level2_recall",
     "quad_kl",
     "mrr",
+    # The across-round aggregates (run.AGGREGATION_RULE), and what each row's columns are.
+    "max_at_k_level2_f1",
+    "repeated_level2_f1",
+    "avg_steps",
+    "aggregation",
 )
 
 
@@ -45,7 +50,8 @@ def _label(row: dict) -> str:
 
 def chart(board: pl.DataFrame) -> bytes:
     """PNG: second-level F1 (mean ± std over rounds) of every run of the newest month, in board
-    order (RANK_RULE, printed under the chart); contaminated runs in grey."""
+    order (RANK_RULE, printed under the chart); contaminated runs in grey; a run's Max@K and
+    repeated second-level F1 as markers where it stored them."""
     with matplotlib.style.context("default"):
         # A bare Figure on an Agg canvas: no pyplot state in the Dagster process, no window.
         fig = Figure(figsize=(9, 1.2 + 0.35 * max(board.height, 1)), dpi=100, layout="constrained")
@@ -65,6 +71,15 @@ def chart(board: pl.DataFrame) -> bytes:
                 color=["0.7" if r["contaminated"] else "tab:blue" for r in rows],
                 capsize=3,
             )
+            for column, marker, color, name in (
+                (f"max_at_k_{RANK_METRIC}", "^", "black", "Max@K"),
+                (f"repeated_{RANK_METRIC}", "D", "tab:orange", "repeated (≥ 2 of K)"),
+            ):
+                points = [(r[column], i) for i, r in zip(y, rows) if r.get(column) is not None]
+                if points:
+                    ax.scatter(*zip(*points), marker=marker, color=color, s=24, zorder=3, label=name)
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(loc="lower right", fontsize=8)
             ax.set_yticks(y, [_label(r) for r in rows], fontsize=9)
             ax.set_xlabel("second-level F1 (%), mean ± std over rounds")
             ax.set_xlim(0, 100)
