@@ -143,13 +143,15 @@ def query_scores(
     # Class labels, one per distinct first-level code: with repeats for KL, as sets for P/R/F1.
     pred_binary, gold_binary = [_BINARY_OF[c] for c in pred.level1], [_BINARY_OF[c] for c in gold.level1]
     pred_quad, gold_quad = [_QUAD_OF[c] for c in pred.level1], [_QUAD_OF[c] for c in gold.level1]
-    gold_classes = (lambda labels: labels) if gold_class_repeats else (lambda labels: sorted(set(labels)))
+    gold_binary_set, gold_quad_set = (
+        (gold_binary, gold_quad) if gold_class_repeats else (sorted(set(gold_binary)), sorted(set(gold_quad)))
+    )
     out: dict[str, float] = {}
     for level, p, g in (
         ("level1", pred.level1, gold.level1),
         ("level2", pred.level2, gold.level2),
-        ("binary", sorted(set(pred_binary)), gold_classes(gold_binary)),
-        ("quad", sorted(set(pred_quad)), gold_classes(gold_quad)),
+        ("binary", sorted(set(pred_binary)), gold_binary_set),
+        ("quad", sorted(set(pred_quad)), gold_quad_set),
     ):
         out[f"{level}_precision"], out[f"{level}_recall"], out[f"{level}_f1"] = precision_recall_f1(p, g)
     out["binary_kl"] = kl_divergence(pred_binary, gold_binary, BINARY_CLASSES)

@@ -157,11 +157,11 @@ def score_forecasts(queries: pl.DataFrame, forecasts: pl.DataFrame) -> tuple[pl.
 
 
 def round_aggregates(queries: pl.DataFrame, results: pl.DataFrame, *, steps: bool) -> dict:
-    """scores.json's across-round aggregates besides the mean (docs/evaluation.md, "Rounds"):
-    ``max_at_k`` and ``repeated`` (``metrics.aggregate_answers``) from the predictions of every
-    round in ``results`` (a results table without a ``round`` column is one round), and
-    ``avg_steps``, the mean ``n_actions`` over every (round, query) episode when ``steps``
-    (ReAct agents; MIRAI's ``n_steps_avg``), else None."""
+    """scores.json's across-round aggregates besides the mean (docs/evaluation.md, "Rounds and
+    their aggregates"): ``max_at_k`` and ``repeated`` (``metrics.aggregate_answers``) from the
+    predictions of every round in ``results`` (a results table without a ``round`` column is one
+    round), and ``avg_steps``, the mean ``n_actions`` over every (round, query) episode when
+    ``steps`` (ReAct agents; MIRAI's ``n_steps_avg``), else None."""
     gold = {query_id: json.loads(answer) for query_id, answer in queries.select("query_id", "answer_dict").iter_rows()}
     if "round" not in results.columns:
         results = results.with_columns(pl.lit(0, pl.Int64).alias("round"))
@@ -466,8 +466,8 @@ _BOARD_SCHEMA = {
 }
 
 
-# The across-round aggregates' columns (docs/evaluation.md, "Rounds"), after every column above;
-# null where a run did not store the aggregate.
+# The across-round aggregates' columns (docs/evaluation.md, "Rounds and their aggregates"), after
+# every column above; null where a run did not store the aggregate.
 AGGREGATE_COLUMNS = (
     *(f"max_at_k_{m}" for m in SET_METRICS),
     *(f"repeated_{m}" for m in SET_METRICS),
