@@ -118,9 +118,13 @@ def _environment_for(end_date: str) -> Environment:
     return _database().environment(_date.fromisoformat(end_date) + timedelta(days=1), distance_days=1)
 
 
-def set_default_end_date(date: str) -> None:
+def set_default_end_date(date: str | None) -> None:
     """The last day the API may show ('YYYY-MM-DD'), as in MIRAI: the day before the query. Every
-    later call sees the database up to that day and nothing after it."""
+    later call sees the database up to that day and nothing after it; None unsets it (the
+    functions that read the database then refuse to run)."""
+    if date is None:
+        _state.environment = _state.end_date = None
+        return
     if isinstance(date, Date):
         date = date.date
     day = _parse_day(date, "the end date")
