@@ -396,20 +396,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--month", type=_month, required=True, help="YYYY-MM")
     p.set_defaults(func=cmd_release)
 
-    export = sub.add_parser(
-        "export", parents=[debug], help="write stored data in other projects' layouts"
-    ).add_subparsers(dest="export_command", required=True)
-    p = export.add_parser(
-        "predictions", parents=[debug], help="a stored evaluation run's predictions as MIRAI writes them"
-    )
-    p.add_argument("--month", type=_month, required=True, help="YYYY-MM")
-    p.add_argument("--agent", required=True, help="the agent's name in the registry")
-    p.add_argument("--query-set", default="queries", help="queries (default) or queries_sample")
-    p.add_argument("--distance", type=_count(1), default=1, help="days between the cutoff and the query (default 1)")
-    p.add_argument("--out", type=Path, required=True, help="files go to OUT/round<N>/<QueryId>.json")
-    p.add_argument("--relation-query", type=Path, help="name files by the QueryIds of this MIRAI relation_query.csv")
-    p.set_defaults(func=cmd_export_predictions)
-
     p = sub.add_parser("download", parents=[debug], help="download and verify a published release")
     p.add_argument("release", nargs="?", default="latest", type=_release_name, help="latest (default) or YYYY-MM")
     p.add_argument("--dest", type=Path, default=Path("mirai-releases"), help="files go to DEST/YYYY-MM/")
@@ -426,6 +412,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="fsync every file before writing manifest.json (survives a power cut; slower on busy disks)",
     )
     p.set_defaults(func=cmd_download)
+
+    export = sub.add_parser("export", parents=[debug], help="write data in another benchmark's layout").add_subparsers(
+        dest="format", required=True
+    )
+    p = export.add_parser(
+        "predictions", parents=[debug], help="a stored evaluation run's predictions as MIRAI writes them"
+    )
+    p.add_argument("--month", type=_month, required=True, help="YYYY-MM")
+    p.add_argument("--agent", required=True, help="the agent's name in the registry")
+    p.add_argument("--query-set", default="queries", help="queries (default) or queries_sample")
+    p.add_argument("--distance", type=_count(1), default=1, help="days between the cutoff and the query (default 1)")
+    p.add_argument("--out", type=Path, required=True, help="files go to OUT/round<N>/<QueryId>.json")
+    p.add_argument("--relation-query", type=Path, help="name files by the QueryIds of this MIRAI relation_query.csv")
+    p.set_defaults(func=cmd_export_predictions)
 
     p = sub.add_parser(
         "serve-release",
@@ -496,10 +496,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.debug:
             raise
         command = " ".join(
-            filter(
-                None,
-                ["mirai", args.command, getattr(args, "mirror_command", None), getattr(args, "export_command", None)],
-            )
+            filter(None, ["mirai", args.command, getattr(args, "mirror_command", None), getattr(args, "format", None)])
         )
         if isinstance(exc, CommandError):
             print(f"{command}: error: {exc}", file=sys.stderr)
