@@ -288,6 +288,32 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(plan, Settings.from_env().data_dir)
 
 
+def cmd_export_predictions(args: argparse.Namespace) -> int:
+    """A stored evaluation run's predictions in MIRAI's layout (OUT/round<N>/<QueryId>.json)."""
+    from pipeline.evaluation.mirai_predictions import export_predictions, mirai_query_ids
+    from pipeline.storage import DataLayout
+
+    directory = DataLayout(Settings.from_env().data_dir).evaluation_dir(
+        args.month, args.agent, args.query_set, args.distance
+    )
+    if not (directory / "results.parquet").is_file():
+        raise CommandError(
+            f"no stored run at {directory} (month {args.month:%Y-%m}, agent {args.agent}, query set {args.query_set}, "
+            f"distance {args.distance}): `mirai` evaluations are stored by the evaluation asset"
+        )
+    query_ids = None
+    if args.relation_query is not None:
+        queries = pl.read_parquet(directory / "results.parquet", columns=["query_id", "date", "s", "o"]).unique(
+            "query_id", maintain_order=True
+        )
+        query_ids = mirai_query_ids(queries, args.relation_query)
+    written = export_predictions(directory, args.out, query_ids)
+    files = sum(len(paths) for paths in written.values())
+    named = f"QueryIds of {args.relation_query}" if query_ids is not None else "our query ids"
+    print(f"{files} prediction files in {len(written)} round(s) under {args.out} (file names: {named})")
+    return 0
+
+
 def cmd_serve_release(args: argparse.Namespace) -> int:
     """Serve the store `mirai demo` published to, on a stable port (testbed/demo.py)."""
     import socket
@@ -387,6 +413,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_download)
 
+    export = sub.add_parser("export", parents=[debug], help="write data in another benchmark's layout").add_subparsers(
+        dest="format", required=True
+    )
+    p = export.add_parser(
+        "predictions", parents=[debug], help="a stored evaluation run's predictions as MIRAI writes them"
+    )
+    p.add_argument("--month", type=_month, required=True, help="YYYY-MM")
+    p.add_argument("--agent", required=True, help="the agent's name in the registry")
+    p.add_argument("--query-set", default="queries", help="queries (default) or queries_sample")
+    p.add_argument("--distance", type=_count(1), default=1, help="days between the cutoff and the query (default 1)")
+    p.add_argument("--out", type=Path, required=True, help="files go to OUT/round<N>/<QueryId>.json")
+    p.add_argument("--relation-query", type=Path, help="name files by the QueryIds of this MIRAI relation_query.csv")
+    p.set_defaults(func=cmd_export_predictions)
+
     p = sub.add_parser(
         "serve-release",
         parents=[debug],
@@ -455,7 +495,9 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         if args.debug:
             raise
-        command = " ".join(filter(None, ["mirai", args.command, getattr(args, "mirror_command", None)]))
+        command = " ".join(
+            filter(None, ["mirai", args.command, getattr(args, "mirror_command", None), getattr(args, "format", None)])
+        )
         if isinstance(exc, CommandError):
             print(f"{command}: error: {exc}", file=sys.stderr)
             return exc.status

@@ -1,0 +1,315 @@
+"""Predictions in MIRAI's layout: ``<dir>/round<N>/<QueryId>.json``, written from a stored
+evaluation run and read back for scoring.
+
+MIRAI's agents (``agents/react_agents.py`` in github.com/yecchen/MIRAI) write one file per round
+and query: a JSON list holding one object with ``query_id``, ``n_steps``, ``end_state``,
+``answer`` (the answer dict as a JSON string, "" when none was extracted), ``gt_answer`` and the
+episode's log; its ``agent_evaluation/eval.py`` reads ``answer``, ``end_state`` and ``n_steps``
+of the list's last object. ``export_predictions`` writes those files from what
+pipeline/evaluation/run.py stores (``results.parquet``, one row per round and query, and
+``trajectories.jsonl`` for the episode log), plus ``ranked`` (the run's ranked codes, for MRR and
+Hit@10; eval.py ignores it).
+
+``read_predictions`` is for files anyone may hand us (MIRAI's own outputs, a leaderboard
+submission): it never executes them (eval.py ``eval``s ``answer``; here it is parsed as a Python
+literal), refuses symbolic links, files over MAX_FILE_BYTES, answers over MAX_ANSWER_CHARS and
+anything not of MIRAI's shape, each with one line naming the file (PredictionFileError).
+``score_round`` scores one round with pipeline.evaluation.metrics, as run.py scores its own.
+"""
+
+from __future__ import annotations
+
+import ast
+import errno
+import json
+import os
+import re
+import shutil
+import stat
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import polars as pl
+
+from pipeline.evaluation.metrics import clean_prediction, hit_at_k, mrr, score
+from pipeline.storage import atomic_write_bytes, remove_orphans, replace_dir
+
+# MIRAI's files hold the whole episode log; its examples/outputs_raw files are ~20-60 KB.
+MAX_FILE_BYTES = 4 * 2**20
+# An answer is a dict of at most 20 first-level keys and ~240 second-level codes (< 3 KB as JSON).
+MAX_ANSWER_CHARS = 64 * 1024
+MAX_RANKED = 1000  # entries of an optional ranked list (there are ~240 second-level codes)
+HIT_K = 10  # as run.py (MIRAI Appendix D.8)
+_ROUND_DIR = re.compile(r"^round([1-9][0-9]{0,5})$")
+_QUERY_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+
+# Our end states (docs/evaluation.md) under the names MIRAI's agents write; others are kept as is.
+MIRAI_END_STATES = {
+    "final_answer": "Final Answer",
+    "max_steps": "Max Steps Exceeded",
+    "invalid_actions": "Invalid Action",
+    "repeated_actions": "Repeated Actions",
+}
+BASELINE_END_STATE = "baseline"  # a model-free baseline has no episode: n_steps 0
+
+
+class PredictionFileError(ValueError):
+    """A prediction file or directory that is not in MIRAI's layout; the message names it."""
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """One query's prediction in one round, as read from its file."""
+
+    query_id: str
+    answer: object  # the parsed answer (None when eval.py would read nothing: "" or not a literal)
+    answer_text: str
+    end_state: str
+    n_steps: int
+    ranked: list[str] | None  # the file's ``ranked`` list, if it has one
+
+
+# --- writing ------------------------------------------------------------------------------------
+
+
+def mirai_query_ids(queries: pl.DataFrame, relation_query_csv: Path) -> dict[str, str]:
+    """Our query_id → the QueryId of the same query (DateStr, Actor1CountryCode, Actor2CountryCode)
+    in a MIRAI relation_query.csv, so file names match that file. Every query must be there once."""
+    table = pl.read_csv(relation_query_csv, separator="\t", infer_schema=False)
+    wanted = ("QueryId", "DateStr", "Actor1CountryCode", "Actor2CountryCode")
+    missing = [c for c in wanted if c not in table.columns]
+    if missing:
+        raise ValueError(f"{relation_query_csv}: no column {', '.join(missing)} (not a MIRAI relation_query.csv)")
+    keys: dict[tuple[str, str, str], list[str]] = {}
+    for query_id, day, s, o in table.select(wanted).iter_rows():
+        keys.setdefault((day, s, o), []).append(query_id)
+    out = {}
+    for query_id, day, s, o in queries.select("query_id", "date", "s", "o").iter_rows():
+        found = keys.get((day.isoformat(), s, o), [])
+        if len(found) != 1:
+            raise ValueError(
+                f"{relation_query_csv}: query ({day}, {s}, ?, {o}) ({query_id}) appears {len(found)} times, not once"
+            )
+        out[query_id] = found[0]
+    return out
+
+
+def _python_repr(answer_json: str) -> str:
+    """A gold answer as MIRAI's relation_query.csv writes AnswerDict: the dict's Python repr."""
+    return repr(json.loads(answer_json))
+
+
+def _answer_fields(prediction: str) -> dict[str, str]:
+    """The ``answer`` field for a stored prediction (JSON text). eval.py ``eval``s it, where JSON's
+    true/false/null are unknown names and void the whole answer, while run.py scored the JSON; when
+    the two readings differ, ``answer`` is the scored content (the valid first-level codes with
+    their valid second-level codes) and ``answer_as_stored`` keeps the stored text."""
+    as_json = clean_prediction(json.loads(prediction))
+    if clean_prediction(parse_answer_text(prediction)) == as_json:
+        return {"answer": prediction}
+    scored = {key: [code for code in as_json.level2 if code[:2] == key] for key in as_json.level1}
+    return {"answer": json.dumps(scored), "answer_as_stored": prediction}
+
+
+def _episode_logs(trajectories: Path) -> dict[tuple[int, str], dict]:
+    """(round, query_id) → the json_log MIRAI writes and the final request, from trajectories.jsonl."""
+    logs = {}
+    if not trajectories.is_file():
+        return logs
+    with trajectories.open() as fh:
+        for line in fh:
+            record = json.loads(line)
+            steps = [s for s in record["steps"] if s["kind"] == "react"]
+            final = [s["reply"] for s in record["steps"] if s["kind"] == "final_request"]
+            logs[(record["round"], record["query_id"])] = {
+                "json_log": [
+                    {
+                        "step": n,
+                        "thought": s["thought"],
+                        "action": s["action"],
+                        "observation": s["observation"] or "",
+                        "state": s["action_kind"] if not s["error"] else f"{s['action_kind']}: {s['error']}",
+                    }
+                    for n, s in enumerate(steps, 1)
+                ],
+                "ext_request": final[-1] if final else "",
+            }
+    return logs
+
+
+def prediction_records(evaluation_dir: Path, query_ids: Mapping[str, str] | None = None) -> dict[int, dict[str, list]]:
+    """round (1-based) → {file name stem: the file's content}, from a stored run's directory
+    (evaluations/YYYY-MM/<agent>/<query set>/distance=<d>/)."""
+    results = pl.read_parquet(evaluation_dir / "results.parquet")
+    if "round" not in results.columns:  # a baseline: one round, no episodes
+        results = results.with_columns(
+            pl.lit(0, pl.Int64).alias("round"),
+            pl.lit(BASELINE_END_STATE).alias("end_state"),
+            pl.lit(0, pl.Int64).alias("n_actions"),
+        )
+    logs = _episode_logs(evaluation_dir / "trajectories.jsonl")
+    rounds: dict[int, dict[str, list]] = {}
+    columns = ("round", "query_id", "gold", "prediction", "ranked", "end_state", "n_actions")
+    for round_no, query_id, gold, prediction, ranked, end_state, n_actions in results.select(columns).iter_rows():
+        name = query_ids[query_id] if query_ids is not None else query_id
+        if not _QUERY_ID.match(name):
+            raise ValueError(f"query id {name!r} cannot be a file name")
+        record = {
+            "query_id": name,
+            "n_steps": n_actions,
+            "end_state": MIRAI_END_STATES.get(end_state, end_state),
+            **_answer_fields(prediction),
+            "gt_answer": _python_repr(gold),
+            "ranked": list(ranked),
+        } | logs.get((round_no, query_id), {})
+        rounds.setdefault(round_no + 1, {})[name] = [record]
+    return rounds
+
+
+def export_predictions(
+    evaluation_dir: Path, out: Path, query_ids: Mapping[str, str] | None = None
+) -> dict[int, list[Path]]:
+    """Write a stored run's predictions as ``out/round<N>/<QueryId>.json`` (QueryId: our query id,
+    or ``query_ids[query_id]``). Each round directory is built aside and swapped in whole, so a
+    re-run replaces it and a reader never sees half a round. Returns the files per round."""
+    rounds = prediction_records(evaluation_dir, query_ids)
+    out.mkdir(parents=True, exist_ok=True)
+    written = {}
+    for round_no, records in sorted(rounds.items()):
+        final = out / f"round{round_no}"
+        remove_orphans(out, f".{final.name}.")
+        staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.{os.getpid()}.", dir=out))
+        try:
+            for name, record in records.items():
+                atomic_write_bytes(staging / f"{name}.json", json.dumps(record, indent=4).encode(), sweep=False)
+            replace_dir(staging, final)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        written[round_no] = sorted(final / f"{name}.json" for name in records)
+    return written
+
+
+# --- reading --------------------------------------------------------------------------------------
+
+
+def _refuse(path: Path, reason: str) -> PredictionFileError:
+    return PredictionFileError(f"{path}: refused: {reason}")
+
+
+def _read_capped(path: Path) -> bytes:
+    """The file's bytes: a regular file reached without following a link, at most MAX_FILE_BYTES."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise _refuse(path, "missing (every query needs a prediction file in every round)") from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise _refuse(path, "a symbolic link") from None
+        raise _refuse(path, exc.strerror or str(exc)) from None
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+            raise _refuse(path, "not a regular file")
+        data = fh.read(MAX_FILE_BYTES + 1)
+    if len(data) > MAX_FILE_BYTES:
+        raise _refuse(path, f"larger than {MAX_FILE_BYTES} bytes")
+    return data
+
+
+def parse_answer_text(text: str) -> object:
+    """The answer as eval.py's ``eval(answer)`` reads it, for literals only (never executed): a
+    dict, list, string, number... or None when it is not a Python literal ("" included), which
+    scores as an empty prediction, as eval.py's ``except`` does."""
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return None
+
+
+def read_prediction_file(path: Path, query_id: str) -> Prediction:
+    """One file of MIRAI's shape, or PredictionFileError naming it."""
+    data = _read_capped(path)
+    try:
+        content = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise _refuse(path, "not UTF-8 text") from None
+    except RecursionError:
+        raise _refuse(path, "JSON nested too deeply") from None
+    except ValueError as exc:
+        raise _refuse(path, f"not JSON ({str(exc).splitlines()[0][:120]})") from None
+    if not (isinstance(content, list) and len(content) == 1 and isinstance(content[0], dict)):
+        raise _refuse(path, "not MIRAI's shape: a JSON list holding one object")
+    record = content[0]
+    answer, end_state, n_steps = record.get("answer"), record.get("end_state"), record.get("n_steps")
+    if not isinstance(answer, str):
+        raise _refuse(path, "'answer' must be a string (the answer dict as JSON, or '')")
+    if len(answer) > MAX_ANSWER_CHARS:
+        raise _refuse(path, f"'answer' longer than {MAX_ANSWER_CHARS} characters")
+    if not isinstance(end_state, str) or len(end_state) > 1000:
+        raise _refuse(path, "'end_state' must be a string (of at most 1000 characters)")
+    if not isinstance(n_steps, int) or isinstance(n_steps, bool) or not 0 <= n_steps <= 10**6:
+        raise _refuse(path, "'n_steps' must be a whole number from 0 to 1000000")
+    if "query_id" in record and str(record["query_id"]) != query_id:
+        raise _refuse(path, f"'query_id' {str(record['query_id'])[:40]!r} is not the file's query {query_id!r}")
+    ranked = record.get("ranked")
+    if ranked is not None and not (
+        isinstance(ranked, list) and len(ranked) <= MAX_RANKED and all(isinstance(c, str) for c in ranked)
+    ):
+        raise _refuse(path, f"'ranked' must be a list of at most {MAX_RANKED} strings")
+    return Prediction(query_id, parse_answer_text(answer), answer, end_state, n_steps, ranked)
+
+
+def count_rounds(directory: Path) -> int:
+    """How many round directories (round1 … roundN, no gaps) ``directory`` holds."""
+    try:
+        names = [entry.name for entry in os.scandir(directory) if _ROUND_DIR.match(entry.name)]
+    except OSError as exc:
+        raise _refuse(directory, exc.strerror or str(exc)) from None
+    numbers = sorted(int(_ROUND_DIR.match(name)[1]) for name in names)
+    if not numbers or numbers != list(range(1, len(numbers) + 1)):
+        raise _refuse(directory, f"expected round1 … roundN directories, found {names[:10] or 'none'}")
+    return len(numbers)
+
+
+def read_predictions(directory: Path, query_ids: Sequence[str], rounds: int | None = None) -> list[list[Prediction]]:
+    """Every round's predictions for ``query_ids`` (in that order): ``directory/round<N>/<id>.json``
+    for N = 1 … ``rounds`` (default: every round directory there). Files for other queries are
+    ignored; a missing or malformed file raises PredictionFileError naming it."""
+    directory = Path(directory)
+    for query_id in query_ids:
+        if not _QUERY_ID.match(query_id):
+            raise ValueError(f"query id {query_id!r} cannot be a file name")
+    rounds = count_rounds(directory) if rounds is None else rounds
+    out = []
+    for n in range(1, rounds + 1):
+        round_dir = directory / f"round{n}"
+        try:
+            mode = os.lstat(round_dir).st_mode
+        except FileNotFoundError:
+            raise _refuse(round_dir, "missing") from None
+        if not stat.S_ISDIR(mode):
+            raise _refuse(round_dir, "not a directory (a symbolic link or a file)")
+        out.append([read_prediction_file(round_dir / f"{q}.json", q) for q in query_ids])
+    return out
+
+
+# --- scoring --------------------------------------------------------------------------------------
+
+
+def listed_codes(answer: object) -> list[str]:
+    """An answer's second-level codes in the order written: the ranking run.py gives an LLM answer."""
+    if not isinstance(answer, dict):
+        return []
+    return [code for codes in answer.values() if isinstance(codes, list) for code in codes if isinstance(code, str)]
+
+
+def score_round(predictions: Sequence[Prediction], answers: Sequence[Mapping[str, Sequence[str]]]) -> dict[str, float]:
+    """One round's metrics, as run.py's score_forecasts computes them: MIRAI's set metrics, MRR
+    and Hit@10 of the file's ``ranked`` list (else the answer's codes in the order written)."""
+    rankings = [p.ranked if p.ranked is not None else listed_codes(p.answer) for p in predictions]
+    return score([p.answer for p in predictions], answers) | {
+        "mrr": mrr(rankings, answers),
+        f"hit_at_{HIT_K}": hit_at_k(rankings, answers, HIT_K),
+    }
