@@ -372,6 +372,7 @@ def _extraction(client: ChatClient, spec: AgentSpec, text: str, trajectory: Traj
         reply = client.chat(messages, temperature=EXTRACTION_TEMPERATURE, max_tokens=spec.max_tokens, stop=[])
     except LLMError as exc:
         step.error = str(exc)
+        trajectory.answer, trajectory.answer_source = {}, "none"  # the answer is only ever the extracted one
         return
     _model_step(step, reply)
     answer = mirai_answer(step.reply)
