@@ -18,6 +18,7 @@ import pytest
 from pipeline.agent_api import EventDatabase
 from pipeline.agent_api.environment import API_FUNCTIONS, EVENT_FUNCTIONS, NEWS_FUNCTIONS, TOOL_SUBSETS
 from pipeline.evaluation.agents import AgentSpec, Query, mirai_answer, parse_action, run_react, run_single_turn
+from pipeline.evaluation.llm import LLMError
 from pipeline.evaluation.prompts import api_description, system_prompt
 from pipeline.evaluation.registry import Agent, RegistryError, parse_agents
 from pipeline.evaluation.run import agent_config_hash, evaluate_agent, evaluate_baseline, leaderboard
@@ -294,6 +295,14 @@ def test_mirai_max_steps_and_direct_extraction(database):
     )
     assert direct.end_state == "final_answer" and direct.answer == {"04": ["040"]}
     assert "No database was used" in client.calls[-1][0]["content"]
+    # The answer is only ever the extracted one: a failed extraction leaves none.
+    failed = run_single_turn(
+        ScriptedClient(['Final Answer: {"04": ["042"]}', LLMError("HTTP 500")]),
+        AgentSpec("direct", None, 0.0, None, 256, mode="mirai"),
+        QUERY,
+        QUERY.date - timedelta(days=1),
+    )
+    assert (failed.answer, failed.answer_source, failed.steps[-1].error) == ({}, "none", "HTTP 500")
 
 
 # --- get_entity_distribution --------------------------------------------------------------------
