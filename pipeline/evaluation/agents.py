@@ -58,8 +58,8 @@ _LEADING_FENCE = re.compile(r"```(?:\w+\n)?(.*?)```", re.DOTALL)
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>")
 _WHITESPACE = re.compile(r"\s+")
 # Mode mirai, single function: the harness asks the sandbox for the expression's str() (MIRAI's
-# observation), or MIRAI's note for an empty list or dict.
-_EMPTY_VALUE_NOTE = "Empty output from the function call."
+# observation), or, as MIRAI does, a note (ours) for an empty list or dict.
+_EMPTY_VALUE_NOTE = "Empty result: the call returned an empty list or dict."
 _SHOW_VALUE = (
     "_mirai_value = ({expression})\n"
     f"print({_EMPTY_VALUE_NOTE!r} if isinstance(_mirai_value, (list, dict)) and not _mirai_value else _mirai_value)"
