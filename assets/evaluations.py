@@ -173,6 +173,10 @@ def evaluation(
         ),
     }
     if agent.kind == "llm":
+        # Which harness and API subset produced the scores (docs/mirai.md, "The `mirai` mode").
+        metadata["mode"] = records[0]["mode"]
+        if records[0]["tools"] is not None:
+            metadata["tools"] = records[0]["tools"]
         metadata["end states"] = dg.MetadataValue.json({f"distance={r['distance']}": r["end_states"] for r in records})
         metadata["tokens in/out"] = f"{sum(r['tokens_in'] for r in records)}/{sum(r['tokens_out'] for r in records)}"
         metadata["sandbox layers"] = dg.MetadataValue.json({f"distance={r['distance']}": r["sandbox"] for r in records})

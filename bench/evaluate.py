@@ -157,7 +157,14 @@ def harness_overhead(work: Path, queries: pl.DataFrame) -> None:
             cutoff = query.date - timedelta(days=DISTANCE)
             client = ClockedClient(_script(query, cutoff, action_type))
             spec = AgentSpec("react", action_type, 0.0, 20, 512)
-            trajectory = run_react(client, spec, query, cutoff, lambda q=query: database.environment(q.date, DISTANCE))
+            trajectory = run_react(
+                client,
+                spec,
+                query,
+                cutoff,
+                lambda q=query: database.environment(q.date, DISTANCE),
+                first_day=database.start,
+            )
             assert trajectory.end_state == "final_answer", trajectory.end_state
             assert not any(step.error for step in trajectory.steps), [s.error for s in trajectory.steps if s.error]
             first.append(client.gaps[0])

@@ -38,6 +38,7 @@ from testbed.database import generate_event_database
 
 QUERY = Query("2024-02-00001", date(2024, 2, 10), "USA", "CHN", "United States", "China")
 CUTOFF = date(2024, 2, 9)
+FIRST = date(2024, 1, 1)  # the generated database's first day
 DIST = 'get_relation_distribution(head_entities=["USA"], tail_entities=["CHN"])'
 
 
@@ -78,8 +79,14 @@ def database(data_dir):
 
 def episode(database, replies, spec=None, query=QUERY):
     client = ScriptedClient(replies)
+    spec = spec or react()
     trajectory = run_react(
-        client, spec or react(), query, query.date - timedelta(days=1), lambda: database.environment(query.date, 1)
+        client,
+        spec,
+        query,
+        query.date - timedelta(days=1),
+        lambda: database.environment(query.date, 1, tools=spec.tools, count_both_actors=spec.mode == "mirai"),
+        first_day=database.start,
     )
     assert not client.replies, "the script was not used up"
     return trajectory, client
@@ -154,8 +161,8 @@ def test_api_description_is_generated_from_the_environment():
     assert all(f"def {name}(" in text for name in API_FUNCTIONS)
     assert "At most 30 matching events" in text  # get_events' docstring
     # The system prompt does not depend on the query, so a local model reuses its cached prefix.
-    assert "USA" not in system_prompt("react", "code_block", 5).split("```python")[0][-200:]
-    assert system_prompt("react", "single_function", 7).count("at most 7 actions") == 1
+    assert "USA" not in system_prompt("react", "code_block", 5, first_day=FIRST).split("```python")[0][-200:]
+    assert system_prompt("react", "single_function", 7, first_day=FIRST).count("at most 7 actions") == 1
 
 
 # --- episodes --------------------------------------------------------------------------------------

@@ -282,6 +282,7 @@ def test_smollm2_react_end_to_end_through_the_sensor_triggered_job(tmp_path, mon
     assert result.success
     meta = result.asset_materializations_for_node("evaluation")[0].metadata
     assert meta["status"].value == "evaluated"
+    assert (meta["mode"].value, meta["tools"].value) == ("native", "full")
 
     directory = DataLayout(data_dir).evaluation_dir(month, "smollm2-react", "queries_sample", 1)
     scores = json.loads((directory / "scores.json").read_text())

@@ -44,6 +44,25 @@ from pipeline.storage import DataLayout, verified
 MAX_EVENTS = 30
 MAX_ARTICLES = 15
 ENTITY_ROLES = ("head", "tail", "both")
+# The paper's API subsets (MIRAI, arXiv:2407.01231, Table 3; APIs/api_description_{kg,news}.py in
+# github.com/yecchen/MIRAI): the lookups plus the event functions, or plus the news functions.
+LOOKUP_FUNCTIONS = (
+    "map_country_name_to_iso",
+    "map_iso_to_country_name",
+    "map_relation_description_to_cameo",
+    "map_cameo_to_relation",
+    "get_parent_relation",
+    "get_child_relations",
+    "get_sibling_relations",
+)
+EVENT_FUNCTIONS = ("count_events", "get_events", "get_entity_distribution", "get_relation_distribution")
+NEWS_FUNCTIONS = ("count_news_articles", "get_news_articles", "browse_news_article")
+TOOL_SUBSETS = {
+    "full": LOOKUP_FUNCTIONS + EVENT_FUNCTIONS + NEWS_FUNCTIONS,
+    "kg": LOOKUP_FUNCTIONS + EVENT_FUNCTIONS,
+    "news": LOOKUP_FUNCTIONS + NEWS_FUNCTIONS,
+}
+TOOL_SUBSET_NAMES = {"full": "the full API", "kg": "the events-only API", "news": "the news-only API"}
 ISO_ENUM = pl.Enum(sorted(iso3_codes()))
 REL_ENUM = pl.Enum(sorted(level2_codes()))
 ROOT_ENUM = pl.Enum(sorted(level1_codes()))
@@ -144,7 +163,10 @@ class EventDatabase:
         news = [n for _, n in frames[:-1]] + [frames[-1][1].filter(pl.col("date") <= cutoff)]
         return pl.concat(events, rechunk=False), pl.concat(news, rechunk=False)
 
-    def environment(self, query_date: date, distance_days: int = 1) -> Environment:
+    def environment(
+        self, query_date: date, distance_days: int = 1, *, tools: str = "full", count_both_actors: bool = False
+    ) -> Environment:
+        """The query's Environment; ``tools`` and ``count_both_actors`` as in Environment."""
         if distance_days < 1:
             raise ValueError(
                 f"distance_days must be at least 1 (the query day itself is never visible), got {distance_days}"
@@ -159,6 +181,8 @@ class EventDatabase:
             query_date=query_date,
             distance_days=distance_days,
             allow_unconfined_sandbox=self.allow_unconfined_sandbox,
+            tools=tools,
+            count_both_actors=count_both_actors,
         )
 
 
@@ -205,7 +229,12 @@ class _Filter:
 
 class Environment:
     """MIRAI's API (Table 12) over one query's gated tables. Methods take the API's data classes or
-    plain strings ("2023-11-02", "AUS", "042")."""
+    plain strings ("2023-11-02", "AUS", "042").
+
+    ``tools`` ("full", "kg" or "news", TOOL_SUBSETS) is the API an agent's code gets: ``functions()``
+    binds only those, and a call of any other API function raises a NameError saying why.
+    ``count_both_actors`` makes get_entity_distribution count as MIRAI's code does rather than as
+    its docstring says (docs/mirai.md, "The `mirai` mode")."""
 
     def __init__(
         self,
@@ -217,7 +246,13 @@ class Environment:
         query_date: date,
         distance_days: int,
         allow_unconfined_sandbox: bool = False,
+        tools: str = "full",
+        count_both_actors: bool = False,
     ):
+        if tools not in TOOL_SUBSETS:
+            raise ValueError(f"tools must be one of {', '.join(TOOL_SUBSETS)}, got {tools!r}")
+        self.tools = tools
+        self.count_both_actors = count_both_actors
         self._events = events
         self._news = news
         self.start = start
@@ -333,14 +368,31 @@ class Environment:
         partners = coerce_list(interacted_entities, coerce_iso)
         partner_codes = None if partners is None else _codes([c.code for c in partners], ISO_ENUM)
         matches = self._matching_events(flt)
-        sides = []
-        for counted, other, wanted in (("s", "o", "head"), ("o", "s", "tail")):
-            if role in (wanted, "both"):
-                side = matches if partner_codes is None else matches.filter(pl.col(other).is_in(partner_codes))
-                sides.append(side.select(pl.col(counted).alias("entity")))
+        if self.count_both_actors:
+            sides = self._both_actor_sides(matches, role, partner_codes)
+        else:
+            sides = []
+            for counted, other, wanted in (("s", "o", "head"), ("o", "s", "tail")):
+                if role in (wanted, "both"):
+                    side = matches if partner_codes is None else matches.filter(pl.col(other).is_in(partner_codes))
+                    sides.append(side.select(pl.col(counted).alias("entity")))
         counts = pl.concat(sides).group_by("entity").len()
         counts = counts.with_columns(pl.col("entity").cast(pl.String)).sort(["len", "entity"], descending=[True, False])
         return {ISOCode(code): n for code, n in counts.iter_rows()}
+
+    @staticmethod
+    def _both_actor_sides(matches: pl.DataFrame, role: str, partner_codes: pl.Expr | None) -> list[pl.DataFrame]:
+        """MIRAI's counting (get_entity_distribution in APIs/api_implementation.py): the role only
+        picks which column must hold a partner (object for 'head', subject for 'tail', either for
+        'both'); then both actor columns of every kept event are counted."""
+        if partner_codes is not None:
+            keep = {
+                "head": pl.col("o").is_in(partner_codes),
+                "tail": pl.col("s").is_in(partner_codes),
+                "both": pl.col("s").is_in(partner_codes) | pl.col("o").is_in(partner_codes),
+            }[role]
+            matches = matches.filter(keep)
+        return [matches.select(pl.col(column).alias("entity")) for column in ("s", "o")]
 
     def get_relation_distribution(
         self, date_range=None, head_entities=None, tail_entities=None
@@ -459,8 +511,25 @@ class Environment:
         return self._events, self._news
 
     def functions(self) -> dict:
-        """The API functions, bound to this environment: the names an agent's code calls."""
-        return {name: getattr(self, name) for name in API_FUNCTIONS}
+        """The names an agent's code calls: the functions of this environment's ``tools`` subset,
+        bound to it; every other API function is a stand-in that only refuses."""
+        offered = TOOL_SUBSETS[self.tools]
+        return {name: getattr(self, name) if name in offered else _refusal(name, self.tools) for name in API_FUNCTIONS}
+
+
+def unavailable_message(name: str, tools: str) -> str:
+    return (
+        f"{name} is not available: this agent has {TOOL_SUBSET_NAMES[tools]} (tools: {tools}), "
+        f"whose functions are {', '.join(TOOL_SUBSETS[tools])}"
+    )
+
+
+def _refusal(name: str, tools: str):
+    def refuse(*args, **kwargs):
+        raise NameError(unavailable_message(name, tools))
+
+    refuse.__name__ = refuse.__qualname__ = name
+    return refuse
 
 
 def coerce_keywords(keywords) -> list[str]:
@@ -472,19 +541,4 @@ def coerce_keywords(keywords) -> list[str]:
     return [w for w in words if w]
 
 
-API_FUNCTIONS = (
-    "map_country_name_to_iso",
-    "map_iso_to_country_name",
-    "map_relation_description_to_cameo",
-    "map_cameo_to_relation",
-    "get_parent_relation",
-    "get_child_relations",
-    "get_sibling_relations",
-    "count_events",
-    "get_events",
-    "get_entity_distribution",
-    "get_relation_distribution",
-    "count_news_articles",
-    "get_news_articles",
-    "browse_news_article",
-)
+API_FUNCTIONS = TOOL_SUBSETS["full"]

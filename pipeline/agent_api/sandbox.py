@@ -121,6 +121,8 @@ class _Child:
             "cutoff": env.cutoff.isoformat(),
             "query_date": env.query_date.isoformat(),
             "distance_days": env.distance_days,
+            "tools": env.tools,
+            "count_both_actors": env.count_both_actors,
             "memory_mb": memory_mb,
             "cpu_budget_s": cpu_budget_s,
             # The child mounts its empty root only in a mount namespace other than this one.

@@ -170,6 +170,8 @@ def main() -> None:
         cutoff=date.fromisoformat(config["cutoff"]),
         query_date=date.fromisoformat(config["query_date"]),
         distance_days=config["distance_days"],
+        tools=config["tools"],
+        count_both_actors=config["count_both_actors"],
     )
     # Exercise every table path once so nothing lazy is left to initialise after lockdown.
     env.get_events(text_description="warm up")

@@ -7,14 +7,17 @@ through ``Environment.run_code``, the sandboxed child process, so text a model w
 executed in this process. An episode ends in one of the ``end_state`` values of Appendix D.1/H;
 one without a final answer gets one more request to the same model for it. Every model call is a
 step in the trajectory. Actions, end states and the final-answer request: docs/evaluation.md,
-"LLM agents".
+"LLM agents". Mode ``mirai`` runs MIRAI's loop instead (agents/react_agents.py in
+github.com/yecchen/MIRAI): docs/mirai.md, "The `mirai` mode".
 """
 
 from __future__ import annotations
 
 import ast
+import json
 import re
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import date
@@ -25,6 +28,7 @@ from pipeline.agent_api.types import DateGateError
 from pipeline.evaluation.llm import ChatClient, LLMError, Reply
 from pipeline.evaluation.metrics import parse_answer
 from pipeline.evaluation.prompts import (
+    extraction_messages,
     final_request_messages,
     query_prompt,
     system_prompt,
@@ -43,6 +47,29 @@ _EMPTY_OBJECT = re.compile(r"\{\s*\}")
 # How the sandbox reports an exception: "ErrorType: message" at the start of a line.
 _ERROR_LINE = re.compile(r"^[A-Z][A-Za-z]*(?:Error|Exception): ", re.MULTILINE)
 
+# Mode mirai (MIRAI's agents/react_agents.py): its extractor model ran at temperature 0.2; an action
+# that starts with a fence runs the fence's content, any other action runs whole; the answer is the
+# JSON object between <answer> tags once all whitespace is removed; the extraction request shows
+# the last two useful steps, at most 4,000 words.
+EXTRACTION_TEMPERATURE = 0.2
+EXTRACTION_STEPS = 2
+EXTRACTION_WORDS = 4000
+_LEADING_FENCE = re.compile(r"```(?:\w+\n)?(.*?)```", re.DOTALL)
+_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>")
+_WHITESPACE = re.compile(r"\s+")
+# Mode mirai, single function: the harness asks the sandbox for the expression's str() (MIRAI's
+# observation), or, as MIRAI does, a note (ours) for an empty list or dict.
+_EMPTY_VALUE_NOTE = "Empty result: the call returned an empty list or dict."
+_SHOW_VALUE = (
+    "_mirai_value = ({expression})\n"
+    f"print({_EMPTY_VALUE_NOTE!r} if isinstance(_mirai_value, (list, dict)) and not _mirai_value else _mirai_value)"
+)
+_MIRAI_NOTES = {
+    "single_function": "The action must be one valid, executable expression calling the API with correct arguments.",
+    "code_block": "To collect data, the action must be valid, executable Python that print()s what it finds; to "
+    "forecast, start the action with 'Final Answer:' and do not put it in a code fence.",
+}
+
 
 @dataclass(frozen=True)
 class Query:
@@ -56,9 +83,10 @@ class Query:
 
 @dataclass
 class Step:
-    """One model call. ``kind``: "react" (a ReAct turn), "answer" (the Direct/CoT reply) or
-    "final_request" (the extra request for a final answer). ``action_kind``: "call", "code",
-    "final", "invalid" or "" when the step has no action."""
+    """One model call. ``kind``: "react" (a ReAct turn), "answer" (the Direct/CoT reply),
+    "final_request" (the extra request for a final answer) or "extraction" (mode mirai's answer
+    extraction). ``action_kind``: "call", "code", "final", "invalid", in mode mirai also
+    "repeated" (not run) and "null" (an empty action), or "" when the step has no action."""
 
     index: int
     kind: str
@@ -81,7 +109,7 @@ class Trajectory:
     action_type: str | None
     end_state: str = ""
     answer: dict = field(default_factory=dict)
-    answer_source: str = "none"  # "final_answer", "final_request" or "none"
+    answer_source: str = "none"  # "final_answer", "final_request", "extraction" (mode mirai) or "none"
     steps: list[Step] = field(default_factory=list)
     error: str | None = None  # what ended an episode in state "error"
     wall_s: float = 0.0
@@ -111,6 +139,8 @@ class AgentSpec:
     temperature: float
     max_steps: int | None
     max_tokens: int
+    mode: str = "native"  # registry.MODES
+    tools: str = "full"  # the API subset (environment.TOOL_SUBSETS); react only
 
 
 # --- parsing a reply ---------------------------------------------------------------------------
@@ -214,6 +244,16 @@ def _call(client: ChatClient, messages: list[dict], spec: AgentSpec) -> Reply:
     return client.chat(messages, temperature=spec.temperature, max_tokens=spec.max_tokens, stop=STOP)
 
 
+def _finish(client: ChatClient, spec: AgentSpec, system: str, text: str, trajectory: Trajectory, first_day) -> None:
+    """Mode native: the final-answer request when there is no final answer yet. Mode mirai: the
+    answer is always extracted by a separate request, as MIRAI does."""
+    if spec.mode == "mirai":
+        tools = spec.tools if trajectory.strategy == "react" else None
+        _extraction(client, spec, text, trajectory, tools, first_day)
+    elif trajectory.end_state != "final_answer":
+        _final_request(client, spec, system, text, trajectory)
+
+
 def _model_step(step: Step, reply: Reply) -> None:
     step.reply, step.tokens_in, step.tokens_out, step.latency_s = (
         reply.text,
@@ -292,6 +332,133 @@ def _react_turns(client: ChatClient, spec: AgentSpec, env, messages: list[dict],
     return "max_steps"
 
 
+def mirai_answer(text: str) -> dict | None:
+    """The answer MIRAI's extraction step reads: with all whitespace removed, the first
+    <answer>...</answer> holding a JSON object; None when there is none (MIRAI's '')."""
+    match = _ANSWER_TAG.search(_WHITESPACE.sub("", text))
+    if match is None:
+        return None
+    try:
+        answer = json.loads(match.group(1))
+    except ValueError:
+        return None
+    return answer if isinstance(answer, dict) else None
+
+
+def _extraction_info(trajectory: Trajectory) -> str:
+    """The last EXTRACTION_STEPS steps that did something (a valid action or the final answer),
+    oldest first, cut to their last EXTRACTION_WORDS words; a Direct/CoT reply as it is."""
+    if trajectory.strategy != "react":
+        return trajectory.steps[0].reply if trajectory.steps else ""
+    useful = [
+        s
+        for s in trajectory.steps
+        if s.kind == "react" and s.error is None and s.action_kind in ("call", "code", "final")
+    ]
+    parts = []
+    for step in useful[-EXTRACTION_STEPS:]:
+        parts.append(f"Thought: {step.thought}\nAction: {step.action}")
+        if step.observation is not None:
+            parts.append(f"Observation: {step.observation}")
+    words = "\n".join(parts).split(" ")
+    return " ".join(words[-EXTRACTION_WORDS:])
+
+
+def _extraction(client: ChatClient, spec: AgentSpec, text: str, trajectory: Trajectory, tools, first_day) -> None:
+    step = Step(index=len(trajectory.steps), kind="extraction", reply="")
+    messages = extraction_messages(text, _extraction_info(trajectory), tools, first_day)
+    trajectory.steps.append(step)
+    try:
+        reply = client.chat(messages, temperature=EXTRACTION_TEMPERATURE, max_tokens=spec.max_tokens, stop=[])
+    except LLMError as exc:
+        step.error = str(exc)
+        trajectory.answer, trajectory.answer_source = {}, "none"  # the answer is only ever the extracted one
+        return
+    _model_step(step, reply)
+    answer = mirai_answer(step.reply)
+    # The extracted answer replaces the episode's own, as in MIRAI; none extracted means {}.
+    trajectory.answer, trajectory.answer_source = (answer, "extraction") if answer is not None else ({}, "none")
+
+
+def mirai_code(action: str, action_type: str) -> tuple[str, str | None]:
+    """(code for the sandbox, problem) of a mode-mirai action: MIRAI eval()s a single-function
+    action, so any one expression is accepted (run in the sandbox, its value shown with str());
+    a code block runs as MIRAI exec()s it, with no echo of a final expression."""
+    fenced = _LEADING_FENCE.match(action)
+    code = (fenced.group(1) if fenced else action).strip()
+    if action_type == "code_block":
+        return code + "\npass", None  # a trailing `pass`: the sandbox echoes only a final expression
+    try:
+        tree = ast.parse(code, mode="eval")
+    except SyntaxError as exc:
+        return "", f"SyntaxError: {exc.msg}"
+    return _SHOW_VALUE.format(expression=ast.unparse(tree.body)), None
+
+
+def _mirai_act(env, action: str, action_type: str, step: Step) -> bool:
+    """Run a mode-mirai action in the sandbox; record observation and error; whether it was valid
+    (MIRAI's rules: an error, or a code block with no output and no print(), is invalid)."""
+    code, problem = mirai_code(action, action_type)
+    if problem is None:
+        started = time.perf_counter()
+        output = env.run_code(code)
+        step.env_s = time.perf_counter() - started
+        problem = execution_error(output, action_type)
+        if problem is None and action_type == "code_block" and output == "":
+            if "print(" in code:
+                output = "No printed output: what the action printed was empty."
+            else:
+                problem = "the code block has no print() statement, so it shows nothing"
+        step.observation = output.rstrip("\n") if action_type == "single_function" else output
+    step.action_kind = "invalid" if problem else ("call" if action_type == "single_function" else "code")
+    step.error = problem and f"invalid action: {problem}"
+    return problem is None
+
+
+def _mirai_turns(client: ChatClient, spec: AgentSpec, env, messages: list[dict], trajectory: Trajectory) -> str:
+    """MIRAI's loop (agents/react_agents.py): at most max_steps actions; an empty action is
+    told so and not counted; an action taken before is not run again, and its
+    (CONSECUTIVE_LIMIT + 1)th occurrence ends the episode; an action containing "final answer"
+    ends it; CONSECUTIVE_LIMIT invalid actions in a row end it."""
+    invalid = 0
+    performed: Counter[str] = Counter()
+    for index in range(spec.max_steps):
+        step = Step(index=index, kind="react", reply="")
+        trajectory.steps.append(step)
+        _model_step(step, _call(client, messages, spec))
+        step.thought, step.action = split_reply(step.reply)
+        messages.append({"role": "assistant", "content": step.reply.strip()})
+        if not step.action:
+            step.action_kind = "null"
+            feedback = "Observation: No feedback: the action was empty. Write the action after 'Action:'."
+        else:
+            performed[step.action] += 1
+            seen = performed[step.action]
+            if seen > CONSECUTIVE_LIMIT:
+                step.action_kind, step.error = "repeated", f"the same action for the {seen}th time"
+                return "repeated_actions"
+            if seen > 1:
+                step.action_kind, step.error = "repeated", "the same action as before; not run again"
+                feedback = (
+                    "Observation: This exact action was taken before, so it was not run again. Take a different "
+                    "action. " + _MIRAI_NOTES[spec.action_type]
+                )
+            elif "final answer" in step.action.lower():
+                step.action_kind = "final"
+                return "final_answer"
+            elif _mirai_act(env, step.action, spec.action_type, step):
+                invalid = 0
+                feedback = f"Observation: {step.observation}"
+            else:
+                invalid += 1
+                if invalid >= CONSECUTIVE_LIMIT:
+                    return "invalid_actions"
+                problem = step.error.removeprefix("invalid action: ")
+                feedback = f"Observation: Invalid action: {problem} {_MIRAI_NOTES[spec.action_type]}"
+        messages.append({"role": "user", "content": feedback})
+    return "max_steps"
+
+
 def _clip(observation: str) -> str:
     if len(observation) <= OBSERVATION_CHARS:
         return observation
@@ -299,19 +466,27 @@ def _clip(observation: str) -> str:
 
 
 def run_react(
-    client: ChatClient, spec: AgentSpec, query: Query, cutoff: date, env_factory: Callable[[], object]
+    client: ChatClient,
+    spec: AgentSpec,
+    query: Query,
+    cutoff: date,
+    env_factory: Callable[[], object],
+    *,
+    first_day: date,
 ) -> Trajectory:
     """One ReAct episode. ``env_factory`` opens the query's Environment (visible up to
-    ``cutoff``); it is closed, and its sandbox stopped, when the episode ends."""
+    ``cutoff``, with the spec's tools); it is closed, and its sandbox stopped, when the episode
+    ends. ``first_day``: the database's first day, which the prompt states."""
     trajectory = Trajectory(query.query_id, "react", spec.action_type)
     started = time.perf_counter()
     text = query_prompt(query.date, query.s, query.o, query.s_name, query.o_name, cutoff)
-    system = system_prompt("react", spec.action_type, spec.max_steps)
+    system = system_prompt("react", spec.action_type, spec.max_steps, tools=spec.tools, first_day=first_day)
     messages = [{"role": "system", "content": system}, {"role": "user", "content": text}]
+    turns = _mirai_turns if spec.mode == "mirai" else _react_turns
     try:
         with env_factory() as env:
             try:
-                trajectory.end_state = _react_turns(client, spec, env, messages, trajectory)
+                trajectory.end_state = turns(client, spec, env, messages, trajectory)
             finally:
                 trajectory.sandbox = layers(env.sandbox_report)
     except (LLMError, SandboxError, DateGateError) as exc:
@@ -319,8 +494,7 @@ def run_react(
         trajectory.end_state, trajectory.error = "error", f"{type(exc).__name__}: {exc}"
         if trajectory.steps and trajectory.steps[-1].error is None:
             trajectory.steps[-1].error = trajectory.error
-    if trajectory.end_state != "final_answer":
-        _final_request(client, spec, system, text, trajectory)
+    _finish(client, spec, system, text, trajectory, first_day)
     trajectory.wall_s = time.perf_counter() - started
     return trajectory
 
@@ -347,7 +521,6 @@ def run_single_turn(client: ChatClient, spec: AgentSpec, query: Query, cutoff: d
             trajectory.end_state = "no_answer"
         else:
             trajectory.answer, trajectory.answer_source, trajectory.end_state = answer, "final_answer", "final_answer"
-    if trajectory.end_state != "final_answer":
-        _final_request(client, spec, system, text, trajectory)
+    _finish(client, spec, system, text, trajectory, None)
     trajectory.wall_s = time.perf_counter() - started
     return trajectory

@@ -17,11 +17,16 @@ from pathlib import Path
 
 import yaml
 
+from pipeline.agent_api.environment import TOOL_SUBSETS
 from pipeline.evaluation.baselines import BASELINE_METHODS
 
 KINDS = ("baseline", "llm")
 STRATEGIES = ("direct", "cot", "react")
 ACTION_TYPES = ("single_function", "code_block")
+# native: this harness's loop; mirai: MIRAI's own loop and answer extraction, for comparing with
+# the paper (docs/mirai.md, "The `mirai` mode").
+MODES = ("native", "mirai")
+TOOLS = tuple(TOOL_SUBSETS)  # the paper's Table 3 API subsets: full, kg (events only), news (news only)
 # MIRAI §3.1 ran every agent at temperature 0.4 with at most 20 tool calls (§3.2).
 DEFAULT_TEMPERATURE = 0.4
 DEFAULT_MAX_STEPS = 20
@@ -33,11 +38,20 @@ _MONTH = re.compile(r"^(\d{4})-(\d{2})$")
 
 _COMMON_FIELDS = {"name", "kind", "knowledge_cutoff", "distances", "rounds"}
 _BASELINE_FIELDS = _COMMON_FIELDS | {"baseline", "top_k"}
-_LLM_FIELDS = _COMMON_FIELDS | {"endpoint", "gguf", "strategy", "action_type", "temperature", "max_steps"}
+_LLM_FIELDS = _COMMON_FIELDS | {
+    "endpoint",
+    "gguf",
+    "strategy",
+    "action_type",
+    "temperature",
+    "max_steps",
+    "mode",
+    "tools",
+}
 _ENDPOINT_FIELDS = {"base_url", "model", "api_key_env"}
 # Only the react strategy calls tools, so only it has an action type and a step budget (MIRAI's
 # eval.py sets both to "none"/0 for direct and cot).
-_REACT_ONLY = ("action_type", "max_steps")
+_REACT_ONLY = ("action_type", "max_steps", "tools")
 
 
 class RegistryError(ValueError):
@@ -69,6 +83,8 @@ class Agent:
     action_type: str | None = None
     temperature: float | None = None
     max_steps: int | None = None
+    mode: str | None = None  # for kind llm: one of MODES
+    tools: str | None = None  # for strategy react: one of TOOLS
 
 
 def parse_cutoff(value: object) -> date:
@@ -196,6 +212,8 @@ def _parse_agent(entry: dict, base_dir: Path) -> Agent:
             else None,
             temperature=check("temperature", _temperature, DEFAULT_TEMPERATURE),
             max_steps=check("max_steps", lambda v: _positive_int(v, "max_steps"), DEFAULT_MAX_STEPS) if react else None,
+            mode=check("mode", lambda v: _choice(v, "mode", MODES), "native"),
+            tools=check("tools", lambda v: _choice(v, "tools", TOOLS), "full") if react else None,
         )
         if ("endpoint" in entry) == ("gguf" in entry):
             problems.append("an llm agent needs exactly one of endpoint (base_url, model, api_key_env) or gguf")

@@ -246,6 +246,8 @@ def _record(
         "metrics": rounds["mean"],
         "metrics_std": rounds["std"],
         "knowledge_cutoff": agent.knowledge_cutoff.isoformat() if agent.knowledge_cutoff else None,
+        "mode": agent_mode(agent),
+        "tools": agent_tools(agent),
         "contaminated": contaminated,
         "eligibility": reason,
         "code_version": code_version(),
@@ -254,10 +256,28 @@ def _record(
     }
 
 
+def agent_mode(agent: Agent) -> str | None:
+    """The harness mode of an LLM agent (native unless the registry says mirai); None for a
+    baseline, which has no prompts or loop."""
+    return None if agent.kind != "llm" else agent.mode or "native"
+
+
+def agent_tools(agent: Agent) -> str | None:
+    """The API subset a ReAct agent gets (full unless the registry says kg or news); None for an
+    agent that calls no tools."""
+    return None if agent.kind != "llm" or agent.strategy != "react" else agent.tools or "full"
+
+
+# Fields added after the first evaluations: left out of the hash at these values, so the entries
+# evaluated before they existed keep their hashes (and are not evaluated again).
+_HASH_DEFAULTS = {"mode": (None, "native"), "tools": (None, "full")}
+
+
 def agent_config_hash(agent: Agent) -> str:
     """A short hash of the agent's whole registry entry: a changed entry is a new agent to
     evaluate (the sensor's run keys carry it)."""
-    canonical = json.dumps(dataclasses.asdict(agent), sort_keys=True, default=str)
+    fields = {k: v for k, v in dataclasses.asdict(agent).items() if v not in _HASH_DEFAULTS.get(k, ())}
+    canonical = json.dumps(fields, sort_keys=True, default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()[:12]
 
 
@@ -316,9 +336,12 @@ def _run_round(
     for query in queries:
         cutoff = query.date - timedelta(days=distance)
         if spec.strategy == "react":
-            trajectories.append(
-                run_react(client, spec, query, cutoff, lambda q=query: database.environment(q.date, distance))
-            )
+
+            def environment(q=query):
+                # Mode mirai also counts entities as MIRAI's code does (docs/mirai.md).
+                return database.environment(q.date, distance, tools=spec.tools, count_both_actors=spec.mode == "mirai")
+
+            trajectories.append(run_react(client, spec, query, cutoff, environment, first_day=database.start))
         else:
             trajectories.append(run_single_turn(client, spec, query, cutoff))
     return trajectories
@@ -353,7 +376,15 @@ def evaluate_agent(
     month = split_month(frame)
     contaminated, reason = admit(agent, month, force)
     client_settings = client_settings or ClientSettings()
-    spec = AgentSpec(agent.strategy, agent.action_type, agent.temperature, agent.max_steps, client_settings.max_tokens)
+    spec = AgentSpec(
+        agent.strategy,
+        agent.action_type,
+        agent.temperature,
+        agent.max_steps,
+        client_settings.max_tokens,
+        mode=agent_mode(agent),
+        tools=agent_tools(agent) or "full",
+    )
     client = client or client_for(agent, client_settings)
     if spec.strategy == "react" and database is None:
         database = EventDatabase(data_dir)
@@ -463,6 +494,8 @@ _BOARD_SCHEMA = {
     "contaminated": pl.Boolean,
     "n": pl.Int64,
     "rounds": pl.Int64,
+    "mode": pl.String,
+    "tools": pl.String,
 }
 
 
@@ -506,6 +539,17 @@ def _aggregate_cells(record: Mapping) -> dict:
     )
 
 
+def _board_keys(record: dict) -> dict:
+    """A run's _BOARD_SCHEMA columns. Runs stored before mode and tools were recorded ran the
+    native harness with the full API (or, for a baseline or Direct/CoT agent, without either)."""
+    llm = record["kind"] == "llm"
+    implied = {
+        "mode": "native" if llm else None,
+        "tools": "full" if llm and record.get("strategy") == "react" else None,
+    }
+    return {key: record[key] if key in record else implied[key] for key in _BOARD_SCHEMA}
+
+
 def leaderboard(data_dir: Path | str) -> pl.DataFrame:
     """One row per stored run: its keys, every metric (mean, and ``<metric>_std``), the code
     version, then ``aggregation`` (what the run's metric columns are) and AGGREGATE_COLUMNS;
@@ -515,7 +559,7 @@ def leaderboard(data_dir: Path | str) -> pl.DataFrame:
     for path in sorted((DataLayout(data_dir).root / "evaluations").glob("*/*/*/distance=*/scores.json")):
         record = json.loads(path.read_text())
         rows.append(
-            {key: record[key] for key in _BOARD_SCHEMA}
+            _board_keys(record)
             | record["metrics"]
             | {f"{m}_std": v for m, v in record["metrics_std"].items()}
             | {"code_version": record["code_version"], "evaluated_at": record["evaluated_at"]}
@@ -531,7 +575,7 @@ def leaderboard(data_dir: Path | str) -> pl.DataFrame:
     return (
         pl.DataFrame(rows, infer_schema_length=None)
         # All null (only old runs) would infer the Null type.
-        .with_columns(pl.col(AGGREGATE_COLUMNS).cast(pl.Float64))
+        .with_columns(pl.col(AGGREGATE_COLUMNS).cast(pl.Float64), pl.col("mode", "tools").cast(pl.String))
         .with_columns(key.rank("min", descending=True).over(group).cast(pl.UInt32).alias("rank"))
         .sort(
             [*group, "rank", "contaminated", "agent"],
