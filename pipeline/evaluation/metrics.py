@@ -12,6 +12,11 @@ predictions are cleaned the way eval.py's ``load_predictions`` cleans them befor
 - anything eval.py's bare ``except`` would catch (not a dict, a value that is not iterable, a
   code that cannot be sliced) makes the whole prediction empty.
 
+Reading an answer out of a model's text (``parse_answer``) is not eval.py's: it accepts JSON as
+well as Python literals, where eval.py ``eval``s the text as Python, so a JSON ``null``, ``true``
+or ``false`` anywhere voids the whole answer there. Exported MIRAI-layout predictions carry the
+answer as scored here (pipeline/evaluation/mirai_predictions.py), so eval.py scores the same.
+
 Every per-query number is averaged over queries ("macro", although eval.py's comments say micro);
 P/R/F1 are percentages. Nothing here reads files or knows about Dagster.
 """
