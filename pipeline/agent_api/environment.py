@@ -100,8 +100,12 @@ class EventDatabase:
     Trusted code only: it caches whole months, including days after any particular cutoff. Agents
     get Environments, never this object."""
 
-    def __init__(self, data_dir: Path | str, *, allow_unconfined_sandbox: bool = False):
-        self.allow_unconfined_sandbox = allow_unconfined_sandbox  # passed to every Environment
+    def __init__(
+        self, data_dir: Path | str, *, allow_unconfined_sandbox: bool = False, code_libraries: tuple[str, ...] = ()
+    ):
+        # Both passed to every Environment.
+        self.allow_unconfined_sandbox = allow_unconfined_sandbox
+        self.code_libraries = code_libraries
         self.layout = DataLayout(data_dir)
         events_dir = self.layout.database_dir() / "events"
         found = sorted(
@@ -159,6 +163,7 @@ class EventDatabase:
             query_date=query_date,
             distance_days=distance_days,
             allow_unconfined_sandbox=self.allow_unconfined_sandbox,
+            code_libraries=self.code_libraries,
         )
 
 
@@ -217,6 +222,7 @@ class Environment:
         query_date: date,
         distance_days: int,
         allow_unconfined_sandbox: bool = False,
+        code_libraries: tuple[str, ...] = (),
     ):
         self._events = events
         self._news = news
@@ -227,6 +233,9 @@ class Environment:
         # The operator's explicit choice to run code blocks where the seccomp allowlist cannot be
         # installed (setting MIRAI_SANDBOX_ALLOW_UNCONFINED); see sandbox.py.
         self.allow_unconfined_sandbox = allow_unconfined_sandbox
+        # Libraries code blocks may import beyond the standard-library modules (numpy, pandas, ...);
+        # loaded in the sandbox process before lockdown (docs/agent_api.md, "Code blocks").
+        self.code_libraries = tuple(code_libraries)
         self._sandbox = None
 
     # --- the gate ---------------------------------------------------------------------------
@@ -428,7 +437,7 @@ class Environment:
         from pipeline.agent_api.sandbox import Sandbox
 
         if self._sandbox is None:
-            self._sandbox = Sandbox(self, allow_unconfined=self.allow_unconfined_sandbox)
+            self._sandbox = Sandbox(self, allow_unconfined=self.allow_unconfined_sandbox, libraries=self.code_libraries)
         return self._sandbox.run(code, timeout_s=timeout_s, memory_mb=memory_mb)
 
     @property

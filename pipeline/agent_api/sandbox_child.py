@@ -1,10 +1,11 @@
 """The sandbox child: ``python -m pipeline.agent_api.sandbox_child``, started by sandbox.Sandbox.
 
 Start-up, in this order: import everything agent code may use (polars, the API, the allow-listed
-modules) and warm every cache that reads a file; read the configuration and the environment's
-gated tables (Arrow IPC) from stdin; build the Environment; lock down (lockdown.py); reply with
-what the lockdown applied; then run code blocks until stdin closes. The child is never given a
-path to the database, so the only rows it can hold are the ones the parent sent.
+modules, the libraries the parent names in ``--libraries``) and warm every cache that reads a file;
+read the configuration and the environment's gated tables (Arrow IPC) from stdin; build the
+Environment; lock down (lockdown.py); reply with what the lockdown applied; then run code blocks
+until stdin closes. The child is never given a path to the database, so the only rows it can hold
+are the ones the parent sent.
 
 Wire format both ways: a 4-byte big-endian length, then the payload (JSON, or IPC bytes for the
 tables). A request is ``{"id": n, "code": ...}``, its reply ``{"id": n, "output": ...}``; the parent
@@ -14,8 +15,10 @@ anything to the pipe.
 
 from __future__ import annotations
 
+import argparse
 import ast
 import builtins
+import importlib.util
 import io
 import json
 import struct
@@ -52,6 +55,11 @@ ALLOWED_MODULES = frozenset(
         "time",
     }
 )
+# The libraries MIRAI's code-block prompt offers agents (agent_prompts/prompts_react_block_full.py in
+# github.com/yecchen/MIRAI: numpy, pandas, scikit-learn, NetworkX), by import name. A sandbox loads
+# the ones its parent asks for and this interpreter has, before lockdown (docs/agent_api.md,
+# "Code blocks"). numpy and pandas are dependencies of this project; the other two are not.
+LIBRARIES = ("numpy", "pandas", "networkx", "sklearn")
 # Builtins agent code does not get: file and console access, the interactive helpers.
 REMOVED_BUILTINS = ("open", "input", "breakpoint", "help", "exit", "quit", "copyright", "credits", "license")
 MAX_OBSERVATION_CHARS = 20_000
@@ -74,23 +82,35 @@ def write_message(stream, payload: bytes) -> None:
     stream.flush()
 
 
-def _guarded_import(real_import):
+# Audit events a library raises in ordinary use, allowed in a child that loaded it (the audit hook
+# is a convenience, not a defence: docs/agent_api.md). pandas walks frames (sys._getframe) to
+# attribute warnings and to resolve names in DataFrame.query/eval, and reads functions' __code__
+# and __defaults__ (object.__getattr__) through inspect.signature, e.g. in resample and
+# pivot_table. scikit-learn (BaseEstimator.get_params) and networkx (its argmap decorator) call
+# inspect.signature too, so they get the same (untested here: neither is installed).
+_INTROSPECTION = ("sys._getframe", "object.__getattr__")
+LIBRARY_EVENTS = {"pandas": _INTROSPECTION, "sklearn": _INTROSPECTION, "networkx": _INTROSPECTION}
+
+
+def _guarded_import(real_import, libraries: frozenset[str]):
     def __import__(name, globals=None, locals=None, fromlist=(), level=0):
-        if level != 0 or name.partition(".")[0] not in ALLOWED_MODULES:
-            raise ImportError(
-                f"import of {name!r} is not allowed in the sandbox; allowed: {', '.join(sorted(ALLOWED_MODULES))}"
-            )
+        top = name.partition(".")[0]
+        if level != 0 or not (top in ALLOWED_MODULES or top in libraries):
+            missing = " (not loaded in this sandbox)" if top in LIBRARIES else ""
+            allowed = ", ".join(sorted(ALLOWED_MODULES | libraries))
+            raise ImportError(f"import of {name!r} is not allowed in the sandbox{missing}; allowed: {allowed}")
         return real_import(name, globals, locals, fromlist, level)
 
     return __import__
 
 
-def agent_namespace(env) -> dict:
-    """The globals agent code runs in: the API bound to ``env``, its data classes, safe builtins."""
+def agent_namespace(env, libraries: frozenset[str] = frozenset()) -> dict:
+    """The globals agent code runs in: the API bound to ``env``, its data classes, safe builtins.
+    ``libraries``: the LIBRARIES this child loaded, importable besides ALLOWED_MODULES."""
     from pipeline.agent_api import types
 
     safe = {k: v for k, v in vars(builtins).items() if k not in REMOVED_BUILTINS}
-    safe["__import__"] = _guarded_import(builtins.__import__)
+    safe["__import__"] = _guarded_import(builtins.__import__, libraries)
     namespace = {"__builtins__": safe, "__name__": "__agent__"}
     for name in (
         "Date",
@@ -152,14 +172,65 @@ def _prepare_imports() -> None:
     frame.filter(pl.col("t").str.contains("(?i)y")).select(pl.col("t").str.count_matches(r"\bx"))
 
 
+def _load_libraries(requested: list[str]) -> dict[str, str]:
+    """Import the requested LIBRARIES this interpreter has, with the submodules they load lazily on
+    first use, since after lockdown no file can be read to import anything. Returns {name: version
+    or "not installed"}."""
+    loaded = {}
+    for name in requested:
+        if importlib.util.find_spec(name) is None:
+            loaded[name] = "not installed"
+            continue
+        module = __import__(name)
+        _WARM_UPS.get(name, lambda: None)()
+        loaded[name] = getattr(module, "__version__", "?")
+    return loaded
+
+
+def _warm_numpy() -> None:
+    import numpy as np
+
+    # Submodules numpy imports on first attribute access (numpy/__init__.py, __getattr__), but
+    # testing, matlib, f2py and typing, which are not for analysing data.
+    for sub in ("linalg", "fft", "random", "polynomial", "ma", "ctypeslib", "char", "rec", "strings", "dtypes"):
+        importlib.import_module(f"numpy.{sub}")
+    rng = np.random.default_rng(0)
+    sample = rng.normal(size=(8, 8))
+    np.linalg.solve(sample + 8 * np.eye(8), np.ones(8))
+    np.percentile(sample, [10, 50]), np.histogram(sample), np.corrcoef(sample), str(sample)
+
+
+def _warm_pandas() -> None:
+    import pandas as pd
+
+    frame = pd.DataFrame(
+        {"date": pd.to_datetime(["2023-11-01", "2023-11-02", "2023-11-02"]), "r": ["010", "042", "010"], "n": [1, 2, 3]}
+    )
+    frame.groupby("r")["n"].agg(["sum", "mean", "count"]).sort_values("sum")
+    frame.pivot_table(index="date", columns="r", values="n", aggfunc="sum", fill_value=0)
+    frame.set_index("date").resample("D")["n"].sum().rolling(2).mean()
+    frame.merge(frame, on="r").describe(include="all")
+    frame["r"].value_counts(normalize=True), frame["r"].str.startswith("0"), frame.to_dict("records")
+    repr(frame), frame.to_string(), frame.to_csv(), frame.to_json(), frame.to_html(), str(frame.dtypes)
+
+
+# networkx and scikit-learn are imported whole and not exercised: neither is a dependency here.
+_WARM_UPS = {"numpy": _warm_numpy, "pandas": _warm_pandas}
+
+
 def main() -> None:
     import polars as pl
 
     from pipeline.agent_api.environment import Environment
     from pipeline.agent_api.lockdown import lock_down
 
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--libraries", default="", help="comma-separated names from LIBRARIES")
+    requested = [name for name in parser.parse_args().libraries.split(",") if name]
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     _prepare_imports()
+    libraries = _load_libraries(requested)
+    loaded = frozenset(name for name, version in libraries.items() if version != "not installed")
     config = json.loads(read_message(stdin))
     events = pl.read_ipc(io.BytesIO(read_message(stdin)))
     news = pl.read_ipc(io.BytesIO(read_message(stdin)))
@@ -174,14 +245,17 @@ def main() -> None:
     # Exercise every table path once so nothing lazy is left to initialise after lockdown.
     env.get_events(text_description="warm up")
     env.get_news_articles(keywords=["warm"])
-    namespace = agent_namespace(env)
+    namespace = agent_namespace(env, loaded)
     del events, news
     report = lock_down(
         memory_mb=config["memory_mb"],
         cpu_budget_s=config["cpu_budget_s"],
         allowed_modules=ALLOWED_MODULES,
+        libraries=loaded,
+        library_events=frozenset(event for name in loaded for event in LIBRARY_EVENTS.get(name, ())),
         parent_mount_namespace=config["parent_mount_namespace"],
     )
+    report["libraries"] = ", ".join(f"{name} {version}" for name, version in libraries.items()) or "none"
     write_message(stdout, json.dumps({"ready": report}).encode())
     while True:
         try:
