@@ -20,7 +20,6 @@ import pytest
 from pipeline.agent_api import EventDatabase
 from pipeline.agent_api.lockdown import SECCOMP_ARCHES, machine
 from pipeline.agent_api.sandbox import Sandbox
-from pipeline.agent_api.sandbox_child import LIBRARIES
 from pipeline.storage import DataLayout
 from testbed.database import generate_event_database
 from tests.test_sandbox_attacks import BYPASS
@@ -211,7 +210,42 @@ def test_libraries_are_loaded_only_when_asked_for(database):
         Sandbox(None, libraries=("numpy", "torch"))
 
 
-@pytest.mark.parametrize("name", [n for n in LIBRARIES if n not in ("numpy", "pandas")])
+# networkx and scikit-learn are not dependencies: what an agent does with them, run when installed.
+OPTIONAL_USE = {
+    "networkx": (
+        "import networkx as nx\n"
+        "G = nx.DiGraph((e.head_entity.code, e.tail_entity.code) for e in get_events())\n"
+        "print(G.number_of_edges() > 0, len(nx.degree_centrality(G)) == G.number_of_nodes(),"
+        " len(nx.betweenness_centrality(G)) == G.number_of_nodes())"
+    ),
+    "sklearn": (
+        "import numpy as np\nfrom sklearn.linear_model import LogisticRegression\n"
+        "from sklearn.feature_extraction.text import TfidfVectorizer\n"
+        "X = np.random.default_rng(0).normal(size=(40, 3))\ny = (X[:, 0] > 0).astype(int)\n"
+        "print(LogisticRegression().fit(X, y).score(X, y) > 0.9, TfidfVectorizer().fit_transform("
+        "[title for _, title in get_news_articles()]).shape[0] > 0, 'C' in LogisticRegression().get_params())"
+    ),
+}
+OPTIONAL_READS = {
+    "networkx": "import networkx as nx\nnx.read_edgelist(PATH)",
+    "sklearn": "import sklearn\nsklearn.feature_extraction.text.TfidfVectorizer(input='filename').fit([PATH])",
+}
+
+
+@pytest.mark.parametrize("name", list(OPTIONAL_USE))
+def test_an_installed_optional_library_works_and_reads_no_file(database, name):
+    if importlib.util.find_spec(name) is None:
+        pytest.skip(f"{name} is not installed (not a dependency of this project)")
+    libraries = ("numpy", name)
+    with EventDatabase(database, code_libraries=libraries).environment(CUTOFF_QUERY) as env:
+        assert env.run_code(OPTIONAL_USE[name]).split() == ["True"] * 3
+        assert env.run_code(BYPASS).strip() == "guards off"
+        path = _paths(database)["a later month"]
+        refused = env.run_code(f"PATH = {path!r}\n" + OPTIONAL_READS[name])
+        assert refused.startswith("PermissionError: [Errno 1]") and "PAR1" not in refused, refused
+
+
+@pytest.mark.parametrize("name", list(OPTIONAL_USE))
 def test_a_library_that_is_not_installed_is_reported_and_refused(database, name):
     if importlib.util.find_spec(name) is not None:
         pytest.skip(f"{name} is installed here")

@@ -86,10 +86,15 @@ def write_message(stream, payload: bytes) -> None:
 # is a convenience, not a defence: docs/agent_api.md). pandas walks frames (sys._getframe) to
 # attribute warnings and to resolve names in DataFrame.query/eval, and reads functions' __code__
 # and __defaults__ (object.__getattr__) through inspect.signature, e.g. in resample and
-# pivot_table. scikit-learn (BaseEstimator.get_params) and networkx (its argmap decorator) call
-# inspect.signature too, so they get the same (untested here: neither is installed).
+# pivot_table. scikit-learn calls inspect.signature too (BaseEstimator.get_params) and builds
+# array.array buffers (its text vectorizers); networkx's argmap decorator compiles each decorated
+# function's wrapper on first call and sets its __code__ (object.__setattr__).
 _INTROSPECTION = ("sys._getframe", "object.__getattr__")
-LIBRARY_EVENTS = {"pandas": _INTROSPECTION, "sklearn": _INTROSPECTION, "networkx": _INTROSPECTION}
+LIBRARY_EVENTS = {
+    "pandas": _INTROSPECTION,
+    "sklearn": (*_INTROSPECTION, "array.__new__"),
+    "networkx": (*_INTROSPECTION, "object.__setattr__"),
+}
 
 
 def _guarded_import(real_import, libraries: frozenset[str]):
@@ -172,24 +177,29 @@ def _prepare_imports() -> None:
     frame.filter(pl.col("t").str.contains("(?i)y")).select(pl.col("t").str.count_matches(r"\bx"))
 
 
-def _load_libraries(requested: list[str]) -> dict[str, str]:
+def _load_libraries(requested: list[str]) -> tuple[frozenset[str], str]:
     """Import the requested LIBRARIES this interpreter has, with the submodules they load lazily on
-    first use, since after lockdown no file can be read to import anything. Returns {name: version
-    or "not installed"}."""
-    loaded = {}
+    first use, since after lockdown no file can be read to import anything. Returns the names
+    loaded and a description for the report: each with its version, or why it is not loaded (not
+    installed, or its import failed: a broken optional install costs that library, not the
+    sandbox)."""
+    loaded, described = set(), []
     for name in requested:
         if importlib.util.find_spec(name) is None:
-            loaded[name] = "not installed"
+            described.append(f"{name} not installed")
             continue
-        module = __import__(name)
-        _WARM_UPS.get(name, lambda: None)()
-        loaded[name] = getattr(module, "__version__", "?")
-    return loaded
+        try:
+            module = importlib.import_module(name)
+            _WARM_UPS[name](module)
+        except Exception as exc:
+            described.append(f"{name} failed to import ({type(exc).__name__}: {str(exc)[:100]})")
+            continue
+        loaded.add(name)
+        described.append(f"{name} {getattr(module, '__version__', '(no version)')}")
+    return frozenset(loaded), ", ".join(described) or "none"
 
 
-def _warm_numpy() -> None:
-    import numpy as np
-
+def _warm_numpy(np) -> None:
     # Submodules numpy imports on first attribute access (numpy/__init__.py, __getattr__), but
     # testing, matlib, f2py and typing, which are not for analysing data.
     for sub in ("linalg", "fft", "random", "polynomial", "ma", "ctypeslib", "char", "rec", "strings", "dtypes"):
@@ -200,9 +210,7 @@ def _warm_numpy() -> None:
     np.percentile(sample, [10, 50]), np.histogram(sample), np.corrcoef(sample), str(sample)
 
 
-def _warm_pandas() -> None:
-    import pandas as pd
-
+def _warm_pandas(pd) -> None:
     frame = pd.DataFrame(
         {"date": pd.to_datetime(["2023-11-01", "2023-11-02", "2023-11-02"]), "r": ["010", "042", "010"], "n": [1, 2, 3]}
     )
@@ -214,8 +222,44 @@ def _warm_pandas() -> None:
     repr(frame), frame.to_string(), frame.to_csv(), frame.to_json(), frame.to_html(), str(frame.dtypes)
 
 
-# networkx and scikit-learn are imported whole and not exercised: neither is a dependency here.
-_WARM_UPS = {"numpy": _warm_numpy, "pandas": _warm_pandas}
+def _warm_networkx(nx) -> None:
+    graph = nx.DiGraph([("USA", "CHN"), ("CHN", "RUS"), ("RUS", "USA")])
+    nx.degree_centrality(graph), nx.betweenness_centrality(graph), nx.shortest_path(graph, "USA", "RUS")
+    list(nx.connected_components(graph.to_undirected())), nx.to_numpy_array(graph)
+    if importlib.util.find_spec("scipy") is not None:  # these import scipy on first use
+        nx.pagerank(graph), nx.adjacency_matrix(graph)
+
+
+# scikit-learn's subpackages are imported only when named (sklearn/__init__.py): the common ones.
+SKLEARN_SUBPACKAGES = (
+    "linear_model",
+    "cluster",
+    "ensemble",
+    "tree",
+    "neighbors",
+    "naive_bayes",
+    "svm",
+    "decomposition",
+    "preprocessing",
+    "impute",
+    "metrics",
+    "model_selection",
+    "pipeline",
+    "feature_extraction.text",
+)
+
+
+def _warm_sklearn(sklearn) -> None:
+    for sub in SKLEARN_SUBPACKAGES:
+        importlib.import_module(f"sklearn.{sub}")
+    x, y = [[0.0, 1.0], [1.0, 0.0], [0.0, 2.0], [2.0, 0.0]], [0, 1, 0, 1]
+    sklearn.linear_model.LogisticRegression().fit(x, y).get_params()
+    sklearn.ensemble.RandomForestClassifier(n_estimators=2, random_state=0).fit(x, y).predict(x)
+    sklearn.cluster.KMeans(n_clusters=2, n_init=1, random_state=0).fit(x)
+    sklearn.feature_extraction.text.TfidfVectorizer().fit_transform(["troops moved", "talks resumed"])
+
+
+_WARM_UPS = {"numpy": _warm_numpy, "pandas": _warm_pandas, "networkx": _warm_networkx, "sklearn": _warm_sklearn}
 
 
 def main() -> None:
@@ -229,8 +273,7 @@ def main() -> None:
     requested = [name for name in parser.parse_args().libraries.split(",") if name]
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     _prepare_imports()
-    libraries = _load_libraries(requested)
-    loaded = frozenset(name for name, version in libraries.items() if version != "not installed")
+    loaded, libraries = _load_libraries(requested)
     config = json.loads(read_message(stdin))
     events = pl.read_ipc(io.BytesIO(read_message(stdin)))
     news = pl.read_ipc(io.BytesIO(read_message(stdin)))
@@ -255,7 +298,7 @@ def main() -> None:
         library_events=frozenset(event for name in loaded for event in LIBRARY_EVENTS.get(name, ())),
         parent_mount_namespace=config["parent_mount_namespace"],
     )
-    report["libraries"] = ", ".join(f"{name} {version}" for name, version in libraries.items()) or "none"
+    report["libraries"] = libraries
     write_message(stdout, json.dumps({"ready": report}).encode())
     while True:
         try:
