@@ -57,8 +57,8 @@ def unguarded(env):
 
 
 def test_numpy_and_pandas_analyse_the_gated_tables(env):
-    """What a MIRAI agent does with them: a frame from the API's events, grouped, resampled and
-    queried; the newest row is the cutoff."""
+    """What a MIRAI agent does with them: a frame from the API's events, grouped, resampled,
+    pivoted, queried, iterated; a matrix inverted; the newest event is the cutoff's."""
     code = IMPORTS + (
         "events = get_events(date_range=DateRange(start_date=Date('2023-11-01'), end_date=Date('2023-12-09')))\n"
         "df = pd.DataFrame([{'date': e.date.date, 'r': e.relation.code, 'n': 1} for e in events])\n"
@@ -66,13 +66,15 @@ def test_numpy_and_pandas_analyse_the_gated_tables(env):
         "weekly = df.set_index('date').resample('W')['n'].sum()\n"
         "top = df.groupby('r').size().sort_values(ascending=False)\n"
         "table = df.pivot_table(index='date', columns='r', values='n', aggfunc='sum', fill_value=0)\n"
-        "print(len(df), int(weekly.sum()), int(top.sum()), int(np.asarray(table).sum()), len(df.query('n == 1')))\n"
+        "print(len(df), int(weekly.sum()), int(top.sum()), int(np.asarray(table).sum()), len(df.query('n == 1')),"
+        " len(list(df.itertuples())), int(df['r'].str.contains('^[0-9]{3}$', regex=True).sum()))\n"
         "m = np.random.default_rng(0).normal(size=(300, 300))\n"
-        "print(df['date'].max().date() <= pd.Timestamp('2023-12-09').date(), np.allclose(np.linalg.inv(m) @ m, np.eye(300)))"
+        "newest = pd.to_datetime(pd.Series([e.date.date for e in get_events()])).max()\n"
+        "print(newest == pd.Timestamp('2023-12-09'), np.allclose(np.linalg.inv(m) @ m, np.eye(300)))"
     )
     first, second = env.run_code(code).splitlines()
-    assert first.split() == ["30"] * 5
-    assert second == "True True"
+    assert first.split() == ["30"] * 7
+    assert second == "True True"  # the newest event is the cutoff's (query day 2023-12-10, distance 1)
     assert env.sandbox_report["libraries"].startswith(f"numpy {importlib.import_module('numpy').__version__}, pandas")
 
 

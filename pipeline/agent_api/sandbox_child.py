@@ -84,17 +84,14 @@ def write_message(stream, payload: bytes) -> None:
 
 # Audit events a library raises in ordinary use, allowed in a child that loaded it (the audit hook
 # is a convenience, not a defence: docs/agent_api.md). pandas walks frames (sys._getframe) to
-# attribute warnings and to resolve names in DataFrame.query/eval, and reads functions' __code__
-# and __defaults__ (object.__getattr__) through inspect.signature, e.g. in resample and
-# pivot_table. scikit-learn calls inspect.signature too (BaseEstimator.get_params) and builds
-# array.array buffers (its text vectorizers); networkx's argmap decorator compiles each decorated
-# function's wrapper on first call and sets its __code__ (object.__setattr__).
-_INTROSPECTION = ("sys._getframe", "object.__getattr__")
-LIBRARY_EVENTS = {
-    "pandas": _INTROSPECTION,
-    "sklearn": (*_INTROSPECTION, "array.__new__"),
-    "networkx": (*_INTROSPECTION, "object.__setattr__"),
-}
+# attribute warnings and to resolve names in DataFrame.query/eval, reads functions' __code__ and
+# __defaults__ (object.__getattr__) through inspect.signature, e.g. in resample and pivot_table,
+# and sets attributes on the classes collections.namedtuple builds (object.__setattr__), e.g. in
+# DataFrame.itertuples. scikit-learn calls inspect.signature too (BaseEstimator.get_params) and
+# builds array.array buffers (its text vectorizers); networkx's argmap decorator compiles each
+# decorated function's wrapper on first call and sets its __code__ (object.__setattr__).
+_INTROSPECTION = ("sys._getframe", "object.__getattr__", "object.__setattr__")
+LIBRARY_EVENTS = {"pandas": _INTROSPECTION, "sklearn": (*_INTROSPECTION, "array.__new__"), "networkx": _INTROSPECTION}
 
 
 def _guarded_import(real_import, libraries: frozenset[str]):
