@@ -217,6 +217,8 @@ def _warm_pandas(pd) -> None:
     frame.merge(frame, on="r").describe(include="all")
     frame["r"].value_counts(normalize=True), frame["r"].str.startswith("0"), frame.to_dict("records")
     repr(frame), frame.to_string(), frame.to_csv(), frame.to_json(), frame.to_html(), str(frame.dtypes)
+    if importlib.util.find_spec("pyarrow") is not None:  # pandas' Arrow-backed dtypes load modules on first use
+        frame["r"].astype("string[pyarrow]").str.len(), frame["n"].astype("int64[pyarrow]").sum()
 
 
 def _warm_networkx(nx) -> None:
