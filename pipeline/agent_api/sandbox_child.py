@@ -225,8 +225,10 @@ def _warm_networkx(nx) -> None:
     graph = nx.DiGraph([("USA", "CHN"), ("CHN", "RUS"), ("RUS", "USA")])
     nx.degree_centrality(graph), nx.betweenness_centrality(graph), nx.shortest_path(graph, "USA", "RUS")
     list(nx.connected_components(graph.to_undirected())), nx.to_numpy_array(graph)
-    if importlib.util.find_spec("scipy") is not None:  # these import scipy on first use
+    try:  # these import scipy on first use
         nx.pagerank(graph), nx.adjacency_matrix(graph)
+    except ImportError:  # scipy is optional for networkx: without it they fail after lockdown too
+        pass
 
 
 # scikit-learn's subpackages are imported only when named (sklearn/__init__.py): the common ones.
