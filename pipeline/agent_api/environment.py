@@ -119,8 +119,12 @@ class EventDatabase:
     Trusted code only: it caches whole months, including days after any particular cutoff. Agents
     get Environments, never this object."""
 
-    def __init__(self, data_dir: Path | str, *, allow_unconfined_sandbox: bool = False):
-        self.allow_unconfined_sandbox = allow_unconfined_sandbox  # passed to every Environment
+    def __init__(
+        self, data_dir: Path | str, *, allow_unconfined_sandbox: bool = False, code_libraries: tuple[str, ...] = ()
+    ):
+        # Both passed to every Environment.
+        self.allow_unconfined_sandbox = allow_unconfined_sandbox
+        self.code_libraries = code_libraries
         self.layout = DataLayout(data_dir)
         events_dir = self.layout.database_dir() / "events"
         found = sorted(
@@ -183,6 +187,7 @@ class EventDatabase:
             allow_unconfined_sandbox=self.allow_unconfined_sandbox,
             tools=tools,
             count_both_actors=count_both_actors,
+            code_libraries=self.code_libraries,
         )
 
 
@@ -248,6 +253,7 @@ class Environment:
         allow_unconfined_sandbox: bool = False,
         tools: str = "full",
         count_both_actors: bool = False,
+        code_libraries: tuple[str, ...] = (),
     ):
         if tools not in TOOL_SUBSETS:
             raise ValueError(f"tools must be one of {', '.join(TOOL_SUBSETS)}, got {tools!r}")
@@ -262,6 +268,9 @@ class Environment:
         # The operator's explicit choice to run code blocks where the seccomp allowlist cannot be
         # installed (setting MIRAI_SANDBOX_ALLOW_UNCONFINED); see sandbox.py.
         self.allow_unconfined_sandbox = allow_unconfined_sandbox
+        # Libraries code blocks may import beyond the standard-library modules (numpy, pandas, ...);
+        # loaded in the sandbox process before lockdown (docs/agent_api.md, "Code blocks").
+        self.code_libraries = tuple(code_libraries)
         self._sandbox = None
 
     # --- the gate ---------------------------------------------------------------------------
@@ -480,7 +489,7 @@ class Environment:
         from pipeline.agent_api.sandbox import Sandbox
 
         if self._sandbox is None:
-            self._sandbox = Sandbox(self, allow_unconfined=self.allow_unconfined_sandbox)
+            self._sandbox = Sandbox(self, allow_unconfined=self.allow_unconfined_sandbox, libraries=self.code_libraries)
         return self._sandbox.run(code, timeout_s=timeout_s, memory_mb=memory_mb)
 
     @property

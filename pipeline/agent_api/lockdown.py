@@ -234,13 +234,29 @@ def _pin_descriptors(top: int, filler: int) -> int:
 ALLOWED_EVENTS = frozenset({"exec", "compile", "builtins.id", "time.sleep", "import"})
 
 
-def install_audit_hook(allowed_modules: frozenset[str]) -> None:
-    def hook(event, args, _events=ALLOWED_EVENTS, _modules=allowed_modules, _error=PermissionError):
+def install_audit_hook(
+    allowed_modules: frozenset[str],
+    libraries: frozenset[str] = frozenset(),
+    library_events: frozenset[str] = frozenset(),
+) -> None:
+    """``libraries``: modules loaded for agent code besides ``allowed_modules``; ``library_events``:
+    events those libraries raise in ordinary use (sandbox_child.LIBRARY_EVENTS)."""
+
+    def hook(
+        event,
+        args,
+        _events=ALLOWED_EVENTS,
+        _modules=allowed_modules,
+        _libraries=libraries,
+        _library_events=library_events,
+        _error=PermissionError,
+    ):
         # No global or builtin name is looked up here: agent code could rebind those.
-        if event in _events:
+        if event in _events or event in _library_events:
             if event != "import":
                 return
-            if args[0].partition(".")[0] in _modules:
+            top = args[0].partition(".")[0]
+            if top in _modules or top in _libraries:
                 return
             raise _error(f"sandbox: importing {args[0]!r} is not allowed")
         raise _error(f"sandbox: {event!r} is not allowed")
@@ -249,7 +265,13 @@ def install_audit_hook(allowed_modules: frozenset[str]) -> None:
 
 
 def lock_down(
-    *, memory_mb: int, cpu_budget_s: int, allowed_modules: frozenset[str], parent_mount_namespace: str | None = None
+    *,
+    memory_mb: int,
+    cpu_budget_s: int,
+    allowed_modules: frozenset[str],
+    libraries: frozenset[str] = frozenset(),
+    library_events: frozenset[str] = frozenset(),
+    parent_mount_namespace: str | None = None,
 ) -> dict:
     """Apply every layer; return what was applied (the sandbox reports it). A layer that could not
     be applied says why instead; the parent decides whether the sandbox may run without it."""
@@ -272,6 +294,6 @@ def lock_down(
         report["seccomp"] = install_seccomp()
     except (ImportError, OSError, RuntimeError) as exc:  # pyseccomp raises RuntimeError without libseccomp
         report["seccomp"] = f"unavailable: {exc}"
-    install_audit_hook(allowed_modules)
+    install_audit_hook(allowed_modules, libraries, library_events)
     report["audit_hook"] = "installed"
     return report

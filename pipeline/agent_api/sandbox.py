@@ -29,7 +29,7 @@ from pathlib import Path
 import polars as pl
 
 from pipeline.agent_api.lockdown import SECCOMP_ARCHES, machine
-from pipeline.agent_api.sandbox_child import MAX_OBSERVATION_CHARS, TRUNCATION_NOTE
+from pipeline.agent_api.sandbox_child import LIBRARIES, MAX_OBSERVATION_CHARS, TRUNCATION_NOTE
 
 DEFAULT_TIMEOUT_S = 30.0
 DEFAULT_MEMORY_MB = 1024
@@ -44,6 +44,7 @@ READY_CAP_BYTES = 64 * 1024
 # The layers a report names (docs/agent_api.md, "Threat model"); evaluations record these.
 LAYER_KEYS = ("namespaces", "empty_root", "landlock", "seccomp", "audit_hook")
 NAMESPACE_FLAGS = ("--user", "--map-root-user", "--mount", "--ipc", "--net", "--pid")
+BLAS_THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 class SandboxError(RuntimeError):
@@ -95,14 +96,14 @@ def _checked_report(message: dict) -> dict:
 class _Child:
     """One child process and its pipes."""
 
-    def __init__(self, env, memory_mb: int, cpu_budget_s: int, allow_unconfined: bool):
+    def __init__(self, env, memory_mb: int, cpu_budget_s: int, allow_unconfined: bool, libraries: tuple[str, ...]):
         self.memory_mb = memory_mb
         self.requests = 0
         prefix, namespaces = namespace_prefix()
         # Kept for the child's lifetime (closed in stop), so not a with-block.
         self.stderr = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(
-            [*prefix, sys.executable, "-m", "pipeline.agent_api.sandbox_child"],
+            [*prefix, sys.executable, "-m", "pipeline.agent_api.sandbox_child", f"--libraries={','.join(libraries)}"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self.stderr,
@@ -113,6 +114,9 @@ class _Child:
                 "PATH": "/usr/bin:/bin",
                 "LANG": "C.UTF-8",
                 "PYTHONDONTWRITEBYTECODE": "1",
+                # One BLAS/OpenMP thread: numpy would start one per core at import, for matrices far
+                # larger than a code block's; they would cost start time and address space.
+                **dict.fromkeys(BLAS_THREAD_VARIABLES, "1"),
             },
         )
         events, news = env.tables()
@@ -236,7 +240,9 @@ class Sandbox:
     """Runs code blocks for one Environment. The child starts on the first block (and again after a
     timeout, crash or broken reply), so environments that never run code cost nothing.
     ``allow_unconfined``: run code blocks even where the seccomp allowlist cannot be installed
-    (an operator's explicit choice; the report says so)."""
+    (an operator's explicit choice; the report says so). ``libraries``: names from
+    sandbox_child.LIBRARIES (numpy, pandas, networkx, sklearn) the child loads before lockdown, if
+    installed, so that agent code may import them; each costs start time, so none by default."""
 
     def __init__(
         self,
@@ -245,7 +251,12 @@ class Sandbox:
         memory_mb: int = DEFAULT_MEMORY_MB,
         cpu_budget_s: int = DEFAULT_CPU_BUDGET_S,
         allow_unconfined: bool = False,
+        libraries: tuple[str, ...] = (),
     ):
+        unknown = sorted(set(libraries) - set(LIBRARIES))
+        if unknown:
+            raise ValueError(f"unknown sandbox libraries {unknown}: the choice is {', '.join(LIBRARIES)}")
+        self._libraries = tuple(libraries)
         self._env = env
         self._memory_mb = memory_mb
         self._cpu_budget_s = cpu_budget_s
@@ -263,7 +274,7 @@ class Sandbox:
                     f"written for {', '.join(SECCOMP_ARCHES)}; an operator may allow unconfined code "
                     "blocks with MIRAI_SANDBOX_ALLOW_UNCONFINED=true (docs/agent_api.md)"
                 )
-            self._child = _Child(self._env, memory_mb, self._cpu_budget_s, self._allow_unconfined)
+            self._child = _Child(self._env, memory_mb, self._cpu_budget_s, self._allow_unconfined, self._libraries)
             self.last_report = self._child.report
         return self._child
 

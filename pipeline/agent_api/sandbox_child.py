@@ -1,10 +1,11 @@
 """The sandbox child: ``python -m pipeline.agent_api.sandbox_child``, started by sandbox.Sandbox.
 
 Start-up, in this order: import everything agent code may use (polars, the API, the allow-listed
-modules) and warm every cache that reads a file; read the configuration and the environment's
-gated tables (Arrow IPC) from stdin; build the Environment; lock down (lockdown.py); reply with
-what the lockdown applied; then run code blocks until stdin closes. The child is never given a
-path to the database, so the only rows it can hold are the ones the parent sent.
+modules, the libraries the parent names in ``--libraries``) and warm every cache that reads a file;
+read the configuration and the environment's gated tables (Arrow IPC) from stdin; build the
+Environment; lock down (lockdown.py); reply with what the lockdown applied; then run code blocks
+until stdin closes. The child is never given a path to the database, so the only rows it can hold
+are the ones the parent sent.
 
 Wire format both ways: a 4-byte big-endian length, then the payload (JSON, or IPC bytes for the
 tables). A request is ``{"id": n, "code": ...}``, its reply ``{"id": n, "output": ...}``; the parent
@@ -14,8 +15,10 @@ anything to the pipe.
 
 from __future__ import annotations
 
+import argparse
 import ast
 import builtins
+import importlib.util
 import io
 import json
 import struct
@@ -52,6 +55,11 @@ ALLOWED_MODULES = frozenset(
         "time",
     }
 )
+# The libraries MIRAI's code-block prompt offers agents (agent_prompts/prompts_react_block_full.py in
+# github.com/yecchen/MIRAI: numpy, pandas, scikit-learn, NetworkX), by import name. A sandbox loads
+# the ones its parent asks for and this interpreter has, before lockdown (docs/agent_api.md,
+# "Code blocks"). numpy and pandas are dependencies of this project; the other two are not.
+LIBRARIES = ("numpy", "pandas", "networkx", "sklearn")
 # Builtins agent code does not get: file and console access, the interactive helpers.
 REMOVED_BUILTINS = ("open", "input", "breakpoint", "help", "exit", "quit", "copyright", "credits", "license")
 MAX_OBSERVATION_CHARS = 20_000
@@ -74,23 +82,37 @@ def write_message(stream, payload: bytes) -> None:
     stream.flush()
 
 
-def _guarded_import(real_import):
+# Audit events a library raises in ordinary use, allowed in a child that loaded it (the audit hook
+# is a convenience, not a defence: docs/agent_api.md). pandas walks frames (sys._getframe) to
+# attribute warnings and to resolve names in DataFrame.query/eval, reads functions' __code__ and
+# __defaults__ (object.__getattr__) through inspect.signature, e.g. in resample and pivot_table,
+# and sets attributes on the classes collections.namedtuple builds (object.__setattr__), e.g. in
+# DataFrame.itertuples. scikit-learn calls inspect.signature too (BaseEstimator.get_params) and
+# builds array.array buffers (its text vectorizers); networkx's argmap decorator compiles each
+# decorated function's wrapper on first call and sets its __code__ (object.__setattr__).
+_INTROSPECTION = ("sys._getframe", "object.__getattr__", "object.__setattr__")
+LIBRARY_EVENTS = {"pandas": _INTROSPECTION, "sklearn": (*_INTROSPECTION, "array.__new__"), "networkx": _INTROSPECTION}
+
+
+def _guarded_import(real_import, libraries: frozenset[str]):
     def __import__(name, globals=None, locals=None, fromlist=(), level=0):
-        if level != 0 or name.partition(".")[0] not in ALLOWED_MODULES:
-            raise ImportError(
-                f"import of {name!r} is not allowed in the sandbox; allowed: {', '.join(sorted(ALLOWED_MODULES))}"
-            )
+        top = name.partition(".")[0]
+        if level != 0 or not (top in ALLOWED_MODULES or top in libraries):
+            missing = " (not loaded in this sandbox)" if top in LIBRARIES else ""
+            allowed = ", ".join(sorted(ALLOWED_MODULES | libraries))
+            raise ImportError(f"import of {name!r} is not allowed in the sandbox{missing}; allowed: {allowed}")
         return real_import(name, globals, locals, fromlist, level)
 
     return __import__
 
 
-def agent_namespace(env) -> dict:
-    """The globals agent code runs in: the API bound to ``env``, its data classes, safe builtins."""
+def agent_namespace(env, libraries: frozenset[str] = frozenset()) -> dict:
+    """The globals agent code runs in: the API bound to ``env``, its data classes, safe builtins.
+    ``libraries``: the LIBRARIES this child loaded, importable besides ALLOWED_MODULES."""
     from pipeline.agent_api import types
 
     safe = {k: v for k, v in vars(builtins).items() if k not in REMOVED_BUILTINS}
-    safe["__import__"] = _guarded_import(builtins.__import__)
+    safe["__import__"] = _guarded_import(builtins.__import__, libraries)
     namespace = {"__builtins__": safe, "__name__": "__agent__"}
     for name in (
         "Date",
@@ -152,14 +174,107 @@ def _prepare_imports() -> None:
     frame.filter(pl.col("t").str.contains("(?i)y")).select(pl.col("t").str.count_matches(r"\bx"))
 
 
+def _load_libraries(requested: list[str]) -> tuple[frozenset[str], str]:
+    """Import the requested LIBRARIES this interpreter has, with the submodules they load lazily on
+    first use, since after lockdown no file can be read to import anything. Returns the names
+    loaded and a description for the report: each with its version, or why it is not loaded (not
+    installed, or its import failed: a broken optional install costs that library, not the
+    sandbox)."""
+    loaded, described = set(), []
+    for name in requested:
+        if importlib.util.find_spec(name) is None:
+            described.append(f"{name} not installed")
+            continue
+        try:
+            module = importlib.import_module(name)
+            _WARM_UPS[name](module)
+        except Exception as exc:
+            described.append(f"{name} failed to import ({type(exc).__name__}: {str(exc)[:100]})")
+            continue
+        loaded.add(name)
+        described.append(f"{name} {getattr(module, '__version__', '(no version)')}")
+    return frozenset(loaded), ", ".join(described) or "none"
+
+
+def _warm_numpy(np) -> None:
+    # Submodules numpy imports on first attribute access (numpy/__init__.py, __getattr__), but
+    # testing, matlib, f2py and typing, which are not for analysing data.
+    for sub in ("linalg", "fft", "random", "polynomial", "ma", "ctypeslib", "char", "rec", "strings", "dtypes"):
+        importlib.import_module(f"numpy.{sub}")
+    rng = np.random.default_rng(0)
+    sample = rng.normal(size=(8, 8))
+    np.linalg.solve(sample + 8 * np.eye(8), np.ones(8))
+    np.percentile(sample, [10, 50]), np.histogram(sample), np.corrcoef(sample), str(sample)
+
+
+def _warm_pandas(pd) -> None:
+    frame = pd.DataFrame(
+        {"date": pd.to_datetime(["2023-11-01", "2023-11-02", "2023-11-02"]), "r": ["010", "042", "010"], "n": [1, 2, 3]}
+    )
+    frame.groupby("r")["n"].agg(["sum", "mean", "count"]).sort_values("sum")
+    frame.pivot_table(index="date", columns="r", values="n", aggfunc="sum", fill_value=0)
+    frame.set_index("date").resample("D")["n"].sum().rolling(2).mean()
+    frame.merge(frame, on="r").describe(include="all")
+    frame["r"].value_counts(normalize=True), frame["r"].str.startswith("0"), frame.to_dict("records")
+    repr(frame), frame.to_string(), frame.to_csv(), frame.to_json(), frame.to_html(), str(frame.dtypes)
+    if importlib.util.find_spec("pyarrow") is not None:  # pandas' Arrow-backed dtypes load modules on first use
+        frame["r"].astype("string[pyarrow]").str.len(), frame["n"].astype("int64[pyarrow]").sum()
+
+
+def _warm_networkx(nx) -> None:
+    graph = nx.DiGraph([("USA", "CHN"), ("CHN", "RUS"), ("RUS", "USA")])
+    nx.degree_centrality(graph), nx.betweenness_centrality(graph), nx.shortest_path(graph, "USA", "RUS")
+    list(nx.connected_components(graph.to_undirected())), nx.to_numpy_array(graph)
+    try:  # these import scipy on first use
+        nx.pagerank(graph), nx.adjacency_matrix(graph)
+    except ImportError:  # scipy is optional for networkx: without it they fail after lockdown too
+        pass
+
+
+# scikit-learn's subpackages are imported only when named (sklearn/__init__.py): the common ones.
+SKLEARN_SUBPACKAGES = (
+    "linear_model",
+    "cluster",
+    "ensemble",
+    "tree",
+    "neighbors",
+    "naive_bayes",
+    "svm",
+    "decomposition",
+    "preprocessing",
+    "impute",
+    "metrics",
+    "model_selection",
+    "pipeline",
+    "feature_extraction.text",
+)
+
+
+def _warm_sklearn(sklearn) -> None:
+    for sub in SKLEARN_SUBPACKAGES:
+        importlib.import_module(f"sklearn.{sub}")
+    x, y = [[0.0, 1.0], [1.0, 0.0], [0.0, 2.0], [2.0, 0.0]], [0, 1, 0, 1]
+    sklearn.linear_model.LogisticRegression().fit(x, y).get_params()
+    sklearn.ensemble.RandomForestClassifier(n_estimators=2, random_state=0).fit(x, y).predict(x)
+    sklearn.cluster.KMeans(n_clusters=2, n_init=1, random_state=0).fit(x)
+    sklearn.feature_extraction.text.TfidfVectorizer().fit_transform(["troops moved", "talks resumed"])
+
+
+_WARM_UPS = {"numpy": _warm_numpy, "pandas": _warm_pandas, "networkx": _warm_networkx, "sklearn": _warm_sklearn}
+
+
 def main() -> None:
     import polars as pl
 
     from pipeline.agent_api.environment import Environment
     from pipeline.agent_api.lockdown import lock_down
 
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--libraries", default="", help="comma-separated names from LIBRARIES")
+    requested = [name for name in parser.parse_args().libraries.split(",") if name]
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     _prepare_imports()
+    loaded, libraries = _load_libraries(requested)
     config = json.loads(read_message(stdin))
     events = pl.read_ipc(io.BytesIO(read_message(stdin)))
     news = pl.read_ipc(io.BytesIO(read_message(stdin)))
@@ -176,14 +291,17 @@ def main() -> None:
     # Exercise every table path once so nothing lazy is left to initialise after lockdown.
     env.get_events(text_description="warm up")
     env.get_news_articles(keywords=["warm"])
-    namespace = agent_namespace(env)
+    namespace = agent_namespace(env, loaded)
     del events, news
     report = lock_down(
         memory_mb=config["memory_mb"],
         cpu_budget_s=config["cpu_budget_s"],
         allowed_modules=ALLOWED_MODULES,
+        libraries=loaded,
+        library_events=frozenset(event for name in loaded for event in LIBRARY_EVENTS.get(name, ())),
         parent_mount_namespace=config["parent_mount_namespace"],
     )
+    report["libraries"] = libraries
     write_message(stdout, json.dumps({"ready": report}).encode())
     while True:
         try:
