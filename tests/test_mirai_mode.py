@@ -17,7 +17,15 @@ import pytest
 
 from pipeline.agent_api import EventDatabase
 from pipeline.agent_api.environment import API_FUNCTIONS, EVENT_FUNCTIONS, NEWS_FUNCTIONS, TOOL_SUBSETS
-from pipeline.evaluation.agents import AgentSpec, Query, mirai_answer, parse_action, run_react, run_single_turn
+from pipeline.evaluation.agents import (
+    AgentSpec,
+    Query,
+    mirai_answer,
+    parse_action,
+    react_environment,
+    run_react,
+    run_single_turn,
+)
 from pipeline.evaluation.llm import LLMError
 from pipeline.evaluation.prompts import api_description, system_prompt
 from pipeline.evaluation.registry import Agent, RegistryError, parse_agents
@@ -53,9 +61,7 @@ def episode(database, replies, agent_spec):
         agent_spec,
         QUERY,
         QUERY.date - timedelta(days=1),
-        lambda: database.environment(
-            QUERY.date, 1, tools=agent_spec.tools, count_both_actors=agent_spec.mode == "mirai"
-        ),
+        lambda: react_environment(database, agent_spec, QUERY.date, 1),
         first_day=database.start,
     )
     assert not client.replies, "the script was not used up"
@@ -354,3 +360,18 @@ def test_mode_mirai_reaches_the_sandboxs_entity_counting(database):
         interacted_entities=["CHN"], entity_role="head"
     )
     assert str(documented) != str(expected)
+
+
+def test_mode_mirai_code_blocks_import_numpy_and_pandas_native_ones_cannot(database):
+    script = [
+        "Action:\n```python\nimport numpy as np\nimport pandas as pd\n"
+        "print(int(np.arange(4).sum()), len(pd.DataFrame({'a': [1, 2]})))\n```",
+        'Action: Final Answer: {"04": ["042"]}',
+    ]
+    trajectory, client = episode(database, [*script, "<answer>{}</answer>"], spec(action_type="code_block"))
+    assert trajectory.steps[0].observation.strip() == "6 2"
+    modules = client.calls[0][0]["content"]
+    assert "numpy" in modules and "pandas" in modules  # the prompt offers what the sandbox loaded
+    trajectory, client = episode(database, script, spec(mode="native", action_type="code_block"))
+    assert "ImportError" in trajectory.steps[0].observation and "numpy" in trajectory.steps[0].observation
+    assert "numpy" not in client.calls[0][0]["content"]

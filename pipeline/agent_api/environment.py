@@ -168,9 +168,16 @@ class EventDatabase:
         return pl.concat(events, rechunk=False), pl.concat(news, rechunk=False)
 
     def environment(
-        self, query_date: date, distance_days: int = 1, *, tools: str = "full", count_both_actors: bool = False
+        self,
+        query_date: date,
+        distance_days: int = 1,
+        *,
+        tools: str = "full",
+        count_both_actors: bool = False,
+        code_libraries: tuple[str, ...] | None = None,
     ) -> Environment:
-        """The query's Environment; ``tools`` and ``count_both_actors`` as in Environment."""
+        """The query's Environment; ``tools``, ``count_both_actors`` and ``code_libraries`` as in
+        Environment (``code_libraries`` None: the database's own)."""
         if distance_days < 1:
             raise ValueError(
                 f"distance_days must be at least 1 (the query day itself is never visible), got {distance_days}"
@@ -187,7 +194,7 @@ class EventDatabase:
             allow_unconfined_sandbox=self.allow_unconfined_sandbox,
             tools=tools,
             count_both_actors=count_both_actors,
-            code_libraries=self.code_libraries,
+            code_libraries=self.code_libraries if code_libraries is None else code_libraries,
         )
 
 

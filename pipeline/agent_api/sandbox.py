@@ -15,6 +15,7 @@ docs/agent_api.md, "Threat model: agent code".
 from __future__ import annotations
 
 import functools
+import importlib.util
 import io
 import json
 import os
@@ -234,6 +235,12 @@ class _Child:
         self.stderr.close()
         ended = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
         return ended + (f"; stderr: {tail}" if tail else "")
+
+
+def installed_libraries() -> tuple[str, ...]:
+    """The sandbox_child.LIBRARIES this interpreter has (numpy and pandas always: they are
+    dependencies; networkx and scikit-learn when installed), in LIBRARIES order."""
+    return tuple(name for name in LIBRARIES if importlib.util.find_spec(name) is not None)
 
 
 class Sandbox:

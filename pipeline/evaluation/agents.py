@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import date
 
 from pipeline.agent_api.environment import API_FUNCTIONS
-from pipeline.agent_api.sandbox import SandboxError, layers
+from pipeline.agent_api.sandbox import SandboxError, installed_libraries, layers
 from pipeline.agent_api.types import DateGateError
 from pipeline.evaluation.llm import ChatClient, LLMError, Reply
 from pipeline.evaluation.metrics import parse_answer
@@ -141,6 +141,25 @@ class AgentSpec:
     max_tokens: int
     mode: str = "native"  # registry.MODES
     tools: str = "full"  # the API subset (environment.TOOL_SUBSETS); react only
+
+
+def code_libraries(spec: AgentSpec) -> tuple[str, ...]:
+    """Libraries the agent's code blocks may import besides the standard-library modules: in mode
+    mirai the ones MIRAI's prompt offers (numpy, pandas; networkx, scikit-learn when installed),
+    none in native mode, whose sandbox starts without their import cost (docs/mirai.md)."""
+    return installed_libraries() if spec.mode == "mirai" and spec.action_type == "code_block" else ()
+
+
+def react_environment(database, spec: AgentSpec, query_date: date, distance: int):
+    """The Environment a ReAct episode of ``spec`` gets: its tool subset, and in mode mirai MIRAI's
+    entity counting and code-block libraries (docs/mirai.md)."""
+    return database.environment(
+        query_date,
+        distance,
+        tools=spec.tools,
+        count_both_actors=spec.mode == "mirai",
+        code_libraries=code_libraries(spec),
+    )
 
 
 # --- parsing a reply ---------------------------------------------------------------------------
@@ -480,7 +499,14 @@ def run_react(
     trajectory = Trajectory(query.query_id, "react", spec.action_type)
     started = time.perf_counter()
     text = query_prompt(query.date, query.s, query.o, query.s_name, query.o_name, cutoff)
-    system = system_prompt("react", spec.action_type, spec.max_steps, tools=spec.tools, first_day=first_day)
+    system = system_prompt(
+        "react",
+        spec.action_type,
+        spec.max_steps,
+        tools=spec.tools,
+        first_day=first_day,
+        libraries=code_libraries(spec),
+    )
     messages = [{"role": "system", "content": system}, {"role": "user", "content": text}]
     turns = _mirai_turns if spec.mode == "mirai" else _react_turns
     try:

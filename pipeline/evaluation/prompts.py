@@ -208,9 +208,11 @@ def system_prompt(
     *,
     tools: str = "full",
     first_day: date | None = None,
+    libraries: tuple[str, ...] = (),
 ) -> str:
     """The agent's system prompt. A ReAct prompt needs the database's ``first_day`` (it tells the
-    model where the history starts) and lists only the ``tools`` subset's functions."""
+    model where the history starts) and lists only the ``tools`` subset's functions; a code-block
+    prompt lists the standard-library modules and the ``libraries`` its sandbox loads."""
     if strategy == "direct":
         return _DIRECT
     if strategy == "cot":
@@ -223,7 +225,9 @@ def system_prompt(
         action = _SINGLE_FUNCTION.format(call=_EXAMPLE_CALL[tools])
     elif action_type == "code_block":
         action = _CODE_BLOCK.format(
-            call=_EXAMPLE_CALL[tools], shown=_EXAMPLE_SHOWN[tools], modules=", ".join(sorted(ALLOWED_MODULES))
+            call=_EXAMPLE_CALL[tools],
+            shown=_EXAMPLE_SHOWN[tools],
+            modules=", ".join([*sorted(ALLOWED_MODULES), *libraries]),
         )
     else:
         raise ValueError(f"unknown action type {action_type!r}")

@@ -38,6 +38,7 @@ from pipeline.evaluation.agents import (
     AgentSpec,
     Query,
     Trajectory,
+    react_environment,
     run_react,
     run_single_turn,
 )
@@ -338,8 +339,7 @@ def _run_round(
         if spec.strategy == "react":
 
             def environment(q=query):
-                # Mode mirai also counts entities as MIRAI's code does (docs/mirai.md).
-                return database.environment(q.date, distance, tools=spec.tools, count_both_actors=spec.mode == "mirai")
+                return react_environment(database, spec, q.date, distance)
 
             trajectories.append(run_react(client, spec, query, cutoff, environment, first_day=database.start))
         else:
