@@ -13,6 +13,7 @@ import textwrap
 from datetime import date, timedelta
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 import pytest
 
@@ -27,6 +28,7 @@ from pipeline.agent_api import (
     open_environment,
 )
 from pipeline.agent_api.audit import leakage_violations
+from pipeline.agent_api.bm25 import mirai_tokens, okapi_scores
 from pipeline.agent_api.lockdown import SECCOMP_ARCHES, machine
 from pipeline.config import Settings
 from pipeline.database import EVENT_DB_SCHEMA, NEWS_DB_SCHEMA
@@ -624,3 +626,25 @@ def test_news_ranking_tokenises_as_mirai(ranked_env):
     """Split on single spaces, case kept: "Peace" matches no document, "talks" only A."""
     assert ranked_env.get_news_articles(text_description="Peace")[0][0].date == "2024-01-14"  # all 0: later first
     assert ranked_env.get_news_articles(text_description="talks")[0][0].date == "2024-01-10"
+
+
+def test_okapi_scores_equal_rank_bm25_bit_for_bit(env):
+    """bm25.okapi_scores is rank_bm25's BM25Okapi (MIRAI's ranker) computed with polars: the same
+    floats, negative idfs (terms in most documents) and their epsilon floor included."""
+    from rank_bm25 import BM25Okapi
+
+    rng = random.Random(5)
+    words = ["the", "a", "peace", "Peace", "talks,", "", "trade", "deal", "x", "ü"]
+    for _ in range(300):
+        docs = [
+            [rng.choice(words[: rng.randint(2, len(words))]) for _ in range(rng.randint(1, 12))]
+            for _ in range(rng.randint(1, 25))
+        ]
+        query = [rng.choice([*words, "absent"]) for _ in range(rng.randint(1, 5))]
+        ours = okapi_scores(pl.Series(docs, dtype=pl.List(pl.String)), query)
+        assert np.array_equal(ours, BM25Okapi(docs).get_scores(query)), (docs, query)
+    _, news = env.tables()
+    tokens = news.select(mirai_tokens(pl.col("title"), pl.col("text"))).to_series()
+    reference = BM25Okapi(tokens.to_list())
+    for query in ("and the", "Talks on  trade", "ceasefire talks", "China"):
+        assert np.array_equal(okapi_scores(tokens, query.split(" ")), reference.get_scores(query.split(" "))), query

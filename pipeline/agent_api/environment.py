@@ -24,7 +24,7 @@ from typing import Self
 import polars as pl
 
 from pipeline.agent_api import lookup
-from pipeline.agent_api.bm25 import mirai_document, rank_mirai
+from pipeline.agent_api.bm25 import mirai_tokens, rank_mirai
 from pipeline.agent_api.types import (
     CAMEOCode,
     Date,
@@ -362,8 +362,8 @@ class Environment:
         """The ``limit`` news rows among ``idx`` (ascending row numbers) most relevant to
         ``text_description``, best first, with their row number ``idx``."""
         docs = self._news[idx].with_columns(idx.alias("idx"))
-        texts = [mirai_document(title, text) for title, text in docs.select("title", "text").iter_rows()]
-        return docs[pl.Series(rank_mirai(texts, text_description, limit), dtype=pl.Int64)]
+        tokens = docs.select(mirai_tokens(pl.col("title"), pl.col("text"))).to_series()
+        return docs[pl.Series(rank_mirai(tokens, text_description, limit), dtype=pl.Int64)]
 
     def _matching_articles(self, date_range, head_entities, tail_entities, relations, keywords) -> pl.DataFrame:
         """Rows of the news table matching the filters, oldest first, with their row number ``idx``."""

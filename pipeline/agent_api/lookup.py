@@ -5,7 +5,7 @@ MIRAI matched unknown names with OpenAI embeddings. We stay offline and dependen
 - countries: every name we know for an ISO code (our country table, plus pycountry's name,
   official name and common name) is scored against the query with difflib's ratio, boosted when
   one string contains the other or they share words; the best score per code ranks the codes.
-- relations: BM25 (rank_bm25's BM25Okapi, see bm25.py) over each relation's "name: description"
+- relations: BM25 (Okapi, as rank_bm25 computes it; see bm25.py) over each relation's "name: description"
   (the text MIRAI embedded), its parent's name, all analysed (lowercase, stemmed).
 
 Relation descriptions are the versioned reference table ``cameo_descriptions.csv``
