@@ -299,13 +299,14 @@ class Environment:
         relations=None,
         text_description: str | None = None,
     ) -> list[Event]:
-        """At most 30 matching events: newest first, or, given ``text_description``, the events of the
-        30 source articles most relevant to it (MIRAI's BM25, see bm25.py), best article first."""
+        """At most 30 matching events: newest first, or, given ``text_description``, the events reported
+        by the 30 source articles most relevant to it (BM25 over title and text; words match exactly,
+        case-sensitive), most relevant article first."""
         matches = self._matching_events(self._filter(date_range, head_entities, tail_entities, relations))
         if not text_description:
             return self._to_events(matches.tail(MAX_EVENTS).reverse())
-        # As MIRAI: rank the matching events' articles, walk the best 30 in rank order and take the
-        # events each one reports, newest first.
+        # As MIRAI (docs/mirai.md): rank the matching events' articles with MIRAI's BM25 (bm25.py), walk
+        # the best 30 in rank order and take the events each one reports, newest first.
         ranked = matches.with_row_index("__event").reverse().with_row_index("__order")
         links = ranked.select("__event", "__order", pl.col("article_idx").alias("idx")).explode("idx").drop_nulls()
         links = links.filter(pl.col("idx") < self._news.height)
@@ -401,8 +402,8 @@ class Environment:
         keywords=None,
         text_description: str | None = None,
     ) -> list[tuple[Date, str]]:
-        """At most 15 (date, title) pairs: newest first, or by relevance to ``text_description``
-        (MIRAI's BM25 over title and text, see bm25.py)."""
+        """At most 15 (date, title) pairs: newest first, or most relevant to ``text_description`` first
+        (BM25 over title and text; words match exactly, case-sensitive)."""
         articles = self._matching_articles(date_range, head_entities, tail_entities, relations, keywords)
         if not text_description:
             top = articles.tail(MAX_ARTICLES).reverse()

@@ -129,12 +129,13 @@ def map_cameo_to_relation(cameo_code: CAMEOCode | str) -> Relation:
 
 
 def map_relation_description_to_cameo(description: str) -> list[Relation]:
-    """An exact (case-insensitive) relation name, description or code gives that relation (as in
-    MIRAI); otherwise the five best BM25 matches over names and descriptions, best first."""
+    """An exact (case-insensitive) relation name, description or code gives that relation; otherwise
+    the five best BM25 matches over names and descriptions, best first."""
     if not isinstance(description, str):
         raise TypeError(f"description must be a string, got {type(description).__name__}")
     frame = relations_frame()
     wanted = description.strip().lower()
+    # MIRAI's look-up also takes a name or a description verbatim (api_implementation.py).
     exact = frame.filter(
         (pl.col("name").str.to_lowercase() == wanted)
         | (pl.col("description").str.to_lowercase() == wanted)
