@@ -5,7 +5,7 @@ github.com/yecchen/MIRAI) rank with ``BM25Okapi`` of rank_bm25 (github.com/doria
 0.2.2; k1 = 1.5, b = 0.75, a negative idf replaced by 0.25 x the mean idf of the corpus's terms).
 ``okapi_scores`` computes the same scores, bit for bit (tests/test_agent_api.py checks it against
 rank_bm25 on random corpora), with polars doing the counting: rank_bm25 builds a Python dict per
-document, 5 to 80 times slower on a month of articles (seconds for an agent's broad text search).
+document, 2 to 20 times slower on a month of articles (seconds for an agent's broad text search).
 
 The index is built over the documents being ranked in that call and nothing else: an index over
 every month would carry term statistics of articles after the cutoff into the ranking, a quiet
