@@ -96,8 +96,8 @@ def rank_mirai(tokens: pl.Series, query: str, limit: int) -> list[int]:
 
     MIRAI takes ``np.argsort(scores)[::-1]``; numpy's default sort is not stable, so its order among
     equal scores depends on the numpy build and CPU (SIMD sorts). Later-first is what that expression
-    gives wherever the sort keeps equal keys in place (all-equal scores on every build; small arrays
-    on numpy 1.x without AVX-512), and it is the same on every machine."""
+    gives wherever the sort keeps equal keys in place (a stable sort; all-equal scores on the builds
+    we tried), and it is the same on every machine."""
     if len(tokens) == 0 or limit <= 0:
         return []
     scores = okapi_scores(tokens, query.split(" "))
