@@ -30,6 +30,7 @@ from pipeline.normalize import RULES_VERSION
 from pipeline.reference import (
     COUNTRY_TABLE_VERSION,
     REGION_TABLE_VERSION,
+    RELATION_DESCRIPTION_VERSION,
     RELATION_TABLE_VERSION,
     region_table,
 )
@@ -339,6 +340,7 @@ def build_split(month: date, settings: Settings, *, now: datetime, override: Ove
                 "country_table": COUNTRY_TABLE_VERSION,
                 "region_table": REGION_TABLE_VERSION,
                 "relation_table": RELATION_TABLE_VERSION,
+                "relation_descriptions": RELATION_DESCRIPTION_VERSION,
                 "articles": ARTICLES_VERSION,
                 "article_profile": db_meta.get("article_profile", ""),
                 "database": db_meta.get("database_version", ""),

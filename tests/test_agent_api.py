@@ -4,6 +4,7 @@ the database generator and the leakage audit."""
 from __future__ import annotations
 
 import hashlib
+import math
 import random
 import shutil
 import subprocess
@@ -12,6 +13,7 @@ import textwrap
 from datetime import date, timedelta
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 import pytest
 
@@ -26,6 +28,7 @@ from pipeline.agent_api import (
     open_environment,
 )
 from pipeline.agent_api.audit import leakage_violations
+from pipeline.agent_api.bm25 import mirai_tokens, okapi_scores
 from pipeline.agent_api.lockdown import SECCOMP_ARCHES, machine
 from pipeline.config import Settings
 from pipeline.database import EVENT_DB_SCHEMA, NEWS_DB_SCHEMA
@@ -297,7 +300,11 @@ def test_relation_lookup_and_hierarchy(env):
     assert env.get_parent_relation("042").cameo_code.code == "04"
     assert all(r.cameo_code.code.startswith("19") for r in env.get_child_relations("19"))
     assert len(env.get_sibling_relations("04")) == 20
-    assert "not quoted from the CAMEO manual" in env.map_cameo_to_relation("042").description
+    # The codebook paraphrase (pipeline/reference/cameo_descriptions.csv), not a sentence built from the name.
+    assert (
+        env.map_cameo_to_relation("042").description
+        == "The actor travels to the target's territory for a visit or meeting."
+    )
     with pytest.raises(ValueError):
         env.get_parent_relation("04")
     with pytest.raises(ValueError, match="not a known"):
@@ -537,3 +544,107 @@ def test_a_query_in_the_first_days_of_the_database_sees_nothing(generated_db):
         with pytest.raises(DateGateError, match="after the environment's cutoff"):
             env.get_events(DateRange(Date(db.start.isoformat()), None))
         assert leakage_violations(env, sandbox=False) == []
+
+
+# --- ranking by text_description (MIRAI's BM25) ---------------------------------------------------
+
+# (title, text) per day; documents B and E are the same words, C and D score 0: two ties.
+RANKED_DOCS = {
+    "A": ("peace talks", "talks resumed"),
+    "B": ("trade deal", "peace"),
+    "C": ("trade deal", "signed"),
+    "D": ("border clash", "shelling"),
+    "E": ("trade deal", "peace"),
+}
+
+
+def _okapi(docs: list[list[str]], query: list[str], k1: float = 1.5, b: float = 0.75, eps: float = 0.25) -> list:
+    """BM25Okapi written out (Robertson & Zaragoza 2009, eq. 3.15 with rank_bm25's idf floor: an idf
+    below zero becomes eps x the mean idf over the corpus's terms)."""
+    n, avgdl = len(docs), sum(map(len, docs)) / len(docs)
+    vocab = {t for d in docs for t in d}
+    idf = {t: math.log(n - sum(t in d for d in docs) + 0.5) - math.log(sum(t in d for d in docs) + 0.5) for t in vocab}
+    floor = eps * sum(idf.values()) / len(idf)
+    idf = {t: floor if v < 0 else v for t, v in idf.items()}
+    return [
+        sum(idf.get(q, 0.0) * d.count(q) * (k1 + 1) / (d.count(q) + k1 * (1 - b + b * len(d) / avgdl)) for q in query)
+        for d in docs
+    ]
+
+
+@pytest.fixture(scope="module")
+def ranked_env(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ranked-db")
+    events, news = [], []
+    for i, (key, (title, text)) in enumerate(RANKED_DOCS.items()):
+        day = date(2024, 1, 10 + i)  # one day each: database order A..E
+        events.append(_event(day, "USA", "042", "CHN", [key]))
+        news.append(
+            {
+                "article_id": key,
+                "date": day,
+                "url": f"https://x.test/{key}",
+                "title": title,
+                "text": text,
+                "abstract": "",
+            }
+        )
+    _write_month(root, date(2024, 1, 1), events, news)
+    env = open_environment(root, date(2024, 2, 1))
+    yield env
+    env.close()
+
+
+def _hand_order(keys: list[str], query: str) -> list[str]:
+    docs = [f"{RANKED_DOCS[k][0]} {RANKED_DOCS[k][1]}".split(" ") for k in keys]
+    scores = _okapi(docs, query.split(" "))
+    # Highest first; equal scores later document first (MIRAI's argsort(...)[::-1]).
+    return [keys[i] for i in sorted(range(len(keys)), key=lambda i: (-scores[i], -i))]
+
+
+def test_news_ranking_is_bm25okapi_with_ties_later_first(ranked_env):
+    expected = _hand_order(list(RANKED_DOCS), "peace talks")
+    assert expected == ["A", "E", "B", "D", "C"]
+    titles = {f"2024-01-{10 + i}": key for i, key in enumerate(RANKED_DOCS)}
+    found = ranked_env.get_news_articles(text_description="peace talks")
+    assert [titles[d.date] for d, _ in found] == expected
+    # get_events: the events of the ranked articles, in the articles' order.
+    assert [titles[e.date.date] for e in ranked_env.get_events(text_description="peace talks")] == expected
+
+
+def test_news_ranking_statistics_come_from_the_candidates_only(ranked_env):
+    """Without A, "peace" is in half the documents: its idf is 0 and B, E no longer beat C, D. A
+    ranking using statistics of rows outside the call's candidates would still put them first."""
+    window = DateRange("2024-01-11", "2024-01-14")
+    expected = _hand_order(["B", "C", "D", "E"], "peace talks")
+    assert expected == ["E", "D", "C", "B"]  # all scores 0: later first
+    titles = {f"2024-01-{10 + i}": key for i, key in enumerate(RANKED_DOCS)}
+    assert [titles[d.date] for d, _ in ranked_env.get_news_articles(window, text_description="peace talks")] == expected
+
+
+def test_news_ranking_tokenises_as_mirai(ranked_env):
+    """Split on single spaces, case kept: "Peace" matches no document, "talks" only A."""
+    assert ranked_env.get_news_articles(text_description="Peace")[0][0].date == "2024-01-14"  # all 0: later first
+    assert ranked_env.get_news_articles(text_description="talks")[0][0].date == "2024-01-10"
+
+
+def test_okapi_scores_equal_rank_bm25_bit_for_bit(env):
+    """bm25.okapi_scores is rank_bm25's BM25Okapi (MIRAI's ranker) computed with polars: the same
+    floats, negative idfs (terms in most documents) and their epsilon floor included."""
+    from rank_bm25 import BM25Okapi
+
+    rng = random.Random(5)
+    words = ["the", "a", "peace", "Peace", "talks,", "", "trade", "deal", "x", "ü"]
+    for _ in range(300):
+        docs = [
+            [rng.choice(words[: rng.randint(2, len(words))]) for _ in range(rng.randint(1, 12))]
+            for _ in range(rng.randint(1, 25))
+        ]
+        query = [rng.choice([*words, "absent"]) for _ in range(rng.randint(1, 5))]
+        ours = okapi_scores(pl.Series(docs, dtype=pl.List(pl.String)), query)
+        assert np.array_equal(ours, BM25Okapi(docs).get_scores(query)), (docs, query)
+    _, news = env.tables()
+    tokens = news.select(mirai_tokens(pl.col("title"), pl.col("text"))).to_series()
+    reference = BM25Okapi(tokens.to_list())
+    for query in ("and the", "Talks on  trade", "ceasefire talks", "China"):
+        assert np.array_equal(okapi_scores(tokens, query.split(" ")), reference.get_scores(query.split(" "))), query

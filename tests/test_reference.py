@@ -1,4 +1,5 @@
-"""The versioned reference tables: CAMEO country -> ISO 3166-1 alpha-3, and MIRAI's CAMEO relations."""
+"""The versioned reference tables: CAMEO country -> ISO 3166-1 alpha-3, MIRAI's CAMEO relations and
+their descriptions."""
 
 from __future__ import annotations
 
@@ -8,13 +9,16 @@ import polars as pl
 import pycountry
 import pytest
 
+from pipeline.agent_api.lookup import map_cameo_to_relation, map_relation_description_to_cameo
 from pipeline.reference import (
+    RELATION_DESCRIPTION_VERSION,
     cameo_to_iso3,
     country_table,
     iso3_codes,
     level1_codes,
     level2_codes,
     region_table,
+    relation_descriptions,
     relation_table,
 )
 from pipeline.reference.build import (
@@ -186,3 +190,59 @@ def test_relations_are_gdelt_codes_plus_three():
     gdelt = {line.split("\t", 1)[0] for line in lookup.splitlines()[1:] if re.match(r"\d{3}\t", line)}
     # 106 is lost in GDELT's lookup (merged into the 1056 line); 155 and 176 (cyber) are not in it.
     assert level2_codes() == gdelt | {"106", "155", "176"}
+
+
+# --- relation descriptions (cameo_descriptions.csv) ---------------------------------------------
+
+
+def test_every_relation_code_has_a_codebook_description():
+    table = relation_descriptions()
+    assert table.columns == ["code", "description", "codebook_section"]
+    assert table.get_column("code").to_list() == sorted(level1_codes() | level2_codes())
+    assert table.height == 169
+    assert RELATION_DESCRIPTION_VERSION == "cameo-descriptions-v1"
+    for code, description, section in table.iter_rows():
+        assert description.strip() and description.endswith("."), code
+        root = int(code[:2])
+        if code in {"155", "176"}:  # the cyber codes came after v1.1b3; MIRAI's appendix G.2 names them
+            assert section.startswith("not in CAMEO 1.1b3") and f"§2.{root} " in section, code
+        elif len(code) == 2:
+            assert section.startswith(f"CAMEO 1.1b3 §2.{root}, {code} "), code
+        else:
+            assert section == f"CAMEO 1.1b3 §2.{root}, {code}", code
+    assert table.get_column("description").is_unique().all()
+
+
+def test_descriptions_are_not_derived_from_the_names():
+    """v1 of the agent API composed each description from its name ("Make a visit. A second-level
+    CAMEO relation under 04 (Consult) ..."); the table replaces that with the codebook's meaning."""
+    names = dict(relation_table().select("code", "name").iter_rows())
+    names |= dict(relation_table().select("level1", "level1_name").unique().iter_rows())
+    for code, description in relation_descriptions().select("code", "description").iter_rows():
+        assert not description.lower().startswith(names[code].lower()), code
+        assert "relation table" not in description and "CAMEO relation" not in description, code
+
+
+@pytest.mark.parametrize(
+    ("phrase", "code"),
+    [
+        ("travels to the target's territory", "042"),
+        ("places civilians in harm's way", "184"),
+        ("refuse food", "142"),
+        ("formal veto", "129"),
+        ("condolences", "018"),
+        ("extraditions", "063"),
+        ("debt relief", "071"),
+        ("forcibly removes large numbers of people", "201"),
+    ],
+)
+def test_a_description_phrase_finds_its_code(phrase, code):
+    found = [r.cameo_code.code for r in map_relation_description_to_cameo(phrase)]
+    assert found and found[0] == code, found
+
+
+def test_a_whole_description_is_an_exact_match():
+    # As in MIRAI, whose look-up takes a relation's description as well as its name verbatim.
+    for code, description in relation_descriptions().select("code", "description").iter_rows():
+        assert [r.cameo_code.code for r in map_relation_description_to_cameo(description)] == [code]
+        assert map_cameo_to_relation(code).description == description

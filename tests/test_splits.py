@@ -19,6 +19,7 @@ from pipeline.database import (
     MonthNotReady,
     build_event_database,
 )
+from pipeline.reference import RELATION_DESCRIPTION_VERSION
 from pipeline.splits import (
     QUERIES_SCHEMA,
     Override,
@@ -171,6 +172,7 @@ def test_split_files_manifest_and_determinism(month_settings):
     assert manifest["history_cutoff"] == "2024-01-31" and manifest["seed"] == 0
     assert manifest["counts"]["slots"]["landed"] == 29 * 96 * 2
     assert manifest["override"] is None and manifest["closure"]["closed"] is True
+    assert manifest["versions"]["relation_descriptions"] == RELATION_DESCRIPTION_VERSION
     first = {p.name: p.read_bytes() for p in split.directory.iterdir()}
     again = build_split(FEB, month_settings, now=AFTER_GRACE)
     assert {p.name: p.read_bytes() for p in again.directory.iterdir()} == first

@@ -24,7 +24,7 @@ from typing import Self
 import polars as pl
 
 from pipeline.agent_api import lookup
-from pipeline.agent_api.bm25 import bm25_scores, token_count
+from pipeline.agent_api.bm25 import mirai_tokens, rank_mirai
 from pipeline.agent_api.types import (
     CAMEOCode,
     Date,
@@ -67,7 +67,7 @@ ISO_ENUM = pl.Enum(sorted(iso3_codes()))
 REL_ENUM = pl.Enum(sorted(level2_codes()))
 ROOT_ENUM = pl.Enum(sorted(level1_codes()))
 EVENT_COLUMNS = ("date", "s", "r", "o", "r1", "daily_mentions", "article_idx")
-NEWS_COLUMNS = ("article_id", "date", "title", "text", "n_tokens")
+NEWS_COLUMNS = ("article_id", "date", "title", "text")
 _MONTH_FILE = re.compile(r"^month=(\d{4})-(\d{2})\.parquet$")
 
 
@@ -80,7 +80,6 @@ def _prepare_month(events: pl.LazyFrame, news: pl.LazyFrame, offset: int) -> tup
     news_df = (
         news.select("article_id", "date", "title", "text")
         .sort(["date", "article_id"], descending=[False, True])
-        .with_columns((token_count(pl.col("title")) + token_count(pl.col("text"))).cast(pl.UInt32).alias("n_tokens"))
         .collect()
     )
     index = news_df.select("article_id", (pl.int_range(pl.len(), dtype=pl.UInt32) + offset).alias("idx"))
@@ -351,23 +350,26 @@ class Environment:
         relations=None,
         text_description: str | None = None,
     ) -> list[Event]:
-        """At most 30 matching events: newest first, or by BM25 relevance of their source articles to
-        ``text_description`` (an event scores as its best article)."""
+        """At most 30 matching events: newest first, or, given ``text_description``, the events reported
+        by the 30 source articles most relevant to it (BM25 over title and text; words match exactly,
+        case-sensitive), most relevant article first."""
         matches = self._matching_events(self._filter(date_range, head_entities, tail_entities, relations))
         if not text_description:
             return self._to_events(matches.tail(MAX_EVENTS).reverse())
-        ranked = matches.with_row_index("__event").reverse()
-        links = ranked.select("__event", pl.col("article_idx").alias("idx")).explode("idx").drop_nulls()
+        # As MIRAI (docs/mirai.md): rank the matching events' articles with MIRAI's BM25 (bm25.py), walk
+        # the best 30 in rank order and take the events each one reports, newest first.
+        ranked = matches.with_row_index("__event").reverse().with_row_index("__order")
+        links = ranked.select("__event", "__order", pl.col("article_idx").alias("idx")).explode("idx").drop_nulls()
         links = links.filter(pl.col("idx") < self._news.height)
-        articles = links.select(pl.col("idx").unique().sort())
-        scored = articles.with_columns(self._article_scores(articles.get_column("idx"), text_description))
-        best = links.join(scored, on="idx").group_by("__event").agg(pl.col("score").max())
+        articles = links.get_column("idx").unique().sort()
+        top = self._rank_articles(articles, text_description, MAX_EVENTS)
         ordered = (
-            ranked.with_row_index("__order")
-            .join(best, on="__event", how="left")
-            .with_columns(pl.col("score").fill_null(0.0))
-            .sort(["score", "__order"], descending=[True, False])
+            links.join(top.select("idx", pl.int_range(pl.len()).alias("__rank")), on="idx")
+            .group_by("__event", "__order")
+            .agg(pl.col("__rank").min())
+            .sort(["__rank", "__order"])
             .head(MAX_EVENTS)
+            .join(ranked, on="__event", maintain_order="left")
         )
         return self._to_events(ordered)
 
@@ -425,9 +427,12 @@ class Environment:
 
     # --- news --------------------------------------------------------------------------------
 
-    def _article_scores(self, idx: pl.Series, text_description: str) -> pl.Series:
-        docs = self._news.select("title", "text", "n_tokens")[idx]
-        return bm25_scores(docs, ("title", "text"), "n_tokens", text_description)
+    def _rank_articles(self, idx: pl.Series, text_description: str, limit: int) -> pl.DataFrame:
+        """The ``limit`` news rows among ``idx`` (ascending row numbers) most relevant to
+        ``text_description``, best first, with their row number ``idx``."""
+        docs = self._news[idx].with_columns(idx.alias("idx"))
+        tokens = docs.select(mirai_tokens(pl.col("title"), pl.col("text"))).to_series()
+        return docs[pl.Series(rank_mirai(tokens, text_description, limit), dtype=pl.Int64)]
 
     def _matching_articles(self, date_range, head_entities, tail_entities, relations, keywords) -> pl.DataFrame:
         """Rows of the news table matching the filters, oldest first, with their row number ``idx``."""
@@ -465,13 +470,13 @@ class Environment:
         keywords=None,
         text_description: str | None = None,
     ) -> list[tuple[Date, str]]:
-        """At most 15 (date, title) pairs: newest first, or by BM25 relevance to ``text_description``."""
+        """At most 15 (date, title) pairs: newest first, or most relevant to ``text_description`` first
+        (BM25 over title and text; words match exactly, case-sensitive)."""
         articles = self._matching_articles(date_range, head_entities, tail_entities, relations, keywords)
         if not text_description:
             top = articles.tail(MAX_ARTICLES).reverse()
         else:
-            scores = bm25_scores(articles, ("title", "text"), "n_tokens", text_description)
-            top = articles.with_columns(scores).sort(["score", "idx"], descending=[True, True]).head(MAX_ARTICLES)
+            top = self._rank_articles(articles.get_column("idx"), text_description, MAX_ARTICLES)
         return [(Date(d.isoformat()), title) for d, title in top.select("date", "title").iter_rows()]
 
     def browse_news_article(self, date: Date | str, title: str) -> str:

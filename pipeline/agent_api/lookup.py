@@ -5,12 +5,12 @@ MIRAI matched unknown names with OpenAI embeddings. We stay offline and dependen
 - countries: every name we know for an ISO code (our country table, plus pycountry's name,
   official name and common name) is scored against the query with difflib's ratio, boosted when
   one string contains the other or they share words; the best score per code ranks the codes.
-- relations: our own BM25 (see bm25.py) over each relation's name and description.
+- relations: BM25 (Okapi, as rank_bm25 computes it; see bm25.py) over each relation's "name: description"
+  (the text MIRAI embedded), its parent's name, all analysed (lowercase, stemmed).
 
-Relation descriptions: we do not have the CAMEO manual's prose. ``description`` is therefore
-composed from what our relation table holds (the relation's name, its first-level relation and
-the Verbal/Material x Cooperation/Conflict class MIRAI evaluates with) and says so in its text
-where a reader could mistake it for the manual's definition.
+Relation descriptions are the versioned reference table ``cameo_descriptions.csv``
+(``RELATION_DESCRIPTION_VERSION``): our paraphrases of the definitions in Schrodt's CAMEO codebook
+v1.1b3 (2012), each with the codebook section it paraphrases (pipeline/reference/README.md).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from functools import cache
 import polars as pl
 import pycountry
 
-from pipeline.agent_api.bm25 import bm25_scores, token_count
+from pipeline.agent_api.bm25 import analysed_scores
 from pipeline.agent_api.types import (
     CAMEOCode,
     Country,
@@ -31,10 +31,9 @@ from pipeline.agent_api.types import (
     coerce_cameo,
     coerce_iso,
 )
-from pipeline.reference.tables import country_table, relation_table
+from pipeline.reference.tables import country_table, relation_descriptions, relation_table
 
 TOP_K = 5
-MIRAI_QUAD_CLASSES = {1: "verbal cooperation", 2: "material cooperation", 3: "verbal conflict", 4: "material conflict"}
 _NON_WORD = re.compile(r"[^a-z0-9]+")
 
 
@@ -104,48 +103,17 @@ def map_iso_to_country_name(iso_code: ISOCode | str) -> str:
 
 @cache
 def relations_frame() -> pl.DataFrame:
-    """Every relation, first level ("04") and second level ("042"): code, name, description."""
+    """Every relation, first level ("04") and second level ("042"): code, name, description, and the
+    text the look-up ranks (``search_text``)."""
     table = relation_table()
-    quad = pl.col("mirai_quad_class").replace_strict(MIRAI_QUAD_CLASSES, return_dtype=pl.String)
-    second = table.select(
-        "code",
-        "name",
-        pl.format(
-            "{}. A second-level CAMEO relation under {} ({}), in MIRAI's {} class. "
-            "Composed from the relation table, not quoted from the CAMEO manual.",
-            "name",
-            "level1",
-            "level1_name",
-            quad,
-        ).alias("description"),
-    )
-    first = (
-        table.group_by("level1", maintain_order=True)
-        .agg(
-            pl.col("level1_name").first(),
-            quad.first().alias("quad"),
-            pl.col("name").str.join("; ").alias("children"),
-        )
-        .select(
-            pl.col("level1").alias("code"),
-            pl.col("level1_name").alias("name"),
-            pl.format(
-                "{}. A first-level CAMEO relation in MIRAI's {} class; its second-level relations: {}. "
-                "Composed from the relation table, not quoted from the CAMEO manual.",
-                "level1_name",
-                "quad",
-                "children",
-            ).alias("description"),
-        )
-    )
-    both = pl.concat([first, second]).sort("code")
-    # BM25 ranks on name and parent name only: the children list of a first-level description would
-    # make every root outrank its own, more specific children.
-    parent = both.get_column("code").str.slice(0, 2)
-    root_names = dict(first.select("code", "name").iter_rows())
-    return both.with_columns(
-        pl.concat_str([pl.col("name"), parent.replace_strict(root_names)], separator=" ").alias("search_text")
-    ).with_columns(token_count(pl.col("search_text")).alias("search_len"))
+    first = table.select(pl.col("level1").alias("code"), pl.col("level1_name").alias("name")).unique("code")
+    named = pl.concat([first, table.select("code", "name")])
+    both = named.join(relation_descriptions().select("code", "description"), on="code", how="left").sort("code")
+    missing = both.filter(pl.col("description").is_null()).get_column("code").to_list()
+    if missing:
+        raise ValueError(f"cameo_descriptions.csv has no description for relation codes {missing}")
+    parent = pl.col("code").str.slice(0, 2).replace_strict(dict(first.iter_rows()))
+    return both.with_columns(pl.format("{}: {} {}", "name", "description", parent).alias("search_text"))
 
 
 @cache
@@ -161,19 +129,24 @@ def map_cameo_to_relation(cameo_code: CAMEOCode | str) -> Relation:
 
 
 def map_relation_description_to_cameo(description: str) -> list[Relation]:
-    """An exact (case-insensitive) relation name or code gives that relation; otherwise the five
-    best BM25 matches over relation names, best first."""
+    """An exact (case-insensitive) relation name, description or code gives that relation; otherwise
+    the five best BM25 matches over names and descriptions, best first."""
     if not isinstance(description, str):
         raise TypeError(f"description must be a string, got {type(description).__name__}")
     frame = relations_frame()
     wanted = description.strip().lower()
-    exact = frame.filter((pl.col("name").str.to_lowercase() == wanted) | (pl.col("code") == wanted))
+    # MIRAI's look-up also takes a name or a description verbatim (api_implementation.py).
+    exact = frame.filter(
+        (pl.col("name").str.to_lowercase() == wanted)
+        | (pl.col("description").str.to_lowercase() == wanted)
+        | (pl.col("code") == wanted)
+    )
     if exact.height:
         return [map_cameo_to_relation(code) for code in exact.get_column("code")]
-    scores = bm25_scores(frame, ("search_text",), "search_len", description)
+    scores = analysed_scores(frame.get_column("search_text").to_list(), description)
     ranked = (
         frame.select("code")
-        .with_columns(scores)
+        .with_columns(pl.Series("score", scores, dtype=pl.Float64))
         .filter(pl.col("score") > 0)
         .sort(["score", "code"], descending=[True, False])
         .head(TOP_K)

@@ -1,4 +1,5 @@
-"""The versioned reference tables: CAMEO actor country -> ISO 3166-1 alpha-3, and MIRAI's CAMEO relations.
+"""The versioned reference tables: CAMEO actor country -> ISO 3166-1 alpha-3, MIRAI's CAMEO relations and
+their descriptions.
 
 Both are CSV files committed next to this module, so the pipeline needs nothing outside the
 repository at run time. Every column is read as text because codes carry leading zeros ("010")
@@ -19,13 +20,18 @@ COUNTRY_TABLE_VERSION = "countries-v1"
 REGION_TABLE_VERSION = "regions-v1"
 # Bump when cameo_relations.csv changes.
 RELATION_TABLE_VERSION = "cameo-relations-v1"
+# Bump when cameo_descriptions.csv changes: the descriptions agents read (map_cameo_to_relation) and
+# match against (map_relation_description_to_cameo), so answers under two versions may differ.
+RELATION_DESCRIPTION_VERSION = "cameo-descriptions-v1"
 
 COUNTRIES_CSV = Path(__file__).with_name("countries.csv")
 RELATIONS_CSV = Path(__file__).with_name("cameo_relations.csv")
+DESCRIPTIONS_CSV = Path(__file__).with_name("cameo_descriptions.csv")
 REGIONS_CSV = Path(__file__).with_name("regions.csv")
 
 COUNTRY_COLUMNS = ("cameo_code", "iso3", "name", "status", "reason")
 REGION_COLUMNS = ("iso3", "continent", "region")
+DESCRIPTION_COLUMNS = ("code", "description", "codebook_section")
 _RELATION_SCHEMA = {
     "code": pl.String,
     "name": pl.String,
@@ -60,6 +66,14 @@ def relation_table() -> pl.DataFrame:
     """MIRAI's second-level CAMEO relations: code, name, level1, level1_name, quad_class
     (GDELT's QuadClass), mirai_quad_class (the grouping MIRAI's evaluation uses)."""
     return pl.read_csv(RELATIONS_CSV, schema=_RELATION_SCHEMA)
+
+
+@cache
+def relation_descriptions() -> pl.DataFrame:
+    """One row per relation code, the 20 roots ("04") and every 3-digit code: code, description
+    (our paraphrase of the CAMEO codebook's definition), codebook_section (where in Schrodt's CAMEO
+    codebook v1.1b3, 2012, the definition is)."""
+    return pl.read_csv(DESCRIPTIONS_CSV, schema=dict.fromkeys(DESCRIPTION_COLUMNS, pl.String))
 
 
 @cache
