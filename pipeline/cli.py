@@ -278,6 +278,39 @@ def cmd_download(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export_mirai(args: argparse.Namespace) -> int:
+    """Write a month's database and split as the files MIRAI's scripts read (docs/mirai.md)."""
+    from pipeline.mirai_files import ExportError, export_mirai
+
+    try:
+        result = export_mirai(args.month, Settings.from_env().data_dir, args.out)
+    except ExportError as exc:
+        raise CommandError(str(exc)) from None
+    print(
+        f"MIRAI files for {result.month} (database {result.database_months[0]}..{result.database_months[-1]}) in "
+        f"{result.directory}: copy its data/ into a MIRAI checkout; the embedding files are yours to make"
+    )
+    return 0
+
+
+def cmd_import_mirai(args: argparse.Namespace) -> int:
+    """Read MIRAI's published files into a data directory of ours (docs/mirai.md)."""
+    from pipeline.mirai_files import ExportError, MiraiFormatError, import_mirai
+
+    settings = Settings.from_env()
+    target = args.data or settings.data_dir / "imports" / "mirai"
+    try:
+        result = import_mirai(args.dir, target, distance_days=settings.agent_distance_days)
+    except (MiraiFormatError, ExportError) as exc:
+        raise CommandError(f"{exc}; nothing was written") from None
+    print(
+        f"imported {result.events} events, {result.news} articles and the {result.month} split "
+        f"({result.queries} queries, sample {result.sample}) into {result.data_dir}; "
+        f"set MIRAI_DATA_DIR={result.data_dir} to evaluate on it"
+    )
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     """The whole chain on a generated month through Dagster (testbed/demo.py, docs/demo.md)."""
     demo, generate = _testbed("demo"), _testbed("generate")
@@ -387,6 +420,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_download)
 
+    export = sub.add_parser("export", parents=[debug], help="write data in another benchmark's layout").add_subparsers(
+        dest="format", required=True
+    )
+    p = export.add_parser("mirai", parents=[debug], help="a month's database and split as MIRAI's data/ files")
+    p.add_argument("--month", type=_month, required=True, help="YYYY-MM (the split's month)")
+    p.add_argument("--out", type=Path, required=True, help="a new or empty directory (or an earlier export)")
+    p.set_defaults(func=cmd_export_mirai)
+
+    imports = sub.add_parser(
+        "import", parents=[debug], help="read data from another benchmark's layout"
+    ).add_subparsers(dest="format", required=True)
+    p = imports.add_parser("mirai", parents=[debug], help="MIRAI's data/ files into a data directory of ours")
+    p.add_argument("dir", type=Path, help="a directory holding data/MIRAI/ (or data/MIRAI itself)")
+    p.add_argument("--data", type=Path, help="the data directory to write (default: $MIRAI_DATA_DIR/imports/mirai)")
+    p.set_defaults(func=cmd_import_mirai)
+
     p = sub.add_parser(
         "serve-release",
         parents=[debug],
@@ -455,7 +504,9 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         if args.debug:
             raise
-        command = " ".join(filter(None, ["mirai", args.command, getattr(args, "mirror_command", None)]))
+        command = " ".join(
+            filter(None, ["mirai", args.command, getattr(args, "mirror_command", None), getattr(args, "format", None)])
+        )
         if isinstance(exc, CommandError):
             print(f"{command}: error: {exc}", file=sys.stderr)
             return exc.status
