@@ -310,10 +310,16 @@ def export_tables(month: date, data_dir: Path) -> tuple[dict[str, bytes], list[s
     paths = [layout.database_path(t, m) for m in months for t in ("events", "news")]
     verified(layout, *paths)
     events = pl.concat([pl.read_parquet(layout.database_path("events", m)) for m in months])
-    news = pl.concat([pl.read_parquet(layout.database_path("news", m)) for m in months])
-    # Docids in database order (month, then date and article id): the same article keeps its Docid
-    # in every later month's export.
-    news = news.with_row_index("Docid")
+    # Docids number the articles month by month (an article keeps its Docid in every later month's
+    # export), within a month in the order our environment holds them (date, then article id
+    # descending: pipeline/agent_api/environment.py), so where MIRAI's code takes the first of equal
+    # rows (browse_news_article on a repeated title, ties in its sorts) it meets the row ours takes.
+    news = pl.concat(
+        [
+            pl.read_parquet(layout.database_path("news", m)).sort(["date", "article_id"], descending=[False, True])
+            for m in months
+        ]
+    ).with_row_index("Docid")
     if news.get_column("article_id").n_unique() != news.height:
         raise ExportError("the news tables hold an article id twice; the database is damaged")
     docid = dict(zip(news.get_column("article_id"), news.get_column("Docid")))
