@@ -407,7 +407,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("release", nargs="?", default="latest", type=_release_name, help="latest (default) or YYYY-MM")
     p.add_argument("--dest", type=Path, default=Path("mirai-releases"), help="files go to DEST/YYYY-MM/")
     p.add_argument(
-        "--only", choices=("split", "database"), help="only the split (queries, card, figures) or the database"
+        "--only",
+        choices=("split", "database", "mirai"),
+        help="only the split (queries, card, figures), the database, or MIRAI's files (mirai/data/)",
     )
     p.add_argument(
         "--from", dest="source", help="s3://bucket/prefix, file:///path or a path (default MIRAI_RELEASE_URI)"

@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import date, timedelta
+from functools import cache
 from pathlib import Path
 
 import polars as pl
@@ -61,6 +62,8 @@ RELATIONS_FILE = "data/info/dict_code2relation.json"
 COUNTRIES_FILE = "data/info/dict_iso2alternames_GeoNames.json"
 COUNTRY_TXT_FILE = "data/info/ISO_country_GeoNames.txt"  # step 2's country table: ISO<TAB>name
 RELATION_TXT_FILE = "data/info/CAMEO_relation.txt"  # step 2's relation table: code<TAB>name
+# The same names, under MIRAI_BUNDLE_DIR, are what a release may hold of the bundle
+# (pipeline/release_layout.py; tests/test_mirai_files.py checks the two lists agree).
 BUNDLE_FILES = (
     KG_FILE,
     NEWS_FILE,
@@ -207,6 +210,7 @@ def answer_dict_repr(codes: list[str]) -> str:
     return repr(grouped)
 
 
+@cache
 def relation_dictionary() -> dict[str, dict[str, str]]:
     """dict_code2relation.json: every first- and second-level code, sorted, with the name and
     description our environment gives it (pipeline.agent_api's map_cameo_to_relation)."""
@@ -221,6 +225,7 @@ def relation_dictionary() -> dict[str, dict[str, str]]:
     return out
 
 
+@cache
 def country_dictionary() -> dict[str, list[str]]:
     """dict_iso2alternames_GeoNames.json: each ISO code with its display name first (MIRAI's API
     checks a Country's name against the first entry), then the other names we know for it
@@ -300,13 +305,24 @@ def read_split(layout: DataLayout, month: date) -> tuple[pl.DataFrame, pl.DataFr
 
 
 def export_tables(month: date, data_dir: Path) -> tuple[dict[str, bytes], list[str]]:
-    """The bundle's files (relative path -> bytes) for ``month``, and the database months it holds."""
+    """The bundle's files (relative path -> bytes) for ``month``'s built split, and the database
+    months it holds."""
     layout = DataLayout(data_dir)
+    month = month.replace(day=1)
+    queries, sample, _ = read_split(layout, month)
+    return bundle_files(layout, month, queries, sample)
+
+
+def bundle_files(
+    layout: DataLayout, month: date, queries: pl.DataFrame, sample: pl.DataFrame
+) -> tuple[dict[str, bytes], list[str]]:
+    """MIRAI's files for a split (``queries``, ``sample``) and every database month up to ``month``
+    (relative path -> bytes), and the database months they hold. build_split stores them in the
+    split directory, so a release carries them."""
     month = month.replace(day=1)
     months = _database_months(layout, month)
     if month not in months:
         raise ExportError(f"{month:%Y-%m}: no event database at {layout.database_path('events', month)}")
-    queries, sample, _ = read_split(layout, month)
     paths = [layout.database_path(t, m) for m in months for t in ("events", "news")]
     verified(layout, *paths)
     events = pl.concat([pl.read_parquet(layout.database_path("events", m)) for m in months])
@@ -367,8 +383,7 @@ def export_tables(month: date, data_dir: Path) -> tuple[dict[str, bytes], list[s
         TEST_FILE: _csv_bytes(QUERY_COLUMNS, _query_rows(queries)),
         SUBSET_FILE: _csv_bytes(QUERY_COLUMNS, _query_rows(sample)),
     }
-    relations = relation_dictionary()
-    countries = country_dictionary()
+    relations, countries = relation_dictionary(), country_dictionary()
     files[RELATIONS_FILE] = (json.dumps(relations, indent=4, ensure_ascii=False) + "\n").encode()
     files[COUNTRIES_FILE] = (json.dumps(countries, indent=4, ensure_ascii=False) + "\n").encode()
     files[COUNTRY_TXT_FILE] = "".join(f"{iso}\t{names[0]}\n" for iso, names in countries.items()).encode()

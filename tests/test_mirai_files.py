@@ -16,6 +16,7 @@ import pytest
 from pipeline import mirai_files
 from pipeline.agent_api.lookup import map_cameo_to_relation, map_iso_to_country_name
 from pipeline.config import Settings
+from pipeline.download import download_release
 from pipeline.mirai_files import (
     BUNDLE_FILES,
     EXPORT_MANIFEST,
@@ -28,6 +29,8 @@ from pipeline.mirai_files import (
     import_mirai,
 )
 from pipeline.reference import level1_codes, level2_codes
+from pipeline.release import open_store, publish_release
+from pipeline.release_layout import MIRAI_BUNDLE_DIR, MIRAI_BUNDLE_FILES, name_problem
 from pipeline.splits import Override, build_split
 from testbed.database import generate_event_database
 
@@ -233,3 +236,33 @@ def test_the_commands_export_and_import(data_dir, tmp_path, monkeypatch, capsys)
     assert bad.returncode == 1 and bad.stderr.count("\n") == 1
     assert "mirai import mirai: error: data/MIRAI/data_kg.csv line 1: no column" in bad.stderr
     assert not (tmp_path / "d").exists()
+
+
+def test_the_bundle_names_are_the_release_layout_s(data_dir):
+    assert {f"{MIRAI_BUNDLE_DIR}/{name}" for name in BUNDLE_FILES} == MIRAI_BUNDLE_FILES
+    for name in MIRAI_BUNDLE_FILES:
+        assert name_problem("2024-01", name) is None
+    for name in ("mirai/data/MIRAI/evil.csv", "mirai/data/info/country_embeddings.npy", "mirai/../README.md"):
+        assert name_problem("2024-01", name) is not None
+
+
+def test_a_release_carries_the_bundle_and_mirai_download_accepts_it(data_dir, exported, tmp_path):
+    """build_split stores MIRAI's files in the split directory; the release publishes them with the
+    rest and `mirai download` verifies and writes them (also alone, with --only mirai)."""
+    split = data_dir / "splits/2024-01"
+    for name in BUNDLE_FILES:  # the same bytes as `mirai export mirai` writes
+        assert (split / MIRAI_BUNDLE_DIR / name).read_bytes() == (exported / name).read_bytes(), name
+    settings = Settings(data_dir=data_dir, release_uri=str(tmp_path / "bucket"))
+    publish_release(MONTH, settings, open_store(settings))
+    manifest = json.loads((tmp_path / "bucket/releases/2024-01/manifest.json").read_text())
+    assert MIRAI_BUNDLE_FILES <= set(manifest["files"])
+    result = download_release(open_store(settings), "2024-01", tmp_path / "dl", only="mirai", bar=False)
+    assert set(result.downloaded) == MIRAI_BUNDLE_FILES
+    for name in BUNDLE_FILES:
+        assert (tmp_path / "dl/2024-01/mirai" / name).read_bytes() == (exported / name).read_bytes(), name
+    # What a user does next: import the downloaded files into a data directory of ours.
+    back = import_mirai(tmp_path / "dl/2024-01/mirai", tmp_path / "imported")
+    assert (back.queries, back.sample) == (
+        pl.read_parquet(split / "queries.parquet").height,
+        pl.read_parquet(split / "queries_sample.parquet").height,
+    )
