@@ -253,17 +253,30 @@ def country_dictionary() -> dict[str, list[str]]:
     return out
 
 
-def _csv_bytes(header: tuple[str, ...], rows) -> bytes:
+def _write_csv(path: Path, header: tuple[str, ...], rows) -> dict:
     """Tab-separated text as pandas' ``to_csv(sep='\\t', index=False)`` writes it (pandas writes
     through the csv module: minimal quoting with '"', doubled quotes, '\\n' line ends; a null is
-    an empty field)."""
-    import io
+    an empty field), streamed to ``path``; returns its sha256 and size."""
+    with path.open("w", newline="", encoding="utf-8") as fh:
+        writer = csv.writer(fh, delimiter="\t", quotechar='"', quoting=csv.QUOTE_MINIMAL, lineterminator="\n")
+        writer.writerow(header)
+        writer.writerows(("" if v is None else v for v in row) for row in rows)
+        fh.flush()
+        os.fsync(fh.fileno())
+    return _file_entry(path)
 
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, delimiter="\t", quotechar='"', quoting=csv.QUOTE_MINIMAL, lineterminator="\n")
-    writer.writerow(header)
-    writer.writerows(("" if v is None else v for v in row) for row in rows)
-    return buffer.getvalue().encode()
+
+def _write_text(path: Path, text: str) -> dict:
+    atomic_write_bytes(path, text.encode(), sweep=False)
+    return _file_entry(path)
+
+
+def _file_entry(path: Path) -> dict:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        while chunk := fh.read(2**20):
+            digest.update(chunk)
+    return {"sha256": digest.hexdigest(), "bytes": path.stat().st_size}
 
 
 def _database_months(layout: DataLayout, month: date) -> list[date]:
@@ -304,21 +317,13 @@ def read_split(layout: DataLayout, month: date) -> tuple[pl.DataFrame, pl.DataFr
     return frames[0], frames[1], manifest
 
 
-def export_tables(month: date, data_dir: Path) -> tuple[dict[str, bytes], list[str]]:
-    """The bundle's files (relative path -> bytes) for ``month``'s built split, and the database
-    months it holds."""
-    layout = DataLayout(data_dir)
-    month = month.replace(day=1)
-    queries, sample, _ = read_split(layout, month)
-    return bundle_files(layout, month, queries, sample)
-
-
-def bundle_files(
-    layout: DataLayout, month: date, queries: pl.DataFrame, sample: pl.DataFrame
-) -> tuple[dict[str, bytes], list[str]]:
-    """MIRAI's files for a split (``queries``, ``sample``) and every database month up to ``month``
-    (relative path -> bytes), and the database months they hold. build_split stores them in the
-    split directory, so a release carries them."""
+def write_bundle(
+    layout: DataLayout, month: date, queries: pl.DataFrame, sample: pl.DataFrame, directory: Path
+) -> tuple[dict[str, dict], list[str]]:
+    """Write MIRAI's files for a split (``queries``, ``sample``) and every database month up to
+    ``month`` under ``directory`` (a staging directory: its caller swaps it in whole); return each
+    file's sha256 and size by relative name, and the database months they hold. build_split
+    stores them in the split directory, so a release carries them."""
     month = month.replace(day=1)
     months = _database_months(layout, month)
     if month not in months:
@@ -339,8 +344,8 @@ def bundle_files(
     if news.get_column("article_id").n_unique() != news.height:
         raise ExportError("the news tables hold an article id twice; the database is damaged")
     docid = dict(zip(news.get_column("article_id"), news.get_column("Docid")))
-    kg_rows, final_rows = [], []
-    for row in events.sort("date", "s", "r", "o").iter_rows(named=True):
+    ordered = events.sort("date", "s", "r", "o")
+    for row in ordered.select("date", "s", "r", "o", "article_ids").iter_rows(named=True):
         ids = row["article_ids"] or []
         missing = [a for a in ids if a not in docid]
         if missing or not ids:
@@ -349,46 +354,45 @@ def bundle_files(
                 + (f"article {missing[0]} missing from the news tables" if missing else "no article")
                 + "; MIRAI's data_kg.csv holds one row per (event, article)"
             )
-        docids = sorted(docid[a] for a in ids)
-        code = quad_code(row["date"], row["s"], row["r"], row["o"])
-        name = f"{row['date'].isoformat()}, {row['s_name']}, {row['r_name']}, {row['o_name']}"
-        day = row["date"].isoformat()
-        for d in docids:
-            kg_rows.append(
-                (
-                    day,
-                    row["s"],
-                    row["o"],
-                    row["r"],
-                    row["s_name"],
-                    row["o_name"],
-                    row["r_name"],
-                    code,
-                    name,
-                    d,
-                    str(docids),
-                )
-            )
-        final_rows.append((day, row["s"], row["o"], row["r"], code, row["daily_mentions"]))
+
+    def kg_rows():
+        for row in ordered.iter_rows(named=True):
+            docids = sorted(docid[a] for a in row["article_ids"])
+            day = row["date"].isoformat()
+            code = quad_code(row["date"], row["s"], row["r"], row["o"])
+            name = f"{day}, {row['s_name']}, {row['r_name']}, {row['o_name']}"
+            head = (day, row["s"], row["o"], row["r"], row["s_name"], row["o_name"], row["r_name"], code, name)
+            for d in docids:
+                yield (*head, d, str(docids))
+
+    final_rows = (
+        (day.isoformat(), s, o, r, quad_code(day, s, r, o), mentions)
+        for day, s, r, o, mentions in ordered.select("date", "s", "r", "o", "daily_mentions").iter_rows()
+    )
     news_rows = (
         (d, a, u, day.isoformat(), t, x, ab)
         for d, a, u, day, t, x, ab in news.select(
             "Docid", "article_id", "url", "date", "title", "text", "abstract"
         ).iter_rows()
     )
+    for name in BUNDLE_FILES:
+        (directory / name).parent.mkdir(parents=True, exist_ok=True)
     files = {
-        KG_FILE: _csv_bytes(KG_COLUMNS, kg_rows),
-        NEWS_FILE: _csv_bytes(NEWS_COLUMNS, news_rows),
-        FINAL_FILE: _csv_bytes(FINAL_COLUMNS, final_rows),
-        TEST_FILE: _csv_bytes(QUERY_COLUMNS, _query_rows(queries)),
-        SUBSET_FILE: _csv_bytes(QUERY_COLUMNS, _query_rows(sample)),
+        KG_FILE: _write_csv(directory / KG_FILE, KG_COLUMNS, kg_rows()),
+        NEWS_FILE: _write_csv(directory / NEWS_FILE, NEWS_COLUMNS, news_rows),
+        FINAL_FILE: _write_csv(directory / FINAL_FILE, FINAL_COLUMNS, final_rows),
+        TEST_FILE: _write_csv(directory / TEST_FILE, QUERY_COLUMNS, _query_rows(queries)),
+        SUBSET_FILE: _write_csv(directory / SUBSET_FILE, QUERY_COLUMNS, _query_rows(sample)),
     }
     relations, countries = relation_dictionary(), country_dictionary()
-    files[RELATIONS_FILE] = (json.dumps(relations, indent=4, ensure_ascii=False) + "\n").encode()
-    files[COUNTRIES_FILE] = (json.dumps(countries, indent=4, ensure_ascii=False) + "\n").encode()
-    files[COUNTRY_TXT_FILE] = "".join(f"{iso}\t{names[0]}\n" for iso, names in countries.items()).encode()
-    files[RELATION_TXT_FILE] = "".join(f"{code}\t{info['Name']}\n" for code, info in relations.items()).encode()
-    return files, [f"{m:%Y-%m}" for m in months]
+    texts = {
+        RELATIONS_FILE: json.dumps(relations, indent=4, ensure_ascii=False) + "\n",
+        COUNTRIES_FILE: json.dumps(countries, indent=4, ensure_ascii=False) + "\n",
+        COUNTRY_TXT_FILE: "".join(f"{iso}\t{names[0]}\n" for iso, names in countries.items()),
+        RELATION_TXT_FILE: "".join(f"{code}\t{info['Name']}\n" for code, info in relations.items()),
+    }
+    files.update({name: _write_text(directory / name, text) for name, text in texts.items()})
+    return dict(sorted(files.items())), [f"{m:%Y-%m}" for m in months]
 
 
 def _query_rows(queries: pl.DataFrame) -> Iterator[tuple]:
@@ -439,25 +443,25 @@ def export_mirai(month: date, data_dir: Path, out: Path) -> ExportResult:
             f"{out} exists and is not an earlier export (no {EXPORT_MANIFEST}); the export replaces its target "
             "as a whole, so give a new or empty directory and copy its data/ into your MIRAI checkout"
         )
-    files, months = export_tables(month, data_dir)
-    manifest = {
-        "format": EXPORT_FORMAT,
-        "month": f"{month:%Y-%m}",
-        "database_months": months,
-        "files": {name: {"sha256": _sha256(data), "bytes": len(data)} for name, data in sorted(files.items())},
-        "not_included": dict.fromkeys(
-            EMBEDDING_FILES,
-            "made by MIRAI's dataset_construction/_encode_country_relation.py with a paid OpenAI key "
-            "(docs/mirai.md, 'Embeddings')",
-        ),
-    }
+    layout = DataLayout(data_dir)
+    month = month.replace(day=1)
+    queries, sample, _ = read_split(layout, month)
     out.parent.mkdir(parents=True, exist_ok=True)
     remove_orphans(out.parent, f".{out.name}.")
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.{os.getpid()}.", dir=out.parent))
     try:
-        for name, data in files.items():
-            (staging / name).parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_bytes(staging / name, data, sweep=False)
+        files, months = write_bundle(layout, month, queries, sample, staging)
+        manifest = {
+            "format": EXPORT_FORMAT,
+            "month": f"{month:%Y-%m}",
+            "database_months": months,
+            "files": files,
+            "not_included": dict.fromkeys(
+                EMBEDDING_FILES,
+                "made by MIRAI's dataset_construction/_encode_country_relation.py with a paid OpenAI key "
+                "(docs/mirai.md, 'Embeddings')",
+            ),
+        }
         atomic_write_bytes(staging / EXPORT_MANIFEST, (json.dumps(manifest, indent=2) + "\n").encode(), sweep=False)
         if out.exists() and _is_export(out) and _same_files(out, staging):
             shutil.rmtree(staging)  # a re-run with the same content changes nothing

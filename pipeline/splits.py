@@ -290,17 +290,11 @@ def _write_mirai_bundle(
 ) -> dict[str, dict]:
     """The split and the database through the month in MIRAI's file layout, under mirai/data/ of
     the split directory, so every release carries them (pipeline/mirai_files.py, docs/mirai.md)."""
-    from pipeline.mirai_files import bundle_files
+    from pipeline.mirai_files import write_bundle
     from pipeline.release_layout import MIRAI_BUNDLE_DIR
 
-    bundle, _ = bundle_files(layout, month, queries, sample)
-    entries = {}
-    for name, data in sorted(bundle.items()):
-        path = staging / MIRAI_BUNDLE_DIR / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(path, data, sweep=False)
-        entries[f"{MIRAI_BUNDLE_DIR}/{name}"] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
-    return entries
+    files, _ = write_bundle(layout, month, queries, sample, staging / MIRAI_BUNDLE_DIR)
+    return {f"{MIRAI_BUNDLE_DIR}/{name}": entry for name, entry in files.items()}
 
 
 def build_split(month: date, settings: Settings, *, now: datetime, override: Override | None = None) -> Split:
