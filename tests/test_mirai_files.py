@@ -266,3 +266,28 @@ def test_a_release_carries_the_bundle_and_mirai_download_accepts_it(data_dir, ex
         pl.read_parquet(split / "queries.parquet").height,
         pl.read_parquet(split / "queries_sample.parquet").height,
     )
+
+
+def test_miraiS_own_quirks_are_read_a_repeated_docid_and_no_data_final(exported, tmp_path):
+    """MIRAI's published files differ from an export in two ways the import accepts: its Docids
+    lists may repeat an article (step 6 appends one per GDELT event), and data_final.csv (the only
+    file with daily mentions) need not be there."""
+    source = tmp_path / "mirai"
+    shutil.copytree(exported, source)
+    (source / "data/MIRAI/data_final.csv").unlink()
+    kg = source / "data/MIRAI/data_kg.csv"
+    rows = kg.read_text().split("\n")
+    header, first = rows[0].split("\t"), rows[1].split("\t")
+    docid = first[header.index("Docid")]
+    first[header.index("Docids")] = (
+        f"[{docid}, {docid}]"
+        if first[header.index("Docids")] == f"[{docid}]"
+        else first[header.index("Docids")].replace("]", f", {docid}]")
+    )
+    rows[1] = "\t".join(first)
+    kg.write_text("\n".join(rows))
+    result = import_mirai(source, tmp_path / "imported")
+    events = pl.read_parquet(tmp_path / "imported/database/events/*.parquet")
+    assert events.height == result.events and events.get_column("daily_mentions").null_count() == events.height
+    assert events.get_column("n_articles").to_list() == events.get_column("article_ids").list.len().to_list()
+    assert json.loads((tmp_path / "imported/mirai-import.json").read_text())["daily_mentions"] == "absent"
