@@ -278,6 +278,39 @@ def cmd_download(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export_mirai(args: argparse.Namespace) -> int:
+    """Write a month's database and split as the files MIRAI's scripts read (docs/mirai.md)."""
+    from pipeline.mirai_files import ExportError, export_mirai
+
+    try:
+        result = export_mirai(args.month, Settings.from_env().data_dir, args.out)
+    except ExportError as exc:
+        raise CommandError(str(exc)) from None
+    print(
+        f"MIRAI files for {result.month} (database {result.database_months[0]}..{result.database_months[-1]}) in "
+        f"{result.directory}: copy its data/ into a MIRAI checkout; the embedding files are yours to make"
+    )
+    return 0
+
+
+def cmd_import_mirai(args: argparse.Namespace) -> int:
+    """Read MIRAI's published files into a data directory of ours (docs/mirai.md)."""
+    from pipeline.mirai_files import ExportError, MiraiFormatError, import_mirai
+
+    settings = Settings.from_env()
+    target = args.data or settings.data_dir / "imports" / "mirai"
+    try:
+        result = import_mirai(args.dir, target, distance_days=settings.agent_distance_days)
+    except (MiraiFormatError, ExportError) as exc:
+        raise CommandError(f"{exc}; nothing was written") from None
+    print(
+        f"imported {result.events} events, {result.news} articles and the {result.month} split "
+        f"({result.queries} queries, sample {result.sample}) into {result.data_dir}; "
+        f"set MIRAI_DATA_DIR={result.data_dir} to evaluate on it"
+    )
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     """The whole chain on a generated month through Dagster (testbed/demo.py, docs/demo.md)."""
     demo, generate = _testbed("demo"), _testbed("generate")
@@ -400,7 +433,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("release", nargs="?", default="latest", type=_release_name, help="latest (default) or YYYY-MM")
     p.add_argument("--dest", type=Path, default=Path("mirai-releases"), help="files go to DEST/YYYY-MM/")
     p.add_argument(
-        "--only", choices=("split", "database"), help="only the split (queries, card, figures) or the database"
+        "--only",
+        choices=("split", "database", "mirai"),
+        help="only the split (queries, card, figures), the database, or MIRAI's files (mirai/data/)",
     )
     p.add_argument(
         "--from", dest="source", help="s3://bucket/prefix, file:///path or a path (default MIRAI_RELEASE_URI)"
@@ -416,6 +451,11 @@ def build_parser() -> argparse.ArgumentParser:
     export = sub.add_parser("export", parents=[debug], help="write data in another benchmark's layout").add_subparsers(
         dest="format", required=True
     )
+    p = export.add_parser("mirai", parents=[debug], help="a month's database and split as MIRAI's data/ files")
+    p.add_argument("--month", type=_month, required=True, help="YYYY-MM (the split's month)")
+    p.add_argument("--out", type=Path, required=True, help="a new or empty directory (or an earlier export)")
+    p.set_defaults(func=cmd_export_mirai)
+
     p = export.add_parser(
         "predictions", parents=[debug], help="a stored evaluation run's predictions as MIRAI writes them"
     )
@@ -426,6 +466,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, required=True, help="files go to OUT/round<N>/<QueryId>.json")
     p.add_argument("--relation-query", type=Path, help="name files by the QueryIds of this MIRAI relation_query.csv")
     p.set_defaults(func=cmd_export_predictions)
+
+    imports = sub.add_parser(
+        "import", parents=[debug], help="read data from another benchmark's layout"
+    ).add_subparsers(dest="format", required=True)
+    p = imports.add_parser("mirai", parents=[debug], help="MIRAI's data/ files into a data directory of ours")
+    p.add_argument("dir", type=Path, help="a directory holding data/MIRAI/ (or data/MIRAI itself)")
+    p.add_argument("--data", type=Path, help="the data directory to write (default: $MIRAI_DATA_DIR/imports/mirai)")
+    p.set_defaults(func=cmd_import_mirai)
 
     p = sub.add_parser(
         "serve-release",

@@ -35,6 +35,7 @@ from pipeline.release_layout import (
     LATEST_KEY,
     MANIFEST_NAME,
     MAX_JSON_BYTES,
+    MIRAI_BUNDLE_DIR,
     ReleaseError,
     UnsafeRelease,
     check_index,
@@ -48,7 +49,7 @@ from pipeline.release_layout import (
 )
 from pipeline.storage import atomic_write_bytes, write_all
 
-ONLY_CHOICES = ("split", "database")
+ONLY_CHOICES = ("split", "database", "mirai")
 # A body that breaks off mid-stream (reset, timeout) is re-requested from where it stopped this
 # many times per file before the run gives up (and leaves the .part for the next run).
 STREAM_ATTEMPTS = 3
@@ -140,8 +141,16 @@ def select_files(manifest: dict, only: str | None) -> dict[str, dict]:
         return dict(files)
     if only not in ONLY_CHOICES:
         raise ReleaseError(f"--only must be one of {', '.join(ONLY_CHOICES)}, got {only!r}")
-    in_database = {name: name.startswith("database/") for name in files}
-    return {name: meta for name, meta in files.items() if in_database[name] == (only == "database")}
+    return {name: meta for name, meta in files.items() if _part_of(name) == only}
+
+
+def _part_of(name: str) -> str:
+    """Which --only part a release file belongs to: the database, MIRAI's layout, or the split."""
+    if name.startswith("database/"):
+        return "database"
+    if name.startswith(f"{MIRAI_BUNDLE_DIR}/"):
+        return "mirai"
+    return "split"
 
 
 def download_release(

@@ -50,6 +50,9 @@ CONTENT_TYPES = {
     ".json": "application/json",
     ".md": "text/markdown; charset=utf-8",
     ".png": "image/png",
+    # MIRAI's files (mirai/data/, pipeline/mirai_files.py): its ".csv" files are tab-separated.
+    ".csv": "text/tab-separated-values; charset=utf-8",
+    ".txt": "text/plain; charset=utf-8",
 }
 # Release objects never change, so caches and CDNs may keep them forever; the two pointers
 # (index.json, latest.json) move with every release and must be revalidated.

@@ -33,8 +33,25 @@ RELATION_FIGURE = "relation_distribution.png"  # the card's figures (pipeline/ca
 PAIRS_FIGURE = "country_pairs.png"
 DATABASE_TABLES = ("events", "news")  # database/<table>/month=YYYY-MM.parquet, every month up to the release's
 TOP_LEVEL_FILES = frozenset({CARD_NAME, *SPLIT_FILES, RELATION_FIGURE, PAIRS_FIGURE})
+# The split and the database in MIRAI's own file layout (pipeline/mirai_files.py, docs/mirai.md):
+# mirai/data/ is copied into a MIRAI checkout as it is.
+MIRAI_BUNDLE_DIR = "mirai"
+MIRAI_BUNDLE_FILES = frozenset(
+    f"{MIRAI_BUNDLE_DIR}/data/{name}"
+    for name in (
+        "MIRAI/data_kg.csv",
+        "MIRAI/data_news.csv",
+        "MIRAI/data_final.csv",
+        "MIRAI/test/relation_query.csv",
+        "MIRAI/test_subset/relation_query.csv",
+        "info/dict_code2relation.json",
+        "info/dict_iso2alternames_GeoNames.json",
+        "info/ISO_country_GeoNames.txt",
+        "info/CAMEO_relation.txt",
+    )
+)
 
-# The longest name the layout makes is 37 characters (database/events/month=YYYY-MM.parquet).
+# The longest name the layout makes is 50 characters (mirai/data/info/dict_iso2alternames_GeoNames.json).
 # The bounds leave room to grow and keep a segment's ".<segment>.part" temp file under Linux's
 # NAME_MAX of 255 bytes, and a key far under S3's 1,024 bytes.
 MAX_NAME_CHARS = 200
@@ -101,14 +118,15 @@ def name_problem(month: str, name: object) -> str | None:
             return f"has a {shown(segment)} path segment"
         if len(segment) > MAX_SEGMENT_CHARS:
             return f"has a path segment longer than {MAX_SEGMENT_CHARS} characters"
-    if name in TOP_LEVEL_FILES:
+    if name in TOP_LEVEL_FILES or name in MIRAI_BUNDLE_FILES:
         return None
     database = _DATABASE_FILE.fullmatch(name)
     if database and is_month(database[1]) and database[1] <= month:
         return None
     return (
-        f"is not a file of release {month} (the layout allows {', '.join(sorted(TOP_LEVEL_FILES))} and "
-        f"database/{{{','.join(DATABASE_TABLES)}}}/month=YYYY-MM.parquet up to {month})"
+        f"is not a file of release {month} (the layout allows {', '.join(sorted(TOP_LEVEL_FILES))}, "
+        f"database/{{{','.join(DATABASE_TABLES)}}}/month=YYYY-MM.parquet up to {month} and MIRAI's files under "
+        f"{MIRAI_BUNDLE_DIR}/data/)"
     )
 
 

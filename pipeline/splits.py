@@ -286,6 +286,18 @@ def _file_entry(path: Path, rows: int | None = None) -> dict:
     return entry
 
 
+def _write_mirai_bundle(
+    layout: DataLayout, month: date, queries: pl.DataFrame, sample: pl.DataFrame, staging: Path
+) -> dict[str, dict]:
+    """The split and the database through the month in MIRAI's file layout, under mirai/data/ of
+    the split directory, so every release carries them (pipeline/mirai_files.py, docs/mirai.md)."""
+    from pipeline.mirai_files import write_bundle
+    from pipeline.release_layout import MIRAI_BUNDLE_DIR
+
+    files, _ = write_bundle(layout, month, queries, sample, staging / MIRAI_BUNDLE_DIR)
+    return {f"{MIRAI_BUNDLE_DIR}/{name}": entry for name, entry in files.items()}
+
+
 def build_split(month: date, settings: Settings, *, now: datetime, override: Override | None = None) -> Split:
     """Build and publish (atomically, as one directory) the month's test split."""
     # Imported here: the card needs matplotlib, which costs ~0.5 s that nothing else should pay.
@@ -319,6 +331,7 @@ def build_split(month: date, settings: Settings, *, now: datetime, override: Ove
             "queries_sample.parquet": _file_entry(staging / "queries_sample.parquet", sample.height),
         }
         files.update({path.name: _file_entry(path) for path in sorted(figures.values())})
+        files.update(_write_mirai_bundle(layout, month, queries, sample, staging))
         manifest = {
             "month": f"{month:%Y-%m}",
             "dataset_version": f"{month:%Y-%m}",

@@ -173,9 +173,10 @@ def test_split_files_manifest_and_determinism(month_settings):
     assert manifest["counts"]["slots"]["landed"] == 29 * 96 * 2
     assert manifest["override"] is None and manifest["closure"]["closed"] is True
     assert manifest["versions"]["relation_descriptions"] == RELATION_DESCRIPTION_VERSION
-    first = {p.name: p.read_bytes() for p in split.directory.iterdir()}
+    first = {p.relative_to(split.directory): p.read_bytes() for p in split.directory.rglob("*") if p.is_file()}
+    assert {str(p) for p in first} == {*manifest["files"], "manifest.json", "README.md"}
     again = build_split(FEB, month_settings, now=AFTER_GRACE)
-    assert {p.name: p.read_bytes() for p in again.directory.iterdir()} == first
+    assert {p.relative_to(again.directory): p.read_bytes() for p in again.directory.rglob("*") if p.is_file()} == first
     assert not [p for p in split.directory.parent.iterdir() if p.name.startswith(".")]  # no staging left
 
 

@@ -1,0 +1,363 @@
+"""MIRAI's own, unmodified API implementation over `mirai export mirai` output, against our
+environment (pipeline.agent_api) over the database it was exported from: the share of random calls
+of each function that give the same answer. Not a test: it needs MIRAI's code
+(github.com/yecchen/MIRAI, which has no licence and is not in this repository) and a Python with
+pandas<3, numpy and rank_bm25 for it. Run as
+
+    python bench/mirai_api_equivalence.py --mirai-repo PATH_TO_MIRAI_GIT --mirai-python /tmp/mirai-venv/bin/python
+
+MIRAI's ``APIs/api_implementation.py`` is copied byte for byte into a scratch directory next to the
+export's ``data/`` (it opens ``./../data/...`` relative to its working directory). Only its
+embedding client is stubbed: ``openai`` is a module that refuses to be called, and the two
+embedding files it loads at import are zero arrays in the scratch directory only, so a call that
+would need an embedding (a name that is not an exact key) is not drawn. Method and results:
+docs/mirai.md, "Checking the export against MIRAI's code".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import subprocess
+import sys
+import tempfile
+from collections import defaultdict
+from datetime import date, timedelta
+from pathlib import Path
+
+# The MIRAI side: runs in MIRAI's interpreter, reads calls on stdin, prints answers as JSON.
+DRIVER = r"""
+import json, os, sys, types
+os.environ.setdefault("OPENAI_API_KEY", "unused")
+stub = types.ModuleType("openai")
+class _Embedding:
+    @staticmethod
+    def create(*args, **kwargs):
+        raise RuntimeError("embedding service not available in this measurement")
+stub.Embedding = _Embedding
+sys.modules["openai"] = stub
+sys.path.insert(0, os.getcwd())
+import api_implementation as api
+
+def canon(value):
+    if isinstance(value, api.Country):
+        return ["Country", value.iso_code.code, value.name]
+    if isinstance(value, api.Relation):
+        return ["Relation", value.cameo_code.code, value.name, value.description]
+    if isinstance(value, api.Event):
+        return [value.date.date, value.head_entity.code, value.relation.code, value.tail_entity.code]
+    if isinstance(value, dict):
+        return [[k.code, v] for k, v in value.items()]
+    if isinstance(value, (list, tuple)):
+        return [canon(v) for v in value]
+    if isinstance(value, api.Date):
+        return value.date
+    if hasattr(value, "item"):
+        return value.item()
+    return value
+
+def build(args):
+    out = {}
+    for key, value in args.items():
+        if value is None:
+            continue
+        if key == "date_range":
+            start, end = value
+            out[key] = api.DateRange(api.Date(start) if start else None, api.Date(end) if end else None)
+        elif key in ("head_entities", "tail_entities", "interacted_entities"):
+            out[key] = [api.ISOCode(v) for v in value]
+        elif key in ("relations", "involved_relations"):
+            out[key] = [api.CAMEOCode(v) for v in value]
+        elif key in ("iso_code",):
+            out[key] = api.ISOCode(value)
+        elif key in ("cameo_code",):
+            out[key] = api.CAMEOCode(value)
+        elif key == "date":
+            out[key] = api.Date(value)
+        else:
+            out[key] = value
+    return out
+
+results = []
+for call in json.load(sys.stdin):
+    api.set_default_end_date(call["cutoff"])
+    try:
+        results.append(canon(getattr(api, call["fn"])(**build(call["args"]))))
+    except Exception as exc:
+        results.append(["error", type(exc).__name__])
+json.dump(results, sys.stdout)
+"""
+
+FUNCTIONS = (
+    "map_country_name_to_iso",
+    "map_iso_to_country_name",
+    "map_relation_description_to_cameo",
+    "map_cameo_to_relation",
+    "get_parent_relation",
+    "get_child_relations",
+    "get_sibling_relations",
+    "count_events",
+    "get_events",
+    "get_entity_distribution",
+    "get_relation_distribution",
+    "count_news_articles",
+    "get_news_articles",
+    "browse_news_article",
+)
+
+
+def ours(data_dir: Path, calls: list[dict]) -> list:
+    from pipeline.agent_api import CAMEOCode, Country, Date, DateRange, Event, EventDatabase, ISOCode, Relation
+
+    def canon(value):
+        if isinstance(value, Country):
+            return ["Country", value.iso_code.code, value.name]
+        if isinstance(value, Relation):
+            return ["Relation", value.cameo_code.code, value.name, value.description]
+        if isinstance(value, Event):
+            return [value.date.date, value.head_entity.code, value.relation.code, value.tail_entity.code]
+        if isinstance(value, dict):
+            return [[k.code, v] for k, v in value.items()]
+        if isinstance(value, (list, tuple)):
+            return [canon(v) for v in value]
+        if isinstance(value, Date):
+            return value.date
+        return value
+
+    def build(args):
+        out = {}
+        for key, value in args.items():
+            if value is None:
+                continue
+            if key == "date_range":
+                out[key] = DateRange(Date(value[0]) if value[0] else None, Date(value[1]) if value[1] else None)
+            elif key in ("head_entities", "tail_entities", "interacted_entities"):
+                out[key] = [ISOCode(v) for v in value]
+            elif key in ("relations", "involved_relations"):
+                out[key] = [CAMEOCode(v) for v in value]
+            elif key == "iso_code":
+                out[key] = ISOCode(value)
+            elif key == "cameo_code":
+                out[key] = CAMEOCode(value)
+            elif key == "date":
+                out[key] = Date(value)
+            else:
+                out[key] = value
+        return out
+
+    database = EventDatabase(data_dir)
+    results = []
+    for call in calls:
+        env = database.environment(date.fromisoformat(call["query_date"]), 1)
+        function = getattr(env, call["fn"])
+        try:
+            results.append(canon(function(**build(call["args"]))))
+        except Exception as exc:
+            results.append(["error", type(exc).__name__])
+        env.close()
+    return results
+
+
+def draw_calls(data_dir: Path, month: date, n: int, seed: int) -> list[dict]:
+    """``n`` random calls of each function, each for a random query date of ``month``."""
+    import polars as pl
+
+    from pipeline.mirai_files import country_dictionary, relation_dictionary
+
+    rng = random.Random(seed)
+    events = pl.read_parquet(data_dir / "database/events/*.parquet")
+    news = pl.read_parquet(data_dir / "database/news/*.parquet")
+    first = events.get_column("date").min()
+    countries = sorted(set(events.get_column("s")) | set(events.get_column("o")))
+    relations = relation_dictionary()
+    level1 = [c for c in relations if len(c) == 2]
+    level2 = [c for c in relations if len(c) == 3]
+    names = [v[0] for v in country_dictionary().values()]
+    words = [
+        w for t in news.get_column("title").sample(200, seed=seed) for w in t.split() if w.isalpha() and len(w) > 3
+    ]
+    calls = []
+    days = (month.replace(day=28) - month).days + 1
+    for fn in FUNCTIONS:
+        for _ in range(n):
+            query_date = month + timedelta(days=rng.randrange(days))
+            cutoff = query_date - timedelta(days=1)
+
+            def date_range(cutoff=cutoff):
+                if rng.random() < 0.25:
+                    return None
+                a = first + timedelta(days=rng.randrange((cutoff - first).days + 1))
+                b = a + timedelta(days=rng.randrange((cutoff - a).days + 1))
+                return [a.isoformat(), b.isoformat() if rng.random() < 0.8 else None]
+
+            def some(pool, most=3, p=0.5):
+                return sorted(rng.sample(pool, rng.randint(1, most))) if rng.random() < p else None
+
+            args: dict = {}
+            if fn == "map_country_name_to_iso":
+                args = {"name": rng.choice(names)}
+            elif fn == "map_iso_to_country_name":
+                args = {"iso_code": rng.choice(countries)}
+            elif fn == "map_relation_description_to_cameo":
+                args = {"description": relations[rng.choice(level1 + level2)]["Name"]}
+            elif fn in ("map_cameo_to_relation", "get_sibling_relations"):
+                args = {"cameo_code": rng.choice(level1 + level2)}
+            elif fn == "get_parent_relation":
+                args = {"cameo_code": rng.choice(level2)}
+            elif fn == "get_child_relations":
+                args = {"cameo_code": rng.choice(level1)}
+            elif fn in ("count_events", "get_events", "count_news_articles", "get_news_articles"):
+                args = {
+                    "date_range": date_range(),
+                    "head_entities": some(countries),
+                    "tail_entities": some(countries),
+                    "relations": some(level1 + level2, 2, 0.4),
+                }
+                if fn in ("count_news_articles", "get_news_articles"):
+                    args["keywords"] = some(words, 2, 0.3)
+                if fn in ("get_events", "get_news_articles") and rng.random() < 0.5:
+                    args["text_description"] = " ".join(rng.sample(words, 3))
+            elif fn == "get_entity_distribution":
+                args = {
+                    "date_range": date_range(),
+                    "involved_relations": some(level1 + level2, 2, 0.4),
+                    "interacted_entities": some(countries),
+                    "entity_role": rng.choice([None, "head", "tail", "both"]),
+                }
+            elif fn == "get_relation_distribution":
+                args = {"date_range": date_range(), "head_entities": some(countries), "tail_entities": some(countries)}
+            elif fn == "browse_news_article":
+                visible = news.filter(pl.col("date") <= cutoff)
+                row = visible.row(rng.randrange(visible.height), named=True)
+                args = {"date": row["date"].isoformat(), "title": row["title"]}
+            calls.append({"fn": fn, "query_date": query_date.isoformat(), "cutoff": cutoff.isoformat(), "args": args})
+    return calls
+
+
+def category(call: dict) -> str:
+    """The function, split where its two implementations follow different rules (docs/mirai.md)."""
+    fn, args = call["fn"], call["args"]
+    if fn in ("get_events", "get_news_articles"):
+        return f"{fn} ({'text' if args.get('text_description') else 'no text'})"
+    if fn == "get_entity_distribution":
+        return f"{fn} (role {'head/tail' if args.get('entity_role') in ('head', 'tail') else 'both/None'})"
+    return fn
+
+
+def tie_free_equal(call: dict, a, b) -> bool:
+    """Equal up to what MIRAI leaves unordered: ties in date (its sort is pandas' unstable
+    quicksort), in counts, and the order of get_events with a text (MIRAI returns a set's list);
+    and up to the "Date('…')" MIRAI's browse_news_article prints where its docstring shows the day."""
+    if a == b:
+        return True
+    if call["fn"] == "browse_news_article" and isinstance(a, str) and isinstance(b, str):
+        day = call["args"]["date"]
+        return b.startswith(f"Date('{day}'):\n") and b.removeprefix(f"Date('{day}')") == a.removeprefix(day)
+    if not (isinstance(a, list) and isinstance(b, list)) or (a and a[0] == "error") or (b and b[0] == "error"):
+        return False
+    fn, args = call["fn"], call["args"]
+    if fn in ("get_entity_distribution", "get_relation_distribution"):
+        return sorted(map(tuple, a)) == sorted(map(tuple, b))
+    if fn == "get_events" and args.get("text_description"):
+        return sorted(map(tuple, a)) == sorted(map(tuple, b))
+    if fn in ("get_events", "get_news_articles") and not args.get("text_description"):
+        cap = 30 if fn == "get_events" else 15
+        dates_a, dates_b = [x[0] for x in a], [x[0] for x in b]
+        if dates_a != dates_b:
+            return False
+        boundary = dates_a[-1] if len(a) == cap else None
+        return {tuple(x) for x in a if x[0] != boundary} == {tuple(x) for x in b if x[0] != boundary}
+    return False
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mirai-repo", type=Path, required=True, help="a git directory of github.com/yecchen/MIRAI")
+    parser.add_argument("--mirai-python", required=True, help="a Python with pandas<3, numpy, rank_bm25")
+    parser.add_argument("--data", type=Path, help="a data directory with a split (default: generate one)")
+    parser.add_argument("--month", default="2024-01")
+    parser.add_argument("--calls", type=int, default=120, help="random calls per function")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+
+    import numpy as np
+
+    from pipeline.mirai_files import export_mirai
+
+    month = date.fromisoformat(f"{args.month}-01")
+    work = Path(tempfile.mkdtemp(prefix="mirai-equivalence-"))
+    data = args.data
+    if data is None:
+        from datetime import UTC, datetime
+
+        from pipeline.config import Settings
+        from pipeline.splits import Override, build_split
+        from testbed.database import generate_event_database
+
+        data = work / "data"
+        first = (month - timedelta(days=62)).replace(day=1)
+        generate_event_database(data, first, 3, seed=args.seed + 21, quads_per_day=60)
+        now = datetime.now(UTC)
+        build_split(month, Settings(data_dir=data), now=now, override=Override("bench", "measurement", now))
+    export_mirai(month, data, work / "export")
+    scratch = work / "mirai"
+    (scratch / "APIs").mkdir(parents=True)
+    source = subprocess.run(
+        ["git", "-C", str(args.mirai_repo), "show", "HEAD:APIs/api_implementation.py"],
+        capture_output=True,
+        check=True,
+    ).stdout
+    (scratch / "APIs" / "api_implementation.py").write_bytes(source)
+    (scratch / "driver.py").write_text(DRIVER)
+    subprocess.run(["cp", "-r", str(work / "export" / "data"), str(scratch / "data")], check=True)
+    info = scratch / "data" / "info"
+    for name, key in (
+        ("country_embeddings.npy", "dict_iso2alternames_GeoNames.json"),
+        ("relation_embeddings.npy", "dict_code2relation.json"),
+    ):
+        np.save(info / name, np.zeros((len(json.loads((info / key).read_text())), 8)))
+
+    calls = draw_calls(data, month, args.calls, args.seed)
+    mine = ours(data, calls)
+    done = subprocess.run(
+        [args.mirai_python, str(scratch / "driver.py")],
+        input=json.dumps(calls),
+        capture_output=True,
+        text=True,
+        cwd=scratch / "APIs",
+        check=False,
+    )
+    if done.returncode:
+        print(done.stderr[-3000:], file=sys.stderr)
+        return 1
+    theirs = json.loads(done.stdout)
+    stats: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
+    examples: dict[str, list] = defaultdict(list)
+    for call, a, b in zip(calls, mine, theirs):
+        s = stats[category(call)]
+        s[0] += 1
+        s[1] += a == b
+        same = tie_free_equal(call, a, b)
+        s[2] += same
+        if not same and len(examples[category(call)]) < 3:
+            examples[category(call)].append({"call": call, "ours": str(a)[:300], "mirai": str(b)[:300]})
+    crashed = sum(1 for b in theirs if b == ["error", "ZeroDivisionError"])
+    print(f"{'function':46} {'calls':>5} {'equal':>6} {'equal up to ties':>17}")
+    total = [0, 0, 0]
+    for name in sorted(stats, key=lambda c: (FUNCTIONS.index(c.split(" ")[0]), c)):
+        n, strict, loose = stats[name]
+        total = [total[0] + n, total[1] + strict, total[2] + loose]
+        print(f"{name:46} {n:5d} {strict:6d} {loose:17d}")
+    print(
+        f"{'all':46} {total[0]:5d} {total[1]:6d} {total[2]:17d}  "
+        f"({100 * total[1] / total[0]:.1f}% / {100 * total[2] / total[0]:.1f}%)"
+    )
+    print(f"MIRAI raised ZeroDivisionError (BM25 over no articles) on {crashed} calls; ours returned []")
+    (work / "differences.json").write_text(json.dumps(examples, indent=1))
+    print(f"examples of differences: {work / 'differences.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
