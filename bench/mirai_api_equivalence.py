@@ -107,7 +107,7 @@ FUNCTIONS = (
 )
 
 
-def ours(data_dir: Path, calls: list[dict]) -> list:
+def ours(data_dir: Path, calls: list[dict], mode: str) -> list:
     from pipeline.agent_api import CAMEOCode, Country, Date, DateRange, Event, EventDatabase, ISOCode, Relation
 
     def canon(value):
@@ -149,7 +149,8 @@ def ours(data_dir: Path, calls: list[dict]) -> list:
     database = EventDatabase(data_dir)
     results = []
     for call in calls:
-        env = database.environment(date.fromisoformat(call["query_date"]), 1)
+        # Mode mirai counts entities as MIRAI's code does (docs/mirai.md, "The `mirai` mode").
+        env = database.environment(date.fromisoformat(call["query_date"]), 1, count_both_actors=mode == "mirai")
         function = getattr(env, call["fn"])
         try:
             results.append(canon(function(**build(call["args"]))))
@@ -279,6 +280,9 @@ def main() -> int:
     parser.add_argument("--month", default="2024-01")
     parser.add_argument("--calls", type=int, default=120, help="random calls per function")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--mode", choices=("mirai", "native"), default="mirai", help="our environment as mode mirai or native sets it"
+    )
     args = parser.parse_args()
 
     import numpy as np
@@ -296,7 +300,7 @@ def main() -> int:
         from testbed.database import generate_event_database
 
         data = work / "data"
-        first = (month - timedelta(days=62)).replace(day=1)
+        first = (month - timedelta(days=40)).replace(day=1)  # two months before, then the month
         generate_event_database(data, first, 3, seed=args.seed + 21, quads_per_day=60)
         now = datetime.now(UTC)
         build_split(month, Settings(data_dir=data), now=now, override=Override("bench", "measurement", now))
@@ -319,7 +323,7 @@ def main() -> int:
         np.save(info / name, np.zeros((len(json.loads((info / key).read_text())), 8)))
 
     calls = draw_calls(data, month, args.calls, args.seed)
-    mine = ours(data, calls)
+    mine = ours(data, calls, args.mode)
     done = subprocess.run(
         [args.mirai_python, str(scratch / "driver.py")],
         input=json.dumps(calls),
