@@ -358,6 +358,11 @@ def main() -> int:
         f"({100 * total[1] / total[0]:.1f}% / {100 * total[2] / total[0]:.1f}%)"
     )
     print(f"MIRAI raised ZeroDivisionError (BM25 over no articles) on {crashed} calls; ours returned []")
+    answered = total[0] - crashed
+    print(
+        f"over the {answered} calls MIRAI answers: {100 * total[1] / answered:.1f}% equal, "
+        f"{100 * total[2] / answered:.1f}% up to ties"
+    )
     (work / "differences.json").write_text(json.dumps(examples, indent=1))
     print(f"examples of differences: {work / 'differences.json'}")
     return 0
