@@ -107,7 +107,11 @@ FUNCTIONS = (
 )
 
 
-def ours(data_dir: Path, calls: list[dict], mode: str) -> list:
+def ours(data_dir: Path, calls: list[dict], mode: str) -> tuple[list, list]:
+    """Our answers to ``calls``, and for each news search with a text the BM25 score of every
+    candidate article by "date|title" (None for other calls): MIRAI's scores are the same numbers
+    (tests/test_agent_api.py checks ours against rank_bm25), so two lists that differ only among
+    equal scores can be told apart from a different ranking."""
     from pipeline.agent_api import CAMEOCode, Country, Date, DateRange, Event, EventDatabase, ISOCode, Relation
 
     def canon(value):
@@ -146,8 +150,21 @@ def ours(data_dir: Path, calls: list[dict], mode: str) -> list:
                 out[key] = value
         return out
 
+    def candidate_scores(env, args: dict) -> dict[str, float]:
+        # The articles the search ranks, scored as MIRAI scores them (our own module's helpers).
+        import polars as pl
+
+        from pipeline.agent_api.bm25 import mirai_tokens, okapi_scores
+
+        articles = env._matching_articles(
+            *(args.get(key) for key in ("date_range", "head_entities", "tail_entities", "relations", "keywords"))
+        )
+        tokens = articles.select(mirai_tokens(pl.col("title"), pl.col("text"))).to_series()
+        values = okapi_scores(tokens, args["text_description"].split(" "))
+        return {f"{d}|{t}": float(v) for (d, t), v in zip(articles.select("date", "title").iter_rows(), values)}
+
     database = EventDatabase(data_dir)
-    results = []
+    results, scores = [], []
     for call in calls:
         # Mode mirai counts entities as MIRAI's code does (docs/mirai.md, "The `mirai` mode").
         env = database.environment(date.fromisoformat(call["query_date"]), 1, count_both_actors=mode == "mirai")
@@ -156,8 +173,10 @@ def ours(data_dir: Path, calls: list[dict], mode: str) -> list:
             results.append(canon(function(**build(call["args"]))))
         except Exception as exc:
             results.append(["error", type(exc).__name__])
+        text_search = call["fn"] == "get_news_articles" and call["args"].get("text_description")
+        scores.append(candidate_scores(env, build(call["args"])) if text_search else None)
         env.close()
-    return results
+    return results, scores
 
 
 def draw_calls(data_dir: Path, month: date, n: int, seed: int) -> list[dict]:
@@ -246,10 +265,12 @@ def category(call: dict) -> str:
     return fn
 
 
-def tie_free_equal(call: dict, a, b) -> bool:
+def tie_free_equal(call: dict, a, b, scores: dict[str, float] | None) -> bool:
     """Equal up to what MIRAI leaves unordered: ties in date (its sort is pandas' unstable
-    quicksort), in counts, and the order of get_events with a text (MIRAI returns a set's list);
-    and up to the "Date('…')" MIRAI's browse_news_article prints where its docstring shows the day."""
+    quicksort), in counts, in BM25 score (its ``np.argsort`` is not stable: the order among equal
+    scores depends on numpy's build and the CPU), and the order of get_events with a text (MIRAI
+    returns a set's list); and up to the "Date('…')" MIRAI's browse_news_article prints where its
+    docstring shows the day."""
     if a == b:
         return True
     if call["fn"] == "browse_news_article" and isinstance(a, str) and isinstance(b, str):
@@ -262,6 +283,11 @@ def tie_free_equal(call: dict, a, b) -> bool:
         return sorted(map(tuple, a)) == sorted(map(tuple, b))
     if fn == "get_events" and args.get("text_description"):
         return sorted(map(tuple, a)) == sorted(map(tuple, b))
+    if fn == "get_news_articles" and args.get("text_description"):
+        keys_a, keys_b = ([f"{d}|{t}" for d, t in x] for x in (a, b))
+        if len(a) != len(b) or not set(keys_b) <= scores.keys():
+            return False
+        return [scores[k] for k in keys_a] == [scores[k] for k in keys_b]
     if fn in ("get_events", "get_news_articles") and not args.get("text_description"):
         cap = 30 if fn == "get_events" else 15
         dates_a, dates_b = [x[0] for x in a], [x[0] for x in b]
@@ -323,7 +349,7 @@ def main() -> int:
         np.save(info / name, np.zeros((len(json.loads((info / key).read_text())), 8)))
 
     calls = draw_calls(data, month, args.calls, args.seed)
-    mine = ours(data, calls, args.mode)
+    mine, mine_scores = ours(data, calls, args.mode)
     done = subprocess.run(
         [args.mirai_python, str(scratch / "driver.py")],
         input=json.dumps(calls),
@@ -338,11 +364,11 @@ def main() -> int:
     theirs = json.loads(done.stdout)
     stats: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
     examples: dict[str, list] = defaultdict(list)
-    for call, a, b in zip(calls, mine, theirs):
+    for call, a, b, scores in zip(calls, mine, theirs, mine_scores):
         s = stats[category(call)]
         s[0] += 1
         s[1] += a == b
-        same = tie_free_equal(call, a, b)
+        same = tie_free_equal(call, a, b, scores)
         s[2] += same
         if not same and len(examples[category(call)]) < 3:
             examples[category(call)].append({"call": call, "ours": str(a)[:300], "mirai": str(b)[:300]})
