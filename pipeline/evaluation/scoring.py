@@ -60,6 +60,8 @@ MAX_LINE_CHARS = 4 * MAX_ANSWER_CHARS  # one JSONL line or CSV field: an answer 
 MAX_RANKED = 1000  # as mirai_predictions: there are ~240 second-level codes
 MAX_PROBLEMS_SHOWN = 50
 DEFAULT_RESAMPLES = 1000
+MAX_RESAMPLES = 100_000
+BOOTSTRAP_CHUNK = 500  # resamples drawn at once: 500 × 2,000 queries of counts is 8 MB
 HIT_K = 10  # as run.py (MIRAI Appendix D.8)
 RANKED_METRICS = ("mrr", f"hit_at_{HIT_K}")
 METRICS = (*SET_METRICS, *RANKED_METRICS)
@@ -306,8 +308,8 @@ def read_round_dir(path: Path, query_ids: Sequence[str]) -> tuple[list[list[Subm
             raise _too_many(round_dir)
         records = []
         for name in names:
-            where = f"round{n}/{name}"
             query_id = name.removesuffix(".json")
+            where = f"round{n}/{name if _QUERY_ID.match(query_id) else shown(name)}"
             if not name.endswith(".json") or query_id not in wanted:
                 problems.append(f"{where}: not a query of the split")
                 continue
@@ -453,12 +455,16 @@ def bootstrap_intervals(scores: np.ndarray, seed: int, resamples: int = DEFAULT_
     """The 2.5th and 97.5th percentiles (2 × metrics) of the metric means over ``resamples``
     resamples of the queries with replacement, drawn by numpy's Generator from ``seed``. A
     resample is a row of counts (how often each query is drawn), so all the means are one matrix
-    product, not a loop."""
+    product per BOOTSTRAP_CHUNK resamples (which bounds the memory), not a loop per resample."""
     n = scores.shape[0]
-    draws = np.random.default_rng(seed).integers(0, n, size=(resamples, n))
-    counts = np.bincount((draws + n * np.arange(resamples)[:, None]).ravel(), minlength=resamples * n)
-    means = counts.reshape(resamples, n).astype(float) @ scores / n
-    return np.percentile(means, [2.5, 97.5], axis=0)
+    rng = np.random.default_rng(seed)
+    means = []
+    for start in range(0, resamples, BOOTSTRAP_CHUNK):
+        size = min(BOOTSTRAP_CHUNK, resamples - start)
+        draws = rng.integers(0, n, size=(size, n))
+        counts = np.bincount((draws + n * np.arange(size)[:, None]).ravel(), minlength=size * n)
+        means.append(counts.reshape(size, n).astype(float) @ scores / n)
+    return np.percentile(np.concatenate(means), [2.5, 97.5], axis=0)
 
 
 def _round(value: float) -> float:
@@ -555,8 +561,8 @@ def score_predictions(
 ) -> ScoreResult:
     """Score ``predictions`` against the split in ``split_dir``; InvalidPredictions (strict) or
     ScoringError when they cannot be scored."""
-    if resamples < 1:
-        raise ScoringError(f"resamples must be at least 1, got {resamples}")
+    if not 1 <= resamples <= MAX_RESAMPLES:
+        raise ScoringError(f"resamples must be from 1 to {MAX_RESAMPLES}, got {resamples}")
     split = load_split(split_dir, sample)
     rounds, problems = read_submission(predictions, list(split.gold))
     matched, found_problems, missing = match_queries(rounds, split.gold)
