@@ -90,9 +90,10 @@ def _assert_metrics(card: dict, expected: dict[str, float]) -> None:
 
 def test_jsonl_on_a_downloaded_release_with_no_data_dir(release, tmp_path, capsys):
     predictions = _jsonl(tmp_path / "p.jsonl", [{"query_id": q, "answer": a} for q, a in ANSWERS.items()])
-    code, out, err = _run(capsys, predictions, "--split", release, "--out", tmp_path / "card")
+    code, out, err = _run(capsys, predictions, "--split", release, "--distance", 3, "--out", tmp_path / "card")
     assert code == 0, err
     card = _card(tmp_path / "card")
+    assert card["distance_days"] == 3 and card["mode"] == "strict" and card["rounds"] == 1
     _assert_metrics(card, _expected(ANSWERS))
     assert card["split"]["month"] == "2024-01" and card["queries"] == 4 and card["missing"]["count"] == 0
     assert card["by_level1"]["04"]["queries"] == 2 and set(card["by_level1"]) == {"01", "04", "17", "19"}
@@ -319,6 +320,9 @@ def test_bad_parquet_csv_and_round_dir(release, tmp_path, capsys):
     assert "round1/2024-01-00002.json: not MIRAI's shape" in err
     assert "round1/other.json: not a query of the split" in err
     assert "round1/2024-01-00003.json: a symbolic link" in err
+    code, _, err = _run(capsys, rounds, "--split", release, "--lenient", "--out", tmp_path / "lenient")
+    assert code == 0 and not Path("pwned").exists() and err.count("forgiven: ") == 4
+    assert _card(tmp_path / "lenient")["missing"]["count"] == 3  # only 2024-01-00001 was read (as empty)
     code, _, err = _run(capsys, tmp_path / "empty-dir-missing", "--split", release)
     assert code == 1 and "expected a .jsonl" in err
     (tmp_path / "noround").mkdir()

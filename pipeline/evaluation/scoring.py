@@ -303,9 +303,13 @@ def read_round_dir(path: Path, query_ids: Sequence[str]) -> tuple[list[list[Subm
         round_dir = path / f"round{n}"
         if not stat.S_ISDIR(os.lstat(round_dir).st_mode):
             raise ScoringError(f"{round_dir}: refused: not a directory (a symbolic link or a file)")
-        names = sorted(os.listdir(round_dir))
-        if len(names) > MAX_RECORDS:
-            raise _too_many(round_dir)
+        names = []
+        with os.scandir(round_dir) as entries:
+            for entry in entries:
+                if len(names) >= MAX_RECORDS:
+                    raise _too_many(round_dir)
+                names.append(entry.name)
+        names.sort()
         records = []
         for name in names:
             query_id = name.removesuffix(".json")
@@ -589,8 +593,11 @@ def _digest(path: Path) -> str:
     """sha256 of a predictions file, or of a round directory's files (names and contents, sorted)."""
     digest = hashlib.sha256()
     if path.is_dir():
-        for file in sorted(p for p in path.rglob("*.json") if p.is_file() and not p.is_symlink()):
-            digest.update(str(file.relative_to(path)).encode() + b"\0" + _read_capped(file))
+        for n in range(1, count_rounds(path) + 1):
+            with os.scandir(path / f"round{n}") as entries:
+                files = sorted(e.name for e in entries if e.name.endswith(".json") and e.is_file(follow_symlinks=False))
+            for name in files:
+                digest.update(f"round{n}/{name}".encode() + b"\0" + _read_capped(path / f"round{n}" / name))
     else:
         digest.update(_read_capped(path))
     return digest.hexdigest()
