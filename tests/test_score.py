@@ -312,6 +312,8 @@ def test_bad_parquet_csv_and_round_dir(release, tmp_path, capsys):
     record = {"answer": "__import__('os').system('touch pwned')", "end_state": "Final Answer", "n_steps": 1}
     (rounds / "round1" / "2024-01-00001.json").write_text(json.dumps([record]))
     (rounds / "round1" / "2024-01-00002.json").write_text("{}")
+    listed = {"answer": "['042']", "end_state": "Final Answer", "n_steps": 1}  # eval.py: not a dict, so empty
+    (rounds / "round1" / "2024-01-00004.json").write_text(json.dumps([listed]))
     (rounds / "round1" / "other.json").write_text("[]")
     os.symlink(rounds / "round1" / "2024-01-00001.json", rounds / "round1" / "2024-01-00003.json")
     code, _, err = _run(capsys, rounds, "--split", release)
@@ -320,9 +322,11 @@ def test_bad_parquet_csv_and_round_dir(release, tmp_path, capsys):
     assert "round1/2024-01-00002.json: not MIRAI's shape" in err
     assert "round1/other.json: not a query of the split" in err
     assert "round1/2024-01-00003.json: a symbolic link" in err
+    assert "round1/2024-01-00004.json: answer is list, not an answer dict" in err
     code, _, err = _run(capsys, rounds, "--split", release, "--lenient", "--out", tmp_path / "lenient")
-    assert code == 0 and not Path("pwned").exists() and err.count("forgiven: ") == 4
-    assert _card(tmp_path / "lenient")["missing"]["count"] == 3  # only 2024-01-00001 was read (as empty)
+    assert code == 0 and not Path("pwned").exists() and err.count("forgiven: ") == 5
+    card = _card(tmp_path / "lenient")
+    assert card["missing"]["count"] == 2 and card["metrics"]["level1_recall"]["value"] == 0.0  # 00001, 00004: empty
     code, _, err = _run(capsys, tmp_path / "empty-dir-missing", "--split", release)
     assert code == 1 and "expected a .jsonl" in err
     (tmp_path / "noround").mkdir()

@@ -323,10 +323,14 @@ def read_round_dir(path: Path, query_ids: Sequence[str]) -> tuple[list[list[Subm
                 problems.append(f"{where}: {str(exc).rsplit('refused: ', 1)[-1]}")
                 continue
             answer = record.answer
-            if answer is None:  # eval.py reads "" (no answer) and a non-literal as empty
+            # eval.py reads "" (no answer), a non-literal and anything but a dict as empty.
+            if answer is None:
                 answer = {}
                 if record.answer_text.strip():
                     problems.append(f"{where}: answer is not a Python literal")
+            elif not isinstance(answer, dict):
+                problems.append(f"{where}: answer is {type(answer).__name__}, not an answer dict (MIRAI's layout)")
+                answer = {}
             records.append(Submitted(where, query_id, answer, record.ranked))
         out.append(records)
     return out, problems
