@@ -574,7 +574,7 @@ def score_predictions(
     split = load_split(split_dir, sample)
     rounds, problems = read_submission(predictions, list(split.gold))
     matched, found_problems, missing = match_queries(rounds, split.gold)
-    problems += found_problems
+    problems = sorted(problems + found_problems, key=_position)
     if problems and not lenient:
         raise InvalidPredictions(str(predictions), problems)
     scores = per_query_scores(matched, split.gold)
@@ -591,6 +591,19 @@ def score_predictions(
         forgiven=problems,
     )
     return ScoreResult(card, missing, problems)
+
+
+_RECORD_PREFIX = re.compile(r"^(?:line|row|record) ([0-9]+):")
+_FILE_PREFIX = re.compile(r"^round([0-9]+)/")
+
+
+def _position(problem: str) -> tuple[int, int, str]:
+    """Sort key putting problems in file order: by line/row/record number, or by round and name."""
+    record = _RECORD_PREFIX.match(problem)
+    if record:
+        return 0, int(record[1]), ""
+    file = _FILE_PREFIX.match(problem)
+    return (int(file[1]), 0, problem) if file else (0, 0, problem)
 
 
 def _digest(path: Path) -> str:
