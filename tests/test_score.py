@@ -4,6 +4,7 @@ and a downloaded release scored with no data directory."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from datetime import date
@@ -47,7 +48,13 @@ def _release(root: Path, month: str = "2024-01") -> Path:
     )
     queries.write_parquet(directory / "queries.parquet")
     queries.head(2).write_parquet(directory / "queries_sample.parquet")
-    (directory / "manifest.json").write_text(json.dumps({"format": "mirai-release-v1", "release": month}))
+    files = {
+        name: {"sha256": hashlib.sha256((directory / name).read_bytes()).hexdigest()}
+        for name in ("queries.parquet", "queries_sample.parquet")
+    }
+    (directory / "manifest.json").write_text(
+        json.dumps({"format": "mirai-release-v1", "release": month, "files": files})
+    )
     return directory
 
 
@@ -100,6 +107,12 @@ def test_jsonl_on_a_downloaded_release_with_no_data_dir(release, tmp_path, capsy
     assert out == (tmp_path / "card" / "scorecard.md").read_text()
     assert "| level2_f1 |" in out and "| 04 | 2 |" in out
     assert not (tmp_path / "data").exists()
+    assert card["split"]["manifest_checked"] is True
+
+    # A queries file changed after the download no longer matches the manifest: refused.
+    pl.read_parquet(release / "queries.parquet").head(3).write_parquet(release / "queries.parquet")
+    code, _, err = _run(capsys, predictions, "--split", release)
+    assert code == 1 and "does not match the sha256 its manifest.json lists" in err
 
 
 def test_month_of_the_data_dir_and_the_sample(tmp_path, monkeypatch, capsys):

@@ -51,7 +51,7 @@ from pipeline.evaluation.mirai_predictions import (
     read_prediction_file,
 )
 from pipeline.reference.tables import level1_codes, level2_codes
-from pipeline.release_layout import SPLIT_FILES, is_month, shown
+from pipeline.release_layout import MANIFEST_NAME, MAX_JSON_BYTES, SPLIT_FILES, is_month, shown
 
 SCORECARD_FORMAT = "mirai-scorecard-v1"
 MAX_PREDICTIONS_BYTES = 64 * 2**20  # a month has ~2,000 queries; a full answer is < 3 KB as JSON
@@ -111,6 +111,7 @@ class Split:
     month: str
     query_set: str
     queries_sha256: str
+    manifest_checked: bool  # the queries file matched the sha256 in the directory's manifest.json
     gold: dict[str, dict[str, list[str]]]  # query_id → answer dict, in the split's order
 
 
@@ -141,6 +142,10 @@ def load_split(directory: Path, sample: bool = False) -> Split:
     if not path.is_file():
         raise ScoringError(f"{directory} holds no {name} (a release month's directory or splits/YYYY-MM)")
     data = path.read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
+    listed = _manifest_sha256(directory, name)
+    if listed is not None and listed != digest:
+        raise ScoringError(f"{path} does not match the sha256 its manifest.json lists (changed since it was written?)")
     try:
         table = pl.read_parquet(io.BytesIO(data), columns=["query_id", "answer_dict"])
     except Exception as exc:  # polars raises its own error types for a corrupt file or missing column
@@ -156,8 +161,21 @@ def load_split(directory: Path, sample: bool = False) -> Split:
         raise ScoringError(f"{path}: no queries")
     month = next(iter(gold))[:7]
     return Split(
-        month if is_month(month) else "unknown", name.removesuffix(".parquet"), hashlib.sha256(data).hexdigest(), gold
+        month if is_month(month) else "unknown", name.removesuffix(".parquet"), digest, listed is not None, gold
     )
+
+
+def _manifest_sha256(directory: Path, name: str) -> str | None:
+    """The sha256 the directory's manifest.json (a release's, or a split's) lists for ``name``,
+    or None when there is no such manifest entry."""
+    manifest = directory / MANIFEST_NAME
+    if not manifest.is_file() or manifest.stat().st_size > MAX_JSON_BYTES:
+        return None
+    try:
+        entry = json.loads(manifest.read_bytes())["files"][name]["sha256"]
+    except (ValueError, RecursionError, KeyError, TypeError):
+        return None
+    return entry if isinstance(entry, str) else None
 
 
 # --- reading predictions ----------------------------------------------------------------------------
@@ -506,7 +524,12 @@ def scorecard(
             by_level1[code] = {"queries": len(rows)} | {m: _round(group[i]) for i, m in enumerate(METRICS)}
     return {
         "format": SCORECARD_FORMAT,
-        "split": {"month": split.month, "query_set": split.query_set, "queries_sha256": split.queries_sha256},
+        "split": {
+            "month": split.month,
+            "query_set": split.query_set,
+            "queries_sha256": split.queries_sha256,
+            "manifest_checked": split.manifest_checked,
+        },
         "predictions_sha256": predictions_sha256,
         "distance_days": distance,
         "rounds": rounds,
