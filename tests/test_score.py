@@ -7,6 +7,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import subprocess
+import sys
 from datetime import date
 from pathlib import Path
 
@@ -357,3 +359,31 @@ def test_split_errors(tmp_path, capsys, monkeypatch):
     with pytest.raises(SystemExit) as exit_info:
         main(["score", str(predictions)])
     assert exit_info.value.code == 2 and "--split" in capsys.readouterr().err
+
+
+def test_the_installed_command_exit_codes(release, tmp_path):
+    """`mirai score` as a user runs it (a subprocess): 0 scored, 1 refused, 2 a bad argument."""
+    mirai = str(Path(sys.executable).with_name("mirai"))
+    env = {k: v for k, v in os.environ.items() if k != "MIRAI_DATA_DIR"}
+    good = _jsonl(tmp_path / "p.jsonl", [{"query_id": q, "answer": a} for q, a in ANSWERS.items()])
+    bad = _jsonl(tmp_path / "bad.jsonl", [{"query_id": "2024-01-00001", "answer": {"04": ["999"]}}])
+    runs = {
+        name: subprocess.run(
+            [mirai, "score", *args], capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path
+        )
+        for name, args in {
+            "good": [str(good), "--split", str(release)],
+            "bad": [str(bad), "--split", str(release)],
+            "no split": [str(good), "--split", "2024-01"],
+            "bad argument": [str(good), "--split", str(release), "--resamples", "0"],
+        }.items()
+    }
+    assert runs["good"].returncode == 0 and runs["good"].stdout.startswith("# Scorecard: 2024-01 queries")
+    assert runs["bad"].returncode == 1 and runs["bad"].stdout == ""
+    assert runs["bad"].stderr.splitlines()[0] == "line 1: answer['04']: code '999' is not a CAMEO level-2 code"
+    assert runs["no split"].returncode == 1 and len(runs["no split"].stderr.splitlines()) == 1
+    assert "no split for 2024-01 at data/splits/2024-01" in runs["no split"].stderr
+    assert (
+        runs["bad argument"].returncode == 2 and "--resamples: expected from 1 to 100000" in runs["bad argument"].stderr
+    )
+    assert all("Traceback" not in r.stderr for r in runs.values())
