@@ -435,9 +435,9 @@ def _as_scored(record: Submitted) -> tuple[object, list]:
 def match_queries(
     rounds: Sequence[Sequence[Submitted]], gold: Mapping[str, object]
 ) -> tuple[list[dict[str, tuple[object, list]]], list[str], list[str]]:
-    """Per round, query_id → (answer, ranking) as scored; the problems (unknown, duplicate or
-    malformed query ids, invalid answers, duplicates' included), each naming its record; and the queries with no
-    prediction in some round. A duplicate keeps the first record."""
+    """Per round, query_id → (answer, ranking) as scored; the problems, each naming its record
+    (malformed, unknown or duplicate query ids; invalid answers, a duplicate's too); and the
+    queries with no prediction in some round. Of duplicates the first record is scored."""
     matched, problems, missing = [], [], set()
     for records in rounds:
         found: dict[str, tuple[object, list]] = {}
