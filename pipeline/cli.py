@@ -347,6 +347,46 @@ def cmd_export_predictions(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_score(args: argparse.Namespace) -> int:
+    """Score a predictions file against a split (docs/evaluation.md, "Score your own predictions")."""
+    from pipeline.evaluation.scoring import (
+        InvalidPredictions,
+        ScoringError,
+        bounded,
+        score_predictions,
+        split_directory,
+    )
+    from pipeline.storage import atomic_write_bytes
+
+    try:
+        data_dir = None if Path(args.split).is_dir() else Settings.from_env().data_dir
+        directory = split_directory(args.split, data_dir)
+        result = score_predictions(
+            args.predictions,
+            directory,
+            sample=args.sample,
+            distance=args.distance,
+            seed=args.seed,
+            resamples=args.resamples,
+            lenient=args.lenient,
+        )
+    except InvalidPredictions as exc:
+        for line in bounded(exc.problems):
+            print(line, file=sys.stderr)
+        raise CommandError(str(exc)) from None
+    except ScoringError as exc:
+        raise CommandError(str(exc)) from None
+    for line in bounded(result.forgiven):
+        print(f"forgiven: {line}", file=sys.stderr)
+    for line in bounded(result.missing):
+        print(f"missing (scored as empty): {line}", file=sys.stderr)
+    if args.out is not None:
+        atomic_write_bytes(args.out / "scorecard.json", result.json_bytes())
+        atomic_write_bytes(args.out / "scorecard.md", result.markdown().encode())
+    print(result.markdown(), end="")
+    return 0
+
+
 def cmd_serve_release(args: argparse.Namespace) -> int:
     """Serve the store `mirai demo` published to, on a stable port (testbed/demo.py)."""
     import socket
@@ -474,6 +514,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dir", type=Path, help="a directory holding data/MIRAI/ (or data/MIRAI itself)")
     p.add_argument("--data", type=Path, help="the data directory to write (default: $MIRAI_DATA_DIR/imports/mirai)")
     p.set_defaults(func=cmd_import_mirai)
+
+    p = sub.add_parser(
+        "score", parents=[debug], help="score a predictions file against a split or a downloaded release"
+    )
+    p.add_argument("predictions", type=Path, help="a .jsonl, .csv or .parquet file, or a MIRAI round<N>/ directory")
+    p.add_argument(
+        "--split", required=True, help="a release month's directory (from `mirai download`) or a month YYYY-MM"
+    )
+    p.add_argument("--sample", action="store_true", help="score against the balanced sample (queries_sample)")
+    p.add_argument("--distance", type=_count(1), default=1, help="days between cutoff and query (recorded; default 1)")
+    p.add_argument("--seed", type=int, default=0, help="the bootstrap's seed (default 0)")
+    p.add_argument("--resamples", type=_count(1, 100_000), default=1000, help="bootstrap resamples (default 1000)")
+    p.add_argument("--lenient", action="store_true", help="score invalid answers as empty, as MIRAI's eval.py does")
+    p.add_argument("--out", type=Path, help="write scorecard.json and scorecard.md here")
+    p.set_defaults(func=cmd_score)
 
     p = sub.add_parser(
         "serve-release",
