@@ -32,7 +32,7 @@ from pipeline.reference.build import (
 )
 from pipeline.reference.tables import COUNTRIES_CSV, REGIONS_CSV
 
-from .conftest import SHARED, shared_fixture
+from .conftest import shared_fixture
 
 ALIASES = {"ROM": "ROU", "TMP": "TLS", "IMY": "IMN", "MTN": "MNE", "WSB": "PSE", "GZS": "PSE", "BAG": "IRQ"}
 # The 28 region or pseudo-country codes of CAMEO.country.txt, as listed in SOURCES.md.
@@ -165,24 +165,6 @@ def test_quad_classes_by_root():
     ):
         assert root in gdelt[quad], code
         assert root in mirai[mirai_quad], code
-
-
-def test_relations_equal_the_paper_appendix():
-    """Our relation table against the MIRAI paper's appendix G.2 (arXiv:2407.01231), read from a
-    text copy of the paper kept outside the repository (test data only, not a citation)."""
-    paper = SHARED / "notes" / "mirai-paper.md"
-    if not paper.exists():
-        pytest.skip("no text copy of the MIRAI paper (arXiv:2407.01231) next to the project: appendix G.2 not checked")
-    text = paper.read_text(encoding="utf-8")
-    appendix = text[text.index("## G.2 RELATIONS AND CAMEO CODES") : text.index("G.3 HUMAN EVALUATION")]
-    # Items look like "- 042: Make a visit" or, after PDF extraction, "- 2811 – 042: Make a visit".
-    listed = dict(re.findall(r"(?<!\d)(\d{2,3}): (.+?)\s*$", appendix, flags=re.MULTILINE))
-    level2 = {code: name for code, name in listed.items() if len(code) == 3}
-    level1 = {code: name for code, name in listed.items() if len(code) == 2}
-    assert len(level2) == 149 and len(level1) == 20
-    table = relation_table()
-    assert dict(table.select("code", "name").iter_rows()) == level2
-    assert dict(table.select("level1", "level1_name").unique().iter_rows()) == level1
 
 
 def test_relations_are_gdelt_codes_plus_three():
