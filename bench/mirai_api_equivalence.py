@@ -26,6 +26,8 @@ from collections import defaultdict
 from datetime import date, timedelta
 from pathlib import Path
 
+from pipeline.agent_api.environment import API_FUNCTIONS
+
 # The MIRAI side: runs in MIRAI's interpreter, reads calls on stdin, prints answers as JSON.
 DRIVER = r"""
 import json, os, sys, types
@@ -88,23 +90,6 @@ for call in json.load(sys.stdin):
         results.append(["error", type(exc).__name__])
 json.dump(results, sys.stdout)
 """
-
-FUNCTIONS = (
-    "map_country_name_to_iso",
-    "map_iso_to_country_name",
-    "map_relation_description_to_cameo",
-    "map_cameo_to_relation",
-    "get_parent_relation",
-    "get_child_relations",
-    "get_sibling_relations",
-    "count_events",
-    "get_events",
-    "get_entity_distribution",
-    "get_relation_distribution",
-    "count_news_articles",
-    "get_news_articles",
-    "browse_news_article",
-)
 
 
 def ours(data_dir: Path, calls: list[dict], mode: str) -> tuple[list, list]:
@@ -199,7 +184,7 @@ def draw_calls(data_dir: Path, month: date, n: int, seed: int) -> list[dict]:
     ]
     calls = []
     days = (month.replace(day=28) - month).days + 1
-    for fn in FUNCTIONS:
+    for fn in API_FUNCTIONS:
         for _ in range(n):
             query_date = month + timedelta(days=rng.randrange(days))
             cutoff = query_date - timedelta(days=1)
@@ -375,7 +360,7 @@ def main() -> int:
     crashed = sum(1 for b in theirs if b == ["error", "ZeroDivisionError"])
     print(f"{'function':46} {'calls':>5} {'equal':>6} {'equal up to ties':>17}")
     total = [0, 0, 0]
-    for name in sorted(stats, key=lambda c: (FUNCTIONS.index(c.split(" ")[0]), c)):
+    for name in sorted(stats, key=lambda c: (API_FUNCTIONS.index(c.split(" ")[0]), c)):
         n, strict, loose = stats[name]
         total = [total[0] + n, total[1] + strict, total[2] + loose]
         print(f"{name:46} {n:5d} {strict:6d} {loose:17d}")
