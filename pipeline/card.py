@@ -287,6 +287,7 @@ def dataset_card(manifest: dict, queries: pl.DataFrame, sample: pl.DataFrame, fi
         _collection(manifest),
         _preprocessing(manifest),
         _uses(manifest),
+        _evaluate(manifest),
         _distribution(),
         _maintenance(manifest),
         _deviations(manifest),
@@ -696,6 +697,28 @@ international relations, keeping GDELT's biases in mind.
 reports, not verified facts); claims about what happened without checking the sources; training a
 model and then evaluating it on the same month; comparing scores across splits built under
 different versions without saying so.
+"""
+
+
+EVALUATE_DOC = "docs/evaluate-your-agent.md"
+
+
+def _evaluate(manifest: dict) -> str:
+    # The card travels alone (a release, a Hugging Face copy), so the steps are spelled out here
+    # and the full page is named by its path in the mirai-pipeline repository.
+    month = manifest["month"]
+    return f"""
+## Evaluate your agent
+
+With this release downloaded (`mirai download {month} --dest mirai-releases`), no other access is
+needed: run your agent against the date-gated API over `database/` (`EventDatabase` in
+`pipeline.agent_api`, or MIRAI's own module `pipeline.agent_api.mirai_api`), score its predictions
+with `mirai score predictions.jsonl --split mirai-releases/{month} [--sample]`, and submit them
+with `mirai submit`. A query on day `t` may use data up to `t` minus the temporal distance
+({_get(manifest, "distance_days")} day(s)). A model whose knowledge cutoff is not before
+{month}-01 is contaminated for this month: scored and shown, never ranked. Scores appear on the
+leaderboard, `releases/leaderboard.html` in the store this release came from. The whole path, with a
+worked example: `{EVALUATE_DOC}` in the mirai-pipeline repository.
 """
 
 

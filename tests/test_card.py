@@ -17,6 +17,7 @@ from pipeline import card
 from pipeline.card import dataset_card, render_figures
 from pipeline.splits import QUERIES_SCHEMA
 
+ROOT = Path(__file__).resolve().parent.parent
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 SECTIONS = (
     "## Motivation",
@@ -24,6 +25,7 @@ SECTIONS = (
     "## Collection process",
     "## Preprocessing",
     "## Uses",
+    "## Evaluate your agent",
     "## Distribution",
     "## Maintenance",
     "## Known deviations from MIRAI and OBELICS",
@@ -222,6 +224,17 @@ def test_card_sections_and_manifest_values(manifest, queries, tmp_path):
     assert "| `test_min_mentions` | 100 |" in text and "`rules-v1`" in text
     assert "](relation_distribution.png)" in text and "](country_pairs.png)" in text
     assert "articles are copyright of their outlets" in text
+
+
+def test_card_points_a_newcomer_at_the_evaluation_path(manifest, queries):
+    """The card travels without the repository: it names the commands, this month's contamination
+    date and the page that explains the rest, and that page exists."""
+    text = dataset_card(manifest, queries, queries.head(3), {})
+    section = " ".join(text.split("\n## Evaluate your agent\n", 1)[1].split("\n## ", 1)[0].split())
+    assert "mirai download 2024-01 " in section and "--split mirai-releases/2024-01" in section
+    assert "not before 2024-01-01 is contaminated" in section and "(1 day(s))" in section
+    assert "mirai submit" in section and "releases/leaderboard.html" in section
+    assert f"`{card.EVALUATE_DOC}`" in section and (ROOT / card.EVALUATE_DOC).is_file()
 
 
 def test_card_numbers_come_from_the_frames(manifest, queries):
