@@ -369,6 +369,7 @@ def cmd_score(args: argparse.Namespace) -> int:
             seed=args.seed,
             resamples=args.resamples,
             lenient=args.lenient,
+            relation_query=args.relation_query,
         )
     except InvalidPredictions as exc:
         for line in bounded(exc.problems):
@@ -527,6 +528,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="the bootstrap's seed (default 0)")
     p.add_argument("--resamples", type=_count(1, 100_000), default=1000, help="bootstrap resamples (default 1000)")
     p.add_argument("--lenient", action="store_true", help="score invalid answers as empty, as MIRAI's eval.py does")
+    p.add_argument(
+        "--relation-query",
+        type=Path,
+        help="a round directory's files are named by the QueryIds of this MIRAI relation_query.csv",
+    )
     p.add_argument("--out", type=Path, help="write scorecard.json and scorecard.md here")
     p.set_defaults(func=cmd_score)
 

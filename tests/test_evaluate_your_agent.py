@@ -125,3 +125,70 @@ def test_the_doc_s_path_from_download_to_scorecard(bucket, tmp_path, monkeypatch
     assert card["distance_days"] == 1
     assert 0 < card["metrics"]["level1_f1"]["value"] <= 100  # percent, as MIRAI reports them
     assert not (tmp_path / "data").exists()
+
+
+def _mirai_doc_commands() -> list[list[str]]:
+    text = (ROOT / "docs" / "mirai.md").read_text()
+    found = re.search(r"<!-- scripted-agent-commands: [^>]*-->\n```\n(.*?)```", text, re.DOTALL)
+    assert found, "docs/mirai.md lost the commands that run and score its scripted agent"
+    return [shlex.split(line) for line in found.group(1).splitlines()]
+
+
+def _mirai_scripted_agent() -> str:
+    text = (ROOT / "docs" / "mirai.md").read_text()
+    found = re.search(r"<!-- scripted-agent: [^>]*-->\n```python\n(.*?)```", text, re.DOTALL)
+    assert found, "docs/mirai.md lost its scripted agent"
+    return found.group(1)
+
+
+def test_a_mirai_agent_s_round_files_on_the_release_s_own_bundle_are_scored(bucket, tmp_path, monkeypatch, capsys):
+    """docs/mirai.md's scripted agent reads the release's MIRAI relation_query.csv and names its
+    files by that file's QueryIds (1, 2, ...): `mirai score --relation-query` maps them to the
+    split's queries, with the scores of the same answers written under our ids."""
+    monkeypatch.delenv("MIRAI_DATA_DIR", raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert main(["download", "2024-02", "--from", str(bucket), "--dest", "mirai-releases"]) == 0
+    (tmp_path / "scripted_agent.py").write_text(_mirai_scripted_agent())
+    run, score = _mirai_doc_commands()
+    assignment, python, *args = run
+    name, value = assignment.split("=", 1)
+    assert (name, python) == ("MIRAI_DATA_DIR", "python")
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "HOME": str(tmp_path), name: value}
+    done = subprocess.run([sys.executable, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    relation_query = args[1]
+    sample = pl.read_parquet(Path(value) / "queries_sample.parquet")
+    assert sorted(p.name for p in (tmp_path / "out" / "round1").iterdir()) == sorted(
+        f"{n}.json" for n in range(1, sample.height + 1)
+    )
+
+    # Without the mapping, no file is a query of the split: refused, one line per file.
+    capsys.readouterr()
+    plain = [a for a in score if a != "--relation-query" and not a.endswith("relation_query.csv")]
+    assert main(plain[1:]) == 1
+    assert capsys.readouterr().err.count(": not a query of the split") == sample.height
+
+    assert main([*score[1:], "--out", "mapped"]) == 0, capsys.readouterr().err
+    mapped = json.loads((tmp_path / "mapped" / "scorecard.json").read_text())
+    assert mapped["queries"] == sample.height and mapped["missing"]["count"] == 0
+
+    # The same answers under our query ids, matched on (date, s, o) by hand.
+    csv_rows = pl.read_csv(relation_query, separator="\t", infer_schema=False)
+    ours = {(d.isoformat(), s, o): q for q, d, s, o in sample.select("query_id", "date", "s", "o").iter_rows()}
+    lines = []
+    for mirai_id, day, s, o in csv_rows.select(
+        "QueryId", "DateStr", "Actor1CountryCode", "Actor2CountryCode"
+    ).iter_rows():
+        (record,) = json.loads((tmp_path / "out" / "round1" / f"{mirai_id}.json").read_text())
+        lines.append(json.dumps({"query_id": ours[(day, s, o)], "answer": json.loads(record["answer"])}) + "\n")
+    (tmp_path / "ours.jsonl").write_text("".join(lines))
+    assert main(["score", "ours.jsonl", "--split", value, "--sample", "--out", "ours"]) == 0
+    by_ours = json.loads((tmp_path / "ours" / "scorecard.json").read_text())
+    assert mapped["metrics"] == by_ours["metrics"] and mapped["by_level1"] == by_ours["by_level1"]
+
+    # The mapping is for round directories, and the CSV must name every query of the split.
+    assert main(["score", "ours.jsonl", "--split", value, "--sample", "--relation-query", relation_query]) == 1
+    assert "names the files of a MIRAI round directory" in capsys.readouterr().err
+    (tmp_path / "short.csv").write_text("\n".join(Path(relation_query).read_text().splitlines()[:-1]) + "\n")
+    assert main(["score", "out", "--split", value, "--sample", "--relation-query", "short.csv"]) == 1
+    assert "appears 0 times, not once" in capsys.readouterr().err

@@ -48,6 +48,7 @@ from pipeline.evaluation.mirai_predictions import (
     PredictionFileError,
     count_rounds,
     listed_codes,
+    mirai_query_ids,
     read_prediction_file,
 )
 from pipeline.reference.tables import level1_codes, level2_codes
@@ -307,16 +308,19 @@ def read_parquet(path: Path) -> tuple[list[Submitted], list[str]]:
     return records, problems
 
 
-def read_round_dir(path: Path, query_ids: Sequence[str]) -> tuple[list[list[Submitted]], list[str]]:
+def read_round_dir(
+    path: Path, query_ids: Sequence[str], file_ids: Mapping[str, str] | None = None
+) -> tuple[list[list[Submitted]], list[str]]:
     """Every round of a MIRAI-layout directory (round<N>/<QueryId>.json, read by
     mirai_predictions.read_prediction_file): a file for a query of ``query_ids`` that is absent
-    leaves the query missing; a file for any other query is a problem."""
+    leaves the query missing; a file for any other query is a problem. ``file_ids`` maps the files'
+    QueryIds to ours when they are named by a MIRAI relation_query.csv (relation_query_file_ids)."""
     try:
         rounds = count_rounds(path)
     except PredictionFileError as exc:
         raise ScoringError(str(exc)) from None
     out, problems = [], []
-    wanted = set(query_ids)
+    wanted = set(query_ids) if file_ids is None else set(file_ids)
     for n in range(1, rounds + 1):
         round_dir = path / f"round{n}"
         if not stat.S_ISDIR(os.lstat(round_dir).st_mode):
@@ -349,17 +353,40 @@ def read_round_dir(path: Path, query_ids: Sequence[str]) -> tuple[list[list[Subm
             elif not isinstance(answer, dict):
                 problems.append(f"{where}: answer is {type(answer).__name__}, not an answer dict (MIRAI's layout)")
                 answer = {}
-            records.append(Submitted(where, query_id, answer, record.ranked))
+            ours = query_id if file_ids is None else file_ids[query_id]
+            records.append(Submitted(where, ours, answer, record.ranked))
         out.append(records)
     return out, problems
 
 
-def read_submission(path: Path, query_ids: Sequence[str]) -> tuple[list[list[Submitted]], list[str]]:
+def relation_query_file_ids(split_dir: Path, sample: bool, relation_query: Path) -> dict[str, str]:
+    """MIRAI QueryId → our query_id for every query of the split (its queries_sample with
+    ``sample``), matched on (date, s, o) with a MIRAI relation_query.csv, such as the one in a
+    release's mirai/data/ (which numbers the queries 1, 2, ...). MIRAI's agents name their round
+    files by those QueryIds; load_split has checked the queries file against the manifest."""
+    queries = pl.read_parquet(
+        split_dir / (SPLIT_FILES[1] if sample else SPLIT_FILES[0]), columns=["query_id", "date", "s", "o"]
+    )
+    if not Path(relation_query).is_file():
+        raise ScoringError(f"--relation-query {relation_query}: no such file")
+    try:
+        theirs = mirai_query_ids(queries, Path(relation_query))
+    except ValueError as exc:  # a wrong file; polars' parse errors are ValueErrors too
+        raise ScoringError(str(exc).splitlines()[0]) from None
+    return {mirai_id: ours for ours, mirai_id in theirs.items()}
+
+
+def read_submission(
+    path: Path, query_ids: Sequence[str], file_ids: Mapping[str, str] | None = None
+) -> tuple[list[list[Submitted]], list[str]]:
     """A predictions file (by suffix: .jsonl/.json, .csv, .parquet) as one round, or a MIRAI round
-    directory as its rounds; and the problems found reading it."""
+    directory as its rounds (its files named as ``file_ids`` says, if given); and the problems
+    found reading it."""
     path = Path(path)
     if path.is_dir() and not path.is_symlink():
-        return read_round_dir(path, query_ids)
+        return read_round_dir(path, query_ids, file_ids)
+    if file_ids is not None:
+        raise ScoringError(f"{path}: --relation-query names the files of a MIRAI round directory, not a file's ids")
     readers = {".jsonl": read_jsonl, ".json": read_jsonl, ".csv": read_csv, ".parquet": read_parquet}
     reader = readers.get(path.suffix.lower())
     if reader is None:
@@ -589,13 +616,16 @@ def score_predictions(
     seed: int = 0,
     resamples: int = DEFAULT_RESAMPLES,
     lenient: bool = False,
+    relation_query: Path | None = None,
 ) -> ScoreResult:
     """Score ``predictions`` against the split in ``split_dir``; InvalidPredictions (strict) or
-    ScoringError when they cannot be scored."""
+    ScoringError when they cannot be scored. ``relation_query``: a round directory's files are
+    named by that MIRAI relation_query.csv's QueryIds (relation_query_file_ids)."""
     if not 1 <= resamples <= MAX_RESAMPLES:
         raise ScoringError(f"resamples must be from 1 to {MAX_RESAMPLES}, got {resamples}")
     split = load_split(split_dir, sample)
-    rounds, problems = read_submission(predictions, list(split.gold))
+    file_ids = None if relation_query is None else relation_query_file_ids(split_dir, sample, relation_query)
+    rounds, problems = read_submission(predictions, list(split.gold), file_ids)
     matched, found_problems, missing = match_queries(rounds, split.gold)
     problems = sorted(problems + found_problems, key=_position)
     if problems and not lenient:
