@@ -18,6 +18,7 @@ from __future__ import annotations
 import html
 import io
 import json
+import textwrap
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import date
@@ -381,9 +382,10 @@ _COLORS = {"registered": "tab:blue", "submission": "tab:green"}
 
 
 def _label(row: Mapping) -> str:
+    head = f"{row['rank']}. " if row["rank"] else ""
     tail = " (contaminated)" if row["contaminated"] else ""
     source = " [submission]" if row["source"] == "submission" else ""
-    return f"{row['agent']}{source} · d={row['distance']} · {row['query_set']}{tail}"
+    return f"{head}{row['agent']}{source} · d={row['distance']} · {row['query_set']}{tail}"
 
 
 def _draw(ax, rows: list[dict], labels: list[str]) -> None:
@@ -435,7 +437,8 @@ def chart(board: pl.DataFrame) -> bytes:
             rows = board.filter(pl.col("month") == month).to_dicts()  # already in rank order
             _draw(ax, rows, [_label(r) for r in rows])
             ax.set_title(f"Leaderboard {month}", fontsize=12)
-            fig.text(0.01, 0.005, RANK_RULE, fontsize=7, color="0.35", wrap=True)
+            # A figure-level label, so the constrained layout leaves room for all its lines.
+            fig.supxlabel(textwrap.fill(RANK_RULE, 170), x=0.01, ha="left", fontsize=7, color="0.35")
         buf = io.BytesIO()
         # No "Software" entry: a matplotlib upgrade alone must not change the bytes.
         fig.savefig(buf, format="png", metadata={"Software": None})
