@@ -236,6 +236,7 @@ def test_the_board_combines_registered_runs_and_scored_or_contaminated_submissio
     submit(data_dir, "late-cutoff", card, knowledge_cutoff="2024-02-01")  # says scored; the cutoff rule wins
     submit(data_dir, "refused", None, status="rejected", reasons=["unknown query id"])
     submit(data_dir, "broken", card, distance="one")
+    submit(data_dir, "mismatch", card, query_set="queries_sample")  # scored against the other set
     (DataLayout(data_dir).root / "submissions" / "garbage").mkdir()
     (DataLayout(data_dir).root / "submissions" / "garbage" / "record.json").write_text("{not json")
 
@@ -245,6 +246,7 @@ def test_the_board_combines_registered_runs_and_scored_or_contaminated_submissio
     assert sorted(written.skipped) == [
         "'broken': distance is 'one', not int",
         "'garbage': Expecting property name enclosed in double quotes: line 1 column 2 (char 1)",
+        "'mismatch': the scorecard was not made for the record's query set and rounds",
     ]
     # recurrency and acme are the same forecasts: the same interval, tied at rank 1, listed by
     # name; empty scored nothing; the contaminated submissions are shown, never ranked.

@@ -254,6 +254,9 @@ def submission_row(record: object, name: str) -> dict | None:
         raise BadRecord(f"distance {distance} or rounds {rounds} out of range")
     card = _field(record, "scorecard", Mapping)
     n = _field(card, "queries", int)
+    split = card.get("split")
+    if not isinstance(split, Mapping) or split.get("query_set") != query_set or card.get("rounds") != rounds:
+        raise BadRecord("the scorecard was not made for the record's query set and rounds")
     scored = card.get("metrics")
     if not isinstance(scored, Mapping):
         raise BadRecord("the scorecard has no metrics")
