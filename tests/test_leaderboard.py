@@ -468,9 +468,14 @@ def test_the_leaderboard_asset_shows_runs_and_submissions_together(built):
     from assets.evaluations import leaderboard as leaderboard_asset
     from assets.resources import resources_for
 
+    # A month directory in the default local release store: there is a release to sit beside.
+    bucket = built / "releases-bucket"
+    (bucket / "releases" / "2024-02").mkdir(parents=True)
     result = dg.materialize([leaderboard_asset], resources=resources_for(data_dir=str(built)))
     assert result.success
     meta = result.asset_materializations_for_node("leaderboard")[0].metadata
+    assert meta["published"].value == ", ".join(LEADERBOARD_KEYS.values())
+    assert (bucket / LEADERBOARD_KEYS["html"]).read_bytes() == (built / "evaluations" / PAGE_FILE).read_bytes()
     assert meta["dagster/row_count"].value == 5 and meta["submissions"].value == 2
     table = meta["leaderboard"].value
     assert "| 1 | 2024-02 | queries | 1 | recurrency | registered | no | 6 | 1 |" in table
@@ -478,3 +483,7 @@ def test_the_leaderboard_asset_shows_runs_and_submissions_together(built):
     assert "95% percentile bootstrap over queries" in table
     assert meta["page"].value == str(DataLayout(built).root / "evaluations" / PAGE_FILE)
     assert meta["skipped submission records"].value == []
+    again = dg.materialize([leaderboard_asset], resources=resources_for(data_dir=str(built)))
+    assert again.asset_materializations_for_node("leaderboard")[0].metadata["published"].value == (
+        "unchanged or no release yet"
+    )
