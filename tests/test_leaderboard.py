@@ -246,7 +246,7 @@ def test_the_board_combines_registered_runs_and_scored_or_contaminated_submissio
     assert sorted(written.skipped) == [
         "'broken': distance is 'one', not int",
         "'garbage': Expecting property name enclosed in double quotes: line 1 column 2 (char 1)",
-        "'mismatch': the scorecard was not made for the record's query set and rounds",
+        "'mismatch': the scorecard was not made for the record's query set",
     ]
     # recurrency and acme are the same forecasts: the same interval, tied at rank 1, listed by
     # name; empty scored nothing; the contaminated submissions are shown, never ranked.
