@@ -12,7 +12,7 @@ from assets.resources import Dataset, GdeltFeed, LlmRuntime, ReleaseBucket, pipe
 from assets.splits import test_split
 from pipeline.agent_api import EventDatabase
 from pipeline.database import MonthNotReady
-from pipeline.evaluation.board import markdown_table, summary, write_leaderboard
+from pipeline.evaluation.board import INTERVAL_RULE, markdown_table, summary, write_leaderboard
 from pipeline.evaluation.llm import ModelUnavailable, client_for
 from pipeline.evaluation.registry import Agent, RegistryError, eligibility, load_agents
 from pipeline.evaluation.run import (
@@ -188,27 +188,35 @@ def evaluation(
     group_name="evaluation",
     kinds={"polars", "parquet"},
     code_version=EVALUATION_VERSION,
-    description=f"evaluations/leaderboard.parquet (every stored run; {RANK_RULE}) and evaluations/leaderboard.png.",
+    description=(
+        f"evaluations/leaderboard.parquet (every stored run and scored submission; {RANK_RULE}), "
+        "evaluations/leaderboard.png and the self-contained evaluations/leaderboard.html."
+    ),
 )
 def leaderboard(dataset: Dataset, gdelt: GdeltFeed, release_store: ReleaseBucket) -> dg.MaterializeResult:
     settings = pipeline_settings(dataset, gdelt, release_store)
     data_dir = settings.data_dir
-    board, board_path, chart_path = write_leaderboard(data_dir)
+    written = write_leaderboard(data_dir)
+    board = written.board
     refused = refusals(data_dir)
     # Published beside the releases (issue 7: the leaderboard goes out with the releases), once
     # there is at least one release to sit beside.
     store = open_store(settings)
-    published = publish_leaderboard(store, board_path, chart_path) if store.release_months() else []
+    published = publish_leaderboard(store, written.table, written.chart, written.page) if store.release_months() else []
     return dg.MaterializeResult(
         metadata={
             "dagster/row_count": board.height,
-            "path": dg.MetadataValue.path(str(board_path)),
+            "path": dg.MetadataValue.path(str(written.table)),
+            "page": dg.MetadataValue.path(str(written.page)),
+            "submissions": int((board.get_column("source") == "submission").sum()),
             "leaderboard": dg.MetadataValue.md(
-                f"{markdown_table(summary(board))}\n\n{RANK_RULE}; {AGGREGATION_RULE}."
+                f"{markdown_table(summary(board))}\n\n{RANK_RULE}; {INTERVAL_RULE}; {AGGREGATION_RULE}."
                 if board.height
-                else "no evaluation runs yet"
+                else "no evaluation runs or submissions yet"
             ),
-            "chart": png_metadata(chart_path),
+            "chart": png_metadata(written.chart),
+            # A submission record the board could not read (docs/evaluation.md, "The leaderboard").
+            "skipped submission records": dg.MetadataValue.json(written.skipped),
             "refusals": dg.MetadataValue.md(markdown_table(refused) if refused.height else "none"),
             "published": ", ".join(published) or "unchanged or no release yet",
         }

@@ -50,6 +50,7 @@ CONTENT_TYPES = {
     ".json": "application/json",
     ".md": "text/markdown; charset=utf-8",
     ".png": "image/png",
+    ".html": "text/html; charset=utf-8",  # the leaderboard page (pipeline/evaluation/board.py)
     # MIRAI's files (mirai/data/, pipeline/mirai_files.py): its ".csv" files are tab-separated.
     ".csv": "text/tab-separated-values; charset=utf-8",
     ".txt": "text/plain; charset=utf-8",
@@ -972,12 +973,12 @@ def build_index(store: ReleaseStore) -> dict:
     return {"format": INDEX_FORMAT, "releases": releases}
 
 
-def publish_leaderboard(store: ReleaseStore, board: Path, chart: Path) -> list[str]:
-    """Put the current leaderboard next to the releases' index. Unlike a release it changes with
-    every evaluation, so like index.json it is a revalidated pointer, not an immutable object;
-    only what changed is written. Returns the keys written."""
+def publish_leaderboard(store: ReleaseStore, board: Path, chart: Path, page: Path) -> list[str]:
+    """Put the current leaderboard (table, chart and HTML page) next to the releases' index.
+    Unlike a release it changes with every evaluation, so like index.json it is a revalidated
+    pointer, not an immutable object; only what changed is written. Returns the keys written."""
     written = []
-    for key, path in ((LEADERBOARD_KEYS["parquet"], board), (LEADERBOARD_KEYS["png"], chart)):
+    for key, path in zip(LEADERBOARD_KEYS.values(), (board, chart, page), strict=True):
         data = path.read_bytes()
         if store.get_bytes(key) != data:
             store.put_bytes(key, data, cache_control=POINTER_CACHE, if_absent=False)

@@ -23,7 +23,11 @@ RELEASE_FORMAT = "mirai-release-v1"
 RELEASES_DIR = "releases"
 INDEX_KEY = f"{RELEASES_DIR}/index.json"
 LATEST_KEY = f"{RELEASES_DIR}/latest.json"
-LEADERBOARD_KEYS = {"parquet": f"{RELEASES_DIR}/leaderboard.parquet", "png": f"{RELEASES_DIR}/leaderboard.png"}
+LEADERBOARD_KEYS = {
+    "parquet": f"{RELEASES_DIR}/leaderboard.parquet",
+    "png": f"{RELEASES_DIR}/leaderboard.png",
+    "html": f"{RELEASES_DIR}/leaderboard.html",
+}
 MANIFEST_NAME = "manifest.json"
 
 # Every file a release holds, relative to releases/YYYY-MM/ (what release_sources publishes):

@@ -23,6 +23,7 @@ from pipeline.evaluation.agents import (
     run_react,
     run_single_turn,
 )
+from pipeline.evaluation.board import leaderboard
 from pipeline.evaluation.llm import (
     HttpSettings,
     LLMError,
@@ -32,7 +33,7 @@ from pipeline.evaluation.llm import (
 )
 from pipeline.evaluation.prompts import api_description, system_prompt
 from pipeline.evaluation.registry import Agent
-from pipeline.evaluation.run import evaluate_agent, leaderboard
+from pipeline.evaluation.run import evaluate_agent
 from pipeline.storage import DataLayout
 from testbed.database import generate_event_database
 

@@ -18,13 +18,13 @@ from pipeline.evaluation.baselines import (
     recurrency,
     visible_history,
 )
+from pipeline.evaluation.board import leaderboard
 from pipeline.evaluation.metrics import SET_METRICS
 from pipeline.evaluation.registry import Agent
 from pipeline.evaluation.run import (
     AGGREGATE_COLUMNS,
     NotEligible,
     evaluate_baseline,
-    leaderboard,
     load_history,
 )
 from pipeline.storage import DataLayout, atomic_write_parquet
@@ -273,9 +273,9 @@ def test_all_zero_runs_are_ranked_last_and_ties_fall_to_level1_f1_then_mrr(tmp_p
     board = leaderboard(tmp_path)
     rows = {row["agent"]: row for row in board.iter_rows(named=True)}
     assert rows["frequency"]["level2_f1"] == rows["aaa-empty"]["level2_f1"] == 0
-    assert rows["frequency"]["level1_f1"] > 0  # the tie on level-2 F1 is broken by level-1 F1
+    assert rows["frequency"]["level1_f1"] > 0  # not all zero: ranked, below recurrency's disjoint interval
     assert board.select("rank", "agent").rows() == [(1, "recurrency"), (2, "frequency"), (None, "aaa-empty")]
-    assert "ties broken by first-level F1 then MRR" in RANK_RULE and "not ranked and listed last" in RANK_RULE
+    assert "then first-level F1, MRR and name" in RANK_RULE and "not ranked and listed last" in RANK_RULE
     assert markdown_table(summary(board)).splitlines()[-1].startswith("|  | 2024-02 |")  # unranked, last
     assert chart(board)[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -306,10 +306,12 @@ def test_leaderboard_aggregate_columns_for_baselines_and_for_runs_that_predate_t
     assert rows["old"]["aggregation"] == "1 round; Max@K, repeated and steps not stored"
     assert all(rows["old"][c] is None for c in AGGREGATE_COLUMNS)
     assert rows["old"]["rank"] == rows["recurrency"]["rank"] == 1  # equal metrics share the rank
-    # Tied, so by name: old first. The cells after MRR: Max@K L2 F1, repeated L2 F1, avg steps.
+    # Tied, so by name: old first. The cells after MRR: tokens in/out, cost, mode and action type
+    # (none for a baseline), then Max@K L2 F1, repeated L2 F1, avg steps.
     lines = markdown_table(summary(board)).splitlines()
-    assert lines[2].endswith("| 100.00 |  |  |  | 1 round; Max@K, repeated and steps not stored |")
-    assert lines[3].endswith(f"| 100.00 | {rows['recurrency']['level2_f1']:.2f} |  |  | 1 round; Max@1 |")
+    blank = "|  " * 5
+    assert lines[2].endswith(f"| 100.00 {blank}|  |  |  | 1 round; Max@K, repeated and steps not stored |")
+    assert lines[3].endswith(f"| 100.00 {blank}| {rows['recurrency']['level2_f1']:.2f} |  |  | 1 round; Max@1 |")
 
     # Only old runs: the columns are still there, all null, with their type.
     old_only = tmp_path / "old-only"

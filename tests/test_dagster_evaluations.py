@@ -216,7 +216,7 @@ def test_requested_runs_evaluate_or_refuse_and_the_leaderboard_follows(data_dir,
     meta = board_run.asset_materializations_for_node("leaderboard")[0].metadata
     assert meta["dagster/row_count"].value == 2
     assert meta["chart"].value.startswith("![leaderboard](data:image/png;base64,")
-    assert "| 1 | 2024-02 | queries_sample | 1 | recurrency | baseline | no | 3 | 1 |" in meta["leaderboard"].value
+    assert "| 1 | 2024-02 | queries_sample | 1 | recurrency | registered | no | 3 | 1 |" in meta["leaderboard"].value
     assert "| 2024-02 | queries_sample | recent-llm |" in meta["refusals"].value
     assert meta["published"].value == "unchanged or no release yet"  # nothing released in this store
     board = pl.read_parquet(layout.root / "evaluations/leaderboard.parquet")

@@ -26,10 +26,11 @@ from pipeline.evaluation.agents import (
     run_react,
     run_single_turn,
 )
+from pipeline.evaluation.board import leaderboard
 from pipeline.evaluation.llm import LLMError
 from pipeline.evaluation.prompts import api_description, system_prompt
 from pipeline.evaluation.registry import Agent, RegistryError, parse_agents
-from pipeline.evaluation.run import agent_config_hash, evaluate_agent, evaluate_baseline, leaderboard
+from pipeline.evaluation.run import agent_config_hash, evaluate_agent, evaluate_baseline
 from testbed.database import generate_event_database
 from tests.test_agents import ScriptedClient
 

