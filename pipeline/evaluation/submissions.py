@@ -230,7 +230,13 @@ def cutoff_rule(meta: Metadata) -> tuple[bool, str]:
         distances=(meta.distance,),
         rounds=meta.rounds,
     )
-    return eligibility(agent, meta.first_day())
+    eligible, _ = eligibility(agent, meta.first_day())
+    if eligible:
+        return True, f"knowledge cutoff {meta.knowledge_cutoff} is before {meta.month}"
+    return False, (
+        f"contaminated: knowledge cutoff {meta.knowledge_cutoff} is not before {meta.first_day()}: the model may have "
+        f"seen {meta.month}'s events, so it is scored and shown, never ranked"
+    )
 
 
 def split_queries(data_dir: Path, month: str, query_set: str) -> Path:
@@ -552,3 +558,89 @@ def triage(
                 continue
         result.ready[name] = content.hexdigest()[:16]
     return result
+
+
+# --- mirai submit -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A submission checked on the submitter's machine, ready to upload."""
+
+    name: str
+    meta: Metadata
+    metadata: bytes  # submission.json as read
+    filename: str  # predictions.<ext>
+    predictions: bytes
+
+
+def _read_local(path: Path, cap: int, what: str) -> bytes:
+    try:
+        size = path.stat().st_size
+    except OSError as exc:
+        raise SubmissionError(f"{path}: {exc.strerror}") from None
+    if not path.is_file():
+        raise SubmissionError(f"{path}: not a file")
+    if size > cap:
+        raise SubmissionError(f"{path}: {what} is {size:,} bytes, over the {cap:,} cap")
+    with open(path, "rb") as fh:
+        data = fh.read(cap + 1)
+    if len(data) > cap:
+        raise SubmissionError(f"{path}: {what} is over the {cap:,} cap")
+    return data
+
+
+def prepare(name: str, predictions: Path, metadata: Path) -> tuple[Prepared | None, list[str]]:
+    """The checks the pipeline applies before scoring, on local files: (the submission, []) or
+    (None, one line per problem)."""
+    problems = []
+    if not is_submission_name(name):
+        problems.append(f"the name {shown(name)} is not letters, digits and '._-' (at most 64, starting alphanumeric)")
+    suffix = predictions.suffix.lower()
+    filename = f"predictions{suffix}"
+    if filename not in PREDICTION_NAMES:
+        problems.append(
+            f"{predictions}: expected a .jsonl, .csv or .parquet file (MIRAI round directories: `mirai score`)"
+        )
+    meta, raw, data = None, b"", b""
+    try:
+        raw = _read_local(metadata, MAX_METADATA_BYTES, SUBMISSION_META)
+        meta, _, found = parse_metadata(raw)
+        problems += [line.replace(SUBMISSION_META, str(metadata), 1) for line in found]
+    except SubmissionError as exc:
+        problems.append(str(exc))
+    try:
+        data = _read_local(predictions, MAX_SUBMISSION_BYTES, "the predictions file")
+    except SubmissionError as exc:
+        problems.append(str(exc))
+    if problems or meta is None:
+        return None, problems
+    return Prepared(name, meta, raw, filename, data), []
+
+
+def score_locally(prepared: Prepared, split_dir: Path):
+    """Strict scoring as the pipeline's (InvalidPredictions / ScoringError when it would refuse)."""
+    with tempfile.TemporaryDirectory(prefix="mirai-submit-") as private:
+        path = Path(private) / prepared.filename
+        path.write_bytes(prepared.predictions)
+        return score_predictions(
+            path, split_dir, sample=prepared.meta.query_set == "queries_sample", distance=prepared.meta.distance
+        )
+
+
+def check_name_free(store: ReleaseStore, name: str) -> None:
+    if store.list_keys(f"{SUBMISSIONS_DIR}/{name}/", max_keys=1).keys:
+        raise SubmissionError(f"the submission name {name!r} is taken in {store.description}: choose another")
+
+
+def upload(store: ReleaseStore, prepared: Prepared) -> None:
+    """Predictions first, submission.json last (its presence means the upload is complete); an
+    existing name is never overwritten (SubmissionError)."""
+    name = prepared.name
+    check_name_free(store, name)
+    for file, data in ((prepared.filename, prepared.predictions), (SUBMISSION_META, prepared.metadata)):
+        if not store.put_bytes(submission_key(name, file), data, cache_control=POINTER_CACHE, if_absent=True):
+            raise SubmissionError(
+                f"{submission_key(name, file)} appeared in {store.description} meanwhile: the name {name!r} is "
+                "taken; choose another"
+            )
