@@ -18,6 +18,7 @@ import dagster as dg
 
 from assets.resources import Dataset, ReleaseBucket, pipeline_settings
 from assets.submissions import submission, submission_partitions
+from pipeline.evaluation.scoring import bounded
 from pipeline.evaluation.submissions import triage
 from pipeline.release import open_store
 from sensors.evaluations import IN_FLIGHT, leaderboard_job
@@ -38,7 +39,7 @@ def submission_sensor(
     state = json.loads(context.cursor) if context.cursor else {"after": "", "board": 0}
     settings = pipeline_settings(dataset, release_store)
     found = triage(open_store(settings), settings.data_dir, start_after=state["after"])
-    for line in found.stray + found.waiting:
+    for line in bounded(found.stray + found.waiting):  # at most 50 lines a tick
         context.log.info(line)
     known = set(context.instance.get_dynamic_partitions(submission_partitions.name))
     new = [name for name in found.ready if name not in known]
