@@ -456,7 +456,10 @@ def tick(defs: dg.Definitions, instance: dg.DagsterInstance, cursor: str | None)
     return data
 
 
-def test_round_trip_on_seaweedfs_through_the_sensor(s3_server, bucket, data_dir, submit_files, capsys):
+def test_round_trip_on_seaweedfs_through_the_sensor(s3_server, bucket, data_dir, submit_files, capsys, monkeypatch):
+    # The predictions cap lowered to 1 MiB so that the oversized upload is 2 MiB, not 64 (the
+    # real cap is exercised on a local store above); the check is the same code.
+    monkeypatch.setattr(sub, "MAX_SUBMISSION_BYTES", 2**20)
     uri = f"s3://{bucket}/mirai/v1"
     preds, meta = submit_files
     assert main(["submit", str(preds), "--meta", str(meta), "--name", "good", "--store", uri]) == 0
@@ -466,7 +469,7 @@ def test_round_trip_on_seaweedfs_through_the_sensor(s3_server, bucket, data_dir,
     admin, prefix = s3_server.client(), "mirai/v1/submissions"
     admin.put_object(Bucket=bucket, Key=f"{prefix}/deep/predictions.jsonl", Body=predictions())
     admin.put_object(Bucket=bucket, Key=f"{prefix}/deep/submission.json", Body=b"[" * 10000)
-    admin.put_object(Bucket=bucket, Key=f"{prefix}/huge/predictions.csv", Body=b"x" * (sub.MAX_SUBMISSION_BYTES + 1))
+    admin.put_object(Bucket=bucket, Key=f"{prefix}/huge/predictions.csv", Body=b"x" * 2**21)
     admin.put_object(Bucket=bucket, Key=f"{prefix}/huge/submission.json", Body=json.dumps(META).encode())
     admin.put_object(Bucket=bucket, Key=f"{prefix}/.hidden/submission.json", Body=b"{}")
     admin.put_object(Bucket=bucket, Key=f"{prefix}/bad name/submission.json", Body=b"{}")
@@ -496,7 +499,9 @@ def test_round_trip_on_seaweedfs_through_the_sensor(s3_server, bucket, data_dir,
         assert good["status"].value == "scored" and "| level2_f1 |" in good["scorecard"].value
         assert 0 < good["level2_f1"].value < 100
         assert meta_of["deep"]["status"].value == "rejected" and "nested too deeply" in meta_of["deep"]["reasons"].value
-        assert "over the 67,108,864 cap; not read" in meta_of["huge"]["reasons"].value
+        assert (
+            "predictions.csv is 2,097,152 bytes, over the 1,048,576 cap; not read" in meta_of["huge"]["reasons"].value
+        )
         assert "unexpected object 'b/c/submission.json'" in meta_of["a"]["reasons"].value
         store = open_store(_settings(data_dir, uri, s3_server))
         for name in ("deep", "huge", "a"):

@@ -45,6 +45,7 @@ from pipeline.release_layout import (
     SUBMISSION_META,
     SUBMISSION_REJECTION,
     SUBMISSIONS_DIR,
+    UnsafeRelease,
     is_month,
     is_submission_name,
     shown,
@@ -60,8 +61,6 @@ MAX_METADATA_BYTES = 16 * 2**10
 # The predictions file: the cap `mirai score` applies to a local file (a month's ~2,000 queries
 # with full answers are under 10 MB as JSONL), checked on the listed size before any byte is read.
 MAX_SUBMISSION_BYTES = MAX_PREDICTIONS_BYTES
-# rejection.json is ours but lives in a bucket others write to: read back no more than this.
-MAX_REJECTION_BYTES = 256 * 2**10
 MAX_TEXT_CHARS = 200  # model and contact: a name and an e-mail address or URL
 # Keys listed per look at the store (the sensor pages through the rest on later ticks), and per
 # submission (it holds at most len(SUBMISSION_FILES) objects; more is an attack or a mistake).
@@ -375,6 +374,21 @@ def _reject(store: ReleaseStore, record: dict) -> dict:
 # --- processing ---------------------------------------------------------------------------------
 
 
+def _read(store: ReleaseStore, key: str, limit: int) -> tuple[bytes | None, str | None]:
+    """(the object's bytes, None), or (None, why it is refused) when the upload itself is at fault:
+    a link or special file, more than ``limit`` bytes, bytes that fail the checksum the store
+    recorded. A store that cannot be reached or refuses access raises (ReleaseError): not the
+    submitter's fault, so the run fails and nothing is recorded."""
+    from botocore.exceptions import FlexibleChecksumError
+
+    try:
+        return store.get_bytes(key, limit=limit), None
+    except UnsafeRelease as exc:
+        return None, str(exc)
+    except FlexibleChecksumError:
+        return None, f"{key}: its bytes do not match the checksum the store recorded"
+
+
 def _lock(data_dir: Path):
     """One submission at a time per data directory: the duplicate check, scoring and the record
     are one step, so two identical files processed at once cannot both be scored."""
@@ -429,10 +443,9 @@ def _process(store: ReleaseStore, upload: Upload, data_dir: Path, now: datetime)
         if meta_item.size > MAX_METADATA_BYTES:
             problems.append(f"{SUBMISSION_META} is {meta_item.size:,} bytes, over the {MAX_METADATA_BYTES:,} cap")
         else:
-            try:
-                raw = store.get_bytes(meta_item.key, limit=MAX_METADATA_BYTES)
-            except ReleaseError as exc:
-                problems.append(f"{SUBMISSION_META} could not be read: {exc}")
+            raw, problem = _read(store, meta_item.key, MAX_METADATA_BYTES)
+            if problem:
+                problems.append(f"{SUBMISSION_META} could not be read: {problem}")
             else:
                 meta, fields, found = parse_metadata(raw or b"")
                 problems += found
@@ -446,10 +459,9 @@ def _process(store: ReleaseStore, upload: Upload, data_dir: Path, now: datetime)
     item = predictions[0]
     filename = item.key.rsplit("/", 1)[1]
     with tempfile.TemporaryDirectory(prefix="mirai-submission-") as private:  # mode 0700
-        try:
-            data = store.get_bytes(item.key, limit=MAX_SUBMISSION_BYTES)
-        except ReleaseError as exc:
-            return rejected([f"{filename} could not be read: {exc}"], fields)
+        data, problem = _read(store, item.key, MAX_SUBMISSION_BYTES)
+        if problem:
+            return rejected([f"{filename} could not be read: {problem}"], fields)
         if data is None:
             return rejected([f"{filename} disappeared while the submission was processed"], fields)
         sha256 = hashlib.sha256(data).hexdigest()
@@ -549,7 +561,7 @@ def triage(
         if meta_item is not None and meta_item.size <= MAX_METADATA_BYTES and not upload.odd:
             try:
                 raw = store.get_bytes(meta_item.key, limit=MAX_METADATA_BYTES) or b""
-            except ReleaseError:
+            except Exception:  # whatever the upload does to a read, its run refuses it, not this look
                 raw = b""
             content.update(raw)
             meta, _, _ = parse_metadata(raw)
