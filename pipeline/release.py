@@ -289,6 +289,8 @@ class LocalStore(ReleaseStore):
         # Directories are walked in S3's key order (a directory sorts as its name plus "/"), so
         # start_after pages through as on S3; a link is listed with its problem, never entered.
         base = path_inside(self.root, prefix.rstrip("/"))
+        if not Path(os.path.realpath(base.parent)).is_relative_to(self.root):
+            raise UnsafeRelease(f"{prefix} at {self.description}: a directory on its path is a link out of the store")
         found: list[ListedKey] = []
 
         def walk(directory: Path, key_prefix: str) -> bool:  # False once max_keys + 1 are found

@@ -348,6 +348,21 @@ def test_hostile_local_uploads_are_refused_and_nothing_outside_is_touched(store,
     assert sub.triage(store, data_dir).ready == {}
 
 
+def test_a_submissions_area_that_is_a_link_is_not_entered(store, data_dir, tmp_path):
+    outside = tmp_path / "outside"
+    upload(LocalStore(outside), "planted")
+    store.root.mkdir()
+    (store.root / "submissions").symlink_to(outside / "submissions", target_is_directory=True)
+    found = sub.triage(store, data_dir)
+    assert found.ready == {} and found.stray == ["'submissions' is a symbolic link: nothing under it is read"]
+    with pytest.raises(UnsafeRelease, match="link out of the store"):
+        sub.process(store, "planted", data_dir)
+    assert sorted(p.name for p in (outside / "submissions" / "planted").iterdir()) == [
+        "predictions.jsonl",
+        "submission.json",
+    ]
+
+
 def test_a_month_without_a_split_waits(store, data_dir):
     upload(store, "future", {**META, "month": "2024-02"})
     found = sub.triage(store, data_dir)
@@ -398,6 +413,15 @@ def test_submit_uploads_a_checked_submission_and_never_overwrites_a_name(submit_
     ]
     assert main(argv) == 1
     assert "the submission name 'mine' is taken" in capsys.readouterr().err
+
+
+def test_submit_without_a_local_split_uploads_and_says_it_was_not_scored_here(submit_files, tmp_path, capsys):
+    preds, meta = submit_files
+    meta.write_text(json.dumps({**META, "month": "2024-02"}))
+    bucket = tmp_path / "cli-bucket"
+    assert main(["submit", str(preds), "--meta", str(meta), "--name", "feb", "--store", str(bucket)]) == 0
+    assert "not scored here (no split for 2024-02" in capsys.readouterr().err
+    assert (bucket / "submissions" / "feb" / "submission.json").is_file()
 
 
 @pytest.mark.parametrize(

@@ -267,6 +267,9 @@ def group_uploads(keys: list[ListedKey]) -> tuple[dict[str, Upload], list[str]]:
     uploads: dict[str, Upload] = {}
     stray: list[str] = []
     for item in keys:
+        if not item.key.startswith(f"{SUBMISSIONS_DIR}/"):  # the area itself is a link or a file
+            stray.append(f"{shown(item.key)} is {item.problem or 'not a directory'}: nothing under it is read")
+            continue
         name, _, file = item.key.removeprefix(f"{SUBMISSIONS_DIR}/").partition("/")
         if not is_submission_name(name):
             stray.append(f"{shown(item.key)}: not under a valid submission name (letters, digits, '._-', at most 64)")
