@@ -7,6 +7,7 @@ from assets.resources import Dataset, ReleaseBucket, pipeline_settings
 from pipeline.evaluation.scoring import markdown
 from pipeline.evaluation.submissions import RECORD_FORMAT, NotReady, SubmissionError, process, record_path
 from pipeline.release import ReleaseError, open_store
+from pipeline.storage import LockTimeout
 
 submission_partitions = dg.DynamicPartitionsDefinition(name="submissions")
 HEADLINE = ("level2_f1", "level1_f1", "mrr")
@@ -26,7 +27,7 @@ def submission(
     settings = pipeline_settings(dataset, release_store)
     try:
         record = process(open_store(settings), context.partition_key, settings.data_dir)
-    except NotReady as exc:  # a later materialisation can succeed: nothing was written
+    except (NotReady, LockTimeout) as exc:  # a later materialisation can succeed: nothing was written
         raise dg.Failure(description=str(exc)) from exc
     except SubmissionError as exc:
         raise dg.Failure(description=str(exc), allow_retries=False) from exc

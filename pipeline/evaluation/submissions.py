@@ -18,7 +18,6 @@ has not built yet: both are retried at a later look (``triage``).
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import math
@@ -51,7 +50,7 @@ from pipeline.release_layout import (
     shown,
     submission_key,
 )
-from pipeline.storage import DataLayout, atomic_write_bytes
+from pipeline.storage import DataLayout, atomic_write_bytes, file_lock
 
 RECORD_FORMAT = "mirai-submission-record-v1"
 REJECTION_FORMAT = "mirai-submission-rejection-v1"
@@ -68,6 +67,9 @@ MAX_LISTED_KEYS = 5000
 MAX_KEYS_PER_SUBMISSION = 16
 # Predictions with no submission.json after this long are an abandoned half-upload: refused.
 ABANDONED_AFTER = timedelta(hours=1)
+# Processing one submission takes well under a second for a month's ~2,000 queries; a run that
+# waits this long behind others fails and can be materialised again.
+LOCK_TIMEOUT_S = 600
 
 QUERY_SETS = ("queries", "queries_sample")
 API_MODES = ("native", "mirai")
@@ -392,21 +394,12 @@ def _read(store: ReleaseStore, key: str, limit: int) -> tuple[bytes | None, str 
         return None, f"{key}: its bytes do not match the checksum the store recorded"
 
 
-def _lock(data_dir: Path):
-    """One submission at a time per data directory: the duplicate check, scoring and the record
-    are one step, so two identical files processed at once cannot both be scored."""
-    path = DataLayout(data_dir).root / SUBMISSIONS_DIR / ".lock"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fh = open(path, "a")
-    fcntl.flock(fh, fcntl.LOCK_EX)
-    return fh
-
-
 def process(store: ReleaseStore, name: str, data_dir: Path, *, now: datetime | None = None) -> dict:
     """Check, score and record submission ``name``; return its record. A submission with a record
     is not processed again (the stored record is returned). NotReady: try again later, nothing
-    was written."""
-    with _lock(data_dir):
+    was written. One submission at a time per data directory (a flock): the duplicate check, the
+    scoring and the record are one step, so two identical files cannot both be scored."""
+    with file_lock(DataLayout(data_dir).lock_path("submissions"), LOCK_TIMEOUT_S):
         existing = read_record(data_dir, name)
         if existing is not None:
             return existing
