@@ -198,6 +198,18 @@ def test_a_good_submission_is_scored_and_recorded_in_the_shared_format(store, da
     assert (data_dir / "submissions" / "good-1" / "record.json").stat().st_mtime == 0
 
 
+@pytest.mark.parametrize("file", ["csv", "parquet"])
+def test_csv_and_parquet_predictions_score_as_jsonl(store, data_dir, tmp_path, file):
+    upload(store, "as-jsonl")
+    table = pl.DataFrame({"query_id": list(ANSWERS), "answer": [json.dumps(a) for a in ANSWERS.values()]})
+    path = tmp_path / f"p.{file}"
+    table.write_csv(path) if file == "csv" else table.write_parquet(path)
+    upload(store, f"as-{file}", META, path.read_bytes(), file)
+    jsonl = sub.process(store, "as-jsonl", data_dir)["scorecard"]["metrics"]
+    other = sub.process(store, f"as-{file}", data_dir)
+    assert other["status"] == "scored" and other["scorecard"]["metrics"] == jsonl
+
+
 def test_the_sample_query_set_scores_against_queries_sample(store, data_dir):
     upload(store, "sample", {**META, "query_set": "queries_sample"}, predictions(dict(list(ANSWERS.items())[:2])))
     record = sub.process(store, "sample", data_dir)
@@ -537,6 +549,18 @@ def test_round_trip_on_seaweedfs_through_the_sensor(s3_server, bucket, data_dir,
         again = tick(defs, instance, data.cursor)
         assert [r.job_name for r in again.run_requests] == [leaderboard_job.name]
         assert tick(defs, instance, again.cursor).run_requests == []
+
+    # The S3 listing pages in key order, as the local one: two keys at a time reach every key once.
+    everything = store.list_keys("submissions/", max_keys=100).keys
+    paged, after = [], ""
+    while True:
+        page = store.list_keys("submissions/", max_keys=2, start_after=after)
+        paged += page.keys
+        if not page.truncated:
+            break
+        after = page.keys[-1].key
+    assert [k.key for k in paged] == [k.key for k in everything] == sorted(k.key for k in everything)
+    assert len(everything) == 12  # the 4 uploads' 7 objects, 3 rejections, 2 keys under invalid names
 
 
 def _settings(data_dir: Path, uri: str, server) -> Settings:
