@@ -346,7 +346,7 @@ def _record(
         "reasons": reasons,
         **{k: fields.get(k) for k in REQUIRED_FIELDS + OPTIONAL_FIELDS},
         "predictions_sha256": sha256,
-        "submitted_at": submitted.isoformat() if submitted else None,
+        "submitted_at": submitted.astimezone(UTC).isoformat() if submitted else None,
         "scored_at": _now().isoformat(),
         "scorecard": card,
     }
