@@ -10,6 +10,7 @@ from assets.ingest import gdelt_events, gdelt_files, gdelt_mentions
 from assets.release import release
 from assets.resources import resources_from_env
 from assets.splits import test_split
+from assets.submissions import submission
 from quality.event_checks import (
     articles_valid,
     daily_quads_valid,
@@ -23,6 +24,7 @@ from sensors.alerts import alert_on_run_failure, gdelt_freshness
 from sensors.evaluations import evaluation_job, evaluation_sensor, leaderboard_job
 from sensors.monthly import monthly_release_daily, monthly_release_job
 from sensors.schedules import articles_hourly, articles_job, gdelt_every_15_minutes, gdelt_ingest_job
+from sensors.submissions import submission_job, submission_sensor
 
 defs = dg.Definitions(
     assets=[
@@ -38,6 +40,7 @@ defs = dg.Definitions(
         release,
         evaluation,
         leaderboard,
+        submission,
     ],
     asset_checks=[
         gdelt_files_all_green,
@@ -50,9 +53,9 @@ defs = dg.Definitions(
         articles_valid,
         split_leakage_audit,
     ],
-    jobs=[gdelt_ingest_job, articles_job, monthly_release_job, evaluation_job, leaderboard_job],
+    jobs=[gdelt_ingest_job, articles_job, monthly_release_job, evaluation_job, leaderboard_job, submission_job],
     schedules=[gdelt_every_15_minutes, articles_hourly, monthly_release_daily],
-    sensors=[alert_on_run_failure, gdelt_freshness, evaluation_sensor],
+    sensors=[alert_on_run_failure, gdelt_freshness, evaluation_sensor, submission_sensor],
     # Built from the environment when the code location loads (README.md's variables); the
     # launchpad overrides any field per run (docs/deploy.md, "Resources").
     resources=resources_from_env(),

@@ -388,6 +388,59 @@ def cmd_score(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_submit(args: argparse.Namespace) -> int:
+    """Check a predictions file and its submission.json as the pipeline will, then upload them to the
+    release store's submissions/ (docs/evaluation.md, "Submissions")."""
+    from pipeline.evaluation.scoring import InvalidPredictions, ScoringError, bounded, split_directory
+    from pipeline.evaluation.submissions import (
+        SubmissionError,
+        check_name_free,
+        cutoff_rule,
+        prepare,
+        score_locally,
+        upload,
+    )
+    from pipeline.release import open_store
+
+    prepared, problems = prepare(args.name, args.predictions, args.meta)
+    if prepared is None:
+        for line in bounded(problems):
+            print(line, file=sys.stderr)
+        raise CommandError(f"{len(problems)} problem(s); nothing was uploaded")
+    settings = Settings.from_env()
+    store = open_store(settings, uri=args.store)
+    try:
+        check_name_free(store, prepared.name)
+    except SubmissionError as exc:
+        raise CommandError(str(exc)) from None
+    month = prepared.meta.month
+    try:
+        split = split_directory(str(args.split) if args.split else month, settings.data_dir)
+    except ScoringError as exc:
+        if args.split:
+            raise CommandError(str(exc)) from None
+        print(f"not scored here ({exc}); the pipeline scores it against its own {month} split", file=sys.stderr)
+    else:
+        try:
+            result = score_locally(prepared, split)
+        except InvalidPredictions as exc:
+            for line in bounded(exc.problems):
+                print(line, file=sys.stderr)
+            raise CommandError(f"{len(exc.problems)} problem(s) in the predictions; nothing was uploaded") from None
+        except ScoringError as exc:
+            raise CommandError(f"{exc}; nothing was uploaded") from None
+        print(result.markdown(), end="")
+    eligible, why = cutoff_rule(prepared.meta)
+    if not eligible:
+        print(why, file=sys.stderr)
+    try:
+        upload(store, prepared)
+    except SubmissionError as exc:
+        raise CommandError(str(exc)) from None
+    print(f"submitted {prepared.name!r} to {store.description} (submissions/{prepared.name}/)")
+    return 0
+
+
 def cmd_serve_release(args: argparse.Namespace) -> int:
     """Serve the store `mirai demo` published to, on a stable port (testbed/demo.py)."""
     import socket
@@ -535,6 +588,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--out", type=Path, help="write scorecard.json and scorecard.md here")
     p.set_defaults(func=cmd_score)
+
+    p = sub.add_parser(
+        "submit", parents=[debug], help="check a predictions file as the pipeline will and upload it for scoring"
+    )
+    p.add_argument("predictions", type=Path, help="a .jsonl, .csv or .parquet predictions file (as `mirai score`)")
+    p.add_argument("--meta", type=Path, required=True, help="submission.json: model, knowledge_cutoff, contact, ...")
+    p.add_argument("--name", required=True, help="the submission's name: letters, digits and '._-', at most 64")
+    p.add_argument(
+        "--split", type=Path, help="the month's release directory to score against first (default: the data dir's)"
+    )
+    p.add_argument("--store", help="the release store: s3://bucket/prefix or a path (default: MIRAI_RELEASE_URI)")
+    p.set_defaults(func=cmd_submit)
 
     p = sub.add_parser(
         "serve-release",

@@ -12,9 +12,11 @@ and each step in detail: docs/releases.md.
 from __future__ import annotations
 
 import base64
+import errno
 import hashlib
 import json
 import os
+import stat as stat_mode
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -95,6 +97,20 @@ class ObjectInfo:
     composite: str | None = None  # S3's "<base64>-<parts>" checksum of a multipart upload
 
 
+@dataclass(frozen=True)
+class ListedKey:
+    key: str  # relative to the store's root
+    size: int
+    modified: datetime
+    problem: str | None = None  # why it is not a plain object (a link, a directory, a special file)
+
+
+@dataclass(frozen=True)
+class Listing:
+    keys: list[ListedKey]  # in key order (S3's: by the key's UTF-8 bytes)
+    truncated: bool  # more keys follow: list again with start_after=keys[-1].key
+
+
 class ReleaseStore(ABC):
     """Keys are relative to the store's root ("releases/2024-02/queries.parquet")."""
 
@@ -129,6 +145,12 @@ class ReleaseStore(ABC):
         """Months with a directory under releases/ (published or not), sorted."""
 
     @abstractmethod
+    def list_keys(self, prefix: str, *, max_keys: int, start_after: str = "") -> Listing:
+        """At most ``max_keys`` keys under ``prefix`` (ending in "/"), after ``start_after``, each
+        with its size; nothing is followed or read (a link in a local store is listed, with its
+        problem, never entered)."""
+
+    @abstractmethod
     def public_url(self, key: str) -> str:
         """An address of the key for logs and metadata (it may name a local endpoint or directory)."""
 
@@ -158,16 +180,37 @@ class LocalStore(ReleaseStore):
         self._public = public_url.rstrip("/")
 
     def _path(self, key: str) -> Path:
-        # The same layout check as mirai download's: no key reaches outside releases/YYYY-MM/.
-        return path_inside(self.root, check_store_key(key))
+        # The same layout check as mirai download's: no key reaches outside releases/YYYY-MM/ (or
+        # submissions/<name>/), and no directory on the way is a link leading out of the store
+        # (whoever uploads submissions may be able to make one).
+        path = path_inside(self.root, check_store_key(key))
+        if not Path(os.path.realpath(path.parent)).is_relative_to(self.root):
+            raise UnsafeRelease(f"{key} at {self.description}: a directory on its path is a link out of the store")
+        return path
 
-    def stat(self, key: str) -> ObjectInfo | None:
-        path = self._path(key)
+    def _open(self, key: str):
+        """The key's file opened for reading, None when there is none; a link or anything but a
+        regular file is refused (UnsafeRelease), never followed."""
         try:
-            st = path.stat()
+            fd = os.open(self._path(key), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except FileNotFoundError:
             return None
-        with open(path, "rb") as fh:
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise UnsafeRelease(f"{key} at {self.description} is a symbolic link; refused") from None
+            raise
+        fh = os.fdopen(fd, "rb")
+        if not stat_mode.S_ISREG(os.fstat(fd).st_mode):
+            fh.close()
+            raise UnsafeRelease(f"{key} at {self.description} is not a regular file; refused")
+        return fh
+
+    def stat(self, key: str) -> ObjectInfo | None:
+        fh = self._open(key)
+        if fh is None:
+            return None
+        with fh:
+            st = os.fstat(fh.fileno())
             digest = hashlib.file_digest(fh, "sha256").hexdigest()
         return ObjectInfo(size=st.st_size, sha256=digest, modified=datetime.fromtimestamp(st.st_mtime, UTC))
 
@@ -224,18 +267,16 @@ class LocalStore(ReleaseStore):
         return True
 
     def get_bytes(self, key: str, *, limit: int | None = None) -> bytes | None:
-        try:
-            fh = open(self._path(key), "rb")
-        except FileNotFoundError:
+        fh = self._open(key)
+        if fh is None:
             return None
         with fh:
             return _read_bounded(fh, key, limit, self.description)
 
     def read_from(self, key: str, offset: int) -> Iterator[bytes]:
-        try:
-            fh = open(self._path(key), "rb")
-        except FileNotFoundError as exc:
-            raise ReleaseError(f"{key} is listed in the manifest but missing from {self.description}") from exc
+        fh = self._open(key)
+        if fh is None:
+            raise ReleaseError(f"{key} is listed in the manifest but missing from {self.description}")
         with fh:
             fh.seek(offset)
             while chunk := fh.read(CHUNK):
@@ -244,6 +285,48 @@ class LocalStore(ReleaseStore):
     def release_months(self) -> list[str]:
         base = self.root / RELEASES_DIR
         return sorted(p.name for p in base.iterdir() if p.is_dir() and is_month(p.name)) if base.is_dir() else []
+
+    def list_keys(self, prefix: str, *, max_keys: int, start_after: str = "") -> Listing:
+        # Directories are walked in S3's key order (a directory sorts as its name plus "/"), so
+        # start_after pages through as on S3; a link is listed with its problem, never entered.
+        base = path_inside(self.root, prefix.rstrip("/"))
+        if not Path(os.path.realpath(base.parent)).is_relative_to(self.root):
+            raise UnsafeRelease(f"{prefix} at {self.description}: a directory on its path is a link out of the store")
+        found: list[ListedKey] = []
+
+        def walk(directory: Path, key_prefix: str) -> bool:  # False once max_keys + 1 are found
+            try:
+                with os.scandir(directory) as entries:
+                    ordered = sorted(entries, key=lambda e: e.name + ("/" if e.is_dir(follow_symlinks=False) else ""))
+            except (FileNotFoundError, NotADirectoryError):
+                return True
+            for entry in ordered:
+                key = key_prefix + entry.name
+                if entry.is_dir(follow_symlinks=False):
+                    if (key + "/" > start_after or start_after.startswith(key + "/")) and not walk(
+                        Path(entry.path), key + "/"
+                    ):
+                        return False
+                    continue
+                if key <= start_after:
+                    continue
+                st = entry.stat(follow_symlinks=False)
+                problem = (
+                    None
+                    if stat_mode.S_ISREG(st.st_mode)
+                    else "a symbolic link"
+                    if stat_mode.S_ISLNK(st.st_mode)
+                    else "not a regular file"
+                )
+                found.append(ListedKey(key, st.st_size, datetime.fromtimestamp(st.st_mtime, UTC), problem))
+                if len(found) > max_keys:
+                    return False
+            return True
+
+        if base.is_symlink():
+            return Listing([ListedKey(prefix.rstrip("/"), 0, datetime.now(UTC), "a symbolic link")], False)
+        walk(base, prefix)
+        return Listing(found[:max_keys], len(found) > max_keys)
 
     def public_url(self, key: str) -> str:
         return f"{self._public}/{quote(key, safe='/=')}" if self._public else self._path(key).as_uri()
@@ -468,6 +551,26 @@ class S3Store(ReleaseStore):
         )
         names = (p["Prefix"].rstrip("/").rsplit("/", 1)[-1] for page in pages for p in page.get("CommonPrefixes", []))
         return sorted(n for n in names if is_month(n))
+
+    def list_keys(self, prefix: str, *, max_keys: int, start_after: str = "") -> Listing:
+        from botocore.exceptions import ClientError
+
+        args = {"Bucket": self.bucket, "Prefix": self._key(prefix)}
+        if start_after:
+            args["StartAfter"] = self._key(start_after)
+        pages = self.client.get_paginator("list_objects_v2").paginate(
+            **args, PaginationConfig={"MaxItems": max_keys + 1, "PageSize": min(1000, max_keys + 1)}
+        )
+        strip = len(self._key(""))
+        try:
+            found = [
+                ListedKey(item["Key"][strip:], item["Size"], item["LastModified"])
+                for page in pages
+                for item in page.get("Contents", [])
+            ]
+        except ClientError as exc:
+            raise _explain(exc, self.description) from exc
+        return Listing(found[:max_keys], len(found) > max_keys)
 
     def abort_unfinished_uploads(self, prefix: str) -> list[str]:
         from botocore.exceptions import ClientError

@@ -29,6 +29,18 @@ LEADERBOARD_KEYS = {
     "html": f"{RELEASES_DIR}/leaderboard.html",
 }
 MANIFEST_NAME = "manifest.json"
+# Submitted predictions (docs/evaluation.md, "Submissions"): submissions/<name>/ holds one
+# predictions file and submission.json (uploaded last: its presence means the upload is complete);
+# the pipeline adds rejection.json beside a refused one. Written by strangers: the names are
+# checked as strictly as a release's.
+SUBMISSIONS_DIR = "submissions"
+SUBMISSION_META = "submission.json"
+SUBMISSION_REJECTION = "rejection.json"
+PREDICTION_NAMES = ("predictions.jsonl", "predictions.csv", "predictions.parquet")
+SUBMISSION_FILES = frozenset({SUBMISSION_META, SUBMISSION_REJECTION, *PREDICTION_NAMES})
+# A submission's name is one short path segment: letters, digits and "._-", starting with a
+# letter or digit (so never "." or ".."), at most 64 characters.
+_SUBMISSION_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 # Every file a release holds, relative to releases/YYYY-MM/ (what release_sources publishes):
 CARD_NAME = "README.md"  # the dataset card (pipeline/card.py)
@@ -219,12 +231,29 @@ def check_index(index: object, where: str) -> dict[str, str]:
     return published
 
 
+def is_submission_name(name: object) -> bool:
+    return isinstance(name, str) and _SUBMISSION_NAME.fullmatch(name) is not None
+
+
+def submission_key(name: str, file: str) -> str:
+    return f"{SUBMISSIONS_DIR}/{name}/{file}"
+
+
 def check_store_key(key: str) -> str:
-    """``key`` when a release store may hold it: a pointer under releases/, or releases/YYYY-MM/
-    followed by the manifest's name or a name check_name allows."""
+    """``key`` when a release store may hold it: a pointer under releases/, releases/YYYY-MM/
+    followed by the manifest's name or a name check_name allows, or submissions/<name>/ followed by
+    one of SUBMISSION_FILES."""
     if key in (INDEX_KEY, LATEST_KEY, *LEADERBOARD_KEYS.values()):
         return key
     head, _, rest = key.partition("/")
+    if head == SUBMISSIONS_DIR:
+        name, _, file = rest.partition("/")
+        if not is_submission_name(name) or file not in SUBMISSION_FILES:
+            raise UnsafeRelease(
+                f"the store key {shown(key)} is not {SUBMISSIONS_DIR}/<name>/<file> with a name of letters, digits "
+                f"and '._-' (at most 64) and a file among {', '.join(sorted(SUBMISSION_FILES))}; refused"
+            )
+        return key
     month, _, name = rest.partition("/")
     if head != RELEASES_DIR or not is_month(month):
         raise UnsafeRelease(

@@ -1,0 +1,49 @@
+"""Submitted predictions, one partition per submissions/<name>/ in the release store (the
+submission sensor adds them): checked, scored and recorded by pipeline/evaluation/submissions.py."""
+
+import dagster as dg
+
+from assets.resources import Dataset, ReleaseBucket, pipeline_settings
+from pipeline.evaluation.scoring import markdown
+from pipeline.evaluation.submissions import RECORD_FORMAT, NotReady, SubmissionError, process, record_path
+from pipeline.release import ReleaseError, open_store
+from pipeline.storage import LockTimeout
+
+submission_partitions = dg.DynamicPartitionsDefinition(name="submissions")
+HEADLINE = ("level2_f1", "level1_f1", "mrr")
+
+
+@dg.asset(
+    partitions_def=submission_partitions,
+    group_name="evaluation",
+    code_version=RECORD_FORMAT,
+    description="A submission from the release store's submissions/<name>/: scored (strict), contaminated "
+    "(scored, never ranked: cutoff not before the month) or rejected (rejection.json written beside it). "
+    "Recorded in <data_dir>/submissions/<name>/record.json; a re-run returns the record unchanged.",
+)
+def submission(
+    context: dg.AssetExecutionContext, dataset: Dataset, release_store: ReleaseBucket
+) -> dg.MaterializeResult:
+    settings = pipeline_settings(dataset, release_store)
+    try:
+        record = process(open_store(settings), context.partition_key, settings.data_dir)
+    except (NotReady, LockTimeout) as exc:  # a later materialisation can succeed: nothing was written
+        raise dg.Failure(description=str(exc)) from exc
+    except SubmissionError as exc:
+        raise dg.Failure(description=str(exc), allow_retries=False) from exc
+    except ReleaseError as exc:  # the store is unreachable or refused a request
+        raise dg.Failure(description=str(exc)) from exc
+    card = record["scorecard"]
+    metadata = {
+        "status": record["status"],
+        "reasons": dg.MetadataValue.md("\n".join(f"- {r}" for r in record["reasons"]) or "none"),
+        "model": record["model"] or "",
+        "month": record["month"] or "",
+        "record": dg.MetadataValue.path(str(record_path(settings.data_dir, context.partition_key))),
+    }
+    if card is not None:
+        metadata["scorecard"] = dg.MetadataValue.md(markdown(card))
+        metadata.update({m: card["metrics"][m]["value"] for m in HEADLINE})
+        metadata["queries"] = card["queries"]
+        metadata["missing"] = card["missing"]["count"]
+    return dg.MaterializeResult(metadata=metadata)

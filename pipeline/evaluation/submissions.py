@@ -1,0 +1,654 @@
+"""Submitted predictions: read from the release store's submissions/ area, checked, scored and
+recorded (docs/evaluation.md, "Submissions").
+
+A submission is ``submissions/<name>/`` holding one predictions file (``predictions.jsonl``,
+``.csv`` or ``.parquet``, the formats ``mirai score`` reads) and ``submission.json`` (uploaded
+last, so its presence means the upload is complete). Everything in it was written by a stranger:
+the listing follows nothing, a size is known before a byte is read and every read is capped,
+the metadata is checked field by field, the predictions are scored in strict mode
+(pipeline/evaluation/scoring.py) from a private temporary copy, and each problem is one line of
+the submission's rejection. One refused submission never stops another from being processed.
+
+Outcomes, each written to ``<data_dir>/submissions/<name>/record.json`` (format RECORD_FORMAT):
+``scored``; ``contaminated`` (scored, never ranked: the knowledge cutoff is not before the month,
+registry.eligibility's rule); ``rejected`` (and ``rejection.json`` beside the upload in the store).
+Two states are not outcomes: an upload still in progress, and a month whose split this pipeline
+has not built yet: both are retried at a later look (``triage``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
+
+from pipeline.evaluation.registry import Agent, eligibility
+from pipeline.evaluation.scoring import (
+    MAX_PREDICTIONS_BYTES,
+    InvalidPredictions,
+    ScoringError,
+    bounded,
+    score_predictions,
+)
+from pipeline.release import POINTER_CACHE, ListedKey, ReleaseError, ReleaseStore
+from pipeline.release_layout import (
+    PREDICTION_NAMES,
+    SPLIT_FILES,
+    SUBMISSION_FILES,
+    SUBMISSION_META,
+    SUBMISSION_REJECTION,
+    SUBMISSIONS_DIR,
+    UnsafeRelease,
+    is_month,
+    is_submission_name,
+    shown,
+    submission_key,
+)
+from pipeline.storage import DataLayout, atomic_write_bytes, file_lock
+
+RECORD_FORMAT = "mirai-submission-record-v1"
+REJECTION_FORMAT = "mirai-submission-rejection-v1"
+# submission.json is a dozen short fields (~400 bytes); 16 KiB leaves room and bounds the parse
+# (16 Ki nested brackets at most, past Python's recursion limit, which is caught).
+MAX_METADATA_BYTES = 16 * 2**10
+# The predictions file: the cap `mirai score` applies to a local file (a month's ~2,000 queries
+# with full answers are under 10 MB as JSONL), checked on the listed size before any byte is read.
+MAX_SUBMISSION_BYTES = MAX_PREDICTIONS_BYTES
+MAX_TEXT_CHARS = 200  # model and contact: a name and an e-mail address or URL
+# Keys listed per look at the store (the sensor pages through the rest on later ticks), and per
+# submission (it holds at most len(SUBMISSION_FILES) objects; more is an attack or a mistake).
+MAX_LISTED_KEYS = 5000
+MAX_KEYS_PER_SUBMISSION = 16
+# Predictions with no submission.json after this long are an abandoned half-upload: refused.
+ABANDONED_AFTER = timedelta(hours=1)
+# Processing one submission takes well under a second for a month's ~2,000 queries; a run that
+# waits this long behind others fails and can be materialised again.
+LOCK_TIMEOUT_S = 600
+
+QUERY_SETS = ("queries", "queries_sample")
+API_MODES = ("native", "mirai")
+ACTION_TYPES = ("single_function", "code_block", "none")
+MAX_DISTANCE = 365
+MAX_ROUNDS = 100
+MAX_TOKENS = 10**15
+MAX_COST_USD = 10**9
+_DAY = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+REQUIRED_FIELDS = (
+    "model",
+    "knowledge_cutoff",
+    "contact",
+    "month",
+    "query_set",
+    "distance",
+    "rounds",
+    "api_mode",
+    "action_type",
+)
+OPTIONAL_FIELDS = ("tokens_in", "tokens_out", "cost_usd")
+
+
+class SubmissionError(ReleaseError):
+    """A submission cannot be processed as asked (not one to refuse: e.g. an invalid name, which
+    has nowhere to hold a rejection); the message is one line."""
+
+
+class NotReady(SubmissionError):
+    """Not yet processable (an upload in progress, a month without a split): try again later."""
+
+
+@dataclass(frozen=True)
+class Metadata:
+    model: str
+    knowledge_cutoff: date
+    contact: str
+    month: str
+    query_set: str
+    distance: int
+    rounds: int
+    api_mode: str
+    action_type: str
+    tokens_in: int | None = None
+    tokens_out: int | None = None
+    cost_usd: float | None = None
+
+    def first_day(self) -> date:
+        return date.fromisoformat(f"{self.month}-01")
+
+
+# --- metadata -----------------------------------------------------------------------------------
+
+
+def _no_duplicates(pairs: list[tuple[str, object]]) -> dict:
+    keys = [k for k, _ in pairs]
+    duplicate = next((k for k in keys if keys.count(k) > 1), None)
+    if duplicate is not None:
+        raise ValueError(f"the field {shown(duplicate)} appears twice")
+    return dict(pairs)
+
+
+def _text_problem(value: object) -> str | None:
+    if not isinstance(value, str) or not value.strip():
+        return "must be a non-empty string"
+    if len(value) > MAX_TEXT_CHARS:
+        return f"is longer than {MAX_TEXT_CHARS} characters"
+    if _CONTROL.search(value):
+        return "contains a control character"
+    return None
+
+
+def _int_problem(value: object, low: int, high: int) -> str | None:
+    if type(value) is not int or not low <= value <= high:
+        return f"must be a whole number from {low} to {high:,}, got {shown(value)}"
+    return None
+
+
+def _choice_problem(value: object, choices: tuple[str, ...]) -> str | None:
+    return None if value in choices and isinstance(value, str) else f"must be one of {', '.join(choices)}"
+
+
+def _field_problem(name: str, value: object) -> str | None:
+    if name in ("model", "contact"):
+        return _text_problem(value)
+    if name == "knowledge_cutoff":
+        if not (isinstance(value, str) and _DAY.fullmatch(value)):
+            return f"must be a date YYYY-MM-DD, got {shown(value)}"
+        try:
+            date.fromisoformat(value)
+        except ValueError:
+            return f"is not a real date: {shown(value)}"
+        return None
+    if name == "month":
+        return None if is_month(value) else f"must be a month YYYY-MM, got {shown(value)}"
+    if name == "query_set":
+        return _choice_problem(value, QUERY_SETS)
+    if name == "api_mode":
+        return _choice_problem(value, API_MODES)
+    if name == "action_type":
+        return _choice_problem(value, ACTION_TYPES)
+    if name == "distance":
+        return _int_problem(value, 1, MAX_DISTANCE)
+    if name == "rounds":
+        return _int_problem(value, 1, MAX_ROUNDS)
+    if value is None:  # the optional, self-reported costs
+        return None
+    if name == "cost_usd":
+        if type(value) not in (int, float) or not math.isfinite(value) or not 0 <= value <= MAX_COST_USD:
+            return f"must be null or a number of dollars from 0 to {MAX_COST_USD:,}, got {shown(value)}"
+        return None
+    return _int_problem(value, 0, MAX_TOKENS)
+
+
+def parse_metadata(raw: bytes) -> tuple[Metadata | None, dict, list[str]]:
+    """(the metadata when every field holds, the fields that hold, one line per problem)."""
+    if len(raw) > MAX_METADATA_BYTES:
+        return None, {}, [f"{SUBMISSION_META} is larger than {MAX_METADATA_BYTES:,} bytes"]
+    try:
+        value = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates)
+    except UnicodeDecodeError:
+        return None, {}, [f"{SUBMISSION_META} is not UTF-8 text"]
+    except RecursionError:
+        return None, {}, [f"{SUBMISSION_META}: JSON nested too deeply"]
+    except ValueError as exc:
+        return None, {}, [f"{SUBMISSION_META} is not valid JSON ({str(exc).splitlines()[0][:120]})"]
+    if not isinstance(value, dict):
+        return None, {}, [f"{SUBMISSION_META} is not a JSON object but {type(value).__name__}"]
+    problems = [
+        f"{SUBMISSION_META}: unknown field {shown(key)} (the fields are {', '.join(REQUIRED_FIELDS + OPTIONAL_FIELDS)})"
+        for key in value
+        if key not in REQUIRED_FIELDS + OPTIONAL_FIELDS
+    ]
+    good = {}
+    for name in REQUIRED_FIELDS + OPTIONAL_FIELDS:
+        if name not in value:
+            if name in REQUIRED_FIELDS:
+                problems.append(f"{SUBMISSION_META}: the field {name!r} is missing")
+            continue
+        problem = _field_problem(name, value[name])
+        if problem:
+            problems.append(f"{SUBMISSION_META}: {name} {problem}")
+        else:
+            good[name] = value[name]
+    if problems:
+        return None, good, problems
+    meta = Metadata(**{**good, "knowledge_cutoff": date.fromisoformat(good["knowledge_cutoff"])})
+    return meta, good, []
+
+
+def cutoff_rule(meta: Metadata) -> tuple[bool, str]:
+    """registry.eligibility's rule, applied to a submission as to a registered agent: rankable only
+    when the knowledge cutoff falls before the month's first day (MIRAI §3.3)."""
+    agent = Agent(
+        name="submission",
+        kind="llm",
+        knowledge_cutoff=meta.knowledge_cutoff,
+        distances=(meta.distance,),
+        rounds=meta.rounds,
+    )
+    eligible, _ = eligibility(agent, meta.first_day())
+    if eligible:
+        return True, f"knowledge cutoff {meta.knowledge_cutoff} is before {meta.month}"
+    return False, (
+        f"contaminated: knowledge cutoff {meta.knowledge_cutoff} is not before {meta.first_day()}: the model may have "
+        f"seen {meta.month}'s events, so it is scored and shown, never ranked"
+    )
+
+
+def split_queries(data_dir: Path, month: str, query_set: str) -> Path:
+    """The split file a submission is scored against (it may not exist yet)."""
+    name = SPLIT_FILES[QUERY_SETS.index(query_set)]
+    return DataLayout(data_dir).split_dir(date.fromisoformat(f"{month}-01")) / name
+
+
+# --- the store's listing ----------------------------------------------------------------------------
+
+
+@dataclass
+class Upload:
+    """What the store holds under submissions/<name>/: the expected files, by name, and one line
+    for every object that does not belong there."""
+
+    name: str
+    files: dict[str, ListedKey] = field(default_factory=dict)
+    odd: list[str] = field(default_factory=list)
+
+    @property
+    def predictions(self) -> list[ListedKey]:
+        return [self.files[n] for n in PREDICTION_NAMES if n in self.files]
+
+
+def group_uploads(keys: list[ListedKey]) -> tuple[dict[str, Upload], list[str]]:
+    """The listing's keys by submission, and one line per key no submission can hold (a bad
+    name: it has nowhere to put a rejection, so it is only reported)."""
+    uploads: dict[str, Upload] = {}
+    stray: list[str] = []
+    for item in keys:
+        if not item.key.startswith(f"{SUBMISSIONS_DIR}/"):  # the area itself is a link or a file
+            stray.append(f"{shown(item.key)} is {item.problem or 'not a directory'}: nothing under it is read")
+            continue
+        name, _, file = item.key.removeprefix(f"{SUBMISSIONS_DIR}/").partition("/")
+        if not is_submission_name(name):
+            stray.append(f"{shown(item.key)}: not under a valid submission name (letters, digits, '._-', at most 64)")
+            continue
+        upload = uploads.setdefault(name, Upload(name))
+        if item.problem:
+            upload.odd.append(f"{shown(file)} is {item.problem}")
+        elif file not in SUBMISSION_FILES:
+            upload.odd.append(
+                f"unexpected object {shown(file)} (a submission holds {SUBMISSION_META} and one of "
+                f"{', '.join(PREDICTION_NAMES)})"
+            )
+        else:
+            upload.files[file] = item
+    return uploads, stray
+
+
+def list_upload(store: ReleaseStore, name: str) -> Upload:
+    if not is_submission_name(name):
+        raise SubmissionError(f"{shown(name)} is not a submission name (letters, digits, '._-', at most 64)")
+    listing = store.list_keys(f"{SUBMISSIONS_DIR}/{name}/", max_keys=MAX_KEYS_PER_SUBMISSION)
+    uploads, _ = group_uploads(listing.keys)
+    upload = uploads.get(name, Upload(name))
+    if listing.truncated:
+        upload.odd.append(f"more than {MAX_KEYS_PER_SUBMISSION} objects")
+    return upload
+
+
+# --- records ------------------------------------------------------------------------------------
+
+
+def record_path(data_dir: Path, name: str) -> Path:
+    return DataLayout(data_dir).root / SUBMISSIONS_DIR / name / "record.json"
+
+
+def read_record(data_dir: Path, name: str) -> dict | None:
+    path = record_path(data_dir, name)
+    return json.loads(path.read_bytes()) if path.is_file() else None
+
+
+def _records(data_dir: Path) -> Iterator[dict]:
+    base = DataLayout(data_dir).root / SUBMISSIONS_DIR
+    for path in sorted(base.glob("*/record.json")) if base.is_dir() else []:
+        yield json.loads(path.read_bytes())
+
+
+def earlier_duplicate(data_dir: Path, name: str, sha256: str, meta: Metadata) -> str | None:
+    """The name of a scored (or contaminated) submission of the same file for the same month,
+    query set and distance, if there is one."""
+    for record in _records(data_dir):
+        if (
+            record["submission"] != name
+            and record["status"] != "rejected"
+            and (record["predictions_sha256"], record["month"], record["query_set"], record["distance"])
+            == (sha256, meta.month, meta.query_set, meta.distance)
+        ):
+            return record["submission"]
+    return None
+
+
+def _now() -> datetime:
+    return datetime.now(UTC).replace(microsecond=0)
+
+
+def _record(
+    name: str, status: str, reasons: list[str], fields: dict, sha256: str | None, submitted: datetime | None, card
+) -> dict:
+    return {
+        "format": RECORD_FORMAT,
+        "submission": name,
+        "status": status,
+        "reasons": reasons,
+        **{k: fields.get(k) for k in REQUIRED_FIELDS + OPTIONAL_FIELDS},
+        "predictions_sha256": sha256,
+        "submitted_at": submitted.astimezone(UTC).isoformat() if submitted else None,
+        "scored_at": _now().isoformat(),
+        "scorecard": card,
+    }
+
+
+def _write_record(data_dir: Path, record: dict) -> None:
+    atomic_write_bytes(record_path(data_dir, record["submission"]), (json.dumps(record, indent=2) + "\n").encode())
+
+
+def _reject(store: ReleaseStore, record: dict) -> dict:
+    """Put rejection.json beside the upload (never over one), then return the record to write."""
+    rejection = {
+        "format": REJECTION_FORMAT,
+        "submission": record["submission"],
+        "reasons": record["reasons"],
+        "rejected_at": record["scored_at"],
+    }
+    try:
+        store.put_bytes(
+            submission_key(record["submission"], SUBMISSION_REJECTION),
+            (json.dumps(rejection, indent=2) + "\n").encode(),
+            cache_control=POINTER_CACHE,
+            if_absent=True,
+        )
+    except ReleaseError as exc:  # e.g. the submission's directory is a link out of a local store
+        record["reasons"] = [*record["reasons"], f"{SUBMISSION_REJECTION} could not be written: {exc}"]
+    return record
+
+
+# --- processing ---------------------------------------------------------------------------------
+
+
+def _read(store: ReleaseStore, key: str, limit: int) -> tuple[bytes | None, str | None]:
+    """(the object's bytes, None), or (None, why it is refused) when the upload itself is at fault:
+    a link or special file, more than ``limit`` bytes, bytes that fail the checksum the store
+    recorded. A store that cannot be reached or refuses access raises (ReleaseError): not the
+    submitter's fault, so the run fails and nothing is recorded."""
+    from botocore.exceptions import FlexibleChecksumError
+
+    try:
+        return store.get_bytes(key, limit=limit), None
+    except UnsafeRelease as exc:
+        return None, str(exc)
+    except FlexibleChecksumError:
+        return None, f"{key}: its bytes do not match the checksum the store recorded"
+
+
+def process(store: ReleaseStore, name: str, data_dir: Path, *, now: datetime | None = None) -> dict:
+    """Check, score and record submission ``name``; return its record. A submission with a record
+    is not processed again (the stored record is returned). NotReady: try again later, nothing
+    was written. One submission at a time per data directory (a flock): the duplicate check, the
+    scoring and the record are one step, so two identical files cannot both be scored."""
+    with file_lock(DataLayout(data_dir).lock_path("submissions"), LOCK_TIMEOUT_S):
+        existing = read_record(data_dir, name)
+        if existing is not None:
+            return existing
+        return _process(store, list_upload(store, name), data_dir, now or _now())
+
+
+def _process(store: ReleaseStore, upload: Upload, data_dir: Path, now: datetime) -> dict:
+    name, files = upload.name, upload.files
+    meta_item, predictions = files.get(SUBMISSION_META), upload.predictions
+    first = meta_item or (predictions[0] if predictions else None)
+    submitted = first.modified if first else None
+
+    def rejected(reasons: list[str], fields: dict | None = None, sha256: str | None = None) -> dict:
+        record = _reject(store, _record(name, "rejected", bounded(reasons), fields or {}, sha256, submitted, None))
+        _write_record(data_dir, record)
+        return record
+
+    if SUBMISSION_REJECTION in files:
+        return rejected([f"already refused ({SUBMISSION_REJECTION} is in the store)"])
+    if meta_item is None:
+        if not predictions and not upload.odd:
+            raise SubmissionError(f"no submission {name!r} in {store.description}")
+        if predictions and now - predictions[0].modified < ABANDONED_AFTER:
+            raise NotReady(f"{name}: upload in progress ({SUBMISSION_META}, uploaded last, is not there yet)")
+    problems = list(upload.odd)
+    if meta_item is None:
+        problems.append(
+            f"half-uploaded: no {SUBMISSION_META} beside the predictions after {ABANDONED_AFTER} "
+            f"(upload the predictions first, {SUBMISSION_META} last)"
+        )
+    if not predictions:
+        problems.append(f"half-uploaded: no predictions file (expected one of {', '.join(PREDICTION_NAMES)})")
+    elif len(predictions) > 1:
+        problems.append(f"more than one predictions file: {', '.join(p.key.rsplit('/', 1)[1] for p in predictions)}")
+    meta, fields = None, {}
+    if meta_item is not None:
+        if meta_item.size > MAX_METADATA_BYTES:
+            problems.append(f"{SUBMISSION_META} is {meta_item.size:,} bytes, over the {MAX_METADATA_BYTES:,} cap")
+        else:
+            raw, problem = _read(store, meta_item.key, MAX_METADATA_BYTES)
+            if problem:
+                problems.append(f"{SUBMISSION_META} could not be read: {problem}")
+            else:
+                meta, fields, found = parse_metadata(raw or b"")
+                problems += found
+    oversized = [p for p in predictions if p.size > MAX_SUBMISSION_BYTES]
+    problems += [
+        f"{p.key.rsplit('/', 1)[1]} is {p.size:,} bytes, over the {MAX_SUBMISSION_BYTES:,} cap; not read"
+        for p in oversized
+    ]
+    if problems or meta is None:
+        return rejected(problems, fields)
+    item = predictions[0]
+    filename = item.key.rsplit("/", 1)[1]
+    with tempfile.TemporaryDirectory(prefix="mirai-submission-") as private:  # mode 0700
+        data, problem = _read(store, item.key, MAX_SUBMISSION_BYTES)
+        if problem:
+            return rejected([f"{filename} could not be read: {problem}"], fields)
+        if data is None:
+            return rejected([f"{filename} disappeared while the submission was processed"], fields)
+        sha256 = hashlib.sha256(data).hexdigest()
+        earlier = earlier_duplicate(data_dir, name, sha256, meta)
+        if earlier is not None:
+            return rejected(
+                [
+                    f"duplicate: the same predictions (sha256 {sha256}) for {meta.month} {meta.query_set}, "
+                    f"distance {meta.distance} were already scored as submission {earlier!r}"
+                ],
+                fields,
+                sha256,
+            )
+        queries = split_queries(data_dir, meta.month, meta.query_set)
+        if not queries.is_file():
+            raise NotReady(f"{name}: no split for {meta.month} yet ({queries} is not built): try again later")
+        path = Path(private) / filename
+        path.write_bytes(data)
+        try:
+            result = score_predictions(
+                path, queries.parent, sample=meta.query_set == "queries_sample", distance=meta.distance
+            )
+        except InvalidPredictions as exc:
+            return rejected([f"{filename}: {line}" for line in exc.problems], fields, sha256)
+        except ScoringError as exc:
+            return rejected([str(exc).replace(str(path), filename)], fields, sha256)
+    eligible, why = cutoff_rule(meta)
+    record = _record(
+        name,
+        "scored" if eligible else "contaminated",
+        [] if eligible else [why],
+        fields,
+        sha256,
+        submitted,
+        result.card,
+    )
+    _write_record(data_dir, record)
+    return record
+
+
+# --- what the sensor asks for ---------------------------------------------------------------------
+
+
+def _landed(upload: Upload) -> datetime:
+    return max((item.modified for item in upload.files.values()), default=datetime.min.replace(tzinfo=UTC))
+
+
+@dataclass
+class Triage:
+    ready: dict[str, str] = field(default_factory=dict)  # name -> content key for the run key
+    waiting: list[str] = field(default_factory=list)  # one line each: why not yet
+    stray: list[str] = field(default_factory=list)  # keys under no valid name: reported only
+    next_after: str = ""  # where the next look starts ("" = from the top)
+
+
+def triage(
+    store: ReleaseStore,
+    data_dir: Path,
+    *,
+    start_after: str = "",
+    now: datetime | None = None,
+    max_keys: int = MAX_LISTED_KEYS,
+) -> Triage:
+    """One bounded look at submissions/: which uploads to process now (complete, or abandoned
+    half-uploads), which to look at again later, and which keys are under no valid name. Reads
+    only each new submission.json (capped); a problem reading one is left to ``process`` to
+    refuse."""
+    now = now or _now()
+    listing = store.list_keys(f"{SUBMISSIONS_DIR}/", max_keys=max_keys, start_after=start_after)
+    uploads, stray = group_uploads(listing.keys)
+    result = Triage(stray=stray)
+    if listing.truncated:
+        # The last name's keys may continue on the next page: unless it fills the page alone, it
+        # is looked at whole on the next look, which starts just before it.
+        keys = [k.key for k in listing.keys]
+        last = keys[-1].split("/")[1]
+        first = next(i for i, key in enumerate(keys) if key.split("/")[1] == last)
+        if first > 0:
+            uploads.pop(last, None)
+        result.next_after = keys[first - 1] if first > 0 else keys[-1]
+    # Oldest first (by the time its last file landed), so that of two identical files the one
+    # submitted first is scored and the other refused as its duplicate.
+    for name, upload in sorted(uploads.items(), key=lambda u: (_landed(u[1]), u[0])):
+        if SUBMISSION_REJECTION in upload.files or record_path(data_dir, name).is_file():
+            continue
+        meta_item = upload.files.get(SUBMISSION_META)
+        if meta_item is None:
+            predictions = upload.predictions
+            if predictions and now - predictions[0].modified < ABANDONED_AFTER:
+                result.waiting.append(f"{name}: upload in progress (no {SUBMISSION_META} yet)")
+                continue
+            if not predictions and not upload.odd:
+                continue
+        content = hashlib.sha256()
+        for item in sorted(upload.files.values(), key=lambda k: k.key):
+            content.update(f"{item.key}\0{item.size}\0{item.modified.isoformat()}\0".encode())
+        if meta_item is not None and meta_item.size <= MAX_METADATA_BYTES and not upload.odd:
+            try:
+                raw = store.get_bytes(meta_item.key, limit=MAX_METADATA_BYTES) or b""
+            except Exception:  # whatever the upload does to a read, its run refuses it, not this look
+                raw = b""
+            content.update(raw)
+            meta, _, _ = parse_metadata(raw)
+            if meta is not None and not split_queries(data_dir, meta.month, meta.query_set).is_file():
+                result.waiting.append(f"{name}: no split for {meta.month} yet (scored once it is built)")
+                continue
+        result.ready[name] = content.hexdigest()[:16]
+    return result
+
+
+# --- mirai submit -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A submission checked on the submitter's machine, ready to upload."""
+
+    name: str
+    meta: Metadata
+    metadata: bytes  # submission.json as read
+    filename: str  # predictions.<ext>
+    predictions: bytes
+
+
+def _read_local(path: Path, cap: int, what: str) -> bytes:
+    try:
+        size = path.stat().st_size
+    except OSError as exc:
+        raise SubmissionError(f"{path}: {exc.strerror}") from None
+    if not path.is_file():
+        raise SubmissionError(f"{path}: not a file")
+    if size > cap:
+        raise SubmissionError(f"{path}: {what} is {size:,} bytes, over the {cap:,} cap")
+    with open(path, "rb") as fh:
+        data = fh.read(cap + 1)
+    if len(data) > cap:
+        raise SubmissionError(f"{path}: {what} is over the {cap:,} cap")
+    return data
+
+
+def prepare(name: str, predictions: Path, metadata: Path) -> tuple[Prepared | None, list[str]]:
+    """The checks the pipeline applies before scoring, on local files: (the submission, []) or
+    (None, one line per problem)."""
+    problems = []
+    if not is_submission_name(name):
+        problems.append(f"the name {shown(name)} is not letters, digits and '._-' (at most 64, starting alphanumeric)")
+    suffix = predictions.suffix.lower()
+    filename = f"predictions{suffix}"
+    if filename not in PREDICTION_NAMES:
+        problems.append(
+            f"{predictions}: expected a .jsonl, .csv or .parquet file (MIRAI round directories: `mirai score`)"
+        )
+    meta, raw, data = None, b"", b""
+    try:
+        raw = _read_local(metadata, MAX_METADATA_BYTES, SUBMISSION_META)
+        meta, _, found = parse_metadata(raw)
+        problems += [line.replace(SUBMISSION_META, str(metadata), 1) for line in found]
+    except SubmissionError as exc:
+        problems.append(str(exc))
+    try:
+        data = _read_local(predictions, MAX_SUBMISSION_BYTES, "the predictions file")
+    except SubmissionError as exc:
+        problems.append(str(exc))
+    if problems or meta is None:
+        return None, problems
+    return Prepared(name, meta, raw, filename, data), []
+
+
+def score_locally(prepared: Prepared, split_dir: Path):
+    """Strict scoring as the pipeline's (InvalidPredictions / ScoringError when it would refuse)."""
+    with tempfile.TemporaryDirectory(prefix="mirai-submit-") as private:
+        path = Path(private) / prepared.filename
+        path.write_bytes(prepared.predictions)
+        return score_predictions(
+            path, split_dir, sample=prepared.meta.query_set == "queries_sample", distance=prepared.meta.distance
+        )
+
+
+def check_name_free(store: ReleaseStore, name: str) -> None:
+    if store.list_keys(f"{SUBMISSIONS_DIR}/{name}/", max_keys=1).keys:
+        raise SubmissionError(f"the submission name {name!r} is taken in {store.description}: choose another")
+
+
+def upload(store: ReleaseStore, prepared: Prepared) -> None:
+    """Predictions first, submission.json last (its presence means the upload is complete); an
+    existing name is never overwritten (SubmissionError)."""
+    name = prepared.name
+    check_name_free(store, name)
+    for file, data in ((prepared.filename, prepared.predictions), (SUBMISSION_META, prepared.metadata)):
+        if not store.put_bytes(submission_key(name, file), data, cache_control=POINTER_CACHE, if_absent=True):
+            raise SubmissionError(
+                f"{submission_key(name, file)} appeared in {store.description} meanwhile: the name {name!r} is "
+                "taken; choose another"
+            )

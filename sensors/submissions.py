@@ -1,0 +1,74 @@
+"""Pick up new uploads in the release store's submissions/ and score each once.
+
+Each tick looks at up to MAX_LISTED_KEYS keys (the cursor pages through more on later ticks,
+then starts over), and for every complete upload with no record and no rejection.json yet adds
+a partition of the `submission` asset and requests one run. Uploads in progress and months whose
+split is not built yet wait for a later tick (pipeline/evaluation/submissions.py, ``triage``).
+The run key ``submission:<name>:<content key>`` (a hash of the listed objects and the metadata's
+bytes) makes a re-tick a no-op: Dagster never launches a run key twice. When submissions were
+materialised since the last leaderboard and none is queued or running, it requests the
+`leaderboard_refresh` job, as the evaluation sensor does.
+"""
+
+from __future__ import annotations
+
+import json
+
+import dagster as dg
+
+from assets.resources import Dataset, ReleaseBucket, pipeline_settings
+from assets.submissions import submission, submission_partitions
+from pipeline.evaluation.scoring import bounded
+from pipeline.evaluation.submissions import triage
+from pipeline.release import open_store
+from sensors.evaluations import IN_FLIGHT, leaderboard_job
+
+submission_job = dg.define_asset_job("submission_scoring", selection=[submission], executor_def=dg.in_process_executor)
+
+
+def _latest_submission(instance: dg.DagsterInstance) -> int:
+    records = instance.fetch_materializations(submission.key, limit=1).records
+    return records[0].storage_id if records else 0
+
+
+@dg.sensor(jobs=[submission_job, leaderboard_job], minimum_interval_seconds=60)
+def submission_sensor(
+    context: dg.SensorEvaluationContext, dataset: Dataset, release_store: ReleaseBucket
+) -> dg.SensorResult:
+    """A store that cannot be listed fails the tick; a bad upload never does (its run refuses it)."""
+    state = json.loads(context.cursor) if context.cursor else {"after": "", "board": 0}
+    settings = pipeline_settings(dataset, release_store)
+    found = triage(open_store(settings), settings.data_dir, start_after=state["after"])
+    for line in bounded(found.stray + found.waiting):  # at most 50 lines a tick
+        context.log.info(line)
+    known = set(context.instance.get_dynamic_partitions(submission_partitions.name))
+    new = [name for name in found.ready if name not in known]
+    requests = [
+        dg.RunRequest(
+            run_key=f"submission:{name}:{content}",
+            job_name=submission_job.name,
+            partition_key=name,
+            tags={"mirai/submission": name},
+        )
+        for name, content in found.ready.items()
+    ]
+    board = state["board"]
+    latest = _latest_submission(context.instance)
+    if (
+        not requests
+        and latest > board
+        and not context.instance.get_runs_count(dg.RunsFilter(job_name=submission_job.name, statuses=IN_FLIGHT))
+    ):
+        requests.append(dg.RunRequest(run_key=f"leaderboard:submission:{latest}", job_name=leaderboard_job.name))
+        board = latest
+    skip = (
+        f"nothing new ({len(found.waiting)} waiting, {len(found.stray)} key(s) under no valid name)"
+        if not requests
+        else None
+    )
+    return dg.SensorResult(
+        run_requests=requests,
+        skip_reason=skip,
+        cursor=json.dumps({"after": found.next_after, "board": board}),
+        dynamic_partitions_requests=[submission_partitions.build_add_request(new)] if new else [],
+    )
