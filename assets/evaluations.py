@@ -10,6 +10,7 @@ from assets.metadata import png_metadata
 from assets.partitions import monthly_partitions
 from assets.resources import Dataset, GdeltFeed, LlmRuntime, ReleaseBucket, pipeline_settings
 from assets.splits import test_split
+from assets.submissions import submission
 from pipeline.agent_api import EventDatabase
 from pipeline.database import MonthNotReady
 from pipeline.evaluation.board import INTERVAL_RULE, markdown_table, summary, write_leaderboard
@@ -184,7 +185,7 @@ def evaluation(
 
 
 @dg.asset(
-    deps=[evaluation],
+    deps=[evaluation, submission],
     group_name="evaluation",
     kinds={"polars", "parquet"},
     code_version=EVALUATION_VERSION,
