@@ -372,14 +372,14 @@ def _failed_episode(spec: AgentSpec, query: Query, exc: Exception) -> Trajectory
     return trajectory
 
 
-def episode_concurrency(agent: Agent, spec: AgentSpec, requested: int | None = None) -> int:
+def episode_concurrency(agent: Agent, requested: int | None = None) -> int:
     """Episodes at once: ``requested`` or the agent's own (registry.Agent.episode_concurrency),
     never more than 1 for an in-process GGUF model, and for ReAct never more live sandboxes than
     fit in the machine's available memory (throughput.sandbox_cap; one sandbox per episode)."""
     concurrency = requested or agent.episode_concurrency
     if agent.endpoint is None:
         return 1
-    if spec.strategy == "react":
+    if agent.strategy == "react":
         concurrency = min(concurrency, sandbox_cap(DEFAULT_MEMORY_MB))
     return max(1, concurrency)
 
@@ -527,7 +527,7 @@ def evaluate_agent(
         agent.rounds,
         distance,
         database,
-        concurrency=episode_concurrency(agent, spec, concurrency),
+        concurrency=episode_concurrency(agent, concurrency),
         log=log,
         progress=Progress(agent.rounds * len(items), progress, progress_interval_s),
     )
