@@ -72,6 +72,9 @@ class ChatServer:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"  # keep-alive, as a requests session uses
+            # Headers and body go out as two writes: with Nagle's algorithm the body would wait
+            # for the client's delayed ACK (~40 ms a reply on Linux), which real servers do not add.
+            disable_nagle_algorithm = True
 
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -158,3 +161,40 @@ class ChatServer:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def api_calls_policy(steps: int) -> Policy:
+    """Native ReAct with a real API call (a sandbox round trip) in each of the first ``steps`` - 1
+    turns, two calls alternating so that none is a repeat, then the final answer: ``steps``
+    requests per episode."""
+
+    def policy(messages: list[dict]) -> str:
+        turns = _assistant_turns(messages)
+        if turns >= steps - 1:
+            return f"Thought: enough.\nAction: Final Answer: {_answer(messages)}"
+        entity = ("head_entities", "tail_entities")[turns % 2]
+        return f'Thought: count.\nAction: count_events({entity}=["USA"])'
+
+    return policy
+
+
+def main() -> None:
+    """``python -m testbed.chat --policy null --latency 0.2``: serve until stdin closes, having
+    printed the base URL (bench/evaluate_llm.py runs it apart, so its CPU is not the harness's)."""
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--policy", choices=("react", "null", "calls"), default="react")
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--latency", type=float, default=0.0)
+    args = parser.parse_args()
+    policy = {"react": react_policy, "null": null_action_policy, "calls": api_calls_policy(args.steps)}[args.policy]
+    with ChatServer(policy, latency_s=args.latency) as server:
+        print(server.base_url, flush=True)
+        sys.stdin.read()
+        print(server.requests, server.max_in_flight, flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -26,6 +26,7 @@ from pipeline.evaluation.run import (
     endpoint_limits,
     episode_concurrency,
     evaluate_agent,
+    sandbox_slots,
 )
 from pipeline.evaluation.throughput import (
     SANDBOX_START_MB,
@@ -33,10 +34,11 @@ from pipeline.evaluation.throughput import (
     Progress,
     RateLimiter,
     RateLimits,
+    SandboxSlots,
     sandbox_cap,
 )
 from pipeline.storage import DataLayout
-from testbed.chat import ChatServer
+from testbed.chat import ChatServer, api_calls_policy
 from testbed.database import generate_event_database
 
 MONTH = date(2024, 2, 1)
@@ -123,6 +125,20 @@ def test_concurrent_episodes_store_the_same_run_as_sequential_ones(data_dir, tmp
     assert states.count("error") == 2 and states.count("final_answer") == 10
     assert any(line["sandbox"] for line in after[1]), "no episode ran code in a sandbox"
     assert not checkpoint_path(run_dir(data_dir)).exists()
+
+
+def test_live_sandboxes_never_exceed_their_slots(data_dir):
+    """Every episode runs code (a sandbox each); 4 episodes at once share 2 sandbox slots: the
+    others wait for a slot before their first code, and all finish."""
+    slots = SandboxSlots(2)
+    with ChatServer(api_calls_policy(3)) as server:
+        server.gather(4)  # the 4 episodes' first requests are in flight together
+        _, record = evaluate_agent(
+            split(), data_dir, agent(server.base_url), 1, query_set="t", concurrency=4, sandboxes=slots
+        )
+        assert server.max_in_flight == 4
+    assert record["end_states"] == {"final_answer": 12}
+    assert slots.max_live == 2 and slots.live == 0
 
 
 _RESUMABLE_RUN = """
@@ -290,11 +306,10 @@ def test_sandbox_cap_fits_the_limits_in_available_memory():
 
 def test_concurrency_defaults_caps_and_registry_checks(monkeypatch):
     http = agent("http://x/v1")
+    assert episode_concurrency(http) == 8  # registry.DEFAULT_HTTP_CONCURRENCY
+    assert episode_concurrency(http, 64) == 64
     monkeypatch.setattr("pipeline.evaluation.run.sandbox_cap", lambda memory_mb: 3)
-    assert episode_concurrency(http) == 3  # the default 8, capped by the memory of 3 sandboxes
-    direct = Agent(**{**http.__dict__, "strategy": "direct", "action_type": None, "max_steps": None})
-    assert episode_concurrency(direct) == 8  # registry.DEFAULT_HTTP_CONCURRENCY; no code, no sandbox
-    assert episode_concurrency(direct, 64) == 64
+    assert sandbox_slots(64).n == 3 and sandbox_slots(2).n == 2  # memory, or one per episode
     gguf = Agent(**{**http.__dict__, "endpoint": None, "gguf": Path("m.gguf")})
     assert episode_concurrency(gguf, 64) == 1  # in-process: one reply at a time
     entry = {"name": "a", "kind": "llm", "knowledge_cutoff": "2023-10", "gguf": "m.gguf", "concurrency": 4}

@@ -19,10 +19,8 @@ from assets.database import event_database
 from assets.evaluations import evaluation, leaderboard
 from assets.resources import LlmRuntime, resources_for
 from assets.splits import test_split as split_asset
-from pipeline.agent_api.sandbox import DEFAULT_MEMORY_MB
 from pipeline.config import Settings
 from pipeline.evaluation.board import chart
-from pipeline.evaluation.throughput import sandbox_cap
 from pipeline.storage import DataLayout
 from sensors.evaluations import evaluation_job, evaluation_sensor, leaderboard_job
 from testbed.chat import ChatServer
@@ -279,14 +277,12 @@ def test_an_endpoint_react_agent_runs_its_episodes_concurrently_through_the_sens
         with dg.instance_for_test() as instance:
             split_landed(instance, FEB)
             [request] = tick(defs, instance).run_requests
-            # The default 8, unless this machine's memory fits fewer sandboxes.
-            concurrency = min(8, sandbox_cap(DEFAULT_MEMORY_MB))
-            server.gather(min(3, concurrency))  # the episodes' first requests wait for each other
+            server.gather(3)  # the three episodes' first requests wait for each other
             result = execute(defs, instance, request)
-            assert result.success and server.max_in_flight == min(3, concurrency)
+            assert result.success and server.max_in_flight == 3
             logs = [e.message for e in instance.all_logs(result.run_id)]
     meta = result.asset_materializations_for_node("evaluation")[0].metadata
-    assert meta["episode concurrency"].value == concurrency and meta["episodes"].value == 3
+    assert meta["episode concurrency"].value == 8 and meta["episodes"].value == 3
     scores = json.loads(
         (
             DataLayout(data_dir).evaluation_dir(date(2024, 2, 1), "http-react", "queries_sample", 1) / "scores.json"

@@ -60,7 +60,15 @@ from pipeline.evaluation.metrics import (
 )
 from pipeline.evaluation.prompts import PROMPT_VERSION
 from pipeline.evaluation.registry import Agent, eligibility
-from pipeline.evaluation.throughput import UNLIMITED, EpisodeLog, Progress, RateLimiter, RateLimits, sandbox_cap
+from pipeline.evaluation.throughput import (
+    UNLIMITED,
+    EpisodeLog,
+    Progress,
+    RateLimiter,
+    RateLimits,
+    SandboxSlots,
+    sandbox_cap,
+)
 from pipeline.storage import (
     DataLayout,
     atomic_write_bytes,
@@ -343,6 +351,35 @@ def _episode_columns(records: list[dict]) -> pl.DataFrame:
     )
 
 
+class _SlottedEnvironment:
+    """An episode's Environment whose sandbox counts against the run's SandboxSlots: the first
+    code run (which starts the sandbox) waits for a slot, closing (which stops it) frees it."""
+
+    def __init__(self, env, slots: SandboxSlots):
+        self._env, self._slots, self._held = env, slots, False
+
+    def run_code(self, code: str, timeout_s: float | None = None, memory_mb: int | None = None) -> str:
+        if not self._held:
+            self._slots.acquire()
+            self._held = True
+        return self._env.run_code(code, timeout_s=timeout_s, memory_mb=memory_mb)
+
+    @property
+    def sandbox_report(self) -> dict | None:
+        return self._env.sandbox_report
+
+    def __enter__(self) -> _SlottedEnvironment:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            self._env.close()
+        finally:
+            if self._held:
+                self._held = False
+                self._slots.release()
+
+
 def _episode(
     client: ChatClient,
     spec: AgentSpec,
@@ -350,6 +387,7 @@ def _episode(
     distance: int,
     database: EventDatabase | None,
     database_lock: threading.Lock,
+    sandboxes: SandboxSlots,
 ) -> Trajectory:
     cutoff = query.date - timedelta(days=distance)
     if spec.strategy != "react":
@@ -359,7 +397,8 @@ def _episode(
         # EventDatabase loads its months on first use with no lock of its own; opening an
         # environment is a concat and a slice, and its sandbox starts later, in this episode's thread.
         with database_lock:
-            return react_environment(database, spec, query.date, distance)
+            env = react_environment(database, spec, query.date, distance)
+        return _SlottedEnvironment(env, sandboxes)
 
     return run_react(client, spec, query, cutoff, environment, first_day=database.start)
 
@@ -374,14 +413,17 @@ def _failed_episode(spec: AgentSpec, query: Query, exc: Exception) -> Trajectory
 
 def episode_concurrency(agent: Agent, requested: int | None = None) -> int:
     """Episodes at once: ``requested`` or the agent's own (registry.Agent.episode_concurrency),
-    never more than 1 for an in-process GGUF model, and for ReAct never more live sandboxes than
-    fit in the machine's available memory (throughput.sandbox_cap; one sandbox per episode)."""
-    concurrency = requested or agent.episode_concurrency
+    never more than 1 for an in-process GGUF model. (Their sandboxes are bounded apart, by
+    ``sandbox_slots``: an episode waiting on the model holds no sandbox until its first code.)"""
     if agent.endpoint is None:
         return 1
-    if agent.strategy == "react":
-        concurrency = min(concurrency, sandbox_cap(DEFAULT_MEMORY_MB))
-    return max(1, concurrency)
+    return max(1, requested or agent.episode_concurrency)
+
+
+def sandbox_slots(concurrency: int) -> SandboxSlots:
+    """Live sandboxes at most: as many as the episodes, and no more than fit in the machine's
+    available memory at the sandbox's own memory limit (throughput.sandbox_cap)."""
+    return SandboxSlots(min(concurrency, sandbox_cap(DEFAULT_MEMORY_MB)))
 
 
 def run_episodes(
@@ -395,11 +437,14 @@ def run_episodes(
     concurrency: int,
     log: EpisodeLog,
     progress: Progress,
+    sandboxes: SandboxSlots | None = None,
 ) -> list[list[dict]]:
     """Every (round, query) episode's trajectory record, in round then query order whatever the
     order they finished in; episodes in ``log`` are not run again, and each one run is appended to
-    it as it finishes. ModelUnavailable stops the run (after the episodes in flight finish)."""
+    it as it finishes. ModelUnavailable stops the run (after the episodes in flight finish).
+    ``sandboxes`` bounds the live sandboxes (default: ``sandbox_slots(concurrency)``)."""
     lock = threading.Lock()
+    sandboxes = sandboxes or sandbox_slots(concurrency)
     records: dict[tuple[int, str], dict] = dict(log.done)
     for record in records.values():
         progress.done += 1
@@ -409,7 +454,7 @@ def run_episodes(
 
     def work(round_no: int, query: Query) -> None:
         try:
-            trajectory = _episode(client, spec, query, distance, database, lock)
+            trajectory = _episode(client, spec, query, distance, database, lock, sandboxes)
         except ModelUnavailable:
             raise
         except Exception as exc:
@@ -484,12 +529,14 @@ def evaluate_agent(
     limits: RateLimits = UNLIMITED,
     progress: Callable[[str], None] | None = None,
     progress_interval_s: float = 30.0,
+    sandboxes: SandboxSlots | None = None,
 ) -> tuple[pl.DataFrame, dict]:
     """Run an LLM agent on every query, ``agent.rounds`` times, score each round and store the
     run with its trajectories (see the module doc). ``client`` defaults to the one the registry
     entry describes, its requests bounded by the endpoint's limits (the entry's, else ``limits``);
     ``database`` (for ReAct) to the data dir's event database, loaded once for all queries.
-    Episodes run ``episode_concurrency`` at once; each finished one is checkpointed beside the
+    Episodes run ``episode_concurrency`` at once, their live sandboxes bounded by ``sandboxes``
+    (default ``sandbox_slots``); each finished one is checkpointed beside the
     run's directory, so a killed run resumes where it stopped. ``progress`` gets a line (episodes
     done, tokens) at most every ``progress_interval_s``. Returns the per-query results of every
     round and the scores record."""
@@ -530,6 +577,7 @@ def evaluate_agent(
         concurrency=episode_concurrency(agent, concurrency),
         log=log,
         progress=Progress(agent.rounds * len(items), progress, progress_interval_s),
+        sandboxes=sandboxes,
     )
     per_round, results, lines, sandboxes = [], [], [], set()
     for round_no, records in enumerate(episodes):

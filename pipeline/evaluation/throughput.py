@@ -5,7 +5,8 @@
   shared by every episode of a run, and a shared pause after a 429 (the server's Retry-After, or an
   exponential back-off that grows with consecutive 429s), so a throttled endpoint is not hammered
   by every thread at once;
-- ``sandbox_cap``: how many code sandboxes fit in the machine's available memory;
+- ``sandbox_cap`` and ``SandboxSlots``: how many code sandboxes fit in the machine's available
+  memory, and a semaphore that keeps the live ones to that many;
 - ``EpisodeLog``: an append-only, fsynced JSONL checkpoint of finished episodes, read back on
   restart so that a killed run does not redo them;
 - ``Progress``: episodes done and tokens so far, reported at a bounded rate.
@@ -159,6 +160,29 @@ def sandbox_cap(memory_limit_mb: int, available_bytes: int | None = None) -> int
     available = available_memory_bytes() if available_bytes is None else available_bytes
     per_sandbox = (SANDBOX_START_MB + memory_limit_mb) * 2**20
     return max(1, math.floor(available * MEMORY_HEADROOM / per_sandbox))
+
+
+class SandboxSlots:
+    """At most ``n`` live sandboxes across a run's episodes: an episode takes a slot before its
+    first code runs (which starts its sandbox) and gives it back once its environment is closed
+    (which stops it). ``max_live`` is the most held at once."""
+
+    def __init__(self, n: int):
+        self.n = n
+        self._free = threading.BoundedSemaphore(n)
+        self._lock = threading.Lock()
+        self.live = self.max_live = 0
+
+    def acquire(self) -> None:
+        self._free.acquire()
+        with self._lock:
+            self.live += 1
+            self.max_live = max(self.max_live, self.live)
+
+    def release(self) -> None:
+        with self._lock:
+            self.live -= 1
+        self._free.release()
 
 
 class EpisodeLog:
