@@ -19,7 +19,7 @@ Measured per concurrency c (``evaluate_agent`` end to end with an EventDatabase 
 the evaluation asset holds one for all distances; its run directory and checkpoint cleared first): achieved episodes/s ÷ the ideal c / (S × latency) (goal ≥ 0.8 at c = 16 and 32);
 the same ratio for a sequential run (c = 1, on at most 8 episodes) and the speed-up over it; the
 harness's CPU per step (this process's CPU time, all threads, ÷ requests; the server's and the
-sandboxes' CPU are apart: the sandboxes' is printed as children's CPU); this process's peak RSS;
+sandboxes' processes are not counted); this process's peak RSS;
 and, with ``--policy calls``, the first step's environment time (sandbox start and first call),
 p50 and p99. The load average is printed before and after, since the machine is shared.
 """
@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import statistics
 import subprocess
@@ -101,11 +100,10 @@ def run(data_dir: Path, frame: pl.DataFrame, agent: Agent, concurrency: int, dat
     directory = DataLayout(data_dir).evaluation_dir(frame.get_column("date").min().replace(day=1), agent.name, "b", 1)
     shutil.rmtree(directory, ignore_errors=True)
     checkpoint_path(directory).unlink(missing_ok=True)
-    cpu, children = time.process_time(), resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = time.process_time()
     started = time.perf_counter()
     results, _ = evaluate_agent(frame, data_dir, agent, 1, query_set="b", concurrency=concurrency, database=database)
     wall = time.perf_counter() - started
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     lines = [json.loads(line) for line in (directory / "trajectories.jsonl").read_text().splitlines()]
     requests = sum(len(t["steps"]) for t in lines)
     first_env = [t["steps"][0]["env_s"] for t in lines if t["steps"] and t["steps"][0]["env_s"] > 0]
@@ -114,7 +112,6 @@ def run(data_dir: Path, frame: pl.DataFrame, agent: Agent, concurrency: int, dat
         "wall_s": wall,
         "requests": requests,
         "cpu_ms_per_step": (time.process_time() - cpu) / requests * 1000,
-        "children_cpu_s": (after.ru_utime + after.ru_stime) - (children.ru_utime + children.ru_stime),
         "first_env_s": first_env,
         "end_states": dict(results.get_column("end_state").value_counts().iter_rows()),
     }
@@ -162,7 +159,7 @@ def main() -> None:
             rows.append((c, run(data_dir, queries(args.episodes, month), agent, c, db)))
         print(
             f"{'c':>3} {'episodes':>8} {'wall s':>7} {'eps/s':>7} {'ideal':>7} {'ratio':>6} {'vs c=1':>7} "
-            f"{'CPU ms/step':>11} {'children CPU s':>14} {'first env p50/p99 s':>19}  end states"
+            f"{'CPU ms/step':>11} {'first env p50/p99 s':>19}  end states"
         )
         for c, r in rows:
             rate = r["episodes"] / r["wall_s"]
@@ -176,7 +173,7 @@ def main() -> None:
             goal = "" if c < 16 else ("  (goal met)" if rate / ideal >= GOAL else "  (GOAL MISSED)")
             print(
                 f"{c:>3} {r['episodes']:>8} {r['wall_s']:>7.2f} {rate:>7.2f} {ideal:>7.2f} {rate / ideal:>6.2f} "
-                f"{rate / base_rate:>6.1f}x {r['cpu_ms_per_step']:>11.2f} {r['children_cpu_s']:>14.2f} "
+                f"{rate / base_rate:>6.1f}x {r['cpu_ms_per_step']:>11.2f} "
                 f"{env_cell:>19}  {r['end_states']}{goal}"
             )
         print(f"peak RSS of this process: {own_peak_rss_mib():.0f} MiB")

@@ -68,6 +68,7 @@ from pipeline.evaluation.throughput import (
     RateLimits,
     SandboxSlots,
     sandbox_cap,
+    sandbox_start_mb,
 )
 from pipeline.storage import (
     DataLayout,
@@ -420,10 +421,17 @@ def episode_concurrency(agent: Agent, requested: int | None = None) -> int:
     return max(1, requested or agent.episode_concurrency)
 
 
-def sandbox_slots(concurrency: int) -> SandboxSlots:
+def sandbox_slots(concurrency: int, tables_mb: float) -> SandboxSlots:
     """Live sandboxes at most: as many as the episodes, and no more than fit in the machine's
-    available memory at the sandbox's own memory limit (throughput.sandbox_cap)."""
-    return SandboxSlots(min(concurrency, sandbox_cap(DEFAULT_MEMORY_MB)))
+    available memory, each holding ``tables_mb`` of gated tables and allowed the sandbox's own
+    memory limit on top (throughput.sandbox_cap)."""
+    return SandboxSlots(min(concurrency, sandbox_cap(DEFAULT_MEMORY_MB, sandbox_start_mb(tables_mb))))
+
+
+def gated_tables_mb(database: EventDatabase, frame: pl.DataFrame, distance: int) -> float:
+    """The largest gated tables an episode's sandbox gets: those of the latest query's cutoff."""
+    events, news = database.gated_tables(frame.get_column("date").max() - timedelta(days=distance))
+    return (events.estimated_size() + news.estimated_size()) / 2**20
 
 
 def run_episodes(
@@ -442,9 +450,9 @@ def run_episodes(
     """Every (round, query) episode's trajectory record, in round then query order whatever the
     order they finished in; episodes in ``log`` are not run again, and each one run is appended to
     it as it finishes. ModelUnavailable stops the run (after the episodes in flight finish).
-    ``sandboxes`` bounds the live sandboxes (default: ``sandbox_slots(concurrency)``)."""
+    ``sandboxes`` bounds the live sandboxes (default: one per episode in flight)."""
     lock = threading.Lock()
-    sandboxes = sandboxes or sandbox_slots(concurrency)
+    sandboxes = sandboxes or SandboxSlots(concurrency)
     records: dict[tuple[int, str], dict] = dict(log.done)
     for record in records.values():
         progress.done += 1
@@ -565,6 +573,9 @@ def evaluate_agent(
         "n_ctx": client_settings.n_ctx,
         "seed": client_settings.seed,
     }
+    concurrency = episode_concurrency(agent, concurrency)
+    if sandboxes is None and spec.strategy == "react" and concurrency > 1:
+        sandboxes = sandbox_slots(concurrency, gated_tables_mb(database, frame, distance))
     directory = DataLayout(data_dir).evaluation_dir(month, agent.name, query_set, distance)
     log = EpisodeLog(checkpoint_path(directory), _checkpoint_key(agent, harness, frame, distance))
     episodes = run_episodes(
@@ -574,7 +585,7 @@ def evaluate_agent(
         agent.rounds,
         distance,
         database,
-        concurrency=episode_concurrency(agent, concurrency),
+        concurrency=concurrency,
         log=log,
         progress=Progress(agent.rounds * len(items), progress, progress_interval_s),
         sandboxes=sandboxes,

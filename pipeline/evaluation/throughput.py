@@ -33,10 +33,13 @@ BACKOFF_BASE_S = 1.0
 BACKOFF_MAX_S = 60.0
 # Memory left to everything else (the parent's tables, the page cache) when sizing the sandbox cap.
 MEMORY_HEADROOM = 0.8
-# A sandbox child's resident size once started (interpreter, polars, its gated tables), measured
-# at ~90-140 MB with 2-14 months of history (bench/evaluate_llm.py prints it); its code may
-# then allocate up to its own memory_mb limit on top (pipeline/agent_api/lockdown.py, set_limits).
-SANDBOX_START_MB = 160
+# What a sandbox child holds once started, besides what its code allocates: the interpreter and
+# polars (~150 MB resident, measured with a 2-month database whose gated tables are 11 MB), plus
+# its private copy of the gated tables, which peaks at ~6x their in-memory size while the child
+# receives and decodes them (measured: 6.3 GB peak resident for 1.1 GB of tables, 14 months at
+# 5,000 events a day; bench/evaluate_llm.py's database, /proc/<pid>/status VmHWM).
+SANDBOX_BASE_MB = 150
+TABLE_COPIES = 6
 
 
 @dataclass(frozen=True)
@@ -153,12 +156,18 @@ def available_memory_bytes() -> int:
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
-def sandbox_cap(memory_limit_mb: int, available_bytes: int | None = None) -> int:
+def sandbox_start_mb(tables_mb: float) -> float:
+    """A started sandbox's resident size, its peak while receiving ``tables_mb`` of gated tables."""
+    return SANDBOX_BASE_MB + TABLE_COPIES * tables_mb
+
+
+def sandbox_cap(memory_limit_mb: int, start_mb: float, available_bytes: int | None = None) -> int:
     """How many sandboxes may be live at once: MEMORY_HEADROOM of the available memory divided by
-    what one may hold (SANDBOX_START_MB plus the ``memory_limit_mb`` its code may allocate on
-    top); at least 1, so that a small machine runs episodes one at a time rather than not at all."""
+    what one may hold (``start_mb``, see sandbox_start_mb, plus the ``memory_limit_mb`` its code
+    may allocate on top); at least 1, so that a small machine runs them one at a time rather
+    than not at all."""
     available = available_memory_bytes() if available_bytes is None else available_bytes
-    per_sandbox = (SANDBOX_START_MB + memory_limit_mb) * 2**20
+    per_sandbox = (start_mb + memory_limit_mb) * 2**20
     return max(1, math.floor(available * MEMORY_HEADROOM / per_sandbox))
 
 
