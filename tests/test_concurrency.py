@@ -18,7 +18,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from pipeline.evaluation.llm import HttpSettings, OpenAIChatClient, retry_after_s
+from pipeline.evaluation.llm import HttpSettings, ModelUnavailable, OpenAIChatClient, retry_after_s
 from pipeline.evaluation.registry import Agent, Endpoint, RegistryError, parse_agents
 from pipeline.evaluation.run import (
     agent_config_hash,
@@ -196,6 +196,33 @@ def test_a_killed_run_resumes_without_redoing_finished_episodes(data_dir, tmp_pa
         evaluate_agent(split(), fresh, agent(server.base_url), 1, query_set="t", concurrency=2)
     assert stored(run_dir(data_dir))[1:] == stored(run_dir(fresh))[1:]
     assert stored(run_dir(data_dir))[0].equals(stored(run_dir(fresh))[0])
+
+
+def test_an_unusable_model_stops_the_run_and_keeps_the_finished_episodes(data_dir):
+    """A 401 on one query's conversation (the key was revoked, say) stops the run without storing
+    it; the episodes that finished are checkpointed and not asked again by the next run."""
+
+    def revoked(messages):
+        return 401 if any("ISR" in m["content"] for m in messages if m["role"] == "user") else None
+
+    checkpoint = checkpoint_path(run_dir(data_dir))
+    checkpoint.unlink(missing_ok=True)
+    shutil.rmtree(run_dir(data_dir), ignore_errors=True)
+    with ChatServer(fail_when=revoked) as server:
+        with pytest.raises(ModelUnavailable, match="HTTP 401"):
+            evaluate_agent(split(), data_dir, agent(server.base_url), 1, query_set="t", concurrency=3)
+        assert not run_dir(data_dir).exists()
+        kept = {(e["round"], e["query_id"]) for e in map(json.loads, checkpoint.read_text().splitlines())}
+        assert kept
+        server.fail_when = None
+        before = server.requests
+        _, record = evaluate_agent(split(), data_dir, agent(server.base_url), 1, query_set="t", concurrency=3)
+        asked = server.requests - before
+    assert sum(record["end_states"].values()) == 12
+    # Exactly the requests (steps) of the episodes that were not kept.
+    lines = [json.loads(line) for line in (run_dir(data_dir) / "trajectories.jsonl").read_text().splitlines()]
+    assert asked == sum(len(t["steps"]) for t in lines if (t["round"], t["query_id"]) not in kept)
+    assert not checkpoint.exists()
 
 
 def test_the_checkpoint_drops_a_line_cut_by_a_kill_and_other_runs_lines(tmp_path):

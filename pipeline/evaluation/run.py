@@ -477,12 +477,14 @@ def run_episodes(
         for round_no, query in pending:
             work(round_no, query)
     else:
-        with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="episode") as pool:
-            futures = [pool.submit(work, r, q) for r, q in pending]
-            for future in as_completed(futures):
-                if future.exception() is not None:
-                    pool.shutdown(wait=True, cancel_futures=True)
-                    raise future.exception()
+        pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="episode")
+        try:
+            for future in as_completed([pool.submit(work, r, q) for r, q in pending]):
+                future.result()  # the first failure (ModelUnavailable) stops the run
+        finally:
+            # On a failure or an interruption (a terminated Dagster run) no new episode starts;
+            # those in flight finish and are checkpointed, so the next run need not redo them.
+            pool.shutdown(wait=True, cancel_futures=True)
     return [[records[(r, q.query_id)] for q in queries] for r in range(rounds)]
 
 
