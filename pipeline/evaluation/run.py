@@ -9,6 +9,10 @@ stored as a directory ``evaluations/YYYY-MM/<agent>/<query_set>/distance=<d>/`` 
   contamination flag with its reason, and the code version;
 - ``trajectories.jsonl`` (LLM agents): one line per round and query, every step of the episode.
 
+While an LLM run is in progress its finished episodes are checkpointed in
+``distance=<d>.episodes.jsonl`` beside that directory, so a killed run resumes (docs/evaluation.md,
+"Concurrency, rate limits and resume"); the file goes once the run is stored.
+
 An agent refused on a month (its knowledge cutoff is not before it) leaves ``refusal.json`` in
 ``evaluations/YYYY-MM/<agent>/<query_set>/`` instead.
 
