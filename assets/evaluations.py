@@ -22,11 +22,14 @@ from pipeline.evaluation.run import (
     RANK_RULE,
     agent_config_hash,
     clear_refusal,
+    endpoint_limits,
+    episode_concurrency,
     evaluate_agent,
     evaluate_baseline,
     refusals,
     write_refusal,
 )
+from pipeline.evaluation.throughput import RateLimiter
 from pipeline.release import open_store, publish_leaderboard
 from pipeline.storage import DataLayout
 
@@ -79,6 +82,12 @@ def _scores_table(records: list[dict]) -> str:
     return "\n".join([header, *rows])
 
 
+def _concurrency(agent: Agent, llm: LlmRuntime) -> int:
+    """The agent's episodes at once, under the launchpad's cap (run.episode_concurrency then caps
+    it by the sandboxes' memory)."""
+    return min(agent.episode_concurrency, llm.max_concurrency or agent.episode_concurrency)
+
+
 def _run(
     agent: Agent,
     split_file: Path,
@@ -95,7 +104,10 @@ def _run(
             records.append(evaluate_baseline(split_file, data_dir, agent, distance, force=config.force)[1])
         return records
     settings = llm.client_settings()
-    client = client_for(agent, settings)
+    # One limiter for every distance: the endpoint's limits hold across the whole asset run.
+    limiter = RateLimiter(endpoint_limits(agent, llm.rate_limits()))
+    client = client_for(agent, settings, limiter)
+    concurrency = _concurrency(agent, llm)
     # Loaded once for every distance.
     database = (
         EventDatabase(data_dir, allow_unconfined_sandbox=allow_unconfined_sandbox)
@@ -112,8 +124,15 @@ def _run(
             client=client,
             client_settings=settings,
             database=database,
+            concurrency=concurrency,
+            # At most one line a minute: a month's sample is hundreds of episodes.
+            progress=lambda line, d=distance: context.log.info(f"{agent.name} at distance {d}: {line}"),
+            progress_interval_s=60.0,
         )
-        context.log.info(f"{agent.name} at distance {distance}: end states {record['end_states']}")
+        context.log.info(
+            f"{agent.name} at distance {distance}: end states {record['end_states']}; rate-limit waits "
+            f"{limiter.waited_s:.1f} s, {limiter.throttles} 429 response(s)"
+        )
         records.append(record)
     return records
 
@@ -180,6 +199,13 @@ def evaluation(
             metadata["tools"] = records[0]["tools"]
         metadata["end states"] = dg.MetadataValue.json({f"distance={r['distance']}": r["end_states"] for r in records})
         metadata["tokens in/out"] = f"{sum(r['tokens_in'] for r in records)}/{sum(r['tokens_out'] for r in records)}"
+        metadata["tokens_in"] = sum(r["tokens_in"] for r in records)
+        metadata["tokens_out"] = sum(r["tokens_out"] for r in records)
+        costs = [r["cost_usd"] for r in records]
+        # Null unless agents.yaml prices the model (docs/evaluation.md, "Tokens and cost").
+        metadata["cost_usd"] = dg.MetadataValue.float(sum(costs)) if None not in costs else dg.MetadataValue.null()
+        metadata["episodes"] = sum(r["n"] * r["rounds"] for r in records)
+        metadata["episode concurrency"] = episode_concurrency(agent, _concurrency(agent, llm))
         metadata["sandbox layers"] = dg.MetadataValue.json({f"distance={r['distance']}": r["sandbox"] for r in records})
     return dg.MaterializeResult(metadata=metadata)
 

@@ -21,6 +21,7 @@ from pydantic import Field
 
 from pipeline.config import Settings, env_names
 from pipeline.evaluation.llm import DEFAULT_MAX_TOKENS, DEFAULT_N_CTX, DEFAULT_SEED, ClientSettings
+from pipeline.evaluation.throughput import RateLimits
 
 _DEFAULT = Settings()
 
@@ -207,6 +208,21 @@ class LlmRuntime(dg.ConfigurableResource):
         default=_DEFAULT.sandbox_allow_unconfined,
         description="MIRAI_SANDBOX_ALLOW_UNCONFINED: run code blocks where seccomp cannot be installed (recorded)",
     )
+
+    max_concurrency: int = Field(
+        default=0,
+        description="cap on each agent's episodes at once (agents.yaml concurrency: 8 for an endpoint, 1 for a "
+        "GGUF model); 0 = no cap beyond the agent's own and the sandboxes' memory",
+    )
+    requests_per_minute: int = Field(
+        default=0, description="an endpoint's requests per minute when its agents.yaml entry sets none; 0 = unlimited"
+    )
+    tokens_per_minute: int = Field(
+        default=0, description="an endpoint's tokens per minute when its agents.yaml entry sets none; 0 = unlimited"
+    )
+
+    def rate_limits(self) -> RateLimits:
+        return RateLimits(self.requests_per_minute or None, self.tokens_per_minute or None)
 
     def client_settings(self) -> ClientSettings:
         return ClientSettings(

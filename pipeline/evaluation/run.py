@@ -9,6 +9,10 @@ stored as a directory ``evaluations/YYYY-MM/<agent>/<query_set>/distance=<d>/`` 
   contamination flag with its reason, and the code version;
 - ``trajectories.jsonl`` (LLM agents): one line per round and query, every step of the episode.
 
+While an LLM run is in progress its finished episodes are checkpointed in
+``distance=<d>.episodes.jsonl`` beside that directory, so a killed run resumes (docs/evaluation.md,
+"Concurrency, rate limits and resume"); the file goes once the run is stored.
+
 An agent refused on a month (its knowledge cutoff is not before it) leaves ``refusal.json`` in
 ``evaluations/YYYY-MM/<agent>/<query_set>/`` instead.
 
@@ -26,7 +30,9 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
@@ -34,6 +40,7 @@ import polars as pl
 
 from pipeline.agent_api import EventDatabase
 from pipeline.agent_api.lookup import map_iso_to_country_name
+from pipeline.agent_api.sandbox import DEFAULT_MEMORY_MB
 from pipeline.database import MonthNotReady
 from pipeline.evaluation.agents import (
     AgentSpec,
@@ -44,7 +51,7 @@ from pipeline.evaluation.agents import (
     run_single_turn,
 )
 from pipeline.evaluation.baselines import FORECAST_SCHEMA, default_top_k, forecast
-from pipeline.evaluation.llm import ChatClient, ClientSettings, client_for
+from pipeline.evaluation.llm import ChatClient, ClientSettings, ModelUnavailable, client_for
 from pipeline.evaluation.metrics import (
     SET_METRICS,
     aggregate_answers,
@@ -58,6 +65,16 @@ from pipeline.evaluation.metrics import (
 )
 from pipeline.evaluation.prompts import PROMPT_VERSION
 from pipeline.evaluation.registry import Agent, eligibility
+from pipeline.evaluation.throughput import (
+    UNLIMITED,
+    EpisodeLog,
+    Progress,
+    RateLimiter,
+    RateLimits,
+    SandboxSlots,
+    sandbox_cap,
+    sandbox_start_mb,
+)
 from pipeline.storage import (
     DataLayout,
     atomic_write_bytes,
@@ -276,12 +293,22 @@ def agent_tools(agent: Agent) -> str | None:
 # Fields added after the first evaluations: left out of the hash at these values, so the entries
 # evaluated before they existed keep their hashes (and are not evaluated again).
 _HASH_DEFAULTS = {"mode": (None, "native"), "tools": (None, "full")}
+# How fast and at what price an agent runs, not what it answers: changing them neither re-runs the
+# agent nor invalidates a half-finished run's checkpoint (docs/evaluation.md, "Concurrency").
+_NOT_HASHED = {"concurrency", "price_per_million_input_tokens", "price_per_million_output_tokens"}
+_ENDPOINT_NOT_HASHED = {"requests_per_minute", "tokens_per_minute"}
 
 
 def agent_config_hash(agent: Agent) -> str:
-    """A short hash of the agent's whole registry entry: a changed entry is a new agent to
-    evaluate (the sensor's run keys carry it)."""
-    fields = {k: v for k, v in dataclasses.asdict(agent).items() if v not in _HASH_DEFAULTS.get(k, ())}
+    """A short hash of the agent's registry entry, without the _NOT_HASHED throughput and price
+    settings: a changed entry is a new agent to evaluate (the sensor's run keys carry it)."""
+    fields = {
+        k: v
+        for k, v in dataclasses.asdict(agent).items()
+        if k not in _NOT_HASHED and v not in _HASH_DEFAULTS.get(k, ())
+    }
+    if fields.get("endpoint"):
+        fields["endpoint"] = {k: v for k, v in fields["endpoint"].items() if k not in _ENDPOINT_NOT_HASHED}
     canonical = json.dumps(fields, sort_keys=True, default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()[:12]
 
@@ -308,8 +335,7 @@ def _listed_codes(answer: object) -> list[str]:
     return [code for codes in answer.values() if isinstance(codes, list) for code in codes if isinstance(code, str)]
 
 
-def _episode_columns(trajectories: list[Trajectory]) -> pl.DataFrame:
-    records = [t.record() for t in trajectories]
+def _episode_columns(records: list[dict]) -> pl.DataFrame:
     return pl.DataFrame(
         {
             "end_state": [r["end_state"] for r in records],
@@ -334,21 +360,140 @@ def _episode_columns(trajectories: list[Trajectory]) -> pl.DataFrame:
     )
 
 
-def _run_round(
-    client: ChatClient, spec: AgentSpec, queries: list[Query], distance: int, database: EventDatabase | None
-) -> list[Trajectory]:
-    trajectories = []
-    for query in queries:
-        cutoff = query.date - timedelta(days=distance)
-        if spec.strategy == "react":
+class _SlottedEnvironment:
+    """An episode's Environment whose sandbox counts against the run's SandboxSlots: the first
+    code run (which starts the sandbox) waits for a slot, closing (which stops it) frees it."""
 
-            def environment(q=query):
-                return react_environment(database, spec, q.date, distance)
+    def __init__(self, env, slots: SandboxSlots):
+        self._env, self._slots, self._held = env, slots, False
 
-            trajectories.append(run_react(client, spec, query, cutoff, environment, first_day=database.start))
-        else:
-            trajectories.append(run_single_turn(client, spec, query, cutoff))
-    return trajectories
+    def run_code(self, code: str, timeout_s: float | None = None, memory_mb: int | None = None) -> str:
+        if not self._held:
+            self._slots.acquire()
+            self._held = True
+        return self._env.run_code(code, timeout_s=timeout_s, memory_mb=memory_mb)
+
+    @property
+    def sandbox_report(self) -> dict | None:
+        return self._env.sandbox_report
+
+    def __enter__(self) -> _SlottedEnvironment:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            self._env.close()
+        finally:
+            if self._held:
+                self._held = False
+                self._slots.release()
+
+
+def _episode(
+    client: ChatClient,
+    spec: AgentSpec,
+    query: Query,
+    distance: int,
+    database: EventDatabase | None,
+    database_lock: threading.Lock,
+    sandboxes: SandboxSlots,
+) -> Trajectory:
+    cutoff = query.date - timedelta(days=distance)
+    if spec.strategy != "react":
+        return run_single_turn(client, spec, query, cutoff)
+
+    def environment():
+        # EventDatabase loads its months on first use with no lock of its own; opening an
+        # environment is a concat and a slice, and its sandbox starts later, in this episode's thread.
+        with database_lock:
+            env = react_environment(database, spec, query.date, distance)
+        return _SlottedEnvironment(env, sandboxes)
+
+    return run_react(client, spec, query, cutoff, environment, first_day=database.start)
+
+
+def _failed_episode(spec: AgentSpec, query: Query, exc: Exception) -> Trajectory:
+    """An episode the harness itself could not finish: stored in end state "error" like a model
+    failure, so that the other episodes' results are kept."""
+    trajectory = Trajectory(query.query_id, spec.strategy, spec.action_type if spec.strategy == "react" else None)
+    trajectory.end_state, trajectory.error = "error", f"{type(exc).__name__}: {exc}"
+    return trajectory
+
+
+def episode_concurrency(agent: Agent, requested: int | None = None) -> int:
+    """Episodes at once: ``requested`` or the agent's own (registry.Agent.episode_concurrency),
+    never more than 1 for an in-process GGUF model. (Their sandboxes are bounded apart, by
+    ``sandbox_slots``: an episode waiting on the model holds no sandbox until its first code.)"""
+    if agent.endpoint is None:
+        return 1
+    return max(1, requested or agent.episode_concurrency)
+
+
+def sandbox_slots(concurrency: int, tables_mb: float) -> SandboxSlots:
+    """Live sandboxes at most: as many as the episodes, and no more than fit in the machine's
+    available memory, each holding ``tables_mb`` of gated tables and allowed the sandbox's own
+    memory limit on top (throughput.sandbox_cap)."""
+    return SandboxSlots(min(concurrency, sandbox_cap(DEFAULT_MEMORY_MB, sandbox_start_mb(tables_mb))))
+
+
+def gated_tables_mb(database: EventDatabase, frame: pl.DataFrame, distance: int) -> float:
+    """The largest gated tables an episode's sandbox gets: those of the latest query's cutoff."""
+    events, news = database.gated_tables(frame.get_column("date").max() - timedelta(days=distance))
+    return (events.estimated_size() + news.estimated_size()) / 2**20
+
+
+def run_episodes(
+    client: ChatClient,
+    spec: AgentSpec,
+    queries: list[Query],
+    rounds: int,
+    distance: int,
+    database: EventDatabase | None,
+    *,
+    concurrency: int,
+    log: EpisodeLog,
+    progress: Progress,
+    sandboxes: SandboxSlots | None = None,
+) -> list[list[dict]]:
+    """Every (round, query) episode's trajectory record, in round then query order whatever the
+    order they finished in; episodes in ``log`` are not run again, and each one run is appended to
+    it as it finishes. ModelUnavailable stops the run (after the episodes in flight finish).
+    ``sandboxes`` bounds the live sandboxes (default: one per episode in flight)."""
+    lock = threading.Lock()
+    sandboxes = sandboxes or SandboxSlots(concurrency)
+    records: dict[tuple[int, str], dict] = dict(log.done)
+    for record in records.values():
+        progress.done += 1
+        progress.tokens_in += record["tokens_in"]
+        progress.tokens_out += record["tokens_out"]
+    pending = [(r, q) for r in range(rounds) for q in queries if (r, q.query_id) not in records]
+
+    def work(round_no: int, query: Query) -> None:
+        try:
+            trajectory = _episode(client, spec, query, distance, database, lock, sandboxes)
+        except ModelUnavailable:
+            raise
+        except Exception as exc:
+            trajectory = _failed_episode(spec, query, exc)
+        # Through JSON once, so that a fresh episode's record and a resumed one's are the same.
+        record = json.loads(json.dumps(trajectory.record(), default=str))
+        log.append(round_no, query.query_id, record)
+        records[(round_no, query.query_id)] = record
+        progress.add(record["tokens_in"], record["tokens_out"])
+
+    if concurrency <= 1:
+        for round_no, query in pending:
+            work(round_no, query)
+    else:
+        pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="episode")
+        try:
+            for future in as_completed([pool.submit(work, r, q) for r, q in pending]):
+                future.result()  # the first failure (ModelUnavailable) stops the run
+        finally:
+            # On a failure or an interruption (a terminated Dagster run) no new episode starts;
+            # those in flight finish and are checkpointed, so the next run need not redo them.
+            pool.shutdown(wait=True, cancel_futures=True)
+    return [[records[(r, q.query_id)] for q in queries] for r in range(rounds)]
 
 
 def _model_description(agent: Agent) -> dict:
@@ -356,6 +501,35 @@ def _model_description(agent: Agent) -> dict:
         return {"base_url": agent.endpoint.base_url, "model": agent.endpoint.model}
     size = agent.gguf.stat().st_size if agent.gguf.exists() else None
     return {"gguf": agent.gguf.name, "gguf_bytes": size}
+
+
+def cost_usd(agent: Agent, tokens_in: int, tokens_out: int) -> float | None:
+    """The run's estimated cost from the registry's prices per million tokens; None without them."""
+    if agent.price_per_million_input_tokens is None or agent.price_per_million_output_tokens is None:
+        return None
+    return (tokens_in * agent.price_per_million_input_tokens + tokens_out * agent.price_per_million_output_tokens) / 1e6
+
+
+def endpoint_limits(agent: Agent, defaults: RateLimits = UNLIMITED) -> RateLimits:
+    """The endpoint's requests and tokens per minute from its registry entry, else ``defaults``
+    (LlmRuntime's)."""
+    e = agent.endpoint
+    return RateLimits(
+        (e and e.requests_per_minute) or defaults.requests_per_minute,
+        (e and e.tokens_per_minute) or defaults.tokens_per_minute,
+    )
+
+
+def checkpoint_path(directory: Path) -> Path:
+    """A run's episode checkpoint: beside its directory (which is swapped in whole at the end)."""
+    return directory.with_name(f"{directory.name}.episodes.jsonl")
+
+
+def _checkpoint_key(agent: Agent, harness: dict, frame: pl.DataFrame, distance: int) -> str:
+    """What an episode's result depends on: the agent, the harness and the queries."""
+    queries = frame.select("query_id", "date", "s", "o").rows()
+    canonical = json.dumps([agent_config_hash(agent), harness, distance, queries], sort_keys=True, default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
 def evaluate_agent(
@@ -369,11 +543,21 @@ def evaluate_agent(
     client: ChatClient | None = None,
     client_settings: ClientSettings | None = None,
     database: EventDatabase | None = None,
+    concurrency: int | None = None,
+    limits: RateLimits = UNLIMITED,
+    progress: Callable[[str], None] | None = None,
+    progress_interval_s: float = 30.0,
+    sandboxes: SandboxSlots | None = None,
 ) -> tuple[pl.DataFrame, dict]:
     """Run an LLM agent on every query, ``agent.rounds`` times, score each round and store the
     run with its trajectories (see the module doc). ``client`` defaults to the one the registry
-    entry describes; ``database`` (for ReAct) to the data dir's event database, loaded once for
-    all queries. Returns the per-query results of every round and the scores record."""
+    entry describes, its requests bounded by the endpoint's limits (the entry's, else ``limits``);
+    ``database`` (for ReAct) to the data dir's event database, loaded once for all queries.
+    Episodes run ``episode_concurrency`` at once, their live sandboxes bounded by ``sandboxes``
+    (default ``sandbox_slots``); each finished one is checkpointed beside the
+    run's directory, so a killed run resumes where it stopped. ``progress`` gets a line (episodes
+    done, tokens) at most every ``progress_interval_s``. Returns the per-query results of every
+    round and the scores record."""
     if agent.kind != "llm":
         raise ValueError(f"{agent.name} is a {agent.kind} agent, not an llm agent")
     frame, query_set = load_queries(queries, query_set)
@@ -389,18 +573,40 @@ def evaluate_agent(
         mode=agent_mode(agent),
         tools=agent_tools(agent) or "full",
     )
-    client = client or client_for(agent, client_settings)
+    client = client or client_for(agent, client_settings, RateLimiter(endpoint_limits(agent, limits)))
     if spec.strategy == "react" and database is None:
         database = EventDatabase(data_dir)
     items = _queries(frame)
+    harness = {
+        "prompt_version": PROMPT_VERSION,
+        "max_tokens": client_settings.max_tokens,
+        "n_ctx": client_settings.n_ctx,
+        "seed": client_settings.seed,
+    }
+    concurrency = episode_concurrency(agent, concurrency)
+    if sandboxes is None and spec.strategy == "react" and concurrency > 1:
+        sandboxes = sandbox_slots(concurrency, gated_tables_mb(database, frame, distance))
+    directory = DataLayout(data_dir).evaluation_dir(month, agent.name, query_set, distance)
+    log = EpisodeLog(checkpoint_path(directory), _checkpoint_key(agent, harness, frame, distance))
+    episodes = run_episodes(
+        client,
+        spec,
+        items,
+        agent.rounds,
+        distance,
+        database,
+        concurrency=concurrency,
+        log=log,
+        progress=Progress(agent.rounds * len(items), progress, progress_interval_s),
+        sandboxes=sandboxes,
+    )
     per_round, results, lines, sandboxes = [], [], [], set()
-    for round_no in range(agent.rounds):
-        trajectories = _run_round(client, spec, items, distance, database)
+    for round_no, records in enumerate(episodes):
         forecasts = pl.DataFrame(
             {
-                "query_id": [t.query_id for t in trajectories],
-                "ranked": [_listed_codes(t.answer) for t in trajectories],
-                "answer_dict": [json.dumps(t.answer, sort_keys=True) for t in trajectories],
+                "query_id": [r["query_id"] for r in records],
+                "ranked": [_listed_codes(r["answer"]) for r in records],
+                "answer_dict": [json.dumps(r["answer"], sort_keys=True) for r in records],
             },
             schema=FORECAST_SCHEMA,
         )
@@ -408,31 +614,28 @@ def evaluate_agent(
         per_round.append(metrics)
         results.append(
             pl.concat(
-                [scored.with_columns(pl.lit(round_no, pl.Int64).alias("round")), _episode_columns(trajectories)],
+                [scored.with_columns(pl.lit(round_no, pl.Int64).alias("round")), _episode_columns(records)],
                 how="horizontal",
             )
         )
-        lines.extend(json.dumps({"round": round_no} | t.record(), default=str) for t in trajectories)
-        sandboxes.update(json.dumps(t.sandbox, sort_keys=True) for t in trajectories if t.sandbox is not None)
+        lines.extend(json.dumps({"round": round_no} | r, default=str) for r in records)
+        sandboxes.update(json.dumps(r["sandbox"], sort_keys=True) for r in records if r["sandbox"] is not None)
     results = pl.concat(results)
     trajectories_jsonl = ("\n".join(lines) + "\n").encode()
+    tokens_in, tokens_out = int(results.get_column("tokens_in").sum()), int(results.get_column("tokens_out").sum())
     record = _record(agent, month, query_set, distance, aggregate_rounds(per_round), contaminated, reason) | {
         "strategy": agent.strategy,
         "action_type": agent.action_type,
         "temperature": agent.temperature,
         "max_steps": agent.max_steps,
         "model": _model_description(agent),
-        "harness": {
-            "prompt_version": PROMPT_VERSION,
-            "max_tokens": client_settings.max_tokens,
-            "n_ctx": client_settings.n_ctx,
-            "seed": client_settings.seed,
-        },
+        "harness": harness,
         "agent_config_hash": agent_config_hash(agent),
         "end_states": dict(sorted(results.get_column("end_state").value_counts().iter_rows())),
         "answer_sources": dict(sorted(results.get_column("answer_source").value_counts().iter_rows())),
-        "tokens_in": int(results.get_column("tokens_in").sum()),
-        "tokens_out": int(results.get_column("tokens_out").sum()),
+        "tokens_in": tokens_in,
+        "tokens_out": tokens_out,
+        "cost_usd": cost_usd(agent, tokens_in, tokens_out),
         "model_s": float(results.get_column("model_s").sum()),
         "trajectories_sha256": hashlib.sha256(trajectories_jsonl).hexdigest(),
         # The confinement layers the code-running sandboxes had (docs/agent_api.md, "Threat
@@ -440,8 +643,9 @@ def evaluate_agent(
         "sandbox": [json.loads(layers) for layers in sorted(sandboxes)],
     }
     record |= round_aggregates(frame, results, steps=agent.strategy == "react")
-    directory = DataLayout(data_dir).evaluation_dir(month, agent.name, query_set, distance)
-    return results, write_evaluation(directory, results, record, {"trajectories.jsonl": trajectories_jsonl})
+    stored = write_evaluation(directory, results, record, {"trajectories.jsonl": trajectories_jsonl})
+    log.remove()
+    return results, stored
 
 
 # --- refusals -------------------------------------------------------------------------------------
