@@ -43,7 +43,9 @@ from testbed.serve import MirrorServer
 ROOT = Path(__file__).resolve().parents[1]  # the project: definitions.py, workspace.yaml, agents.yaml
 BUCKET = "mirai-releases"
 RELEASE_PREFIX = "mirai"
-EVALUATION_JOB, LEADERBOARD_JOB = "agent_evaluation", "leaderboard_refresh"
+EVALUATION_JOB, LEADERBOARD_JOB, SUBMISSION_JOB = "agent_evaluation", "leaderboard_refresh", "submission_scoring"
+# The baseline whose forecasts the demo scores and submits as a newcomer would (docs/evaluate-your-agent.md).
+SUBMITTED_BASELINE, SUBMITTED_DISTANCE = "recurrency", 1
 DEMO_TAGS = {"mirai/source": "demo"}  # every run the demo starts carries it
 
 
@@ -313,6 +315,94 @@ def run_evaluations(runner: Runner, plan: DemoPlan) -> None:
         runner.run(LEADERBOARD_JOB)
 
 
+def submission_name(plan: DemoPlan) -> str:
+    return f"demo-{SUBMITTED_BASELINE}-{plan.month:%Y-%m}"
+
+
+def newcomer_files(plan: DemoPlan, settings: Settings, directory: Path) -> tuple[Path, Path]:
+    """A baseline's stored forecasts of the month's sample as a newcomer's predictions.jsonl, and
+    its submission.json (knowledge cutoff: the day before the month, so it is ranked)."""
+    run = DataLayout(settings.data_dir).evaluation_dir(
+        plan.month, SUBMITTED_BASELINE, "queries_sample", SUBMITTED_DISTANCE
+    )
+    results = pl.read_parquet(run / "results.parquet", columns=["query_id", "prediction", "ranked"])
+    directory.mkdir(parents=True, exist_ok=True)
+    predictions = directory / "predictions.jsonl"
+    predictions.write_text(
+        "".join(
+            json.dumps({"query_id": q, "answer": json.loads(p), "ranked": r}) + "\n" for q, p, r in results.iter_rows()
+        )
+    )
+    metadata = directory / "submission.json"
+    metadata.write_text(
+        json.dumps(
+            {
+                "model": f"{SUBMITTED_BASELINE} baseline (submitted by mirai demo)",
+                "knowledge_cutoff": (plan.month - timedelta(days=1)).isoformat(),
+                "contact": "demo@localhost",
+                "month": f"{plan.month:%Y-%m}",
+                "query_set": "queries_sample",
+                "distance": SUBMITTED_DISTANCE,
+                "rounds": 1,
+                "api_mode": "native",
+                "action_type": "none",
+            },
+            indent=2,
+        )
+        + "\n"
+    )
+    return predictions, metadata
+
+
+def run_submission(runner: Runner, plan: DemoPlan, settings: Settings, data_dir: Path) -> None:
+    """The newcomer's path (docs/evaluate-your-agent.md) with one baseline's forecasts: ``mirai
+    score`` against the month's split, ``mirai submit`` to the S3 store; then what the operator's
+    daemon does: a tick of the submission sensor, the submission run it requests and the
+    leaderboard refresh after it."""
+    from contextlib import redirect_stdout
+
+    from pipeline.cli import main as mirai
+    from pipeline.evaluation.submissions import SubmissionError, check_name_free
+    from pipeline.release import open_store
+
+    name = submission_name(plan)
+    if name in runner.done("submission"):
+        _say(f"      {name} already submitted and scored: skipped")
+        return
+    directory = data_dir / "newcomer"
+    predictions, metadata = newcomer_files(plan, settings, directory)
+    split = str(DataLayout(settings.data_dir).split_dir(plan.month))
+    score = ["score", str(predictions), "--split", split, "--sample", "--out", str(directory / "scorecard")]
+    submit = ["submit", str(predictions), "--meta", str(metadata), "--name", name, "--split", split]
+    steps = [(score, "score.log"), (submit, "submit.log")]
+    try:
+        check_name_free(open_store(settings), name)
+    except SubmissionError:  # uploaded by a demo killed before its sensor tick: the tick still scores it
+        steps.pop()
+        _say(f"      {name} was uploaded by an earlier, interrupted demo")
+    for argv, log in steps:
+        with open(directory / log, "w") as out, redirect_stdout(out):
+            if mirai(argv) != 0:
+                raise RuntimeError(f"mirai {argv[0]} failed: see {directory / log}")
+        _say(f"      mirai {' '.join(argv[:2])} ...: ok ({directory / log})")
+    dg = runner.dg
+    sensor = runner.defs.resolve_sensor_def("submission_sensor")
+    with dg.build_sensor_context(
+        instance=runner.instance,
+        instance_ref=runner.instance.get_ref(),  # the tick checks the dynamic partition keys it requests
+        definitions=runner.defs,
+        resources=runner.defs.resources,
+    ) as context:
+        tick = sensor.evaluate_tick(context)
+    for request in tick.dynamic_partitions_requests or []:
+        runner.instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
+    for request in tick.run_requests:
+        runner.run(request.job_name, request.partition_key)
+    record = json.loads((settings.data_dir / "submissions" / name / "record.json").read_text())
+    _say(f"      submission_sensor tick: {len(tick.run_requests)} run(s); {name} {record['status']}")
+    runner.run(LEADERBOARD_JOB)
+
+
 def _count(paths: list[Path]) -> int:
     existing = [p for p in paths if p.exists()]
     return pl.scan_parquet(existing).select(pl.len()).collect().item() if existing else 0
@@ -363,11 +453,17 @@ def summary(plan: DemoPlan, settings: Settings, release_where: str, say: Callabl
     from pipeline.evaluation.run import RANK_RULE
 
     board = pl.read_parquet(settings.data_dir / "evaluations" / BOARD_FILE)
-    top = board_summary(board).select("rank", "agent", "distance", "level2_f1", "level1_f1", "mrr").head(5)
-    say(f"  leaderboard top 5 of {board.height} runs (F1 and MRR in %):")
+    top = board_summary(board).select("rank", "agent", "source", "distance", "level2_f1", "level1_f1", "mrr").head(5)
+    say(f"  leaderboard top 5 of {board.height} rows (F1 and MRR in %):")
     for line in markdown_table(top).splitlines():
         say("              " + line)
     say(f"              {RANK_RULE}")
+    record = json.loads((settings.data_dir / "submissions" / submission_name(plan) / "record.json").read_text())
+    say(
+        f"  submission  {record['submission']}: {record['status']}, level-2 F1 "
+        f"{record['scorecard']['metrics']['level2_f1']['value']:.2f} (as the run it came from); "
+        f"page {settings.data_dir / 'evaluations' / 'leaderboard.html'}, published as releases/leaderboard.html"
+    )
 
 
 def run_demo(plan: DemoPlan, data_dir: Path) -> int:
@@ -376,7 +472,7 @@ def run_demo(plan: DemoPlan, data_dir: Path) -> int:
 
 
 def _run_demo(plan: DemoPlan, data_dir: Path) -> int:
-    total, started = 6, time.perf_counter()
+    total, started = 7, time.perf_counter()
     with Stage(1, total, f"GDELT mirror {plan.days[0]} .. {plan.days[-1]} in {data_dir / 'mirror'}"):
         made = ensure_mirror(plan, data_dir / "mirror")
         _say("      generated" if made else "      reusing the mirror generated earlier (same arguments)")
@@ -410,7 +506,9 @@ def _run_demo(plan: DemoPlan, data_dir: Path) -> int:
             release_where = _release_location(settings, plan.month)
         with Stage(5, total, "Dagster: baseline evaluations and the leaderboard"):
             run_evaluations(runner, plan)
-    _say(f"[6/{total}] summary (servers stopped; {time.perf_counter() - started:.0f}s in all)")
+        with Stage(6, total, f"a newcomer's path: score and submit {SUBMITTED_BASELINE}'s forecasts, then the sensor"):
+            run_submission(runner, plan, settings, data_dir)
+    _say(f"[{total}/{total}] summary (servers stopped; {time.perf_counter() - started:.0f}s in all)")
     summary(plan, settings, release_where, _say)
     _say("\nOpen the same instance and data in the Dagster UI (http://127.0.0.1:3000):")
     _say(

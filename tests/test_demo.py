@@ -169,7 +169,7 @@ def _counts(out: str) -> list[str]:
     """The summary's count lines (the release line names this run's S3 port)."""
     return [
         line
-        for line in out.split("[6/6]")[1].splitlines()
+        for line in out.split("[7/7]")[1].splitlines()
         if line.startswith(("  slots", "  events", "  articles", "  split", "              "))
     ]
 
@@ -178,7 +178,7 @@ def _counts(out: str) -> list[str]:
 def test_mirai_demo_runs_the_chain_through_dagster_and_twice_changes_nothing(tmp_path):
     data = tmp_path / "data"
     out, _ = _mirai_demo(data)
-    for stage in ("[1/6]", "[3/6]", "[4/6]", "[5/6]", "[6/6]"):
+    for stage in ("[1/7]", "[3/7]", "[4/7]", "[5/7]", "[6/7]", "[7/7]"):
         assert stage in out
     queries = int(re.search(r"split\s+([\d,]+) queries", out).group(1).replace(",", ""))
     assert queries >= 20
@@ -201,7 +201,19 @@ def test_mirai_demo_runs_the_chain_through_dagster_and_twice_changes_nothing(tmp
     with dg.DagsterInstance.from_config(str(data / "dagster_home")) as instance:
         jobs = collections.Counter(r.job_name for r in instance.get_runs())
     assert jobs["gdelt_ingest"] == jobs["articles_daily"] == 28
-    assert jobs["monthly_release"] == jobs["leaderboard_refresh"] == 1 and jobs["agent_evaluation"] == 3
+    assert jobs["monthly_release"] == jobs["submission_scoring"] == 1 and jobs["agent_evaluation"] == 3
+    assert jobs["leaderboard_refresh"] == 2  # after the evaluations, then after the submission
+    # The newcomer's path (issue 16): the baseline's forecasts scored, submitted, scored again by the
+    # sensor's run, ranked beside the run they came from.
+    assert re.search(r"submission\s+demo-recurrency-2023-02: scored, level-2 F1", out)
+    record = json.loads((data / "submissions" / "demo-recurrency-2023-02" / "record.json").read_text())
+    board = pl.read_parquet(data / "evaluations" / "leaderboard.parquet")
+    rows = board.filter((pl.col("agent").is_in(["recurrency", "demo-recurrency-2023-02"])) & (pl.col("distance") == 1))
+    assert rows.get_column("source").sort().to_list() == ["registered", "submission"]
+    assert rows.get_column("level2_f1").n_unique() == 1 and rows.get_column("rank").n_unique() == 1
+    assert record["scorecard"]["metrics"]["level2_f1"]["value"] == pytest.approx(
+        rows.get_column("level2_f1")[0], abs=1e-3
+    )
 
     files_before = sorted(p.relative_to(data) for p in data.rglob("*.parquet"))
     out2, seconds = _mirai_demo(data)
@@ -221,6 +233,10 @@ def test_mirai_demo_runs_the_chain_through_dagster_and_twice_changes_nothing(tmp
         released = json.loads(store.get_bytes(release_key("2023-02", MANIFEST_NAME)))
         index = store.get_bytes("releases/index.json")
         card = store.get_bytes(release_key("2023-02", "README.md")).decode()
+        page = store.get_bytes("releases/leaderboard.html")
+        rejection = store.get_bytes("submissions/demo-recurrency-2023-02/rejection.json")
+    assert page == (data / "evaluations" / "leaderboard.html").read_bytes() and b"demo-recurrency-2023-02" in page
+    assert rejection is None
     assert released["release"] == "2023-02" and released["split"]["counts"]["queries"] == queries
     # Generated data say so (issue 20): manifest, split manifest and the card's first lines; the
     # index names no endpoint (the server took another port at each start).
