@@ -65,6 +65,9 @@ LIBRARIES = ("numpy", "pandas", "networkx", "sklearn")
 REMOVED_BUILTINS = ("open", "input", "breakpoint", "help", "exit", "quit", "copyright", "credits", "license")
 MAX_OBSERVATION_CHARS = 20_000
 WARM_UP_ROWS = 256
+# The read-only mappings of the table files (MAP_SHARED, PROT_READ), held for the child's lifetime:
+# the tables' buffers point into them.
+MAPPINGS: list = []
 TRUNCATION_NOTE = f"\n[output truncated at {MAX_OBSERVATION_CHARS} characters]"
 
 
@@ -279,6 +282,7 @@ def _map_table(fd: int):
         mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
     finally:
         os.close(fd)
+    MAPPINGS.append(mapped)
     return pl.from_arrow(pa.ipc.open_file(pa.BufferReader(pa.py_buffer(mapped))).read_all(), rechunk=False)
 
 
