@@ -9,8 +9,10 @@ descriptor it could read later rows through.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
+import os
 import stat
 import sys
 import threading
@@ -23,6 +25,7 @@ import pytest
 from pipeline.agent_api import Environment, EventDatabase
 from pipeline.agent_api.audit import leakage_violations
 from pipeline.agent_api.lockdown import SECCOMP_ARCHES, machine
+from pipeline.agent_api.sandbox import SandboxError
 from pipeline.agent_api.table_files import TableFiles
 from testbed.database import generate_event_database
 from tests.test_sandbox_attacks import BYPASS, NUMBERS
@@ -186,3 +189,25 @@ def test_agent_code_can_neither_write_the_files_nor_reach_another_cutoffs(db):
     finally:
         env.close()
     assert {p: _sha(p) for p in files} == before
+
+
+@sandboxed
+def test_table_files_that_cannot_be_written_are_a_sandbox_error_leaving_no_descriptor(db):
+    """A full temp dir (ENOSPC from the second part's write, the first part already open) refuses
+    the code block with a clear SandboxError and closes what was opened."""
+    cutoff = QUERY - timedelta(days=1)
+    events, news = db.gated_tables(cutoff)
+    first = db.gated_files(cutoff)[0]
+
+    def full_disk():
+        yield first
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    env = Environment(
+        events, news, start=db.start, cutoff=cutoff, query_date=QUERY, distance_days=1, table_files=lambda: full_disk()
+    )
+    open_before = sorted(os.listdir("/proc/self/fd"))
+    with pytest.raises(SandboxError, match=r"table files could not be prepared: .*No space left"):
+        env.run_code("1")
+    assert sorted(os.listdir("/proc/self/fd")) == open_before
+    env.close()

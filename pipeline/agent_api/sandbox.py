@@ -77,6 +77,23 @@ def namespace_prefix() -> tuple[tuple[str, ...], str]:
     return prefix, "user, mount, IPC, network and PID namespaces of its own"
 
 
+def _open_table_files(env) -> tuple[list[list[int]], list[int]]:
+    """Read-only descriptors of ``env``'s table file parts ([events, news] per part) and all of
+    them in a flat list; SandboxError (nothing left open) if the files cannot be written or opened,
+    e.g. with the temp dir full."""
+    passed: list[int] = []
+    try:
+        parts = env.table_files()
+        for part in parts:
+            for path in part:
+                passed.append(os.open(path, os.O_RDONLY | os.O_CLOEXEC))
+    except OSError as exc:
+        for fd in passed:
+            os.close(fd)
+        raise SandboxError(f"the sandbox's table files could not be prepared: {exc}") from exc
+    return [passed[i : i + 2] for i in range(0, len(passed), 2)], passed
+
+
 def _checked_report(message: dict) -> dict:
     report = message.get("ready") if set(message) == {"ready"} else None
     if not isinstance(report, dict) or not all(
@@ -97,8 +114,7 @@ class _Child:
         # here, so it never needs a path) and maps them before lockdown: nothing is serialised or
         # copied per start (table_files.py). Every other descriptor of this process is
         # close-on-exec, so no other cutoff's file reaches it.
-        table_fds = [[os.open(path, os.O_RDONLY | os.O_CLOEXEC) for path in part] for part in env.table_files()]
-        passed = [fd for part in table_fds for fd in part]
+        table_fds, passed = _open_table_files(env)
         # Kept for the child's lifetime (closed in stop), so not a with-block.
         self.stderr = tempfile.TemporaryFile()
         try:
