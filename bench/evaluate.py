@@ -21,7 +21,7 @@ instantly from a fixed script of typical API calls (the relation distribution, c
 news titles, entity distribution, a BM25 event search, look-ups) and then a final answer. The
 client clocks the gap between handing back reply i and being asked for reply i + 1: that is one
 step of harness work (parsing the action, the sandbox round trip, building the next prompt).
-The first step of each episode also starts the sandbox process and ships it the gated tables
+The first step of each episode also starts the sandbox process, which maps the gated tables
 (all 14 months), so it is reported apart.
 
 The load average is printed before and after, since the machine is shared.

@@ -2,7 +2,8 @@
 
 ``leakage_violations(env)`` returns one line per problem (an empty list means none found):
 
-- the environment's own tables hold rows dated after the cutoff;
+- the environment's own tables, or the table files its sandbox child maps, hold rows dated after
+  the cutoff;
 - a function returns an event or article dated after the cutoff, called with no filter, with the
   head countries, relations and words that are common in the environment, and with random ones;
 - a count or distribution without a date range differs from the same call bounded at the cutoff
@@ -19,6 +20,8 @@ from __future__ import annotations
 
 import random
 from datetime import date, timedelta
+
+import polars as pl
 
 from pipeline.agent_api.types import Date, DateGateError, DateRange
 
@@ -56,6 +59,20 @@ def _check_tables(env, out: list[str]) -> None:
                 f"the environment's {name} table holds {late.height} rows dated after the cutoff "
                 f"{env.cutoff} (latest {late.get_column('date').max()})"
             )
+
+
+def _check_table_files(env, out: list[str]) -> None:
+    """The files a sandbox child maps (table_files.py), read the way the child reads them: every
+    part must be on or before the cutoff."""
+    for part in env.table_files():
+        for path in part:
+            frame = pl.read_ipc(path)
+            late = frame.filter(frame.get_column("date") > env.cutoff)
+            if late.height:
+                out.append(
+                    f"the table file {path.name} for the sandbox holds {late.height} rows dated after the cutoff "
+                    f"{env.cutoff} (latest {late.get_column('date').max()})"
+                )
 
 
 def _check_events(env, label: str, events, out: list[str]) -> None:
@@ -209,6 +226,8 @@ def leakage_violations(env, *, rng: random.Random | None = None, sandbox: bool =
     rng = rng or random.Random(f"audit/{env.cutoff}")
     out: list[str] = []
     _check_tables(env, out)
+    if sandbox:
+        _check_table_files(env, out)
     if env.cutoff < env.start:
         # A query in the database's first days: no date is in range, so nothing may be visible.
         _check_empty(env, out)

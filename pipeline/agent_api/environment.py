@@ -15,7 +15,9 @@ depend on the cutoff and are computed once per month in ``EventDatabase``.
 
 from __future__ import annotations
 
+import functools
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import date, timedelta
 from pathlib import Path
@@ -25,6 +27,7 @@ import polars as pl
 
 from pipeline.agent_api import lookup
 from pipeline.agent_api.bm25 import mirai_tokens, rank_mirai
+from pipeline.agent_api.table_files import TableFiles
 from pipeline.agent_api.types import (
     CAMEOCode,
     Date,
@@ -136,6 +139,8 @@ class EventDatabase:
         self.months = found
         self.start = found[0]
         self._loaded: list[tuple[pl.DataFrame, pl.DataFrame]] = []
+        # The parts sandbox children map (gated_files); removed with this object.
+        self.table_files = TableFiles()
 
     @property
     def last_day(self) -> date:
@@ -154,17 +159,32 @@ class EventDatabase:
             self._loaded.append(_prepare_month(pl.scan_parquet(events), pl.scan_parquet(news), offset))
         return self._loaded[i]
 
-    def gated_tables(self, cutoff: date) -> tuple[pl.DataFrame, pl.DataFrame]:
-        """Events and news dated on or before ``cutoff``: the months before the cutoff month whole,
-        the cutoff month up to the cutoff. Later months are not read. A cutoff before the database
-        starts (a query in its first days) sees nothing: empty tables of the right schema."""
+    def _gated_parts(self, cutoff: date) -> list[tuple[str, Callable[[], tuple[pl.DataFrame, pl.DataFrame]]]]:
+        """(name, build) per part of the gated tables for ``cutoff``: each month before the cutoff
+        month whole, the cutoff month up to the cutoff. Later months are not read. A cutoff before
+        the database starts (a query in its first days) sees nothing: empty tables of the right
+        schema."""
         last = max(month_start(cutoff), self.start)
         indices = [i for i, month in enumerate(self.months) if month <= last]
-        frames = [self._month(i) for i in indices]
-        # Only the newest loaded month can hold days after the cutoff.
-        events = [e for e, _ in frames[:-1]] + [frames[-1][0].filter(pl.col("date") <= cutoff)]
-        news = [n for _, n in frames[:-1]] + [frames[-1][1].filter(pl.col("date") <= cutoff)]
-        return pl.concat(events, rechunk=False), pl.concat(news, rechunk=False)
+
+        def upto(i: int) -> tuple[pl.DataFrame, pl.DataFrame]:
+            # Only the newest month of a cutoff can hold days after it.
+            events, news = self._month(i)
+            return events.filter(pl.col("date") <= cutoff), news.filter(pl.col("date") <= cutoff)
+
+        parts = [(f"month={self.months[i]:%Y-%m}", functools.partial(self._month, i)) for i in indices[:-1]]
+        return [*parts, (f"upto={cutoff.isoformat()}", functools.partial(upto, indices[-1]))]
+
+    def gated_tables(self, cutoff: date) -> tuple[pl.DataFrame, pl.DataFrame]:
+        """Events and news dated on or before ``cutoff`` (the parts of ``_gated_parts``, in memory)."""
+        frames = [build() for _, build in self._gated_parts(cutoff)]
+        return pl.concat([e for e, _ in frames], rechunk=False), pl.concat([n for _, n in frames], rechunk=False)
+
+    def gated_files(self, cutoff: date) -> list[tuple[Path, Path]]:
+        """The gated tables for ``cutoff`` as read-only Arrow files, one (events, news) pair per
+        part, each written once per database and shared by every sandbox child that needs it
+        (table_files.py); the file of the cutoff month's part holds no row after the cutoff."""
+        return [self.table_files.part(name, build) for name, build in self._gated_parts(cutoff)]
 
     def environment(
         self,
@@ -194,6 +214,7 @@ class EventDatabase:
             tools=tools,
             count_both_actors=count_both_actors,
             code_libraries=self.code_libraries if code_libraries is None else code_libraries,
+            table_files=functools.partial(self.gated_files, cutoff),
         )
 
 
@@ -260,6 +281,7 @@ class Environment:
         tools: str = "full",
         count_both_actors: bool = False,
         code_libraries: tuple[str, ...] = (),
+        table_files: Callable[[], list[tuple[Path, Path]]] | None = None,
     ):
         if tools not in TOOL_SUBSETS:
             raise ValueError(f"tools must be one of {', '.join(TOOL_SUBSETS)}, got {tools!r}")
@@ -277,6 +299,10 @@ class Environment:
         # Libraries code blocks may import beyond the standard-library modules (numpy, pandas, ...);
         # loaded in the sandbox process before lockdown (docs/agent_api.md, "Code blocks").
         self.code_libraries = tuple(code_libraries)
+        # How the sandbox child gets these tables (files it maps read-only: table_files.py). An
+        # EventDatabase passes its shared per-cutoff parts; otherwise they are written on first use.
+        self._table_files = table_files
+        self._own_files: TableFiles | None = None
         self._sandbox = None
 
     # --- the gate ---------------------------------------------------------------------------
@@ -530,6 +556,15 @@ class Environment:
     def tables(self) -> tuple[pl.DataFrame, pl.DataFrame]:
         """This environment's (gated) events and news tables."""
         return self._events, self._news
+
+    def table_files(self) -> list[tuple[Path, Path]]:
+        """These tables as (events, news) Arrow file parts for a sandbox child to map: the
+        database's shared per-cutoff parts, or this environment's own, written once."""
+        if self._table_files is not None:
+            return self._table_files()
+        if self._own_files is None:
+            self._own_files = TableFiles()
+        return [self._own_files.part("tables", self.tables)]
 
     def functions(self) -> dict:
         """The names an agent's code calls: the functions of this environment's ``tools`` subset,

@@ -2,8 +2,9 @@
 
 The agent's code is assumed to own the child's Python interpreter, so only kernel layers count.
 The child is a fresh interpreter (not a fork) with a minimal environment, started where the kernel
-allows in namespaces of its own (``unshare(1)``); it receives exactly the Environment's gated
-tables over a pipe, so nothing after the cutoff is in its memory, and locks itself down
+allows in namespaces of its own (``unshare(1)``); it inherits read-only descriptors of exactly the
+Environment's gated table files (written once per cutoff: table_files.py) and maps them, so nothing
+after the cutoff is in its memory, and locks itself down
 (lockdown.py) before any agent code runs. Without the seccomp allowlist code blocks are refused
 unless the operator allows them (``allow_unconfined``, MIRAI_SANDBOX_ALLOW_UNCONFINED). The parent
 trusts nothing the child writes: a reply is length-prefixed, capped, read under the block's
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import io
 import json
 import os
 import select
@@ -26,8 +26,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-
-import polars as pl
 
 from pipeline.agent_api.lockdown import SECCOMP_ARCHES, machine
 from pipeline.agent_api.sandbox_child import LIBRARIES, MAX_OBSERVATION_CHARS, TRUNCATION_NOTE
@@ -79,10 +77,21 @@ def namespace_prefix() -> tuple[tuple[str, ...], str]:
     return prefix, "user, mount, IPC, network and PID namespaces of its own"
 
 
-def _ipc(frame: pl.DataFrame) -> bytes:
-    buf = io.BytesIO()
-    frame.write_ipc(buf, compression="uncompressed")
-    return buf.getvalue()
+def _open_table_files(env) -> tuple[list[list[int]], list[int]]:
+    """Read-only descriptors of ``env``'s table file parts ([events, news] per part) and all of
+    them in a flat list; SandboxError (nothing left open) if the files cannot be written or opened,
+    e.g. with the temp dir full."""
+    passed: list[int] = []
+    try:
+        parts = env.table_files()
+        for part in parts:
+            for path in part:
+                passed.append(os.open(path, os.O_RDONLY | os.O_CLOEXEC))
+    except OSError as exc:
+        for fd in passed:
+            os.close(fd)
+        raise SandboxError(f"the sandbox's table files could not be prepared: {exc}") from exc
+    return [passed[i : i + 2] for i in range(0, len(passed), 2)], passed
 
 
 def _checked_report(message: dict) -> dict:
@@ -101,26 +110,41 @@ class _Child:
         self.memory_mb = memory_mb
         self.requests = 0
         prefix, namespaces = namespace_prefix()
+        # The child inherits read-only descriptors of exactly its environment's table files (opened
+        # here, so it never needs a path) and maps them before lockdown: nothing is serialised or
+        # copied per start (table_files.py). Every other descriptor of this process is
+        # close-on-exec, so no other cutoff's file reaches it.
+        table_fds, passed = _open_table_files(env)
         # Kept for the child's lifetime (closed in stop), so not a with-block.
         self.stderr = tempfile.TemporaryFile()
-        self.proc = subprocess.Popen(
-            [*prefix, sys.executable, "-m", "pipeline.agent_api.sandbox_child", f"--libraries={','.join(libraries)}"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self.stderr,
-            cwd="/",
-            close_fds=True,
-            env={
-                "PYTHONPATH": str(PROJECT_ROOT),
-                "PATH": "/usr/bin:/bin",
-                "LANG": "C.UTF-8",
-                "PYTHONDONTWRITEBYTECODE": "1",
-                # One BLAS/OpenMP thread: numpy would start one per core at import, for matrices far
-                # larger than a code block's; they would cost start time and address space.
-                **dict.fromkeys(BLAS_THREAD_VARIABLES, "1"),
-            },
-        )
-        events, news = env.tables()
+        try:
+            self.proc = subprocess.Popen(
+                [
+                    *prefix,
+                    sys.executable,
+                    "-m",
+                    "pipeline.agent_api.sandbox_child",
+                    f"--libraries={','.join(libraries)}",
+                ],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=self.stderr,
+                cwd="/",
+                close_fds=True,
+                pass_fds=passed,
+                env={
+                    "PYTHONPATH": str(PROJECT_ROOT),
+                    "PATH": "/usr/bin:/bin",
+                    "LANG": "C.UTF-8",
+                    "PYTHONDONTWRITEBYTECODE": "1",
+                    # One BLAS/OpenMP thread: numpy would start one per core at import, for matrices
+                    # far larger than a code block's; they would cost start time and address space.
+                    **dict.fromkeys(BLAS_THREAD_VARIABLES, "1"),
+                },
+            )
+        finally:
+            for fd in passed:
+                os.close(fd)
         config = {
             "start": env.start.isoformat(),
             "cutoff": env.cutoff.isoformat(),
@@ -132,14 +156,15 @@ class _Child:
             "cpu_budget_s": cpu_budget_s,
             # The child mounts its empty root only in a mount namespace other than this one.
             "parent_mount_namespace": os.readlink("/proc/self/ns/mnt") if prefix else None,
+            # (events, news) descriptor numbers per part, as inherited (unshare keeps them).
+            "table_fds": table_fds,
         }
         # Requests go out non-blocking under a deadline: a child that stops reading its stdin
         # cannot hang the evaluation.
         os.set_blocking(self.proc.stdin.fileno(), False)
         deadline = time.monotonic() + START_TIMEOUT_S
         try:
-            for message in (json.dumps(config).encode(), _ipc(events), _ipc(news)):
-                self._send(message, deadline)
+            self._send(json.dumps(config).encode(), deadline)
             self.report = _checked_report(self.receive(START_TIMEOUT_S, READY_CAP_BYTES)) | {"namespaces": namespaces}
         except (OSError, EOFError, TimeoutError, ProtocolError) as exc:
             detail = self.stop()

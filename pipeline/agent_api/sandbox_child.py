@@ -2,13 +2,13 @@
 
 Start-up, in this order: import everything agent code may use (polars, the API, the allow-listed
 modules, the libraries the parent names in ``--libraries``) and warm every cache that reads a file;
-read the configuration and the environment's gated tables (Arrow IPC) from stdin; build the
+read the configuration from stdin; map the environment's gated table files from the read-only
+descriptors the parent passed (their numbers are in the configuration) and close them; build the
 Environment; lock down (lockdown.py); reply with what the lockdown applied; then run code blocks
-until stdin closes. The child is never given a path to the database, so the only rows it can hold
-are the ones the parent sent.
+until stdin closes. The child is never given a path, only descriptors of its cutoff's files, so the
+only rows it can hold are the ones on or before its cutoff.
 
-Wire format both ways: a 4-byte big-endian length, then the payload (JSON, or IPC bytes for the
-tables). A request is ``{"id": n, "code": ...}``, its reply ``{"id": n, "output": ...}``; the parent
+Wire format both ways: a 4-byte big-endian length, then a JSON payload. A request is ``{"id": n, "code": ...}``, its reply ``{"id": n, "output": ...}``; the parent
 checks every reply against that shape and a size cap (sandbox.py), since agent code can write
 anything to the pipe.
 """
@@ -21,6 +21,7 @@ import builtins
 import importlib.util
 import io
 import json
+import os
 import struct
 import sys
 from datetime import date
@@ -63,6 +64,10 @@ LIBRARIES = ("numpy", "pandas", "networkx", "sklearn")
 # Builtins agent code does not get: file and console access, the interactive helpers.
 REMOVED_BUILTINS = ("open", "input", "breakpoint", "help", "exit", "quit", "copyright", "credits", "license")
 MAX_OBSERVATION_CHARS = 20_000
+WARM_UP_ROWS = 256
+# The read-only mappings of the table files (MAP_SHARED, PROT_READ), held for the child's lifetime:
+# the tables' buffers point into them.
+MAPPINGS: list = []
 TRUNCATION_NOTE = f"\n[output truncated at {MAX_OBSERVATION_CHARS} characters]"
 
 
@@ -263,8 +268,34 @@ def _warm_sklearn(sklearn) -> None:
 _WARM_UPS = {"numpy": _warm_numpy, "pandas": _warm_pandas, "networkx": _warm_networkx, "sklearn": _warm_sklearn}
 
 
-def main() -> None:
+def _map_table(fd: int):
+    """An Arrow IPC file on an inherited read-only descriptor as a DataFrame over its mapped bytes
+    (MAP_SHARED, PROT_READ): string views and fixed-width buffers are used in place, not copied.
+    The descriptor is closed; the mapping keeps the file."""
+    import mmap
+
     import polars as pl
+    import pyarrow as pa
+    import pyarrow.ipc
+
+    try:
+        mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+    finally:
+        os.close(fd)
+    MAPPINGS.append(mapped)
+    return pl.from_arrow(pa.ipc.open_file(pa.BufferReader(pa.py_buffer(mapped))).read_all(), rechunk=False)
+
+
+def map_tables(table_fds: list[list[int]]):
+    """(events, news): the parts on ``table_fds`` ([events fd, news fd] per part), concatenated in
+    order without copying."""
+    import polars as pl
+
+    parts = [(_map_table(events_fd), _map_table(news_fd)) for events_fd, news_fd in table_fds]
+    return pl.concat([e for e, _ in parts], rechunk=False), pl.concat([n for _, n in parts], rechunk=False)
+
+
+def main() -> None:
 
     from pipeline.agent_api.environment import Environment
     from pipeline.agent_api.lockdown import lock_down
@@ -276,21 +307,22 @@ def main() -> None:
     _prepare_imports()
     loaded, libraries = _load_libraries(requested)
     config = json.loads(read_message(stdin))
-    events = pl.read_ipc(io.BytesIO(read_message(stdin)))
-    news = pl.read_ipc(io.BytesIO(read_message(stdin)))
-    env = Environment(
-        events,
-        news,
-        start=date.fromisoformat(config["start"]),
-        cutoff=date.fromisoformat(config["cutoff"]),
-        query_date=date.fromisoformat(config["query_date"]),
-        distance_days=config["distance_days"],
-        tools=config["tools"],
-        count_both_actors=config["count_both_actors"],
-    )
-    # Exercise every table path once so nothing lazy is left to initialise after lockdown.
-    env.get_events(text_description="warm up")
-    env.get_news_articles(keywords=["warm"])
+    events, news = map_tables(config["table_fds"])
+    settings = {
+        "start": date.fromisoformat(config["start"]),
+        "cutoff": date.fromisoformat(config["cutoff"]),
+        "query_date": date.fromisoformat(config["query_date"]),
+        "distance_days": config["distance_days"],
+        "tools": config["tools"],
+        "count_both_actors": config["count_both_actors"],
+    }
+    env = Environment(events, news, **settings)
+    # Exercise every table path once so nothing lazy is left to initialise after lockdown: on the
+    # first rows only (same schema, same code paths), since a full scan would read every mapped page.
+    sample = Environment(events.head(WARM_UP_ROWS), news.head(WARM_UP_ROWS), **settings)
+    sample.get_events(text_description="warm up")
+    sample.get_news_articles(keywords=["warm"])
+    del sample
     namespace = agent_namespace(env, loaded)
     del events, news
     report = lock_down(
