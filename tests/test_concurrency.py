@@ -326,20 +326,22 @@ def test_the_client_keeps_requests_per_minute_against_a_real_server():
 
 def test_sandbox_cap_fits_the_limits_in_available_memory():
     start = sandbox_start_mb(100.0)
-    assert start == 150 + 6 * 100  # the interpreter, and the tables' peak while the child decodes them
+    assert start == 150 + 0.05 * 100  # the interpreter, and its private pages over the mapped tables
     per_sandbox = (start + 1024) * 2**20
     assert sandbox_cap(1024, start, available_bytes=10 * per_sandbox) == 8  # 80 % of the memory
     assert sandbox_cap(1024, start, available_bytes=per_sandbox // 2) == 1  # never 0: one at a time
-    # A 24 GiB machine: 15 sandboxes of a small database, 2 with 1.1 GB of gated tables (14 months).
-    assert sandbox_cap(1024, sandbox_start_mb(11), available_bytes=24 * 2**30) == 15
-    assert sandbox_cap(1024, sandbox_start_mb(1116), available_bytes=24 * 2**30) == 2
+    # The mapped tables count once, not per sandbox: 8 GB of them leave room for fewer sandboxes.
+    assert sandbox_cap(1024, start, available_bytes=10 * per_sandbox, shared_mb=8 * 1024) == 1
+    # A 24 GiB machine: 16 sandboxes of a small database, 15 with 1.1 GB of gated tables (14 months).
+    assert sandbox_cap(1024, sandbox_start_mb(11), available_bytes=24 * 2**30, shared_mb=11) == 16
+    assert sandbox_cap(1024, sandbox_start_mb(1116), available_bytes=24 * 2**30, shared_mb=1116) == 15
 
 
 def test_concurrency_defaults_caps_and_registry_checks(monkeypatch):
     http = agent("http://x/v1")
     assert episode_concurrency(http) == 8  # registry.DEFAULT_HTTP_CONCURRENCY
     assert episode_concurrency(http, 64) == 64
-    monkeypatch.setattr("pipeline.evaluation.run.sandbox_cap", lambda memory_mb, start_mb: 3)
+    monkeypatch.setattr("pipeline.evaluation.run.sandbox_cap", lambda memory_mb, start_mb, shared_mb: 3)
     assert sandbox_slots(64, 10.0).n == 3 and sandbox_slots(2, 10.0).n == 2  # memory, or one per episode
     gguf = Agent(**{**http.__dict__, "endpoint": None, "gguf": Path("m.gguf")})
     assert episode_concurrency(gguf, 64) == 1  # in-process: one reply at a time

@@ -431,9 +431,10 @@ def episode_concurrency(agent: Agent, requested: int | None = None) -> int:
 
 def sandbox_slots(concurrency: int, tables_mb: float) -> SandboxSlots:
     """Live sandboxes at most: as many as the episodes, and no more than fit in the machine's
-    available memory, each holding ``tables_mb`` of gated tables and allowed the sandbox's own
-    memory limit on top (throughput.sandbox_cap)."""
-    return SandboxSlots(min(concurrency, sandbox_cap(DEFAULT_MEMORY_MB, sandbox_start_mb(tables_mb))))
+    available memory, all mapping ``tables_mb`` of gated tables (shared) and each allowed the
+    sandbox's own memory limit on top (throughput.sandbox_cap)."""
+    start_mb = sandbox_start_mb(tables_mb)
+    return SandboxSlots(min(concurrency, sandbox_cap(DEFAULT_MEMORY_MB, start_mb, shared_mb=tables_mb)))
 
 
 def gated_tables_mb(database: EventDatabase, frame: pl.DataFrame, distance: int) -> float:
