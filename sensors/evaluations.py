@@ -63,10 +63,20 @@ def _request(month_key: str, agent: Agent, config_hash: str) -> dg.RunRequest:
     )
 
 
-def _latest_evaluation(instance: dg.DagsterInstance) -> int:
-    """Storage id of the newest evaluation materialisation, 0 when there is none."""
-    records = instance.fetch_materializations(evaluation.key, limit=1).records
-    return records[0].storage_id if records else 0
+def leaderboard_request(
+    instance: dg.DagsterInstance, asset: dg.AssetsDefinition, job_name: str, board: int
+) -> tuple[dg.RunRequest | None, int]:
+    """A ``leaderboard_refresh`` request when ``asset`` was materialised since ``board`` (the
+    storage id the last request saw) and no run of the job ``job_name`` is queued or running; with the new
+    storage id to keep in the cursor. The run key names the materialisation, so two sensors (or a
+    reset cursor) never request the same refresh twice."""
+    records = instance.fetch_materializations(asset.key, limit=1).records
+    latest = records[0].storage_id if records else 0
+    if latest <= board or instance.get_runs_count(dg.RunsFilter(job_name=job_name, statuses=IN_FLIGHT)):
+        return None, board
+    return dg.RunRequest(
+        run_key=f"leaderboard:{asset.key.to_user_string()}:{latest}", job_name=leaderboard_job.name
+    ), latest
 
 
 @dg.sensor(jobs=[evaluation_job, leaderboard_job], minimum_interval_seconds=120)
@@ -86,14 +96,9 @@ def evaluation_sensor(context: dg.SensorEvaluationContext, dataset: Dataset) -> 
         if month not in seen or state["agents"].get(agent.name) != hashes[agent.name]
     ]
     board = state["board"]
-    latest = _latest_evaluation(context.instance)
-    if (
-        not requests
-        and latest > board
-        and not context.instance.get_runs_count(dg.RunsFilter(job_name=evaluation_job.name, statuses=IN_FLIGHT))
-    ):
-        requests.append(dg.RunRequest(run_key=f"leaderboard:{latest}", job_name=leaderboard_job.name))
-        board = latest
+    if not requests:
+        refresh, board = leaderboard_request(context.instance, evaluation, evaluation_job.name, board)
+        requests += [refresh] if refresh else []
     cursor = json.dumps({"months": months, "agents": hashes, "board": board}, sort_keys=True)
     return dg.SensorResult(
         run_requests=requests,

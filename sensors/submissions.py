@@ -21,14 +21,9 @@ from assets.submissions import submission, submission_partitions
 from pipeline.evaluation.scoring import bounded
 from pipeline.evaluation.submissions import triage
 from pipeline.release import open_store
-from sensors.evaluations import IN_FLIGHT, leaderboard_job
+from sensors.evaluations import leaderboard_job, leaderboard_request
 
 submission_job = dg.define_asset_job("submission_scoring", selection=[submission], executor_def=dg.in_process_executor)
-
-
-def _latest_submission(instance: dg.DagsterInstance) -> int:
-    records = instance.fetch_materializations(submission.key, limit=1).records
-    return records[0].storage_id if records else 0
 
 
 @dg.sensor(jobs=[submission_job, leaderboard_job], minimum_interval_seconds=60)
@@ -53,14 +48,9 @@ def submission_sensor(
         for name, content in found.ready.items()
     ]
     board = state["board"]
-    latest = _latest_submission(context.instance)
-    if (
-        not requests
-        and latest > board
-        and not context.instance.get_runs_count(dg.RunsFilter(job_name=submission_job.name, statuses=IN_FLIGHT))
-    ):
-        requests.append(dg.RunRequest(run_key=f"leaderboard:submission:{latest}", job_name=leaderboard_job.name))
-        board = latest
+    if not requests:
+        refresh, board = leaderboard_request(context.instance, submission, submission_job.name, board)
+        requests += [refresh] if refresh else []
     skip = (
         f"nothing new ({len(found.waiting)} waiting, {len(found.stray)} key(s) under no valid name)"
         if not requests
