@@ -210,7 +210,8 @@ def test_mirai_demo_runs_the_chain_through_dagster_and_twice_changes_nothing(tmp
     board = pl.read_parquet(data / "evaluations" / "leaderboard.parquet")
     rows = board.filter((pl.col("agent").is_in(["recurrency", "demo-recurrency-2023-02"])) & (pl.col("distance") == 1))
     assert rows.get_column("source").sort().to_list() == ["registered", "submission"]
-    assert rows.get_column("level2_f1").n_unique() == 1 and rows.get_column("rank").n_unique() == 1
+    assert rows.get_column("rank").n_unique() == 1  # one tier: the same forecasts, the same interval
+    assert rows.get_column("level2_f1").max() - rows.get_column("level2_f1").min() < 1e-3  # scorecards round to 4
     assert record["scorecard"]["metrics"]["level2_f1"]["value"] == pytest.approx(
         rows.get_column("level2_f1")[0], abs=1e-3
     )

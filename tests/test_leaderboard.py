@@ -471,7 +471,10 @@ def test_the_leaderboard_asset_shows_runs_and_submissions_together(built):
     # A month directory in the default local release store: there is a release to sit beside.
     bucket = built / "releases-bucket"
     (bucket / "releases" / "2024-02").mkdir(parents=True)
-    result = dg.materialize([leaderboard_asset], resources=resources_for(data_dir=str(built)))
+    # An instance of its own: entering it sets Dagster's current state storage, so the run never
+    # picks up one an earlier test's instance left behind (seen in the full suite).
+    with dg.instance_for_test() as instance:
+        result = dg.materialize([leaderboard_asset], instance=instance, resources=resources_for(data_dir=str(built)))
     assert result.success
     meta = result.asset_materializations_for_node("leaderboard")[0].metadata
     assert meta["published"].value == ", ".join(LEADERBOARD_KEYS.values())
