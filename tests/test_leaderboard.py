@@ -471,22 +471,22 @@ def test_the_leaderboard_asset_shows_runs_and_submissions_together(built):
     # A month directory in the default local release store: there is a release to sit beside.
     bucket = built / "releases-bucket"
     (bucket / "releases" / "2024-02").mkdir(parents=True)
-    # An instance of its own: entering it sets Dagster's current state storage, so the run never
-    # picks up one an earlier test's instance left behind (seen in the full suite).
+    # An instance of its own for both runs: entering it sets Dagster's current state storage, so
+    # the runs never pick up one an earlier test's instance left behind (seen in the full suite).
     with dg.instance_for_test() as instance:
         result = dg.materialize([leaderboard_asset], instance=instance, resources=resources_for(data_dir=str(built)))
-    assert result.success
-    meta = result.asset_materializations_for_node("leaderboard")[0].metadata
-    assert meta["published"].value == ", ".join(LEADERBOARD_KEYS.values())
-    assert (bucket / LEADERBOARD_KEYS["html"]).read_bytes() == (built / "evaluations" / PAGE_FILE).read_bytes()
-    assert meta["dagster/row_count"].value == 5 and meta["submissions"].value == 2
-    table = meta["leaderboard"].value
-    assert "| 1 | 2024-02 | queries | 1 | recurrency | registered | no | 6 | 1 |" in table
-    assert "| 1 | 2024-02 | queries | 1 | <img src=x onerror=alert(1)> | submission | no | 6 | 1 |" in table
-    assert "95% percentile bootstrap over queries" in table
-    assert meta["page"].value == str(DataLayout(built).root / "evaluations" / PAGE_FILE)
-    assert meta["skipped submission records"].value == []
-    again = dg.materialize([leaderboard_asset], resources=resources_for(data_dir=str(built)))
-    assert again.asset_materializations_for_node("leaderboard")[0].metadata["published"].value == (
-        "unchanged or no release yet"
-    )
+        assert result.success
+        meta = result.asset_materializations_for_node("leaderboard")[0].metadata
+        assert meta["published"].value == ", ".join(LEADERBOARD_KEYS.values())
+        assert (bucket / LEADERBOARD_KEYS["html"]).read_bytes() == (built / "evaluations" / PAGE_FILE).read_bytes()
+        assert meta["dagster/row_count"].value == 5 and meta["submissions"].value == 2
+        table = meta["leaderboard"].value
+        assert "| 1 | 2024-02 | queries | 1 | recurrency | registered | no | 6 | 1 |" in table
+        assert "| 1 | 2024-02 | queries | 1 | <img src=x onerror=alert(1)> | submission | no | 6 | 1 |" in table
+        assert "95% percentile bootstrap over queries" in table
+        assert meta["page"].value == str(DataLayout(built).root / "evaluations" / PAGE_FILE)
+        assert meta["skipped submission records"].value == []
+        again = dg.materialize([leaderboard_asset], instance=instance, resources=resources_for(data_dir=str(built)))
+        assert again.asset_materializations_for_node("leaderboard")[0].metadata["published"].value == (
+            "unchanged or no release yet"
+        )
