@@ -197,6 +197,28 @@ class Alerts(SettingsPart):
     )
 
 
+class LiveRounds(SettingsPart):
+    """Daily live rounds (docs/live.md): what a round asks and when its answers are resolved."""
+
+    horizons: str = Field(default=_DEFAULT.live_horizons, description="target dates t = D + h, e.g. 1,7")
+    round_size: int = Field(default=_DEFAULT.live_round_size, description="questions per round")
+    window_days: int = Field(default=_DEFAULT.live_window_days, description="history sampled: D - window .. D - 1")
+    quiet_share: float = Field(default=_DEFAULT.live_quiet_share, description="share of less active pairs")
+    seed: int = Field(default=_DEFAULT.live_seed, description="seed of the round's sample (with D)")
+    resolution_grace_hours: float = Field(
+        default=_DEFAULT.live_resolution_grace_hours, description="after a target date's slots settle"
+    )
+
+    _RENAMED: ClassVar[Mapping[str, str]] = {
+        "horizons": "live_horizons",
+        "round_size": "live_round_size",
+        "window_days": "live_window_days",
+        "quiet_share": "live_quiet_share",
+        "seed": "live_seed",
+        "resolution_grace_hours": "live_resolution_grace_hours",
+    }
+
+
 class LlmRuntime(dg.ConfigurableResource):
     """How LLM agents are run, beyond their registry entry; recorded in every run's scores.json."""
 
@@ -249,6 +271,7 @@ _PARTS = {
     "fetcher": ArticleFetcher,
     "release_store": ReleaseBucket,
     "alerts": Alerts,
+    "live": LiveRounds,
 }
 
 

@@ -85,6 +85,15 @@ class Settings:
     split_seed: int = 0
     split_grace_days: int = 3  # days after a month's end before its split is built
     agent_distance_days: int = 1  # an agent answering for day t sees data up to t - distance
+    # Live rounds (docs/live.md): each day D a round asks (t, s, o) for t = D + h, h in the horizons,
+    # about pairs sampled (seeded) from the window's test-grade activity, a share of them less active;
+    # a target date is resolved once its slots are settled and this grace has passed.
+    live_horizons: str = "1,7"  # days after the publication day D
+    live_round_size: int = 100  # questions per round, split evenly over the horizons
+    live_window_days: int = 28  # history the sampler looks at: D - window .. D - 1
+    live_quiet_share: float = 0.25  # share of pairs drawn from the window's less active pairs
+    live_seed: int = 0
+    live_resolution_grace_hours: float = 24.0
     # The agent registry the evaluation sensor and asset read (docs/evaluation.md).
     agents_file: Path = Path("./agents.yaml")
     # Monthly releases (pipeline/release.py, docs/releases.md). "" = the embedded default, a local
@@ -144,6 +153,17 @@ class Settings:
     @property
     def max_uncompressed_bytes(self) -> int:
         return self.max_uncompressed_mb * 2**20
+
+    @property
+    def live_horizon_days(self) -> tuple[int, ...]:
+        """``live_horizons`` ("1,7") as sorted distinct day counts, each in 1..31."""
+        try:
+            days = sorted({int(part) for part in self.live_horizons.split(",") if part.strip()})
+        except ValueError as exc:
+            raise ValueError(f"MIRAI_LIVE_HORIZONS={self.live_horizons!r}: {exc}") from exc
+        if not days or not all(1 <= d <= 31 for d in days):
+            raise ValueError(f"MIRAI_LIVE_HORIZONS={self.live_horizons!r}: give day counts from 1 to 31, e.g. 1,7")
+        return tuple(days)
 
     @property
     def fetch_retry_schedule(self) -> tuple[timedelta, ...]:
@@ -211,6 +231,12 @@ _ENV_NAMES: dict[str, str] = {
     "split_sample_size": "MIRAI_SPLIT_SAMPLE_SIZE",
     "split_seed": "MIRAI_SPLIT_SEED",
     "split_grace_days": "MIRAI_SPLIT_GRACE_DAYS",
+    "live_horizons": "MIRAI_LIVE_HORIZONS",
+    "live_round_size": "MIRAI_LIVE_ROUND_SIZE",
+    "live_window_days": "MIRAI_LIVE_WINDOW_DAYS",
+    "live_quiet_share": "MIRAI_LIVE_QUIET_SHARE",
+    "live_seed": "MIRAI_LIVE_SEED",
+    "live_resolution_grace_hours": "MIRAI_LIVE_RESOLUTION_GRACE_HOURS",
     "agent_distance_days": "MIRAI_AGENT_DISTANCE_DAYS",
     "agents_file": "MIRAI_AGENTS_FILE",
     "release_uri": "MIRAI_RELEASE_URI",

@@ -18,6 +18,7 @@ from assets.resources import (
     ArticleFetcher,
     Dataset,
     GdeltFeed,
+    LiveRounds,
     LlmRuntime,
     ReleaseBucket,
     pipeline_settings,
@@ -34,6 +35,7 @@ RESOURCES = {
     "fetcher": ArticleFetcher,
     "release_store": ReleaseBucket,
     "alerts": Alerts,
+    "live": LiveRounds,
     "llm": LlmRuntime,
 }
 SECRET_URL = "https://hooks.example.org/services/T0/B0/s3cr3t-token"
