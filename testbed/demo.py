@@ -43,6 +43,9 @@ from testbed.serve import MirrorServer
 ROOT = Path(__file__).resolve().parents[1]  # the project: definitions.py, workspace.yaml, agents.yaml
 BUCKET = "mirai-releases"
 RELEASE_PREFIX = "mirai"
+# What anonymous clients may read in the demo's store, as docs/releases.md's policy grants it:
+# releases and live rounds; never submissions/ (a submission's metadata holds a contact address).
+PUBLIC_PREFIXES = (f"{RELEASE_PREFIX}/releases", f"{RELEASE_PREFIX}/live")
 EVALUATION_JOB, LEADERBOARD_JOB, SUBMISSION_JOB = "agent_evaluation", "leaderboard_refresh", "submission_scoring"
 # The baseline whose forecasts the demo scores and submits as a newcomer would (docs/evaluate-your-agent.md).
 SUBMITTED_BASELINE, SUBMITTED_DISTANCE = "recurrency", 1
@@ -486,7 +489,7 @@ def _run_demo(plan: DemoPlan, data_dir: Path) -> int:
         with Stage(2, total, "servers on 127.0.0.1: GDELT mirror, news sites, S3 (SeaweedFS)"):
             mirror = servers.enter_context(MirrorServer(data_dir / "mirror"))
             news = servers.enter_context(NewsServer(sites=news_sites()))
-            s3 = servers.enter_context(LocalS3(data_dir / "s3", BUCKET))
+            s3 = servers.enter_context(LocalS3(data_dir / "s3", BUCKET, public_prefixes=PUBLIC_PREFIXES))
             agents = demo_agents(plan, data_dir / "demo_agents.yaml")
             os.environ.update(demo_env(plan, data_dir, mirror, news, s3, agents))
             _say(f"      mirror {mirror.base_url}, news sites {news.url} (*{SITE_SUFFIX}), S3 {s3.endpoint}")
@@ -541,7 +544,7 @@ def serve_release(data_dir: Path, port: int, say: Callable[[str], None] = _say) 
     uri = f"s3://{BUCKET}/{RELEASE_PREFIX}"
     # SIGTERM (not only Ctrl-C) must stop weed too: it runs in its own session.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    with demo_lock(data_dir), LocalS3(data_dir / "s3", BUCKET, s3_port=port) as s3:
+    with demo_lock(data_dir), LocalS3(data_dir / "s3", BUCKET, s3_port=port, public_prefixes=PUBLIC_PREFIXES) as s3:
         reader = open_store(
             Settings(s3_endpoint_url=endpoint, s3_region="us-east-1", s3_max_attempts=1), uri=uri, signed=False
         )

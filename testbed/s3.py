@@ -5,9 +5,10 @@ on 127.0.0.1, so the monthly release goes through the same S3 code path as a rea
 published and only verifies it) and listens on free ports chosen at each start, or on a given S3
 port (``s3_port``: ``mirai serve-release`` serves the demo's store on a stable one). It has two
 identities: an admin with a key pair made once per ``root`` (``root/credentials.json``, mode 0600;
-local only, never printed) and an anonymous one that may only read objects, so ``mirai download``
-and curl work unsigned, as with the public-read bucket policy of docs/releases.md, which grants
-``s3:GetObject`` and deliberately no anonymous listing (``index.json`` is the listing). The release
+local only, never printed) and an anonymous one that may only read objects (with
+``public_prefixes``, only those under the given key prefixes), so ``mirai download`` and curl work
+unsigned, as with the public-read bucket policy of docs/releases.md, which grants ``s3:GetObject``
+on the public prefixes and deliberately no anonymous listing (``index.json`` is the listing). The release
 tests (tests/s3_server.py) and bench/release.py use the same class with fixed test credentials,
 and kill and restart it on the same ports and data.
 """
@@ -23,6 +24,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 # Every listener `weed server -s3` opens; the ones not set would default to fixed ports.
@@ -65,6 +67,7 @@ class LocalS3:
         credentials: tuple[str, str] | None = None,
         volume_size_limit_mb: int = 256,
         s3_port: int | None = None,
+        public_prefixes: Sequence[str] | None = None,
     ):
         self.root = Path(root)
         self.bucket = bucket
@@ -72,6 +75,13 @@ class LocalS3:
         if s3_port is not None:
             self.ports["s3"] = s3_port
         self.volume_size_limit_mb = volume_size_limit_mb
+        # Anonymous reads: of every key (tests), or only under these key prefixes of the bucket
+        # (the demo: its releases and live rounds are public, its submissions/ is not).
+        self.anonymous_actions = (
+            ["Read"]
+            if public_prefixes is None
+            else [f"Read:{bucket}/{prefix.strip('/')}/*" for prefix in public_prefixes]
+        )
         self.process: subprocess.Popen | None = None
         self.access_key, self.secret_key = credentials or self._credentials()
 
@@ -142,7 +152,7 @@ class LocalS3:
                             "credentials": [{"accessKey": self.access_key, "secretKey": self.secret_key}],
                             "actions": ["Admin", "Read", "List", "Tagging", "Write"],
                         },
-                        {"name": "anonymous", "actions": ["Read"]},
+                        {"name": "anonymous", "actions": self.anonymous_actions},
                     ]
                 }
             )

@@ -215,8 +215,8 @@ def test_every_bad_input_is_one_line_and_a_non_zero_exit(tmp_path):
 def test_serve_release_serves_the_demo_store_and_its_printed_commands_download_it(tmp_path, monkeypatch):
     """Issue 20: after `mirai demo` the release must stay reachable. The demo's store (SeaweedFS
     under data/s3, published on a temporary port) is served on a given port; the printed `mirai
-    download` command works as printed, curl's URL too, and anonymous listing is refused (the
-    public-read policy of docs/releases.md)."""
+    download` command works as printed, curl's URL too, and anonymous listing, writing and reading
+    submissions/ are refused (the public-read policy of docs/releases.md)."""
     import shlex
     import signal
     from datetime import date, datetime
@@ -231,7 +231,7 @@ def test_serve_release_serves_the_demo_store_and_its_printed_commands_download_i
     from pipeline.database import build_event_database
     from pipeline.release import open_store, publish_release
     from pipeline.splits import build_split
-    from testbed.demo import BUCKET, RELEASE_PREFIX, demo_lock
+    from testbed.demo import BUCKET, PUBLIC_PREFIXES, RELEASE_PREFIX, demo_lock
     from testbed.s3 import LocalS3, weed_binary
 
     from .month_builder import write_month
@@ -244,13 +244,17 @@ def test_serve_release_serves_the_demo_store_and_its_printed_commands_download_i
     write_month(settings, date(2024, 2, 1), QUADS)
     build_event_database(date(2024, 2, 1), settings)
     build_split(date(2024, 2, 1), settings, now=datetime(2024, 3, 4, tzinfo=UTC))
-    with LocalS3(data / "s3", BUCKET) as s3:  # as `mirai demo` publishes: a temporary port
+    # As `mirai demo` publishes: a temporary port.
+    with LocalS3(data / "s3", BUCKET, public_prefixes=PUBLIC_PREFIXES) as s3:
         for name, value in s3.env().items():
             monkeypatch.setenv(name, value)
         published = settings.with_(
             release_uri=f"s3://{BUCKET}/{RELEASE_PREFIX}", s3_endpoint_url=s3.endpoint, s3_region="us-east-1"
         )
         publish_release(date(2024, 2, 1), published, open_store(published))
+        # A submission's metadata holds its contact address: never public.
+        submission_key = f"{RELEASE_PREFIX}/submissions/a-model/submission.json"
+        s3.client().put_object(Bucket=BUCKET, Key=submission_key, Body=b'{"contact": "me@example.org"}')
         temporary = s3.endpoint
 
     port = _free_port()
@@ -300,6 +304,9 @@ def test_serve_release_serves_the_demo_store_and_its_printed_commands_download_i
             anonymous.list_objects_v2(Bucket=BUCKET)
         with pytest.raises(ClientError, match="AccessDenied"):
             anonymous.put_object(Bucket=BUCKET, Key="mirai/releases/planted.txt", Body=b"x")
+        with pytest.raises(ClientError, match="AccessDenied"):
+            anonymous.get_object(Bucket=BUCKET, Key=submission_key)
+        assert requests.get(f"http://127.0.0.1:{port}/{BUCKET}/{submission_key}", timeout=10).status_code == 403
         # A demo on the same data would start a second SeaweedFS on data/s3: it is refused.
         with pytest.raises(RuntimeError, match="another `mirai demo` or `mirai serve-release` is using"):
             with demo_lock(data):
