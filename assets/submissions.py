@@ -4,7 +4,7 @@ submission sensor adds them): checked, scored and recorded by pipeline/evaluatio
 import dagster as dg
 
 from assets.resources import Dataset, ReleaseBucket, pipeline_settings
-from pipeline.evaluation.scoring import markdown
+from pipeline.evaluation.scoring import markdown, markdown_text
 from pipeline.evaluation.submissions import RECORD_FORMAT, NotReady, SubmissionError, process, record_path
 from pipeline.release import ReleaseError, open_store
 from pipeline.storage import LockTimeout
@@ -36,7 +36,7 @@ def submission(
     card = record["scorecard"]
     metadata = {
         "status": record["status"],
-        "reasons": dg.MetadataValue.md("\n".join(f"- {r}" for r in record["reasons"]) or "none"),
+        "reasons": dg.MetadataValue.md("\n".join(f"- {markdown_text(r)}" for r in record["reasons"]) or "none"),
         "model": record["model"] or "",
         "month": record["month"] or "",
         "record": dg.MetadataValue.path(str(record_path(settings.data_dir, context.partition_key))),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import shutil
 from html import escape
 from pathlib import Path
@@ -482,7 +483,9 @@ def test_the_leaderboard_asset_shows_runs_and_submissions_together(built):
         assert meta["dagster/row_count"].value == 5 and meta["submissions"].value == 2
         table = meta["leaderboard"].value
         assert "| 1 | 2024-02 | queries | 1 | recurrency | registered | no | 6 | 1 |" in table
-        assert "| 1 | 2024-02 | queries | 1 | <img src=x onerror=alert(1)> | submission | no | 6 | 1 |" in table
+        # A submitter's name is inert text in the UI's Markdown: no raw HTML, link or image opens.
+        assert "| 1 | 2024-02 | queries | 1 | \\<img src=x onerror=alert(1)\\> | submission | no | 6 | 1 |" in table
+        assert not re.search(r"(?<!\\)[<\[]", table)
         assert "95% percentile bootstrap over queries" in table
         assert meta["page"].value == str(DataLayout(built).root / "evaluations" / PAGE_FILE)
         assert meta["skipped submission records"].value == []
@@ -490,3 +493,26 @@ def test_the_leaderboard_asset_shows_runs_and_submissions_together(built):
         assert again.asset_materializations_for_node("leaderboard")[0].metadata["published"].value == (
             "unchanged or no release yet"
         )
+
+
+@pytest.mark.parametrize(
+    "hostile",
+    [
+        "![pixel](http://127.0.0.1:9/p.png)",
+        "[click](javascript:alert(1))",
+        "<img src=x onerror=alert(1)>",
+        "<https://example.org>",
+        "**bold** _em_ `code` ~~gone~~ &lt;",
+        "# heading\n> quote | cell",
+        "\\![escaped escape](http://127.0.0.1:9/)",
+    ],
+)
+def test_submitter_text_is_inert_markdown_in_dagster_metadata(hostile):
+    """Names, models and refusal reasons reach the Dagster UI as Markdown: every character that
+    opens a construct is escaped (a backslash escape itself included), on one line."""
+    from pipeline.evaluation.scoring import markdown_text
+
+    text = markdown_text(hostile)
+    assert "\n" not in text
+    assert not re.search(r"(?<!\\)(?:\\\\)*[`*_\[\]<>!|~&#]", text)
+    assert re.sub(r"\\(.)", r"\1", text) == " ".join(hostile.split())

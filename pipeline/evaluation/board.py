@@ -41,7 +41,7 @@ from pipeline.evaluation.run import (
     TIEBREAK_METRICS,
     aggregation,
 )
-from pipeline.evaluation.scoring import DEFAULT_RESAMPLES, HIT_K, METRICS, bootstrap_intervals
+from pipeline.evaluation.scoring import DEFAULT_RESAMPLES, HIT_K, METRICS, bootstrap_intervals, markdown_text
 from pipeline.release_layout import MAX_JSON_BYTES, is_month, shown
 from pipeline.storage import DataLayout, atomic_write_bytes, atomic_write_parquet
 
@@ -568,15 +568,16 @@ def page(board: pl.DataFrame) -> bytes:
 
 def markdown_table(frame: pl.DataFrame) -> str:
     """A markdown table (floats to 2 decimals, booleans yes/no, nulls blank) for Dagster metadata;
-    a cell's "|" and line breaks are escaped (names come from submitters)."""
+    text cells are inert Markdown (scoring.markdown_text: names and models come from submitters)."""
 
     def cell(value) -> str:
         if value is None:
             return ""
         if isinstance(value, bool):
             return "yes" if value else "no"
-        text = f"{value:.2f}" if isinstance(value, float) else str(value)
-        return " ".join(text.replace("|", "\\|").split())
+        if isinstance(value, float):
+            return f"{value:.2f}"
+        return str(value) if isinstance(value, int) else markdown_text(str(value))
 
     lines = ["| " + " | ".join(frame.columns) + " |", "|" + "---|" * frame.width]
     lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in frame.iter_rows()]
