@@ -4,8 +4,9 @@ submission sensor adds them): checked, scored and recorded by pipeline/evaluatio
 import dagster as dg
 
 from assets.resources import Dataset, ReleaseBucket, pipeline_settings
-from pipeline.evaluation.scoring import markdown, markdown_text
+from pipeline.evaluation.scoring import markdown
 from pipeline.evaluation.submissions import RECORD_FORMAT, NotReady, SubmissionError, process, record_path
+from pipeline.markdown import markdown_text
 from pipeline.release import ReleaseError, open_store
 from pipeline.storage import LockTimeout
 

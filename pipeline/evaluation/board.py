@@ -41,7 +41,8 @@ from pipeline.evaluation.run import (
     TIEBREAK_METRICS,
     aggregation,
 )
-from pipeline.evaluation.scoring import DEFAULT_RESAMPLES, HIT_K, METRICS, bootstrap_intervals, markdown_text
+from pipeline.evaluation.scoring import DEFAULT_RESAMPLES, HIT_K, METRICS, bootstrap_intervals
+from pipeline.markdown import markdown_text
 from pipeline.release_layout import MAX_JSON_BYTES, is_month, shown
 from pipeline.storage import DataLayout, atomic_write_bytes, atomic_write_parquet
 
@@ -568,7 +569,7 @@ def page(board: pl.DataFrame) -> bytes:
 
 def markdown_table(frame: pl.DataFrame) -> str:
     """A markdown table (floats to 2 decimals, booleans yes/no, nulls blank) for Dagster metadata;
-    text cells are inert Markdown (scoring.markdown_text: names and models come from submitters)."""
+    text cells are inert Markdown (pipeline.markdown: names and models come from submitters)."""
 
     def cell(value) -> str:
         if value is None:

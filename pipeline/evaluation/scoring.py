@@ -570,19 +570,6 @@ def scorecard(
     }
 
 
-# CommonMark lets a backslash escape any ASCII punctuation (spec 0.31, §2.4). These are the ones
-# that open something: a link or image ("![", a request to any host from the viewer's browser),
-# raw HTML or an autolink ("<"), an entity, code, emphasis, a heading or quote inside a list
-# item, a table cell; escaped, a submitter's text stays text in the Dagster UI's Markdown metadata.
-_MARKDOWN_ACTIVE = re.compile(r"([\\`*_\[\]<>!|~&#])")
-
-
-def markdown_text(text: str) -> str:
-    """``text`` as one line of inert Markdown: the active punctuation escaped, line breaks and
-    runs of whitespace one space."""
-    return _MARKDOWN_ACTIVE.sub(r"\\\1", " ".join(text.split()))
-
-
 def markdown(card: Mapping) -> str:
     """The scorecard as Markdown: a metric table with intervals, then the per-level-1 table."""
     split = card["split"]

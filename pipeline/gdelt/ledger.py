@@ -23,6 +23,7 @@ from datetime import date
 
 import polars as pl
 
+from pipeline.markdown import markdown_text
 from pipeline.storage import DataLayout, atomic_write_parquet
 
 LEDGER_VERSION = "1"
@@ -81,15 +82,19 @@ def problems(ledger: pl.DataFrame) -> pl.DataFrame:
     )
 
 
+def _cell(value: object) -> str:
+    return str(value) if isinstance(value, int | float) else markdown_text(str(value))
+
+
 def to_markdown(df: pl.DataFrame, limit: int = 50) -> str:
-    """A small Markdown table for Dagster metadata and the CLI."""
+    """A small Markdown table for Dagster metadata and the CLI; text cells are inert Markdown
+    (codes and reasons can come from a hostile GDELT file)."""
     if df.height == 0:
         return "_none_"
     cols = df.columns
     head = "| " + " | ".join(cols) + " |\n|" + "---|" * len(cols) + "\n"
     body = "".join(
-        "| " + " | ".join("" if v is None else str(v).replace("|", "\\|") for v in row) + " |\n"
-        for row in df.head(limit).iter_rows()
+        "| " + " | ".join("" if v is None else _cell(v) for v in row) + " |\n" for row in df.head(limit).iter_rows()
     )
     more = f"\n… and {df.height - limit} more rows\n" if df.height > limit else ""
     return head + body + more

@@ -1,0 +1,17 @@
+"""Text from hostile sources (GDELT files, submitters) shown in Dagster's Markdown metadata."""
+
+from __future__ import annotations
+
+import re
+
+# CommonMark lets a backslash escape any ASCII punctuation (spec 0.31, §2.4). These are the ones
+# that open something: a link or image ("![", a request to any host from the viewer's browser),
+# raw HTML or an autolink ("<"), an entity, code, emphasis, a heading or quote inside a list
+# item, a table cell; escaped, a submitter's text stays text in the Dagster UI's Markdown metadata.
+_MARKDOWN_ACTIVE = re.compile(r"([\\`*_\[\]<>!|~&#])")
+
+
+def markdown_text(text: str) -> str:
+    """``text`` as one line of inert Markdown: the active punctuation escaped, line breaks and
+    runs of whitespace one space."""
+    return _MARKDOWN_ACTIVE.sub(r"\\\1", " ".join(text.split()))
