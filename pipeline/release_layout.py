@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from datetime import date
 from pathlib import Path
 
 RELEASE_FORMAT = "mirai-release-v1"
@@ -41,6 +42,16 @@ SUBMISSION_FILES = frozenset({SUBMISSION_META, SUBMISSION_REJECTION, *PREDICTION
 # A submission's name is one short path segment: letters, digits and "._-", starting with a
 # letter or digit (so never "." or ".."), at most 64 characters.
 _SUBMISSION_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+# Live rounds (docs/live.md): live/rounds/<D>/ holds a round's questions and manifest (written once
+# at publication) and one answers file per resolved target date; live/ holds the index and the
+# live leaderboard, rewritten as rounds resolve. D and t are real days spelled YYYY-MM-DD.
+LIVE_DIR = "live"
+LIVE_ROUNDS_DIR = f"{LIVE_DIR}/rounds"
+LIVE_INDEX_KEY = f"{LIVE_DIR}/index.json"
+LIVE_LEADERBOARD_KEYS = {"json": f"{LIVE_DIR}/leaderboard.json", "html": f"{LIVE_DIR}/leaderboard.html"}
+LIVE_ROUND_FILES = frozenset({"questions.jsonl", MANIFEST_NAME})
+_LIVE_ANSWERS = re.compile(r"answers-([0-9]{4}-[0-9]{2}-[0-9]{2})\.jsonl")
 
 # Every file a release holds, relative to releases/YYYY-MM/ (what release_sources publishes):
 CARD_NAME = "README.md"  # the dataset card (pipeline/card.py)
@@ -239,6 +250,38 @@ def submission_key(name: str, file: str) -> str:
     return f"{SUBMISSIONS_DIR}/{name}/{file}"
 
 
+def is_day(text: object) -> bool:
+    """A real day spelled YYYY-MM-DD (nothing before or after)."""
+    if not isinstance(text, str) or not re.fullmatch(r"[0-9]{4}-[0-9]{2}-[0-9]{2}", text):
+        return False
+    try:
+        date.fromisoformat(text)
+    except ValueError:
+        return False
+    return True
+
+
+def live_answers_name(target: str) -> str:
+    return f"answers-{target}.jsonl"
+
+
+def live_round_key(round_day: str, name: str) -> str:
+    return f"{LIVE_ROUNDS_DIR}/{round_day}/{name}"
+
+
+def _live_key_problem(key: str) -> str | None:
+    if key in (LIVE_INDEX_KEY, *LIVE_LEADERBOARD_KEYS.values()):
+        return None
+    prefix, _, rest = key.partition(f"{LIVE_ROUNDS_DIR}/")
+    round_day, _, name = rest.partition("/")
+    if prefix or not is_day(round_day):
+        return f"is not under {LIVE_ROUNDS_DIR}/YYYY-MM-DD/"
+    answers = _LIVE_ANSWERS.fullmatch(name)
+    if name in LIVE_ROUND_FILES or (answers and is_day(answers.group(1))):
+        return None
+    return f"names no file of a live round ({', '.join(sorted(LIVE_ROUND_FILES))} or answers-YYYY-MM-DD.jsonl)"
+
+
 def check_store_key(key: str) -> str:
     """``key`` when a release store may hold it: a pointer under releases/, releases/YYYY-MM/
     followed by the manifest's name or a name check_name allows, or submissions/<name>/ followed by
@@ -246,6 +289,11 @@ def check_store_key(key: str) -> str:
     if key in (INDEX_KEY, LATEST_KEY, *LEADERBOARD_KEYS.values()):
         return key
     head, _, rest = key.partition("/")
+    if head == LIVE_DIR:
+        problem = _live_key_problem(key)
+        if problem:
+            raise UnsafeRelease(f"the store key {shown(key)} {problem}; refused")
+        return key
     if head == SUBMISSIONS_DIR:
         name, _, file = rest.partition("/")
         if not is_submission_name(name) or file not in SUBMISSION_FILES:
