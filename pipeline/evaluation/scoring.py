@@ -504,11 +504,11 @@ def per_query_scores(matched: Sequence[Mapping[str, tuple[object, list]]], gold:
     return out / len(matched)
 
 
-def bootstrap_intervals(scores: np.ndarray, seed: int, resamples: int = DEFAULT_RESAMPLES) -> np.ndarray:
-    """The 2.5th and 97.5th percentiles (2 × metrics) of the metric means over ``resamples``
-    resamples of the queries with replacement, drawn by numpy's Generator from ``seed``. A
-    resample is a row of counts (how often each query is drawn), so all the means are one matrix
-    product per BOOTSTRAP_CHUNK resamples (which bounds the memory), not a loop per resample."""
+def bootstrap_means(scores: np.ndarray, seed: int, resamples: int = DEFAULT_RESAMPLES) -> np.ndarray:
+    """resamples × metrics: the metric means of each of ``resamples`` resamples of the queries with
+    replacement, drawn by numpy's Generator from ``seed``. A resample is a row of counts (how often
+    each query is drawn), so all the means are one matrix product per BOOTSTRAP_CHUNK resamples
+    (which bounds the memory), not a loop per resample."""
     n = scores.shape[0]
     rng = np.random.default_rng(seed)
     means = []
@@ -517,7 +517,13 @@ def bootstrap_intervals(scores: np.ndarray, seed: int, resamples: int = DEFAULT_
         draws = rng.integers(0, n, size=(size, n))
         counts = np.bincount((draws + n * np.arange(size)[:, None]).ravel(), minlength=size * n)
         means.append(counts.reshape(size, n).astype(float) @ scores / n)
-    return np.percentile(np.concatenate(means), [2.5, 97.5], axis=0)
+    return np.concatenate(means)
+
+
+def bootstrap_intervals(scores: np.ndarray, seed: int, resamples: int = DEFAULT_RESAMPLES) -> np.ndarray:
+    """The 2.5th and 97.5th percentiles (2 × metrics) of the metric means over the resamples of
+    ``bootstrap_means``."""
+    return np.percentile(bootstrap_means(scores, seed, resamples), [2.5, 97.5], axis=0)
 
 
 def _round(value: float) -> float:
