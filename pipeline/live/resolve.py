@@ -213,3 +213,23 @@ def resolved_answers(settings: Settings, round_day: date) -> pl.DataFrame:
     if not paths:
         return ANSWERS_SCHEMA.to_frame()
     return pl.concat([pl.read_parquet(p).match_to_schema(ANSWERS_SCHEMA) for p in paths]).sort("query_id")
+
+
+def published_round_days(settings: Settings) -> list[date]:
+    """Rounds with a local manifest (published), newest first."""
+    base = DataLayout(settings.data_dir).root / "live"
+    names = [p.name for p in base.iterdir() if is_day(p.name)] if base.is_dir() else []
+    return sorted((date.fromisoformat(n) for n in names if (base / n / "manifest.json").exists()), reverse=True)
+
+
+def resolvable_dates(settings: Settings, round_day: date, now: datetime) -> list[date]:
+    """The round's target dates that are not resolved yet and would resolve now; reads the
+    manifest and each such date's ledger only (a sensor asks this of every round on every tick)."""
+    manifest = json.loads((round_dir(settings, round_day) / "manifest.json").read_text())
+    if now < deadline_of(manifest):
+        return []
+    return [
+        target
+        for target in sorted({date.fromisoformat(t) for t in manifest["target_dates"]})
+        if not answers_path(settings, round_day, target).exists() and day_closure(target, settings, now).closed
+    ]
