@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from itertools import pairwise
 from dataclasses import replace
 from datetime import UTC, date, datetime, timedelta
+from itertools import pairwise
 
 import polars as pl
 import pytest
