@@ -62,8 +62,6 @@ def live_resolution(
         raise dg.Failure(description=str(exc), allow_retries=False) from exc
     except ReleaseError as exc:  # the store is unreachable or refused a request: a retry may pass
         raise dg.Failure(description=str(exc)) from exc
-    # The live index (live/index.json "resolved_dates") is rebuilt here by the round publisher's
-    # write_live_index(store) once pipeline/live/rounds.py provides it.
     card = score_round(settings, round_day)
     answered = sum(d.questions for d in result.dates if d.resolved)
     empty = sum(d.empty for d in result.dates if d.resolved)

@@ -94,22 +94,14 @@ def _article_ids(quads: pl.LazyFrame) -> pl.DataFrame:
     return pairs.join(ids, on="url", how="left").drop("url").unique()
 
 
-def _daily_inputs(layout: DataLayout, days: list[date], settings: Settings):
-    """(all quads, quads over the mentions threshold, stored articles, kept articles) of ``days``."""
-    all_quads = pl.scan_parquet(verified(layout, *(layout.daily_quads_path(d) for d in days)))
-    quads = all_quads.filter(pl.col("daily_mentions") >= settings.article_min_mentions)
-    articles = pl.scan_parquet(verified(layout, *(layout.articles_path(d) for d in days)))
-    kept = articles.filter("kept").select(
-        pl.col("url_md5").alias("article_id"), pl.col("day").alias("date"), "url", "title", "text", "abstract"
-    )
-    return all_quads, quads, articles, kept
-
-
-def _linked_quads(quads: pl.LazyFrame, kept: pl.LazyFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """(date, s, r, o, r1, daily_mentions, article_ids) of every quad over the threshold with at
-    least one kept article, and the (quad, article_id) pairs of all their source URLs."""
+def linked_events(quads: pl.LazyFrame, articles: pl.LazyFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(the event rows, EVENT_DB_SCHEMA, of ``quads`` already over the mentions threshold that keep
+    at least one article of ``articles``; every (quad, article_id) source of ``quads``). Shared by
+    the monthly database and the live rounds' window (pipeline/live/rounds.py)."""
+    kept_ids = articles.filter("kept").select(pl.col("url_md5").alias("article_id")).collect()
     sources = _article_ids(quads)
-    linked = sources.join(kept.select("article_id").collect(), on="article_id", how="semi")
+    linked = sources.join(kept_ids, on="article_id", how="semi")
+    names = country_names()
     events = (
         quads.select("date", "s", "r", "o", "r1", "daily_mentions")
         .collect()
@@ -118,6 +110,13 @@ def _linked_quads(quads: pl.LazyFrame, kept: pl.LazyFrame) -> tuple[pl.DataFrame
             on=["date", "s", "r", "o"],
             how="inner",  # MIRAI step 6: a quad with no surviving article is not in the database
         )
+        .join(names.rename({"iso3": "s", "name": "s_name"}), on="s", how="left")
+        .join(names.rename({"iso3": "o", "name": "o_name"}), on="o", how="left")
+        .join(relation_table().select(pl.col("code").alias("r"), pl.col("name").alias("r_name")), on="r", how="left")
+        .with_columns(pl.col("article_ids").list.len().alias("n_articles"))
+        .select(EVENT_DB_SCHEMA.names())
+        .sort("date", "s", "r", "o")
+        .match_to_schema(EVENT_DB_SCHEMA)
     )
     return events, sources
 
@@ -130,36 +129,37 @@ def day_inputs_missing(day: date, settings: Settings) -> list[str]:
 
 
 def day_events(day: date, settings: Settings) -> pl.DataFrame:
-    """The event database's rows of one day, by the month build's own rule and code (the live
-    rounds resolve a day long before its month is built): (date, s, r, o, r1, daily_mentions,
-    article_ids), sorted."""
+    """The event database's rows of one day (EVENT_DB_SCHEMA), by the month build's own rule and
+    code (linked_events): the live rounds resolve a day long before its month is built."""
     missing = day_inputs_missing(day, settings)
     if missing:
         raise MonthNotReady(f"{day}: daily inputs missing: {', '.join(missing)}")
-    _, quads, _, kept = _daily_inputs(DataLayout(settings.data_dir), [day], settings)
-    events, _ = _linked_quads(quads, kept)
-    return events.sort("date", "s", "r", "o")
+    layout = DataLayout(settings.data_dir)
+    quads = pl.scan_parquet(verified(layout, layout.daily_quads_path(day)))
+    articles = pl.scan_parquet(verified(layout, layout.articles_path(day)))
+    events, _ = linked_events(quads.filter(pl.col("daily_mentions") >= settings.article_min_mentions), articles)
+    return events
 
 
 def build_database_month(month: date, settings: Settings) -> DatabaseMonth:
     """The month's event and news tables from its daily quads and articles (every day needed)."""
     layout = DataLayout(settings.data_dir)
     days = month_days(month)
-    missing = [f"{d}: {what}" for d in days for what in day_inputs_missing(d, settings)]
+    missing = [
+        f"{d}: {what}"
+        for d in days
+        for what, path in (("daily_quads", layout.daily_quads_path(d)), ("articles", layout.articles_path(d)))
+        if not path.exists()
+    ]
     if missing:
         raise MonthNotReady(f"{month:%Y-%m}: {len(missing)} daily inputs missing, e.g. {missing[:5]}")
-    all_quads, quads, articles, kept = _daily_inputs(layout, days, settings)
-    linked, sources = _linked_quads(quads, kept)
-    names = country_names()
-    events = (
-        linked.join(names.rename({"iso3": "s", "name": "s_name"}), on="s", how="left")
-        .join(names.rename({"iso3": "o", "name": "o_name"}), on="o", how="left")
-        .join(relation_table().select(pl.col("code").alias("r"), pl.col("name").alias("r_name")), on="r", how="left")
-        .with_columns(pl.col("article_ids").list.len().alias("n_articles"))
-        .select(EVENT_DB_SCHEMA.names())
-        .sort("date", "s", "r", "o")
-        .match_to_schema(EVENT_DB_SCHEMA)
+    all_quads = pl.scan_parquet(verified(layout, *(layout.daily_quads_path(d) for d in days)))
+    quads = all_quads.filter(pl.col("daily_mentions") >= settings.article_min_mentions)
+    articles = pl.scan_parquet(verified(layout, *(layout.articles_path(d) for d in days)))
+    kept = articles.filter("kept").select(
+        pl.col("url_md5").alias("article_id"), pl.col("day").alias("date"), "url", "title", "text", "abstract"
     )
+    events, sources = linked_events(quads, articles)
     unnamed = events.filter(pl.any_horizontal(pl.col("s_name", "o_name", "r_name").is_null()))
     if unnamed.height:
         raise ValueError(f"{unnamed.height} quads carry codes outside the reference tables, e.g. {unnamed.row(0)}")

@@ -39,19 +39,19 @@ SUBMISSION_META = "submission.json"
 SUBMISSION_REJECTION = "rejection.json"
 PREDICTION_NAMES = ("predictions.jsonl", "predictions.csv", "predictions.parquet")
 SUBMISSION_FILES = frozenset({SUBMISSION_META, SUBMISSION_REJECTION, *PREDICTION_NAMES})
-# A submission's name is one short path segment: letters, digits and "._-", starting with a
-# letter or digit (so never "." or ".."), at most 64 characters.
-_SUBMISSION_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-
-# Live rounds (docs/live.md): live/rounds/<D>/ holds a round's questions and manifest (written once
-# at publication) and one answers file per resolved target date; live/ holds the index and the
-# live leaderboard, rewritten as rounds resolve. D and t are real days spelled YYYY-MM-DD.
+# Live rounds (docs/live.md): live/rounds/<YYYY-MM-DD>/ holds the round's questions.jsonl and
+# manifest.json (written last, once), then answers-<YYYY-MM-DD>.jsonl per resolved target date;
+# live/index.json lists the rounds and live/leaderboard.{json,html} scores them. Each is a
+# revalidated pointer or an object written once.
 LIVE_DIR = "live"
 LIVE_ROUNDS_DIR = f"{LIVE_DIR}/rounds"
 LIVE_INDEX_KEY = f"{LIVE_DIR}/index.json"
 LIVE_LEADERBOARD_KEYS = {"json": f"{LIVE_DIR}/leaderboard.json", "html": f"{LIVE_DIR}/leaderboard.html"}
-LIVE_ROUND_FILES = frozenset({"questions.jsonl", MANIFEST_NAME})
-_LIVE_ANSWERS = re.compile(r"answers-([0-9]{4}-[0-9]{2}-[0-9]{2})\.jsonl")
+LIVE_QUESTIONS = "questions.jsonl"
+LIVE_ANSWERS = re.compile(r"answers-([0-9]{4}-[0-9]{2}-[0-9]{2})\.jsonl")
+# A submission's name is one short path segment: letters, digits and "._-", starting with a
+# letter or digit (so never "." or ".."), at most 64 characters.
+_SUBMISSION_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 # Every file a release holds, relative to releases/YYYY-MM/ (what release_sources publishes):
 CARD_NAME = "README.md"  # the dataset card (pipeline/card.py)
@@ -90,6 +90,7 @@ MAX_FILE_BYTES = 2**40
 MAX_JSON_BYTES = 16 * 2**20
 
 _MONTH = re.compile(r"[0-9]{4}-(?:0[1-9]|1[0-2])")
+_DAY = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _DATABASE_FILE = re.compile(rf"database/(?:{'|'.join(DATABASE_TABLES)})/month=([0-9]{{4}}-[0-9]{{2}})\.parquet")
 
@@ -242,17 +243,9 @@ def check_index(index: object, where: str) -> dict[str, str]:
     return published
 
 
-def is_submission_name(name: object) -> bool:
-    return isinstance(name, str) and _SUBMISSION_NAME.fullmatch(name) is not None
-
-
-def submission_key(name: str, file: str) -> str:
-    return f"{SUBMISSIONS_DIR}/{name}/{file}"
-
-
 def is_day(text: object) -> bool:
-    """A real day spelled YYYY-MM-DD (nothing before or after)."""
-    if not isinstance(text, str) or not re.fullmatch(r"[0-9]{4}-[0-9]{2}-[0-9]{2}", text):
+    """A real day spelled YYYY-MM-DD (ASCII digits, nothing before or after)."""
+    if not (isinstance(text, str) and _DAY.fullmatch(text)):
         return False
     try:
         date.fromisoformat(text)
@@ -261,39 +254,51 @@ def is_day(text: object) -> bool:
     return True
 
 
+def live_round_key(day: str, name: str) -> str:
+    return f"{LIVE_ROUNDS_DIR}/{day}/{name}"
+
+
 def live_answers_name(target: str) -> str:
+    """The answers file of target date ``target`` (YYYY-MM-DD) in its round's directory."""
     return f"answers-{target}.jsonl"
 
 
-def live_round_key(round_day: str, name: str) -> str:
-    return f"{LIVE_ROUNDS_DIR}/{round_day}/{name}"
+def live_name_problem(name: object) -> str | None:
+    """Why ``name`` is not a file of a live round (questions.jsonl, manifest.json or
+    answers-<YYYY-MM-DD>.jsonl of a real day), or None when it is one."""
+    if name in (LIVE_QUESTIONS, MANIFEST_NAME):
+        return None
+    answers = LIVE_ANSWERS.fullmatch(name) if isinstance(name, str) else None
+    if answers and is_day(answers[1]):
+        return None
+    return f"is not a file of a live round ({LIVE_QUESTIONS}, {MANIFEST_NAME} or answers-YYYY-MM-DD.jsonl)"
 
 
-def _live_key_problem(key: str) -> str | None:
-    if key in (LIVE_INDEX_KEY, *LIVE_LEADERBOARD_KEYS.values()):
-        return None
-    prefix, _, rest = key.partition(f"{LIVE_ROUNDS_DIR}/")
-    round_day, _, name = rest.partition("/")
-    if prefix or not is_day(round_day):
-        return f"is not under {LIVE_ROUNDS_DIR}/YYYY-MM-DD/"
-    answers = _LIVE_ANSWERS.fullmatch(name)
-    if name in LIVE_ROUND_FILES or (answers and is_day(answers.group(1))):
-        return None
-    return f"names no file of a live round ({', '.join(sorted(LIVE_ROUND_FILES))} or answers-YYYY-MM-DD.jsonl)"
+def is_submission_name(name: object) -> bool:
+    return isinstance(name, str) and _SUBMISSION_NAME.fullmatch(name) is not None
+
+
+def submission_key(name: str, file: str) -> str:
+    return f"{SUBMISSIONS_DIR}/{name}/{file}"
 
 
 def check_store_key(key: str) -> str:
     """``key`` when a release store may hold it: a pointer under releases/, releases/YYYY-MM/
-    followed by the manifest's name or a name check_name allows, or submissions/<name>/ followed by
-    one of SUBMISSION_FILES."""
-    if key in (INDEX_KEY, LATEST_KEY, *LEADERBOARD_KEYS.values()):
+    followed by the manifest's name or a name check_name allows, submissions/<name>/ followed by
+    one of SUBMISSION_FILES, or a live round's key (live/index.json, live/leaderboard.*,
+    live/rounds/YYYY-MM-DD/ followed by a name live_name_problem allows)."""
+    if key in (INDEX_KEY, LATEST_KEY, *LEADERBOARD_KEYS.values(), LIVE_INDEX_KEY, *LIVE_LEADERBOARD_KEYS.values()):
+        return key
+    if key.startswith(f"{LIVE_ROUNDS_DIR}/"):
+        day, _, name = key.removeprefix(f"{LIVE_ROUNDS_DIR}/").partition("/")
+        problem = None if is_day(day) else "is not a day YYYY-MM-DD"
+        problem = problem or live_name_problem(name)
+        if problem:
+            raise UnsafeRelease(
+                f"the store key {shown(key)} is not {LIVE_ROUNDS_DIR}/YYYY-MM-DD/<file>: its file {problem}; refused"
+            )
         return key
     head, _, rest = key.partition("/")
-    if head == LIVE_DIR:
-        problem = _live_key_problem(key)
-        if problem:
-            raise UnsafeRelease(f"the store key {shown(key)} {problem}; refused")
-        return key
     if head == SUBMISSIONS_DIR:
         name, _, file = rest.partition("/")
         if not is_submission_name(name) or file not in SUBMISSION_FILES:

@@ -18,8 +18,10 @@ import polars as pl
 from pipeline.config import Settings
 from pipeline.database import day_events
 from pipeline.evaluation import baselines
-from pipeline.live.resolve import round_dir
+from pipeline.live.rounds import round_dir
 from pipeline.reference import region_table
+from pipeline.release import ReleaseStore
+from pipeline.release_layout import live_round_key
 from pipeline.storage import atomic_write_bytes, atomic_write_parquet
 
 from .month_builder import Quad, write_days
@@ -79,9 +81,10 @@ def write_round(
     *,
     horizons: tuple[int, ...] = (1, 7),
     published_at: datetime | None = None,
+    store: ReleaseStore | None = None,
 ) -> pl.DataFrame:
     """questions.parquet (every pair on every target date) and manifest.json as publication
-    writes them; returns the questions."""
+    writes them (with a store, the manifest in it too); returns the questions."""
     regions = dict(region_table().select("iso3", "region").iter_rows())
     rows = sorted((round_day + timedelta(days=h), p.s, p.o, p.stratum) for h in horizons for p in world_pairs)
     questions = pl.DataFrame(
@@ -119,7 +122,10 @@ def write_round(
         "source": settings.source,
         "code_version": "test",
     }
-    atomic_write_bytes(directory / "manifest.json", json.dumps(manifest, indent=2).encode())
+    data = json.dumps(manifest, indent=2).encode()
+    atomic_write_bytes(directory / "manifest.json", data)
+    if store is not None:
+        store.put_bytes(live_round_key(str(round_day), "manifest.json"), data, cache_control="no-cache", if_absent=True)
     return questions
 
 

@@ -47,7 +47,7 @@ def write_month(settings: Settings, month: date, quads: list[Quad], *, slot_stat
 
 
 def write_days(settings: Settings, days: list[date], quads: list[Quad], *, slot_status: str = "landed") -> None:
-    """Each day's slot ledger (every slot in ``slot_status``), daily quads and articles."""
+    """Each day's slot ledger, daily quads and articles, from the quads dated that day."""
     layout = DataLayout(settings.data_dir)
     for day in days:
         day_quads = [q for q in quads if q.day == day]

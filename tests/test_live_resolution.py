@@ -57,8 +57,8 @@ def test_resolution_waits_for_the_deadline_closure_and_grace_then_never_changes(
     ]
     write_days(settings, [T1], quads)
     write_days(settings, [T7], quads, slot_status="pending")
-    questions = write_round(settings, ROUND, world_pairs)
     store = LocalStore(settings.data_dir / "bucket")
+    questions = write_round(settings, ROUND, world_pairs, store=store)
 
     # Before the deadline nothing resolves, even though T1's files are all there and settled.
     early = resolve_round(ROUND, settings, now=midnight(ROUND) + timedelta(hours=12), store=store)
@@ -88,6 +88,9 @@ def test_resolution_waits_for_the_deadline_closure_and_grace_then_never_changes(
     lines = [json.loads(line) for line in published.decode().splitlines()]
     assert [(x["query_id"], x["answer_list"]) for x in lines] == sorted(answers.items())
     assert list(lines[0]) == ["query_id", "date", "s", "o", "answer_list"]
+    # The live index lists the published answers (pipeline/live/rounds.py write_live_index).
+    (listed,) = json.loads(store.get_bytes("live/index.json"))["rounds"]
+    assert listed["round"] == str(ROUND) and listed["resolved_dates"] == [str(T1)]
 
     # A re-run (and a later change of T1's files) never recomputes or republishes a resolved date.
     write_days(settings, [T1], world(99, world_pairs, [T1]))
@@ -160,7 +163,8 @@ def test_resolution_publishes_to_seaweedfs_once(settings, s3_server, bucket):
     assert first.resolved == [T1, T7]
     client = s3_server.client()
     keys = {o["Key"]: o["LastModified"] for o in client.list_objects_v2(Bucket=bucket)["Contents"]}
-    assert set(keys) == {f"mirai/live/rounds/{ROUND}/answers-{t}.jsonl" for t in (T1, T7)}
+    answers = {f"mirai/live/rounds/{ROUND}/answers-{t}.jsonl" for t in (T1, T7)}
+    assert set(keys) == answers | {"mirai/live/index.json"}
     head = client.head_object(Bucket=bucket, Key=f"mirai/live/rounds/{ROUND}/answers-{T1}.jsonl")
     assert head["CacheControl"] == "public, max-age=31536000, immutable"
     again = resolve_round(ROUND, remote, now=now, store=open_store(remote))

@@ -27,6 +27,7 @@ import polars as pl
 from pipeline.config import Settings
 from pipeline.database import day_events, day_inputs_missing
 from pipeline.gdelt.ledger import read_ledger, summarize
+from pipeline.live.rounds import round_dir, write_live_index
 from pipeline.release import IMMUTABLE_CACHE, ReleaseConflict, ReleaseStore
 from pipeline.release_layout import is_day, live_answers_name, live_round_key
 from pipeline.splits import CLOSED_STATUSES
@@ -40,10 +41,6 @@ MAX_ANSWERS_BYTES = 16 * 2**20
 
 class RoundNotPublished(RuntimeError):
     """The round has no local questions or manifest: nothing to resolve."""
-
-
-def round_dir(settings: Settings, round_day: date) -> Path:
-    return DataLayout(settings.data_dir).root / "live" / round_day.isoformat()
 
 
 def answers_path(settings: Settings, round_day: date, target: date) -> Path:
@@ -166,7 +163,8 @@ def resolve_round(
 ) -> RoundResolution:
     """Resolve every target date of the round that has closed (DayClosure) and is not resolved yet;
     read back the ones already resolved. With a store, publish each resolved date's answers there
-    (again when a previous run stopped between the local write and the upload)."""
+    (again when a previous run stopped between the local write and the upload), then rebuild
+    live/index.json, whose resolved_dates come from the answers in the store."""
     questions, manifest = read_round(settings, round_day)
     deadline = deadline_of(manifest)
     targets = sorted({date.fromisoformat(t) for t in manifest["target_dates"]})
@@ -203,6 +201,8 @@ def resolve_round(
             key = publish_answers(store, round_day, target, answers_jsonl(questions, answers))
         empty = answers.filter(pl.col("answer_list").list.len() == 0).height
         out.append(DateResolution(target, True, (), answers.height, empty, newly, key))
+    if store is not None:
+        write_live_index(store)
     return RoundResolution(round_day, out)
 
 
