@@ -58,7 +58,8 @@ def pairs(seed: int, active: int = 24, quiet: int = 8) -> list[Pair]:
 
 def world(seed: int, world_pairs: list[Pair], days: list[date]) -> list[Quad]:
     """Each pair's quads per day: each habitual relation with its chance, and now and then (5%) a
-    relation it rarely takes; mentions over MIRAI's threshold, one kept article each."""
+    relation it rarely takes. An active pair's quads are test-grade (≥ 100 mentions, 5 kept
+    articles), a quiet pair's only over the database's threshold (one kept article)."""
     rng = random.Random(seed)
     quads = []
     for day in days:
@@ -66,7 +67,11 @@ def world(seed: int, world_pairs: list[Pair], days: list[date]) -> list[Quad]:
             taken = {r for r, chance in pair.habits if rng.random() < chance}
             if pair.stratum == "active" and rng.random() < 0.05:
                 taken.add(rng.choice(COMMON))
-            quads += [Quad(day, pair.s, r, pair.o, mentions=60 + rng.randrange(100)) for r in sorted(taken)]
+            grade = {"mentions": 100, "kept": 5} if pair.stratum == "active" else {"mentions": 60, "kept": 1}
+            quads += [
+                Quad(day, pair.s, r, pair.o, mentions=grade["mentions"] + rng.randrange(100), kept=grade["kept"])
+                for r in sorted(taken)
+            ]
     return quads
 
 

@@ -161,3 +161,45 @@ def test_unscorable_submissions_are_listed_and_the_others_scored(resolved):
     assert "p_event outside [0, 1]" in card["submissions"]["bad-p"]["reason"]
     assert "refused" not in card["submissions"]
     assert card["problems"] == ["hostile: record.json unreadable (UnicodeDecodeError)"]
+
+
+def normalised(store, name: str) -> pl.DataFrame:
+    """A baseline's uploaded predictions.jsonl as normalised predictions (relations, p_event)."""
+    lines = [json.loads(line) for line in store.get_bytes(f"submissions/{name}/predictions.jsonl").splitlines()]
+    return frame([(x["query_id"], sorted(c for cs in x["answer"].values() for c in cs), x["p_event"]) for x in lines])
+
+
+def test_the_published_rounds_own_baselines_with_p_event_top_every_degenerate_strategy(tmp_path):
+    """The round as pipeline/live/rounds.py publishes it from a realistic world, its baselines as
+    uploaded (with their p_event), resolved and scored here."""
+    from pipeline.live.board import build_leaderboard
+    from pipeline.live.rounds import publish_round
+    from pipeline.release import LocalStore
+
+    settings = Settings(data_dir=tmp_path / "data", live_window_days=21, live_round_size=80)
+    write_world(settings, 42, pairs(seed=41, active=36, quiet=14), WINDOW + TARGETS)
+    store = LocalStore(tmp_path / "bucket")
+    publication = publish_round(ROUND, settings, store, now=midnight(ROUND) + timedelta(hours=1))
+    assert publication.drawn == {"active": 30, "quiet": 10}
+    questions = pl.read_parquet(settings.data_dir / "live" / str(ROUND) / "questions.parquet")
+    for method in ("recurrency", "frequency"):
+        name = f"live-{ROUND}-{method}"
+        write_accepted(settings, ROUND, name, normalised(store, name), baseline=True, model=f"{method} baseline")
+    assert (
+        resolve_round(ROUND, settings, now=midnight(TARGETS[-1]) + timedelta(days=2), store=store).resolved == TARGETS
+    )
+    answers = resolved_answers(settings, ROUND)
+    base_rate = answers.select((pl.col("answer_list").list.len() > 0).mean()).item()
+    for name, predictions in degenerate(questions, base_rate).items():
+        write_accepted(settings, ROUND, name, predictions, model=name)
+    card = score_round(settings, ROUND)
+    live = {name: entry["metrics"]["live_score"]["value"] for name, entry in card["submissions"].items()}
+    print("published round, live scores:", json.dumps(live, indent=1), "base rate", base_rate)
+    assert card["submissions"][f"live-{ROUND}-frequency"]["occurrence_forecast"] == "probability"
+    floor = min(live[f"live-{ROUND}-recurrency"], live[f"live-{ROUND}-frequency"])
+    assert all(live[name] < floor for name in degenerate(questions, base_rate)), live
+    ranks = {row["name"]: row["rank"] for row in build_leaderboard(settings)["rounds"][0]["rows"]}
+    assert all(
+        ranks[name] > max(ranks["recurrency baseline"], ranks["frequency baseline"])
+        for name in degenerate(questions, base_rate)
+    )
