@@ -10,7 +10,8 @@ manifest.json) and its submission deadline passed; the deadline is 00:00 of the 
 date, so a closed date is always past it, and the check is kept as a guard against a bad manifest.
 
 Answers are written once per date: live/<D>/answers/<t>.parquet locally, then
-live/rounds/<D>/answers-<t>.jsonl in the release store (if absent). A resolved date is never
+live/rounds/<D>/answers-<t>.jsonl in the release store (if absent), and live/index.json is rebuilt
+(pipeline/live/rounds.py write_live_index) so that it lists the date. A resolved date is never
 recomputed (a later change of t's files cannot change a published answer), and a store object with
 other bytes than ours is refused, never overwritten.
 """
