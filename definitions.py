@@ -7,6 +7,7 @@ from assets.database import event_database
 from assets.evaluations import evaluation, leaderboard
 from assets.events import daily_quads, events
 from assets.ingest import gdelt_events, gdelt_files, gdelt_mentions
+from assets.live import live_round
 from assets.live_resolution import live_leaderboard, live_resolution
 from assets.release import release
 from assets.resources import resources_from_env
@@ -23,6 +24,7 @@ from quality.ingest_checks import gdelt_events_intact, gdelt_files_all_green, gd
 from quality.split_checks import split_leakage_audit
 from sensors.alerts import alert_on_run_failure, gdelt_freshness
 from sensors.evaluations import evaluation_job, evaluation_sensor, leaderboard_job
+from sensors.live import live_round_daily, live_round_job
 from sensors.live_resolution import live_leaderboard_job, live_resolution_job, live_resolution_sensor
 from sensors.monthly import monthly_release_daily, monthly_release_job
 from sensors.schedules import articles_hourly, articles_job, gdelt_every_15_minutes, gdelt_ingest_job
@@ -43,6 +45,7 @@ defs = dg.Definitions(
         evaluation,
         leaderboard,
         submission,
+        live_round,
         live_resolution,
         live_leaderboard,
     ],
@@ -64,10 +67,11 @@ defs = dg.Definitions(
         evaluation_job,
         leaderboard_job,
         submission_job,
+        live_round_job,
         live_resolution_job,
         live_leaderboard_job,
     ],
-    schedules=[gdelt_every_15_minutes, articles_hourly, monthly_release_daily],
+    schedules=[gdelt_every_15_minutes, articles_hourly, monthly_release_daily, live_round_daily],
     sensors=[alert_on_run_failure, gdelt_freshness, evaluation_sensor, submission_sensor, live_resolution_sensor],
     # Built from the environment when the code location loads (README.md's variables); the
     # launchpad overrides any field per run (docs/deploy.md, "Resources").

@@ -40,16 +40,17 @@ ACTIVE = [("USA", "CHN"), ("FRA", "DEU"), ("RUS", "UKR"), ("UKR", "RUS"), ("GBR"
 QUIET = [("IND", "PAK"), ("BRA", "ARG"), ("EGY", "ISR")]
 
 
-def window_quads() -> list[Quad]:
+def window_quads(window: list[date] = WINDOW) -> list[Quad]:
+    """The window's quads (WINDOW: the 7 days before DAY, or another window of 7 days)."""
     quads = []
     for i, (s, o) in enumerate(ACTIVE):
-        day = WINDOW[i % len(WINDOW)]
+        day = window[i % len(window)]
         quads.append(Quad(day, s, "190" if i % 2 else "042", o, 100, kept=5))  # test-grade
-        quads.append(Quad(WINDOW[-1] if i < 2 else day, s, "036", o, 60, kept=1))  # same pair, database grade
+        quads.append(Quad(window[-1] if i < 2 else day, s, "036", o, 60, kept=1))  # same pair, database grade
     for i, (s, o) in enumerate(QUIET):
-        quads.append(Quad(WINDOW[i], s, "010", o, 60, kept=1))  # activity, never test-grade
-    quads.append(Quad(WINDOW[2], "MEX", "173", "CAN", 100, kept=4))  # 4 articles: quiet, not active
-    quads.append(Quad(WINDOW[3], "KEN", "057", "ETH", 49, kept=9))  # under the database threshold: nothing
+        quads.append(Quad(window[i], s, "010", o, 60, kept=1))  # activity, never test-grade
+    quads.append(Quad(window[2], "MEX", "173", "CAN", 100, kept=4))  # 4 articles: quiet, not active
+    quads.append(Quad(window[3], "KEN", "057", "ETH", 49, kept=9))  # under the database threshold: nothing
     return quads
 
 

@@ -90,10 +90,10 @@ class RoundRefused(ReleaseError):
 # --- identities and time ----------------------------------------------------------------------
 
 
-def round_dir(settings: Settings, day: date) -> Path:
+def round_dir(data_dir: Path | str, day: date) -> Path:
     """<data_dir>/live/YYYY-MM-DD/: the round's private files (questions.parquet, manifest.json,
     baselines.json, submissions/<name>/)."""
-    return DataLayout(settings.data_dir).root / "live" / day.isoformat()
+    return DataLayout(data_dir).root / "live" / day.isoformat()
 
 
 def window_days(day: date, settings: Settings) -> list[date]:
@@ -381,7 +381,7 @@ def submit_baselines(rnd: Round, settings: Settings, store: ReleaseStore) -> dic
     predictions = baseline_predictions(rnd)
     recorded = {baseline_name(rnd.day, m): hashlib.sha256(data).hexdigest() for m, data in predictions.items()}
     atomic_write_bytes(
-        round_dir(settings, rnd.day) / "baselines.json", (json.dumps(recorded, indent=2) + "\n").encode()
+        round_dir(settings.data_dir, rnd.day) / "baselines.json", (json.dumps(recorded, indent=2) + "\n").encode()
     )
     outcome = {}
     for method, data in predictions.items():
@@ -393,9 +393,9 @@ def submit_baselines(rnd: Round, settings: Settings, store: ReleaseStore) -> dic
     return outcome
 
 
-def recorded_baselines(settings: Settings, day: date) -> dict[str, str]:
+def recorded_baselines(data_dir: Path | str, day: date) -> dict[str, str]:
     """{baseline submission name: its predictions' sha256}, as the round's publication recorded."""
-    path = round_dir(settings, day) / "baselines.json"
+    path = round_dir(data_dir, day) / "baselines.json"
     return json.loads(path.read_bytes()) if path.is_file() else {}
 
 
@@ -415,9 +415,9 @@ class Publication:
     index_written: bool
 
 
-def read_local_manifest(settings: Settings, day: date) -> dict | None:
+def read_local_manifest(data_dir: Path | str, day: date) -> dict | None:
     """The manifest this pipeline published for ``day`` (trusted: our own data directory)."""
-    path = round_dir(settings, day) / MANIFEST_NAME
+    path = round_dir(data_dir, day) / MANIFEST_NAME
     return json.loads(path.read_bytes()) if path.is_file() else None
 
 
@@ -454,7 +454,7 @@ def publish_round(day: date, settings: Settings, store: ReleaseStore, *, now: da
             f"round {day}: {manifest_key} in {store.description} is not the round built now (its questions or "
             "sampler differ); a published round is never rewritten: look at what changed in the window's files"
         )
-    directory = round_dir(settings, day)
+    directory = round_dir(settings.data_dir, day)
     atomic_write_parquet(rnd.questions, directory / "questions.parquet")
     atomic_write_bytes(directory / MANIFEST_NAME, published)
     baselines = submit_baselines(rnd, settings, store)
