@@ -15,6 +15,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+from pipeline.cli import main
 from pipeline.evaluation import submissions as sub
 from pipeline.live.rounds import publish_round
 from pipeline.release import LocalStore, open_store
@@ -256,3 +257,43 @@ def test_the_record_of_a_live_submission_is_where_the_pointer_says(published):
     pointer = Path(settings.data_dir) / "submissions" / "live-2024-03-10-recurrency" / "live.json"
     assert json.loads(pointer.read_bytes()) == {"round": "2024-03-10"}
     assert sub.read_live_record(settings.data_dir, "live-2024-03-10-recurrency")["status"] == "accepted"
+
+
+def test_mirai_submit_checks_a_live_submission_against_the_published_round(published, tmp_path, capsys):
+    settings, store = published
+    preds, meta = tmp_path / "predictions.jsonl", tmp_path / "submission.json"
+    meta.write_text(json.dumps(META))
+    preds.write_text(json.dumps({"query_id": "2024-03-10-0099", "answer": []}) + "\n")
+    assert main(["submit", str(preds), "--meta", str(meta), "--name", "cli", "--store", str(store.root)]) == 1
+    assert "unknown query_id '2024-03-10-0099'" in capsys.readouterr().err
+    assert store.stat("submissions/cli/submission.json") is None
+    preds.write_text("".join(json.dumps(r) + "\n" for r in good_records(settings)))
+    assert main(["submit", str(preds), "--meta", str(meta), "--name", "cli", "--store", str(store.root)]) == 0
+    out = capsys.readouterr().out
+    assert "round 2024-03-10: accepted if the upload reaches the store before its deadline 2024-03-11T00:00:00" in out
+    # The replayed round's deadline is 19 hours after its manifest reached the store (just now).
+    assert sub.process(store, "cli", settings.data_dir, now=NOW)["status"] == "accepted"
+    meta.write_text(json.dumps(META | {"round": "2024-03-11"}))
+    assert main(["submit", str(preds), "--meta", str(meta), "--name", "cli2", "--store", str(store.root)]) == 1
+    assert "round 2024-03-11 is not published" in capsys.readouterr().err
+
+
+def test_hostile_live_uploads_are_refused_without_reading_or_writing_outside(published, monkeypatch):
+    settings, store = published
+    # A round that is a path: refused in one line, nothing created outside the data directory's areas.
+    upload(store, "path", good_records(settings), META | {"round": "../../../etc"})
+    record = sub.process(store, "path", settings.data_dir, now=NOW)
+    assert record["reasons"] == ["submission.json: round must be a day YYYY-MM-DD, got '../../../etc'"]
+    assert sorted(p.name for p in (settings.data_dir / "live").iterdir()) == ["2024-03-10"]
+    # Predictions over the cap: refused by their listed size, never read.
+    monkeypatch.setattr(sub, "MAX_SUBMISSION_BYTES", 100)
+    upload(store, "big", good_records(settings), at=manifest_mtime(store) + 60)
+    read = store.get_bytes
+
+    def get_bytes(key, limit=None):
+        assert not key.endswith("predictions.jsonl"), f"{key} was read"
+        return read(key, limit=limit)
+
+    monkeypatch.setattr(store, "get_bytes", get_bytes)
+    record = sub.process(store, "big", settings.data_dir, now=NOW)
+    assert record["status"] == "rejected" and "over the 100 cap; not read" in record["reasons"][0]
