@@ -7,6 +7,8 @@ from assets.database import event_database
 from assets.evaluations import evaluation, leaderboard
 from assets.events import daily_quads, events
 from assets.ingest import gdelt_events, gdelt_files, gdelt_mentions
+from assets.live import live_round
+from assets.live_resolution import live_leaderboard, live_resolution
 from assets.release import release
 from assets.resources import resources_from_env
 from assets.splits import test_split
@@ -22,6 +24,8 @@ from quality.ingest_checks import gdelt_events_intact, gdelt_files_all_green, gd
 from quality.split_checks import split_leakage_audit
 from sensors.alerts import alert_on_run_failure, gdelt_freshness
 from sensors.evaluations import evaluation_job, evaluation_sensor, leaderboard_job
+from sensors.live import live_round_daily, live_round_job
+from sensors.live_resolution import live_leaderboard_job, live_resolution_job, live_resolution_sensor
 from sensors.monthly import monthly_release_daily, monthly_release_job
 from sensors.schedules import articles_hourly, articles_job, gdelt_every_15_minutes, gdelt_ingest_job
 from sensors.submissions import submission_job, submission_sensor
@@ -41,6 +45,9 @@ defs = dg.Definitions(
         evaluation,
         leaderboard,
         submission,
+        live_round,
+        live_resolution,
+        live_leaderboard,
     ],
     asset_checks=[
         gdelt_files_all_green,
@@ -53,9 +60,19 @@ defs = dg.Definitions(
         articles_valid,
         split_leakage_audit,
     ],
-    jobs=[gdelt_ingest_job, articles_job, monthly_release_job, evaluation_job, leaderboard_job, submission_job],
-    schedules=[gdelt_every_15_minutes, articles_hourly, monthly_release_daily],
-    sensors=[alert_on_run_failure, gdelt_freshness, evaluation_sensor, submission_sensor],
+    jobs=[
+        gdelt_ingest_job,
+        articles_job,
+        monthly_release_job,
+        evaluation_job,
+        leaderboard_job,
+        submission_job,
+        live_round_job,
+        live_resolution_job,
+        live_leaderboard_job,
+    ],
+    schedules=[gdelt_every_15_minutes, articles_hourly, monthly_release_daily, live_round_daily],
+    sensors=[alert_on_run_failure, gdelt_freshness, evaluation_sensor, submission_sensor, live_resolution_sensor],
     # Built from the environment when the code location loads (README.md's variables); the
     # launchpad overrides any field per run (docs/deploy.md, "Resources").
     resources=resources_from_env(),

@@ -1,11 +1,21 @@
 """Submitted predictions, one partition per submissions/<name>/ in the release store (the
 submission sensor adds them): checked, scored and recorded by pipeline/evaluation/submissions.py."""
 
+from datetime import date
+
 import dagster as dg
 
 from assets.resources import Dataset, ReleaseBucket, pipeline_settings
 from pipeline.evaluation.scoring import markdown
-from pipeline.evaluation.submissions import RECORD_FORMAT, NotReady, SubmissionError, process, record_path
+from pipeline.evaluation.submissions import (
+    LIVE_RECORD_FORMAT,
+    RECORD_FORMAT,
+    NotReady,
+    SubmissionError,
+    live_record_path,
+    process,
+    record_path,
+)
 from pipeline.markdown import markdown_text
 from pipeline.release import ReleaseError, open_store
 from pipeline.storage import LockTimeout
@@ -19,7 +29,8 @@ HEADLINE = ("level2_f1", "level1_f1", "mrr")
     group_name="evaluation",
     code_version=RECORD_FORMAT,
     description="A submission from the release store's submissions/<name>/: scored (strict), contaminated "
-    "(scored, never ranked: cutoff not before the month) or rejected (rejection.json written beside it). "
+    "(scored, never ranked: cutoff not before the month) or rejected (rejection.json written beside it); "
+    "one for a live round is accepted (by its deadline, on the store's clock) or rejected. "
     "Recorded in <data_dir>/submissions/<name>/record.json; a re-run returns the record unchanged.",
 )
 def submission(
@@ -34,14 +45,27 @@ def submission(
         raise dg.Failure(description=str(exc), allow_retries=False) from exc
     except ReleaseError as exc:  # the store is unreachable or refused a request
         raise dg.Failure(description=str(exc)) from exc
-    card = record["scorecard"]
+    card = record.get("scorecard")
     metadata = {
         "status": record["status"],
         "reasons": dg.MetadataValue.md("\n".join(f"- {markdown_text(r)}" for r in record["reasons"]) or "none"),
         "model": record["model"] or "",
-        "month": record["month"] or "",
+        "month": record.get("month") or "",
         "record": dg.MetadataValue.path(str(record_path(settings.data_dir, context.partition_key))),
     }
+    if record["format"] == LIVE_RECORD_FORMAT:  # a live round's: accepted or rejected, scored at resolution
+        metadata.pop("month")
+        metadata["record"] = dg.MetadataValue.path(
+            str(live_record_path(settings.data_dir, date.fromisoformat(record["round"]), context.partition_key))
+        )
+        metadata.update(
+            {
+                "round": record["round"],
+                "baseline": record["baseline"],
+                "submitted_at": record["submitted_at"] or "",
+                "deadline": record["deadline"] or "",
+            }
+        )
     if card is not None:
         metadata["scorecard"] = dg.MetadataValue.md(markdown(card))
         metadata.update({m: card["metrics"][m]["value"] for m in HEADLINE})

@@ -94,6 +94,53 @@ def _article_ids(quads: pl.LazyFrame) -> pl.DataFrame:
     return pairs.join(ids, on="url", how="left").drop("url").unique()
 
 
+def linked_events(quads: pl.LazyFrame, articles: pl.LazyFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(the event rows, EVENT_DB_SCHEMA, of ``quads`` already over the mentions threshold that keep
+    at least one article of ``articles``; every (quad, article_id) source of ``quads``). Shared by
+    the monthly database and the live rounds' window (pipeline/live/rounds.py)."""
+    kept_ids = articles.filter("kept").select(pl.col("url_md5").alias("article_id")).collect()
+    sources = _article_ids(quads)
+    linked = sources.join(kept_ids, on="article_id", how="semi")
+    names = country_names()
+    events = (
+        quads.select("date", "s", "r", "o", "r1", "daily_mentions")
+        .collect()
+        .join(
+            linked.group_by("date", "s", "r", "o").agg(pl.col("article_id").unique().sort().alias("article_ids")),
+            on=["date", "s", "r", "o"],
+            how="inner",  # MIRAI step 6: a quad with no surviving article is not in the database
+        )
+        .join(names.rename({"iso3": "s", "name": "s_name"}), on="s", how="left")
+        .join(names.rename({"iso3": "o", "name": "o_name"}), on="o", how="left")
+        .join(relation_table().select(pl.col("code").alias("r"), pl.col("name").alias("r_name")), on="r", how="left")
+        .with_columns(pl.col("article_ids").list.len().alias("n_articles"))
+        .select(EVENT_DB_SCHEMA.names())
+        .sort("date", "s", "r", "o")
+        .match_to_schema(EVENT_DB_SCHEMA)
+    )
+    return events, sources
+
+
+def day_inputs_missing(day: date, settings: Settings) -> list[str]:
+    """Which of the day's daily inputs (daily_quads, articles) are not stored yet."""
+    layout = DataLayout(settings.data_dir)
+    paths = (("daily_quads", layout.daily_quads_path(day)), ("articles", layout.articles_path(day)))
+    return [what for what, path in paths if not path.exists()]
+
+
+def day_events(day: date, settings: Settings) -> pl.DataFrame:
+    """The event database's rows of one day (EVENT_DB_SCHEMA), by the month build's own rule and
+    code (linked_events): the live rounds resolve a day long before its month is built."""
+    missing = day_inputs_missing(day, settings)
+    if missing:
+        raise MonthNotReady(f"{day}: daily inputs missing: {', '.join(missing)}")
+    layout = DataLayout(settings.data_dir)
+    quads = pl.scan_parquet(verified(layout, layout.daily_quads_path(day)))
+    articles = pl.scan_parquet(verified(layout, layout.articles_path(day)))
+    events, _ = linked_events(quads.filter(pl.col("daily_mentions") >= settings.article_min_mentions), articles)
+    return events
+
+
 def build_database_month(month: date, settings: Settings) -> DatabaseMonth:
     """The month's event and news tables from its daily quads and articles (every day needed)."""
     layout = DataLayout(settings.data_dir)
@@ -112,25 +159,7 @@ def build_database_month(month: date, settings: Settings) -> DatabaseMonth:
     kept = articles.filter("kept").select(
         pl.col("url_md5").alias("article_id"), pl.col("day").alias("date"), "url", "title", "text", "abstract"
     )
-    sources = _article_ids(quads)
-    linked = sources.join(kept.select("article_id").collect(), on="article_id", how="semi")
-    names = country_names()
-    events = (
-        quads.select("date", "s", "r", "o", "r1", "daily_mentions")
-        .collect()
-        .join(
-            linked.group_by("date", "s", "r", "o").agg(pl.col("article_id").unique().sort().alias("article_ids")),
-            on=["date", "s", "r", "o"],
-            how="inner",  # MIRAI step 6: a quad with no surviving article is not in the database
-        )
-        .join(names.rename({"iso3": "s", "name": "s_name"}), on="s", how="left")
-        .join(names.rename({"iso3": "o", "name": "o_name"}), on="o", how="left")
-        .join(relation_table().select(pl.col("code").alias("r"), pl.col("name").alias("r_name")), on="r", how="left")
-        .with_columns(pl.col("article_ids").list.len().alias("n_articles"))
-        .select(EVENT_DB_SCHEMA.names())
-        .sort("date", "s", "r", "o")
-        .match_to_schema(EVENT_DB_SCHEMA)
-    )
+    events, sources = linked_events(quads, articles)
     unnamed = events.filter(pl.any_horizontal(pl.col("s_name", "o_name", "r_name").is_null()))
     if unnamed.height:
         raise ValueError(f"{unnamed.height} quads carry codes outside the reference tables, e.g. {unnamed.row(0)}")

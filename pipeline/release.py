@@ -50,6 +50,7 @@ INDEX_FORMAT = "mirai-release-index-v1"
 CONTENT_TYPES = {
     ".parquet": "application/vnd.apache.parquet",
     ".json": "application/json",
+    ".jsonl": "application/jsonl",  # live rounds' questions and answers (docs/live.md)
     ".md": "text/markdown; charset=utf-8",
     ".png": "image/png",
     ".html": "text/html; charset=utf-8",  # the leaderboard page (pipeline/evaluation/board.py)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from datetime import date
 from pathlib import Path
 
 RELEASE_FORMAT = "mirai-release-v1"
@@ -38,6 +39,16 @@ SUBMISSION_META = "submission.json"
 SUBMISSION_REJECTION = "rejection.json"
 PREDICTION_NAMES = ("predictions.jsonl", "predictions.csv", "predictions.parquet")
 SUBMISSION_FILES = frozenset({SUBMISSION_META, SUBMISSION_REJECTION, *PREDICTION_NAMES})
+# Live rounds (docs/live.md): live/rounds/<YYYY-MM-DD>/ holds the round's questions.jsonl and
+# manifest.json (written last, once), then answers-<YYYY-MM-DD>.jsonl per resolved target date;
+# live/index.json lists the rounds and live/leaderboard.{json,html} scores them. Each is a
+# revalidated pointer or an object written once.
+LIVE_DIR = "live"
+LIVE_ROUNDS_DIR = f"{LIVE_DIR}/rounds"
+LIVE_INDEX_KEY = f"{LIVE_DIR}/index.json"
+LIVE_LEADERBOARD_KEYS = {"json": f"{LIVE_DIR}/leaderboard.json", "html": f"{LIVE_DIR}/leaderboard.html"}
+LIVE_QUESTIONS = "questions.jsonl"
+LIVE_ANSWERS = re.compile(r"answers-([0-9]{4}-[0-9]{2}-[0-9]{2})\.jsonl")
 # A submission's name is one short path segment: letters, digits and "._-", starting with a
 # letter or digit (so never "." or ".."), at most 64 characters.
 _SUBMISSION_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -79,6 +90,7 @@ MAX_FILE_BYTES = 2**40
 MAX_JSON_BYTES = 16 * 2**20
 
 _MONTH = re.compile(r"[0-9]{4}-(?:0[1-9]|1[0-2])")
+_DAY = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _DATABASE_FILE = re.compile(rf"database/(?:{'|'.join(DATABASE_TABLES)})/month=([0-9]{{4}}-[0-9]{{2}})\.parquet")
 
@@ -231,6 +243,37 @@ def check_index(index: object, where: str) -> dict[str, str]:
     return published
 
 
+def is_day(text: object) -> bool:
+    """A real day spelled YYYY-MM-DD (ASCII digits, nothing before or after)."""
+    if not (isinstance(text, str) and _DAY.fullmatch(text)):
+        return False
+    try:
+        date.fromisoformat(text)
+    except ValueError:
+        return False
+    return True
+
+
+def live_round_key(day: str, name: str) -> str:
+    return f"{LIVE_ROUNDS_DIR}/{day}/{name}"
+
+
+def live_answers_name(target: str) -> str:
+    """The answers file of target date ``target`` (YYYY-MM-DD) in its round's directory."""
+    return f"answers-{target}.jsonl"
+
+
+def live_name_problem(name: object) -> str | None:
+    """Why ``name`` is not a file of a live round (questions.jsonl, manifest.json or
+    answers-<YYYY-MM-DD>.jsonl of a real day), or None when it is one."""
+    if name in (LIVE_QUESTIONS, MANIFEST_NAME):
+        return None
+    answers = LIVE_ANSWERS.fullmatch(name) if isinstance(name, str) else None
+    if answers and is_day(answers[1]):
+        return None
+    return f"is not a file of a live round ({LIVE_QUESTIONS}, {MANIFEST_NAME} or answers-YYYY-MM-DD.jsonl)"
+
+
 def is_submission_name(name: object) -> bool:
     return isinstance(name, str) and _SUBMISSION_NAME.fullmatch(name) is not None
 
@@ -241,9 +284,19 @@ def submission_key(name: str, file: str) -> str:
 
 def check_store_key(key: str) -> str:
     """``key`` when a release store may hold it: a pointer under releases/, releases/YYYY-MM/
-    followed by the manifest's name or a name check_name allows, or submissions/<name>/ followed by
-    one of SUBMISSION_FILES."""
-    if key in (INDEX_KEY, LATEST_KEY, *LEADERBOARD_KEYS.values()):
+    followed by the manifest's name or a name check_name allows, submissions/<name>/ followed by
+    one of SUBMISSION_FILES, or a live round's key (live/index.json, live/leaderboard.*,
+    live/rounds/YYYY-MM-DD/ followed by a name live_name_problem allows)."""
+    if key in (INDEX_KEY, LATEST_KEY, *LEADERBOARD_KEYS.values(), LIVE_INDEX_KEY, *LIVE_LEADERBOARD_KEYS.values()):
+        return key
+    if key.startswith(f"{LIVE_ROUNDS_DIR}/"):
+        day, _, name = key.removeprefix(f"{LIVE_ROUNDS_DIR}/").partition("/")
+        problem = None if is_day(day) else "is not a day YYYY-MM-DD"
+        problem = problem or live_name_problem(name)
+        if problem:
+            raise UnsafeRelease(
+                f"the store key {shown(key)} is not {LIVE_ROUNDS_DIR}/YYYY-MM-DD/<file>: its file {problem}; refused"
+            )
         return key
     head, _, rest = key.partition("/")
     if head == SUBMISSIONS_DIR:

@@ -43,8 +43,13 @@ class Quad:
 
 
 def write_month(settings: Settings, month: date, quads: list[Quad], *, slot_status: str = "landed") -> None:
+    write_days(settings, month_days(month), quads, slot_status=slot_status)
+
+
+def write_days(settings: Settings, days: list[date], quads: list[Quad], *, slot_status: str = "landed") -> None:
+    """Each day's slot ledger, daily quads and articles, from the quads dated that day."""
     layout = DataLayout(settings.data_dir)
-    for day in month_days(month):
+    for day in days:
         day_quads = [q for q in quads if q.day == day]
         _write_ledger(layout, day, slot_status)
         rows = [

@@ -23,6 +23,7 @@ import errno
 import hashlib
 import io
 import json
+import math
 import os
 import re
 import stat
@@ -81,7 +82,7 @@ TABLE_METRICS = (
 )
 _QUERY_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 _CODE = {1: re.compile(r"^[0-9]{2}$"), 2: re.compile(r"^[0-9]{3}$")}
-PARQUET_COLUMNS = ("query_id", "answer", "ranked")
+PARQUET_COLUMNS = ("query_id", "answer", "ranked", "p_event")
 
 
 class ScoringError(ValueError):
@@ -99,12 +100,15 @@ class InvalidPredictions(ScoringError):
 @dataclass(frozen=True)
 class Submitted:
     """One record of a predictions file: ``where`` names it in messages (``line 3``, ``row 2``,
-    ``round1/Q.json``); ``answer`` is as parsed, ``ranked`` the record's ranked list or None."""
+    ``round1/Q.json``); ``answer`` is as parsed, ``ranked`` the record's ranked list or None;
+    ``p_event`` the optional probability that s acts toward o at all on t (live rounds,
+    docs/live.md), None when not given."""
 
     where: str
     query_id: object
     answer: object
     ranked: object
+    p_event: object = None
 
 
 @dataclass(frozen=True)
@@ -236,13 +240,15 @@ def read_jsonl(path: Path) -> tuple[list[Submitted], list[str]]:
         if problem:
             problems.append(f"{where}: {problem}")
             continue
-        records.append(Submitted(where, value.get("query_id"), value.get("answer"), value.get("ranked")))
+        records.append(
+            Submitted(where, value.get("query_id"), value.get("answer"), value.get("ranked"), value.get("p_event"))
+        )
     return records, problems
 
 
 def read_csv(path: Path) -> tuple[list[Submitted], list[str]]:
     """Records of a CSV file with a header: ``query_id``, ``answer`` (JSON: an answer dict or a
-    list of codes) and optionally ``ranked`` (a JSON list of codes)."""
+    list of codes) and optionally ``ranked`` (a JSON list of codes) and ``p_event`` (a number)."""
     reader = csv.reader(io.StringIO(_text(path, _read_capped(path)), newline=""))
     try:
         header = next(reader, None)
@@ -250,7 +256,7 @@ def read_csv(path: Path) -> tuple[list[Submitted], list[str]]:
             raise ScoringError(f"{path}: refused: the header must name query_id and answer (or ranked)")
         unknown = sorted(set(header) - set(PARQUET_COLUMNS))
         if unknown or len(set(header)) != len(header):
-            raise ScoringError(f"{path}: refused: the columns must be query_id, answer, ranked, each once")
+            raise ScoringError(f"{path}: refused: the columns must be query_id, answer, ranked, p_event, each once")
         records, problems = [], []
         for number, row in enumerate(reader, 2):
             if len(records) >= MAX_RECORDS:
@@ -261,12 +267,14 @@ def read_csv(path: Path) -> tuple[list[Submitted], list[str]]:
                 continue
             fields = dict(zip(header, row))
             parsed = {}
-            for column in ("answer", "ranked"):
+            for column in ("answer", "ranked", "p_event"):
                 if fields.get(column, "") != "":
                     parsed[column], problem = _json(fields[column])
                     if problem:
                         problems.append(f"{where}: {column} {problem}")
-            records.append(Submitted(where, fields["query_id"], parsed.get("answer"), parsed.get("ranked")))
+            records.append(
+                Submitted(where, fields["query_id"], parsed.get("answer"), parsed.get("ranked"), parsed.get("p_event"))
+            )
     except csv.Error as exc:
         raise ScoringError(f"{path}: refused: not CSV ({exc})") from None
     return records, problems
@@ -274,7 +282,7 @@ def read_csv(path: Path) -> tuple[list[Submitted], list[str]]:
 
 def read_parquet(path: Path) -> tuple[list[Submitted], list[str]]:
     """Records of a parquet file: ``query_id`` (string), ``answer`` (string: JSON, as in CSV) and
-    optionally ``ranked`` (list of strings). Its footer is checked before any data is read, so a
+    optionally ``ranked`` (list of strings) and ``p_event`` (float). Its footer is checked before any data is read, so a
     file that would decompress past the caps is refused unread."""
     data = _read_capped(path)
     try:
@@ -286,13 +294,15 @@ def read_parquet(path: Path) -> tuple[list[Submitted], list[str]]:
         if unpacked > 4 * MAX_PREDICTIONS_BYTES:
             raise ScoringError(f"{path}: refused: {unpacked} bytes once decompressed")
         if "query_id" not in columns or not {"answer", "ranked"} & set(columns) or set(columns) - set(PARQUET_COLUMNS):
-            raise ScoringError(f"{path}: refused: the columns must be query_id and answer and/or ranked, no others")
+            raise ScoringError(
+                f"{path}: refused: the columns must be query_id and answer and/or ranked (and p_event), no others"
+            )
         table = pl.read_parquet(io.BytesIO(data))
     except ScoringError:
         raise
     except Exception as exc:  # pyarrow's and polars' errors for a damaged file
         raise ScoringError(f"{path}: refused: not a readable parquet file ({type(exc).__name__})") from None
-    expected = {"query_id": pl.String, "answer": pl.String, "ranked": pl.List(pl.String)}
+    expected = {"query_id": pl.String, "answer": pl.String, "ranked": pl.List(pl.String), "p_event": pl.Float64}
     wrong = [c for c in table.columns if table.schema[c] != expected[c]]
     if wrong:
         raise ScoringError(f"{path}: refused: column {wrong[0]} is {table.schema[wrong[0]]}, not {expected[wrong[0]]}")
@@ -304,7 +314,7 @@ def read_parquet(path: Path) -> tuple[list[Submitted], list[str]]:
             answer, problem = _json(row["answer"])
             if problem:
                 problems.append(f"{where}: answer {problem}")
-        records.append(Submitted(where, row["query_id"], answer, row.get("ranked")))
+        records.append(Submitted(where, row["query_id"], answer, row.get("ranked"), row.get("p_event")))
     return records, problems
 
 
@@ -445,6 +455,15 @@ def answer_problems(answer: object, ranked: object) -> list[str]:
     return problems
 
 
+def p_event_problem(value: object) -> str | None:
+    """Why a record's p_event is not absent or a probability (a finite number from 0 to 1)."""
+    if value is None:
+        return None
+    if type(value) not in (int, float) or not math.isfinite(value) or not 0 <= value <= 1:
+        return f"p_event {shown(value)} is not a probability from 0 to 1"
+    return None
+
+
 def _as_scored(record: Submitted) -> tuple[object, list]:
     """(answer, ranking) as scored: a list answer is its codes grouped by level-1 code and also the
     ranking; a record with only ``ranked`` answers its codes; else the ranking is ``ranked`` or the
@@ -477,6 +496,9 @@ def match_queries(
                 problems.append(f"{record.where}: unknown query_id {query_id!r} (not in the split)")
                 continue
             problems += [f"{record.where}: {p}" for p in answer_problems(record.answer, record.ranked)]
+            problem = p_event_problem(record.p_event)
+            if problem:
+                problems.append(f"{record.where}: {problem}")
             if query_id in found:
                 problems.append(f"{record.where}: duplicate query_id {query_id!r} (the first is scored)")
                 continue
@@ -504,11 +526,11 @@ def per_query_scores(matched: Sequence[Mapping[str, tuple[object, list]]], gold:
     return out / len(matched)
 
 
-def bootstrap_intervals(scores: np.ndarray, seed: int, resamples: int = DEFAULT_RESAMPLES) -> np.ndarray:
-    """The 2.5th and 97.5th percentiles (2 × metrics) of the metric means over ``resamples``
-    resamples of the queries with replacement, drawn by numpy's Generator from ``seed``. A
-    resample is a row of counts (how often each query is drawn), so all the means are one matrix
-    product per BOOTSTRAP_CHUNK resamples (which bounds the memory), not a loop per resample."""
+def bootstrap_means(scores: np.ndarray, seed: int, resamples: int = DEFAULT_RESAMPLES) -> np.ndarray:
+    """resamples × metrics: the metric means of each of ``resamples`` resamples of the queries with
+    replacement, drawn by numpy's Generator from ``seed``. A resample is a row of counts (how often
+    each query is drawn), so all the means are one matrix product per BOOTSTRAP_CHUNK resamples
+    (which bounds the memory), not a loop per resample."""
     n = scores.shape[0]
     rng = np.random.default_rng(seed)
     means = []
@@ -517,7 +539,13 @@ def bootstrap_intervals(scores: np.ndarray, seed: int, resamples: int = DEFAULT_
         draws = rng.integers(0, n, size=(size, n))
         counts = np.bincount((draws + n * np.arange(size)[:, None]).ravel(), minlength=size * n)
         means.append(counts.reshape(size, n).astype(float) @ scores / n)
-    return np.percentile(np.concatenate(means), [2.5, 97.5], axis=0)
+    return np.concatenate(means)
+
+
+def bootstrap_intervals(scores: np.ndarray, seed: int, resamples: int = DEFAULT_RESAMPLES) -> np.ndarray:
+    """The 2.5th and 97.5th percentiles (2 × metrics) of the metric means over the resamples of
+    ``bootstrap_means``."""
+    return np.percentile(bootstrap_means(scores, seed, resamples), [2.5, 97.5], axis=0)
 
 
 def _round(value: float) -> float:

@@ -1,0 +1,71 @@
+"""Live rounds (docs/live.md): the round of day D, published to MIRAI_RELEASE_URI under live/ with
+its baselines' submissions, by pipeline/live/rounds.py. Submissions to it are accepted by the
+`submission` asset (assets/submissions.py), like any other."""
+
+from datetime import UTC, date, datetime
+
+import dagster as dg
+
+from assets.partitions import daily_partitions
+from assets.resources import Dataset, LiveRounds, ReleaseBucket, pipeline_settings
+from pipeline.live.rounds import ROUND_FORMAT, RoundRefused, publish_round
+from pipeline.release import ReleaseConflict, ReleaseError, open_store
+
+
+class LiveRoundConfig(dg.Config):
+    """The clock of a replayed past round (the demo replays generated days): an ISO time such as
+    2024-01-05T02:00:00+00:00. Empty in live operation: the round is published now. Acceptance
+    does not read it: the deadline is judged on the store's clock (docs/live.md, "Timeline")."""
+
+    replay_at: str = ""
+
+
+@dg.asset(
+    partitions_def=daily_partitions,
+    group_name="live",
+    kinds={"s3"},
+    code_version=ROUND_FORMAT,
+    description="live/rounds/<D>/ in MIRAI_RELEASE_URI: questions (t, s, o) for t = D + each horizon, drawn from "
+    "the daily files of D - window .. D - 1 only, and manifest.json (written once, last); the recurrency and "
+    "frequency baselines' submissions; live/index.json. Refused from the round's deadline on; a re-run that builds "
+    "the same round changes nothing.",
+)
+def live_round(
+    context: dg.AssetExecutionContext,
+    config: LiveRoundConfig,
+    dataset: Dataset,
+    release_store: ReleaseBucket,
+    live: LiveRounds,
+) -> dg.MaterializeResult:
+    day = date.fromisoformat(context.partition_key)
+    settings = pipeline_settings(dataset, release_store, live)
+    try:
+        now = datetime.fromisoformat(config.replay_at) if config.replay_at else datetime.now(UTC)
+    except ValueError as exc:
+        raise dg.Failure(description=f"replay_at {config.replay_at!r} is not an ISO time", allow_retries=False) from exc
+    if now.tzinfo is None:
+        raise dg.Failure(description=f"replay_at {config.replay_at!r} has no time zone", allow_retries=False)
+    try:
+        result = publish_round(day, settings, open_store(settings), now=now)
+    except (RoundRefused, ReleaseConflict) as exc:  # a retry cannot help: the timeline or the store decides
+        raise dg.Failure(description=str(exc), allow_retries=False) from exc
+    except ReleaseError as exc:  # the store is unreachable, or no window file yet
+        raise dg.Failure(description=str(exc)) from exc
+    manifest = result.manifest
+    return dg.MaterializeResult(
+        metadata={
+            "questions": result.questions,
+            "pairs_active": result.drawn["active"],
+            "pairs_quiet": result.drawn["quiet"],
+            "pool_active": result.pools["active"],
+            "pool_quiet": result.pools["quiet"],
+            "deadline": manifest["deadline"],
+            "target_dates": ", ".join(manifest["target_dates"]),
+            "seed": str(manifest["sampler"]["seed"]),
+            "days_missing": ", ".join(manifest["window"]["days_missing"]) or "none",
+            "manifest_key": result.manifest_key,
+            "published_now": result.published_now,
+            "baselines": dg.MetadataValue.md("\n".join(f"- {n}: {s}" for n, s in result.baselines.items())),
+            "index_updated": result.index_written,
+        }
+    )

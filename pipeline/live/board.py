@@ -1,0 +1,323 @@
+"""The live leaderboard (docs/live.md, "Live leaderboard"): per round and cumulative, every accepted
+submission scored against the answers resolved so far (pipeline/live/score.py), baselines
+included, with 95% percentile-bootstrap intervals over questions and interval tiers as the
+monthly board ranks (pipeline/evaluation/board.py rank).
+
+A model is identified across rounds by what its submitter declares: the pair (model, contact) of
+its records, trimmed; a baseline by its method (``live-<D>-<method>``), so each baseline is one row
+across all rounds. Nothing authenticates a declaration, so the board shows a short hash of the
+identity, never the contact. Within a round, an identity's latest accepted submission counts (a
+corrected file sent before the deadline replaces the first; nothing is resolved before then).
+
+Written as <data_dir>/live/leaderboard.json and a self-contained leaderboard.html, free of the
+time they were made (the same inputs give the same bytes, so publishing rewrites only changes).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import html
+import json
+from dataclasses import dataclass
+from datetime import date
+from pathlib import Path
+
+import polars as pl
+
+from pipeline.config import Settings
+from pipeline.evaluation.scoring import DEFAULT_RESAMPLES
+from pipeline.live.resolve import RoundNotPublished, read_round, resolved_answers
+from pipeline.live.score import (
+    BOOTSTRAP_SEED,
+    LIVE_SCORE_RULE,
+    RANK_METRIC,
+    Accepted,
+    LiveScoringError,
+    accepted_submissions,
+    score_accepted,
+    summarize,
+)
+from pipeline.release import POINTER_CACHE, ReleaseStore
+from pipeline.release_layout import LIVE_LEADERBOARD_KEYS, is_day
+from pipeline.storage import DataLayout, atomic_write_bytes
+
+LEADERBOARD_FORMAT = "mirai-live-leaderboard-v1"
+TIEBREAK_METRICS = ("level2_f1", "occurrence_accuracy")
+RANK_RULE = (
+    f"ranked by the live score ({LIVE_SCORE_RULE}); a row whose 95% interval overlaps its tier leader's shares the "
+    "leader's rank, otherwise it opens a new tier ranked by its position; ties broken by level-2 F1, then event "
+    "accuracy, then name"
+)
+INTERVAL_RULE = (
+    f"intervals: 95% percentile bootstrap over resolved questions ({DEFAULT_RESAMPLES} resamples, seed "
+    f"{BOOTSTRAP_SEED}); cumulative rows resample all resolved questions of every round the model took part in"
+)
+# As the monthly board's page (pipeline/evaluation/board.py page): no request leaves the page.
+CSP = "default-src 'none'; style-src 'unsafe-inline'"
+STYLE = """
+body { font-family: sans-serif; margin: 1.5em; color: #222; }
+table { border-collapse: collapse; font-size: 0.85em; margin-bottom: 2em; }
+th, td { border: 1px solid #ccc; padding: 0.25em 0.5em; text-align: left; vertical-align: top; }
+th { background: #f0f0f0; }
+tr.baseline td { color: #555; font-style: italic; }
+.ci { color: #666; font-size: 0.9em; }
+.rule { max-width: 60em; color: #444; }
+"""
+# The board's files are ours, but a hostile store may serve anything at their keys.
+MAX_BOARD_BYTES = 64 * 2**20
+SHOWN_METRICS = (RANK_METRIC, "level2_f1", "level1_f1", "brier", "occurrence_accuracy")
+
+
+def live_dir(settings: Settings) -> Path:
+    return DataLayout(settings.data_dir).root / "live"
+
+
+def identity(sub: Accepted, round_day: str) -> tuple[str, str, bool]:
+    """(identity key, shown name, baseline) of an accepted submission."""
+    record = sub.record
+    if record.get("baseline") is True:
+        method = sub.name.removeprefix(f"live-{round_day}-")
+        return f"baseline:{method}", f"{method} baseline", True
+    model = str(record.get("model") or "").strip() or sub.name
+    contact = str(record.get("contact") or "").strip()
+    return "model:" + json.dumps([model, contact]), model, False
+
+
+@dataclass
+class Entry:
+    key: str
+    name: str
+    baseline: bool
+    submission: str
+    scores: pl.DataFrame
+
+
+def round_entries(settings: Settings, round_day: str) -> tuple[list[Entry], list[str]]:
+    """The round's scored entries (one per identity: its latest accepted submission) and one line
+    per submission that could not be scored."""
+    answers = resolved_answers(settings, date.fromisoformat(round_day))
+    accepted, problems = accepted_submissions(settings, date.fromisoformat(round_day))
+    skipped = [f"{round_day}/{p}" for p in problems]
+    if answers.is_empty():
+        return [], skipped
+    latest: dict[str, tuple[str, Accepted]] = {}
+    for sub in accepted:
+        key, _, _ = identity(sub, round_day)
+        stamp = (str(sub.record.get("submitted_at") or ""), sub.name)
+        if key not in latest or stamp > latest[key][0]:
+            latest[key] = (stamp, sub)
+    entries = []
+    for key, (_, sub) in sorted(latest.items()):
+        try:
+            scores = score_accepted(sub, answers)
+        except (LiveScoringError, OSError, pl.exceptions.PolarsError) as exc:
+            skipped.append(f"{round_day}/{sub.name}: {str(exc)[:300]}")
+            continue
+        _, name, baseline = identity(sub, round_day)
+        entries.append(Entry(key, name, baseline, sub.name, scores.with_columns(pl.lit(round_day).alias("round"))))
+    return entries, skipped
+
+
+def _row(key: str, name: str, baseline: bool, submissions: list[str], rounds: list[str], scores: pl.DataFrame) -> dict:
+    card = summarize(scores)
+    row = {
+        "id": hashlib.sha256(key.encode()).hexdigest()[:12],
+        "name": name,
+        "baseline": baseline,
+        "submissions": submissions,
+        "rounds": rounds,
+        "questions": card["questions"],
+        "answered": card["answered"],
+        "occurrence_forecast": card["occurrence_forecast"],
+    }
+    for metric in SHOWN_METRICS:
+        row[metric] = card["metrics"][metric]["value"]
+        row[f"{metric}_ci95"] = card["metrics"][metric]["ci95"]
+    return row
+
+
+def _order_key(row: dict) -> tuple:
+    return (-(row[RANK_METRIC] or 0.0), *(-(row[m] or 0.0) for m in TIEBREAK_METRICS), row["name"], row["id"])
+
+
+def rank(rows: list[dict]) -> list[dict]:
+    """pipeline/evaluation/board.py's interval tiers on the live score: in order, a row joins the
+    current tier when its interval overlaps the tier leader's, else opens a tier at its position."""
+    out, leader = [], None
+    for position, row in enumerate(sorted(rows, key=_order_key), 1):
+        low, high = row[f"{RANK_METRIC}_ci95"]
+        if leader is not None:
+            leader_low, leader_high = leader[f"{RANK_METRIC}_ci95"]
+            if low <= leader_high and high >= leader_low:
+                out.append(row | {"rank": leader["rank"]})
+                continue
+        leader = row | {"rank": position}
+        out.append(leader)
+    return out
+
+
+def published_rounds(settings: Settings) -> list[str]:
+    directory = live_dir(settings)
+    days = (
+        sorted((p.name for p in directory.iterdir() if p.is_dir() and is_day(p.name)), reverse=True)
+        if directory.is_dir()
+        else []
+    )
+    out = []
+    for day in days:
+        try:
+            read_round(settings, date.fromisoformat(day))
+        except RoundNotPublished:
+            continue
+        out.append(day)
+    return out
+
+
+def build_leaderboard(settings: Settings) -> dict:
+    """Every round's board (newest first) and the cumulative board, as one JSON-ready dict."""
+    rounds, skipped = [], []
+    by_identity: dict[str, list[Entry]] = {}
+    for day in published_rounds(settings):
+        entries, problems = round_entries(settings, day)
+        skipped += problems
+        answers = resolved_answers(settings, date.fromisoformat(day))
+        rows = [_row(e.key, e.name, e.baseline, [e.submission], [day], e.scores) for e in entries]
+        rounds.append(
+            {
+                "round": day,
+                "resolved_questions": answers.height,
+                "empty_answers": answers.filter(pl.col("answer_list").list.len() == 0).height,
+                "rows": rank(rows),
+            }
+        )
+        for entry in entries:
+            by_identity.setdefault(entry.key, []).append(entry)
+    cumulative = []
+    for key, entries in sorted(by_identity.items()):
+        entries = sorted(entries, key=lambda e: e.scores.get_column("round")[0])
+        scores = pl.concat([e.scores for e in entries])
+        cumulative.append(
+            _row(
+                key,
+                entries[-1].name,
+                entries[-1].baseline,
+                [e.submission for e in entries],
+                [e.scores.get_column("round")[0] for e in entries],
+                scores,
+            )
+        )
+    return {
+        "format": LEADERBOARD_FORMAT,
+        "rank_rule": RANK_RULE,
+        "interval_rule": INTERVAL_RULE,
+        "cumulative": rank(cumulative),
+        "rounds": rounds,
+        "skipped": skipped,
+    }
+
+
+def _cell(row: dict, metric: str) -> str:
+    value, (low, high) = row[metric], row[f"{metric}_ci95"]
+    if value is None:
+        return ""
+    digits = 4 if metric in ("brier", "occurrence_accuracy") else 2
+    interval = "" if low is None else f' <span class="ci">[{low:.{digits}f}, {high:.{digits}f}]</span>'
+    return f"{value:.{digits}f}{interval}"
+
+
+_COLUMNS = (
+    ("rank", lambda r: str(r["rank"])),
+    ("model", lambda r: html.escape(r["name"])),
+    ("id", lambda r: html.escape(r["id"])),
+    ("baseline", lambda r: "yes" if r["baseline"] else ""),
+    ("live score [95% CI]", lambda r: _cell(r, RANK_METRIC)),
+    ("L2 F1 [95% CI]", lambda r: _cell(r, "level2_f1")),
+    ("L1 F1", lambda r: _cell(r, "level1_f1")),
+    ("Brier [95% CI]", lambda r: _cell(r, "brier")),
+    ("event accuracy", lambda r: _cell(r, "occurrence_accuracy")),
+    ("event forecast", lambda r: html.escape(r["occurrence_forecast"])),
+    ("questions (answered)", lambda r: f"{r['questions']} ({r['answered']})"),
+    ("rounds", lambda r: str(len(r["rounds"]))),
+    ("submissions", lambda r: html.escape(", ".join(r["submissions"]))),
+)
+
+
+def _table(rows: list[dict]) -> list[str]:
+    if not rows:
+        return ["<p>No scored submission yet.</p>"]
+    out = [
+        "<table>",
+        "<thead><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h, _ in _COLUMNS) + "</tr></thead>",
+        "<tbody>",
+    ]
+    for row in rows:
+        cells = "".join(f"<td>{cell(row)}</td>" for _, cell in _COLUMNS)
+        out.append(f'<tr class="{"baseline" if row["baseline"] else "submission"}">{cells}</tr>')
+    return [*out, "</tbody>", "</table>"]
+
+
+def page(board: dict) -> bytes:
+    """leaderboard.html: the cumulative board, then each round's, the rules stated. Self-contained
+    (inline style; the CSP forbids any request) and free of the time it was made. Every text from
+    a record (model names, submission names) is escaped: submitters write them."""
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en">',
+        "<head>",
+        '<meta charset="utf-8">',
+        f'<meta http-equiv="Content-Security-Policy" content="{CSP}">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        "<title>MIRAI live leaderboard</title>",
+        f"<style>{STYLE}</style>",
+        "</head>",
+        "<body>",
+        "<h1>MIRAI live leaderboard</h1>",
+        '<p class="rule">Questions published before the events they ask about, answered from GDELT once each '
+        "target date closed (docs/live.md). Live score and F1 are percentages.</p>",
+        f'<p class="rule" id="rank-rule">{html.escape(RANK_RULE)}.</p>',
+        f'<p class="rule">{html.escape(INTERVAL_RULE)}.</p>',
+        '<section id="cumulative"><h2>All rounds</h2>',
+        *_table(board["cumulative"]),
+        "</section>",
+    ]
+    for entry in board["rounds"]:
+        day = html.escape(entry["round"])
+        parts += [
+            f'<section id="round-{day}"><h2>Round {day}</h2>',
+            f'<p class="rule">{entry["resolved_questions"]} resolved questions, {entry["empty_answers"]} with an empty answer.</p>',
+            *_table(entry["rows"]),
+            "</section>",
+        ]
+    parts += ["</body>", "</html>", ""]
+    return "\n".join(parts).encode()
+
+
+@dataclass(frozen=True)
+class Written:
+    board: dict
+    json_path: Path
+    html_path: Path
+
+
+def write_live_leaderboard(settings: Settings) -> Written:
+    board = build_leaderboard(settings)
+    directory = live_dir(settings)
+    json_path, html_path = directory / "leaderboard.json", directory / "leaderboard.html"
+    atomic_write_bytes(json_path, (json.dumps(board, indent=2, sort_keys=True) + "\n").encode())
+    atomic_write_bytes(html_path, page(board))
+    return Written(board, json_path, html_path)
+
+
+def publish_live_leaderboard(store: ReleaseStore, written: Written) -> list[str]:
+    """Put leaderboard.json and .html under live/ (revalidated pointers, like the monthly board);
+    only what changed is written. Returns the keys written."""
+    keys = []
+    for key, path in (
+        (LIVE_LEADERBOARD_KEYS["json"], written.json_path),
+        (LIVE_LEADERBOARD_KEYS["html"], written.html_path),
+    ):
+        data = path.read_bytes()
+        if store.get_bytes(key, limit=MAX_BOARD_BYTES) != data:
+            store.put_bytes(key, data, cache_control=POINTER_CACHE, if_absent=False)
+            keys.append(key)
+    return keys

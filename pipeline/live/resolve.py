@@ -1,0 +1,236 @@
+"""Resolution of a live round (docs/live.md, "Resolution"): once a target date t has closed, every
+question (t, s, o) of the round gets its answer, every level-2 relation s took toward o on t by the
+event database's rule (pipeline/database.py day_events: daily mentions ≥ article_min_mentions and
+at least one kept article that day), possibly none.
+
+A date closes like a month does for its split (pipeline/splits.py month_closure), per day: every
+slot of t's ledger landed or confirmed missing (CLOSED_STATUSES), t's daily quads and articles
+stored, and now ≥ t + 1 day + live_resolution_grace_hours. The round must be published (its local
+manifest.json) and its submission deadline passed; the deadline is 00:00 of the earliest target
+date, so a closed date is always past it, and the check is kept as a guard against a bad manifest.
+
+Answers are written once per date: live/<D>/answers/<t>.parquet locally, then
+live/rounds/<D>/answers-<t>.jsonl in the release store (if absent), and live/index.json is rebuilt
+(pipeline/live/rounds.py write_live_index) so that it lists the date. A resolved date is never
+recomputed (a later change of t's files cannot change a published answer), and a store object with
+other bytes than ours is refused, never overwritten.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
+
+import polars as pl
+
+from pipeline.config import Settings
+from pipeline.database import day_events, day_inputs_missing
+from pipeline.gdelt.ledger import read_ledger, summarize
+from pipeline.live.rounds import round_dir, write_live_index
+from pipeline.release import IMMUTABLE_CACHE, ReleaseConflict, ReleaseStore
+from pipeline.release_layout import is_day, live_answers_name, live_round_key
+from pipeline.splits import CLOSED_STATUSES
+from pipeline.storage import DataLayout, atomic_write_parquet
+
+ANSWERS_SCHEMA = pl.Schema([("query_id", pl.String), ("answer_list", pl.List(pl.String))])
+RESOLUTION_VERSION = "live-resolution-v1"
+# An answers file is ~100 questions × ~60 bytes; anything far larger in the store is not ours.
+MAX_ANSWERS_BYTES = 16 * 2**20
+
+
+class RoundNotPublished(RuntimeError):
+    """The round has no local questions or manifest: nothing to resolve."""
+
+
+def answers_path(settings: Settings, round_day: date, target: date) -> Path:
+    return round_dir(settings.data_dir, round_day) / "answers" / f"{target.isoformat()}.parquet"
+
+
+@dataclass(frozen=True)
+class DayClosure:
+    """Whether target date t may be resolved; ``reasons`` say what it waits for."""
+
+    day: date
+    closed: bool
+    reasons: tuple[str, ...]
+    slots: dict[str, int]
+
+
+def day_closure(day: date, settings: Settings, now: datetime) -> DayClosure:
+    """month_closure's rule for one day, with the live grace period (in hours)."""
+    layout = DataLayout(settings.data_dir)
+    ledger = read_ledger(layout, day)
+    slots = summarize(ledger)
+    reasons = []
+    due = datetime.combine(day + timedelta(days=1), datetime.min.time(), UTC) + timedelta(
+        hours=settings.live_resolution_grace_hours
+    )
+    if now < due:
+        reasons.append(f"grace period runs until {due.isoformat()}")
+    if ledger.height == 0:
+        reasons.append("no slot ledger")
+    unsettled = {k: v for k, v in slots.items() if v and k not in CLOSED_STATUSES}
+    if unsettled:
+        reasons.append("slots not settled: " + ", ".join(f"{v} {k}" for k, v in sorted(unsettled.items())))
+    missing = day_inputs_missing(day, settings)
+    if missing:
+        reasons.append(f"not stored yet: {', '.join(missing)}")
+    return DayClosure(day=day, closed=not reasons, reasons=tuple(reasons), slots=slots)
+
+
+@dataclass(frozen=True)
+class DateResolution:
+    target: date
+    resolved: bool
+    reasons: tuple[str, ...]  # why it waits (empty once resolved)
+    questions: int
+    empty: int  # questions whose answer is empty
+    newly: bool  # resolved by this call (False: read back, or waiting)
+    store_key: str | None = None
+
+
+@dataclass(frozen=True)
+class RoundResolution:
+    round_day: date
+    dates: list[DateResolution] = field(default_factory=list)
+
+    @property
+    def resolved(self) -> list[date]:
+        return [d.target for d in self.dates if d.resolved]
+
+    @property
+    def waiting(self) -> dict[str, list[str]]:
+        return {d.target.isoformat(): list(d.reasons) for d in self.dates if not d.resolved}
+
+
+def read_round(settings: Settings, round_day: date) -> tuple[pl.DataFrame, dict]:
+    """The round's private questions and its published manifest, as stored at publication."""
+    directory = round_dir(settings.data_dir, round_day)
+    questions, manifest = directory / "questions.parquet", directory / "manifest.json"
+    if not questions.exists() or not manifest.exists():
+        raise RoundNotPublished(f"round {round_day}: no published round under {directory}")
+    return pl.read_parquet(questions), json.loads(manifest.read_text())
+
+
+def compute_answers(questions: pl.DataFrame, target: date, settings: Settings) -> pl.DataFrame:
+    """ANSWERS_SCHEMA rows, one per question on ``target``, in query_id order: the sorted distinct
+    level-2 relations of (t, s, o) in the day's event-database rows, empty when there are none."""
+    asked = questions.filter(pl.col("date") == target).select("query_id", "s", "o")
+    relations = day_events(target, settings).group_by("s", "o").agg(pl.col("r").unique().sort().alias("answer_list"))
+    return (
+        asked.join(relations, on=["s", "o"], how="left")
+        .with_columns(pl.col("answer_list").fill_null(pl.lit([], dtype=pl.List(pl.String))))
+        .sort("query_id")
+        .select(ANSWERS_SCHEMA.names())
+        .match_to_schema(ANSWERS_SCHEMA)
+    )
+
+
+def answers_jsonl(questions: pl.DataFrame, answers: pl.DataFrame) -> bytes:
+    """The published answers-<t>.jsonl: query_id, date, s, o, answer_list per line, in query_id order."""
+    keyed = answers.join(questions.select("query_id", "date", "s", "o"), on="query_id", how="left").sort("query_id")
+    lines = [
+        json.dumps(
+            {"query_id": q, "date": t.isoformat(), "s": s, "o": o, "answer_list": list(a)},
+            ensure_ascii=True,
+            separators=(",", ":"),
+        )
+        for q, a, t, s, o in keyed.select("query_id", "answer_list", "date", "s", "o").iter_rows()
+    ]
+    return ("\n".join(lines) + "\n").encode() if lines else b""
+
+
+def publish_answers(store: ReleaseStore, round_day: date, target: date, data: bytes) -> str:
+    """Put the answers once; an object already there must hold the same bytes (ReleaseConflict)."""
+    key = live_round_key(round_day.isoformat(), live_answers_name(target.isoformat()))
+    if not store.put_bytes(key, data, cache_control=IMMUTABLE_CACHE, if_absent=True):
+        stored = store.get_bytes(key, limit=MAX_ANSWERS_BYTES)
+        if stored != data:
+            raise ReleaseConflict(
+                f"{key} at {store.description} holds other bytes than the answers resolved here; a resolved "
+                "date is immutable, so nothing was overwritten (find out who wrote it before removing it)"
+            )
+    return key
+
+
+def deadline_of(manifest: dict) -> datetime:
+    return datetime.fromisoformat(manifest["deadline"])
+
+
+def resolve_round(
+    round_day: date, settings: Settings, *, now: datetime, store: ReleaseStore | None = None
+) -> RoundResolution:
+    """Resolve every target date of the round that has closed (DayClosure) and is not resolved yet;
+    read back the ones already resolved. With a store, publish each resolved date's answers there
+    (again when a previous run stopped between the local write and the upload), then rebuild
+    live/index.json, whose resolved_dates come from the answers in the store."""
+    questions, manifest = read_round(settings, round_day)
+    deadline = deadline_of(manifest)
+    targets = sorted({date.fromisoformat(t) for t in manifest["target_dates"]})
+    out = []
+    for target in targets:
+        path = answers_path(settings, round_day, target)
+        newly = False
+        if path.exists():
+            answers = pl.read_parquet(path)
+        else:
+            closure = day_closure(target, settings, now)
+            reasons = list(closure.reasons)
+            if now < deadline:
+                reasons.insert(0, f"submissions are open until {deadline.isoformat()}")
+            if reasons:
+                n = questions.filter(pl.col("date") == target).height
+                out.append(DateResolution(target, False, tuple(reasons), n, 0, False))
+                continue
+            answers = compute_answers(questions, target, settings)
+            atomic_write_parquet(
+                answers,
+                path,
+                metadata={
+                    "resolution_version": RESOLUTION_VERSION,
+                    "round": round_day.isoformat(),
+                    "date": target.isoformat(),
+                    "min_mentions": str(settings.article_min_mentions),
+                    "slots": json.dumps(closure.slots, sort_keys=True),
+                },
+            )
+            newly = True
+        key = None
+        if store is not None:
+            key = publish_answers(store, round_day, target, answers_jsonl(questions, answers))
+        empty = answers.filter(pl.col("answer_list").list.len() == 0).height
+        out.append(DateResolution(target, True, (), answers.height, empty, newly, key))
+    if store is not None:
+        write_live_index(store)
+    return RoundResolution(round_day, out)
+
+
+def resolved_answers(settings: Settings, round_day: date) -> pl.DataFrame:
+    """Every resolved answer of the round so far (ANSWERS_SCHEMA), in query_id order."""
+    directory = round_dir(settings.data_dir, round_day) / "answers"
+    paths = sorted(p for p in directory.glob("*.parquet") if is_day(p.stem)) if directory.is_dir() else []
+    if not paths:
+        return ANSWERS_SCHEMA.to_frame()
+    return pl.concat([pl.read_parquet(p).match_to_schema(ANSWERS_SCHEMA) for p in paths]).sort("query_id")
+
+
+def published_round_days(settings: Settings) -> list[date]:
+    """Rounds with a local manifest (published), newest first."""
+    base = DataLayout(settings.data_dir).root / "live"
+    names = [p.name for p in base.iterdir() if is_day(p.name)] if base.is_dir() else []
+    return sorted((date.fromisoformat(n) for n in names if (base / n / "manifest.json").exists()), reverse=True)
+
+
+def resolvable_dates(settings: Settings, round_day: date, now: datetime) -> list[date]:
+    """The round's target dates that are not resolved yet and would resolve now; reads the
+    manifest and each such date's ledger only (a sensor asks this of every round on every tick)."""
+    manifest = json.loads((round_dir(settings.data_dir, round_day) / "manifest.json").read_text())
+    if now < deadline_of(manifest):
+        return []
+    return [
+        target
+        for target in sorted({date.fromisoformat(t) for t in manifest["target_dates"]})
+        if not answers_path(settings, round_day, target).exists() and day_closure(target, settings, now).closed
+    ]

@@ -1,0 +1,40 @@
+"""The daily live round (docs/live.md, "Timeline"): a schedule, stopped until an operator starts it.
+
+Day D's round reads the daily files through D − 1, whose last 15-minute slot GDELT publishes
+around 00:15 UTC on D and whose articles the hourly fetch (at :40) takes in by ~01:00. So the
+first tick is at 02:00 UTC; each hourly tick until LAST_HOUR asks again while D − 1's daily quads
+or articles are missing, and the last one asks regardless (the manifest lists any day missing),
+still 12 hours before the round's deadline (00:00 UTC of D + 1 with the default horizons). The
+run key "live-<D>" makes every later tick of the day a no-op once one is requested.
+"""
+
+from datetime import UTC, timedelta
+
+import dagster as dg
+
+from assets.live import live_round
+from assets.resources import Dataset, pipeline_settings
+from pipeline.storage import DataLayout
+
+FIRST_HOUR, LAST_HOUR = 2, 12
+
+live_round_job = dg.define_asset_job("live_round_publication", selection=[live_round], executor_def=dg.in_process_executor)
+
+
+@dg.schedule(
+    cron_schedule=f"0 {FIRST_HOUR}-{LAST_HOUR} * * *",
+    job=live_round_job,
+    execution_timezone="UTC",
+    default_status=dg.DefaultScheduleStatus.STOPPED,
+)
+def live_round_daily(context: dg.ScheduleEvaluationContext, dataset: Dataset):
+    tick = context.scheduled_execution_time.astimezone(UTC)
+    day = tick.date()
+    layout = DataLayout(pipeline_settings(dataset).data_dir)
+    last = day - timedelta(days=1)
+    missing = [p.name for p in (layout.daily_quads_path(last), layout.articles_path(last)) if not p.is_file()]
+    if missing and tick.hour < LAST_HOUR:
+        return dg.SkipReason(
+            f"round {day} waits for {last}'s {' and '.join(missing)} (asked regardless at {LAST_HOUR}:00)"
+        )
+    return dg.RunRequest(run_key=f"live-{day}", partition_key=day.isoformat())

@@ -1,0 +1,113 @@
+"""One live round through Dagster on a real instance: the sensor requests a resolution run when a
+target date closes (and never twice), the `live_resolution` partition resolves and scores it, and
+a `live_leaderboard` refresh follows and publishes to the store; a re-run changes nothing."""
+
+from __future__ import annotations
+
+import json
+from datetime import date, timedelta
+
+import dagster as dg
+import pytest
+
+from assets.live_resolution import live_leaderboard, live_resolution
+from assets.resources import resources_for
+from pipeline.release import LocalStore
+from pipeline.release_layout import LIVE_LEADERBOARD_KEYS
+from sensors.live_resolution import live_leaderboard_job, live_resolution_job, live_resolution_sensor
+
+from .live_builder import baseline_predictions, history, pairs, world, write_accepted, write_round
+from .month_builder import write_days
+
+ROUND = date(2024, 3, 10)
+T1, T7 = ROUND + timedelta(days=1), ROUND + timedelta(days=7)
+WINDOW = [ROUND - timedelta(days=i) for i in range(14, 0, -1)]
+
+
+@pytest.fixture
+def live_data(tmp_path):
+    from pipeline.config import Settings
+
+    settings = Settings(data_dir=tmp_path / "data", release_uri=str(tmp_path / "bucket"))
+    world_pairs = pairs(seed=31, active=16, quiet=6)
+    quads = world(32, world_pairs, [*WINDOW, T1, T7])
+    write_days(settings, [*WINDOW, T1], quads)
+    write_days(settings, [T7], quads, slot_status="pending")  # T7's day has not settled yet
+    questions = write_round(settings, ROUND, world_pairs)
+    past = history(settings, WINDOW)
+    for method in ("recurrency", "frequency"):
+        predictions = baseline_predictions(questions, past, method)
+        write_accepted(settings, ROUND, f"live-{ROUND}-{method}", predictions, baseline=True, model=method)
+    return settings, quads
+
+
+def tick(instance, defs, resources, cursor):
+    with dg.build_sensor_context(
+        instance=instance, instance_ref=instance.get_ref(), cursor=cursor, definitions=defs, resources=resources
+    ) as context:
+        return live_resolution_sensor.evaluate_tick(context)
+
+
+def test_a_round_is_resolved_scored_and_boarded_through_dagster(live_data):
+    settings, quads = live_data
+    resources = resources_for(data_dir=str(settings.data_dir), release_uri=settings.release_uri)
+    defs = dg.Definitions(
+        assets=[live_resolution, live_leaderboard],
+        jobs=[live_resolution_job, live_leaderboard_job],
+        sensors=[live_resolution_sensor],
+        resources=resources,
+    )
+    sensor_resources = {"dataset": resources["dataset"], "live": resources["live"]}
+    store = LocalStore(settings.release_uri)
+    with dg.instance_for_test() as instance:
+        first = tick(instance, defs, sensor_resources, None)
+        assert [(r.partition_key, r.run_key) for r in first.run_requests] == [
+            (str(ROUND), f"live_resolution:{ROUND}:{T1}")
+        ]
+        result = dg.materialize([live_resolution], instance=instance, resources=resources, partition_key=str(ROUND))
+        meta = result.asset_materializations_for_node("live_resolution")[0].metadata
+        assert meta["resolved dates"].value == str(T1) and meta["newly resolved"].value == str(T1)
+        assert any(r.startswith("slots not settled") for r in meta["waiting"].value[str(T7)])
+        assert meta["questions answered"].value == 22 and 0 < meta["share empty"].value < 1
+        assert meta["submissions scored"].value == 2
+        scores = json.loads((settings.data_dir / "live" / str(ROUND) / "scores.json").read_text())
+        assert scores["resolved_questions"] == 22
+        assert store.get_bytes(f"live/rounds/{ROUND}/answers-{T1}.jsonl") is not None
+
+        # Nothing new to resolve: the next tick asks for the leaderboard, the one after for nothing.
+        second = tick(instance, defs, sensor_resources, first.cursor)
+        assert [r.job_name for r in second.run_requests] == [live_leaderboard_job.name]
+        board = dg.materialize([live_leaderboard], instance=instance, resources=resources)
+        assert board.success
+        published = json.loads(store.get_bytes(LIVE_LEADERBOARD_KEYS["json"]))
+        assert {r["name"] for r in published["cumulative"]} == {"recurrency baseline", "frequency baseline"}
+        assert store.get_bytes(LIVE_LEADERBOARD_KEYS["html"]).startswith(b"<!DOCTYPE html>")
+        third = tick(instance, defs, sensor_resources, second.cursor)
+        assert third.run_requests == [] and "newly closed" in third.skip_message
+
+        # T7 settles: one more resolution run, keyed by its date; a re-run of the partition is a no-op.
+        write_days(settings, [T7], quads)
+        fourth = tick(instance, defs, sensor_resources, third.cursor)
+        assert [r.run_key for r in fourth.run_requests] == [f"live_resolution:{ROUND}:{T7}"]
+        dg.materialize([live_resolution], instance=instance, resources=resources, partition_key=str(ROUND))
+        answers = store.get_bytes(f"live/rounds/{ROUND}/answers-{T7}.jsonl")
+        again = dg.materialize([live_resolution], instance=instance, resources=resources, partition_key=str(ROUND))
+        meta = again.asset_materializations_for_node("live_resolution")[0].metadata
+        assert meta["newly resolved"].value == "none" and meta["resolved dates"].value == f"{T1}, {T7}"
+        assert meta["questions answered"].value == 44
+        assert store.get_bytes(f"live/rounds/{ROUND}/answers-{T7}.jsonl") == answers
+        assert (
+            tick(instance, defs, sensor_resources, fourth.cursor).run_requests[0].job_name == live_leaderboard_job.name
+        )
+
+
+def test_an_unpublished_round_fails_its_run_with_the_reason(live_data, tmp_path):
+    settings, _ = live_data
+    resources = resources_for(data_dir=str(settings.data_dir), release_uri=settings.release_uri)
+    with dg.instance_for_test() as instance:
+        result = dg.materialize(
+            [live_resolution], instance=instance, resources=resources, partition_key="2024-03-01", raise_on_error=False
+        )
+    assert not result.success
+    failure = result.failure_data_for_node("live_resolution")
+    assert "round 2024-03-01: no published round" in failure.user_failure_data.description

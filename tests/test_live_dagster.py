@@ -1,0 +1,115 @@
+"""The live round through Dagster on real instances: today's round published by the `live_round`
+asset on the real clock, a replayed past round and its baseline accepted by the `submission`
+asset, and the `live_round_daily` schedule's decisions."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, date, datetime, timedelta
+
+import dagster as dg
+
+from assets.live import live_round
+from assets.resources import resources_for
+from assets.submissions import submission
+from pipeline.config import Settings
+from pipeline.live.rounds import round_seed
+from sensors.live import live_round_daily, live_round_job
+
+from .month_builder import write_days
+from .test_live_rounds import DAY, WINDOW, later_quads, window_quads
+
+LIVE = {"live_window_days": 7, "live_round_size": 8, "live_seed": 3}
+
+
+def test_todays_round_is_published_through_dagster(tmp_path):
+    today = datetime.now(UTC).date()
+    window = [today - timedelta(days=n) for n in range(7, 0, -1)]
+    resources = resources_for(data_dir=str(tmp_path / "data"), release_uri=str(tmp_path / "bucket"), **LIVE)
+    settings_dir = tmp_path / "data"
+    write_days(Settings(data_dir=settings_dir), window, window_quads(window))
+    with dg.instance_for_test() as instance:
+        result = dg.materialize([live_round], instance=instance, resources=resources, partition_key=today.isoformat())
+        assert result.success
+        meta = result.asset_materializations_for_node("live_round")[0].metadata
+        assert meta["questions"].value == 8 and meta["pairs_active"].value == 3 and meta["pairs_quiet"].value == 1
+        assert meta["pool_active"].value == 6 and meta["pool_quiet"].value == 4
+        assert meta["deadline"].value == f"{today + timedelta(days=1)}T00:00:00+00:00"
+        assert meta["seed"].value == str(round_seed(3, today)) and meta["published_now"].value is True
+        assert meta["manifest_key"].value == f"live/rounds/{today}/manifest.json"
+    index = json.loads((tmp_path / "bucket" / "live" / "index.json").read_bytes())
+    assert [r["round"] for r in index["rounds"]] == [today.isoformat()]
+
+
+def test_a_replayed_round_and_its_baseline_through_dagster(tmp_path):
+    data = tmp_path / "data"
+    write_days(Settings(data_dir=data), [*WINDOW, DAY, DAY + timedelta(days=1)], window_quads() + later_quads())
+    resources = resources_for(data_dir=str(data), release_uri=str(tmp_path / "bucket"), **LIVE)
+    replay = {"ops": {"live_round": {"config": {"replay_at": "2024-03-10T02:00:00+00:00"}}}}
+    with dg.instance_for_test() as instance:
+        result = dg.materialize(
+            [live_round], instance=instance, resources=resources, partition_key=DAY.isoformat(), run_config=replay
+        )
+        assert result.success
+        meta = result.asset_materializations_for_node("live_round")[0].metadata
+        assert "live-2024-03-10-frequency: submitted" in meta["baselines"].value
+        # Without the replay clock the same past round is refused: its deadline has passed.
+        refused = dg.materialize(
+            [live_round],
+            instance=instance,
+            resources=resources,
+            partition_key=(DAY + timedelta(days=1)).isoformat(),
+            raise_on_error=False,
+        )
+        assert not refused.success
+        failure = next(e for e in refused.all_events if e.is_step_failure)
+        assert "is not before its deadline 2024-03-12T00:00:00+00:00" in str(
+            failure.step_failure_data.user_failure_data
+        )
+        name = "live-2024-03-10-recurrency"
+        instance.add_dynamic_partitions("submissions", [name])
+        scored = dg.materialize([submission], instance=instance, resources=resources, partition_key=name)
+        meta = scored.asset_materializations_for_node("submission")[0].metadata
+        assert meta["status"].value == "accepted" and meta["baseline"].value is True
+        assert meta["round"].value == "2024-03-10" and meta["record"].value.endswith(
+            f"live/2024-03-10/submissions/{name}/record.json"
+        )
+        assert "month" not in meta
+
+
+def test_the_schedule_waits_for_yesterdays_files_until_noon(tmp_path):
+    resources = resources_for(data_dir=str(tmp_path / "data"))
+
+    defs = dg.Definitions(assets=[live_round], jobs=[live_round_job], schedules=[live_round_daily], resources=resources)
+
+    def tick(at: datetime):
+        context = dg.build_schedule_context(
+            instance=instance,
+            scheduled_execution_time=at,
+            repository_def=defs.get_repository_def(),
+            resources={"dataset": resources["dataset"]},
+        )
+        return live_round_daily.evaluate_tick(context)
+
+    day = date(2024, 3, 10)
+    with dg.instance_for_test() as instance:
+        early = tick(datetime(2024, 3, 10, 3, tzinfo=UTC))
+        assert early.run_requests == [] and "round 2024-03-10 waits for 2024-03-09's" in early.skip_message
+        noon = tick(datetime(2024, 3, 10, 12, tzinfo=UTC))
+        assert [(r.run_key, r.partition_key) for r in noon.run_requests] == [("live-2024-03-10", "2024-03-10")]
+        write_days(Settings(data_dir=tmp_path / "data"), [day - timedelta(days=1)], [])
+        ready = tick(datetime(2024, 3, 10, 2, tzinfo=UTC))
+        assert [r.run_key for r in ready.run_requests] == ["live-2024-03-10"]
+    assert live_round_daily.default_status == dg.DefaultScheduleStatus.STOPPED
+
+
+def test_the_code_location_has_the_live_round():
+    from definitions import defs
+
+    # Inside an instance of its own: loading sets Dagster's current state storage, and a stale one
+    # an earlier test's instance left would break it (as in test_leaderboard).
+    with dg.instance_for_test():
+        repository = defs.get_repository_def()  # validates the whole code location (unique names...)
+    assert repository.get_job("live_round_publication") is not None
+    assert defs.resolve_schedule_def("live_round_daily").cron_schedule == "0 2-12 * * *"
+    assert defs.resolve_assets_def("live_round").group_names_by_key[live_round.key] == "live"
