@@ -7,7 +7,8 @@ Every line is accounted for: it ends up either in ``rows`` (typed per ``schema.p
 sha256 and the reason, so ``rows.height + rejects.height == total_lines`` always; a file of the
 wrong format or with implausibly many lines is refused whole (:class:`RefusedFileError`). The line
 rules, the reject reasons in order, the refusals and why the clean-file path is fast:
-docs/data-layout.md, "Parsing GDELT files".
+docs/data-layout.md, "Parsing GDELT files". A zip's member is read as a stream, in chunks of whole
+lines, each parsed as it comes (:data:`CHUNK_BYTES`; docs/data-layout.md, "Hostile GDELT files").
 """
 
 from __future__ import annotations
@@ -175,8 +176,10 @@ def in_flight_bytes(max_member_bytes: int) -> int:
     """Unzipped bytes of the batches :func:`parse_files` may have handed to its threads and not
     yet yielded, whatever the number of cores (the first batch is always let through).
 
-    Parsing holds several times a file's bytes (a column of 16-byte string views per field: ~1 KB
-    per export line, ~25x the bytes of the shortest rows), so this, not the thread count, is what
+    Reading holds several times the bytes it reads (a column of 16-byte string views per field:
+    ~1 KB per export line, ~25x the bytes of the shortest rows), and the rows kept of a file of
+    the shortest rows are several times its bytes too; a big file is read a chunk at a time
+    (:data:`CHUNK_BYTES`) but its rows are kept whole. So this, not the thread count, is what
     bounds its memory. One and a half times the larger of a batch and the member cap: two files at
     the cap are never parsed at once, while three batches of ordinary files are.
     """
@@ -202,7 +205,8 @@ def parse_files(
     overlaps another's counting and splitting. ``items`` is consumed lazily, holding at most
     ``workers + 1`` batches and, past the first, :func:`in_flight_bytes` of unzipped bytes
     (counted from each zip's declared size; a member is refused once it inflates past
-    ``max_member_bytes`` or its declared size, so that count holds).
+    ``max_member_bytes`` or its declared size, so that count holds). A member is inflated as a
+    stream and read in chunks of whole lines as they come (:func:`_parse_batch`), never held whole.
 
     A file that cannot be parsed (a bad zip, one past the cap, the wrong format, implausibly many
     lines) raises its exception when its turn comes, after every file before it has been yielded;
