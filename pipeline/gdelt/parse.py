@@ -514,7 +514,7 @@ def _parse_batch(items: list[tuple[bytes, str]], kind: Kind, cap: int) -> list[P
     """Parse several files of one kind at once (each member up to ``cap`` bytes unzipped); a file
     that cannot be parsed gets its exception in its place.
 
-    Each file comes as chunks of whole lines (:func:`_chunks`). A chunk of :data:`CHUNK_BYTES` or
+    Each file comes as chunks of whole lines (:func:`_chunk_plans`). A chunk of :data:`CHUNK_BYTES` or
     more is read on its own as soon as it comes, so a big file is parsed a chunk at a time; the
     smaller ones (a whole 15-minute file, the last chunk of a big one) are read together at the
     end. The checks that need the whole file (its line count, its format) are made on what its
@@ -539,7 +539,7 @@ def _parse_batch(items: list[tuple[bytes, str]], kind: Kind, cap: int) -> list[P
 
 def _chunk_plans(data: bytes, source: str, kind: Kind, cap: int, file: _File) -> Iterator[_Plan]:
     """The plan of each chunk of ``data`` (a zip's member up to ``cap`` bytes, or the CSV itself),
-    as :func:`_chunks` cuts it; raises :class:`ImplausibleLinesError` after the last chunk when
+    as :func:`_line_chunks` or :func:`_byte_chunks` cuts it; raises :class:`ImplausibleLinesError` after the last chunk when
     the file has more lines than :func:`_most_lines` allows.
 
     Once the lines counted so far are more than a file of the largest size it can have may hold,
@@ -568,7 +568,7 @@ def _chunk_plans(data: bytes, source: str, kind: Kind, cap: int, file: _File) ->
 
 def _line_chunks(pieces: Iterable[bytes], size: int) -> Iterator[bytes]:
     """The bytes of ``pieces`` one after the other, cut into chunks of whole lines: each but the
-    last ends with a ``\n`` and holds at least ``size`` bytes (more when a line runs past that
+    last ends with a ``\\n`` and holds at least ``size`` bytes (more when a line runs past that
     point, up to the last line end of the piece that got there); the last holds the rest. At
     least one chunk, ``b""`` for no bytes."""
     out, cut_any = io.BytesIO(), False
