@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
+import os
 import random
 import struct
+import subprocess
+import sys
 import zipfile
 from datetime import UTC, date, datetime
 from pathlib import Path
@@ -31,7 +35,8 @@ from pipeline.gdelt.archive import is_zip
 from pipeline.gdelt.parse import parse_files
 from pipeline.gdelt.schema import EXPORT_SCHEMA, MENTIONS_SCHEMA, REJECTS_SCHEMA
 
-GDELT_FIXTURES = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "gdelt"
+ROOT = Path(__file__).resolve().parents[1]
+GDELT_FIXTURES = ROOT.parent / "shared" / "fixtures" / "gdelt"
 
 
 def fixture_bytes(relative: str) -> bytes:
@@ -758,6 +763,127 @@ def test_parse_files_yields_the_files_it_got_before_their_source_failed(monkeypa
     assert [next(parsed).source for _ in range(5)] == ["a", "b", "c", "d", "e"]
     with pytest.raises(OSError, match="disk gone"):
         next(parsed)
+
+
+# --- Files parsed a chunk at a time ----------------------------------------------------------
+
+
+def chunk_boundary_files() -> list[tuple[bytes, str]]:
+    """Files whose line rules and whole-file checks a chunk could see otherwise than the file."""
+    lines = clean_export(12)
+    sixty = [line[: line.rfind(b"\t")] for line in lines]
+    bom = b"\xef\xbb\xbf"
+    files = {
+        # A byte order mark inside a file is data (here a bad GLOBALEVENTID), where a chunk
+        # starts too; the reader drops it only when it starts what the file gives the reader.
+        "mark starting a later line": csv([*lines[:6], bom + lines[6], *lines[7:]]),
+        "mark after rejected lines": csv([b"junk", b"", bom + lines[0], *lines[1:]]),
+        "mark, crlf": bom + csv([line + b"\r" for line in lines]),
+        # The format is the file's majority, whatever a chunk's is.
+        "sixty columns at the end": csv([*lines[:7], *sixty[:5]]),
+        "sixty columns in most lines": csv([*lines[:5], *sixty[:6]]),
+        "blank and undecodable lines": csv(
+            [lines[0], b"", b"\r", lines[1].replace(b"KYIV", b"K\xffIV"), *lines[2:], b"\r"]
+        )[:-1],
+        # The line count is the file's: dense at one end, plausible overall or not.
+        "blank lines first, plausible": b"\n" * 980 + csv(lines),
+        "blank lines last, too many": csv(lines) + b"\n" * 1100,
+        "blank lines first, too many": b"\n" * 1100 + csv(lines),
+    }
+    items = list(many_files())
+    for name, data in files.items():
+        items += [(data, name), (make_zip({"x.export.CSV": data}), f"{name}.zip")]
+    return items
+
+
+@pytest.mark.parametrize(("chunk_bytes", "piece_bytes"), [(50, 7), (700, 5), (2000, 333)])
+def test_a_file_parsed_in_chunks_gives_what_it_gives_whole(monkeypatch, chunk_bytes, piece_bytes):
+    items = chunk_boundary_files()
+    whole = [outcome(lambda data=data, source=source: parse_export(data, source)) for data, source in items]
+    assert sum(isinstance(result[0], type) for result in whole) == 6  # the refusals are among them
+    reads = []
+    monkeypatch.setattr(
+        parse_module, "_csv", lambda csv, schema, read=parse_module._csv: reads.append(1) or read(csv, schema)
+    )
+    monkeypatch.setattr(parse_module, "CHUNK_BYTES", chunk_bytes)
+    monkeypatch.setattr("pipeline.gdelt.archive._CHUNK_BYTES", piece_bytes)
+    chunked = [outcome(lambda data=data, source=source: parse_export(data, source)) for data, source in items]
+    assert chunked == whole
+    assert len(reads) > len(items)  # the files were read in pieces
+    together = list(parse_files(iter(items), "export", workers=2, refused="yield"))
+    assert [outcome(lambda parsed=parsed: _raise(parsed)) for parsed in together] == whole
+
+
+def _raise(parsed):
+    if isinstance(parsed, Exception):
+        raise parsed
+    return parsed
+
+
+def test_a_file_of_many_chunks_gives_the_same_frames(monkeypatch):
+    data = csv([export_line(FIRST_ID + i, NumSources="x" if i % 97 == 0 else "2") for i in range(3000)])
+    whole = parse_export(data)
+    monkeypatch.setattr(parse_module, "CHUNK_BYTES", 10_000)
+    chunked = parse_export(data)
+    # Values, order and types; the row groups a parquet writer makes may differ (they follow
+    # the frame's chunks, as they followed pl.read_csv's for a whole file).
+    assert chunked.rows.equals(whole.rows) and chunked.rejects.equals(whole.rejects)
+    assert chunked.rows.schema == EXPORT_SCHEMA and chunked.rejects.height == 31
+
+
+STREAM_IN_A_FRESH_PROCESS = """
+import io, json, sys, zipfile
+from pathlib import Path
+sys.path.insert(0, str(Path(sys.argv[1]) / "bench"))
+from common import own_peak_rss_mib
+from pipeline.gdelt.parse import parse_files
+row, long_line, repeats = sys.argv[2].encode(), int(sys.argv[3]), int(sys.argv[4])
+
+def member(repeats):
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        with archive.open("x.export.CSV", "w") as member:  # written a piece at a time
+            for _ in range(repeats):
+                member.write(row + b"\\n" + row + b"\\n" + b"A" * long_line + b"\\n")
+    return buffer.getvalue(), archive.infolist()[0].file_size
+
+data, size = member(repeats)
+parse = lambda data: parse_files([(data, "x.export.CSV.zip")], "export", workers=1, max_member_bytes=2 * size)
+list(parse(member(1)[0]))  # what a first parse sets up (polars' thread pool and so on) is not the member's
+before = own_peak_rss_mib()
+[parsed] = parse(data)
+print(json.dumps({"before": before, "after": own_peak_rss_mib(), "size": size, "rows": parsed.rows.height,
+                  "rejects": parsed.rejects.height, "lengths": parsed.rejects["raw_length"].unique().to_list()}))
+"""
+
+
+def test_a_member_is_parsed_in_memory_well_below_its_size():
+    from pipeline.gdelt.parse import CHUNK_BYTES
+
+    # A 128 MiB member of 1 MiB lines (rejected, stored truncated) between real rows: 32 chunks,
+    # and little to keep of them.
+    long_line, repeats = 2**20, 128
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            STREAM_IN_A_FRESH_PROCESS,
+            str(ROOT),
+            export_line(FIRST_ID).decode(),
+            str(long_line),
+            str(repeats),
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        check=True,
+    )
+    report = json.loads(out.stdout)
+    assert report["size"] > 30 * CHUNK_BYTES
+    assert (report["rows"], report["rejects"], report["lengths"]) == (2 * repeats, repeats, [long_line])
+    extra = report["after"] - report["before"]
+    # Held whole, the member alone would add its 128 MiB (the whole-buffer parse added ~400 MiB).
+    assert extra < report["size"] / 2**20 / 4, f"parsing a {report['size']:,}-byte member added {extra:.0f} MiB"
 
 
 # --- Zip archives ----------------------------------------------------------------------------

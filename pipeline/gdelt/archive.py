@@ -10,7 +10,8 @@ A zip can also be exactly what GDELT's index lists and still be hostile: a few h
 inflate to hundreds of MB. The member is therefore only ever read as a stream, a chunk at a time,
 and refused as soon as it inflates past a cap (:data:`DEFAULT_MAX_UNCOMPRESSED_BYTES`, sized from
 real files in docs/data-layout.md, "Hostile GDELT files"). :func:`verify_gdelt_zip` checks a zip
-on disk holding one chunk at a time; :func:`open_gdelt_zip` fills one buffer of at most the cap.
+on disk holding one chunk at a time, :func:`stream_gdelt_zip` hands the member over one chunk at a
+time (what the parser reads), and :func:`open_gdelt_zip` fills one buffer of at most the cap.
 """
 
 from __future__ import annotations
@@ -61,6 +62,17 @@ def open_gdelt_zip(data: bytes, *, max_uncompressed_bytes: int = DEFAULT_MAX_UNC
         for chunk in _inflate(archive, member, max_uncompressed_bytes):
             out.write(chunk)
     return member.filename, out.getvalue()
+
+
+def stream_gdelt_zip(data: bytes, *, max_uncompressed_bytes: int = DEFAULT_MAX_UNCOMPRESSED_BYTES) -> Iterator[bytes]:
+    """The member of a single-member GDELT zip as it inflates, at most :data:`_CHUNK_BYTES` at a
+    time; refused as :func:`open_gdelt_zip` refuses it, with the CRC checked once the last chunk
+    has been read. Only the chunk in hand is held, whatever the member inflates to.
+    """
+    if not is_zip(data):
+        raise CorruptArchiveError(f"not a zip archive ({len(data):,} bytes starting {data[:24]!r})")
+    with _single_member(io.BytesIO(data), f"{len(data):,} bytes", max_uncompressed_bytes) as (archive, member):
+        yield from _inflate(archive, member, max_uncompressed_bytes)
 
 
 def verify_gdelt_zip(path: Path, *, max_uncompressed_bytes: int = DEFAULT_MAX_UNCOMPRESSED_BYTES) -> int:

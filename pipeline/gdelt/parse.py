@@ -7,13 +7,16 @@ Every line is accounted for: it ends up either in ``rows`` (typed per ``schema.p
 sha256 and the reason, so ``rows.height + rejects.height == total_lines`` always; a file of the
 wrong format or with implausibly many lines is refused whole (:class:`RefusedFileError`). The line
 rules, the reject reasons in order, the refusals and why the clean-file path is fast:
-docs/data-layout.md, "Parsing GDELT files".
+docs/data-layout.md, "Parsing GDELT files". A zip's member is read as a stream, in chunks of whole
+lines, each parsed as it comes (:data:`CHUNK_BYTES`; docs/data-layout.md, "Hostile GDELT files").
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
+import io
 import os
 import struct
 from collections import Counter, deque
@@ -30,7 +33,7 @@ from pipeline.gdelt.archive import (
     CorruptArchiveError,
     declared_member_size,
     is_zip,
-    open_gdelt_zip,
+    stream_gdelt_zip,
 )
 from pipeline.gdelt.schema import (
     EXPORT_SCHEMA,
@@ -161,14 +164,22 @@ def default_workers() -> int:
 # unzipped).
 BATCH_FILES = 16
 BATCH_BYTES = 16 * 2**20
+# A file is parsed in chunks of whole lines of about this many unzipped bytes, each read with one
+# ``pl.read_csv`` once it is in hand, so parsing holds a few chunks of a file, not the file
+# (reading holds several times the bytes it reads: see :func:`in_flight_bytes`). 15-minute files
+# are smaller: each is one chunk. The size was chosen by measurement (docs/data-layout.md,
+# "Hostile GDELT files").
+CHUNK_BYTES = 4 * 2**20
 
 
 def in_flight_bytes(max_member_bytes: int) -> int:
     """Unzipped bytes of the batches :func:`parse_files` may have handed to its threads and not
     yet yielded, whatever the number of cores (the first batch is always let through).
 
-    Parsing holds several times a file's bytes (a column of 16-byte string views per field: ~1 KB
-    per export line, ~25x the bytes of the shortest rows), so this, not the thread count, is what
+    Reading holds several times the bytes it reads (a column of 16-byte string views per field:
+    ~1 KB per export line, ~25x the bytes of the shortest rows), and the rows kept of a file of
+    the shortest rows are several times its bytes too; a big file is read a chunk at a time
+    (:data:`CHUNK_BYTES`) but its rows are kept whole. So this, not the thread count, is what
     bounds its memory. One and a half times the larger of a batch and the member cap: two files at
     the cap are never parsed at once, while three batches of ordinary files are.
     """
@@ -194,7 +205,8 @@ def parse_files(
     overlaps another's counting and splitting. ``items`` is consumed lazily, holding at most
     ``workers + 1`` batches and, past the first, :func:`in_flight_bytes` of unzipped bytes
     (counted from each zip's declared size; a member is refused once it inflates past
-    ``max_member_bytes`` or its declared size, so that count holds).
+    ``max_member_bytes`` or its declared size, so that count holds). A member is inflated as a
+    stream and read in chunks of whole lines as they come (:func:`_parse_batch`), never held whole.
 
     A file that cannot be parsed (a bad zip, one past the cap, the wrong format, implausibly many
     lines) raises its exception when its turn comes, after every file before it has been yielded;
@@ -301,6 +313,10 @@ class _Plan:
     # Where each line of ``data`` ends (see :func:`_line_ends`), once a line had to be looked at.
     ends: list[int] | None = None
     by_line: bool = False  # whether ``csv`` holds the lines found well-formed one by one
+    first_line: int = 0  # lines of the file before ``data`` (``data`` is one of its chunks)
+    # Whether a byte order mark starting ``csv`` is data: lines of the file before it went to the
+    # reader (see :func:`_join`).
+    bom_is_data: bool = False
 
     def raw_line(self, number: int) -> memoryview:
         """The bytes of line ``number``, as a view into ``data`` (no copy)."""
@@ -313,9 +329,9 @@ class _Plan:
         return memoryview(self.data)[start:end]
 
 
-def _plan(data: bytes, source: str, kind: str, cap: int) -> _Plan:
-    """What of the file goes to the reader: all of it if it passes the clean-file proof so far,
-    else only its well-formed lines.
+def _plan(data: bytes, source: str, kind: str, first_line: int) -> _Plan:
+    """What of a chunk of whole lines of a file (the lines after its first ``first_line``) goes to
+    the reader: all of it if it passes the clean-file proof so far, else only its well-formed lines.
 
     The proof: a clean file holds ``fields - 1`` TABs per line, so its TAB total gives its line
     count. The reader (:func:`_read`) raises on any line with more fields than the schema, so once
@@ -325,17 +341,11 @@ def _plan(data: bytes, source: str, kind: str, cap: int) -> _Plan:
     bytes would make the reader raise too; they are looked for first, so that one such line does
     not fail the read of a whole batch of files.
     """
-    # A source named *.zip must be one: text saved under a zip's name (github.com/epournaras/DIAS-GDELT
-    # has a lastupdate.txt saved as 20180326191500.export.CSV.zip) is a broken download, to be
-    # reported as such rather than parsed as a CSV of the wrong format.
-    if is_zip(data) or source.lower().endswith(".zip"):
-        _, data = open_gdelt_zip(data, max_uncompressed_bytes=cap)
-    _check_line_count(data, source, kind)
     # A real 15-minute file can be near-empty (GDELT's index lists a 401-byte export in February 2015,
     # during an outage); an empty one makes no line and goes to the reader as nothing.
     tabs = _count_byte(data, b"\t")
     n_lines, odd = divmod(tabs, len(_SCHEMAS[kind]) - 1)
-    plan = _Plan(source, data, n_lines, data, n_lines, [])
+    plan = _Plan(source, data, n_lines, data, n_lines, [], first_line=first_line)
     # Bytes that make no whole line cannot be a clean file. And the reader lets one line through
     # with a field too many: the last one, when no \n ends it and the extra field is empty.
     unended = data.rfind(b"\n") + 1 if not data.endswith(b"\n") else len(data)
@@ -346,17 +356,24 @@ def _plan(data: bytes, source: str, kind: str, cap: int) -> _Plan:
     return plan
 
 
-def _check_line_count(data: bytes, source: str, kind: str) -> None:
-    """Raise :class:`ImplausibleLinesError` when ``data`` has more lines than rows of the shortest
-    possible length would make (and more than a few): before anything per line is built, whose
-    cost grows with the line count, not the bytes."""
-    lines = _count_byte(data, b"\n") + (1 if data and not data.endswith(b"\n") else 0)
-    shortest = SHORTEST_ROW_BYTES[kind]
-    if lines > max(_FEW_LINES, len(data) // shortest):
+def _most_lines(size: int, kind: str) -> int:
+    """The most lines a ``kind`` file of ``size`` bytes may have: as many as rows of the shortest
+    possible length would make, and never fewer than a few."""
+    return max(_FEW_LINES, size // SHORTEST_ROW_BYTES[kind])
+
+
+def _check_line_count(lines: int, size: int, source: str, kind: str) -> None:
+    """Raise :class:`ImplausibleLinesError` when a file of ``size`` bytes has ``lines`` lines,
+    more than :func:`_most_lines`."""
+    if lines > _most_lines(size, kind):
         raise ImplausibleLinesError(
-            f"{source}: {lines:,} lines in {len(data):,} bytes, {len(data) / lines:.1f} bytes per line on "
-            f"average; a GDELT 2.0 {kind} row is at least {shortest} bytes, so this is not a {kind} file"
+            f"{source}: {lines:,} lines in {size:,} bytes, {size / lines:.1f} bytes per line on average; "
+            f"a GDELT 2.0 {kind} row is at least {SHORTEST_ROW_BYTES[kind]} bytes, so this is not a {kind} file"
         )
+
+
+def _count_lines(data: bytes) -> int:
+    return _count_byte(data, b"\n") + (1 if data and not data.endswith(b"\n") else 0)
 
 
 def _count_byte(data: bytes | memoryview, byte: bytes) -> int:
@@ -414,14 +431,13 @@ def _without_undecodable(plan: _Plan, kind: str, tabs: int) -> _Plan:
     rest, odd = divmod(tabs, len(_SCHEMAS[kind]) - 1)
     if odd:
         return _line_by_line(plan, kind, undecodable)
-    return _Plan(
-        plan.source,
-        data,
-        rest + len(undecodable),
-        _cut_out(data, [(start, end) for _, start, end in undecodable]),
-        rest,
-        [(number, "invalid_utf8") for number, _, _ in undecodable],
-        {number: (start, end) for number, start, end in undecodable},
+    return dataclasses.replace(
+        plan,
+        total_lines=rest + len(undecodable),
+        csv=_cut_out(data, [(start, end) for _, start, end in undecodable]),
+        n_rows=rest,
+        found=[(number, "invalid_utf8") for number, _, _ in undecodable],
+        spans={number: (start, end) for number, start, end in undecodable},
     )
 
 
@@ -432,17 +448,15 @@ def _line_by_line(plan: _Plan, kind: str, undecodable: list[tuple[int, int, int]
     ends = _line_ends(view, data)
     if undecodable is None:
         undecodable = [] if _is_utf8(data) else _undecodable_lines(data)
-    found = _line_rejects(
-        data, ends, _line_tabs(view, data), kind, plan.source, [number for number, _, _ in undecodable]
-    )
+    found = _line_rejects(data, ends, _line_tabs(view, data), kind, [number for number, _, _ in undecodable])
     spans = [(_line_start(ends, number - 1), ends[number - 1]) for number, _ in found]
-    return _Plan(
-        plan.source,
-        data,
-        len(ends),
-        _cut_out(data, spans),
-        len(ends) - len(found),
-        found,
+    return dataclasses.replace(
+        plan,
+        total_lines=len(ends),
+        csv=_cut_out(data, spans),
+        n_rows=len(ends) - len(found),
+        found=found,
+        spans={},
         ends=ends,
         by_line=True,
     )
@@ -460,17 +474,134 @@ def _cut_out(data: bytes, spans: list[tuple[int, int]]) -> bytes:
     return b"".join(kept)
 
 
+@dataclass(eq=False)
+class _File:
+    """One file of a batch while its chunks are parsed."""
+
+    source: str
+    parts: list[ParsedFile] = field(default_factory=list)  # one per chunk read so far, in order
+    votes: Counter[int] = field(default_factory=Counter)  # see :func:`_votes`
+    failed: Exception | None = None
+
+    def add(self, part: ParsedFile | Exception, kind: str) -> None:
+        if isinstance(part, Exception):
+            self.failed = self.failed or part
+        else:
+            self.parts.append(part)
+            self.votes.update(_votes(part, kind))
+
+    def outcome(self, kind: Kind) -> ParsedFile | Exception:
+        if isinstance(self.failed, (CorruptArchiveError, ImplausibleLinesError)):
+            return self.failed
+        try:
+            _check_format({n: c for n, c in self.votes.items() if c}, kind, len(_SCHEMAS[kind]), self.source)
+        except GdeltFormatError as exc:
+            return exc
+        if self.failed:
+            return self.failed
+        if len(self.parts) == 1:
+            return self.parts[0]
+        return ParsedFile(
+            kind,
+            self.source,
+            pl.concat([part.rows for part in self.parts]),
+            pl.concat([part.rejects for part in self.parts]),
+            sum(part.total_lines for part in self.parts),
+        )
+
+
 def _parse_batch(items: list[tuple[bytes, str]], kind: Kind, cap: int) -> list[ParsedFile | Exception]:
     """Parse several files of one kind at once (each member up to ``cap`` bytes unzipped); a file
-    that cannot be parsed gets its exception in its place."""
-    planned: list[_Plan | Exception] = []
+    that cannot be parsed gets its exception in its place.
+
+    Each file comes as chunks of whole lines (:func:`_chunk_plans`). A chunk of :data:`CHUNK_BYTES` or
+    more is read on its own as soon as it comes, so a big file is parsed a chunk at a time; the
+    smaller ones (a whole 15-minute file, the last chunk of a big one) are read together at the
+    end. The checks that need the whole file (its line count, its format) are made on what its
+    chunks add up to.
+    """
+    files: list[_File] = []
+    waiting: list[tuple[_File, _Plan]] = []
     for data, source in items:
+        file = _File(source)
+        files.append(file)
         try:
-            planned.append(_plan(data, source, kind, cap))
+            for plan in _chunk_plans(data, source, kind, cap, file):
+                if len(plan.data) >= CHUNK_BYTES:
+                    _read_into([(file, plan)], kind)
+                else:
+                    waiting.append((file, plan))
         except (CorruptArchiveError, RefusedFileError) as exc:
-            planned.append(exc)
-    parsed = iter(_parse_plans([p for p in planned if isinstance(p, _Plan)], kind))
-    return [next(parsed) if isinstance(p, _Plan) else p for p in planned]
+            file.failed = exc
+    _read_into(waiting, kind)
+    return [file.outcome(kind) for file in files]
+
+
+def _chunk_plans(data: bytes, source: str, kind: Kind, cap: int, file: _File) -> Iterator[_Plan]:
+    """The plan of each chunk of ``data`` (a zip's member up to ``cap`` bytes, or the CSV itself),
+    as :func:`_line_chunks` or :func:`_byte_chunks` cuts it; raises :class:`ImplausibleLinesError` after the last chunk when
+    the file has more lines than :func:`_most_lines` allows.
+
+    Once the lines counted so far are more than a file of the largest size it can have may hold,
+    it will be refused whatever comes next: its parsed chunks are dropped and the rest is only
+    counted, so the cost per line stays that of a plausible file.
+    """
+    # A source named *.zip must be one: text saved under a zip's name (github.com/epournaras/DIAS-GDELT
+    # has a lastupdate.txt saved as 20180326191500.export.CSV.zip) is a broken download, to be
+    # reported as such rather than parsed as a CSV of the wrong format.
+    if is_zip(data) or source.lower().endswith(".zip"):
+        chunks, largest = _line_chunks(stream_gdelt_zip(data, max_uncompressed_bytes=cap), CHUNK_BYTES), cap
+    else:
+        chunks, largest = _byte_chunks(data, CHUNK_BYTES), len(data)
+    most = _most_lines(largest, kind)
+    lines = size = 0
+    for chunk in chunks:
+        first_line = lines
+        lines += _count_lines(chunk)
+        size += len(chunk)
+        if lines <= most:
+            yield _plan(chunk, source, kind, first_line)
+        else:
+            file.parts.clear()
+    _check_line_count(lines, size, source, kind)
+
+
+def _line_chunks(pieces: Iterable[bytes], size: int) -> Iterator[bytes]:
+    """The bytes of ``pieces`` one after the other, cut into chunks of whole lines: each but the
+    last ends with a ``\\n`` and holds at least ``size`` bytes (more when a line runs past that
+    point, up to the last line end of the piece that got there); the last holds the rest. At
+    least one chunk, ``b""`` for no bytes."""
+    out, cut_any = io.BytesIO(), False
+    for piece in pieces:
+        cut = piece.rfind(b"\n") + 1
+        if not cut or out.tell() + cut < size:
+            out.write(piece)
+            continue
+        out.write(memoryview(piece)[:cut])
+        yield out.getvalue()  # BytesIO hands its buffer over without a copy
+        cut_any = True
+        out = io.BytesIO()
+        out.write(memoryview(piece)[cut:])
+    if out.tell() or not cut_any:
+        yield out.getvalue()
+
+
+def _byte_chunks(data: bytes, size: int) -> Iterator[bytes]:
+    """``data`` in chunks as :func:`_line_chunks` cuts them (``data`` itself when it is one)."""
+    start = 0
+    while len(data) - start > size and (cut := data.find(b"\n", start + size - 1) + 1):
+        yield data[start:cut]
+        start = cut
+    if start < len(data) or not start:
+        yield data[start:] if start else data
+
+
+def _read_into(plans: list[tuple[_File, _Plan]], kind: Kind) -> None:
+    """Read ``plans`` together and add each result to its file."""
+    for file, plan in plans:
+        plan.bom_is_data = file.votes[len(_SCHEMAS[kind])] > 0
+    for (file, _), part in zip(plans, _parse_plans([plan for _, plan in plans], kind)):
+        file.add(part, kind)
 
 
 def _parse_plans(plans: list[_Plan], kind: Kind) -> list[ParsedFile | Exception]:
@@ -490,11 +621,7 @@ def _parse_plans(plans: list[_Plan], kind: Kind) -> list[ParsedFile | Exception]
                     "as many rows; the line splitter and the CSV reader disagree"
                 )
             ]
-        try:
-            plan = _line_by_line(plan, kind)
-        except GdeltFormatError as exc:
-            return [exc]
-        return _parse_plans([plan], kind)
+        return _parse_plans([_line_by_line(plan, kind)], kind)
 
     fields, numbers_typed = read
     rows = _convert(fields, numbers_typed, kind)
@@ -521,18 +648,25 @@ def _parse_plans(plans: list[_Plan], kind: Kind) -> list[ParsedFile | Exception]
 def _join(plans: list[_Plan]) -> bytes:
     """What the reader gets for ``plans``: their CSVs one after the other.
 
-    Each is read as polars would read it alone: it ends with a ``\\n`` (so no line runs into the
-    next file's), and it loses one leading UTF-8 byte order mark, which polars drops by itself
-    only at the start of what it reads.
+    Each is read as polars would read its whole file: it ends with a ``\\n`` (so no line runs
+    into the next file's), and a UTF-8 byte order mark starting it is dropped (polars drops one
+    by itself, only at the start of what it reads) unless lines of its file before it went to the
+    reader (the mark is then inside what polars reads of the file, and kept as data: an extra mark
+    goes before it when it starts what the reader gets).
     """
-    csvs = [plan.csv for plan in plans if plan.csv]
-    if len(csvs) <= 1:
-        return csvs[0] if csvs else b""
-    pieces = [csvs[0]]
-    for csv in csvs[1:]:
-        if not pieces[-1].endswith(b"\n"):
+    plans = [plan for plan in plans if plan.csv]
+    if len(plans) == 1 and not (plans[0].bom_is_data and plans[0].csv.startswith(_BOM)):
+        return plans[0].csv
+    pieces: list[bytes] = []
+    for plan in plans:
+        csv = plan.csv
+        if pieces and not pieces[-1].endswith(b"\n"):
             pieces.append(b"\n")
-        pieces.append(csv[len(_BOM) :] if csv.startswith(_BOM) else csv)
+        if csv.startswith(_BOM) and not pieces and plan.bom_is_data:
+            pieces.append(_BOM)
+        elif csv.startswith(_BOM) and pieces and not plan.bom_is_data:
+            csv = csv[len(_BOM) :]
+        pieces.append(csv)
     return b"".join(pieces)
 
 
@@ -715,44 +849,50 @@ def _undecodable_lines(data: bytes) -> list[tuple[int, int, int]]:
 
 
 def _line_rejects(
-    data: bytes, ends: list[int], tabs: pl.Series, kind: str, source: str, undecodable: list[int]
+    data: bytes, ends: list[int], tabs: pl.Series, kind: str, undecodable: list[int]
 ) -> list[tuple[int, str]]:
-    """``(line_number, reason)`` of every line that is not well-formed, in line order.
-
-    Raises :class:`GdeltFormatError` unless the schema's field count is strictly the most common
-    one. Only decodable, non-blank lines vote, so a handful of broken lines cannot make a file
-    look like another format, and a file of nothing but broken lines is left to the rejects.
-    """
+    """``(line_number, reason)`` of every line that is not well-formed, in line order: an
+    undecodable line is ``invalid_utf8``, a blank one ``empty_line``, another with the wrong
+    number of TABs ``field_count:N`` (what :func:`_votes` counts)."""
     expected = len(_SCHEMAS[kind])
     wrong = (tabs != expected - 1).arg_true()
     wrong_tabs = dict(zip(wrong.to_list(), tabs.gather(wrong).to_list()))
     undecodable_at = {number - 1 for number in undecodable}
-    found, non_voters = [], []
+    found = []
     for at in sorted(undecodable_at.union(wrong_tabs)):
         if at in undecodable_at:
             reason = "invalid_utf8"
         elif data[_line_start(ends, at) : ends[at]] in (b"", b"\r"):
             reason = "empty_line"
         else:
-            found.append((at + 1, f"field_count:{wrong_tabs[at] + 1}"))
-            continue
-        non_voters.append(at)
+            reason = f"field_count:{wrong_tabs[at] + 1}"
         found.append((at + 1, reason))
-    # Every line not found is a voter for the expected count; only without a strict majority
-    # (never in a GDELT file) are all the votes counted.
-    expected_votes = len(ends) - len(found)
-    if 2 * expected_votes <= expected_votes + len(found) - len(non_voters):
-        all_tabs = tabs.to_list()
-        votes = Counter(all_tabs)
-        for at in non_voters:
-            votes[all_tabs[at]] -= 1
-        _check_format({n + 1: c for n, c in votes.items() if c}, kind, expected, source)
     return found
+
+
+def _votes(part: ParsedFile, kind: str) -> Counter[int]:
+    """Lines of ``part`` by field count, among the voters for the file's format: lines that were
+    decodable and not blank. Every line the reader got has the expected count (it refuses more
+    fields, and the TAB count proves there are no fewer); the others are the ``field_count``
+    rejects."""
+    votes: Counter[int] = Counter()
+    others = 0
+    if part.rejects.height:
+        for reason, count in part.rejects.get_column("reason").value_counts().iter_rows():
+            if reason.startswith("field_count:"):
+                votes[int(reason.removeprefix("field_count:"))] += count
+            if reason.startswith("field_count:") or reason in ("invalid_utf8", "empty_line"):
+                others += count
+    votes[len(_SCHEMAS[kind])] += part.total_lines - others
+    return votes
 
 
 def _check_format(votes: dict[int, int], kind: str, expected: int, source: str) -> None:
     """Raise :class:`GdeltFormatError` unless ``expected`` is strictly the most common field
-    count among the voters (``votes``: field count -> lines)."""
+    count among the voters (``votes``: field count -> lines, see :func:`_votes`).
+
+    Only decodable, non-blank lines vote, so a handful of broken lines cannot make a file look
+    like another format, and a file of nothing but broken lines is left to the rejects."""
     expected_votes = votes.get(expected, 0)
     if 2 * expected_votes > sum(votes.values()):  # a majority: the common case
         return
@@ -816,7 +956,7 @@ def _shape_rejects(plan: _Plan, found: list[tuple[int, str]]) -> pl.DataFrame:
     return pl.DataFrame(
         {
             "file": [plan.source] * len(found),
-            "line_number": numbers,
+            "line_number": [plan.first_line + number for number in numbers],
             "reason": reasons,
             "raw_line": [bytes(line[:REJECT_LINE_BYTES]) for line in lines],
             "raw_length": [len(line) for line in lines],
