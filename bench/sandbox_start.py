@@ -12,7 +12,12 @@ other benchmarks, so two never compete for the CPU).
 database bench/evaluate.py generates, about 2.1 M events and 2.8 M articles, under ``--work``):
 *cold*, the first episode of each of ``--cutoffs`` new cutoffs, which includes writing that
 cutoff's table files (the months are loaded into memory first, so parquet reading is not counted);
-*warm*, ``--starts`` further episodes over those cutoffs, whose files exist. ``--old-tree DIR``
+*warm*, ``--starts`` further episodes over those cutoffs, whose files exist. Between opening an
+episode's environment and its first ``run_code`` the bench waits ``--think`` seconds (default 2):
+a ReAct episode's first code block comes after at least one model reply, ~2 s from the endpoint
+issue 18 sizes for, and in that time the warm spare the previous episode's start launched
+(pipeline/agent_api/sandbox.py, SparePool) finishes its imports; ``--think 0`` measures starts back
+to back, where the spare is still importing when it is taken. ``--old-tree DIR``
 (a checkout of an earlier commit) also runs the same measurement in a subprocess importing that
 tree's ``pipeline``, and prints the ratio of the p50s.
 """
@@ -45,14 +50,16 @@ def _p50_p99(values: list[float]) -> tuple[float, float]:
     return statistics.median(values), statistics.quantiles(values, n=100, method="inclusive")[98]
 
 
-def history_starts(work: Path, cutoffs: int, starts: int) -> dict:
-    """{"cold": [...], "warm": [...]}: seconds to the first run_code's answer, over 14 months."""
+def history_starts(work: Path, cutoffs: int, starts: int, think: float) -> dict:
+    """{"cold": [...], "warm": [...]}: seconds to the first run_code's answer, over 14 months,
+    ``think`` seconds after the environment opened."""
     db = EventDatabase(work)
     db.gated_tables(db.last_day)  # every month in memory: a cold start then costs writing files, not parquet
     query_days = [db.last_day - timedelta(days=k) for k in range(cutoffs)]
     samples = {"cold": [], "warm": []}
     for i in range(cutoffs + starts):
         env = db.environment(query_days[i % cutoffs])
+        time.sleep(think)
         start = time.perf_counter()
         assert env.run_code("print(count_events() > 0)").strip() == "True"
         samples["cold" if i < cutoffs else "warm"].append(time.perf_counter() - start)
@@ -60,17 +67,18 @@ def history_starts(work: Path, cutoffs: int, starts: int) -> dict:
     return samples
 
 
-def history(work: Path, cutoffs: int, starts: int, old_tree: Path | None) -> None:
+def history(work: Path, cutoffs: int, starts: int, think: float, old_tree: Path | None) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from evaluate import prepare
 
     counts = prepare(work)
     print(f"episode sandbox start over {counts['events']:,} events, {counts['news']:,} articles (14 months)")
+    print(f"{think:g} s between opening an episode's environment and its first code block")
     print(f"load average before {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    runs = {"new": history_starts(work, cutoffs, starts)}
+    runs = {"new": history_starts(work, cutoffs, starts, think)}
     if old_tree is not None:
         out = subprocess.run(
-            [sys.executable, __file__, "--measure", str(work), str(cutoffs), str(starts)],
+            [sys.executable, __file__, "--measure", str(work), str(cutoffs), str(starts), str(think)],
             env={**os.environ, "PYTHONPATH": f"{old_tree}:{Path(__file__).resolve().parent}"},
             capture_output=True,
             text=True,
@@ -98,14 +106,15 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("/tmp/mirai-bench-evaluate"))
     parser.add_argument("--cutoffs", type=int, default=3)
     parser.add_argument("--starts", type=int, default=20)
+    parser.add_argument("--think", type=float, default=2.0, help="seconds before an episode's first code block")
     parser.add_argument("--old-tree", type=Path, help="also measure this checkout's pipeline (old path)")
-    parser.add_argument("--measure", nargs=3, metavar=("WORK", "CUTOFFS", "STARTS"), help=argparse.SUPPRESS)
+    parser.add_argument("--measure", nargs=4, metavar=("WORK", "CUTOFFS", "STARTS", "THINK"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.measure:
-        work, cutoffs, starts = args.measure
-        print(json.dumps(history_starts(Path(work), int(cutoffs), int(starts))))
+        work, cutoffs, starts, think = args.measure
+        print(json.dumps(history_starts(Path(work), int(cutoffs), int(starts), float(think))))
     elif args.history:
-        history(args.work, args.cutoffs, args.starts, args.old_tree)
+        history(args.work, args.cutoffs, args.starts, args.think, args.old_tree)
     else:
         small()
 
