@@ -158,8 +158,8 @@ class _Spare:
 
 class SparePool:
     """At most one warm spare per set of libraries in this process (docs/agent_api.md, "Warm
-    spares"): taking one starts its successor, which imports while the taken one serves its
-    episode, so the next episode's start skips the interpreter's start and imports. Each spare
+    spares"): once a taken one has started, its successor is started, and imports while the taken
+    one serves its episode, so the next episode's start skips the interpreter's start and imports. Each spare
     serves exactly one episode and is then stopped like any child; nothing passes from one
     episode to the next. Spares are stopped at interpreter exit (and die with this process: their
     stdin closes)."""
@@ -170,20 +170,24 @@ class SparePool:
         self._closed = False
 
     def take(self, libraries: tuple[str, ...]) -> _Spare:
-        """A spare for ``libraries`` (started now if there is none alive), and its successor."""
+        """A spare for ``libraries``, started now if there is none alive."""
         with self._lock:
             spare = self._spares.pop(libraries, None)
-            if spare is not None and spare.proc.poll() is not None:
-                _Child(spare).stop()
-                spare = None
-            if spare is None:
-                spare = _Spare(libraries)
-            if not self._closed:
-                try:
-                    self._spares[libraries] = _Spare(libraries)
-                except SandboxError:
-                    pass  # the next take starts one, or says why it cannot
-        return spare
+        if spare is not None and spare.proc.poll() is not None:
+            _Child(spare).stop()
+            spare = None
+        return spare or _Spare(libraries)
+
+    def replenish(self, libraries: tuple[str, ...]) -> None:
+        """Start the successor of a taken spare, once that one has started (so that the two do
+        not compete for the CPU during an episode's start), unless one is waiting already."""
+        with self._lock:
+            if self._closed or libraries in self._spares:
+                return
+            try:
+                self._spares[libraries] = _Spare(libraries)
+            except SandboxError:
+                pass  # the next take starts one, or says why it cannot
 
     def pids(self) -> list[int]:
         """The process ids of the spares waiting (the tests attack them)."""
@@ -264,6 +268,7 @@ class _Child:
         finally:
             for fd in passed:
                 os.close(fd)
+            SPARES.replenish(libraries)
         if str(self.report.get("seccomp", "unavailable")).startswith("unavailable") and not allow_unconfined:
             self.stop()
             raise SandboxError(
