@@ -1,10 +1,11 @@
 """How long a code-block sandbox takes to start: the first ``run_code`` of a fresh environment
-(spawn under its namespaces, imports, the gated tables over the pipe, lockdown, one tiny block),
+(a warm spare taking its tables, lockdown, one tiny block; the spawn and imports when no spare is ready),
 on a small generated database, so the number is the sandbox's own cost rather than the tables'.
 Measured without libraries, then with numpy, then with numpy and pandas loaded for agent code
 (``code_libraries``; MIRAI's prompt offers them), interleaved round by round so that load on the
 machine falls on every variant alike. Prints p50/p99/min/max per variant, its p50 as a ratio of the
-variant without libraries, and the layers the sandbox had. Run as
+variant without libraries, and the layers the sandbox had. Each start comes ``--think`` seconds
+after its environment opened (below); the three variants keep a warm spare each. Run as
 ``flock /tmp/mirai-bench.lock .venv/bin/python bench/sandbox_start.py`` (a lock shared with the
 other benchmarks, so two never compete for the CPU).
 
@@ -116,10 +117,10 @@ def main() -> None:
     elif args.history:
         history(args.work, args.cutoffs, args.starts, args.think, args.old_tree)
     else:
-        small()
+        small(args.think)
 
 
-def small() -> None:
+def small(think: float) -> None:
     samples = {name: [] for name in VARIANTS}
     with tempfile.TemporaryDirectory(prefix="mirai-sandbox-bench-") as tmp:
         generate_event_database(tmp, date(2023, 11, 1), 2, seed=21, quads_per_day=60)
@@ -128,13 +129,14 @@ def small() -> None:
         for _ in range(STARTS):
             for name, db in databases.items():
                 env = db.environment(date(2023, 12, 15))
+                time.sleep(think)
                 start = time.perf_counter()
                 assert env.run_code("1").strip() == "1"
                 samples[name].append(time.perf_counter() - start)
                 report = env.sandbox_report
                 env.close()
     baseline = statistics.median(samples["no libraries"])
-    print(f"sandbox start ({STARTS} starts per variant)")
+    print(f"sandbox start ({STARTS} starts per variant, {think:g} s after opening the environment)")
     for name, values in samples.items():
         p50, p99 = statistics.median(values), statistics.quantiles(values, n=100, method="inclusive")[98]
         print(

@@ -186,3 +186,17 @@ def test_a_spare_that_died_waiting_is_replaced(db):
     assert again.run_code("count_events() > 0").strip() == "True"
     assert _child_pid(again) != spare
     again.close()
+
+
+def test_the_waiting_spare_counts_in_the_memory_bound(monkeypatch):
+    """sandbox_slots leaves room for the spare beside the live sandboxes: with memory for exactly
+    4 sandboxes and the shared tables, 3 are allowed."""
+    from pipeline.evaluation import throughput
+    from pipeline.evaluation.run import sandbox_slots
+
+    tables_mb = 100.0
+    per_sandbox_mb = throughput.sandbox_start_mb(tables_mb) + 1024
+    available = int((4 * per_sandbox_mb + tables_mb) * 2**20 / throughput.MEMORY_HEADROOM) + 2**20
+    monkeypatch.setattr(throughput, "available_memory_bytes", lambda: available)
+    assert throughput.sandbox_cap(1024, throughput.sandbox_start_mb(tables_mb), shared_mb=tables_mb) == 4
+    assert sandbox_slots(16, tables_mb).n == 3
