@@ -2,10 +2,11 @@
 
 The agent's code is assumed to own the child's Python interpreter, so only kernel layers count.
 The child is a fresh interpreter (not a fork) with a minimal environment, started where the kernel
-allows in namespaces of its own (``unshare(1)``); it inherits read-only descriptors of exactly the
-Environment's gated table files (written once per cutoff: table_files.py) and maps them, so nothing
-after the cutoff is in its memory, and locks itself down
-(lockdown.py) before any agent code runs. Without the seccomp allowlist code blocks are refused
+allows in namespaces of its own (``unshare(1)``), ahead of need: a warm spare (SparePool) that has
+done its imports and waits, holding no table and no code, for one episode. Then it receives, over
+a socket, read-only descriptors of exactly the Environment's gated table files (written once per
+cutoff: table_files.py) and maps them, so nothing after the cutoff is in its memory, and locks
+itself down (lockdown.py) before any agent code runs. Without the seccomp allowlist code blocks are refused
 unless the operator allows them (``allow_unconfined``, MIRAI_SANDBOX_ALLOW_UNCONFINED). The parent
 trusts nothing the child writes: a reply is length-prefixed, capped, read under the block's
 deadline and checked against its request; a timeout, crash or protocol violation kills the child
@@ -15,15 +16,18 @@ docs/agent_api.md, "Threat model: agent code".
 
 from __future__ import annotations
 
+import atexit
 import functools
 import importlib.util
 import json
 import os
 import select
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -103,35 +107,37 @@ def _checked_report(message: dict) -> dict:
     return report
 
 
-class _Child:
-    """One child process and its pipes."""
+class _Spare:
+    """A child process started and importing (sandbox_child.py), not yet given any episode: no
+    table, no configuration, no code. Its only descriptors are its pipes, its stderr file and
+    the socket an episode arrives on, which it closes on arrival."""
 
-    def __init__(self, env, memory_mb: int, cpu_budget_s: int, allow_unconfined: bool, libraries: tuple[str, ...]):
-        self.memory_mb = memory_mb
-        self.requests = 0
-        prefix, namespaces = namespace_prefix()
-        # The child inherits read-only descriptors of exactly its environment's table files (opened
-        # here, so it never needs a path) and maps them before lockdown: nothing is serialised or
-        # copied per start (table_files.py). Every other descriptor of this process is
-        # close-on-exec, so no other cutoff's file reaches it.
-        table_fds, passed = _open_table_files(env)
-        # Kept for the child's lifetime (closed in stop), so not a with-block.
+    def __init__(self, libraries: tuple[str, ...]):
+        self.prefix, self.namespaces = namespace_prefix()
+        self.libraries = libraries
+        # SOCK_SEQPACKET: message boundaries, so the configuration and each part's descriptors
+        # (SCM_RIGHTS, unix(7)) arrive as sent.
+        self.channel, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        # Kept for the child's lifetime (closed in _Child.stop), so not a with-block.
         self.stderr = tempfile.TemporaryFile()
         try:
             self.proc = subprocess.Popen(
                 [
-                    *prefix,
+                    *self.prefix,
                     sys.executable,
                     "-m",
                     "pipeline.agent_api.sandbox_child",
                     f"--libraries={','.join(libraries)}",
+                    f"--handover={child_end.fileno()}",
                 ],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=self.stderr,
                 cwd="/",
+                # Every other descriptor of this process (other children's pipes and table files
+                # included) is closed in the child.
                 close_fds=True,
-                pass_fds=passed,
+                pass_fds=(child_end.fileno(),),
                 env={
                     "PYTHONPATH": str(PROJECT_ROOT),
                     "PATH": "/usr/bin:/bin",
@@ -142,9 +148,92 @@ class _Child:
                     **dict.fromkeys(BLAS_THREAD_VARIABLES, "1"),
                 },
             )
+        except OSError as exc:
+            self.channel.close()
+            self.stderr.close()
+            raise SandboxError(f"the sandbox process could not be started: {exc}") from exc
         finally:
+            child_end.close()
+
+
+class SparePool:
+    """At most one warm spare per set of libraries in this process (docs/agent_api.md, "Warm
+    spares"): once a taken one has started, its successor is started, and imports while the taken
+    one serves its episode, so the next episode's start skips the interpreter's start and imports. Each spare
+    serves exactly one episode and is then stopped like any child; nothing passes from one
+    episode to the next. Spares are stopped at interpreter exit (and die with this process: their
+    stdin closes)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._spares: dict[tuple[str, ...], _Spare] = {}
+        self._closed = False
+
+    def take(self, libraries: tuple[str, ...]) -> _Spare:
+        """A spare for ``libraries``, started now if there is none alive."""
+        with self._lock:
+            spare = self._spares.pop(libraries, None)
+        if spare is not None and spare.proc.poll() is not None:
+            _Child(spare).stop()
+            spare = None
+        return spare or _Spare(libraries)
+
+    def replenish(self, libraries: tuple[str, ...]) -> None:
+        """Start the successor of a taken spare, once that one has started (so that the two do
+        not compete for the CPU during an episode's start), unless one is waiting already."""
+        with self._lock:
+            if self._closed or libraries in self._spares:
+                return
+            try:
+                self._spares[libraries] = _Spare(libraries)
+            except SandboxError:
+                pass  # the next take starts one, or says why it cannot
+
+    def pids(self) -> list[int]:
+        """The process ids of the spares waiting (the tests attack them)."""
+        with self._lock:
+            return [spare.proc.pid for spare in self._spares.values()]
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            spares, self._spares = list(self._spares.values()), {}
+        for spare in spares:
+            _Child(spare).stop()
+
+    def _forget(self) -> None:
+        """In a forked copy of this process: the spares are the parent's children, not ours."""
+        self._lock = threading.Lock()
+        self._spares = {}
+
+
+SPARES = SparePool()
+atexit.register(SPARES.close)
+os.register_at_fork(after_in_child=SPARES._forget)
+
+
+class _Child:
+    """One child process and its pipes: a spare, once handed an episode."""
+
+    def __init__(self, spare: _Spare):
+        self.proc, self.stderr, self.memory_mb, self.requests = spare.proc, spare.stderr, 0, 0
+        self._spare = spare
+
+    @classmethod
+    def start(cls, env, memory_mb: int, cpu_budget_s: int, allow_unconfined: bool, libraries: tuple[str, ...]):
+        # The child receives read-only descriptors of exactly its environment's table files (opened
+        # here, so it never needs a path) and maps them before lockdown: nothing is serialised or
+        # copied per start (table_files.py). Opened before a spare is taken, so that a failure
+        # leaves nothing open and nothing started.
+        table_fds, passed = _open_table_files(env)
+        try:
+            spare = SPARES.take(libraries)
+        except BaseException:
             for fd in passed:
                 os.close(fd)
+            raise
+        self = cls(spare)
+        self.memory_mb = memory_mb
         config = {
             "start": env.start.isoformat(),
             "cutoff": env.cutoff.isoformat(),
@@ -155,20 +244,31 @@ class _Child:
             "memory_mb": memory_mb,
             "cpu_budget_s": cpu_budget_s,
             # The child mounts its empty root only in a mount namespace other than this one.
-            "parent_mount_namespace": os.readlink("/proc/self/ns/mnt") if prefix else None,
-            # (events, news) descriptor numbers per part, as inherited (unshare keeps them).
-            "table_fds": table_fds,
+            "parent_mount_namespace": os.readlink("/proc/self/ns/mnt") if spare.prefix else None,
+            "parts": len(table_fds),
         }
         # Requests go out non-blocking under a deadline: a child that stops reading its stdin
         # cannot hang the evaluation.
         os.set_blocking(self.proc.stdin.fileno(), False)
         deadline = time.monotonic() + START_TIMEOUT_S
         try:
-            self._send(json.dumps(config).encode(), deadline)
-            self.report = _checked_report(self.receive(START_TIMEOUT_S, READY_CAP_BYTES)) | {"namespaces": namespaces}
+            with spare.channel:
+                spare.channel.settimeout(START_TIMEOUT_S)
+                payload = json.dumps(config).encode()
+                if spare.channel.send(payload) != len(payload):
+                    raise ProtocolError("the configuration did not go out whole")
+                for part in table_fds:
+                    socket.send_fds(spare.channel, [b"p"], part)
+            self.report = _checked_report(self.receive(deadline - time.monotonic(), READY_CAP_BYTES)) | {
+                "namespaces": spare.namespaces
+            }
         except (OSError, EOFError, TimeoutError, ProtocolError) as exc:
             detail = self.stop()
             raise SandboxError(f"the sandbox process did not start: {exc}; {detail}") from exc
+        finally:
+            for fd in passed:
+                os.close(fd)
+            SPARES.replenish(libraries)
         if str(self.report.get("seccomp", "unavailable")).startswith("unavailable") and not allow_unconfined:
             self.stop()
             raise SandboxError(
@@ -176,6 +276,7 @@ class _Child:
                 f"({self.report.get('seccomp')}); an operator may allow unconfined code blocks "
                 "with MIRAI_SANDBOX_ALLOW_UNCONFINED=true (docs/agent_api.md)"
             )
+        return self
 
     def _send(self, payload: bytes, deadline: float) -> None:
         """One length-prefixed message to the child's stdin, or TimeoutError at ``deadline``."""
@@ -247,6 +348,7 @@ class _Child:
 
     def stop(self) -> str:
         """Kill the child; return how it ended and the tail of its stderr (for error messages)."""
+        self._spare.channel.close()
         if self.proc.poll() is None:
             self.proc.kill()
         code = self.proc.wait()
@@ -306,7 +408,9 @@ class Sandbox:
                     f"written for {', '.join(SECCOMP_ARCHES)}; an operator may allow unconfined code "
                     "blocks with MIRAI_SANDBOX_ALLOW_UNCONFINED=true (docs/agent_api.md)"
                 )
-            self._child = _Child(self._env, memory_mb, self._cpu_budget_s, self._allow_unconfined, self._libraries)
+            self._child = _Child.start(
+                self._env, memory_mb, self._cpu_budget_s, self._allow_unconfined, self._libraries
+            )
             self.last_report = self._child.report
         return self._child
 

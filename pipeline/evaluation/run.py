@@ -66,6 +66,7 @@ from pipeline.evaluation.metrics import (
 from pipeline.evaluation.prompts import PROMPT_VERSION
 from pipeline.evaluation.registry import Agent, eligibility
 from pipeline.evaluation.throughput import (
+    SANDBOX_BASE_MB,
     UNLIMITED,
     EpisodeLog,
     Progress,
@@ -432,9 +433,12 @@ def episode_concurrency(agent: Agent, requested: int | None = None) -> int:
 def sandbox_slots(concurrency: int, tables_mb: float) -> SandboxSlots:
     """Live sandboxes at most: as many as the episodes, and no more than fit in the machine's
     available memory, all mapping ``tables_mb`` of gated tables (shared) and each allowed the
-    sandbox's own memory limit on top (throughput.sandbox_cap)."""
+    sandbox's own memory limit on top (throughput.sandbox_cap), beside the one warm spare that
+    waits for the next episode (sandbox.SparePool: imports only, no tables, no agent code, no limit
+    needed, so it counts its base size once, like the shared tables)."""
     start_mb = sandbox_start_mb(tables_mb)
-    return SandboxSlots(min(concurrency, sandbox_cap(DEFAULT_MEMORY_MB, start_mb, shared_mb=tables_mb)))
+    shared_mb = tables_mb + SANDBOX_BASE_MB
+    return SandboxSlots(min(concurrency, sandbox_cap(DEFAULT_MEMORY_MB, start_mb, shared_mb=shared_mb)))
 
 
 def gated_tables_mb(database: EventDatabase, frame: pl.DataFrame, distance: int) -> float:
