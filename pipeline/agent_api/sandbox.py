@@ -32,10 +32,15 @@ import time
 from pathlib import Path
 
 from pipeline.agent_api.lockdown import SECCOMP_ARCHES, machine
-from pipeline.agent_api.sandbox_child import LIBRARIES, MAX_OBSERVATION_CHARS, TRUNCATION_NOTE
+from pipeline.agent_api.sandbox_child import LIBRARIES, MAX_OBSERVATION_CHARS, TRUNCATION_NOTE, WARM
 
 DEFAULT_TIMEOUT_S = 30.0
-DEFAULT_MEMORY_MB = 1024
+# What a code block may allocate beyond the child's size at lockdown (address space, lockdown.set_limits).
+# A MIRAI-style block (60 get_events calls into a pandas frame, a groupby, a relation distribution)
+# grew a numpy+pandas child by 4 MB of address space and 8 MB resident; 256 MB is 30 times that and
+# lets 32 sandboxes (and their spares) fit a 24 GB machine (docs/evaluation.md, "Memory"). Beyond it
+# an allocation is a MemoryError observation and the variables survive.
+DEFAULT_MEMORY_MB = 256
 DEFAULT_CPU_BUDGET_S = 600
 START_TIMEOUT_S = 120.0
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -115,6 +120,8 @@ class _Spare:
     def __init__(self, libraries: tuple[str, ...]):
         self.prefix, self.namespaces = namespace_prefix()
         self.libraries = libraries
+        self._warm_lock = threading.Lock()
+        self.warm = False
         # SOCK_SEQPACKET: message boundaries, so the configuration and each part's descriptors
         # (SCM_RIGHTS, unix(7)) arrive as sent.
         self.channel, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -155,56 +162,129 @@ class _Spare:
         finally:
             child_end.close()
 
+    def wait_warm(self, timeout_s: float) -> None:
+        """Until the child says its imports are done (sandbox_child.WARM); OSError, EOFError,
+        TimeoutError or ProtocolError if it dies, stalls or says anything else. Called by the
+        pool's starter and by the episode that takes the spare, whichever comes first."""
+        with self._warm_lock:
+            if self.warm:
+                return
+            self.channel.settimeout(timeout_s)
+            message = self.channel.recv(len(WARM) + 1)
+            if not message:
+                raise EOFError("the spare ended before its imports were done")
+            if message != WARM:
+                raise ProtocolError("the spare's first message is not the warm signal")
+            self.warm = True
+
 
 class SparePool:
-    """At most one warm spare per set of libraries in this process (docs/agent_api.md, "Warm
-    spares"): once a taken one has started, its successor is started, and imports while the taken
-    one serves its episode, so the next episode's start skips the interpreter's start and imports. Each spare
-    serves exactly one episode and is then stopped like any child; nothing passes from one
-    episode to the next. Spares are stopped at interpreter exit (and die with this process: their
-    stdin closes)."""
+    """Warm spares per set of libraries in this process (docs/agent_api.md, "Warm spares"), so
+    that an episode's start skips the interpreter's start and imports. One waits per set of
+    libraries in use; an evaluation ``reserve``s as many as its episodes run at once. A starter
+    thread keeps each set at its number, starting one spare at a time and the next only once
+    that one has imported (so spares never take both cores from running episodes), and a taken
+    spare's successor only once the taken one has started (so the two do not compete for the CPU
+    during an episode's start). Each spare serves exactly one episode and is then stopped like any
+    child; nothing passes from one episode to the next. Spares are stopped at interpreter exit
+    (and die with this process: their stdin closes)."""
 
     def __init__(self):
-        self._lock = threading.Lock()
-        self._spares: dict[tuple[str, ...], _Spare] = {}
+        self._lock = threading.Condition()
+        self._waiting: dict[tuple[str, ...], list[_Spare]] = {}  # oldest first
+        self._wanted: dict[tuple[str, ...], int] = {}  # spares to keep waiting per set
+        self._reserved: dict[tuple[str, ...], list[int]] = {}  # evaluations' reservations per set
+        self._starter: threading.Thread | None = None
         self._closed = False
 
     def take(self, libraries: tuple[str, ...]) -> _Spare:
-        """A spare for ``libraries``, started now if there is none alive."""
+        """The oldest spare for ``libraries`` that is alive (warm, or the closest to it), started
+        now if there is none."""
         with self._lock:
-            spare = self._spares.pop(libraries, None)
+            self._wanted.setdefault(libraries, 1)
+            waiting = self._waiting.get(libraries, [])
+            spare = waiting.pop(0) if waiting else None
         if spare is not None and spare.proc.poll() is not None:
             _Child(spare).stop()
-            spare = None
+            return self.take(libraries)
         return spare or _Spare(libraries)
 
-    def replenish(self, libraries: tuple[str, ...]) -> None:
-        """Start the successor of a taken spare, once that one has started (so that the two do
-        not compete for the CPU during an episode's start), unless one is waiting already."""
+    def started(self, libraries: tuple[str, ...]) -> None:
+        """A taken spare has started its episode: its successor may be started now."""
+        self._wake()
+
+    def reserve(self, libraries: tuple[str, ...], n: int) -> None:
+        """Keep ``n`` spares for ``libraries`` waiting (at least the one any set in use keeps),
+        until ``release(libraries, n)``; overlapping reservations add up."""
         with self._lock:
-            if self._closed or libraries in self._spares:
+            self._reserved.setdefault(libraries, []).append(n)
+            self._wanted[libraries] = max(1, sum(self._reserved[libraries]))
+        self._wake()
+
+    def release(self, libraries: tuple[str, ...], n: int) -> None:
+        """End a reservation: spares beyond what is still wanted are stopped."""
+        with self._lock:
+            self._reserved[libraries].remove(n)
+            self._wanted[libraries] = max(1, sum(self._reserved[libraries]))
+            waiting = self._waiting.get(libraries, [])
+            surplus = waiting[self._wanted[libraries] :]
+            del waiting[self._wanted[libraries] :]
+        for spare in surplus:
+            _Child(spare).stop()
+
+    def _wake(self) -> None:
+        with self._lock:
+            if self._closed:
                 return
+            if self._starter is None or not self._starter.is_alive():
+                self._starter = threading.Thread(target=self._start_spares, name="sandbox-spares", daemon=True)
+                self._starter.start()
+            self._lock.notify_all()
+
+    def _short(self) -> tuple[str, ...] | None:
+        """A set of libraries with fewer spares waiting than wanted (the emptiest first)."""
+        short = [(len(self._waiting.get(libs, [])) - n, libs) for libs, n in self._wanted.items()]
+        short = [item for item in short if item[0] < 0]
+        return min(short)[1] if short else None
+
+    def _start_spares(self) -> None:
+        while True:
+            with self._lock:
+                while not self._closed and (libraries := self._short()) is None:
+                    self._lock.wait()
+                if self._closed:
+                    return
             try:
-                self._spares[libraries] = _Spare(libraries)
+                spare = _Spare(libraries)
             except SandboxError:
-                pass  # the next take starts one, or says why it cannot
+                return  # the next take starts one, or says why it cannot
+            with self._lock:
+                if self._closed:
+                    _Child(spare).stop()
+                    return
+                self._waiting.setdefault(libraries, []).append(spare)
+            try:
+                spare.wait_warm(START_TIMEOUT_S)
+            except (OSError, EOFError, TimeoutError, ProtocolError):
+                pass  # a spare that died is found by take() and replaced
 
     def pids(self) -> list[int]:
         """The process ids of the spares waiting (the tests attack them)."""
         with self._lock:
-            return [spare.proc.pid for spare in self._spares.values()]
+            return [spare.proc.pid for spares in self._waiting.values() for spare in spares]
 
     def close(self) -> None:
         with self._lock:
             self._closed = True
-            spares, self._spares = list(self._spares.values()), {}
+            spares = [spare for waiting in self._waiting.values() for spare in waiting]
+            self._waiting = {}
+            self._lock.notify_all()
         for spare in spares:
             _Child(spare).stop()
 
     def _forget(self) -> None:
         """In a forked copy of this process: the spares are the parent's children, not ours."""
-        self._lock = threading.Lock()
-        self._spares = {}
+        self.__init__()
 
 
 SPARES = SparePool()
@@ -252,8 +332,9 @@ class _Child:
         os.set_blocking(self.proc.stdin.fileno(), False)
         deadline = time.monotonic() + START_TIMEOUT_S
         try:
+            spare.wait_warm(START_TIMEOUT_S)
             with spare.channel:
-                spare.channel.settimeout(START_TIMEOUT_S)
+                spare.channel.settimeout(max(0.001, deadline - time.monotonic()))
                 payload = json.dumps(config).encode()
                 if spare.channel.send(payload) != len(payload):
                     raise ProtocolError("the configuration did not go out whole")
@@ -268,7 +349,7 @@ class _Child:
         finally:
             for fd in passed:
                 os.close(fd)
-            SPARES.replenish(libraries)
+            SPARES.started(libraries)
         if str(self.report.get("seccomp", "unavailable")).startswith("unavailable") and not allow_unconfined:
             self.stop()
             raise SandboxError(

@@ -72,6 +72,8 @@ WARM_UP_ROWS = 256
 # the tables' buffers point into them.
 MAPPINGS: list = []
 TRUNCATION_NOTE = f"\n[output truncated at {MAX_OBSERVATION_CHARS} characters]"
+# What a spare sends over its handover socket once its imports are done (sandbox.SparePool).
+WARM = b"warm"
 
 
 def read_message(stream) -> bytes:
@@ -299,10 +301,13 @@ def map_tables(table_fds: list[list[int]]):
 
 
 def receive_episode(handover: int) -> tuple[dict, list[list[int]]]:
-    """The configuration and the (events, news) descriptors per part, from the parent over the
-    SOCK_SEQPACKET socket ``handover`` (one message each), which is then closed: after this the
-    child holds no channel to the parent but its pipes."""
+    """Tell the parent this spare is warm (its imports done: the pool starts the next spare only
+    then, so spares never import side by side), then wait for an episode: the configuration and
+    the (events, news) descriptors per part, over the SOCK_SEQPACKET socket ``handover`` (one
+    message each), which is then closed: after this the child holds no channel to the parent but
+    its pipes."""
     with socket.socket(fileno=handover) as channel:
+        channel.send(WARM)
         config = json.loads(channel.recv(1 << 20))
         table_fds = []
         for _ in range(config["parts"]):

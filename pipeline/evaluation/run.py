@@ -40,12 +40,13 @@ import polars as pl
 
 from pipeline.agent_api import EventDatabase
 from pipeline.agent_api.lookup import map_iso_to_country_name
-from pipeline.agent_api.sandbox import DEFAULT_MEMORY_MB
+from pipeline.agent_api.sandbox import DEFAULT_MEMORY_MB, SPARES
 from pipeline.database import MonthNotReady
 from pipeline.evaluation.agents import (
     AgentSpec,
     Query,
     Trajectory,
+    code_libraries,
     react_environment,
     run_react,
     run_single_turn,
@@ -66,7 +67,8 @@ from pipeline.evaluation.metrics import (
 from pipeline.evaluation.prompts import PROMPT_VERSION
 from pipeline.evaluation.registry import Agent, eligibility
 from pipeline.evaluation.throughput import (
-    SANDBOX_BASE_MB,
+    SANDBOX_SHARED_MB,
+    SPARE_PRIVATE_MB,
     UNLIMITED,
     EpisodeLog,
     Progress,
@@ -430,15 +432,14 @@ def episode_concurrency(agent: Agent, requested: int | None = None) -> int:
     return max(1, requested or agent.episode_concurrency)
 
 
-def sandbox_slots(concurrency: int, tables_mb: float) -> SandboxSlots:
+def sandbox_slots(concurrency: int, tables_mb: float, memory_mb: int = DEFAULT_MEMORY_MB) -> SandboxSlots:
     """Live sandboxes at most: as many as the episodes, and no more than fit in the machine's
-    available memory, all mapping ``tables_mb`` of gated tables (shared) and each allowed the
-    sandbox's own memory limit on top (throughput.sandbox_cap), beside the one warm spare that
-    waits for the next episode (sandbox.SparePool: imports only, no tables, no agent code, no limit
-    needed, so it counts its base size once, like the shared tables)."""
-    start_mb = sandbox_start_mb(tables_mb)
-    shared_mb = tables_mb + SANDBOX_BASE_MB
-    return SandboxSlots(min(concurrency, sandbox_cap(DEFAULT_MEMORY_MB, start_mb, shared_mb=shared_mb)))
+    available memory (throughput.sandbox_cap), each with a warm spare beside it (the run reserves
+    one spare per slot: sandbox.SparePool), all mapping ``tables_mb`` of gated tables and the
+    libraries' code (shared, once), and each sandbox allowed ``memory_mb`` on top of its start."""
+    per_pair_mb = sandbox_start_mb(tables_mb) + SPARE_PRIVATE_MB
+    shared_mb = tables_mb + SANDBOX_SHARED_MB
+    return SandboxSlots(min(concurrency, sandbox_cap(memory_mb, per_pair_mb, shared_mb=shared_mb)))
 
 
 def gated_tables_mb(database: EventDatabase, frame: pl.DataFrame, distance: int) -> float:
@@ -553,13 +554,15 @@ def evaluate_agent(
     progress: Callable[[str], None] | None = None,
     progress_interval_s: float = 30.0,
     sandboxes: SandboxSlots | None = None,
+    sandbox_memory_mb: int = DEFAULT_MEMORY_MB,
 ) -> tuple[pl.DataFrame, dict]:
     """Run an LLM agent on every query, ``agent.rounds`` times, score each round and store the
     run with its trajectories (see the module doc). ``client`` defaults to the one the registry
     entry describes, its requests bounded by the endpoint's limits (the entry's, else ``limits``);
     ``database`` (for ReAct) to the data dir's event database, loaded once for all queries.
     Episodes run ``episode_concurrency`` at once, their live sandboxes bounded by ``sandboxes``
-    (default ``sandbox_slots``); each finished one is checkpointed beside the
+    (default ``sandbox_slots``), each allowed the agent's ``sandbox_memory_mb``, else
+    ``sandbox_memory_mb``, and as many warm spares kept ready; each finished one is checkpointed beside the
     run's directory, so a killed run resumes where it stopped. ``progress`` gets a line (episodes
     done, tokens) at most every ``progress_interval_s``. Returns the per-query results of every
     round and the scores record."""
@@ -577,6 +580,7 @@ def evaluate_agent(
         client_settings.max_tokens,
         mode=agent_mode(agent),
         tools=agent_tools(agent) or "full",
+        memory_mb=agent.sandbox_memory_mb or sandbox_memory_mb,
     )
     client = client or client_for(agent, client_settings, RateLimiter(endpoint_limits(agent, limits)))
     if spec.strategy == "react" and database is None:
@@ -587,24 +591,36 @@ def evaluate_agent(
         "max_tokens": client_settings.max_tokens,
         "n_ctx": client_settings.n_ctx,
         "seed": client_settings.seed,
+        # A code block's memory budget: beyond it a block's observation is a MemoryError.
+        **({"sandbox_memory_mb": spec.memory_mb} if spec.strategy == "react" else {}),
     }
     concurrency = episode_concurrency(agent, concurrency)
     if sandboxes is None and spec.strategy == "react" and concurrency > 1:
-        sandboxes = sandbox_slots(concurrency, gated_tables_mb(database, frame, distance))
+        sandboxes = sandbox_slots(concurrency, gated_tables_mb(database, frame, distance), spec.memory_mb)
     directory = DataLayout(data_dir).evaluation_dir(month, agent.name, query_set, distance)
     log = EpisodeLog(checkpoint_path(directory), _checkpoint_key(agent, harness, frame, distance))
-    episodes = run_episodes(
-        client,
-        spec,
-        items,
-        agent.rounds,
-        distance,
-        database,
-        concurrency=concurrency,
-        log=log,
-        progress=Progress(agent.rounds * len(items), progress, progress_interval_s),
-        sandboxes=sandboxes,
-    )
+    # A warm spare per live sandbox, started ahead (one at a time) while the first replies are
+    # awaited, so that an episode's start is a handover, not an interpreter's start and imports.
+    spares = sandboxes.n if sandboxes is not None and spec.strategy == "react" else 0
+    libraries = code_libraries(spec)
+    if spares:
+        SPARES.reserve(libraries, spares)
+    try:
+        episodes = run_episodes(
+            client,
+            spec,
+            items,
+            agent.rounds,
+            distance,
+            database,
+            concurrency=concurrency,
+            log=log,
+            progress=Progress(agent.rounds * len(items), progress, progress_interval_s),
+            sandboxes=sandboxes,
+        )
+    finally:
+        if spares:
+            SPARES.release(libraries, spares)
     per_round, results, lines, sandboxes = [], [], [], set()
     for round_no, records in enumerate(episodes):
         forecasts = pl.DataFrame(
