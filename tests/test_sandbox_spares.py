@@ -79,7 +79,7 @@ def _child_pid(env) -> int:
 def test_a_waiting_spare_holds_no_table_and_is_handed_only_its_episodes_files(db):
     env = db.environment(QUERY)
     assert env.run_code("1").strip() == "1"
-    [spare] = SPARES.pids()  # the successor, started when this episode took its spare
+    [spare] = _warm_pool((), 1)  # the successor, started once this episode's spare had started
     spare_python = _interpreter(spare)
     waiting = _descriptors(spare_python)
     assert not [d for d in waiting if d.endswith(".arrow")], waiting
@@ -106,7 +106,7 @@ def test_agent_code_reaches_neither_the_spare_nor_a_sibling_nor_the_parent(db):
     attacker, sibling = db.environment(QUERY), db.environment(QUERY + timedelta(days=5))
     assert sibling.run_code("x = 41").strip() == ""
     assert attacker.run_code(BYPASS).strip() == "guards off"
-    [spare] = SPARES.pids()
+    [spare] = _warm_pool((), 1)
     targets = {
         "spare": spare,
         "spare_python": _interpreter(spare),
@@ -178,7 +178,7 @@ def test_a_spare_that_died_waiting_is_replaced(db):
     env = db.environment(QUERY)
     assert env.run_code("1").strip() == "1"
     env.close()
-    [spare] = SPARES.pids()
+    [spare] = _warm_pool((), 1)
     os.kill(spare, signal.SIGKILL)
     while _alive(spare):  # unreaped: a zombie until the pool looks
         time.sleep(0.01)
@@ -188,15 +188,47 @@ def test_a_spare_that_died_waiting_is_replaced(db):
     again.close()
 
 
-def test_the_waiting_spare_counts_in_the_memory_bound(monkeypatch):
-    """sandbox_slots leaves room for the spare beside the live sandboxes: with memory for exactly
-    4 sandboxes and the shared tables, 3 are allowed."""
+def _warm_pool(libraries: tuple[str, ...], n: int) -> list[int]:
+    """Wait until ``n`` spares for ``libraries`` wait warm, checking all along that at most one is
+    importing; their pids."""
+    while True:
+        spares = SPARES.waiting(libraries)
+        assert sum(not warm for _, warm in spares) <= 1
+        if len(spares) == n and all(warm for _, warm in spares):
+            return [pid for pid, _ in spares]
+        time.sleep(0.01)
+
+
+def test_a_reserved_pool_is_started_one_spare_at_a_time_and_shrinks_when_released(db):
+    """An evaluation reserves a spare per live sandbox: the starter brings them up one at a time
+    (never two importing side by side, so running episodes keep a core), refills what an episode
+    takes, and a release stops the surplus."""
+    libraries = ("numpy",)
+    SPARES.reserve(libraries, 3)
+    try:
+        pids = _warm_pool(libraries, 3)
+        env = db.environment(QUERY, code_libraries=libraries)
+        assert env.run_code("import numpy\nint(numpy.arange(4).sum())").strip() == "6"
+        assert _child_pid(env) in pids  # a warm one served the episode
+        env.close()
+        pids = _warm_pool(libraries, 3)
+    finally:
+        SPARES.release(libraries, 3)
+    left = [pid for pid, _ in SPARES.waiting(libraries)]
+    assert len(left) == 1 and set(left) <= set(pids)
+    assert not any(_alive(pid) for pid in set(pids) - set(left))
+
+
+def test_each_live_sandboxs_spare_counts_in_the_memory_bound(monkeypatch):
+    """sandbox_slots leaves room for a spare beside each live sandbox and counts the shared tables
+    and code once: with memory for exactly 4 such pairs, 4 are allowed, whatever the concurrency."""
     from pipeline.evaluation import throughput
     from pipeline.evaluation.run import sandbox_slots
 
     tables_mb = 100.0
-    per_sandbox_mb = throughput.sandbox_start_mb(tables_mb) + 1024
-    available = int((4 * per_sandbox_mb + tables_mb) * 2**20 / throughput.MEMORY_HEADROOM) + 2**20
+    pair_mb = throughput.sandbox_start_mb(tables_mb) + throughput.SPARE_PRIVATE_MB + 1024
+    shared_mb = tables_mb + throughput.SANDBOX_SHARED_MB
+    available = int((4 * pair_mb + shared_mb) * 2**20 / throughput.MEMORY_HEADROOM) + 2**20
     monkeypatch.setattr(throughput, "available_memory_bytes", lambda: available)
-    assert throughput.sandbox_cap(1024, throughput.sandbox_start_mb(tables_mb), shared_mb=tables_mb) == 4
-    assert sandbox_slots(16, tables_mb).n == 3
+    assert sandbox_slots(16, tables_mb, 1024).n == 4
+    assert sandbox_slots(3, tables_mb, 1024).n == 3

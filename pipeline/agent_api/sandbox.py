@@ -273,6 +273,11 @@ class SparePool:
         with self._lock:
             return [spare.proc.pid for spares in self._waiting.values() for spare in spares]
 
+    def waiting(self, libraries: tuple[str, ...]) -> list[tuple[int, bool]]:
+        """(process id, imports done) of each spare waiting for ``libraries``, oldest first."""
+        with self._lock:
+            return [(spare.proc.pid, spare.warm) for spare in self._waiting.get(libraries, [])]
+
     def close(self) -> None:
         with self._lock:
             self._closed = True

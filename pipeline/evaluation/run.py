@@ -298,7 +298,9 @@ def agent_tools(agent: Agent) -> str | None:
 _HASH_DEFAULTS = {"mode": (None, "native"), "tools": (None, "full")}
 # How fast and at what price an agent runs, not what it answers: changing them neither re-runs the
 # agent nor invalidates a half-finished run's checkpoint (docs/evaluation.md, "Concurrency").
-_NOT_HASHED = {"concurrency", "price_per_million_input_tokens", "price_per_million_output_tokens"}
+# The sandbox's memory budget is a run-time budget like max_tokens: recorded with the harness (and
+# so in the checkpoint's key), not a new agent.
+_NOT_HASHED = {"concurrency", "price_per_million_input_tokens", "price_per_million_output_tokens", "sandbox_memory_mb"}
 _ENDPOINT_NOT_HASHED = {"requests_per_minute", "tokens_per_minute"}
 
 
