@@ -420,6 +420,19 @@ def test_concurrency_defaults_caps_and_registry_checks(monkeypatch):
         }
     )
     assert agent_config_hash(plain) == agent_config_hash(parsed)
+    # The sandbox's memory budget: react only, a positive number of MB, not part of the hash.
+    base = {
+        "name": "c",
+        "kind": "llm",
+        "knowledge_cutoff": "2023-10",
+        "endpoint": {"base_url": "https://e/v1", "model": "m"},
+    }
+    (budget,) = parse_agents({"agents": [{**base, "sandbox_memory_mb": 512}]})
+    assert budget.sandbox_memory_mb == 512 and agent_config_hash(budget) == agent_config_hash(plain)
+    with pytest.raises(RegistryError, match="sandbox_memory_mb applies only to strategy react"):
+        parse_agents({"agents": [{**base, "strategy": "direct", "sandbox_memory_mb": 512}]})
+    with pytest.raises(RegistryError, match="sandbox_memory_mb must be a positive integer"):
+        parse_agents({"agents": [{**base, "sandbox_memory_mb": 0}]})
 
 
 def test_cost_is_the_tokens_times_the_prices_per_million(data_dir):
