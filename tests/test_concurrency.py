@@ -346,22 +346,22 @@ def test_sandbox_cap_fits_the_limits_in_available_memory(monkeypatch):
     assert (sandbox_slots(64, 11).n, sandbox_slots(64, 1116).n) == (42, 36)
 
 
-def test_the_agents_memory_limit_reaches_its_sandboxes_and_a_run_reserves_a_spare_per_slot(data_dir, monkeypatch):
+def test_the_agents_memory_limit_reaches_its_sandboxes_and_a_run_keeps_a_spare_per_slot(data_dir, monkeypatch):
+    """A run reserves a warm spare per sandbox slot, and fewer as its last episodes start their
+    sandboxes (no spare is started only to be stopped unused), then releases them."""
+    original = SPARES.resize
     reservations = []
-    for name in ("reserve", "release"):
-        original = getattr(SPARES, name)
-        monkeypatch.setattr(
-            SPARES,
-            name,
-            lambda libs, n, name=name, original=original: (reservations.append((name, libs, n)), original(libs, n)),
-        )
+    monkeypatch.setattr(
+        SPARES, "resize", lambda libs, old, new: (reservations.append((libs, old, new)), original(libs, old, new))
+    )
     with ChatServer(api_calls_policy(2)) as server:
         _, record = evaluate_agent(
             split(), data_dir, agent(server.base_url, sandbox_memory_mb=64), 1, query_set="t", concurrency=3
         )
     assert record["end_states"] == {"final_answer": 12}
     assert record["harness"]["sandbox_memory_mb"] == 64
-    assert reservations == [("reserve", (), 3), ("release", (), 3)]  # 3 slots on any machine here
+    # 12 episodes, 3 slots on any machine here: 3 spares until 2 episodes are left to start, then 2, 1, 0.
+    assert reservations == [((), None, 3), ((), 3, 2), ((), 2, 1), ((), 1, 0), ((), 0, None)]
     # The limit is the code's: a 100 MB allocation fails under 64 MB and fits the default.
     db = EventDatabase(data_dir)
     for memory_mb, expected in ((64, "MemoryError"), (DEFAULT_MEMORY_MB, "")):

@@ -183,9 +183,10 @@ class SparePool:
     that an episode's start skips the interpreter's start and imports. One waits per set of
     libraries in use; an evaluation ``reserve``s as many as its episodes run at once. A starter
     thread keeps each set at its number, starting one spare at a time and the next only once
-    that one has imported (so spares never take both cores from running episodes), and a taken
-    spare's successor only once the taken one has started (so the two do not compete for the CPU
-    during an episode's start). Each spare serves exactly one episode and is then stopped like any
+    that one has imported (so spares never take both cores from running episodes), none while an
+    episode waits for its own child's imports (a spare taken before it was warm, or one started on
+    the spot when none waited), and a taken spare's successor only once the taken one has started
+    (so the two do not compete for the CPU during an episode's start). Each spare serves exactly one episode and is then stopped like any
     child; nothing passes from one episode to the next. Spares are stopped at interpreter exit
     (and die with this process: their stdin closes)."""
 
@@ -196,6 +197,7 @@ class SparePool:
         self._reserved: dict[tuple[str, ...], list[int]] = {}  # evaluations' reservations per set
         self._starter: threading.Thread | None = None
         self._closed = False
+        self._episodes_importing = 0  # episodes waiting for their own child's imports (wait_warm)
 
     def take(self, libraries: tuple[str, ...]) -> _Spare:
         """The oldest spare for ``libraries`` that is alive (warm, or the closest to it), started
@@ -209,6 +211,20 @@ class SparePool:
             return self.take(libraries)
         return spare or _Spare(libraries)
 
+    def wait_warm(self, spare: _Spare) -> None:
+        """Until a taken spare's imports are done (_Spare.wait_warm). While an episode waits so,
+        the starter starts no spare: the episode's child imports alone, as it would without spares."""
+        if spare.warm:
+            return
+        with self._lock:
+            self._episodes_importing += 1
+        try:
+            spare.wait_warm(START_TIMEOUT_S)
+        finally:
+            with self._lock:
+                self._episodes_importing -= 1
+                self._lock.notify_all()
+
     def started(self, libraries: tuple[str, ...]) -> None:
         """A taken spare has started its episode: its successor may be started now."""
         self._wake()
@@ -216,21 +232,28 @@ class SparePool:
     def reserve(self, libraries: tuple[str, ...], n: int) -> None:
         """Keep ``n`` spares for ``libraries`` waiting (at least the one any set in use keeps),
         until ``release(libraries, n)``; overlapping reservations add up."""
+        self.resize(libraries, None, n)
+
+    def resize(self, libraries: tuple[str, ...], old: int | None, new: int | None) -> None:
+        """Change a reservation of ``old`` spares to ``new`` (None: none), stopping spares no
+        longer wanted, so that a run keeps no more than it can still use."""
         with self._lock:
-            self._reserved.setdefault(libraries, []).append(n)
-            self._wanted[libraries] = max(1, sum(self._reserved[libraries]))
+            reserved = self._reserved.setdefault(libraries, [])
+            if old is not None:
+                reserved.remove(old)
+            if new is not None:
+                reserved.append(new)
+            wanted = self._wanted[libraries] = max(1, sum(reserved))
+            waiting = self._waiting.get(libraries, [])
+            surplus = waiting[wanted:]
+            del waiting[wanted:]
+        for spare in surplus:
+            _Child(spare).stop()
         self._wake()
 
     def release(self, libraries: tuple[str, ...], n: int) -> None:
         """End a reservation: spares beyond what is still wanted are stopped."""
-        with self._lock:
-            self._reserved[libraries].remove(n)
-            self._wanted[libraries] = max(1, sum(self._reserved[libraries]))
-            waiting = self._waiting.get(libraries, [])
-            surplus = waiting[self._wanted[libraries] :]
-            del waiting[self._wanted[libraries] :]
-        for spare in surplus:
-            _Child(spare).stop()
+        self.resize(libraries, n, None)
 
     def _wake(self) -> None:
         with self._lock:
@@ -250,7 +273,7 @@ class SparePool:
     def _start_spares(self) -> None:
         while True:
             with self._lock:
-                while not self._closed and (libraries := self._short()) is None:
+                while not self._closed and (self._episodes_importing or (libraries := self._short()) is None):
                     self._lock.wait()
                 if self._closed:
                     return
@@ -337,7 +360,7 @@ class _Child:
         os.set_blocking(self.proc.stdin.fileno(), False)
         deadline = time.monotonic() + START_TIMEOUT_S
         try:
-            spare.wait_warm(START_TIMEOUT_S)
+            SPARES.wait_warm(spare)
             with spare.channel:
                 spare.channel.settimeout(max(0.001, deadline - time.monotonic()))
                 payload = json.dumps(config).encode()

@@ -365,17 +365,43 @@ def _episode_columns(records: list[dict]) -> pl.DataFrame:
     )
 
 
+class _SpareDemand:
+    """The warm spares a concurrent ReAct run keeps (sandbox.SparePool): one per live sandbox
+    slot, started ahead while the first replies are awaited, and never more than the episodes
+    that have yet to start a sandbox, so that no spare is started only to be stopped unused."""
+
+    def __init__(self, libraries: tuple[str, ...], slots: int, episodes: int):
+        self._libraries, self._slots, self._left = libraries, slots, episodes
+        self._lock = threading.Lock()
+        self._n = min(slots, episodes)
+        SPARES.reserve(libraries, self._n)
+
+    def started(self) -> None:
+        """One episode has taken its sandbox, or ended without one."""
+        with self._lock:
+            self._left -= 1
+            old, self._n = self._n, min(self._slots, self._left)
+            if old != self._n:
+                SPARES.resize(self._libraries, old, self._n)
+
+    def release(self) -> None:
+        with self._lock:
+            SPARES.release(self._libraries, self._n)
+
+
 class _SlottedEnvironment:
     """An episode's Environment whose sandbox counts against the run's SandboxSlots: the first
-    code run (which starts the sandbox) waits for a slot, closing (which stops it) frees it."""
+    code run (which starts the sandbox) waits for a slot, closing (which stops it) frees it.
+    ``started`` is called once the slot is taken (the run's _SpareDemand)."""
 
-    def __init__(self, env, slots: SandboxSlots):
-        self._env, self._slots, self._held = env, slots, False
+    def __init__(self, env, slots: SandboxSlots, started: Callable[[], None]):
+        self._env, self._slots, self._held, self._started = env, slots, False, started
 
     def run_code(self, code: str, timeout_s: float | None = None, memory_mb: int | None = None) -> str:
         if not self._held:
             self._slots.acquire()
             self._held = True
+            self._started()
         return self._env.run_code(code, timeout_s=timeout_s, memory_mb=memory_mb)
 
     @property
@@ -402,6 +428,7 @@ def _episode(
     database: EventDatabase | None,
     database_lock: threading.Lock,
     sandboxes: SandboxSlots,
+    started: Callable[[], None],
 ) -> Trajectory:
     cutoff = query.date - timedelta(days=distance)
     if spec.strategy != "react":
@@ -412,7 +439,7 @@ def _episode(
         # environment is a concat and a slice, and its sandbox starts later, in this episode's thread.
         with database_lock:
             env = react_environment(database, spec, query.date, distance)
-        return _SlottedEnvironment(env, sandboxes)
+        return _SlottedEnvironment(env, sandboxes, started)
 
     return run_react(client, spec, query, cutoff, environment, first_day=database.start)
 
@@ -475,14 +502,27 @@ def run_episodes(
         progress.tokens_in += record["tokens_in"]
         progress.tokens_out += record["tokens_out"]
     pending = [(r, q) for r in range(rounds) for q in queries if (r, q.query_id) not in records]
+    spares = (
+        _SpareDemand(code_libraries(spec), sandboxes.n, len(pending))
+        if spec.strategy == "react" and concurrency > 1 and pending
+        else None
+    )
 
     def work(round_no: int, query: Query) -> None:
+        once = threading.Lock()  # the episode counts once in the spare demand: at its sandbox or its end
+
+        def started() -> None:
+            if spares is not None and once.acquire(blocking=False):
+                spares.started()
+
         try:
-            trajectory = _episode(client, spec, query, distance, database, lock, sandboxes)
+            trajectory = _episode(client, spec, query, distance, database, lock, sandboxes, started)
         except ModelUnavailable:
             raise
         except Exception as exc:
             trajectory = _failed_episode(spec, query, exc)
+        finally:
+            started()
         # Through JSON once, so that a fresh episode's record and a resumed one's are the same.
         record = json.loads(json.dumps(trajectory.record(), default=str))
         log.append(round_no, query.query_id, record)
@@ -501,6 +541,8 @@ def run_episodes(
             # On a failure or an interruption (a terminated Dagster run) no new episode starts;
             # those in flight finish and are checkpointed, so the next run need not redo them.
             pool.shutdown(wait=True, cancel_futures=True)
+            if spares is not None:
+                spares.release()
     return [[records[(r, q.query_id)] for q in queries] for r in range(rounds)]
 
 
@@ -601,28 +643,18 @@ def evaluate_agent(
         sandboxes = sandbox_slots(concurrency, gated_tables_mb(database, frame, distance), spec.memory_mb)
     directory = DataLayout(data_dir).evaluation_dir(month, agent.name, query_set, distance)
     log = EpisodeLog(checkpoint_path(directory), _checkpoint_key(agent, harness, frame, distance))
-    # A warm spare per live sandbox, started ahead (one at a time) while the first replies are
-    # awaited, so that an episode's start is a handover, not an interpreter's start and imports.
-    spares = sandboxes.n if sandboxes is not None and spec.strategy == "react" else 0
-    libraries = code_libraries(spec)
-    if spares:
-        SPARES.reserve(libraries, spares)
-    try:
-        episodes = run_episodes(
-            client,
-            spec,
-            items,
-            agent.rounds,
-            distance,
-            database,
-            concurrency=concurrency,
-            log=log,
-            progress=Progress(agent.rounds * len(items), progress, progress_interval_s),
-            sandboxes=sandboxes,
-        )
-    finally:
-        if spares:
-            SPARES.release(libraries, spares)
+    episodes = run_episodes(
+        client,
+        spec,
+        items,
+        agent.rounds,
+        distance,
+        database,
+        concurrency=concurrency,
+        log=log,
+        progress=Progress(agent.rounds * len(items), progress, progress_interval_s),
+        sandboxes=sandboxes,
+    )
     per_round, results, lines, sandboxes = [], [], [], set()
     for round_no, records in enumerate(episodes):
         forecasts = pl.DataFrame(
