@@ -125,6 +125,7 @@ def _run(
             client_settings=settings,
             database=database,
             concurrency=concurrency,
+            sandbox_memory_mb=llm.sandbox_memory_mb,
             # At most one line a minute: a month's sample is hundreds of episodes.
             progress=lambda line, d=distance: context.log.info(f"{agent.name} at distance {d}: {line}"),
             progress_interval_s=60.0,

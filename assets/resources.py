@@ -19,6 +19,7 @@ from typing import ClassVar
 import dagster as dg
 from pydantic import Field
 
+from pipeline.agent_api.sandbox import DEFAULT_MEMORY_MB
 from pipeline.config import Settings, env_names
 from pipeline.evaluation.llm import DEFAULT_MAX_TOKENS, DEFAULT_N_CTX, DEFAULT_SEED, ClientSettings
 from pipeline.evaluation.throughput import RateLimits
@@ -231,6 +232,11 @@ class LlmRuntime(dg.ConfigurableResource):
         description="MIRAI_SANDBOX_ALLOW_UNCONFINED: run code blocks where seccomp cannot be installed (recorded)",
     )
 
+    sandbox_memory_mb: int = Field(
+        default=DEFAULT_MEMORY_MB,
+        description="what each ReAct episode's code sandbox may allocate (MB) when its agents.yaml entry sets no "
+        "sandbox_memory_mb; with the machine's memory it bounds how many sandboxes run at once",
+    )
     max_concurrency: int = Field(
         default=0,
         description="cap on each agent's episodes at once (agents.yaml concurrency: 8 for an endpoint, 1 for a "

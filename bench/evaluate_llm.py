@@ -42,8 +42,9 @@ import polars as pl
 from common import machine as machine_summary
 from common import own_peak_rss_mib
 from pipeline.agent_api import EventDatabase
+from pipeline.agent_api.sandbox import DEFAULT_MEMORY_MB
 from pipeline.evaluation.registry import Agent, Endpoint
-from pipeline.evaluation.run import checkpoint_path, evaluate_agent
+from pipeline.evaluation.run import checkpoint_path, evaluate_agent, gated_tables_mb, sandbox_slots
 from pipeline.storage import DataLayout
 from testbed.database import generate_event_database
 
@@ -96,13 +97,24 @@ def bench_agent(base_url: str, policy: str, steps: int) -> Agent:
     )
 
 
-def run(data_dir: Path, frame: pl.DataFrame, agent: Agent, concurrency: int, database: EventDatabase) -> dict:
+def run(
+    data_dir: Path, frame: pl.DataFrame, agent: Agent, concurrency: int, database: EventDatabase, memory_mb: int
+) -> dict:
     directory = DataLayout(data_dir).evaluation_dir(frame.get_column("date").min().replace(day=1), agent.name, "b", 1)
     shutil.rmtree(directory, ignore_errors=True)
     checkpoint_path(directory).unlink(missing_ok=True)
     cpu = time.process_time()
     started = time.perf_counter()
-    results, _ = evaluate_agent(frame, data_dir, agent, 1, query_set="b", concurrency=concurrency, database=database)
+    results, _ = evaluate_agent(
+        frame,
+        data_dir,
+        agent,
+        1,
+        query_set="b",
+        concurrency=concurrency,
+        database=database,
+        sandbox_memory_mb=memory_mb,
+    )
     wall = time.perf_counter() - started
     lines = [json.loads(line) for line in (directory / "trajectories.jsonl").read_text().splitlines()]
     requests = sum(len(t["steps"]) for t in lines)
@@ -127,6 +139,13 @@ def main() -> None:
     parser.add_argument("--months", type=int, default=2)
     parser.add_argument("--quads-per-day", type=int, default=400)
     parser.add_argument("--work", type=Path, default=Path("/tmp/mirai-bench-evaluate-llm"))
+    parser.add_argument(
+        "--sandbox-memory-mb",
+        type=int,
+        default=DEFAULT_MEMORY_MB,
+        help="each code sandbox's memory limit (LlmRuntime.sandbox_memory_mb); with the machine's memory it "
+        "bounds the live sandboxes",
+    )
     args = parser.parse_args()
     print(machine_summary({"polars": pl.__version__}))
     print(f"load average before: {os.getloadavg()}")
@@ -146,17 +165,22 @@ def main() -> None:
         month = last_month(args.months)
         print(
             f"database: {args.months} month(s), {args.quads_per_day} quads/day; policy {args.policy}; "
-            f"S = {args.steps} requests/episode; latency {args.latency} s; endpoint {base_url} (own process)"
+            f"S = {args.steps} requests/episode; latency {args.latency} s; endpoint {base_url} (own process); "
+            f"sandbox memory limit {args.sandbox_memory_mb} MB"
         )
         per_episode = args.steps * args.latency
         # Loaded once, as the evaluation asset does for all of an agent's distances; the
         # sequential run (first) loads its months.
         db = EventDatabase(data_dir)
-        sequential = run(data_dir, queries(min(SEQUENTIAL_EPISODES, args.episodes), month), agent, 1, db)
+        memory = args.sandbox_memory_mb
+        sequential = run(data_dir, queries(min(SEQUENTIAL_EPISODES, args.episodes), month), agent, 1, db, memory)
         base_rate = sequential["episodes"] / sequential["wall_s"]
         rows = [(1, sequential)]
         for c in args.concurrency:
-            rows.append((c, run(data_dir, queries(args.episodes, month), agent, c, db)))
+            if args.policy == "calls":
+                tables_mb = gated_tables_mb(db, queries(args.episodes, month), 1)
+                print(f"c = {c}: at most {sandbox_slots(c, tables_mb, memory).n} live sandboxes and as many spares")
+            rows.append((c, run(data_dir, queries(args.episodes, month), agent, c, db, memory)))
         print(
             f"{'c':>3} {'episodes':>8} {'wall s':>7} {'eps/s':>7} {'ideal':>7} {'ratio':>6} {'vs c=1':>7} "
             f"{'CPU ms/step':>11} {'first env p50/p99 s':>19}  end states"

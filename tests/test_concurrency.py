@@ -18,6 +18,10 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+from pipeline.agent_api import EventDatabase
+from pipeline.agent_api.sandbox import DEFAULT_MEMORY_MB, SPARES
+from pipeline.evaluation import throughput
+from pipeline.evaluation.agents import AgentSpec, react_environment
 from pipeline.evaluation.llm import HttpSettings, ModelUnavailable, OpenAIChatClient, retry_after_s
 from pipeline.evaluation.registry import Agent, Endpoint, RegistryError, parse_agents
 from pipeline.evaluation.run import (
@@ -29,6 +33,7 @@ from pipeline.evaluation.run import (
     sandbox_slots,
 )
 from pipeline.evaluation.throughput import (
+    SANDBOX_PRIVATE_MB,
     EpisodeLog,
     Progress,
     RateLimiter,
@@ -324,17 +329,46 @@ def test_the_client_keeps_requests_per_minute_against_a_real_server():
 # --- concurrency settings, memory, cost, progress ---------------------------------------------------
 
 
-def test_sandbox_cap_fits_the_limits_in_available_memory():
+def test_sandbox_cap_fits_the_limits_in_available_memory(monkeypatch):
     start = sandbox_start_mb(100.0)
-    assert start == 150 + 0.05 * 100  # the interpreter, and its private pages over the mapped tables
+    assert start == SANDBOX_PRIVATE_MB + 0.05 * 100  # its private pages, and those over the mapped tables
     per_sandbox = (start + 1024) * 2**20
     assert sandbox_cap(1024, start, available_bytes=10 * per_sandbox) == 8  # 80 % of the memory
     assert sandbox_cap(1024, start, available_bytes=per_sandbox // 2) == 1  # never 0: one at a time
     # The mapped tables count once, not per sandbox: 8 GB of them leave room for fewer sandboxes.
     assert sandbox_cap(1024, start, available_bytes=10 * per_sandbox, shared_mb=8 * 1024) == 1
-    # A 24 GiB machine: 16 sandboxes of a small database, 15 with 1.1 GB of gated tables (14 months).
-    assert sandbox_cap(1024, sandbox_start_mb(11), available_bytes=24 * 2**30, shared_mb=11) == 16
-    assert sandbox_cap(1024, sandbox_start_mb(1116), available_bytes=24 * 2**30, shared_mb=1116) == 15
+    # A 24 GiB machine, a warm spare beside each live sandbox: with a 1 GiB limit 15 sandboxes of a
+    # small database, 14 with 1.1 GB of gated tables (14 months); with the default 256 MB limit 42
+    # and 36, so 32 episodes at once each get theirs.
+    monkeypatch.setattr(throughput, "available_memory_bytes", lambda: 24 * 2**30)
+    assert DEFAULT_MEMORY_MB == 256
+    assert (sandbox_slots(64, 11, 1024).n, sandbox_slots(64, 1116, 1024).n) == (15, 14)
+    assert (sandbox_slots(64, 11).n, sandbox_slots(64, 1116).n) == (42, 36)
+
+
+def test_the_agents_memory_limit_reaches_its_sandboxes_and_a_run_keeps_a_spare_per_slot(data_dir, monkeypatch):
+    """A run reserves a warm spare per sandbox slot, and fewer as its last episodes start their
+    sandboxes (no spare is started only to be stopped unused), then releases them."""
+    original = SPARES.resize
+    reservations = []
+    monkeypatch.setattr(
+        SPARES, "resize", lambda libs, old, new: (reservations.append((libs, old, new)), original(libs, old, new))
+    )
+    with ChatServer(api_calls_policy(2)) as server:
+        _, record = evaluate_agent(
+            split(), data_dir, agent(server.base_url, sandbox_memory_mb=64), 1, query_set="t", concurrency=3
+        )
+    assert record["end_states"] == {"final_answer": 12}
+    assert record["harness"]["sandbox_memory_mb"] == 64
+    # 12 episodes, 3 slots on any machine here: 3 spares until 2 episodes are left to start, then 2, 1, 0.
+    assert reservations == [((), None, 3), ((), 3, 2), ((), 2, 1), ((), 1, 0), ((), 0, None)]
+    # The limit is the code's: a 100 MB allocation fails under 64 MB and fits the default.
+    db = EventDatabase(data_dir)
+    for memory_mb, expected in ((64, "MemoryError"), (DEFAULT_MEMORY_MB, "")):
+        spec = AgentSpec("react", "code_block", 0.0, 4, 64, memory_mb=memory_mb)
+        with react_environment(db, spec, date(2024, 2, 10), 1) as env:
+            assert env.run_code("kept = 1\nb = bytearray(100 * 2**20)").startswith(expected)
+            assert env.run_code("kept + 1").strip() == "2"
 
 
 def test_concurrency_defaults_caps_and_registry_checks(monkeypatch):
@@ -386,6 +420,19 @@ def test_concurrency_defaults_caps_and_registry_checks(monkeypatch):
         }
     )
     assert agent_config_hash(plain) == agent_config_hash(parsed)
+    # The sandbox's memory budget: react only, a positive number of MB, not part of the hash.
+    base = {
+        "name": "c",
+        "kind": "llm",
+        "knowledge_cutoff": "2023-10",
+        "endpoint": {"base_url": "https://e/v1", "model": "m"},
+    }
+    (budget,) = parse_agents({"agents": [{**base, "sandbox_memory_mb": 512}]})
+    assert budget.sandbox_memory_mb == 512 and agent_config_hash(budget) == agent_config_hash(plain)
+    with pytest.raises(RegistryError, match="sandbox_memory_mb applies only to strategy react"):
+        parse_agents({"agents": [{**base, "strategy": "direct", "sandbox_memory_mb": 512}]})
+    with pytest.raises(RegistryError, match="sandbox_memory_mb must be a positive integer"):
+        parse_agents({"agents": [{**base, "sandbox_memory_mb": 0}]})
 
 
 def test_cost_is_the_tokens_times_the_prices_per_million(data_dir):

@@ -292,6 +292,8 @@ def test_an_endpoint_react_agent_runs_its_episodes_concurrently_through_the_sens
     assert meta["cost_usd"].value == pytest.approx((scores["tokens_in"] * 2.5 + scores["tokens_out"] * 10) / 1e6)
     assert scores["cost_usd"] == pytest.approx(meta["cost_usd"].value)
     assert any("http-react at distance 1: 3/3 episodes, tokens in/out" in m for m in logs)
+    # Its episodes ran code in sandboxes, each under the launchpad's memory budget (LlmRuntime).
+    assert scores["sandbox"] and scores["harness"]["sandbox_memory_mb"] == LlmRuntime().sandbox_memory_mb
 
 
 def test_smollm2_react_end_to_end_through_the_sensor_triggered_job(tmp_path, monkeypatch):

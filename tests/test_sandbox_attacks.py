@@ -490,7 +490,8 @@ def test_the_attacks_leave_no_trace(attacked):
 
 def test_no_thread_starts_and_the_api_still_works_after_the_attacks(env, attacked):
     """A thread bomb (small native stacks, about 20 KiB of address space each: the default memory
-    budget holds 50,000, more than a pid_max of 32,768, so the host could start no process) starts
+    budget holds 13,000, a 1 GiB one 50,000, more than a pid_max of 32,768, so the host could start
+    no process) starts
     nothing, and the allowlist keeps what analysis needs: the API answers, memory comes and goes."""
     code = (
         "_thread = _sys.modules['_thread']\n_started = 0\ntry:\n"

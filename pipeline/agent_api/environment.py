@@ -194,9 +194,10 @@ class EventDatabase:
         tools: str = "full",
         count_both_actors: bool = False,
         code_libraries: tuple[str, ...] | None = None,
+        memory_mb: int | None = None,
     ) -> Environment:
-        """The query's Environment; ``tools``, ``count_both_actors`` and ``code_libraries`` as in
-        Environment (``code_libraries`` None: the database's own)."""
+        """The query's Environment; ``tools``, ``count_both_actors``, ``code_libraries`` and
+        ``memory_mb`` as in Environment (``code_libraries`` None: the database's own)."""
         if distance_days < 1:
             raise ValueError(
                 f"distance_days must be at least 1 (the query day itself is never visible), got {distance_days}"
@@ -214,6 +215,7 @@ class EventDatabase:
             tools=tools,
             count_both_actors=count_both_actors,
             code_libraries=self.code_libraries if code_libraries is None else code_libraries,
+            memory_mb=memory_mb,
             table_files=functools.partial(self.gated_files, cutoff),
         )
 
@@ -281,6 +283,7 @@ class Environment:
         tools: str = "full",
         count_both_actors: bool = False,
         code_libraries: tuple[str, ...] = (),
+        memory_mb: int | None = None,
         table_files: Callable[[], list[tuple[Path, Path]]] | None = None,
     ):
         if tools not in TOOL_SUBSETS:
@@ -299,6 +302,9 @@ class Environment:
         # Libraries code blocks may import beyond the standard-library modules (numpy, pandas, ...);
         # loaded in the sandbox process before lockdown (docs/agent_api.md, "Code blocks").
         self.code_libraries = tuple(code_libraries)
+        # What its code blocks may allocate (MB; None: sandbox.DEFAULT_MEMORY_MB), unless a
+        # run_code call says otherwise: an evaluation sets it per agent (docs/evaluation.md, "Memory").
+        self.memory_mb = memory_mb
         # How the sandbox child gets these tables (files it maps read-only: table_files.py). An
         # EventDatabase passes its shared per-cutoff parts; otherwise they are written on first use.
         self._table_files = table_files
@@ -527,7 +533,10 @@ class Environment:
         from pipeline.agent_api.sandbox import Sandbox
 
         if self._sandbox is None:
-            self._sandbox = Sandbox(self, allow_unconfined=self.allow_unconfined_sandbox, libraries=self.code_libraries)
+            memory = {} if self.memory_mb is None else {"memory_mb": self.memory_mb}
+            self._sandbox = Sandbox(
+                self, allow_unconfined=self.allow_unconfined_sandbox, libraries=self.code_libraries, **memory
+            )
         return self._sandbox.run(code, timeout_s=timeout_s, memory_mb=memory_mb)
 
     @property

@@ -2,10 +2,11 @@
 
 The agent's code is assumed to own the child's Python interpreter, so only kernel layers count.
 The child is a fresh interpreter (not a fork) with a minimal environment, started where the kernel
-allows in namespaces of its own (``unshare(1)``); it inherits read-only descriptors of exactly the
-Environment's gated table files (written once per cutoff: table_files.py) and maps them, so nothing
-after the cutoff is in its memory, and locks itself down
-(lockdown.py) before any agent code runs. Without the seccomp allowlist code blocks are refused
+allows in namespaces of its own (``unshare(1)``), ahead of need: a warm spare (SparePool) that has
+done its imports and waits, holding no table and no code, for one episode. Then it receives, over
+a socket, read-only descriptors of exactly the Environment's gated table files (written once per
+cutoff: table_files.py) and maps them, so nothing after the cutoff is in its memory, and locks
+itself down (lockdown.py) before any agent code runs. Without the seccomp allowlist code blocks are refused
 unless the operator allows them (``allow_unconfined``, MIRAI_SANDBOX_ALLOW_UNCONFINED). The parent
 trusts nothing the child writes: a reply is length-prefixed, capped, read under the block's
 deadline and checked against its request; a timeout, crash or protocol violation kills the child
@@ -15,23 +16,31 @@ docs/agent_api.md, "Threat model: agent code".
 
 from __future__ import annotations
 
+import atexit
 import functools
 import importlib.util
 import json
 import os
 import select
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 from pipeline.agent_api.lockdown import SECCOMP_ARCHES, machine
-from pipeline.agent_api.sandbox_child import LIBRARIES, MAX_OBSERVATION_CHARS, TRUNCATION_NOTE
+from pipeline.agent_api.sandbox_child import LIBRARIES, MAX_OBSERVATION_CHARS, TRUNCATION_NOTE, WARM
 
 DEFAULT_TIMEOUT_S = 30.0
-DEFAULT_MEMORY_MB = 1024
+# What a code block may allocate beyond the child's size at lockdown (address space, lockdown.set_limits).
+# A MIRAI-style block (60 get_events calls into a pandas frame, a groupby, a relation distribution)
+# grew a numpy+pandas child by 4 MB of address space and 8 MB resident; 256 MB is 30 times that and
+# lets 32 sandboxes (and their spares) fit a 24 GB machine (docs/evaluation.md, "Memory"). Beyond it
+# an allocation is a MemoryError observation and the variables survive.
+DEFAULT_MEMORY_MB = 256
 DEFAULT_CPU_BUDGET_S = 600
 START_TIMEOUT_S = 120.0
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -103,35 +112,39 @@ def _checked_report(message: dict) -> dict:
     return report
 
 
-class _Child:
-    """One child process and its pipes."""
+class _Spare:
+    """A child process started and importing (sandbox_child.py), not yet given any episode: no
+    table, no configuration, no code. Its only descriptors are its pipes, its stderr file and
+    the socket an episode arrives on, which it closes on arrival."""
 
-    def __init__(self, env, memory_mb: int, cpu_budget_s: int, allow_unconfined: bool, libraries: tuple[str, ...]):
-        self.memory_mb = memory_mb
-        self.requests = 0
-        prefix, namespaces = namespace_prefix()
-        # The child inherits read-only descriptors of exactly its environment's table files (opened
-        # here, so it never needs a path) and maps them before lockdown: nothing is serialised or
-        # copied per start (table_files.py). Every other descriptor of this process is
-        # close-on-exec, so no other cutoff's file reaches it.
-        table_fds, passed = _open_table_files(env)
-        # Kept for the child's lifetime (closed in stop), so not a with-block.
+    def __init__(self, libraries: tuple[str, ...]):
+        self.prefix, self.namespaces = namespace_prefix()
+        self.libraries = libraries
+        self._warm_lock = threading.Lock()
+        self.warm = False
+        # SOCK_SEQPACKET: message boundaries, so the configuration and each part's descriptors
+        # (SCM_RIGHTS, unix(7)) arrive as sent.
+        self.channel, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        # Kept for the child's lifetime (closed in _Child.stop), so not a with-block.
         self.stderr = tempfile.TemporaryFile()
         try:
             self.proc = subprocess.Popen(
                 [
-                    *prefix,
+                    *self.prefix,
                     sys.executable,
                     "-m",
                     "pipeline.agent_api.sandbox_child",
                     f"--libraries={','.join(libraries)}",
+                    f"--handover={child_end.fileno()}",
                 ],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=self.stderr,
                 cwd="/",
+                # Every other descriptor of this process (other children's pipes and table files
+                # included) is closed in the child.
                 close_fds=True,
-                pass_fds=passed,
+                pass_fds=(child_end.fileno(),),
                 env={
                     "PYTHONPATH": str(PROJECT_ROOT),
                     "PATH": "/usr/bin:/bin",
@@ -142,9 +155,193 @@ class _Child:
                     **dict.fromkeys(BLAS_THREAD_VARIABLES, "1"),
                 },
             )
+        except OSError as exc:
+            self.channel.close()
+            self.stderr.close()
+            raise SandboxError(f"the sandbox process could not be started: {exc}") from exc
         finally:
+            child_end.close()
+
+    def wait_warm(self, timeout_s: float) -> None:
+        """Until the child says its imports are done (sandbox_child.WARM); OSError, EOFError,
+        TimeoutError or ProtocolError if it dies, stalls or says anything else. Called by the
+        pool's starter and by the episode that takes the spare, whichever comes first."""
+        with self._warm_lock:
+            if self.warm:
+                return
+            self.channel.settimeout(timeout_s)
+            message = self.channel.recv(len(WARM) + 1)
+            if not message:
+                raise EOFError("the spare ended before its imports were done")
+            if message != WARM:
+                raise ProtocolError("the spare's first message is not the warm signal")
+            self.warm = True
+
+
+class SparePool:
+    """Warm spares per set of libraries in this process (docs/agent_api.md, "Warm spares"), so
+    that an episode's start skips the interpreter's start and imports. One waits per set of
+    libraries in use; an evaluation ``reserve``s as many as its episodes run at once. A starter
+    thread keeps each set at its number, starting one spare at a time and the next only once
+    that one has imported (so spares never take both cores from running episodes), none while an
+    episode waits for its own child's imports (a spare taken before it was warm, or one started on
+    the spot when none waited), and a taken spare's successor only once the taken one has started
+    (so the two do not compete for the CPU during an episode's start). Each spare serves exactly one episode and is then stopped like any
+    child; nothing passes from one episode to the next. Spares are stopped at interpreter exit
+    (and die with this process: their stdin closes)."""
+
+    def __init__(self):
+        self._lock = threading.Condition()
+        self._waiting: dict[tuple[str, ...], list[_Spare]] = {}  # oldest first
+        self._wanted: dict[tuple[str, ...], int] = {}  # spares to keep waiting per set
+        self._reserved: dict[tuple[str, ...], list[int]] = {}  # evaluations' reservations per set
+        self._starter: threading.Thread | None = None
+        self._closed = False
+        self._episodes_importing = 0  # episodes waiting for their own child's imports (wait_warm)
+
+    def take(self, libraries: tuple[str, ...]) -> _Spare:
+        """The oldest spare for ``libraries`` that is alive (warm, or the closest to it), started
+        now if there is none."""
+        with self._lock:
+            self._wanted.setdefault(libraries, 1)
+            waiting = self._waiting.get(libraries, [])
+            spare = waiting.pop(0) if waiting else None
+        if spare is not None and spare.proc.poll() is not None:
+            _Child(spare).stop()
+            return self.take(libraries)
+        return spare or _Spare(libraries)
+
+    def wait_warm(self, spare: _Spare) -> None:
+        """Until a taken spare's imports are done (_Spare.wait_warm). While an episode waits so,
+        the starter starts no spare: the episode's child imports alone, as it would without spares."""
+        if spare.warm:
+            return
+        with self._lock:
+            self._episodes_importing += 1
+        try:
+            spare.wait_warm(START_TIMEOUT_S)
+        finally:
+            with self._lock:
+                self._episodes_importing -= 1
+                self._lock.notify_all()
+
+    def started(self, libraries: tuple[str, ...]) -> None:
+        """A taken spare has started its episode: its successor may be started now."""
+        self._wake()
+
+    def reserve(self, libraries: tuple[str, ...], n: int) -> None:
+        """Keep ``n`` spares for ``libraries`` waiting (at least the one any set in use keeps),
+        until ``release(libraries, n)``; overlapping reservations add up."""
+        self.resize(libraries, None, n)
+
+    def resize(self, libraries: tuple[str, ...], old: int | None, new: int | None) -> None:
+        """Change a reservation of ``old`` spares to ``new`` (None: none), stopping spares no
+        longer wanted, so that a run keeps no more than it can still use."""
+        with self._lock:
+            reserved = self._reserved.setdefault(libraries, [])
+            if old is not None:
+                reserved.remove(old)
+            if new is not None:
+                reserved.append(new)
+            wanted = self._wanted[libraries] = max(1, sum(reserved))
+            waiting = self._waiting.get(libraries, [])
+            surplus = waiting[wanted:]
+            del waiting[wanted:]
+        for spare in surplus:
+            _Child(spare).stop()
+        self._wake()
+
+    def release(self, libraries: tuple[str, ...], n: int) -> None:
+        """End a reservation: spares beyond what is still wanted are stopped."""
+        self.resize(libraries, n, None)
+
+    def _wake(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            if self._starter is None or not self._starter.is_alive():
+                self._starter = threading.Thread(target=self._start_spares, name="sandbox-spares", daemon=True)
+                self._starter.start()
+            self._lock.notify_all()
+
+    def _short(self) -> tuple[str, ...] | None:
+        """A set of libraries with fewer spares waiting than wanted (the emptiest first)."""
+        short = [(len(self._waiting.get(libs, [])) - n, libs) for libs, n in self._wanted.items()]
+        short = [item for item in short if item[0] < 0]
+        return min(short)[1] if short else None
+
+    def _start_spares(self) -> None:
+        while True:
+            with self._lock:
+                while not self._closed and (self._episodes_importing or (libraries := self._short()) is None):
+                    self._lock.wait()
+                if self._closed:
+                    return
+            try:
+                spare = _Spare(libraries)
+            except SandboxError:
+                return  # the next take starts one, or says why it cannot
+            with self._lock:
+                if self._closed:
+                    _Child(spare).stop()
+                    return
+                self._waiting.setdefault(libraries, []).append(spare)
+            try:
+                spare.wait_warm(START_TIMEOUT_S)
+            except (OSError, EOFError, TimeoutError, ProtocolError):
+                pass  # a spare that died is found by take() and replaced
+
+    def pids(self) -> list[int]:
+        """The process ids of the spares waiting (the tests attack them)."""
+        with self._lock:
+            return [spare.proc.pid for spares in self._waiting.values() for spare in spares]
+
+    def waiting(self, libraries: tuple[str, ...]) -> list[tuple[int, bool]]:
+        """(process id, imports done) of each spare waiting for ``libraries``, oldest first."""
+        with self._lock:
+            return [(spare.proc.pid, spare.warm) for spare in self._waiting.get(libraries, [])]
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            spares = [spare for waiting in self._waiting.values() for spare in waiting]
+            self._waiting = {}
+            self._lock.notify_all()
+        for spare in spares:
+            _Child(spare).stop()
+
+    def _forget(self) -> None:
+        """In a forked copy of this process: the spares are the parent's children, not ours."""
+        self.__init__()
+
+
+SPARES = SparePool()
+atexit.register(SPARES.close)
+os.register_at_fork(after_in_child=SPARES._forget)
+
+
+class _Child:
+    """One child process and its pipes: a spare, once handed an episode."""
+
+    def __init__(self, spare: _Spare):
+        self.proc, self.stderr, self.memory_mb, self.requests = spare.proc, spare.stderr, 0, 0
+        self._spare = spare
+
+    @classmethod
+    def start(cls, env, memory_mb: int, cpu_budget_s: int, allow_unconfined: bool, libraries: tuple[str, ...]):
+        # The child receives read-only descriptors of exactly its environment's table files (opened
+        # here, so it never needs a path) and maps them before lockdown: nothing is serialised or
+        # copied per start (table_files.py). Opened before a spare is taken, so that a failure
+        # leaves nothing open and nothing started.
+        table_fds, passed = _open_table_files(env)
+        try:
+            spare = SPARES.take(libraries)
+        except BaseException:
             for fd in passed:
                 os.close(fd)
+            raise
+        self = cls(spare)
+        self.memory_mb = memory_mb
         config = {
             "start": env.start.isoformat(),
             "cutoff": env.cutoff.isoformat(),
@@ -155,20 +352,32 @@ class _Child:
             "memory_mb": memory_mb,
             "cpu_budget_s": cpu_budget_s,
             # The child mounts its empty root only in a mount namespace other than this one.
-            "parent_mount_namespace": os.readlink("/proc/self/ns/mnt") if prefix else None,
-            # (events, news) descriptor numbers per part, as inherited (unshare keeps them).
-            "table_fds": table_fds,
+            "parent_mount_namespace": os.readlink("/proc/self/ns/mnt") if spare.prefix else None,
+            "parts": len(table_fds),
         }
         # Requests go out non-blocking under a deadline: a child that stops reading its stdin
         # cannot hang the evaluation.
         os.set_blocking(self.proc.stdin.fileno(), False)
         deadline = time.monotonic() + START_TIMEOUT_S
         try:
-            self._send(json.dumps(config).encode(), deadline)
-            self.report = _checked_report(self.receive(START_TIMEOUT_S, READY_CAP_BYTES)) | {"namespaces": namespaces}
+            SPARES.wait_warm(spare)
+            with spare.channel:
+                spare.channel.settimeout(max(0.001, deadline - time.monotonic()))
+                payload = json.dumps(config).encode()
+                if spare.channel.send(payload) != len(payload):
+                    raise ProtocolError("the configuration did not go out whole")
+                for part in table_fds:
+                    socket.send_fds(spare.channel, [b"p"], part)
+            self.report = _checked_report(self.receive(deadline - time.monotonic(), READY_CAP_BYTES)) | {
+                "namespaces": spare.namespaces
+            }
         except (OSError, EOFError, TimeoutError, ProtocolError) as exc:
             detail = self.stop()
             raise SandboxError(f"the sandbox process did not start: {exc}; {detail}") from exc
+        finally:
+            for fd in passed:
+                os.close(fd)
+            SPARES.started(libraries)
         if str(self.report.get("seccomp", "unavailable")).startswith("unavailable") and not allow_unconfined:
             self.stop()
             raise SandboxError(
@@ -176,6 +385,7 @@ class _Child:
                 f"({self.report.get('seccomp')}); an operator may allow unconfined code blocks "
                 "with MIRAI_SANDBOX_ALLOW_UNCONFINED=true (docs/agent_api.md)"
             )
+        return self
 
     def _send(self, payload: bytes, deadline: float) -> None:
         """One length-prefixed message to the child's stdin, or TimeoutError at ``deadline``."""
@@ -247,6 +457,7 @@ class _Child:
 
     def stop(self) -> str:
         """Kill the child; return how it ended and the tail of its stderr (for error messages)."""
+        self._spare.channel.close()
         if self.proc.poll() is None:
             self.proc.kill()
         code = self.proc.wait()
@@ -306,7 +517,9 @@ class Sandbox:
                     f"written for {', '.join(SECCOMP_ARCHES)}; an operator may allow unconfined code "
                     "blocks with MIRAI_SANDBOX_ALLOW_UNCONFINED=true (docs/agent_api.md)"
                 )
-            self._child = _Child(self._env, memory_mb, self._cpu_budget_s, self._allow_unconfined, self._libraries)
+            self._child = _Child.start(
+                self._env, memory_mb, self._cpu_budget_s, self._allow_unconfined, self._libraries
+            )
             self.last_report = self._child.report
         return self._child
 

@@ -2,11 +2,13 @@
 
 Start-up, in this order: import everything agent code may use (polars, the API, the allow-listed
 modules, the libraries the parent names in ``--libraries``) and warm every cache that reads a file;
-read the configuration from stdin; map the environment's gated table files from the read-only
-descriptors the parent passed (their numbers are in the configuration) and close them; build the
-Environment; lock down (lockdown.py); reply with what the lockdown applied; then run code blocks
-until stdin closes. The child is never given a path, only descriptors of its cutoff's files, so the
-only rows it can hold are the ones on or before its cutoff.
+then wait, a *warm spare* holding no table and no code, until the parent hands it an episode over
+the Unix socket on ``--handover``: the configuration, then the read-only descriptors of the
+environment's gated table files (SCM_RIGHTS, one message per part); close that socket; map the
+files and close their descriptors; build the Environment; lock down (lockdown.py); reply with what
+the lockdown applied; then run code blocks until stdin closes. The child is never given a path,
+only descriptors of its cutoff's files, so the only rows it can hold are the ones on or before its
+cutoff (docs/agent_api.md, "Warm spares").
 
 Wire format both ways: a 4-byte big-endian length, then a JSON payload. A request is ``{"id": n, "code": ...}``, its reply ``{"id": n, "output": ...}``; the parent
 checks every reply against that shape and a size cap (sandbox.py), since agent code can write
@@ -22,6 +24,7 @@ import importlib.util
 import io
 import json
 import os
+import socket
 import struct
 import sys
 from datetime import date
@@ -69,6 +72,8 @@ WARM_UP_ROWS = 256
 # the tables' buffers point into them.
 MAPPINGS: list = []
 TRUNCATION_NOTE = f"\n[output truncated at {MAX_OBSERVATION_CHARS} characters]"
+# What a spare sends over its handover socket once its imports are done (sandbox.SparePool).
+WARM = b"warm"
 
 
 def read_message(stream) -> bytes:
@@ -295,6 +300,24 @@ def map_tables(table_fds: list[list[int]]):
     return pl.concat([e for e, _ in parts], rechunk=False), pl.concat([n for _, n in parts], rechunk=False)
 
 
+def receive_episode(handover: int) -> tuple[dict, list[list[int]]]:
+    """Tell the parent this spare is warm (its imports done: the pool starts the next spare only
+    then, so spares never import side by side), then wait for an episode: the configuration and
+    the (events, news) descriptors per part, over the SOCK_SEQPACKET socket ``handover`` (one
+    message each), which is then closed: after this the child holds no channel to the parent but
+    its pipes."""
+    with socket.socket(fileno=handover) as channel:
+        channel.send(WARM)
+        config = json.loads(channel.recv(1 << 20))
+        table_fds = []
+        for _ in range(config["parts"]):
+            _, fds, flags, _ = socket.recv_fds(channel, 1, 2)
+            if len(fds) != 2 or flags & socket.MSG_CTRUNC:
+                raise RuntimeError(f"a table part with {len(fds)} descriptors, not 2 (flags {flags:#x})")
+            table_fds.append(fds)
+    return config, table_fds
+
+
 def main() -> None:
 
     from pipeline.agent_api.environment import Environment
@@ -302,12 +325,14 @@ def main() -> None:
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--libraries", default="", help="comma-separated names from LIBRARIES")
-    requested = [name for name in parser.parse_args().libraries.split(",") if name]
+    parser.add_argument("--handover", type=int, required=True, help="the inherited socket an episode arrives on")
+    args = parser.parse_args()
+    requested = [name for name in args.libraries.split(",") if name]
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     _prepare_imports()
     loaded, libraries = _load_libraries(requested)
-    config = json.loads(read_message(stdin))
-    events, news = map_tables(config["table_fds"])
+    config, table_fds = receive_episode(args.handover)
+    events, news = map_tables(table_fds)
     settings = {
         "start": date.fromisoformat(config["start"]),
         "cutoff": date.fromisoformat(config["cutoff"]),

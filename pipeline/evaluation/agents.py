@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import date
 
 from pipeline.agent_api.environment import API_FUNCTIONS
-from pipeline.agent_api.sandbox import SandboxError, installed_libraries, layers
+from pipeline.agent_api.sandbox import DEFAULT_MEMORY_MB, SandboxError, installed_libraries, layers
 from pipeline.agent_api.types import DateGateError
 from pipeline.evaluation.llm import ChatClient, LLMError, Reply
 from pipeline.evaluation.metrics import parse_answer
@@ -141,6 +141,7 @@ class AgentSpec:
     max_tokens: int
     mode: str = "native"  # registry.MODES
     tools: str = "full"  # the API subset (environment.TOOL_SUBSETS); react only
+    memory_mb: int = DEFAULT_MEMORY_MB  # what each code block's sandbox may allocate; react only
 
 
 def code_libraries(spec: AgentSpec) -> tuple[str, ...]:
@@ -159,6 +160,7 @@ def react_environment(database, spec: AgentSpec, query_date: date, distance: int
         tools=spec.tools,
         count_both_actors=spec.mode == "mirai",
         code_libraries=code_libraries(spec),
+        memory_mb=spec.memory_mb,
     )
 
 

@@ -48,6 +48,7 @@ _LLM_FIELDS = _COMMON_FIELDS | {
     "mode",
     "tools",
     "concurrency",
+    "sandbox_memory_mb",
     "price_per_million_input_tokens",
     "price_per_million_output_tokens",
 }
@@ -58,7 +59,7 @@ _ENDPOINT_FIELDS = {"base_url", "model", "api_key_env", "requests_per_minute", "
 DEFAULT_HTTP_CONCURRENCY = 8
 # Only the react strategy calls tools, so only it has an action type and a step budget (MIRAI's
 # eval.py sets both to "none"/0 for direct and cot).
-_REACT_ONLY = ("action_type", "max_steps", "tools")
+_REACT_ONLY = ("action_type", "max_steps", "tools", "sandbox_memory_mb")
 
 
 class RegistryError(ValueError):
@@ -95,6 +96,8 @@ class Agent:
     mode: str | None = None  # for kind llm: one of MODES
     tools: str | None = None  # for strategy react: one of TOOLS
     concurrency: int | None = None  # for kind llm: episodes at once (DEFAULT_HTTP_CONCURRENCY; 1 for gguf)
+    # For strategy react: what each episode's code sandbox may allocate (MB); None: LlmRuntime's.
+    sandbox_memory_mb: int | None = None
     price_per_million_input_tokens: float | None = None  # USD, for scores.json's cost_usd
     price_per_million_output_tokens: float | None = None
 
@@ -246,6 +249,9 @@ def _parse_agent(entry: dict, base_dir: Path) -> Agent:
             mode=check("mode", lambda v: _choice(v, "mode", MODES), "native"),
             tools=check("tools", lambda v: _choice(v, "tools", TOOLS), "full") if react else None,
             concurrency=check("concurrency", lambda v: _positive_int(v, "concurrency")),
+            sandbox_memory_mb=check("sandbox_memory_mb", lambda v: _positive_int(v, "sandbox_memory_mb"))
+            if react
+            else None,
             price_per_million_input_tokens=check("price_per_million_input_tokens", _price),
             price_per_million_output_tokens=check("price_per_million_output_tokens", _price),
         )

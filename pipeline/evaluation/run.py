@@ -40,12 +40,13 @@ import polars as pl
 
 from pipeline.agent_api import EventDatabase
 from pipeline.agent_api.lookup import map_iso_to_country_name
-from pipeline.agent_api.sandbox import DEFAULT_MEMORY_MB
+from pipeline.agent_api.sandbox import DEFAULT_MEMORY_MB, SPARES
 from pipeline.database import MonthNotReady
 from pipeline.evaluation.agents import (
     AgentSpec,
     Query,
     Trajectory,
+    code_libraries,
     react_environment,
     run_react,
     run_single_turn,
@@ -66,6 +67,8 @@ from pipeline.evaluation.metrics import (
 from pipeline.evaluation.prompts import PROMPT_VERSION
 from pipeline.evaluation.registry import Agent, eligibility
 from pipeline.evaluation.throughput import (
+    SANDBOX_SHARED_MB,
+    SPARE_PRIVATE_MB,
     UNLIMITED,
     EpisodeLog,
     Progress,
@@ -295,7 +298,9 @@ def agent_tools(agent: Agent) -> str | None:
 _HASH_DEFAULTS = {"mode": (None, "native"), "tools": (None, "full")}
 # How fast and at what price an agent runs, not what it answers: changing them neither re-runs the
 # agent nor invalidates a half-finished run's checkpoint (docs/evaluation.md, "Concurrency").
-_NOT_HASHED = {"concurrency", "price_per_million_input_tokens", "price_per_million_output_tokens"}
+# The sandbox's memory budget is a run-time budget like max_tokens: recorded with the harness (and
+# so in the checkpoint's key), not a new agent.
+_NOT_HASHED = {"concurrency", "price_per_million_input_tokens", "price_per_million_output_tokens", "sandbox_memory_mb"}
 _ENDPOINT_NOT_HASHED = {"requests_per_minute", "tokens_per_minute"}
 
 
@@ -360,17 +365,43 @@ def _episode_columns(records: list[dict]) -> pl.DataFrame:
     )
 
 
+class _SpareDemand:
+    """The warm spares a concurrent ReAct run keeps (sandbox.SparePool): one per live sandbox
+    slot, started ahead while the first replies are awaited, and never more than the episodes
+    that have yet to start a sandbox, so that no spare is started only to be stopped unused."""
+
+    def __init__(self, libraries: tuple[str, ...], slots: int, episodes: int):
+        self._libraries, self._slots, self._left = libraries, slots, episodes
+        self._lock = threading.Lock()
+        self._n = min(slots, episodes)
+        SPARES.reserve(libraries, self._n)
+
+    def started(self) -> None:
+        """One episode has taken its sandbox, or ended without one."""
+        with self._lock:
+            self._left -= 1
+            old, self._n = self._n, min(self._slots, self._left)
+            if old != self._n:
+                SPARES.resize(self._libraries, old, self._n)
+
+    def release(self) -> None:
+        with self._lock:
+            SPARES.release(self._libraries, self._n)
+
+
 class _SlottedEnvironment:
     """An episode's Environment whose sandbox counts against the run's SandboxSlots: the first
-    code run (which starts the sandbox) waits for a slot, closing (which stops it) frees it."""
+    code run (which starts the sandbox) waits for a slot, closing (which stops it) frees it.
+    ``started`` is called once the slot is taken (the run's _SpareDemand)."""
 
-    def __init__(self, env, slots: SandboxSlots):
-        self._env, self._slots, self._held = env, slots, False
+    def __init__(self, env, slots: SandboxSlots, started: Callable[[], None]):
+        self._env, self._slots, self._held, self._started = env, slots, False, started
 
     def run_code(self, code: str, timeout_s: float | None = None, memory_mb: int | None = None) -> str:
         if not self._held:
             self._slots.acquire()
             self._held = True
+            self._started()
         return self._env.run_code(code, timeout_s=timeout_s, memory_mb=memory_mb)
 
     @property
@@ -397,6 +428,7 @@ def _episode(
     database: EventDatabase | None,
     database_lock: threading.Lock,
     sandboxes: SandboxSlots,
+    started: Callable[[], None],
 ) -> Trajectory:
     cutoff = query.date - timedelta(days=distance)
     if spec.strategy != "react":
@@ -407,7 +439,7 @@ def _episode(
         # environment is a concat and a slice, and its sandbox starts later, in this episode's thread.
         with database_lock:
             env = react_environment(database, spec, query.date, distance)
-        return _SlottedEnvironment(env, sandboxes)
+        return _SlottedEnvironment(env, sandboxes, started)
 
     return run_react(client, spec, query, cutoff, environment, first_day=database.start)
 
@@ -429,12 +461,14 @@ def episode_concurrency(agent: Agent, requested: int | None = None) -> int:
     return max(1, requested or agent.episode_concurrency)
 
 
-def sandbox_slots(concurrency: int, tables_mb: float) -> SandboxSlots:
+def sandbox_slots(concurrency: int, tables_mb: float, memory_mb: int = DEFAULT_MEMORY_MB) -> SandboxSlots:
     """Live sandboxes at most: as many as the episodes, and no more than fit in the machine's
-    available memory, all mapping ``tables_mb`` of gated tables (shared) and each allowed the
-    sandbox's own memory limit on top (throughput.sandbox_cap)."""
-    start_mb = sandbox_start_mb(tables_mb)
-    return SandboxSlots(min(concurrency, sandbox_cap(DEFAULT_MEMORY_MB, start_mb, shared_mb=tables_mb)))
+    available memory (throughput.sandbox_cap), each with a warm spare beside it (the run reserves
+    one spare per slot: sandbox.SparePool), all mapping ``tables_mb`` of gated tables and the
+    libraries' code (shared, once), and each sandbox allowed ``memory_mb`` on top of its start."""
+    per_pair_mb = sandbox_start_mb(tables_mb) + SPARE_PRIVATE_MB
+    shared_mb = tables_mb + SANDBOX_SHARED_MB
+    return SandboxSlots(min(concurrency, sandbox_cap(memory_mb, per_pair_mb, shared_mb=shared_mb)))
 
 
 def gated_tables_mb(database: EventDatabase, frame: pl.DataFrame, distance: int) -> float:
@@ -468,14 +502,27 @@ def run_episodes(
         progress.tokens_in += record["tokens_in"]
         progress.tokens_out += record["tokens_out"]
     pending = [(r, q) for r in range(rounds) for q in queries if (r, q.query_id) not in records]
+    spares = (
+        _SpareDemand(code_libraries(spec), sandboxes.n, len(pending))
+        if spec.strategy == "react" and concurrency > 1 and pending
+        else None
+    )
 
     def work(round_no: int, query: Query) -> None:
+        once = threading.Lock()  # the episode counts once in the spare demand: at its sandbox or its end
+
+        def started() -> None:
+            if spares is not None and once.acquire(blocking=False):
+                spares.started()
+
         try:
-            trajectory = _episode(client, spec, query, distance, database, lock, sandboxes)
+            trajectory = _episode(client, spec, query, distance, database, lock, sandboxes, started)
         except ModelUnavailable:
             raise
         except Exception as exc:
             trajectory = _failed_episode(spec, query, exc)
+        finally:
+            started()
         # Through JSON once, so that a fresh episode's record and a resumed one's are the same.
         record = json.loads(json.dumps(trajectory.record(), default=str))
         log.append(round_no, query.query_id, record)
@@ -494,6 +541,8 @@ def run_episodes(
             # On a failure or an interruption (a terminated Dagster run) no new episode starts;
             # those in flight finish and are checkpointed, so the next run need not redo them.
             pool.shutdown(wait=True, cancel_futures=True)
+            if spares is not None:
+                spares.release()
     return [[records[(r, q.query_id)] for q in queries] for r in range(rounds)]
 
 
@@ -549,13 +598,15 @@ def evaluate_agent(
     progress: Callable[[str], None] | None = None,
     progress_interval_s: float = 30.0,
     sandboxes: SandboxSlots | None = None,
+    sandbox_memory_mb: int = DEFAULT_MEMORY_MB,
 ) -> tuple[pl.DataFrame, dict]:
     """Run an LLM agent on every query, ``agent.rounds`` times, score each round and store the
     run with its trajectories (see the module doc). ``client`` defaults to the one the registry
     entry describes, its requests bounded by the endpoint's limits (the entry's, else ``limits``);
     ``database`` (for ReAct) to the data dir's event database, loaded once for all queries.
     Episodes run ``episode_concurrency`` at once, their live sandboxes bounded by ``sandboxes``
-    (default ``sandbox_slots``); each finished one is checkpointed beside the
+    (default ``sandbox_slots``), each allowed the agent's ``sandbox_memory_mb``, else
+    ``sandbox_memory_mb``, and as many warm spares kept ready; each finished one is checkpointed beside the
     run's directory, so a killed run resumes where it stopped. ``progress`` gets a line (episodes
     done, tokens) at most every ``progress_interval_s``. Returns the per-query results of every
     round and the scores record."""
@@ -573,6 +624,7 @@ def evaluate_agent(
         client_settings.max_tokens,
         mode=agent_mode(agent),
         tools=agent_tools(agent) or "full",
+        memory_mb=agent.sandbox_memory_mb or sandbox_memory_mb,
     )
     client = client or client_for(agent, client_settings, RateLimiter(endpoint_limits(agent, limits)))
     if spec.strategy == "react" and database is None:
@@ -583,10 +635,12 @@ def evaluate_agent(
         "max_tokens": client_settings.max_tokens,
         "n_ctx": client_settings.n_ctx,
         "seed": client_settings.seed,
+        # A code block's memory budget: beyond it a block's observation is a MemoryError.
+        **({"sandbox_memory_mb": spec.memory_mb} if spec.strategy == "react" else {}),
     }
     concurrency = episode_concurrency(agent, concurrency)
     if sandboxes is None and spec.strategy == "react" and concurrency > 1:
-        sandboxes = sandbox_slots(concurrency, gated_tables_mb(database, frame, distance))
+        sandboxes = sandbox_slots(concurrency, gated_tables_mb(database, frame, distance), spec.memory_mb)
     directory = DataLayout(data_dir).evaluation_dir(month, agent.name, query_set, distance)
     log = EpisodeLog(checkpoint_path(directory), _checkpoint_key(agent, harness, frame, distance))
     episodes = run_episodes(

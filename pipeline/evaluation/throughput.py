@@ -33,13 +33,18 @@ BACKOFF_BASE_S = 1.0
 BACKOFF_MAX_S = 60.0
 # Memory left to everything else (the parent's tables, the page cache) when sizing the sandbox cap.
 MEMORY_HEADROOM = 0.8
-# What a sandbox child holds once started, besides what its code allocates: the interpreter,
-# polars and pyarrow (~150 MB resident, measured with a 2-month database), plus its private pages
-# over the gated tables. The tables themselves are read-only files the child memory-maps
-# (pipeline/agent_api/table_files.py): their pages are the page cache's, shared by every child of
-# a cutoff, so they count once, not per sandbox (measured over 14 months, 1.1 GB of tables: a
-# child's resident size 154 MB, 56 MB of it private; bench/sandbox_start.py --history).
-SANDBOX_BASE_MB = 150
+# What a sandbox child holds besides what its code allocates, measured with smaps_rollup
+# (proc(5)) on a 2-month database with numpy and pandas loaded, the largest library set a
+# MIRAI-style agent gets (docs/evaluation.md, "Memory"): the interpreter's and libraries' code and
+# read-only data are file pages every sandbox and spare shares (78-101 MB), counted once; a started
+# sandbox's private pages were 49 MB without libraries and 84 MB with numpy and pandas after a
+# MIRAI-style code block, a waiting spare's 38 and 75 MB. Plus, per sandbox, its private pages over
+# the gated tables; the tables themselves are read-only files every child of a cutoff memory-maps
+# (pipeline/agent_api/table_files.py), in the page cache once, so they count once (over 14 months,
+# 1.1 GB of tables, a child's private pages were 56 MB: bench/sandbox_start.py --history).
+SANDBOX_SHARED_MB = 100
+SANDBOX_PRIVATE_MB = 100
+SPARE_PRIVATE_MB = 100
 PRIVATE_PER_TABLE_MB = 0.05
 
 
@@ -158,18 +163,18 @@ def available_memory_bytes() -> int:
 
 
 def sandbox_start_mb(tables_mb: float) -> float:
-    """A started sandbox's own resident memory when it maps ``tables_mb`` of gated tables."""
-    return SANDBOX_BASE_MB + PRIVATE_PER_TABLE_MB * tables_mb
+    """A started sandbox's own (private) memory when it maps ``tables_mb`` of gated tables."""
+    return SANDBOX_PRIVATE_MB + PRIVATE_PER_TABLE_MB * tables_mb
 
 
 def sandbox_cap(
     memory_limit_mb: int, start_mb: float, available_bytes: int | None = None, shared_mb: float = 0.0
 ) -> int:
     """How many sandboxes may be live at once: MEMORY_HEADROOM of the available memory, less the
-    ``shared_mb`` every sandbox maps (the gated tables' files, in the page cache once), divided by
-    what one may hold (``start_mb``, see sandbox_start_mb, plus the ``memory_limit_mb`` its code
-    may allocate on top); at least 1, so that a small machine runs them one at a time rather
-    than not at all."""
+    ``shared_mb`` every sandbox maps (the gated tables' files and the libraries' code, in the page
+    cache once), divided by what one may hold (``start_mb``, see sandbox_start_mb, plus the
+    ``memory_limit_mb`` its code may allocate on top); at least 1, so that a small machine runs
+    them one at a time rather than not at all."""
     available = available_memory_bytes() if available_bytes is None else available_bytes
     per_sandbox = (start_mb + memory_limit_mb) * 2**20
     return max(1, math.floor((available * MEMORY_HEADROOM - shared_mb * 2**20) / per_sandbox))
