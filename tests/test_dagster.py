@@ -140,10 +140,10 @@ def test_schedule_targets_the_right_day(tick, expected):
     from sensors.schedules import gdelt_every_15_minutes
 
     with dg.instance_for_test() as instance:
-        context = dg.build_schedule_context(
+        with dg.build_schedule_context(
             instance=instance, scheduled_execution_time=tick, repository_def=defs.get_repository_def()
-        )
-        requests_ = list(gdelt_every_15_minutes.evaluate_tick(context).run_requests)
+        ) as context:
+            requests_ = list(gdelt_every_15_minutes.evaluate_tick(context).run_requests)
     assert [r.partition_key for r in requests_] == expected
     assert len({r.run_key for r in requests_}) == len(requests_)
     assert gdelt_every_15_minutes.cron_schedule == "5,20,35,50 * * * *"
@@ -163,10 +163,10 @@ def test_articles_schedule_targets_the_day_and_finishes_the_previous_one(tick, e
     from sensors.schedules import articles_hourly
 
     with dg.instance_for_test() as instance:
-        context = dg.build_schedule_context(
+        with dg.build_schedule_context(
             instance=instance, scheduled_execution_time=tick, repository_def=defs.get_repository_def()
-        )
-        requests_ = list(articles_hourly.evaluate_tick(context).run_requests)
+        ) as context:
+            requests_ = list(articles_hourly.evaluate_tick(context).run_requests)
     assert [r.partition_key for r in requests_] == expected
     assert articles_hourly.job_name == "articles_daily"
 

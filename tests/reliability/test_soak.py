@@ -114,10 +114,11 @@ def test_200_ticks_of_the_schedule_with_faults_land_every_slot(tmp_path, monkeyp
             if n < TICKS:
                 faults += inject(mirror, publisher, tick, rng)
             monkeypatch.setattr("pipeline.gdelt.ingest.utc_now", lambda tick=tick: tick)
-            context = dg.build_schedule_context(
+            with dg.build_schedule_context(
                 instance=instance, scheduled_execution_time=tick, repository_def=soak_defs.get_repository_def()
-            )
-            for request in gdelt_every_15_minutes.evaluate_tick(context).run_requests:
+            ) as context:
+                requests = gdelt_every_15_minutes.evaluate_tick(context).run_requests
+            for request in requests:
                 result = job.execute_in_process(
                     instance=instance,
                     partition_key=request.partition_key,
