@@ -393,7 +393,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
     release store's submissions/ (docs/evaluation.md, "Submissions")."""
     from pipeline.evaluation.scoring import InvalidPredictions, ScoringError, bounded, split_directory
     from pipeline.evaluation.submissions import (
+        LiveMetadata,
         SubmissionError,
+        check_live_locally,
         check_name_free,
         cutoff_rule,
         prepare,
@@ -413,6 +415,20 @@ def cmd_submit(args: argparse.Namespace) -> int:
         check_name_free(store, prepared.name)
     except SubmissionError as exc:
         raise CommandError(str(exc)) from None
+    if isinstance(prepared.meta, LiveMetadata):
+        manifest, problems = check_live_locally(prepared, store)
+        if problems:
+            for line in bounded(problems):
+                print(line, file=sys.stderr)
+            raise CommandError(f"{len(problems)} problem(s); nothing was uploaded")
+        deadline = manifest.get("deadline")
+        print(f"round {prepared.meta.round}: accepted if the upload reaches the store before its deadline {deadline}")
+        try:
+            upload(store, prepared)
+        except SubmissionError as exc:
+            raise CommandError(str(exc)) from None
+        print(f"submitted {prepared.name!r} to {store.description} (submissions/{prepared.name}/)")
+        return 0
     month = prepared.meta.month
     try:
         split = split_directory(str(args.split) if args.split else month, settings.data_dir)

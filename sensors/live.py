@@ -18,7 +18,7 @@ from pipeline.storage import DataLayout
 
 FIRST_HOUR, LAST_HOUR = 2, 12
 
-live_round_job = dg.define_asset_job("live_round", selection=[live_round], executor_def=dg.in_process_executor)
+live_round_job = dg.define_asset_job("live_round_publication", selection=[live_round], executor_def=dg.in_process_executor)
 
 
 @dg.schedule(

@@ -83,29 +83,33 @@ def test_the_schedule_waits_for_yesterdays_files_until_noon(tmp_path):
     defs = dg.Definitions(assets=[live_round], jobs=[live_round_job], schedules=[live_round_daily], resources=resources)
 
     def tick(at: datetime):
-        with dg.instance_for_test() as instance:
-            context = dg.build_schedule_context(
-                instance=instance,
-                scheduled_execution_time=at,
-                repository_def=defs.get_repository_def(),
-                resources={"dataset": resources["dataset"]},
-            )
-            return live_round_daily.evaluate_tick(context)
+        context = dg.build_schedule_context(
+            instance=instance,
+            scheduled_execution_time=at,
+            repository_def=defs.get_repository_def(),
+            resources={"dataset": resources["dataset"]},
+        )
+        return live_round_daily.evaluate_tick(context)
 
     day = date(2024, 3, 10)
-    early = tick(datetime(2024, 3, 10, 3, tzinfo=UTC))
-    assert early.run_requests == [] and "round 2024-03-10 waits for 2024-03-09's" in early.skip_message
-    noon = tick(datetime(2024, 3, 10, 12, tzinfo=UTC))
-    assert [(r.run_key, r.partition_key) for r in noon.run_requests] == [("live-2024-03-10", "2024-03-10")]
-    write_days(Settings(data_dir=tmp_path / "data"), [day - timedelta(days=1)], [])
-    ready = tick(datetime(2024, 3, 10, 2, tzinfo=UTC))
-    assert [r.run_key for r in ready.run_requests] == ["live-2024-03-10"]
+    with dg.instance_for_test() as instance:
+        early = tick(datetime(2024, 3, 10, 3, tzinfo=UTC))
+        assert early.run_requests == [] and "round 2024-03-10 waits for 2024-03-09's" in early.skip_message
+        noon = tick(datetime(2024, 3, 10, 12, tzinfo=UTC))
+        assert [(r.run_key, r.partition_key) for r in noon.run_requests] == [("live-2024-03-10", "2024-03-10")]
+        write_days(Settings(data_dir=tmp_path / "data"), [day - timedelta(days=1)], [])
+        ready = tick(datetime(2024, 3, 10, 2, tzinfo=UTC))
+        assert [r.run_key for r in ready.run_requests] == ["live-2024-03-10"]
     assert live_round_daily.default_status == dg.DefaultScheduleStatus.STOPPED
 
 
 def test_the_code_location_has_the_live_round():
     from definitions import defs
 
-    assert defs.resolve_job_def("live_round") is not None
+    # Inside an instance of its own: loading sets Dagster's current state storage, and a stale one
+    # an earlier test's instance left would break it (as in test_leaderboard).
+    with dg.instance_for_test():
+        repository = defs.get_repository_def()  # validates the whole code location (unique names...)
+    assert repository.get_job("live_round_publication") is not None
     assert defs.resolve_schedule_def("live_round_daily").cron_schedule == "0 2-12 * * *"
     assert defs.resolve_assets_def("live_round").group_names_by_key[live_round.key] == "live"

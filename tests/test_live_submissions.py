@@ -15,6 +15,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+from pipeline.cli import main
 from pipeline.evaluation import submissions as sub
 from pipeline.live.rounds import publish_round
 from pipeline.release import LocalStore, open_store
@@ -256,3 +257,22 @@ def test_the_record_of_a_live_submission_is_where_the_pointer_says(published):
     pointer = Path(settings.data_dir) / "submissions" / "live-2024-03-10-recurrency" / "live.json"
     assert json.loads(pointer.read_bytes()) == {"round": "2024-03-10"}
     assert sub.read_live_record(settings.data_dir, "live-2024-03-10-recurrency")["status"] == "accepted"
+
+
+def test_mirai_submit_checks_a_live_submission_against_the_published_round(published, tmp_path, capsys):
+    settings, store = published
+    preds, meta = tmp_path / "predictions.jsonl", tmp_path / "submission.json"
+    meta.write_text(json.dumps(META))
+    preds.write_text(json.dumps({"query_id": "2024-03-10-0099", "answer": []}) + "\n")
+    assert main(["submit", str(preds), "--meta", str(meta), "--name", "cli", "--store", str(store.root)]) == 1
+    assert "unknown query_id '2024-03-10-0099'" in capsys.readouterr().err
+    assert store.stat("submissions/cli/submission.json") is None
+    preds.write_text("".join(json.dumps(r) + "\n" for r in good_records(settings)))
+    assert main(["submit", str(preds), "--meta", str(meta), "--name", "cli", "--store", str(store.root)]) == 0
+    out = capsys.readouterr().out
+    assert "round 2024-03-10: accepted if the upload reaches the store before its deadline 2024-03-11T00:00:00" in out
+    # The replayed round's deadline is 19 hours after its manifest reached the store (just now).
+    assert sub.process(store, "cli", settings.data_dir, now=NOW)["status"] == "accepted"
+    meta.write_text(json.dumps(META | {"round": "2024-03-11"}))
+    assert main(["submit", str(preds), "--meta", str(meta), "--name", "cli2", "--store", str(store.root)]) == 1
+    assert "round 2024-03-11 is not published" in capsys.readouterr().err

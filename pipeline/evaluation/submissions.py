@@ -49,6 +49,7 @@ from pipeline.evaluation.scoring import (
 from pipeline.live.rounds import read_local_manifest, recorded_baselines, round_dir
 from pipeline.release import POINTER_CACHE, ListedKey, ReleaseError, ReleaseStore
 from pipeline.release_layout import (
+    LIVE_QUESTIONS,
     MANIFEST_NAME,
     PREDICTION_NAMES,
     SPLIT_FILES,
@@ -850,7 +851,7 @@ class Prepared:
     """A submission checked on the submitter's machine, ready to upload."""
 
     name: str
-    meta: Metadata
+    meta: Metadata | LiveMetadata
     metadata: bytes  # submission.json as read
     filename: str  # predictions.<ext>
     predictions: bytes
@@ -887,7 +888,7 @@ def prepare(name: str, predictions: Path, metadata: Path) -> tuple[Prepared | No
     meta, raw, data = None, b"", b""
     try:
         raw = _read_local(metadata, MAX_METADATA_BYTES, SUBMISSION_META)
-        meta, _, found = parse_metadata(raw)
+        meta, _, found = (parse_live_metadata if is_live_metadata(raw) else parse_metadata)(raw)
         problems += [line.replace(SUBMISSION_META, str(metadata), 1) for line in found]
     except SubmissionError as exc:
         problems.append(str(exc))
@@ -908,6 +909,30 @@ def score_locally(prepared: Prepared, split_dir: Path):
         return score_predictions(
             path, split_dir, sample=prepared.meta.query_set == "queries_sample", distance=prepared.meta.distance
         )
+
+
+def check_live_locally(prepared: Prepared, store: ReleaseStore) -> tuple[dict, list[str]]:
+    """(the round's published manifest, one line per problem): the checks acceptance applies to a
+    live submission's predictions, against the round's questions.jsonl as the store publishes it."""
+    day = prepared.meta.round.isoformat()
+    where = f"{live_round_key(day, MANIFEST_NAME)} in {store.description}"
+    try:
+        manifest = json.loads(store.get_bytes(live_round_key(day, MANIFEST_NAME), limit=MAX_METADATA_BYTES) or b"null")
+        questions = store.get_bytes(live_round_key(day, LIVE_QUESTIONS), limit=MAX_SUBMISSION_BYTES)
+        query_ids = [json.loads(line)["query_id"] for line in (questions or b"").splitlines()]
+    except (ValueError, RecursionError, TypeError, KeyError, UnsafeRelease) as exc:
+        return {}, [f"round {day}: its published files cannot be read ({type(exc).__name__})"]
+    if not isinstance(manifest, dict) or not query_ids:
+        return {}, [f"round {day} is not published in {store.description} (no {where})"]
+    with tempfile.TemporaryDirectory(prefix="mirai-submit-") as private:
+        path = Path(private) / prepared.filename
+        path.write_bytes(prepared.predictions)
+        try:
+            rounds, problems = read_submission(path, query_ids)
+        except ScoringError as exc:
+            return manifest, [str(exc).replace(str(path), prepared.filename)]
+    _, found, _ = match_queries(rounds, dict.fromkeys(query_ids))
+    return manifest, [f"{prepared.filename}: {line}" for line in problems + found]
 
 
 def check_name_free(store: ReleaseStore, name: str) -> None:
