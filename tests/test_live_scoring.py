@@ -163,15 +163,26 @@ def test_unscorable_submissions_are_listed_and_the_others_scored(resolved):
     assert card["problems"] == ["hostile: record.json unreadable (UnicodeDecodeError)"]
 
 
-def normalised(store, name: str) -> pl.DataFrame:
-    """A baseline's uploaded predictions.jsonl as normalised predictions (relations, p_event)."""
-    lines = [json.loads(line) for line in store.get_bytes(f"submissions/{name}/predictions.jsonl").splitlines()]
-    return frame([(x["query_id"], sorted(c for cs in x["answer"].values() for c in cs), x["p_event"]) for x in lines])
+def upload(store, name: str, predictions: pl.DataFrame) -> None:
+    """A submitter's upload (predictions.jsonl, then submission.json naming the round) written
+    straight into the local store, as anyone with write access to submissions/ could."""
+    directory = store.root / "submissions" / name
+    directory.mkdir(parents=True)
+    lines = [
+        json.dumps({"query_id": q, "answer": to_answer_dict(r)} | ({} if p is None else {"p_event": p})) + "\n"
+        for q, r, p in predictions.iter_rows()
+    ]
+    (directory / "predictions.jsonl").write_text("".join(lines))
+    meta = {"model": name, "knowledge_cutoff": "2024-03-01", "contact": "me@example.org", "round": str(ROUND)}
+    (directory / "submission.json").write_text(json.dumps(meta))
 
 
-def test_the_published_rounds_own_baselines_with_p_event_top_every_degenerate_strategy(tmp_path):
-    """The round as pipeline/live/rounds.py publishes it from a realistic world, its baselines as
-    uploaded (with their p_event), resolved and scored here."""
+def test_a_published_round_with_accepted_submissions_ranks_its_baselines_above_every_degenerate_one(tmp_path):
+    """End to end with the round publisher and the submission acceptance of pipeline/live/rounds.py
+    and pipeline/evaluation/submissions.py: a round published from a realistic world (active pairs
+    test-grade), its own baselines (with p_event) and the degenerate strategies uploaded and
+    accepted before the deadline, then resolved, scored and boarded here."""
+    from pipeline.evaluation import submissions
     from pipeline.live.board import build_leaderboard
     from pipeline.live.rounds import publish_round
     from pipeline.release import LocalStore
@@ -182,24 +193,26 @@ def test_the_published_rounds_own_baselines_with_p_event_top_every_degenerate_st
     publication = publish_round(ROUND, settings, store, now=midnight(ROUND) + timedelta(hours=1))
     assert publication.drawn == {"active": 30, "quiet": 10}
     questions = pl.read_parquet(settings.data_dir / "live" / str(ROUND) / "questions.parquet")
-    for method in ("recurrency", "frequency"):
-        name = f"live-{ROUND}-{method}"
-        write_accepted(settings, ROUND, name, normalised(store, name), baseline=True, model=f"{method} baseline")
+    # The base rate of the answers to come: a forecaster's best constant p_event (it cannot know it).
+    base_rate = 0.6
+    for name, predictions in degenerate(questions, base_rate).items():
+        upload(store, name, predictions)
+    processing = midnight(ROUND) + timedelta(hours=6)
+    found = submissions.triage(store, settings.data_dir, now=processing)
+    assert len(found.ready) == 2 + len(degenerate(questions, base_rate))
+    for name in found.ready:
+        assert submissions.process(store, name, settings.data_dir, now=processing)["status"] == "accepted", name
     assert (
         resolve_round(ROUND, settings, now=midnight(TARGETS[-1]) + timedelta(days=2), store=store).resolved == TARGETS
     )
     answers = resolved_answers(settings, ROUND)
-    base_rate = answers.select((pl.col("answer_list").list.len() > 0).mean()).item()
-    for name, predictions in degenerate(questions, base_rate).items():
-        write_accepted(settings, ROUND, name, predictions, model=name)
+    assert answers.select((pl.col("answer_list").list.len() > 0).mean()).item() == pytest.approx(base_rate)
     card = score_round(settings, ROUND)
     live = {name: entry["metrics"]["live_score"]["value"] for name, entry in card["submissions"].items()}
-    print("published round, live scores:", json.dumps(live, indent=1), "base rate", base_rate)
+    print("published round, live scores:", json.dumps(live, indent=1))
     assert card["submissions"][f"live-{ROUND}-frequency"]["occurrence_forecast"] == "probability"
     floor = min(live[f"live-{ROUND}-recurrency"], live[f"live-{ROUND}-frequency"])
     assert all(live[name] < floor for name in degenerate(questions, base_rate)), live
     ranks = {row["name"]: row["rank"] for row in build_leaderboard(settings)["rounds"][0]["rows"]}
-    assert all(
-        ranks[name] > max(ranks["recurrency baseline"], ranks["frequency baseline"])
-        for name in degenerate(questions, base_rate)
-    )
+    worst_baseline = max(ranks["recurrency baseline"], ranks["frequency baseline"])
+    assert all(ranks[name] > worst_baseline for name in degenerate(questions, base_rate)), ranks

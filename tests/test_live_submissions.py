@@ -276,3 +276,24 @@ def test_mirai_submit_checks_a_live_submission_against_the_published_round(publi
     meta.write_text(json.dumps(META | {"round": "2024-03-11"}))
     assert main(["submit", str(preds), "--meta", str(meta), "--name", "cli2", "--store", str(store.root)]) == 1
     assert "round 2024-03-11 is not published" in capsys.readouterr().err
+
+
+def test_hostile_live_uploads_are_refused_without_reading_or_writing_outside(published, monkeypatch):
+    settings, store = published
+    # A round that is a path: refused in one line, nothing created outside the data directory's areas.
+    upload(store, "path", good_records(settings), META | {"round": "../../../etc"})
+    record = sub.process(store, "path", settings.data_dir, now=NOW)
+    assert record["reasons"] == ["submission.json: round must be a day YYYY-MM-DD, got '../../../etc'"]
+    assert sorted(p.name for p in (settings.data_dir / "live").iterdir()) == ["2024-03-10"]
+    # Predictions over the cap: refused by their listed size, never read.
+    monkeypatch.setattr(sub, "MAX_SUBMISSION_BYTES", 100)
+    upload(store, "big", good_records(settings), at=manifest_mtime(store) + 60)
+    read = store.get_bytes
+
+    def get_bytes(key, limit=None):
+        assert not key.endswith("predictions.jsonl"), f"{key} was read"
+        return read(key, limit=limit)
+
+    monkeypatch.setattr(store, "get_bytes", get_bytes)
+    record = sub.process(store, "big", settings.data_dir, now=NOW)
+    assert record["status"] == "rejected" and "over the 100 cap; not read" in record["reasons"][0]

@@ -45,7 +45,7 @@ class RoundNotPublished(RuntimeError):
 
 
 def answers_path(settings: Settings, round_day: date, target: date) -> Path:
-    return round_dir(settings, round_day) / "answers" / f"{target.isoformat()}.parquet"
+    return round_dir(settings.data_dir, round_day) / "answers" / f"{target.isoformat()}.parquet"
 
 
 @dataclass(frozen=True)
@@ -107,7 +107,7 @@ class RoundResolution:
 
 def read_round(settings: Settings, round_day: date) -> tuple[pl.DataFrame, dict]:
     """The round's private questions and its published manifest, as stored at publication."""
-    directory = round_dir(settings, round_day)
+    directory = round_dir(settings.data_dir, round_day)
     questions, manifest = directory / "questions.parquet", directory / "manifest.json"
     if not questions.exists() or not manifest.exists():
         raise RoundNotPublished(f"round {round_day}: no published round under {directory}")
@@ -209,7 +209,7 @@ def resolve_round(
 
 def resolved_answers(settings: Settings, round_day: date) -> pl.DataFrame:
     """Every resolved answer of the round so far (ANSWERS_SCHEMA), in query_id order."""
-    directory = round_dir(settings, round_day) / "answers"
+    directory = round_dir(settings.data_dir, round_day) / "answers"
     paths = sorted(p for p in directory.glob("*.parquet") if is_day(p.stem)) if directory.is_dir() else []
     if not paths:
         return ANSWERS_SCHEMA.to_frame()
@@ -226,7 +226,7 @@ def published_round_days(settings: Settings) -> list[date]:
 def resolvable_dates(settings: Settings, round_day: date, now: datetime) -> list[date]:
     """The round's target dates that are not resolved yet and would resolve now; reads the
     manifest and each such date's ledger only (a sensor asks this of every round on every tick)."""
-    manifest = json.loads((round_dir(settings, round_day) / "manifest.json").read_text())
+    manifest = json.loads((round_dir(settings.data_dir, round_day) / "manifest.json").read_text())
     if now < deadline_of(manifest):
         return []
     return [

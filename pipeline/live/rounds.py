@@ -33,7 +33,7 @@ from pipeline.config import Settings
 from pipeline.database import linked_events
 from pipeline.evaluation.baselines import forecast
 from pipeline.reference import country_names, region_table
-from pipeline.release import POINTER_CACHE, ReleaseConflict, ReleaseError, ReleaseStore, sha256_hex
+from pipeline.release import IMMUTABLE_CACHE, POINTER_CACHE, ReleaseConflict, ReleaseError, ReleaseStore, sha256_hex
 from pipeline.release_layout import (
     LIVE_ANSWERS,
     LIVE_INDEX_KEY,
@@ -441,10 +441,10 @@ def publish_round(day: date, settings: Settings, store: ReleaseStore, *, now: da
                 f"round {day}: publication at {_iso(now)} is not before its deadline {_iso(due)}; a round is "
                 "published before any of its answers can happen, never after"
             )
-        problem = _put_once(store, live_round_key(day.isoformat(), LIVE_QUESTIONS), questions, "no-cache")
+        problem = _put_once(store, live_round_key(day.isoformat(), LIVE_QUESTIONS), questions, IMMUTABLE_CACHE)
         if problem:
             raise ReleaseConflict(f"round {day}: {problem}; a published round is never rewritten")
-        written = store.put_bytes(manifest_key, manifest_bytes(ours), cache_control="no-cache", if_absent=True)
+        written = store.put_bytes(manifest_key, manifest_bytes(ours), cache_control=IMMUTABLE_CACHE, if_absent=True)
         published = manifest_bytes(ours) if written else store.get_bytes(manifest_key, limit=MAX_JSON_BYTES)
     else:
         written = False
