@@ -7,6 +7,7 @@ from datetime import UTC, date, datetime
 
 import dagster as dg
 
+from assets.live import live_round
 from assets.partitions import daily_partitions
 from assets.resources import Dataset, LiveRounds, ReleaseBucket, pipeline_settings
 from pipeline.live.board import RANK_RULE, publish_live_leaderboard, write_live_leaderboard
@@ -37,6 +38,7 @@ def _scores_table(card: dict) -> str:
 
 
 @dg.asset(
+    deps=[live_round],
     partitions_def=daily_partitions,
     group_name="live",
     code_version=RESOLUTION_VERSION,

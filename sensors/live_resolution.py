@@ -2,7 +2,7 @@
 
 Each tick asks every published round (a local live/<D>/manifest.json) which of its target dates
 are unresolved and would resolve now (pipeline/live/resolve.py resolvable_dates: deadline passed,
-ledger settled, files stored, grace over) and requests one `live_resolution` run for each round
+ledger settled, files stored, grace over) and requests one `live_round_resolution` run (the `live_resolution` asset) for each round
 with such dates. The run key ``live_resolution:<D>:<dates>`` makes a re-tick a no-op (Dagster
 never launches a run key twice); once the run has resolved them, the dates are no longer asked
 for. When live_resolution was materialised since the last refresh and none is in flight, it
@@ -20,7 +20,7 @@ from pipeline.live.resolve import published_round_days, resolvable_dates
 from sensors.evaluations import IN_FLIGHT
 
 live_resolution_job = dg.define_asset_job(
-    "live_resolution", selection=[live_resolution], executor_def=dg.in_process_executor
+    "live_round_resolution", selection=[live_resolution], executor_def=dg.in_process_executor
 )
 live_leaderboard_job = dg.define_asset_job(
     "live_leaderboard_refresh", selection=[live_leaderboard], executor_def=dg.in_process_executor

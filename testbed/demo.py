@@ -559,7 +559,7 @@ def _resolve_live(runner: Runner) -> list[str]:
         tick = sensor_tick(runner, "live_resolution_sensor", cursor)
         for request in tick.run_requests:
             runner.run(request.job_name, request.partition_key)
-            if request.job_name == "live_resolution":
+            if request.job_name == "live_round_resolution":
                 resolved.append(request.run_key.rsplit(":", 1)[1])
         cursor = tick.cursor
     return resolved

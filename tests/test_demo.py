@@ -205,7 +205,7 @@ def test_mirai_demo_runs_the_chain_through_dagster_and_twice_changes_nothing(tmp
     assert jobs["leaderboard_refresh"] == 2  # after the evaluations, then after the submission
     # The newcomer's monthly submission, then the live round's two baselines and its late submission.
     assert jobs["submission_scoring"] == 4
-    assert jobs["live_round_publication"] == jobs["live_resolution"] == jobs["live_leaderboard_refresh"] == 1
+    assert jobs["live_round_publication"] == jobs["live_round_resolution"] == jobs["live_leaderboard_refresh"] == 1
     # The newcomer's path (issue 16): the baseline's forecasts scored, submitted, scored again by the
     # sensor's run, ranked beside the run they came from.
     assert re.search(r"submission\s+demo-recurrency-2023-02: scored, level-2 F1", out)

@@ -531,6 +531,8 @@ LIVE_FIELDS = ("model", "knowledge_cutoff", "contact", "round")
 # data_dir/submissions/<name>/live.json: {"round": D}, where a processed live submission's record
 # is (live/D/submissions/<name>/record.json); a record.json there would be a monthly one.
 LIVE_POINTER = "live.json"
+# <data_dir>/live/<D>/submissions/<name>/predictions.parquet: one row per question of the round
+LIVE_PREDICTIONS_SCHEMA = {"query_id": pl.String, "relations": pl.List(pl.String), "p_event": pl.Float64}
 
 
 @dataclass(frozen=True)
@@ -679,9 +681,6 @@ def normalised_predictions(query_ids: list[str], found: dict[str, tuple[object, 
         {"query_id": query_ids, "relations": relations, "p_event": [p_event.get(q) for q in query_ids]},
         schema=LIVE_PREDICTIONS_SCHEMA,
     )
-
-
-LIVE_PREDICTIONS_SCHEMA = {"query_id": pl.String, "relations": pl.List(pl.String), "p_event": pl.Float64}
 
 
 def _process_live(
