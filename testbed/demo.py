@@ -27,7 +27,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from datetime import date, timedelta
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
 import polars as pl
@@ -50,6 +50,9 @@ EVALUATION_JOB, LEADERBOARD_JOB, SUBMISSION_JOB = "agent_evaluation", "leaderboa
 # The baseline whose forecasts the demo scores and submits as a newcomer would (docs/evaluate-your-agent.md).
 SUBMITTED_BASELINE, SUBMITTED_DISTANCE = "recurrency", 1
 DEMO_TAGS = {"mirai/source": "demo"}  # every run the demo starts carries it
+# The live round's replay clock runs this long before its deadline: the baselines, uploaded at
+# publication, land well before it; the demo's late submission waits for it (docs/live.md, "Demo").
+LIVE_LEAD = timedelta(seconds=15)
 
 
 @dataclass(frozen=True)
@@ -255,14 +258,15 @@ class Runner:
     def done(self, asset: str) -> set[str]:
         return set(self.instance.get_materialized_partitions(self.dg.AssetKey(asset)))
 
-    def run(self, job: str, partition_key=None):
+    def run(self, job: str, partition_key=None, ops: dict | None = None):
+        """One run of ``job``; ``ops``: the run config's "ops" part (e.g. live_round's replay clock)."""
         result = self.defs.resolve_job_def(job).execute_in_process(
             instance=self.instance,
             partition_key=partition_key,
             raise_on_error=False,
             tags=DEMO_TAGS,
             # The full event log is in the instance (the UI shows it); the terminal gets problems only.
-            run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}},
+            run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}} | ({"ops": ops} if ops else {}),
         )
         if not result.success:
             raise RuntimeError(f"Dagster run {result.run_id} of {job} ({partition_key}) failed: see it in the UI")
@@ -388,22 +392,180 @@ def run_submission(runner: Runner, plan: DemoPlan, settings: Settings, data_dir:
             if mirai(argv) != 0:
                 raise RuntimeError(f"mirai {argv[0]} failed: see {directory / log}")
         _say(f"      mirai {' '.join(argv[:2])} ...: ok ({directory / log})")
-    dg = runner.dg
-    sensor = runner.defs.resolve_sensor_def("submission_sensor")
-    with dg.build_sensor_context(
-        instance=runner.instance,
-        instance_ref=runner.instance.get_ref(),  # the tick checks the dynamic partition keys it requests
-        definitions=runner.defs,
-        resources=runner.defs.resources,
-    ) as context:
-        tick = sensor.evaluate_tick(context)
-    for request in tick.dynamic_partitions_requests or []:
-        runner.instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
+    tick = sensor_tick(runner, "submission_sensor")
     for request in tick.run_requests:
         runner.run(request.job_name, request.partition_key)
     record = json.loads((settings.data_dir / "submissions" / name / "record.json").read_text())
     _say(f"      submission_sensor tick: {len(tick.run_requests)} run(s); {name} {record['status']}")
     runner.run(LEADERBOARD_JOB)
+
+
+def sensor_tick(runner: Runner, sensor: str, cursor: str | None = None):
+    """One tick of ``sensor``, as the daemon evaluates it (the dynamic partitions it adds are added)."""
+    with runner.dg.build_sensor_context(
+        instance=runner.instance,
+        instance_ref=runner.instance.get_ref(),  # the tick checks the dynamic partition keys it requests
+        definitions=runner.defs,
+        resources=runner.defs.resources,
+        cursor=cursor,
+    ) as context:
+        tick = runner.defs.resolve_sensor_def(sensor).evaluate_tick(context)
+    for request in tick.dynamic_partitions_requests or []:
+        runner.instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
+    return tick
+
+
+def live_round_day(plan: DemoPlan, settings: Settings) -> date:
+    """The round whose farthest target date is the last generated day: every target date is a
+    generated day, and the round's history (D − 1 and before) is too."""
+    return plan.days[-1] - timedelta(days=max(settings.live_horizon_days))
+
+
+def late_name(day: date) -> str:
+    return f"demo-late-{day.isoformat()}"
+
+
+def _hms(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%H:%M:%S")
+
+
+def _run_submissions(runner: Runner, names: list[str]) -> None:
+    """A tick of submission_sensor, and the runs it requests for ``names`` (the monthly leaderboard
+    refresh it may also ask for is stage 6's business)."""
+    tick = sensor_tick(runner, "submission_sensor")
+    for request in tick.run_requests:
+        if request.partition_key in names:
+            runner.run(request.job_name, request.partition_key)
+
+
+def _live_status(settings: Settings, day: date, name: str) -> str:
+    from pipeline.evaluation.submissions import live_record_path
+
+    path = live_record_path(settings.data_dir, day, name)
+    if not path.is_file():
+        return f"{name}: no record"
+    record = json.loads(path.read_text())
+    when = f"uploaded {_hms(datetime.fromisoformat(record['submitted_at']))} (store time)"
+    if record["status"] == "accepted":
+        kind = "baseline" if record["baseline"] else "submission"
+        return f"{name}: accepted ({kind}, {record['answered']}/{record['questions']} questions), {when}"
+    return f"{name}: {record['status']}, {when}: " + "; ".join(record["reasons"])
+
+
+def run_live_round(runner: Runner, plan: DemoPlan, settings: Settings, data_dir: Path) -> None:
+    """A live round replayed on the generated days (docs/live.md, "Demo"): the `live_round` asset
+    publishes round D with a replay clock LIVE_LEAD before its deadline, so the deadline falls
+    LIVE_LEAD after the manifest reaches the store (acceptance anchors it there); its baselines,
+    uploaded at publication, are accepted; a newcomer's `mirai submit` after that moment is refused
+    as late. Then what the daemon does: `live_resolution_sensor` resolves the target dates (already
+    ingested: D + 1 .. the last generated day), scores the accepted submissions, and refreshes the
+    live leaderboard."""
+    from contextlib import redirect_stdout
+
+    from pipeline.cli import main as mirai
+    from pipeline.evaluation.submissions import SubmissionError, check_name_free, store_deadline
+    from pipeline.live.rounds import baseline_name, deadline, read_local_manifest
+    from pipeline.release import open_store
+    from pipeline.release_layout import SUBMISSION_META, submission_key
+
+    day = live_round_day(plan, settings)
+    key, store = day.isoformat(), open_store(settings)
+    baselines = [baseline_name(day, method) for method in ("recurrency", "frequency")]
+    late = late_name(day)
+    if key in runner.done("live_round"):
+        _say(f"      round {key} already published: skipped (a round is immutable)")
+    else:
+        replay_at = deadline(day, settings) - LIVE_LEAD
+        meta = _metadata(
+            runner.run("live_round_publication", key, {"live_round": {"config": {"replay_at": replay_at.isoformat()}}}),
+            "live_round",
+        )
+        _say(
+            f"      live_round {key} (replay clock {replay_at.isoformat()}): {meta['questions']} questions "
+            f"({meta['pairs_active']} active and {meta['pairs_quiet']} quiet pairs) for {meta['target_dates']}, "
+            f"history through {day - timedelta(days=1)}"
+        )
+    manifest = read_local_manifest(settings.data_dir, day)
+    due, how = store_deadline(store, manifest)
+    _say(f"      deadline {manifest['deadline']} in the round's time = {_hms(due)} store time ({how})")
+    if not all(name in runner.done("submission") for name in baselines):
+        _run_submissions(runner, baselines)
+    for name in baselines:
+        _say("      " + _live_status(settings, day, name))
+    if late not in runner.done("submission"):
+        try:
+            check_name_free(store, late)
+        except SubmissionError:  # uploaded by a demo killed before its sensor tick
+            _say(f"      {late} was uploaded by an earlier, interrupted demo")
+        else:
+            directory = data_dir / "newcomer" / "live"
+            directory.mkdir(parents=True, exist_ok=True)
+            # A newcomer sends the recurrency baseline's published forecasts, after the deadline.
+            predictions = directory / "predictions.jsonl"
+            predictions.write_bytes(store.get_bytes(submission_key(baselines[0], "predictions.jsonl")))
+            metadata = directory / SUBMISSION_META
+            metadata.write_text(
+                json.dumps(
+                    {
+                        "model": "a late newcomer (mirai demo)",
+                        "knowledge_cutoff": (day - timedelta(days=1)).isoformat(),
+                        "contact": "demo@localhost",
+                        "round": key,
+                    },
+                    indent=2,
+                )
+                + "\n"
+            )
+            wait = (due - datetime.now(UTC)).total_seconds() + 1.1  # the store's times are whole seconds
+            if wait > 0:
+                time.sleep(wait)
+            argv = ["submit", str(predictions), "--meta", str(metadata), "--name", late]
+            with open(directory / "submit.log", "w") as out, redirect_stdout(out):
+                if mirai(argv) != 0:
+                    raise RuntimeError(f"mirai submit failed: see {directory / 'submit.log'}")
+            _say(
+                f"      mirai submit ... --name {late} at {_hms(datetime.now(UTC))}: uploaded ({directory / 'submit.log'})"
+            )
+        _run_submissions(runner, [late])
+    _say("      " + _live_status(settings, day, late))
+    resolved = _resolve_live(runner)
+    card = json.loads((settings.data_dir / "live" / key / "scores.json").read_text())
+    _say(
+        f"      live_resolution {key}: {', '.join(resolved) or 'already resolved'}; "
+        f"{card['resolved_questions']}/{card['questions']} questions resolved"
+    )
+    for name, entry in sorted(card["submissions"].items()):
+        if entry.get("scored"):
+            m = entry["metrics"]
+            _say(
+                f"      {name}: live score {m['live_score']['value']:.2f}, level-2 F1 "
+                f"{m['level2_f1']['value'] if m['level2_f1']['value'] is not None else '-'}, "
+                f"Brier {m['brier']['value']:.4f}"
+            )
+        else:
+            _say(f"      {name}: not scored: {entry['reason']}")
+
+
+def _resolve_live(runner: Runner) -> list[str]:
+    """Ticks of live_resolution_sensor and the runs they request: the resolution runs, then the live
+    leaderboard refresh. The cursor is the one the daemon would hold (the resolution the last
+    refresh followed), so a second demo refreshes nothing."""
+    dg, instance = runner.dg, runner.instance
+
+    def latest(asset: str) -> int:
+        records = instance.fetch_materializations(dg.AssetKey(asset), limit=1).records
+        return records[0].storage_id if records else 0
+
+    board = latest("live_resolution") if latest("live_leaderboard") > latest("live_resolution") else 0
+    cursor, resolved = json.dumps({"board": board}), []
+    for _ in range(2):
+        tick = sensor_tick(runner, "live_resolution_sensor", cursor)
+        for request in tick.run_requests:
+            runner.run(request.job_name, request.partition_key)
+            if request.job_name == "live_round_resolution":
+                resolved.append(request.run_key.rsplit(":", 1)[1])
+        cursor = tick.cursor
+    return resolved
 
 
 def _count(paths: list[Path]) -> int:
@@ -467,6 +629,30 @@ def summary(plan: DemoPlan, settings: Settings, release_where: str, say: Callabl
         f"{record['scorecard']['metrics']['level2_f1']['value']:.2f} (as the run it came from); "
         f"page {settings.data_dir / 'evaluations' / 'leaderboard.html'}, published as releases/leaderboard.html"
     )
+    live_summary(plan, settings, say)
+
+
+def live_summary(plan: DemoPlan, settings: Settings, say: Callable[[str], None]) -> None:
+    from pipeline.evaluation.submissions import live_record_path
+
+    day = live_round_day(plan, settings)
+    directory = settings.data_dir / "live" / day.isoformat()
+    manifest = json.loads((directory / "manifest.json").read_text())
+    card = json.loads((directory / "scores.json").read_text())
+    records = [json.loads(p.read_text()) for p in sorted((directory / "submissions").glob("*/record.json"))]
+    accepted = sum(r["status"] == "accepted" for r in records)
+    late = json.loads(live_record_path(settings.data_dir, day, late_name(day)).read_text())
+    say(
+        f"  live round  {day}: {card['questions']} questions for {', '.join(manifest['target_dates'])}; "
+        f"{accepted} submissions accepted, {late['submission']} {late['status']} (late); "
+        f"{card['resolved_questions']} questions resolved"
+    )
+    board = json.loads((settings.data_dir / "live" / "leaderboard.json").read_text())
+    say(
+        "              live leaderboard: "
+        + "; ".join(f"{r['rank']}. {r['name']} {r['live_score']:.2f}" for r in board["cumulative"][:3])
+        + f" (page {settings.data_dir / 'live' / 'leaderboard.html'}, published as live/leaderboard.html)"
+    )
 
 
 def run_demo(plan: DemoPlan, data_dir: Path) -> int:
@@ -475,7 +661,7 @@ def run_demo(plan: DemoPlan, data_dir: Path) -> int:
 
 
 def _run_demo(plan: DemoPlan, data_dir: Path) -> int:
-    total, started = 7, time.perf_counter()
+    total, started = 8, time.perf_counter()
     with Stage(1, total, f"GDELT mirror {plan.days[0]} .. {plan.days[-1]} in {data_dir / 'mirror'}"):
         made = ensure_mirror(plan, data_dir / "mirror")
         _say("      generated" if made else "      reusing the mirror generated earlier (same arguments)")
@@ -511,6 +697,8 @@ def _run_demo(plan: DemoPlan, data_dir: Path) -> int:
             run_evaluations(runner, plan)
         with Stage(6, total, f"a newcomer's path: score and submit {SUBMITTED_BASELINE}'s forecasts, then the sensor"):
             run_submission(runner, plan, settings, data_dir)
+        with Stage(7, total, "a live round: publish, baselines, a late submission refused, resolve, score"):
+            run_live_round(runner, plan, settings, data_dir)
     _say(f"[{total}/{total}] summary (servers stopped; {time.perf_counter() - started:.0f}s in all)")
     summary(plan, settings, release_where, _say)
     _say("\nOpen the same instance and data in the Dagster UI (http://127.0.0.1:3000):")

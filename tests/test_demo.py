@@ -159,7 +159,7 @@ def _mirai_demo(data_dir: Path) -> tuple[str, float]:
         check=False,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=1800,  # a hang guard: ~6 min alone on 2 cores, far longer when others share them
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout, time.monotonic() - started
@@ -169,7 +169,7 @@ def _counts(out: str) -> list[str]:
     """The summary's count lines (the release line names this run's S3 port)."""
     return [
         line
-        for line in out.split("[7/7]")[1].splitlines()
+        for line in out.split("[8/8]")[1].splitlines()
         if line.startswith(("  slots", "  events", "  articles", "  split", "              "))
     ]
 
@@ -178,7 +178,7 @@ def _counts(out: str) -> list[str]:
 def test_mirai_demo_runs_the_chain_through_dagster_and_twice_changes_nothing(tmp_path):
     data = tmp_path / "data"
     out, _ = _mirai_demo(data)
-    for stage in ("[1/7]", "[3/7]", "[4/7]", "[5/7]", "[6/7]", "[7/7]"):
+    for stage in ("[1/8]", "[3/8]", "[4/8]", "[5/8]", "[6/8]", "[7/8]", "[8/8]"):
         assert stage in out
     queries = int(re.search(r"split\s+([\d,]+) queries", out).group(1).replace(",", ""))
     assert queries >= 20
@@ -201,8 +201,11 @@ def test_mirai_demo_runs_the_chain_through_dagster_and_twice_changes_nothing(tmp
     with dg.DagsterInstance.from_config(str(data / "dagster_home")) as instance:
         jobs = collections.Counter(r.job_name for r in instance.get_runs())
     assert jobs["gdelt_ingest"] == jobs["articles_daily"] == 28
-    assert jobs["monthly_release"] == jobs["submission_scoring"] == 1 and jobs["agent_evaluation"] == 3
+    assert jobs["monthly_release"] == 1 and jobs["agent_evaluation"] == 3
     assert jobs["leaderboard_refresh"] == 2  # after the evaluations, then after the submission
+    # The newcomer's monthly submission, then the live round's two baselines and its late submission.
+    assert jobs["submission_scoring"] == 4
+    assert jobs["live_round_publication"] == jobs["live_round_resolution"] == jobs["live_leaderboard_refresh"] == 1
     # The newcomer's path (issue 16): the baseline's forecasts scored, submitted, scored again by the
     # sensor's run, ranked beside the run they came from.
     assert re.search(r"submission\s+demo-recurrency-2023-02: scored, level-2 F1", out)
@@ -216,11 +219,18 @@ def test_mirai_demo_runs_the_chain_through_dagster_and_twice_changes_nothing(tmp
         rows.get_column("level2_f1")[0], abs=1e-3
     )
 
+    live = _check_live_round(data, out)
+
     files_before = sorted(p.relative_to(data) for p in data.rglob("*.parquet"))
+    live_before = {p.relative_to(data): p.read_bytes() for p in (data / "live").rglob("*") if p.is_file()}
     out2, seconds = _mirai_demo(data)
     assert "reusing the mirror" in out2 and "28 days already materialised: skipped" in out2
     assert _counts(out2) == _counts(out)
     assert sorted(p.relative_to(data) for p in data.rglob("*.parquet")) == files_before
+    # The round is immutable, its resolution idempotent, its records and scores written once.
+    assert {p.relative_to(data): p.read_bytes() for p in (data / "live").rglob("*") if p.is_file()} == live_before
+    assert "round 2023-02-21 already published: skipped" in out2
+    assert "live_resolution 2023-02-21: already resolved" in out2
     assert seconds < 60
     with dg.DagsterInstance.from_config(str(data / "dagster_home")) as instance:
         assert collections.Counter(r.job_name for r in instance.get_runs()) == jobs  # nothing ran again
@@ -236,6 +246,19 @@ def test_mirai_demo_runs_the_chain_through_dagster_and_twice_changes_nothing(tmp
         card = store.get_bytes(release_key("2023-02", "README.md")).decode()
         page = store.get_bytes("releases/leaderboard.html")
         rejection = store.get_bytes("submissions/demo-recurrency-2023-02/rejection.json")
+        round_manifest = store.get_bytes("live/rounds/2023-02-21/manifest.json")
+        live_index = json.loads(store.get_bytes("live/index.json"))
+        answers = [store.get_bytes(f"live/rounds/2023-02-21/answers-{t}.jsonl") for t in live["target_dates"]]
+        late_rejection = json.loads(store.get_bytes("submissions/demo-late-2023-02-21/rejection.json"))
+        live_page = store.get_bytes("live/leaderboard.html")
+    # What the store publishes is what the pipeline recorded: the manifest byte for byte, the index
+    # listing both target dates resolved, the answers, the late submission's refusal, the live board.
+    assert round_manifest == (data / "live" / "2023-02-21" / "manifest.json").read_bytes()
+    (entry,) = live_index["rounds"]
+    assert entry["round"] == "2023-02-21" and entry["resolved_dates"] == live["target_dates"]
+    assert all(answers) and sum(len(a.splitlines()) for a in answers) == live["questions"]
+    assert late_rejection["reasons"][0].startswith("late: ")
+    assert live_page == (data / "live" / "leaderboard.html").read_bytes()
     assert page == (data / "evaluations" / "leaderboard.html").read_bytes() and b"demo-recurrency-2023-02" in page
     assert rejection is None
     assert released["release"] == "2023-02" and released["split"]["counts"]["queries"] == queries
@@ -251,6 +274,50 @@ def test_mirai_demo_runs_the_chain_through_dagster_and_twice_changes_nothing(tmp
         b"127.0.0.1" not in index
         and json.loads(index)["releases"][0]["files"]["queries.parquet"] == "releases/2023-02/queries.parquet"
     )
+
+
+def _check_live_round(data: Path, out: str) -> dict:
+    """Stage 7 (issue 17): round 2023-02-21 (targets 02-22 and 02-28, the last generated day)
+    published with its manifest, its baselines accepted, a late submission refused with its reason,
+    both target dates resolved, every accepted submission scored and the live leaderboard written.
+    Returns the round's manifest."""
+    directory = data / "live" / "2023-02-21"
+    manifest = json.loads((directory / "manifest.json").read_text())
+    assert manifest["format"] == "mirai-live-round-v1" and manifest["history_cutoff"] == "2023-02-20"
+    assert manifest["target_dates"] == ["2023-02-22", "2023-02-28"]
+    # The replay clock: published 15 s before the deadline, in the round's own time.
+    assert manifest["deadline"] == "2023-02-22T00:00:00+00:00"
+    assert manifest["published_at"] == "2023-02-21T23:59:45+00:00"
+    questions = pl.read_parquet(directory / "questions.parquet")
+    assert questions.height == manifest["files"]["questions.jsonl"]["rows"] > 0
+    records = {
+        p.parent.name: json.loads(p.read_text()) for p in sorted((directory / "submissions").glob("*/record.json"))
+    }
+    assert sorted(records) == ["demo-late-2023-02-21", "live-2023-02-21-frequency", "live-2023-02-21-recurrency"]
+    for method in ("recurrency", "frequency"):
+        baseline = records[f"live-2023-02-21-{method}"]
+        assert baseline["status"] == "accepted" and baseline["baseline"] is True
+        assert baseline["submitted_at"] <= baseline["deadline"]
+    late = records["demo-late-2023-02-21"]
+    assert late["status"] == "rejected" and late["baseline"] is False and late["submitted_at"] > late["deadline"]
+    (reason,) = late["reasons"]
+    assert reason.startswith("late: the submission's last object reached the store at ")
+    assert "demo-late-2023-02-21: rejected, uploaded " in out and reason in out
+    for t in manifest["target_dates"]:
+        assert (
+            pl.read_parquet(directory / "answers" / f"{t}.parquet").height
+            == questions.filter(pl.col("date") == date.fromisoformat(t)).height
+        )
+    scores = json.loads((directory / "scores.json").read_text())
+    assert scores["resolved_questions"] == scores["questions"] == questions.height
+    assert sorted(scores["submissions"]) == ["live-2023-02-21-frequency", "live-2023-02-21-recurrency"]
+    assert all(entry["scored"] for entry in scores["submissions"].values())
+    board = json.loads((data / "live" / "leaderboard.json").read_text())
+    assert sorted(row["name"] for row in board["cumulative"]) == ["frequency baseline", "recurrency baseline"]
+    assert [r["round"] for r in board["rounds"]] == ["2023-02-21"]
+    assert re.search(r"live round\s+2023-02-21: \d+ questions for 2023-02-22, 2023-02-28; 2 submissions accepted", out)
+    assert "live leaderboard: 1. " in out
+    return {"target_dates": manifest["target_dates"], "questions": questions.height}
 
 
 def test_an_end_date_limits_the_partitions_to_the_demos_days():
