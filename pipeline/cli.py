@@ -400,7 +400,6 @@ def cmd_submit(args: argparse.Namespace) -> int:
         cutoff_rule,
         prepare,
         score_locally,
-        upload,
     )
     from pipeline.release import open_store
 
@@ -423,12 +422,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
             raise CommandError(f"{len(problems)} problem(s); nothing was uploaded")
         deadline = manifest.get("deadline")
         print(f"round {prepared.meta.round}: accepted if the upload reaches the store before its deadline {deadline}")
-        try:
-            upload(store, prepared)
-        except SubmissionError as exc:
-            raise CommandError(str(exc)) from None
-        print(f"submitted {prepared.name!r} to {store.description} (submissions/{prepared.name}/)")
-        return 0
+        return _upload(store, prepared)
     month = prepared.meta.month
     try:
         split = split_directory(str(args.split) if args.split else month, settings.data_dir)
@@ -449,6 +443,12 @@ def cmd_submit(args: argparse.Namespace) -> int:
     eligible, why = cutoff_rule(prepared.meta)
     if not eligible:
         print(why, file=sys.stderr)
+    return _upload(store, prepared)
+
+
+def _upload(store, prepared) -> int:
+    from pipeline.evaluation.submissions import SubmissionError, upload
+
     try:
         upload(store, prepared)
     except SubmissionError as exc:

@@ -217,27 +217,43 @@ def _metadata_object(raw: bytes) -> tuple[dict | None, list[str]]:
     return value, []
 
 
+def _checked_fields(
+    value: dict, required: tuple[str, ...], optional: tuple[str, ...], known_as: str, check
+) -> tuple[dict, list[str]]:
+    """(the fields that hold, one line per unknown, missing or invalid field), each field checked
+    by ``check(name, value)`` -> a problem or None."""
+    allowed = required + optional
+    problems = [
+        f"{SUBMISSION_META}: unknown field {shown(key)} ({known_as} are {', '.join(allowed)})"
+        for key in value
+        if key not in allowed
+    ]
+    good = {}
+    for name in allowed:
+        if name not in value:
+            if name in required:
+                problems.append(f"{SUBMISSION_META}: the field {name!r} is missing")
+            continue
+        problem = check(name, value[name])
+        if problem:
+            problems.append(f"{SUBMISSION_META}: {name} {problem}")
+        else:
+            good[name] = value[name]
+    return good, problems
+
+
+def _live_field_problem(name: str, value: object) -> str | None:
+    if name == "round":
+        return None if is_day(value) else f"must be a day YYYY-MM-DD, got {shown(value)}"
+    return _field_problem(name, value)
+
+
 def parse_metadata(raw: bytes) -> tuple[Metadata | None, dict, list[str]]:
     """(the metadata when every field holds, the fields that hold, one line per problem)."""
     value, problems = _metadata_object(raw)
     if value is None:
         return None, {}, problems
-    problems = [
-        f"{SUBMISSION_META}: unknown field {shown(key)} (the fields are {', '.join(REQUIRED_FIELDS + OPTIONAL_FIELDS)})"
-        for key in value
-        if key not in REQUIRED_FIELDS + OPTIONAL_FIELDS
-    ]
-    good = {}
-    for name in REQUIRED_FIELDS + OPTIONAL_FIELDS:
-        if name not in value:
-            if name in REQUIRED_FIELDS:
-                problems.append(f"{SUBMISSION_META}: the field {name!r} is missing")
-            continue
-        problem = _field_problem(name, value[name])
-        if problem:
-            problems.append(f"{SUBMISSION_META}: {name} {problem}")
-        else:
-            good[name] = value[name]
+    good, problems = _checked_fields(value, REQUIRED_FIELDS, OPTIONAL_FIELDS, "the fields", _field_problem)
     if problems:
         return None, good, problems
     meta = Metadata(**{**good, "knowledge_cutoff": date.fromisoformat(good["knowledge_cutoff"])})
@@ -554,24 +570,7 @@ def parse_live_metadata(raw: bytes) -> tuple[LiveMetadata | None, dict, list[str
     value, problems = _metadata_object(raw)
     if value is None:
         return None, {}, problems
-    problems = [
-        f"{SUBMISSION_META}: unknown field {shown(key)} (a live round's fields are {', '.join(LIVE_FIELDS)})"
-        for key in value
-        if key not in LIVE_FIELDS
-    ]
-    good = {}
-    for name in LIVE_FIELDS:
-        if name not in value:
-            problems.append(f"{SUBMISSION_META}: the field {name!r} is missing")
-            continue
-        if name == "round":
-            problem = None if is_day(value[name]) else f"must be a day YYYY-MM-DD, got {shown(value[name])}"
-        else:
-            problem = _field_problem(name, value[name])
-        if problem:
-            problems.append(f"{SUBMISSION_META}: {name} {problem}")
-        else:
-            good[name] = value[name]
+    good, problems = _checked_fields(value, LIVE_FIELDS, (), "a live round's fields", _live_field_problem)
     if problems:
         return None, good, problems
     meta = LiveMetadata(
