@@ -8,7 +8,9 @@ import re
 # that open something: a link or image ("![", a request to any host from the viewer's browser),
 # raw HTML or an autolink ("<"), an entity, code, emphasis, a heading or quote inside a list
 # item, a table cell; escaped, a submitter's text stays text in the Dagster UI's Markdown metadata.
-_MARKDOWN_ACTIVE = re.compile(r"([\\`*_\[\]<>!|~&#])")
+# "_" is left alone: it only emphasises between word boundaries (harmless if it does), and our own
+# names (queries_sample, level2_f1) must read as they are.
+_MARKDOWN_ACTIVE = re.compile(r"([\\`*\[\]<>!|~&#])")
 
 
 def markdown_text(text: str) -> str:
