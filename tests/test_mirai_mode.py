@@ -106,8 +106,15 @@ def test_registry_mode_and_tools_are_validated_with_defaults():
 def test_config_hash_is_unchanged_at_the_defaults_and_changes_otherwise():
     (agent,) = parse_agents({"agents": [LLM]})
     # The hash as computed before mode and tools existed: the entry's other fields (without the
-    # throughput and price fields added since, which are never hashed).
-    later = ("mode", "tools", "concurrency", "price_per_million_input_tokens", "price_per_million_output_tokens")
+    # throughput, price and sandbox memory fields added since, which are never hashed).
+    later = (
+        "mode",
+        "tools",
+        "concurrency",
+        "price_per_million_input_tokens",
+        "price_per_million_output_tokens",
+        "sandbox_memory_mb",
+    )
     before = {k: v for k, v in dataclasses.asdict(agent).items() if k not in later}
     if before.get("endpoint"):
         before["endpoint"] = {
