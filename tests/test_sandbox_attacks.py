@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import functools
 import json
 import os
 import struct
@@ -24,14 +25,27 @@ from pathlib import Path
 import pytest
 
 from pipeline.agent_api import EventDatabase
-from pipeline.agent_api.lockdown import SECCOMP_ARCHES, STDERR_LIMIT, machine
-from pipeline.agent_api.sandbox import MAX_OUTPUT_CHARS, REPLY_CAP_BYTES, namespace_prefix
+from pipeline.agent_api.lockdown import NAMESPACES, SECCOMP_ARCHES, STDERR_LIMIT, machine
+from pipeline.agent_api.sandbox import CHILD_ENVIRONMENT, MAX_OUTPUT_CHARS, REPLY_CAP_BYTES
 from testbed.database import generate_event_database
 
 pytestmark = pytest.mark.skipif(
     sys.platform != "linux" or machine() not in SECCOMP_ARCHES,
     reason=f"the sandbox's OS layer is built for Linux {', '.join(SECCOMP_ARCHES)}",
 )
+
+ENTER_NAMESPACES = "from pipeline.agent_api.lockdown import enter_namespaces; print(enter_namespaces())"
+
+
+@functools.cache
+def namespaces_here() -> str:
+    """What a sandbox child gets on this machine: lockdown.enter_namespaces in a throwaway process,
+    as the sandbox's forked child calls it (NAMESPACES, or why not)."""
+    probe = subprocess.run(
+        [sys.executable, "-c", ENTER_NAMESPACES], capture_output=True, text=True, env=CHILD_ENVIRONMENT, check=False
+    )
+    return probe.stdout.strip() or f"unavailable: {probe.stderr.strip()[-200:]}"
+
 
 # The bypass, as agent code: reach sys through the API's module globals, then overwrite the type
 # of the audit hook's two allow-lists (ALLOWED_EVENTS in lockdown.py, ALLOWED_MODULES in the
@@ -569,8 +583,8 @@ def test_the_lockdown_report_names_every_layer(env):
     report = env.run_code("1") and env.sandbox_report
     assert report["seccomp"].startswith("allowlist"), report
     assert not report["landlock"].startswith("unavailable") or "ABI 0" in report["landlock"], report
-    if namespace_prefix()[0]:
-        assert report["namespaces"].startswith("user, mount") and report["empty_root"].startswith("an empty"), report
+    if namespaces_here() == NAMESPACES:
+        assert report["namespaces"] == NAMESPACES and report["empty_root"].startswith("an empty"), report
     else:
         assert report["namespaces"].startswith("unavailable") and report["empty_root"].startswith("unavailable"), report
 
@@ -578,9 +592,20 @@ def test_the_lockdown_report_names_every_layer(env):
 # --- each kernel layer on its own -----------------------------------------------------------------
 
 
-def _run_python(code: str, prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+def _run_python(code: str, namespaces: bool = False) -> subprocess.CompletedProcess:
+    """``code`` in a fresh interpreter; with ``namespaces``, after lockdown.enter_namespaces (then
+    a fork: the PID namespace holds the children forked after it, as in the sandbox)."""
+    if namespaces:
+        code = f"""
+        import os
+        from pipeline.agent_api.lockdown import NAMESPACES, enter_namespaces
+        assert enter_namespaces() == NAMESPACES
+        if os.fork():
+            os._exit(os.waitstatus_to_exitcode(os.wait()[1]))
+        {textwrap.indent(textwrap.dedent(code), " " * 8).strip()}
+        """
     return subprocess.run(
-        [*prefix, sys.executable, "-c", textwrap.dedent(code)],
+        [sys.executable, "-c", textwrap.dedent(code)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -590,7 +615,7 @@ def _run_python(code: str, prefix: tuple[str, ...] = ()) -> subprocess.Completed
     )
 
 
-@pytest.mark.skipif(not namespace_prefix()[0], reason=f"no namespaces here: {namespace_prefix()[1]}")
+@pytest.mark.skipif(namespaces_here() != NAMESPACES, reason=f"no namespaces here: {namespaces_here()}")
 def test_ipc_namespace_alone_lets_no_segment_outlive_the_child():
     """Without seccomp, a child started the way the sandbox starts it creates a SysV segment; it
     is gone with the child, and the host never saw it."""
@@ -601,13 +626,13 @@ def test_ipc_namespace_alone_lets_no_segment_outlive_the_child():
         shmid = libc.shmget(0, {PROBE_SEGMENT}, 0o1600)
         print(shmid >= 0, '{PROBE_SEGMENT}' in open('/proc/sysvipc/shm').read())
     """,
-        namespace_prefix()[0],
+        namespaces=True,
     )
     assert out.stdout.split() == ["True", "True"], out.stderr
     assert _host_segments(PROBE_SEGMENT) == []
 
 
-@pytest.mark.skipif(not namespace_prefix()[0], reason=f"no namespaces here: {namespace_prefix()[1]}")
+@pytest.mark.skipif(namespaces_here() != NAMESPACES, reason=f"no namespaces here: {namespaces_here()}")
 def test_the_empty_root_alone_hides_every_path(tmp_path):
     """Without Landlock or seccomp, a child started the way the sandbox starts it sees an empty,
     read-only root after enter_empty_root, and cannot undo it; the host's directory is untouched."""
@@ -625,7 +650,7 @@ def test_the_empty_root_alone_hides_every_path(tmp_path):
             except OSError as exc:
                 print(type(exc).__name__)
     """,
-        namespace_prefix()[0],
+        namespaces=True,
     )
     assert out.stdout.split() == ["True", "[]", "False", "False", "OSError", "OSError", "PermissionError"], (
         out.stdout + out.stderr
@@ -741,6 +766,16 @@ def test_a_reply_that_drips_meets_the_deadline(fresh_env):
         "for _b in _r:\n    _os.write(1, bytes([_b]))\n    _sys.modules['time'].sleep(0.25)"
     )
     assert fresh_env.run_code(BYPASS + FORGE + drip, timeout_s=1).startswith("TimeoutError")
+    assert fresh_env.run_code("count_events()").strip() == str(fresh_env.count_events())
+
+
+def test_the_observation_says_how_the_child_ended(fresh_env):
+    """The sandbox child's own exit code or signal, reported by the process that waits for it
+    (sandbox_child.fork_spare), not that waiter's."""
+    assert "(exit code 7)" in fresh_env.run_code(BYPASS + "_sys.modules['os']._exit(7)")
+    # The x32 ABI is outside the filter's architecture: the kernel kills the process (SIGSYS).
+    if machine() == "x86_64":
+        assert "(killed by signal 31)" in fresh_env.run_code(BYPASS + "_libc.syscall(_ctypes.c_long(0x40000000 | 39))")
     assert fresh_env.run_code("count_events()").strip() == str(fresh_env.count_events())
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import signal
 import sys
 import time
@@ -22,7 +23,7 @@ import pytest
 
 from pipeline.agent_api import EventDatabase
 from pipeline.agent_api.lockdown import SECCOMP_ARCHES, machine
-from pipeline.agent_api.sandbox import SPARES, namespace_prefix
+from pipeline.agent_api.sandbox import SPARES
 from testbed.database import generate_event_database
 from tests.test_sandbox_attacks import BYPASS, RUN_ATTACKS, _nr
 
@@ -44,10 +45,8 @@ def db(tmp_path_factory):
 
 
 def _interpreter(pid: int) -> int:
-    """The sandbox's Python process for Popen pid ``pid``: unshare's child under namespaces (waited
-    for: unshare forks it just after it starts), else the process itself."""
-    if not namespace_prefix()[0]:
-        return pid
+    """The sandbox child of the process ``pid`` the parent holds (sandbox_child.fork_spare: it forks
+    the sandbox child just after it starts, and waits for it)."""
     while True:
         for entry in Path("/proc").iterdir():
             try:
@@ -112,6 +111,7 @@ def test_agent_code_reaches_neither_the_spare_nor_a_sibling_nor_the_parent(db):
         "spare_python": _interpreter(spare),
         "sibling": _child_pid(sibling),
         "sibling_python": _interpreter(_child_pid(sibling)),
+        "template": SPARES._templates[()].proc.pid,
         "parent": os.getpid(),
     }
     buffer = "B:64"
@@ -185,6 +185,39 @@ def test_a_spare_that_died_waiting_is_replaced(db):
     again = db.environment(QUERY)
     assert again.run_code("count_events() > 0").strip() == "True"
     assert _child_pid(again) != spare
+    again.close()
+
+
+def _threads(pid: int) -> list[str]:
+    return [(task / "comm").read_text().strip() for task in Path(f"/proc/{pid}/task").iterdir()]
+
+
+def test_the_template_holds_nothing_and_its_spares_die_with_it(db):
+    """The template every spare is forked from holds its control socket and nothing else, has not
+    started polars' thread pool (a forked child could not use it), and shares no namespace with its
+    spares, which die with it; the next episode gets a fresh template."""
+    env = db.environment(QUERY)
+    assert env.run_code("1").strip() == "1"
+    [spare] = _warm_pool((), 1)
+    template = SPARES._templates[()].proc.pid
+    held = _descriptors(template)
+    assert len([d for d in held if d.startswith("socket:")]) == 1 and not [d for d in held if ".arrow" in d], held
+    pool = re.compile(r"polars-\d+$|tokio-")  # polars' thread pool, its async runtime
+    assert not [name for name in _threads(template) if pool.match(name)], _threads(template)
+    assert [name for name in _threads(_interpreter(spare)) if pool.match(name)]  # its own, started after the fork
+    for kind in ("user", "mnt", "pid", "net", "ipc"):
+        namespaces = {os.readlink(f"/proc/{pid}/ns/{kind}") for pid in (template, _interpreter(spare))}
+        assert len(namespaces) == 2 or "unavailable" in env.sandbox_report["namespaces"], kind
+    forked = [spare, _interpreter(spare), _child_pid(env), _interpreter(_child_pid(env))]
+    os.kill(template, signal.SIGKILL)
+    for pid in forked:
+        while _alive(pid):
+            time.sleep(0.01)
+    assert "SandboxError" in env.run_code("1")  # the running episode's child died with the template
+    env.close()
+    again = db.environment(QUERY)
+    assert again.run_code("count_events() > 0").strip() == "True"
+    assert SPARES._templates[()].proc.pid != template
     again.close()
 
 

@@ -7,23 +7,28 @@ Appendix E, Table 12) and ``run_code`` runs an agent's code block in a locked-do
 ``audit.leakage_violations`` checks an environment for leaks. User documentation: docs/agent_api.md.
 """
 
-from pipeline.agent_api.environment import (
-    API_FUNCTIONS,
-    Environment,
-    EventDatabase,
-    open_environment,
-)
-from pipeline.agent_api.types import (
-    CAMEOCode,
-    Country,
-    Date,
-    DateGateError,
-    DateRange,
-    Event,
-    ISOCode,
-    NewsArticle,
-    Relation,
-)
+import importlib
+
+# Loaded on first use (PEP 562): the sandbox's template imports sandbox_child.py from this package
+# and must not import the API, whose import runs polars queries (the reference tables) and so starts
+# polars' thread pool, which a forked child cannot use (sandbox_child.py).
+_MODULE_OF = {
+    "API_FUNCTIONS": "environment",
+    "Environment": "environment",
+    "EventDatabase": "environment",
+    "open_environment": "environment",
+    **dict.fromkeys(
+        ("CAMEOCode", "Country", "Date", "DateGateError", "DateRange", "Event", "ISOCode", "NewsArticle", "Relation"),
+        "types",
+    ),
+}
+
+
+def __getattr__(name: str):
+    if name not in _MODULE_OF:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"pipeline.agent_api.{_MODULE_OF[name]}"), name)
+
 
 __all__ = [
     "API_FUNCTIONS",

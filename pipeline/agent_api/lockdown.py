@@ -124,6 +124,48 @@ def install_seccomp() -> str:
     return f"allowlist (default EPERM) on every thread, {machine()}"
 
 
+# --- namespaces -------------------------------------------------------------------------------
+
+# unshare(2) flags: what `unshare --user --map-root-user --mount --ipc --net --pid` asks for.
+_CLONE_NEWNS, _CLONE_NEWIPC, _CLONE_NEWUSER, _CLONE_NEWPID, _CLONE_NEWNET = (
+    0x00020000,
+    0x08000000,
+    0x10000000,
+    0x20000000,
+    0x40000000,
+)
+NAMESPACES = "user, mount, IPC, network and PID namespaces of its own"
+_PR_SET_PDEATHSIG = 1
+
+
+def enter_namespaces() -> str:
+    """Move this (single-threaded) process into new user, mount, IPC, network and PID namespaces,
+    root of the user namespace and nobody outside it (user_namespaces(7): uid 0 inside maps to this
+    uid only); return NAMESPACES or why not (nothing changed then). The PID namespace takes effect
+    for the children forked after this call: the first is its PID 1."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    uid, gid = os.getuid(), os.getgid()
+    flags = _CLONE_NEWUSER | _CLONE_NEWNS | _CLONE_NEWIPC | _CLONE_NEWNET | _CLONE_NEWPID
+    if libc.unshare(flags) != 0:
+        return f"unavailable: unshare(user, mount, IPC, network, PID) failed: {os.strerror(ctypes.get_errno())}"
+    # setgroups must be denied before an unprivileged gid_map is written (user_namespaces(7)).
+    for name, line in (("setgroups", "deny"), ("uid_map", f"0 {uid} 1"), ("gid_map", f"0 {gid} 1")):
+        with open(f"/proc/self/{name}", "w") as fh:
+            fh.write(line)
+    return NAMESPACES
+
+
+def die_with_parent(parent_pid: int | None) -> None:
+    """SIGKILL this process when its parent ends (prctl PR_SET_PDEATHSIG); ``parent_pid``: the
+    parent it must still have (None where it cannot be seen, e.g. from PID 1 of a new namespace),
+    else it ends now, since a parent that died before the call sends nothing."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, 9, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if parent_pid is not None and os.getppid() != parent_pid:
+        os._exit(1)
+
+
 # --- an empty root ----------------------------------------------------------------------------
 
 # Any directory that exists: the tmpfs covers it only inside the child's own mount namespace.

@@ -1,9 +1,10 @@
 """Running agents' code blocks: one long-lived, locked-down child process per environment.
 
 The agent's code is assumed to own the child's Python interpreter, so only kernel layers count.
-The child is a fresh interpreter (not a fork) with a minimal environment, started where the kernel
-allows in namespaces of its own (``unshare(1)``), ahead of need: a warm spare (SparePool) that has
-done its imports and waits, holding no table and no code, for one episode. Then it receives, over
+The child is forked from a template process per set of libraries that has done the imports and
+holds nothing else (sandbox_child.py), with a minimal environment, in namespaces of its own where
+the kernel allows, ahead of need: a warm spare (SparePool) that waits, holding no table and no
+code, for one episode. Then it receives, over
 a socket, read-only descriptors of exactly the Environment's gated table files (written once per
 cutoff: table_files.py) and maps them, so nothing after the cutoff is in its memory, and locks
 itself down (lockdown.py) before any agent code runs. Without the seccomp allowlist code blocks are refused
@@ -17,12 +18,11 @@ docs/agent_api.md, "Threat model: agent code".
 from __future__ import annotations
 
 import atexit
-import functools
 import importlib.util
 import json
 import os
 import select
-import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 from pipeline.agent_api.lockdown import SECCOMP_ARCHES, machine
-from pipeline.agent_api.sandbox_child import LIBRARIES, MAX_OBSERVATION_CHARS, TRUNCATION_NOTE, WARM
+from pipeline.agent_api.sandbox_child import FORK, FORKED, LIBRARIES, MAX_OBSERVATION_CHARS, TRUNCATION_NOTE, WARM
 
 DEFAULT_TIMEOUT_S = 30.0
 # What a code block may allocate beyond the child's size at lockdown (address space, lockdown.set_limits).
@@ -43,6 +43,8 @@ DEFAULT_TIMEOUT_S = 30.0
 DEFAULT_MEMORY_MB = 256
 DEFAULT_CPU_BUDGET_S = 600
 START_TIMEOUT_S = 120.0
+# How long a child whose pipe broke may take to end by itself, so that its exit code is reported.
+ENDED_GRACE_S = 2.0
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 # The largest reply a well-behaved child can send: a capped observation, every character escaped
 # by json.dumps to at most 12 bytes (a surrogate pair, "\\udXXX\\udXXX"), plus the envelope.
@@ -51,8 +53,17 @@ REPLY_CAP_BYTES = 12 * MAX_OUTPUT_CHARS + 1024
 READY_CAP_BYTES = 64 * 1024
 # The layers a report names (docs/agent_api.md, "Threat model"); evaluations record these.
 LAYER_KEYS = ("namespaces", "empty_root", "landlock", "seccomp", "audit_hook")
-NAMESPACE_FLAGS = ("--user", "--map-root-user", "--mount", "--ipc", "--net", "--pid")
 BLAS_THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+# The whole environment of a template, hence of every sandbox child forked from it.
+CHILD_ENVIRONMENT = {
+    "PYTHONPATH": str(PROJECT_ROOT),
+    "PATH": "/usr/bin:/bin",
+    "LANG": "C.UTF-8",
+    "PYTHONDONTWRITEBYTECODE": "1",
+    # One BLAS/OpenMP thread: numpy would start one per core at import, for matrices far larger
+    # than a code block's; they would cost start time and address space.
+    **dict.fromkeys(BLAS_THREAD_VARIABLES, "1"),
+}
 
 
 class SandboxError(RuntimeError):
@@ -61,29 +72,6 @@ class SandboxError(RuntimeError):
 
 class ProtocolError(Exception):
     """The child wrote something that is not the reply it owed (wrong shape, size or order)."""
-
-
-@functools.cache
-def namespace_prefix() -> tuple[tuple[str, ...], str]:
-    """(command prefix, description): ``unshare(1)`` starting the child in new user, mount, IPC,
-    network and PID namespaces, if this kernel allows them (tried once per process); else ((),
-    why not). The child is root of its user namespace (never of the host) so that it can mount its
-    empty root (lockdown.enter_empty_root); the thread that runs agent code then drops every
-    capability. --kill-child ties the child's life to unshare's, which the parent kills."""
-    unshare = shutil.which("unshare")
-    if sys.platform != "linux" or unshare is None:
-        return (), "unavailable: no unshare(1) (util-linux)"
-    prefix = (unshare, *NAMESPACE_FLAGS, "--fork", "--kill-child", "--")
-    try:
-        probe = subprocess.run([*prefix, "true"], capture_output=True, timeout=30, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return (), f"unavailable: {exc}"
-    if probe.returncode != 0:
-        return (
-            (),
-            f"unavailable: unshare {' '.join(NAMESPACE_FLAGS)} failed: {probe.stderr.decode(errors='replace').strip()[:200]}",
-        )
-    return prefix, "user, mount, IPC, network and PID namespaces of its own"
 
 
 def _open_table_files(env) -> tuple[list[list[int]], list[int]]:
@@ -112,58 +100,166 @@ def _checked_report(message: dict) -> dict:
     return report
 
 
-class _Spare:
-    """A child process started and importing (sandbox_child.py), not yet given any episode: no
-    table, no configuration, no code. Its only descriptors are its pipes, its stderr file and
-    the socket an episode arrives on, which it closes on arrival."""
+class _Template:
+    """The template process of one set of libraries (sandbox_child.serve_template): it imports once
+    and forks every spare of that set, so a spare costs a fork and the API's warm-up instead of an
+    interpreter's start and imports. It holds no table, no configuration and no code, runs no
+    agent code and is reached only through its control socket, by this process."""
 
     def __init__(self, libraries: tuple[str, ...]):
-        self.prefix, self.namespaces = namespace_prefix()
         self.libraries = libraries
-        self._warm_lock = threading.Lock()
-        self.warm = False
-        # SOCK_SEQPACKET: message boundaries, so the configuration and each part's descriptors
-        # (SCM_RIGHTS, unix(7)) arrive as sent.
+        self._lock = threading.Lock()
+        self._warm = False
         self.channel, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        # Kept for the child's lifetime (closed in _Child.stop), so not a with-block.
         self.stderr = tempfile.TemporaryFile()
         try:
             self.proc = subprocess.Popen(
                 [
-                    *self.prefix,
                     sys.executable,
                     "-m",
                     "pipeline.agent_api.sandbox_child",
                     f"--libraries={','.join(libraries)}",
-                    f"--handover={child_end.fileno()}",
+                    f"--control={child_end.fileno()}",
                 ],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
                 stderr=self.stderr,
                 cwd="/",
-                # Every other descriptor of this process (other children's pipes and table files
-                # included) is closed in the child.
+                # Every other descriptor of this process (children's pipes and table files
+                # included) is closed in the template.
                 close_fds=True,
                 pass_fds=(child_end.fileno(),),
-                env={
-                    "PYTHONPATH": str(PROJECT_ROOT),
-                    "PATH": "/usr/bin:/bin",
-                    "LANG": "C.UTF-8",
-                    "PYTHONDONTWRITEBYTECODE": "1",
-                    # One BLAS/OpenMP thread: numpy would start one per core at import, for matrices
-                    # far larger than a code block's; they would cost start time and address space.
-                    **dict.fromkeys(BLAS_THREAD_VARIABLES, "1"),
-                },
+                env=CHILD_ENVIRONMENT,
             )
         except OSError as exc:
             self.channel.close()
             self.stderr.close()
-            raise SandboxError(f"the sandbox process could not be started: {exc}") from exc
+            raise SandboxError(f"the sandbox template could not be started: {exc}") from exc
         finally:
             child_end.close()
 
+    def fork(self, descriptors: list[int]) -> int:
+        """A pidfd of a child forked with ``descriptors`` (sandbox_child.SPARE_DESCRIPTORS);
+        OSError, EOFError, TimeoutError or ProtocolError if the template died, stalls or answers
+        anything else. The first call waits for the template's imports."""
+        with self._lock:
+            self.channel.settimeout(START_TIMEOUT_S)
+            if not self._warm:
+                message = self.channel.recv(len(WARM) + 1)
+                if message != WARM:
+                    raise (
+                        EOFError("the template ended during its imports")
+                        if not message
+                        else ProtocolError("the template's first message is not the warm signal")
+                    )
+                self._warm = True
+            socket.send_fds(self.channel, [FORK], descriptors)
+            message, fds, flags, _ = socket.recv_fds(self.channel, len(FORKED) + 1, 1)
+            if message != FORKED or len(fds) != 1 or flags & socket.MSG_CTRUNC:
+                for fd in fds:
+                    os.close(fd)
+                raise EOFError("the template ended") if not message else ProtocolError("not a forked child's pidfd")
+            return fds[0]
+
+    def stop(self) -> str:
+        """Kill the template (the children it forked for spares die with it); how it ended and
+        the tail of its stderr."""
+        self.channel.close()
+        if self.proc.poll() is None:
+            self.proc.kill()
+        code = self.proc.wait()
+        self.stderr.seek(0)
+        tail = self.stderr.read()[-2000:].decode(errors="replace").strip()
+        self.stderr.close()
+        return f"template {'killed by signal ' + str(-code) if code < 0 else f'exit code {code}'}" + (
+            f"; stderr: {tail}" if tail else ""
+        )
+
+
+def _pid_of(pidfd: int) -> int:
+    """The process id a pidfd refers to, in this process's PID namespace (proc(5), fdinfo)."""
+    with open(f"/proc/self/fdinfo/{pidfd}") as fh:
+        for line in fh:
+            if line.startswith("Pid:"):
+                return int(line.split()[1])
+    raise OSError(f"no Pid in the fdinfo of pidfd {pidfd}")
+
+
+class _ForkedProcess:
+    """A spare's process as this process sees it (sandbox_child.fork_spare): the template's child
+    that waits for the sandbox child, reached through a pidfd, with the sandbox child's pipes. Only
+    the template may wait for it, so its exit code, the sandbox child's, comes over a status pipe:
+    none means it was killed (SIGKILL from here, or its parent's death)."""
+
+    def __init__(self, pidfd: int, stdin_fd: int, stdout_fd: int, status_fd: int):
+        self._pidfd, self._status = pidfd, status_fd
+        try:
+            self.pid = _pid_of(pidfd)
+        except OSError:
+            os.close(pidfd)
+            raise
+        self.stdin = open(stdin_fd, "wb", buffering=0)  # kept for the child's lifetime
+        self.stdout = open(stdout_fd, "rb", buffering=0)
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None and select.select([self._pidfd], [], [], 0)[0]:
+            self._collect()
+        return self.returncode
+
+    def wait(self, timeout_s: float | None = None) -> int | None:
+        """The exit code, or None if the process still runs after ``timeout_s``."""
+        if self.returncode is None and select.select([self._pidfd], [], [], timeout_s)[0]:
+            self._collect()
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.returncode is None:
+            try:
+                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def _collect(self) -> None:
+        try:
+            text = os.read(self._status, 16).strip()
+        finally:
+            os.close(self._status)
+            os.close(self._pidfd)
+        self.returncode = int(text) if text.lstrip(b"-").isdigit() else -signal.SIGKILL
+
+
+class _Spare:
+    """A child forked from its libraries' template (sandbox_child.fork_spare), warming up, not yet
+    given any episode: no table, no configuration, no code. Its only descriptors are its pipes,
+    its stderr file and the socket an episode arrives on, which it closes on arrival."""
+
+    def __init__(self, template: _Template):
+        self.libraries = template.libraries
+        self._warm_lock = threading.Lock()
+        self.warm = False
+        # SOCK_SEQPACKET: message boundaries, so the configuration and each part's descriptors
+        # (SCM_RIGHTS, unix(7)) arrive as sent.
+        self.channel, handover = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        # Kept for the child's lifetime (closed in _Child.stop), so not a with-block.
+        self.stderr = tempfile.TemporaryFile()
+        (stdin_r, stdin_w), (stdout_r, stdout_w), (status_r, status_w) = os.pipe(), os.pipe(), os.pipe()
+        try:
+            pidfd = template.fork([stdin_r, stdout_w, self.stderr.fileno(), handover.fileno(), status_w])
+            self.proc = _ForkedProcess(pidfd, stdin_w, stdout_r, status_r)
+        except (OSError, EOFError, TimeoutError, ProtocolError) as exc:
+            for fd in (stdin_w, stdout_r, status_r):
+                os.close(fd)
+            self.channel.close()
+            self.stderr.close()
+            raise SandboxError(f"the sandbox process could not be started: {exc}") from exc
+        finally:
+            for fd in (stdin_r, stdout_w, status_w):
+                os.close(fd)
+            handover.close()
+
     def wait_warm(self, timeout_s: float) -> None:
-        """Until the child says its imports are done (sandbox_child.WARM); OSError, EOFError,
+        """Until the child says its warm-up is done (sandbox_child.WARM); OSError, EOFError,
         TimeoutError or ProtocolError if it dies, stalls or says anything else. Called by the
         pool's starter and by the episode that takes the spare, whichever comes first."""
         with self._warm_lock:
@@ -172,7 +268,7 @@ class _Spare:
             self.channel.settimeout(timeout_s)
             message = self.channel.recv(len(WARM) + 1)
             if not message:
-                raise EOFError("the spare ended before its imports were done")
+                raise EOFError("the spare ended before its warm-up was done")
             if message != WARM:
                 raise ProtocolError("the spare's first message is not the warm signal")
             self.warm = True
@@ -195,6 +291,7 @@ class SparePool:
         self._waiting: dict[tuple[str, ...], list[_Spare]] = {}  # oldest first
         self._wanted: dict[tuple[str, ...], int] = {}  # spares to keep waiting per set
         self._reserved: dict[tuple[str, ...], list[int]] = {}  # evaluations' reservations per set
+        self._templates: dict[tuple[str, ...], _Template] = {}
         self._starter: threading.Thread | None = None
         self._closed = False
         self._episodes_importing = 0  # episodes waiting for their own child's imports (wait_warm)
@@ -209,7 +306,24 @@ class SparePool:
         if spare is not None and spare.proc.poll() is not None:
             _Child(spare).stop()
             return self.take(libraries)
-        return spare or _Spare(libraries)
+        return spare or self._spawn(libraries)
+
+    def _spawn(self, libraries: tuple[str, ...]) -> _Spare:
+        """A new spare forked from ``libraries``' template (started now if it is not running; a
+        template that failed to fork is stopped, so the next spare gets a fresh one)."""
+        with self._lock:
+            if self._closed:
+                raise SandboxError("the sandbox pool is closed (this process is exiting)")
+            template = self._templates.get(libraries)
+            if template is None or template.proc.poll() is not None:
+                template = self._templates[libraries] = _Template(libraries)
+        try:
+            return _Spare(template)
+        except SandboxError as exc:
+            with self._lock:
+                if self._templates.get(libraries) is template:
+                    del self._templates[libraries]
+            raise SandboxError(f"{exc}; {template.stop()}") from exc
 
     def wait_warm(self, spare: _Spare) -> None:
         """Until a taken spare's imports are done (_Spare.wait_warm). While an episode waits so,
@@ -278,7 +392,7 @@ class SparePool:
                 if self._closed:
                     return
             try:
-                spare = _Spare(libraries)
+                spare = self._spawn(libraries)
             except SandboxError:
                 return  # the next take starts one, or says why it cannot
             with self._lock:
@@ -305,13 +419,16 @@ class SparePool:
         with self._lock:
             self._closed = True
             spares = [spare for waiting in self._waiting.values() for spare in waiting]
-            self._waiting = {}
+            templates = list(self._templates.values())
+            self._waiting, self._templates = {}, {}
             self._lock.notify_all()
         for spare in spares:
             _Child(spare).stop()
+        for template in templates:
+            template.stop()
 
     def _forget(self) -> None:
-        """In a forked copy of this process: the spares are the parent's children, not ours."""
+        """In a forked copy of this process: the spares and templates are the parent's, not ours."""
         self.__init__()
 
 
@@ -352,7 +469,7 @@ class _Child:
             "memory_mb": memory_mb,
             "cpu_budget_s": cpu_budget_s,
             # The child mounts its empty root only in a mount namespace other than this one.
-            "parent_mount_namespace": os.readlink("/proc/self/ns/mnt") if spare.prefix else None,
+            "parent_mount_namespace": os.readlink("/proc/self/ns/mnt"),
             "parts": len(table_fds),
         }
         # Requests go out non-blocking under a deadline: a child that stops reading its stdin
@@ -368,9 +485,7 @@ class _Child:
                     raise ProtocolError("the configuration did not go out whole")
                 for part in table_fds:
                     socket.send_fds(spare.channel, [b"p"], part)
-            self.report = _checked_report(self.receive(deadline - time.monotonic(), READY_CAP_BYTES)) | {
-                "namespaces": spare.namespaces
-            }
+            self.report = _checked_report(self.receive(deadline - time.monotonic(), READY_CAP_BYTES))
         except (OSError, EOFError, TimeoutError, ProtocolError) as exc:
             detail = self.stop()
             raise SandboxError(f"the sandbox process did not start: {exc}; {detail}") from exc
@@ -455,10 +570,12 @@ class _Child:
         # they are shown escaped, so the agent's output cannot end its own episode.
         return output.encode("utf-8", "backslashreplace").decode("utf-8")
 
-    def stop(self) -> str:
-        """Kill the child; return how it ended and the tail of its stderr (for error messages)."""
+    def stop(self, ended_s: float = 0.0) -> str:
+        """Kill the child; return how it ended and the tail of its stderr (for error messages).
+        ``ended_s``: how long to wait first for a child that closed its pipe (it is ending: its
+        waiter then reports its exit code, which a kill would replace)."""
         self._spare.channel.close()
-        if self.proc.poll() is None:
+        if self.proc.poll() is None and (ended_s <= 0 or self.proc.wait(ended_s) is None):
             self.proc.kill()
         code = self.proc.wait()
         for pipe in (self.proc.stdin, self.proc.stdout):
@@ -523,8 +640,8 @@ class Sandbox:
             self.last_report = self._child.report
         return self._child
 
-    def _restart(self) -> str:
-        detail = self._child.stop() if self._child is not None else ""
+    def _restart(self, ended_s: float = 0.0) -> str:
+        detail = self._child.stop(ended_s) if self._child is not None else ""
         self._child = None
         return detail
 
@@ -552,7 +669,7 @@ class Sandbox:
                 "the sandbox was restarted, so variables defined earlier are gone"
             )
         except (OSError, EOFError):
-            detail = self._restart()
+            detail = self._restart(ended_s=ENDED_GRACE_S)
             return (
                 f"SandboxError: the code block ended the sandbox process ({detail.split(';')[0]}), "
                 "e.g. by exceeding its memory or CPU limit; the sandbox was restarted, so variables "

@@ -1,14 +1,20 @@
-"""The sandbox child: ``python -m pipeline.agent_api.sandbox_child``, started by sandbox.Sandbox.
+"""The sandbox's processes: ``python -m pipeline.agent_api.sandbox_child --control=FD``, started by
+sandbox.py once per set of libraries, is a *template*; every sandbox child is forked from it.
 
-Start-up, in this order: import everything agent code may use (polars, the API, the allow-listed
-modules, the libraries the parent names in ``--libraries``) and warm every cache that reads a file;
-then wait, a *warm spare* holding no table and no code, until the parent hands it an episode over
-the Unix socket on ``--handover``: the configuration, then the read-only descriptors of the
-environment's gated table files (SCM_RIGHTS, one message per part); close that socket; map the
-files and close their descriptors; build the Environment; lock down (lockdown.py); reply with what
-the lockdown applied; then run code blocks until stdin closes. The child is never given a path,
-only descriptors of its cutoff's files, so the only rows it can hold are the ones on or before its
-cutoff (docs/agent_api.md, "Warm spares").
+The template imports what agent code may use (polars, pyarrow, the allow-listed modules, the
+libraries named in ``--libraries``) but runs no polars query, since polars' thread pool does not
+survive fork(2). Then, for each request on its control socket (the word ``fork`` and five
+descriptors: stdin, stdout, stderr, handover socket, status pipe), it forks a child and answers
+with a pidfd of it. That child keeps only those five descriptors, enters new user, mount, IPC,
+network and PID namespaces and forks the *sandbox child* (PID 1 there); it waits for it and writes
+its exit code to the status pipe (the parent cannot wait for a process it did not start). The
+sandbox child imports the API and warms every cache that reads a file, then is a *warm spare*
+holding no table and no code until the parent hands it an episode over the handover socket: the
+configuration, then the read-only descriptors of the environment's gated table files (SCM_RIGHTS,
+one message per part); it closes that socket, maps the files and closes their descriptors, builds
+the Environment, locks down (lockdown.py), replies with what the lockdown applied, then runs code
+blocks until stdin closes. It is never given a path, only descriptors of its cutoff's files, so
+the only rows it can hold are the ones on or before its cutoff (docs/agent_api.md, "Warm spares").
 
 Wire format both ways: a 4-byte big-endian length, then a JSON payload. A request is ``{"id": n, "code": ...}``, its reply ``{"id": n, "output": ...}``; the parent
 checks every reply against that shape and a size cap (sandbox.py), since agent code can write
@@ -24,9 +30,11 @@ import importlib.util
 import io
 import json
 import os
+import resource
 import socket
 import struct
 import sys
+import traceback
 from datetime import date
 
 # Modules agent code may import. Each is imported before lockdown, so importing it later reads
@@ -72,8 +80,14 @@ WARM_UP_ROWS = 256
 # the tables' buffers point into them.
 MAPPINGS: list = []
 TRUNCATION_NOTE = f"\n[output truncated at {MAX_OBSERVATION_CHARS} characters]"
-# What a spare sends over its handover socket once its imports are done (sandbox.SparePool).
+# What a template sends on its control socket, and a spare on its handover socket, once its
+# imports are done (sandbox.SparePool).
 WARM = b"warm"
+# A fork request to the template and its answer (sandbox._Template).
+FORK, FORKED = b"fork", b"forked"
+# The descriptors a fork request carries, renumbered from 0 in this order in the forked child.
+SPARE_DESCRIPTORS = ("stdin", "stdout", "stderr", "handover", "status")
+HANDOVER_FD, STATUS_FD = 3, 4
 
 
 def read_message(stream) -> bytes:
@@ -164,21 +178,31 @@ def run_block(code: str, namespace: dict) -> str:
     return text
 
 
-def _prepare_imports() -> None:
+def _import_for_template() -> None:
+    """What every spare needs, imported once in the template. No polars query runs here: polars
+    starts its thread pool on the first one, and a forked child would inherit the pool's state
+    without its threads."""
     import landlockpy
-    import polars as pl
+    import polars  # noqa: F401
+    import pyarrow.ipc  # noqa: F401
     import pyseccomp
-
-    from pipeline.agent_api import lookup
 
     # Both find and load their C libraries now: after lockdown no file can be opened.
     pyseccomp.system_arch()
     landlockpy.abi_version()
-
     for name in ALLOWED_MODULES:
         __import__(name)
+
+
+def _warm_spare() -> None:
+    """In each sandbox child, after the fork: the API (its import reads the reference tables with
+    polars), the look-up caches, polars' thread pool and compiled paths; later no thread may read
+    a file."""
+    import polars as pl
+
+    from pipeline.agent_api import lookup
+
     lookup.warm_caches()
-    # Start polars' thread pool and compile paths now: later, no thread may read cgroup files.
     frame = pl.DataFrame({"a": [1, 2, 2], "t": ["x y", "y", "z"]})
     frame.group_by("a").len().sort("a")
     frame.filter(pl.col("t").str.contains("(?i)y")).select(pl.col("t").str.count_matches(r"\bx"))
@@ -302,7 +326,7 @@ def map_tables(table_fds: list[list[int]]):
 
 def receive_episode(handover: int) -> tuple[dict, list[list[int]]]:
     """Tell the parent this spare is warm (its imports done: the pool starts the next spare only
-    then, so spares never import side by side), then wait for an episode: the configuration and
+    then, so spares never warm side by side), then wait for an episode: the configuration and
     the (events, news) descriptors per part, over the SOCK_SEQPACKET socket ``handover`` (one
     message each), which is then closed: after this the child holds no channel to the parent but
     its pipes."""
@@ -318,20 +342,14 @@ def receive_episode(handover: int) -> tuple[dict, list[list[int]]]:
     return config, table_fds
 
 
-def main() -> None:
-
+def serve_episode(loaded: frozenset[str], libraries: str, namespaces: str) -> int:
+    """The sandbox child: warm up, wait as a spare on HANDOVER_FD, then serve one episode."""
     from pipeline.agent_api.environment import Environment
     from pipeline.agent_api.lockdown import lock_down
 
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--libraries", default="", help="comma-separated names from LIBRARIES")
-    parser.add_argument("--handover", type=int, required=True, help="the inherited socket an episode arrives on")
-    args = parser.parse_args()
-    requested = [name for name in args.libraries.split(",") if name]
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
-    _prepare_imports()
-    loaded, libraries = _load_libraries(requested)
-    config, table_fds = receive_episode(args.handover)
+    _warm_spare()
+    config, table_fds = receive_episode(HANDOVER_FD)
     events, news = map_tables(table_fds)
     settings = {
         "start": date.fromisoformat(config["start"]),
@@ -359,14 +377,95 @@ def main() -> None:
         parent_mount_namespace=config["parent_mount_namespace"],
     )
     report["libraries"] = libraries
+    report["namespaces"] = namespaces
     write_message(stdout, json.dumps({"ready": report}).encode())
     while True:
         try:
             request = json.loads(read_message(stdin))
         except EOFError:
-            return
+            return 0
         output = run_block(request["code"], namespace)
         write_message(stdout, json.dumps({"id": request["id"], "output": output}).encode())
+
+
+def _keep_only(fds: list[int]) -> None:
+    """Renumber ``fds`` to 0, 1, ... and close every other descriptor (the template's control
+    socket included)."""
+    import fcntl
+
+    moved = [fcntl.fcntl(fd, fcntl.F_DUPFD, 16) for fd in fds]  # above the targets, then down
+    for target, fd in enumerate(moved):
+        os.dup2(fd, target)
+    os.closerange(len(fds), resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+
+
+def fork_spare(fds: list[int], template_pid: int, loaded: frozenset[str], libraries: str) -> int:
+    """In the template's forked child: keep the request's descriptors only, enter new namespaces,
+    fork the sandbox child (serve_episode) and report its exit code on STATUS_FD. Returns this
+    process's exit code (the sandbox child's, in the sandbox child)."""
+    from pipeline.agent_api.lockdown import NAMESPACES, die_with_parent, enter_namespaces
+
+    _keep_only(fds)
+    die_with_parent(template_pid)
+    namespaces = enter_namespaces()
+    waiter = os.getpid()
+    sandbox = os.fork()
+    if sandbox == 0:
+        os.close(STATUS_FD)
+        # PID 1 of a new namespace sees no parent (getppid() is 0): nothing to check against.
+        die_with_parent(None if namespaces == NAMESPACES else waiter)
+        return serve_episode(loaded, libraries, namespaces)
+    for fd in (0, 1, HANDOVER_FD):
+        os.close(fd)
+    code = os.waitstatus_to_exitcode(os.waitpid(sandbox, 0)[1])
+    os.write(STATUS_FD, str(code).encode())
+    return 0
+
+
+def serve_template(control_fd: int, requested: list[str]) -> None:
+    """Import once, then fork a spare per request on ``control_fd`` until the parent closes it."""
+    _import_for_template()
+    loaded, libraries = _load_libraries(requested)
+    template_pid = os.getpid()
+    control = socket.socket(fileno=control_fd)
+    control.send(WARM)
+    while True:
+        message, fds, flags, _ = socket.recv_fds(control, 64, len(SPARE_DESCRIPTORS))
+        if not message:
+            return
+        while True:  # reap the forked children that have ended (each one's pidfd is the parent's)
+            try:
+                if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                    break
+            except ChildProcessError:
+                break
+        if message != FORK or len(fds) != len(SPARE_DESCRIPTORS) or flags & socket.MSG_CTRUNC:
+            raise RuntimeError(f"a fork request {message[:20]!r} with {len(fds)} descriptors (flags {flags:#x})")
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                control.detach()
+                code = fork_spare(fds, template_pid, loaded, libraries)
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                os._exit(code)
+        for fd in fds:
+            os.close(fd)
+        pidfd = os.pidfd_open(pid)
+        try:
+            socket.send_fds(control, [FORKED], [pidfd])
+        finally:
+            os.close(pidfd)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--libraries", default="", help="comma-separated names from LIBRARIES")
+    parser.add_argument("--control", type=int, required=True, help="the inherited socket fork requests arrive on")
+    args = parser.parse_args()
+    serve_template(args.control, [name for name in args.libraries.split(",") if name])
 
 
 if __name__ == "__main__":
