@@ -406,8 +406,9 @@ def fork_spare(fds: list[int], template_pid: int, loaded: frozenset[str], librar
     from pipeline.agent_api.lockdown import NAMESPACES, die_with_parent, enter_namespaces
 
     _keep_only(fds)
-    die_with_parent(template_pid)
     namespaces = enter_namespaces()
+    # After unshare(2): a change of credentials clears the parent-death signal (prctl(2)).
+    die_with_parent(template_pid)
     waiter = os.getpid()
     sandbox = os.fork()
     if sandbox == 0:
