@@ -23,6 +23,7 @@ from pipeline.cli import build_parser, evaluate_registry_entry, main
 from pipeline.config import Settings
 from pipeline.evaluation.registry import parse_agents
 from pipeline.evaluation.run import evaluate_agent
+from pipeline.evaluation.submissions import prepare, score_locally
 from pipeline.release import open_store, publish_release
 from pipeline.splits import Override, build_split
 from testbed.chat import ChatServer, react_policy
@@ -131,6 +132,18 @@ def test_evaluate_then_score_gives_the_harness_s_numbers(release, tmp_path, monk
     assert 0 < card["metrics"]["level2_f1"]["value"] < card["metrics"]["level1_f1"]["value"] < 100  # percent
     cost = (record["tokens_in"] * 0.5 + record["tokens_out"] * 1.5) / 1e6
     assert f"tokens in/out {record['tokens_in']}/{record['tokens_out']}, cost ${cost:.4f}" in evaluated.stdout
+
+    # mirai submit's own checks (all but the upload) take the file, with the run's tokens and cost.
+    meta = {
+        "model": "scripted", "knowledge_cutoff": "2023-06-30", "contact": "me@example.org", "month": "2024-02",
+        "query_set": "queries_sample", "distance": 1, "rounds": 1, "api_mode": "native",
+        "action_type": "single_function", "tokens_in": record["tokens_in"], "tokens_out": record["tokens_out"],
+        "cost_usd": record["cost_usd"],
+    }  # fmt: skip
+    (tmp_path / "submission.json").write_text(json.dumps(meta))
+    prepared, problems = prepare("scripted-2024-02", out, tmp_path / "submission.json")
+    assert problems == []
+    assert score_locally(prepared, release).card["metrics"] == card["metrics"]
     _no_key_anywhere(tmp_path, evaluated.stdout, evaluated.stderr)
 
 
