@@ -634,7 +634,10 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
                 progress_interval_s=args.progress_every,
             )
         except ModelUnavailable as exc:
-            raise CommandError(f"{exc}; finished episodes are kept in {checkpoint_path(directory)}") from None
+            kept = checkpoint_path(directory)
+            raise CommandError(
+                f"{exc}" + (f"; finished episodes are kept in {kept}" if kept.is_file() else "")
+            ) from None
     written = _write_predictions(directory, out)
     if record["contaminated"]:
         print(f"contaminated: {record['eligibility']}", file=sys.stderr)

@@ -199,3 +199,13 @@ def test_several_rounds_go_to_mirai_round_directories_that_score(release, tmp_pa
     scored = _mirai("score", str(out), "--split", str(release), "--sample", "--out", str(tmp_path / "card"))
     assert scored.returncode == 0, scored.stderr
     assert json.loads((tmp_path / "card" / "scorecard.json").read_text())["rounds"] == 2
+
+
+def test_a_rejected_key_stops_the_run_in_one_line(release, tmp_path):
+    out = tmp_path / "predictions.jsonl"
+    with ChatServer(Recorder(), fail_when=lambda messages: 401) as server:
+        refused = _mirai("evaluate", str(release), *_flags(server.base_url), "--out", str(out))
+    assert refused.returncode == 1 and len(refused.stderr.splitlines()) == 1, refused.stderr
+    assert refused.stderr.startswith("mirai evaluate: error: scripted at ") and "401" in refused.stderr
+    assert not out.exists()
+    _no_key_anywhere(tmp_path, refused.stdout, refused.stderr)
