@@ -163,6 +163,11 @@ def test_every_bad_input_is_one_line_and_a_non_zero_exit(tmp_path):
         "AWS_EC2_METADATA_DISABLED": "true",
     }
     s3 = {"MIRAI_S3_ENDPOINT_URL": dead, "MIRAI_S3_MAX_ATTEMPTS": "1"}
+    release = tmp_path / "release"  # enough of a downloaded month for `mirai evaluate` to check its flags
+    (release / "database" / "events").mkdir(parents=True)
+    (release / "queries_sample.parquet").touch()
+    key = "sk-live-0a1b2c3d"
+    evaluate = ["evaluate", str(release), "--endpoint", f"{dead}/v1", "--model", "m", "--knowledge-cutoff", "2023-06"]
     cases = [
         (["gaps", "--index", "/nonexistent"], {}, 1, "no GDELT index file at /nonexistent"),
         (["mirror", "serve", "/nonexistent/dir"], {}, 1, "no mirror directory at /nonexistent/dir"),
@@ -195,14 +200,46 @@ def test_every_bad_input_is_one_line_and_a_non_zero_exit(tmp_path):
             1,
             "S3: Unable to locate credentials",
         ),
+        (
+            ["evaluate", str(tmp_path), *evaluate[2:]],
+            {},
+            1,
+            f"{tmp_path} is not a downloaded release month (it needs queries_sample.parquet and database/)",
+        ),
+        ([*evaluate, "--temperature", "3"], {}, 2, "--temperature must be a number from 0 to 2, got 3.0"),
+        ([*evaluate, "--endpoint", "ftp://host"], {}, 2, "--endpoint must be an http(s) URL, got 'ftp://host'"),
+        ([*evaluate, "--distance", "0"], {}, 2, "--distance must be a positive integer, got 0"),
+        ([*evaluate, "--concurrency", "x"], {}, 2, "argument --concurrency: invalid int value: 'x'"),
+        ([*evaluate, "--knowledge-cutoff", "2023-13"], {}, 2, "--knowledge-cutoff must be a date YYYY-MM-DD or"),
+        (
+            [*evaluate, "--strategy", "direct", "--max-steps", "3"],
+            {},
+            2,
+            "--max-steps applies only to --strategy react",
+        ),
+        (
+            [*evaluate, "--price-per-million-input-tokens", "1"],
+            {},
+            2,
+            "give both --price-per-million-input-tokens and --price-per-million-output-tokens, or neither",
+        ),
+        ([*evaluate, "--rounds", "2"], {}, 2, "--rounds 2 gives one prediction per query per round"),
+        # The key where its variable's name belongs (--api-key abbreviates --api-key-env) is not echoed.
+        ([*evaluate, "--api-key", key], {}, 2, "--api-key-env must be an environment variable name, got a value not"),
+        ([*evaluate, "--api-key-env", "NO_SUCH_KEY_VAR"], {"NO_SUCH_KEY_VAR": None}, 2, "names an environment varia"),
     ]
     for args, env, status, message in cases:
         result = run(*args, env={"MIRAI_DATA_DIR": str(tmp_path / "data"), **env})
         assert result.returncode == status, (args, result.stderr)
         assert result.stdout == "" and len(result.stderr.splitlines()) == 1, (args, result.stderr)
         assert message in result.stderr and result.stderr.startswith("mirai "), (args, result.stderr)
-        assert "Traceback" not in result.stderr
-    assert not (tmp_path / "dl").exists()  # nothing was written by the failed downloads
+        assert "Traceback" not in result.stderr and key not in result.stderr
+    assert not (tmp_path / "dl").exists()
+    assert sorted(p.name for p in release.rglob("*")) == [
+        "database",
+        "events",
+        "queries_sample.parquet",
+    ]  # nothing was written by the failed downloads
 
     debug = run("--debug", "gaps", "--index", "/nonexistent")
     assert debug.returncode == 1 and debug.stderr.startswith("Traceback") and "no GDELT index file" in debug.stderr

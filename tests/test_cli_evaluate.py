@@ -1,0 +1,211 @@
+"""`mirai evaluate` as a model builder runs it: a release published by the real code and fetched
+with `mirai download`, a real OpenAI-compatible server on 127.0.0.1 (testbed/chat.py, scripted
+replies), the command as a subprocess, then `mirai score` on what it wrote. Its numbers must be
+the harness's own (evaluate_agent in-process on the same replies); a killed run resumes without
+redoing an episode; the API key shows nowhere."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from datetime import UTC, date, datetime
+from pathlib import Path
+
+import pytest
+
+from pipeline.agent_api import EventDatabase
+from pipeline.cli import build_parser, evaluate_registry_entry, main
+from pipeline.config import Settings
+from pipeline.evaluation.registry import parse_agents
+from pipeline.evaluation.run import evaluate_agent
+from pipeline.evaluation.submissions import prepare, score_locally
+from pipeline.release import open_store, publish_release
+from pipeline.splits import Override, build_split
+from testbed.chat import ChatServer, react_policy
+from testbed.database import generate_event_database
+
+MIRAI = str(Path(sys.executable).with_name("mirai"))
+MONTH = date(2024, 2, 1)
+NOW = datetime(2024, 4, 1, tzinfo=UTC)
+KEY_ENV, KEY = "MIRAI_TEST_EVALUATE_KEY", "sk-test-9f3c2a7e51d04b8c"
+SAMPLE = 5
+
+
+@pytest.fixture(scope="module")
+def release(tmp_path_factory) -> Path:
+    """2024-02 published to a local bucket (two small generated database months, a forced split
+    with a sample of SAMPLE queries) and downloaded with `mirai download`."""
+    root = tmp_path_factory.mktemp("evaluate-release")
+    data_dir = root / "data"
+    generate_event_database(data_dir, date(2024, 1, 1), 2, seed=5, quads_per_day=12)
+    settings = Settings(data_dir=data_dir, release_uri=str(root / "bucket"), split_sample_size=SAMPLE)
+    build_split(MONTH, settings, now=NOW, override=Override("test", "no ledgers in this test", NOW))
+    publish_release(MONTH, settings, open_store(settings))
+    assert main(["download", "2024-02", "--from", str(root / "bucket"), "--dest", str(root / "dl")]) == 0
+    return root / "dl" / "2024-02"
+
+
+# Codes the generated split's sample holds some of, at both levels: the scores are not all 0.
+FINAL_ANSWER = json.dumps({"01": ["010", "011"], "04": ["040", "046"], "15": ["150"], "17": ["173"]})
+
+
+class Recorder:
+    """react_policy's turns (two or three, a real API call in some) ending in FINAL_ANSWER, noting
+    each request's query (its first user message), so a test sees which episodes a run made."""
+
+    def __init__(self):
+        self.queries: list[str] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, messages: list[dict]) -> str:
+        with self._lock:
+            self.queries.append(next(m["content"] for m in messages if m["role"] == "user"))
+        reply = react_policy(messages)
+        return (
+            reply[: reply.index("Final Answer:")] + f"Final Answer: {FINAL_ANSWER}"
+            if "Final Answer:" in reply
+            else reply
+        )
+
+
+def _flags(base_url: str) -> list[str]:
+    return [
+        "--endpoint", base_url, "--model", "scripted", "--api-key-env", KEY_ENV, "--knowledge-cutoff", "2023-06",
+        "--price-per-million-input-tokens", "0.5", "--price-per-million-output-tokens", "1.5",
+    ]  # fmt: skip
+
+
+def _mirai(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([MIRAI, *args], capture_output=True, text=True, timeout=300, env=os.environ | {KEY_ENV: KEY})
+
+
+def _lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _no_key_anywhere(root: Path, *outputs: str) -> None:
+    for text in outputs:
+        assert KEY not in text
+    for path in root.rglob("*"):
+        if path.is_file():
+            assert KEY.encode() not in path.read_bytes(), path
+
+
+def test_evaluate_then_score_gives_the_harness_s_numbers(release, tmp_path, monkeypatch):
+    out = tmp_path / "predictions.jsonl"
+    with ChatServer(Recorder()) as server:
+        evaluated = _mirai("evaluate", str(release), *_flags(server.base_url), "--concurrency", "2", "--out", str(out))
+        assert evaluated.returncode == 0, evaluated.stderr
+        served = server.requests
+    assert f"{SAMPLE}/{SAMPLE} episodes" in evaluated.stdout
+    assert f"{SAMPLE} predictions in {out}" in evaluated.stdout
+    scored = _mirai("score", str(out), "--split", str(release), "--sample", "--out", str(tmp_path / "card"))
+    assert scored.returncode == 0, scored.stderr
+    card = json.loads((tmp_path / "card" / "scorecard.json").read_text())
+    assert card["queries"] == SAMPLE and card["missing"]["count"] == 0
+
+    # The same agent entry, run in-process by the harness on the same scripted replies.
+    monkeypatch.setenv(KEY_ENV, KEY)
+    with ChatServer(Recorder()) as server:
+        args = build_parser().parse_args(["evaluate", str(release), *_flags(server.base_url)])
+        (agent,) = parse_agents({"agents": [evaluate_registry_entry(args)]})
+        results, record = evaluate_agent(
+            release / "queries_sample.parquet", tmp_path / "reference", agent, 1, database=EventDatabase(release)
+        )
+        assert server.requests == served
+    expected = [
+        {"query_id": q, "answer": json.loads(p), "ranked": list(r)}
+        for q, p, r in results.select("query_id", "prediction", "ranked").iter_rows()
+    ]
+    assert _lines(out) == expected
+    for metric, value in record["metrics"].items():
+        if metric in card["metrics"]:
+            assert card["metrics"][metric]["value"] == pytest.approx(value, abs=5e-5), (
+                metric
+            )  # the card rounds to 4 places
+    assert {"level2_f1", "mrr"} <= set(card["metrics"]) & set(record["metrics"])
+    assert 0 < card["metrics"]["level2_f1"]["value"] < card["metrics"]["level1_f1"]["value"] < 100  # percent
+    cost = (record["tokens_in"] * 0.5 + record["tokens_out"] * 1.5) / 1e6
+    assert f"tokens in/out {record['tokens_in']}/{record['tokens_out']}, cost ${cost:.4f}" in evaluated.stdout
+
+    # mirai submit's own checks (all but the upload) take the file, with the run's tokens and cost.
+    meta = {
+        "model": "scripted", "knowledge_cutoff": "2023-06-30", "contact": "me@example.org", "month": "2024-02",
+        "query_set": "queries_sample", "distance": 1, "rounds": 1, "api_mode": "native",
+        "action_type": "single_function", "tokens_in": record["tokens_in"], "tokens_out": record["tokens_out"],
+        "cost_usd": record["cost_usd"],
+    }  # fmt: skip
+    (tmp_path / "submission.json").write_text(json.dumps(meta))
+    prepared, problems = prepare("scripted-2024-02", out, tmp_path / "submission.json")
+    assert problems == []
+    assert score_locally(prepared, release).card["metrics"] == card["metrics"]
+    _no_key_anywhere(tmp_path, evaluated.stdout, evaluated.stderr)
+
+
+def test_a_killed_run_resumes_without_redoing_an_episode(release, tmp_path):
+    out = tmp_path / "predictions.jsonl"
+    command = [MIRAI, "evaluate", str(release), "--concurrency", "1", "--out", str(out)]
+    recorder = Recorder()
+    with ChatServer(recorder, hold_after=4) as server:  # the 5th request waits: an episode is in flight
+        command += _flags(server.base_url)
+        first = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ | {KEY_ENV: KEY}
+        )
+        deadline = time.monotonic() + 120
+        while server.held == 0 and first.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert server.held == 1, first.communicate()
+        first.send_signal(signal.SIGINT)
+        stdout1, stderr1 = first.communicate(timeout=60)
+        assert first.returncode == 130 and "mirai evaluate: interrupted" in stderr1, stderr1
+        assert not out.exists()
+        (checkpoint,) = (tmp_path / "predictions.jsonl.run").rglob("*.episodes.jsonl")
+        done = {json.loads(line)["query_id"] for line in checkpoint.read_text().splitlines()}
+        assert 1 <= len(done) < SAMPLE
+
+        server.release()
+        recorder.queries.clear()
+        second = subprocess.run(command, capture_output=True, text=True, timeout=300, env=os.environ | {KEY_ENV: KEY})
+        assert second.returncode == 0, second.stderr
+        assert "resuming from" in second.stdout and f"{SAMPLE}/{SAMPLE} episodes" in second.stdout
+        assert len(set(recorder.queries)) == SAMPLE - len(done)  # only the episodes not checkpointed ran
+        assert len(_lines(out)) == SAMPLE and not checkpoint.exists()
+        written = out.read_bytes()
+
+        # Run again: the stored run is reused, no request is made, the file is the same.
+        recorder.queries.clear()
+        third = subprocess.run(command, capture_output=True, text=True, timeout=300, env=os.environ | {KEY_ENV: KEY})
+        assert third.returncode == 0, third.stderr
+        assert "no episode re-run" in third.stdout and recorder.queries == []
+        assert out.read_bytes() == written
+    scored = _mirai("score", str(out), "--split", str(release), "--sample")
+    assert scored.returncode == 0, scored.stderr
+    _no_key_anywhere(tmp_path, stdout1, stderr1, second.stdout, second.stderr, third.stdout, third.stderr)
+
+
+def test_several_rounds_go_to_mirai_round_directories_that_score(release, tmp_path):
+    out = tmp_path / "rounds"
+    with ChatServer(Recorder()) as server:
+        evaluated = _mirai("evaluate", str(release), *_flags(server.base_url), "--rounds", "2", "--out", str(out))
+    assert evaluated.returncode == 0, evaluated.stderr
+    assert f"{2 * SAMPLE}/{2 * SAMPLE} episodes" in evaluated.stdout
+    assert sorted(p.name for p in out.iterdir()) == ["round1", "round2"]
+    assert len(list((out / "round2").glob("*.json"))) == SAMPLE
+    scored = _mirai("score", str(out), "--split", str(release), "--sample", "--out", str(tmp_path / "card"))
+    assert scored.returncode == 0, scored.stderr
+    assert json.loads((tmp_path / "card" / "scorecard.json").read_text())["rounds"] == 2
+
+
+def test_a_rejected_key_stops_the_run_in_one_line(release, tmp_path):
+    out = tmp_path / "predictions.jsonl"
+    with ChatServer(Recorder(), fail_when=lambda messages: 401) as server:
+        refused = _mirai("evaluate", str(release), *_flags(server.base_url), "--out", str(out))
+    assert refused.returncode == 1 and len(refused.stderr.splitlines()) == 1, refused.stderr
+    assert refused.stderr.startswith("mirai evaluate: error: scripted at ") and "401" in refused.stderr
+    assert not out.exists()
+    _no_key_anywhere(tmp_path, refused.stdout, refused.stderr)
