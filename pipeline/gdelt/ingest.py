@@ -32,7 +32,7 @@ from pipeline.storage import (
     KINDS,
     DataLayout,
     FileDigest,
-    atomic_write_bytes,
+    atomic_write_many,
     built_parquet_metadata,
     file_lock,
     parquet_bytes,
@@ -395,11 +395,14 @@ def _write_parsed(
     # The table before the files (see pipeline/gdelt/integrity.py); rewritten only when it changes.
     if digests != (recorded or {}):
         write_digests(layout, kind, day, digests)
-    for slot, rows_file, rejects_file in parsed_slots:
-        rejects_out = layout.rejects_path(kind, slot)
+    # Every slot's rejects, then every slot's rows, each a batch of atomic writes (one fsync of
+    # each directory, not one per file; ~200 files a day). Rows last: their metadata marks a slot
+    # as done, so a crash before they are in place re-parses it.
+    rejects = []
+    for slot, _, rejects_file in parsed_slots:
         if rejects_file is not None:
-            atomic_write_bytes(rejects_out, rejects_file)
+            rejects.append((layout.rejects_path(kind, slot), rejects_file))
         else:
-            rejects_out.unlink(missing_ok=True)
-        # Rows last: their metadata marks the slot as done, so a crash in between re-parses it.
-        atomic_write_bytes(layout.parsed_path(kind, slot), rows_file)
+            layout.rejects_path(kind, slot).unlink(missing_ok=True)
+    atomic_write_many(rejects)
+    atomic_write_many([(layout.parsed_path(kind, slot), rows_file) for slot, rows_file, _ in parsed_slots])
