@@ -38,6 +38,7 @@ from pipeline.storage import (
     parquet_bytes,
     quarantine_file,
     raw_file_name,
+    remove_orphan_temps,
 )
 
 # Bump when the parsed parquet layout changes: landed slots are then parsed again.
@@ -130,6 +131,9 @@ def ingest_day(
 
         if to_fetch:
             log(f"{day}: fetching {len(to_fetch)} files with {settings.download_concurrency} workers")
+            # A killed run's temp files, in one listing per directory (not one per file fetched).
+            for directory in {layout.raw_path(row["slot"], row["kind"]).parent for row, _ in to_fetch}:
+                remove_orphan_temps(directory)
             with ThreadPoolExecutor(max_workers=settings.download_concurrency) as pool:
                 for row, result in pool.map(fetch, to_fetch):
                     _apply(row, result, layout, now, settings)
