@@ -20,6 +20,7 @@ import shutil
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
@@ -226,6 +227,45 @@ def atomic_write_bytes(target: Path, data: bytes, sweep: bool = True) -> None:
         commit_temp(temp, target)
     finally:
         temp.unlink(missing_ok=True)
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb") as fh:
+        os.fsync(fh.fileno())
+
+
+# Temp files fsynced at once by atomic_write_many: fsync waits on the disk with the GIL released,
+# and concurrent fsyncs share the filesystem journal's commits.
+SYNC_THREADS = 8
+
+
+def atomic_write_many(files: list[tuple[Path, bytes]]) -> None:
+    """``atomic_write_bytes`` for many files of one stage, in order: every file still goes to a
+    temp file that is fsynced before it is renamed over its target, but each directory is swept and
+    fsynced once, and the temp files are fsynced together before the first rename. A crash leaves
+    each target old or new, never half written; the renames happen (and persist) in list order,
+    which the caller uses to put a file that marks work done last."""
+    if not files:
+        return
+    directories = list(dict.fromkeys(target.parent for target, _ in files))
+    for directory in directories:
+        directory.mkdir(parents=True, exist_ok=True)
+        remove_orphan_temps(directory)
+    temps: list[Path] = []
+    try:
+        for target, data in files:
+            temps.append(temp_path_for(target, sweep=False))
+            with open(temps[-1], "wb") as fh:
+                write_all(fh, data)
+        with ThreadPoolExecutor(max_workers=min(SYNC_THREADS, len(temps))) as pool:
+            list(pool.map(_fsync_file, temps))
+        for temp, (target, _) in zip(temps, files):
+            os.replace(temp, target)
+        for directory in directories:
+            _fsync_dir(directory)
+    finally:
+        for temp in temps:
+            temp.unlink(missing_ok=True)
 
 
 def parquet_bytes(df: pl.DataFrame, metadata: dict[str, str] | None = None) -> bytes:

@@ -19,6 +19,7 @@ from pipeline.storage import (
     WRITE_PIECE,
     LockTimeout,
     atomic_write_bytes,
+    atomic_write_many,
     atomic_write_parquet,
     built_parquet_metadata,
     file_lock,
@@ -111,6 +112,28 @@ def test_one_sweep_removes_every_crashed_writers_temp_file_of_a_directory_and_no
         [*kept, tmp_path / "d.zip"]
     )
     assert remove_orphan_temps(tmp_path / "absent") == []
+
+
+def test_a_batch_of_atomic_writes_lands_every_file_whole_and_a_failed_one_changes_nothing(tmp_path):
+    """atomic_write_many (a stage's many files, e.g. a day's parsed slots): every target gets its
+    bytes, no temp file is left, a crashed writer's temp files are swept; a batch that fails before
+    its renames leaves every target as it was."""
+    import subprocess
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    crashed = tmp_path / "a" / f".x.parquet.{dead.pid}.deadbeef.part"
+    crashed.parent.mkdir()
+    crashed.write_bytes(b"half")
+    files = [(tmp_path / "a" / "x.parquet", b"x" * (WRITE_PIECE + 1)), (tmp_path / "b" / "c" / "y.parquet", b"y")]
+    atomic_write_many(files)
+    assert [target.read_bytes() for target, _ in files] == [data for _, data in files]
+    assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == ["x.parquet", "y.parquet"]
+    with pytest.raises(TypeError):
+        atomic_write_many([(tmp_path / "a" / "x.parquet", b"new"), (tmp_path / "b" / "c" / "y.parquet", None)])
+    assert [target.read_bytes() for target, _ in files] == [data for _, data in files]
+    assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == ["x.parquet", "y.parquet"]
+    atomic_write_many([])
 
 
 def test_a_truncated_derived_parquet_reads_as_not_built(tmp_path):

@@ -227,9 +227,15 @@ def open_environment(data_dir: Path | str, query_date: date, distance_days: int 
     return EventDatabase(data_dir).environment(query_date, distance_days)
 
 
-def _codes(codes: list[str], dtype: pl.Enum) -> pl.Expr:
-    """A list literal for ``is_in`` (a bare Series of the column's type is deprecated there)."""
-    return pl.lit(pl.Series(codes, dtype=dtype)).implode()
+_ENUMS = {"iso": ISO_ENUM, "relation": REL_ENUM}
+
+
+@functools.lru_cache(maxsize=1024)
+def _codes(codes: tuple[str, ...], enum: str) -> pl.Expr:
+    """A list literal for ``is_in`` (a bare Series of the column's type is deprecated there).
+    Cached: a Series of an Enum type costs more to build than most filters it serves, and the
+    same codes come back call after call (the split's leakage audit makes thousands of calls)."""
+    return pl.lit(pl.Series(codes, dtype=_ENUMS[enum])).implode()
 
 
 @dataclass(frozen=True)
@@ -249,11 +255,11 @@ class _Filter:
         if self.end is not None:
             parts.append(pl.col("date") <= self.end)
         if self.heads is not None:
-            parts.append(pl.col("s").is_in(_codes(self.heads, ISO_ENUM)))
+            parts.append(pl.col("s").is_in(_codes(tuple(self.heads), "iso")))
         if self.tails is not None:
-            parts.append(pl.col("o").is_in(_codes(self.tails, ISO_ENUM)))
+            parts.append(pl.col("o").is_in(_codes(tuple(self.tails), "iso")))
         if self.relations is not None:
-            parts.append(pl.col("r").is_in(_codes(self.relations, REL_ENUM)))
+            parts.append(pl.col("r").is_in(_codes(tuple(self.relations), "relation")))
         return pl.all_horizontal(parts)
 
     @property
@@ -416,7 +422,7 @@ class Environment:
             raise ValueError(f"entity_role must be one of {ENTITY_ROLES} or None, got {entity_role!r}")
         flt = self._filter(date_range, None, None, involved_relations)
         partners = coerce_list(interacted_entities, coerce_iso)
-        partner_codes = None if partners is None else _codes([c.code for c in partners], ISO_ENUM)
+        partner_codes = None if partners is None else _codes(tuple(c.code for c in partners), "iso")
         matches = self._matching_events(flt)
         if self.count_both_actors:
             sides = self._both_actor_sides(matches, role, partner_codes)

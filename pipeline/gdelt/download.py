@@ -88,7 +88,7 @@ def fetch_verified(
                 return FetchResult("not_found", log.attempts, resp.status_code, f"HTTP {resp.status_code}")
             if resp.status_code != 200:
                 return FetchResult("failed", log.attempts, resp.status_code, f"HTTP {resp.status_code}")
-            temp = temp_path_for(target)
+            temp = temp_path_for(target, sweep=False)  # the caller swept the directory (ingest_day)
             try:
                 digest, size = hashlib.md5(), 0
                 with open(temp, "wb") as fh:
