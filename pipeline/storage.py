@@ -243,8 +243,9 @@ def atomic_write_many(files: list[tuple[Path, bytes]]) -> None:
     """``atomic_write_bytes`` for many files of one stage, in order: every file still goes to a
     temp file that is fsynced before it is renamed over its target, but each directory is swept and
     fsynced once, and the temp files are fsynced together before the first rename. A crash leaves
-    each target old or new, never half written; the renames happen (and persist) in list order,
-    which the caller uses to put a file that marks work done last."""
+    each target old or new, never half written. Within one call, which renames survive a power loss
+    is not ordered: files that must persist before others (e.g. a file marking work done) go in a
+    later call, which starts only once this one's directories are fsynced."""
     if not files:
         return
     directories = list(dict.fromkeys(target.parent for target, _ in files))
