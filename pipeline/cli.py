@@ -489,26 +489,24 @@ _ENDPOINT_FLAGS = {
     "requests_per_minute": "requests_per_minute",
     "tokens_per_minute": "tokens_per_minute",
 }
-_AGENT_FLAGS = (
-    "knowledge_cutoff",
-    "rounds",
-    "strategy",
-    "action_type",
-    "temperature",
-    "max_steps",
-    "mode",
-    "tools",
-    "concurrency",
-    "sandbox_memory_mb",
-    "price_per_million_input_tokens",
-    "price_per_million_output_tokens",
-)
+# The llm entry's other fields are flags of the same name (dashes for underscores), but those the
+# command sets itself (name, kind, distances from --distance, endpoint from the flags above) and
+# gguf (a local model file, not an endpoint).
+_NOT_FLAGS = {"name", "kind", "distances", "endpoint", "gguf"}
+
+
+def _agent_flags() -> list[str]:
+    from pipeline.evaluation.registry import LLM_FIELDS
+
+    return sorted(LLM_FIELDS - _NOT_FLAGS)
+
+
 EVALUATE_AGENT_NAME = "agent"  # names the stored run's directory under --run-dir
 
 
 def _as_flags(message: str) -> str:
     """A registry message with each field it names said as the `mirai evaluate` flag."""
-    names = {f"endpoint.{field}": flag for field, flag in _ENDPOINT_FLAGS.items()} | {f: f for f in _AGENT_FLAGS}
+    names = {f"endpoint.{field}": flag for field, flag in _ENDPOINT_FLAGS.items()} | {f: f for f in _agent_flags()}
     names["distances"] = names["every distance"] = "distance"
     pattern = "|".join(re.escape(name) for name in sorted(names, key=len, reverse=True))
     return re.sub(rf"(?<![\w.]){pattern}(?![\w])", lambda m: "--" + names[m.group(0)].replace("_", "-"), message)
@@ -518,7 +516,7 @@ def evaluate_registry_entry(args: argparse.Namespace) -> dict:
     """The agents.yaml entry the flags describe; flags not given are left out, so the registry's
     defaults apply as they do to a written entry."""
     endpoint = {field: getattr(args, flag) for field, flag in _ENDPOINT_FLAGS.items()}
-    entry = {field: getattr(args, field) for field in _AGENT_FLAGS}
+    entry = {field: getattr(args, field) for field in _agent_flags()}
     entry |= {"endpoint": {k: v for k, v in endpoint.items() if v is not None}, "distances": [args.distance]}
     return {"name": EVALUATE_AGENT_NAME, "kind": "llm"} | {k: v for k, v in entry.items() if v is not None}
 

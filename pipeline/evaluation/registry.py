@@ -38,7 +38,7 @@ _MONTH = re.compile(r"^(\d{4})-(\d{2})$")
 
 _COMMON_FIELDS = {"name", "kind", "knowledge_cutoff", "distances", "rounds"}
 _BASELINE_FIELDS = _COMMON_FIELDS | {"baseline", "top_k"}
-_LLM_FIELDS = _COMMON_FIELDS | {
+LLM_FIELDS = _COMMON_FIELDS | {
     "endpoint",
     "gguf",
     "strategy",
@@ -208,7 +208,7 @@ def _parse_agent(entry: dict, base_dir: Path) -> Agent:
     kind = entry.get("kind")
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
-    allowed = _BASELINE_FIELDS if kind == "baseline" else _LLM_FIELDS
+    allowed = _BASELINE_FIELDS if kind == "baseline" else LLM_FIELDS
     unknown = sorted(set(entry) - allowed)
     if unknown:
         problems.append(f"unknown fields for a {kind} agent: {unknown}")
