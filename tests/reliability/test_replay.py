@@ -20,7 +20,7 @@ from pipeline.config import Settings
 from pipeline.events import build_daily_quads, build_events
 from pipeline.gdelt.ingest import ingest_day, parse_day
 from pipeline.gdelt.integrity import read_digests, write_digests
-from pipeline.storage import DamagedFile, DataLayout, atomic_write_bytes
+from pipeline.storage import DamagedFile, DataLayout, atomic_write_many
 from testbed.generate import MirrorOptions, generate_mirror
 from testbed.serve import MirrorServer
 
@@ -262,14 +262,15 @@ def test_a_run_that_dies_between_the_digest_table_and_its_slot_files_leaves_noth
         layout.parsed_path("export", slot).unlink()
     written = []
 
-    def dies_at_the_second_slot_file(target: Path, payload: bytes) -> None:
-        if target.parent == layout.parsed_dir("export", D2):
-            if written:
-                raise Died
-            written.append(target)
-        atomic_write_bytes(target, payload)
+    def dies_at_the_second_slot_file(files: list[tuple[Path, bytes]]) -> None:
+        """The batch of slot files lands its first file whole, then the run dies."""
+        if not any(target.parent == layout.parsed_dir("export", D2) for target, _ in files):
+            return atomic_write_many(files)
+        written.append(files[0][0])
+        atomic_write_many(files[:1])
+        raise Died
 
-    monkeypatch.setattr(ingest, "atomic_write_bytes", dies_at_the_second_slot_file)
+    monkeypatch.setattr(ingest, "atomic_write_many", dies_at_the_second_slot_file)
     with pytest.raises(Died):
         parse_day(D2, "export", settings)
     monkeypatch.undo()
