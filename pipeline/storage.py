@@ -229,12 +229,13 @@ def atomic_write_bytes(target: Path, data: bytes, sweep: bool = True) -> None:
         temp.unlink(missing_ok=True)
 
 
-def _fsync_file(path: Path) -> None:
-    with open(path, "rb") as fh:
+def _write_synced(path: Path, data: bytes) -> None:
+    with open(path, "wb") as fh:
+        write_all(fh, data)
         os.fsync(fh.fileno())
 
 
-# Temp files fsynced at once by atomic_write_many: fsync waits on the disk with the GIL released,
+# Temp files written and fsynced at once by atomic_write_many: fsync waits on the disk with the GIL released,
 # and concurrent fsyncs share the filesystem journal's commits.
 SYNC_THREADS = 8
 
@@ -252,14 +253,10 @@ def atomic_write_many(files: list[tuple[Path, bytes]]) -> None:
     for directory in directories:
         directory.mkdir(parents=True, exist_ok=True)
         remove_orphan_temps(directory)
-    temps: list[Path] = []
+    temps = [temp_path_for(target, sweep=False) for target, _ in files]
     try:
-        for target, data in files:
-            temps.append(temp_path_for(target, sweep=False))
-            with open(temps[-1], "wb") as fh:
-                write_all(fh, data)
         with ThreadPoolExecutor(max_workers=min(SYNC_THREADS, len(temps))) as pool:
-            list(pool.map(_fsync_file, temps))
+            list(pool.map(_write_synced, temps, [data for _, data in files]))
         for temp, (target, _) in zip(temps, files):
             os.replace(temp, target)
         for directory in directories:

@@ -167,13 +167,17 @@ class _Template:
         self.channel.close()
         if self.proc.poll() is None:
             self.proc.kill()
-        code = self.proc.wait()
-        self.stderr.seek(0)
-        tail = self.stderr.read()[-2000:].decode(errors="replace").strip()
-        self.stderr.close()
-        return f"template {'killed by signal ' + str(-code) if code < 0 else f'exit code {code}'}" + (
-            f"; stderr: {tail}" if tail else ""
-        )
+        return "template " + _how_it_ended(self.proc.wait(), self.stderr)
+
+
+def _how_it_ended(code: int, stderr) -> str:
+    """A process's exit code or signal and the tail of its stderr file (which is closed), for
+    error messages."""
+    stderr.seek(0)
+    tail = stderr.read()[-2000:].decode(errors="replace").strip()
+    stderr.close()
+    ended = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+    return ended + (f"; stderr: {tail}" if tail else "")
 
 
 def _pid_of(pidfd: int) -> int:
@@ -583,11 +587,7 @@ class _Child:
                 pipe.close()
             except OSError:
                 pass
-        self.stderr.seek(0)
-        tail = self.stderr.read()[-2000:].decode(errors="replace").strip()
-        self.stderr.close()
-        ended = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
-        return ended + (f"; stderr: {tail}" if tail else "")
+        return _how_it_ended(code, self.stderr)
 
 
 def installed_libraries() -> tuple[str, ...]:
