@@ -14,6 +14,7 @@ import errno
 import os
 import re
 import signal
+import subprocess
 import sys
 import time
 from datetime import date, timedelta
@@ -250,6 +251,30 @@ def test_a_reserved_pool_is_started_one_spare_at_a_time_and_shrinks_when_release
     left = [pid for pid, _ in SPARES.waiting(libraries)]
     assert len(left) == 1 and set(left) <= set(pids)
     assert not any(_alive(pid) for pid in set(pids) - set(left))
+
+
+EXIT_WHILE_STARTING = """
+import sys, time
+from pipeline.agent_api.sandbox import SPARES
+SPARES.reserve((), 3)
+moment = sys.argv[1]
+while moment == "template" and () not in SPARES._templates:
+    time.sleep(0.001)
+while moment == "spare" and not any(not warm for _, warm in SPARES.waiting(())):
+    time.sleep(0.001)
+"""
+
+
+@pytest.mark.parametrize("moment", ["at once", "template", "spare"])
+def test_a_process_that_exits_while_its_spares_start_says_nothing(moment):
+    """A run that ends while the starter is forking spares (`mirai evaluate` refused by its
+    endpoint at the first request) exits quietly: the pool's close at exit and the starter's
+    failed fork may stop the same template, and close a socket the starter is reading."""
+    for _ in range(3):
+        ended = subprocess.run(
+            [sys.executable, "-c", EXIT_WHILE_STARTING, moment], capture_output=True, text=True, timeout=60
+        )
+        assert (ended.returncode, ended.stderr) == (0, "")
 
 
 def test_each_live_sandboxs_spare_counts_in_the_memory_bound(monkeypatch):

@@ -108,7 +108,9 @@ class _Template:
 
     def __init__(self, libraries: tuple[str, ...]):
         self.libraries = libraries
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # one fork at a time on the control socket
+        self._stop_lock = threading.Lock()
+        self._ended: str | None = None
         self._warm = False
         self.channel, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.stderr = tempfile.TemporaryFile()
@@ -163,11 +165,20 @@ class _Template:
 
     def stop(self) -> str:
         """Kill the template (the children it forked for spares die with it); how it ended and
-        the tail of its stderr."""
-        self.channel.close()
-        if self.proc.poll() is None:
-            self.proc.kill()
-        return "template " + _how_it_ended(self.proc.wait(), self.stderr)
+        the tail of its stderr. Safe to call from several threads and more than once (the pool's
+        close at exit can meet a failed fork stopping the same template): the first stops it,
+        every call returns the same account."""
+        with self._stop_lock:
+            if self._ended is None:
+                if self.proc.poll() is None:
+                    self.proc.kill()
+                code = self.proc.wait()
+                # A fork in progress holds the lock; the template's death ends its wait (EOF), so
+                # the channel is closed only once no thread is reading it.
+                with self._lock:
+                    self.channel.close()
+                self._ended = "template " + _how_it_ended(code, self.stderr)
+            return self._ended
 
 
 def _how_it_ended(code: int, stderr) -> str:
@@ -276,6 +287,13 @@ class _Spare:
             if message != WARM:
                 raise ProtocolError("the spare's first message is not the warm signal")
             self.warm = True
+
+    def close_channel(self) -> None:
+        """Close the handover socket once the child has ended: the pool's starter may still be
+        in wait_warm on it (a spare stopped as surplus, or at exit), and the child's end closing
+        is what ends that wait, so no thread reads a descriptor closed (and maybe reused) under it."""
+        with self._warm_lock:
+            self.channel.close()
 
 
 class SparePool:
@@ -578,10 +596,10 @@ class _Child:
         """Kill the child; return how it ended and the tail of its stderr (for error messages).
         ``ended_s``: how long to wait first for a child that closed its pipe (it is ending: its
         waiter then reports its exit code, which a kill would replace)."""
-        self._spare.channel.close()
         if self.proc.poll() is None and (ended_s <= 0 or self.proc.wait(ended_s) is None):
             self.proc.kill()
         code = self.proc.wait()
+        self._spare.close_channel()
         for pipe in (self.proc.stdin, self.proc.stdout):
             try:
                 pipe.close()
