@@ -20,6 +20,16 @@ FIXTURES = SHARED / "fixtures"
 MIRROR_DAY = date(2024, 1, 1)
 
 
+# The two longest tests (the demo end to end and the 200-tick soak, minutes each) go first: under
+# `make test`'s `pytest -n 2 --dist loadfile` each of the two workers starts with one of them while
+# the other file's tests wait, instead of one of them starting last and running alone at the end.
+SLOWEST_FIRST = ("tests/test_demo.py", "tests/reliability/test_soak.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: not item.nodeid.startswith(SLOWEST_FIRST))  # stable: the rest keep their order
+
+
 def shared_fixture(relative: str) -> Path:
     """A file from ../shared/fixtures, or a skip saying why it is not there."""
     path = FIXTURES / relative
