@@ -72,9 +72,13 @@ demo: $(VENV)/.demo-installed
 
 # pytest exits 5 when it collects nothing: for this project that means a broken suite (a bad
 # testpaths or an import-time skip of everything), so it fails with a message instead of passing.
-# The 15 slowest tests are listed: CI has ~15 minutes for the suite, and this says where they go.
+# The 15 slowest tests are listed: CI has ~20 minutes for the suite, and this says where they go.
+# Two worker processes (pytest-xdist; CI has 2 cores): much of the suite waits on servers, subprocesses
+# and disks rather than the CPU. `--dist loadfile` keeps each test file in one worker, so a module's
+# fixtures (SeaweedFS, PostgreSQL, the UI's webserver and Chromium) start once, as in a serial run;
+# `--no-loadscope-reorder` keeps tests/conftest.py's order, which starts the two longest tests first.
 test: test-setup lint
-	@$(BIN)/python -m pytest -q --durations=15; rc=$$?; \
+	@$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=15; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: the suite is broken, failing" >&2; exit 1; fi; \
 	exit $$rc
 
