@@ -41,6 +41,7 @@ from pipeline.agent_api.types import (
     coerce_iso,
     coerce_list,
 )
+from pipeline.database import EVENT_DB_SCHEMA, NEWS_DB_SCHEMA
 from pipeline.reference.tables import iso3_codes, level1_codes, level2_codes
 from pipeline.storage import DataLayout, verified
 
@@ -71,19 +72,11 @@ REL_ENUM = pl.Enum(sorted(level2_codes()))
 ROOT_ENUM = pl.Enum(sorted(level1_codes()))
 EVENT_COLUMNS = ("date", "s", "r", "o", "r1", "daily_mentions", "article_idx")
 NEWS_COLUMNS = ("article_id", "date", "title", "text")
-# The stored types of the columns a month file is read for (pipeline/database.py's EVENT_DB_SCHEMA
-# and NEWS_DB_SCHEMA; the codes are then cast to the enums above, which refuses an unknown one).
+# The stored types (pipeline/database.py) of the columns a month file is read for; the codes are
+# then cast to the enums above, which refuses one outside the reference tables.
 STORED_TYPES = {
-    "events": {
-        "date": pl.Date,
-        "s": pl.String,
-        "r": pl.String,
-        "o": pl.String,
-        "r1": pl.String,
-        "daily_mentions": pl.Int64,
-        "article_ids": pl.List(pl.String),
-    },
-    "news": {"article_id": pl.String, "date": pl.Date, "title": pl.String, "text": pl.String},
+    "events": {c: EVENT_DB_SCHEMA[c] for c in ("date", "s", "r", "o", "r1", "daily_mentions", "article_ids")},
+    "news": {c: NEWS_DB_SCHEMA[c] for c in NEWS_COLUMNS},
 }
 _MONTH_FILE = re.compile(r"^month=(\d{4})-(\d{2})\.parquet$")
 
@@ -114,13 +107,14 @@ def _check_dates(frame: pl.DataFrame, month: date, path: Path) -> None:
     """Refuse a month file holding a row dated outside its month (or undated): the gate hands every
     month before the cutoff's whole to an environment, so such a row would pass it."""
     end = (month.replace(day=28) + timedelta(days=4)).replace(day=1) - timedelta(days=1)
-    outside = frame.get_column("date").filter(~frame.get_column("date").is_between(month, end).fill_null(False))
-    if outside.len() or frame.get_column("date").null_count():
-        first = outside.drop_nulls().sort()
-        what = f"dated {first[-1]}" if first.len() else "without a date"
+    dates = frame.get_column("date").drop_nulls()
+    outside = dates.filter(~dates.is_between(month, end))
+    undated = frame.get_column("date").null_count()
+    if outside.len() or undated:
+        latest = f", the latest {outside.max()}" if outside.len() else ""
         raise DatabaseFileError(
-            f"{path}: {outside.len() + frame.get_column('date').null_count()} row(s) {what} (and the like) lie outside "
-            f"{month:%Y-%m}; refused (nothing past a query's cutoff may reach its agent)"
+            f"{path}: {outside.len()} row(s) dated outside {month:%Y-%m}{latest}, {undated} undated; refused (the gate "
+            "passes a month before the cutoff's whole: nothing past a query's cutoff may reach its agent)"
         )
 
 
