@@ -564,9 +564,11 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     """Run an LLM agent through the evaluation harness (pipeline/evaluation/run.py) on a downloaded
     release, with no Dagster and no agents.yaml (docs/evaluate-your-agent.md, "3. Run an agent")."""
     from pipeline.agent_api import EventDatabase
+    from pipeline.agent_api.environment import DatabaseFileError
     from pipeline.evaluation.llm import ClientSettings, ModelUnavailable
     from pipeline.evaluation.registry import RegistryError, parse_agents
-    from pipeline.evaluation.run import checkpoint_path, evaluate_agent, load_queries
+    from pipeline.evaluation.run import InvalidQueries, checkpoint_path, evaluate_agent, release_queries
+    from pipeline.release_layout import ReleaseError
     from pipeline.storage import DataLayout
 
     release, out = args.release, args.out
@@ -597,7 +599,10 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             status=2,
         )
     run_dir = args.run_dir or out.with_name(out.name + ".run")
-    frame, _ = load_queries(queries_file)
+    try:  # the directory may be one anyone handed over, not `mirai download`'s: checked before use
+        frame = release_queries(release, query_set)
+    except (InvalidQueries, ReleaseError) as exc:
+        raise CommandError(str(exc)) from None
     distance = agent.distances[0]
     harness = {"max_tokens": args.max_tokens, "seed": args.seed}
     client_settings = ClientSettings(**{k: v for k, v in harness.items() if v is not None})
@@ -619,6 +624,10 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         database = None
         if agent.strategy == "react":
             database = EventDatabase(release, allow_unconfined_sandbox=Settings.from_env().sandbox_allow_unconfined)
+            try:  # every month the run reads, loaded and checked now: a bad file refuses the run, not its episodes
+                database.gated_tables(frame.get_column("date").max() - timedelta(days=distance))
+            except DatabaseFileError as exc:
+                raise CommandError(str(exc)) from None
         try:
             _, record = evaluate_agent(
                 queries_file,

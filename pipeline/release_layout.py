@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 from datetime import date
 from pathlib import Path
 
@@ -323,4 +324,21 @@ def path_inside(base: Path, name: str) -> Path:
     path = Path(os.path.normpath(os.path.join(base, name)))
     if path == base or not path.is_relative_to(base):
         raise UnsafeRelease(f"{shown(name)} resolves to {shown(str(path))}, outside {shown(str(base))}; refused")
+    return path
+
+
+def check_inside(directory: Path, path: Path) -> Path:
+    """``path``, once it resolves (every link followed) to a regular file inside ``directory``; else
+    UnsafeRelease. For a release directory a reader is handed rather than one `mirai download`
+    wrote (which writes no link): a link within the release is harmless, one leading out of it
+    would hand a file from elsewhere on the machine to whoever reads the release."""
+    base, target = Path(os.path.realpath(directory)), Path(os.path.realpath(path))
+    if not target.is_relative_to(base):
+        raise UnsafeRelease(f"{str(path)!r} leads outside the release directory (to {str(target)!r}); refused")
+    try:
+        mode = os.stat(target).st_mode
+    except OSError as exc:
+        raise UnsafeRelease(f"{str(path)!r}: {exc.strerror}; refused") from None
+    if not stat.S_ISREG(mode):
+        raise UnsafeRelease(f"{str(path)!r} is not a regular file; refused")
     return path

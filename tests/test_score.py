@@ -237,6 +237,18 @@ def test_strict_names_every_problem_and_lenient_scores_as_eval(release, tmp_path
     assert "forgiven: line 2: unknown query_id" in err
 
 
+def test_a_trailing_newline_makes_neither_a_query_id_nor_a_code(release, tmp_path, capsys):
+    """Ids and codes are matched whole: a regex's "$" also matches before a final newline."""
+    records = [
+        {"query_id": "2024-01-00001\n", "answer": {}},
+        {"query_id": "2024-01-00002", "answer": {"01": ["010\n"]}},
+    ]
+    code, _, err = _run(capsys, _jsonl(tmp_path / "newline.jsonl", records), "--split", release)
+    assert code == 1
+    assert "line 1: query_id '2024-01-00001\\n' is not a query id" in err, err
+    assert "line 2: answer['01']: code '010\\n' is malformed" in err, err
+
+
 def test_missing_queries_are_empty_answers(release, tmp_path, capsys):
     predictions = _jsonl(tmp_path / "p.jsonl", [{"query_id": "2024-01-00001", "answer": GOLD["2024-01-00001"]}])
     code, _, err = _run(capsys, predictions, "--split", release, "--out", tmp_path / "c")

@@ -41,6 +41,7 @@ from pipeline.agent_api.types import (
     coerce_iso,
     coerce_list,
 )
+from pipeline.database import EVENT_DB_SCHEMA, NEWS_DB_SCHEMA
 from pipeline.reference.tables import iso3_codes, level1_codes, level2_codes
 from pipeline.storage import DataLayout, verified
 
@@ -71,11 +72,50 @@ REL_ENUM = pl.Enum(sorted(level2_codes()))
 ROOT_ENUM = pl.Enum(sorted(level1_codes()))
 EVENT_COLUMNS = ("date", "s", "r", "o", "r1", "daily_mentions", "article_idx")
 NEWS_COLUMNS = ("article_id", "date", "title", "text")
+# The stored types (pipeline/database.py) of the columns a month file is read for; the codes are
+# then cast to the enums above, which refuses one outside the reference tables.
+STORED_TYPES = {
+    "events": {c: EVENT_DB_SCHEMA[c] for c in ("date", "s", "r", "o", "r1", "daily_mentions", "article_ids")},
+    "news": {c: NEWS_DB_SCHEMA[c] for c in NEWS_COLUMNS},
+}
 _MONTH_FILE = re.compile(r"^month=(\d{4})-(\d{2})\.parquet$")
 
 
 def month_start(day: date) -> date:
     return day.replace(day=1)
+
+
+class DatabaseFileError(ValueError):
+    """A database month file cannot be used as it is (unreadable, other columns, rows dated
+    outside its month); the message is one line naming the file."""
+
+
+def _read_month(path: Path, table: str) -> pl.LazyFrame:
+    """A month file as a LazyFrame, once its columns have the stored types."""
+    try:
+        schema = pl.read_parquet_schema(path)
+    except (OSError, pl.exceptions.PolarsError) as exc:
+        raise DatabaseFileError(f"{path}: not a parquet file ({type(exc).__name__}); refused") from None
+    for column, dtype in STORED_TYPES[table].items():
+        if schema.get(column) != dtype:
+            found = f"is {schema[column]}" if column in schema else "is missing"
+            raise DatabaseFileError(f"{path}: column {column!r} {found}, not {dtype}; refused")
+    return pl.scan_parquet(path)
+
+
+def _check_dates(frame: pl.DataFrame, month: date, path: Path) -> None:
+    """Refuse a month file holding a row dated outside its month (or undated): the gate hands every
+    month before the cutoff's whole to an environment, so such a row would pass it."""
+    end = (month.replace(day=28) + timedelta(days=4)).replace(day=1) - timedelta(days=1)
+    dates = frame.get_column("date").drop_nulls()
+    outside = dates.filter(~dates.is_between(month, end))
+    undated = frame.get_column("date").null_count()
+    if outside.len() or undated:
+        latest = f", the latest {outside.max()}" if outside.len() else ""
+        raise DatabaseFileError(
+            f"{path}: {outside.len()} row(s) dated outside {month:%Y-%m}{latest}, {undated} undated; refused (the gate "
+            "passes a month before the cutoff's whole: nothing past a query's cutoff may reach its agent)"
+        )
 
 
 def _prepare_month(events: pl.LazyFrame, news: pl.LazyFrame, offset: int) -> tuple[pl.DataFrame, pl.DataFrame]:
@@ -156,7 +196,18 @@ class EventDatabase:
             events, news = verified(
                 self.layout, self.layout.database_path("events", month), self.layout.database_path("news", month)
             )
-            self._loaded.append(_prepare_month(pl.scan_parquet(events), pl.scan_parquet(news), offset))
+            # The files may come from a release anyone handed over (docs/evaluate-your-agent.md):
+            # a bad one stops the run with one line naming it, and cannot widen the gate.
+            try:
+                prepared = _prepare_month(_read_month(events, "events"), _read_month(news, "news"), offset)
+            except (OSError, pl.exceptions.PolarsError) as exc:
+                first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
+                raise DatabaseFileError(
+                    f"{events} or {news}: cannot be read as a database month ({type(exc).__name__}: {first}); refused"
+                ) from None
+            for frame, path in zip(prepared, (events, news), strict=True):
+                _check_dates(frame, month, path)
+            self._loaded.append(prepared)
         return self._loaded[i]
 
     def _gated_parts(self, cutoff: date) -> list[tuple[str, Callable[[], tuple[pl.DataFrame, pl.DataFrame]]]]:

@@ -43,7 +43,15 @@ MAX_ANSWER_CHARS = 64 * 1024
 MAX_RANKED = 1000  # entries of an optional ranked list (there are ~240 second-level codes)
 HIT_K = 10  # as run.py (MIRAI Appendix D.8)
 _ROUND_DIR = re.compile(r"^round([1-9][0-9]{0,5})$")
-_QUERY_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+_QUERY_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
+
+
+def is_query_id(text: object) -> bool:
+    """Whether ``text`` can name a round file (<query_id>.json): 1-100 letters, digits and "._-",
+    starting with a letter or digit, and nothing else (no "/", no newline: fullmatch, not match
+    with "$", which also matches before a final newline)."""
+    return isinstance(text, str) and _QUERY_ID.fullmatch(text) is not None
+
 
 # Our end states (docs/evaluation.md) under the names MIRAI's agents write; others are kept as is.
 MIRAI_END_STATES = {
@@ -154,7 +162,7 @@ def prediction_records(evaluation_dir: Path, query_ids: Mapping[str, str] | None
     columns = ("round", "query_id", "gold", "prediction", "ranked", "end_state", "n_actions")
     for round_no, query_id, gold, prediction, ranked, end_state, n_actions in results.select(columns).iter_rows():
         name = query_ids[query_id] if query_ids is not None else query_id
-        if not _QUERY_ID.match(name):
+        if not is_query_id(name):
             raise ValueError(f"query id {name!r} cannot be a file name")
         record = {
             "query_id": name,
@@ -279,7 +287,7 @@ def read_predictions(directory: Path, query_ids: Sequence[str], rounds: int | No
     ignored; a missing or malformed file raises PredictionFileError naming it."""
     directory = Path(directory)
     for query_id in query_ids:
-        if not _QUERY_ID.match(query_id):
+        if not is_query_id(query_id):
             raise ValueError(f"query id {query_id!r} cannot be a file name")
     rounds = count_rounds(directory) if rounds is None else rounds
     out = []

@@ -48,6 +48,7 @@ from pipeline.evaluation.mirai_predictions import (
     MAX_ANSWER_CHARS,
     PredictionFileError,
     count_rounds,
+    is_query_id,
     listed_codes,
     mirai_query_ids,
     read_prediction_file,
@@ -80,8 +81,7 @@ TABLE_METRICS = (
     "mrr",
     f"hit_at_{HIT_K}",
 )
-_QUERY_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
-_CODE = {1: re.compile(r"^[0-9]{2}$"), 2: re.compile(r"^[0-9]{3}$")}
+_CODE = {1: re.compile(r"[0-9]{2}"), 2: re.compile(r"[0-9]{3}")}  # fullmatch: "$" also matches before a final newline
 PARQUET_COLUMNS = ("query_id", "answer", "ranked", "p_event")
 
 
@@ -345,7 +345,7 @@ def read_round_dir(
         records = []
         for name in names:
             query_id = name.removesuffix(".json")
-            where = f"round{n}/{name if _QUERY_ID.match(query_id) else shown(name)}"
+            where = f"round{n}/{name if is_query_id(query_id) else shown(name)}"
             if not name.endswith(".json") or query_id not in wanted:
                 problems.append(f"{where}: not a query of the split")
                 continue
@@ -411,7 +411,7 @@ def read_submission(
 def _code_problem(code: object, level: int) -> str | None:
     if not isinstance(code, str):
         return f"code {shown(code)} is {type(code).__name__}, not a string"
-    if not _CODE[level].match(code):
+    if not _CODE[level].fullmatch(code):
         return f"code {shown(code)} is malformed (a level-{level} code is {level + 1} digits)"
     if code not in (level1_codes() if level == 1 else level2_codes()):
         return f"code {shown(code)} is not a CAMEO level-{level} code"
@@ -489,7 +489,7 @@ def match_queries(
         found: dict[str, tuple[object, list]] = {}
         for record in records:
             query_id = record.query_id
-            if not isinstance(query_id, str) or not _QUERY_ID.match(query_id):
+            if not is_query_id(query_id):
                 problems.append(f"{record.where}: query_id {shown(query_id)} is not a query id")
                 continue
             if query_id not in gold:

@@ -1,0 +1,247 @@
+"""`mirai evaluate` on a hostile release directory (docs/evaluate-your-agent.md, "3. Run an agent"):
+a directory handed over by anyone, not fetched by `mirai download`. Each variant is the real
+release of test_cli_evaluate.py, copied and altered; the command runs in-process through
+``main`` against a real scripted endpoint on 127.0.0.1. A hostile input gets a one-line
+`mirai evaluate: error: ...`, a non-zero exit, no request to the endpoint, and nothing written
+outside --out and its run directory; the date gate holds whatever the database files say."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from datetime import date
+from pathlib import Path
+
+import polars as pl
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline.agent_api import EventDatabase
+from pipeline.cli import main
+from testbed.chat import ChatServer
+from tests.test_cli_evaluate import KEY, KEY_ENV, Recorder, _flags, release  # noqa: F401 (the fixture)
+
+QUERIES = "queries_sample.parquet"
+EVENTS = Path("database/events/month=2024-01.parquet")
+
+
+@pytest.fixture
+def hostile(release, tmp_path) -> Path:  # noqa: F811 (the imported fixture)
+    """A copy of the downloaded release to alter, in its own directory beside the user's files."""
+    copy = tmp_path / "handed" / "2024-02"
+    shutil.copytree(release, copy)
+    return copy
+
+
+def _evaluate(directory: Path, out: Path, capsys, monkeypatch, *extra: str) -> tuple[int, str, str, int]:
+    """(exit status, stdout, stderr, requests the endpoint got) of `mirai evaluate` in-process."""
+    monkeypatch.setenv(KEY_ENV, KEY)
+    with ChatServer(Recorder()) as server:
+        status = main(["evaluate", str(directory), *_flags(server.base_url), "--out", str(out), *extra])
+        requests = server.requests
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err, requests
+
+
+def _refused(result: tuple[int, str, str, int], *words: str) -> str:
+    status, _, err, requests = result
+    assert status != 0 and requests == 0, result
+    assert len(err.splitlines()) == 1 and err.startswith("mirai evaluate: error: "), err
+    assert "Traceback" not in err and "--debug shows the traceback" not in err, err
+    for word in words:
+        assert word in err, err
+    return err
+
+
+def _files(root: Path) -> set[Path]:
+    return {p.relative_to(root) for p in root.rglob("*")}
+
+
+def _rewrite_queries(directory: Path, change) -> None:
+    path = directory / QUERIES
+    frame = change(pl.read_parquet(path))
+    path.unlink()
+    frame.write_parquet(path)
+
+
+# --- 1. query ids and dates that would become paths ---------------------------------------------
+
+
+@pytest.mark.parametrize("query_id", ["../../escape", "a/b", "a\x00b", "2024-02-00001\n", ".hidden", ""])
+def test_a_query_id_that_is_no_file_name_is_refused_before_any_episode(
+    hostile, tmp_path, capsys, monkeypatch, query_id
+):
+    frame = pl.read_parquet(hostile / QUERIES)
+    ids = frame.get_column("query_id").to_list()
+    ids[0] = query_id
+    _rewrite_queries(hostile, lambda f: f.with_columns(pl.Series("query_id", ids)))
+    out = tmp_path / "work" / "rounds"
+    before = _files(tmp_path)
+    _refused(_evaluate(hostile, out, capsys, monkeypatch, "--rounds", "2"), "query_id")
+    assert _files(tmp_path) == before  # nothing written anywhere, inside --out or not
+
+
+# --- 2. links out of the release -----------------------------------------------------------------
+
+
+def test_a_queries_file_linking_out_of_the_release_is_refused(hostile, release, tmp_path, capsys, monkeypatch):  # noqa: F811
+    # A real queries file elsewhere on the machine (here the genuine release's full split).
+    (hostile / QUERIES).unlink()
+    (hostile / QUERIES).symlink_to(release / "queries.parquet")
+    _refused(_evaluate(hostile, tmp_path / "p.jsonl", capsys, monkeypatch), QUERIES, "outside")
+
+
+def test_a_database_month_linking_out_of_the_release_is_refused(hostile, tmp_path, capsys, monkeypatch):
+    elsewhere = tmp_path / "private" / "month=2024-01.parquet"
+    elsewhere.parent.mkdir()
+    shutil.move(hostile / EVENTS, elsewhere)
+    (hostile / EVENTS).symlink_to(elsewhere)
+    _refused(_evaluate(hostile, tmp_path / "p.jsonl", capsys, monkeypatch), "month=2024-01.parquet", "outside")
+
+
+def test_a_database_directory_linking_out_of_the_release_is_refused(hostile, tmp_path, capsys, monkeypatch):
+    elsewhere = tmp_path / "private" / "database"
+    shutil.move(hostile / "database", elsewhere)
+    (hostile / "database").symlink_to(elsewhere)
+    _refused(_evaluate(hostile, tmp_path / "p.jsonl", capsys, monkeypatch), "outside")
+
+
+def test_a_link_to_etc_passwd_is_refused(hostile, tmp_path, capsys, monkeypatch):
+    (hostile / "database/news/month=2024-02.parquet").unlink()
+    (hostile / "database/news/month=2024-02.parquet").symlink_to("/etc/passwd")
+    _refused(_evaluate(hostile, tmp_path / "p.jsonl", capsys, monkeypatch), "outside")
+
+
+def test_a_link_inside_the_release_is_read(hostile, tmp_path, capsys, monkeypatch):
+    """A link that stays inside the release (a month shared by two copies, say) is not hostile."""
+    moved = hostile / "database" / "shared.parquet"
+    shutil.move(hostile / EVENTS, moved)
+    (hostile / EVENTS).symlink_to(Path("..") / "shared.parquet")
+    status, _, err, requests = _evaluate(hostile, tmp_path / "p.jsonl", capsys, monkeypatch)
+    assert status == 0 and requests > 0, err
+
+
+def test_a_fifo_as_a_database_month_is_refused_not_waited_on(hostile, tmp_path, capsys, monkeypatch):
+    (hostile / "database/news/month=2024-02.parquet").unlink()
+    os.mkfifo(hostile / "database/news/month=2024-02.parquet")
+    _refused(_evaluate(hostile, tmp_path / "p.jsonl", capsys, monkeypatch), "month=2024-02.parquet", "regular file")
+
+
+# --- 3. a queries file that is not a split's ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        (lambda f: f.drop("answer_dict"), ["answer_dict"]),
+        (lambda f: f.drop("date"), ["date"]),
+        (lambda f: f.with_columns(pl.col("date").cast(pl.String)), ["date"]),
+        (lambda f: f.with_columns(pl.col("query_id").str.len_chars().alias("query_id")), ["query_id"]),
+        (lambda f: f.with_columns(pl.lit(None, pl.Date).alias("date")), ["date", "null"]),
+        (lambda f: f.with_columns(pl.lit(None, pl.String).alias("s")), ["s", "null"]),
+        (lambda f: f.with_columns(pl.col("query_id").first()), ["query_id", "twice"]),
+        (lambda f: f.with_columns(pl.lit("XXX").alias("o")), ["'XXX'"]),
+        (lambda f: f.with_columns(pl.lit('{"04": ["999"]}').alias("answer_dict")), ["answer_dict"]),
+        (lambda f: f.with_columns(pl.lit("not json").alias("answer_dict")), ["answer_dict"]),
+        (lambda f: f.with_columns(pl.lit("[1, 2]").alias("answer_dict")), ["answer_dict"]),
+        (lambda f: f.head(0), ["no queries"]),
+        # Outside the release's month: another month's, several months', a date no cutoff fits.
+        (lambda f: f.with_columns(pl.col("date").dt.offset_by("-1mo")), ["2024-01", "2024-02"]),
+        (lambda f: f.with_columns(pl.lit(date(1, 1, 1)).alias("date")), ["0001-01"]),
+    ],
+)
+def test_a_queries_file_that_is_not_a_split_s_is_refused_in_one_line(
+    hostile, tmp_path, capsys, monkeypatch, change, words
+):
+    _rewrite_queries(hostile, change)
+    _refused(_evaluate(hostile, tmp_path / "p.jsonl", capsys, monkeypatch), QUERIES, *words)
+
+
+def test_queries_spanning_two_months_are_refused(hostile, tmp_path, capsys, monkeypatch):
+    frame = pl.read_parquet(hostile / QUERIES)
+    dates = frame.get_column("date").to_list()
+    dates[-1] = date(2024, 3, 1)
+    _rewrite_queries(hostile, lambda f: f.with_columns(pl.Series("date", dates)))
+    _refused(_evaluate(hostile, tmp_path / "p.jsonl", capsys, monkeypatch), QUERIES, "month")
+
+
+def test_ten_million_queries_are_refused_by_the_file_s_metadata(hostile, tmp_path, capsys, monkeypatch):
+    """10 million rows of one repeated query: a small file on disk, GBs once read. The row count
+    in the footer refuses it before a row is decoded."""
+    path = hostile / QUERIES
+    first = pl.read_parquet(path).head(1)
+    path.unlink()
+    pl.select(pl.repeat(first.item(0, "query_id"), 10_000_000).alias("query_id")).with_columns(
+        pl.lit(first.item(0, "date")).alias("date")
+    ).write_parquet(path)
+    assert pq.read_metadata(path).num_rows == 10_000_000 and path.stat().st_size < 2**20
+    _refused(_evaluate(hostile, tmp_path / "p.jsonl", capsys, monkeypatch), QUERIES, "10,000,000")
+
+
+@pytest.mark.parametrize("content", [b"not parquet at all\n", None])
+def test_a_queries_file_that_is_not_parquet_or_truncated_is_refused(hostile, tmp_path, capsys, monkeypatch, content):
+    path = hostile / QUERIES
+    data = path.read_bytes()
+    path.write_bytes(content if content is not None else data[: len(data) // 2])
+    _refused(_evaluate(hostile, tmp_path / "p.jsonl", capsys, monkeypatch), QUERIES)
+
+
+# --- 4. database months that are not the release's -------------------------------------------------
+
+
+@pytest.mark.parametrize("content", [b"PAR1 not parquet", None])
+def test_a_database_month_that_is_not_parquet_or_truncated_is_refused(hostile, tmp_path, capsys, monkeypatch, content):
+    path = hostile / EVENTS
+    data = path.read_bytes()
+    path.write_bytes(content if content is not None else data[: len(data) // 2])
+    _refused(_evaluate(hostile, tmp_path / "p.jsonl", capsys, monkeypatch), "month=2024-01.parquet")
+
+
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        (lambda f: f.drop("article_ids"), ["article_ids"]),
+        (lambda f: f.with_columns(pl.col("date").cast(pl.String)), ["date"]),
+        (lambda f: f.with_columns(pl.lit("999").alias("r")), ["999"]),
+    ],
+)
+def test_a_database_month_with_other_columns_is_refused(hostile, tmp_path, capsys, monkeypatch, change, words):
+    path = hostile / EVENTS
+    frame = change(pl.read_parquet(path))
+    path.unlink()
+    frame.write_parquet(path)
+    _refused(_evaluate(hostile, tmp_path / "p.jsonl", capsys, monkeypatch), "month=2024-01.parquet", *words)
+
+
+def test_extra_database_columns_are_ignored(hostile, tmp_path, capsys, monkeypatch):
+    path = hostile / EVENTS
+    frame = pl.read_parquet(path).with_columns(pl.lit("x").alias("extra"))
+    path.unlink()
+    frame.write_parquet(path)
+    status, _, err, requests = _evaluate(hostile, tmp_path / "p.jsonl", capsys, monkeypatch)
+    assert status == 0 and requests > 0, err
+
+
+@pytest.mark.parametrize(
+    ("table", "day", "word"),
+    [
+        ("events", date(2024, 2, 28), "2024-02-28"),
+        ("news", date(2024, 2, 28), "2024-02-28"),
+        ("events", None, "1 undated"),
+    ],
+)
+def test_rows_dated_after_their_month_never_pass_the_gate(hostile, tmp_path, capsys, monkeypatch, table, day, word):
+    """January's file holding rows dated in late February (or undated): the gate hands January
+    whole to every February query, so those rows would reach the agent; the file is refused."""
+    path = hostile / f"database/{table}/month=2024-01.parquet"
+    frame = pl.read_parquet(path)
+    future = frame.head(1).with_columns(pl.lit(day, pl.Date).alias("date"))
+    if table == "news":
+        future = future.with_columns(pl.lit("FUTURE NEWS").alias("title"))
+    path.unlink()
+    pl.concat([frame, future]).write_parquet(path)
+    _refused(_evaluate(hostile, tmp_path / "p.jsonl", capsys, monkeypatch), f"{table}/month=2024-01.parquet", word)
+    # The library refuses it too, not only the command: no environment gets those rows.
+    database = EventDatabase(hostile)
+    with pytest.raises(ValueError, match=word):
+        database.environment(date(2024, 2, 10), 1)
