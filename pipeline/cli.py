@@ -565,9 +565,16 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     release, with no Dagster and no agents.yaml (docs/evaluate-your-agent.md, "3. Run an agent")."""
     from pipeline.agent_api import EventDatabase
     from pipeline.agent_api.environment import DatabaseFileError
-    from pipeline.evaluation.llm import ClientSettings, ModelUnavailable
+    from pipeline.evaluation.llm import ClientSettings, ModelUnavailable, client_for
     from pipeline.evaluation.registry import RegistryError, parse_agents
-    from pipeline.evaluation.run import InvalidQueries, checkpoint_path, evaluate_agent, release_queries
+    from pipeline.evaluation.run import (
+        InvalidQueries,
+        checkpoint_path,
+        endpoint_limits,
+        evaluate_agent,
+        release_queries,
+    )
+    from pipeline.evaluation.throughput import RateLimiter
     from pipeline.release_layout import ReleaseError
     from pipeline.storage import DataLayout
 
@@ -610,6 +617,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         frame.get_column("date").min().replace(day=1), agent.name, query_set, distance
     )
     episodes = agent.rounds * frame.height
+    limiter = RateLimiter(endpoint_limits(agent))  # here, not in the harness, so the run can say what it waited
     if _stored_run_matches(directory, agent, client_settings, frame.get_column("query_id").to_list()):
         record = json.loads((directory / "scores.json").read_text())
         print(f"{release.name} {query_set}: already evaluated with these settings in {directory}; no episode re-run")
@@ -635,6 +643,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
                 agent,
                 distance,
                 force=True,  # a contaminated run is still scored; said below, and on the leaderboard
+                client=client_for(agent, client_settings, limiter),
                 client_settings=client_settings,
                 database=database,
                 progress=lambda line: print(line, flush=True),
@@ -653,6 +662,10 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         f"{written} predictions in {out}; end states {record['end_states']}; tokens in/out "
         f"{record['tokens_in']}/{record['tokens_out']}{cost}; trajectories and scores.json in {directory}"
     )
+    if limiter.throttles or limiter.waited_s:
+        print(
+            f"rate limits: waited {limiter.waited_s:.1f} s in all, {limiter.throttles} 429 response(s) from the endpoint"
+        )
     sample = " --sample" if query_set == "queries_sample" else ""
     print(f"next: mirai score {out} --split {release}{sample} --distance {distance}")
     return 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -199,6 +200,21 @@ def test_several_rounds_go_to_mirai_round_directories_that_score(release, tmp_pa
     scored = _mirai("score", str(out), "--split", str(release), "--sample", "--out", str(tmp_path / "card"))
     assert scored.returncode == 0, scored.stderr
     assert json.loads((tmp_path / "card" / "scorecard.json").read_text())["rounds"] == 2
+
+
+def test_a_rate_limited_endpoint_is_waited_for_and_the_run_says_so(release, tmp_path):
+    """The endpoint's first two answers are 429 with a Retry-After: the run waits, loses nothing,
+    writes what an unthrottled run writes, and its last lines say how long it waited and why."""
+    out, unthrottled = tmp_path / "predictions.jsonl", tmp_path / "unthrottled.jsonl"
+    with ChatServer(Recorder(), failures=[(429, {"Retry-After": "1"})] * 2) as server:
+        limited = _mirai("evaluate", str(release), *_flags(server.base_url), "--concurrency", "2", "--out", str(out))
+    assert limited.returncode == 0, limited.stderr
+    waited = re.search(r"rate limits: waited (\d+\.\d) s in all, 2 429 response\(s\) from the endpoint", limited.stdout)
+    assert waited and float(waited[1]) >= 1.0, limited.stdout
+    with ChatServer(Recorder()) as server:
+        plain = _mirai("evaluate", str(release), *_flags(server.base_url), "--out", str(unthrottled))
+    assert plain.returncode == 0 and "rate limits" not in plain.stdout, plain.stdout
+    assert _lines(out) == _lines(unthrottled)
 
 
 def test_a_rejected_key_stops_the_run_in_one_line(release, tmp_path):

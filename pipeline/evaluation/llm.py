@@ -178,6 +178,9 @@ class OpenAIChatClient:
             delay = retry_after_s(response.headers.get("Retry-After"))
             if response.status_code == 429 and self.limiter:
                 self.limiter.throttled(delay)
+                # The limiter's pause holds this caller's retry too (in acquire), as it holds every
+                # other caller: one place waits, and counts the wait for the run's report.
+                delay = 0.0
             raise _Failure(problem, retryable=response.status_code in RETRY_STATUSES, retry_after_s=delay)
 
         retrying = Retrying(
