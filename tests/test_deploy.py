@@ -58,14 +58,17 @@ def _dagster_version() -> str:
 def test_dockerfile_builds_a_pinned_non_root_code_server():
     steps = _instructions(DEPLOY / "Dockerfile")
     kinds = [k for k, _ in steps]
-    assert steps[0] == ("FROM", "python:3.11-slim")
+    # llama.cpp is compiled in a stage of its own; the image is the last stage, with no compiler.
+    assert [a for k, a in steps if k == "FROM"] == ["python:3.11-slim AS llama-build", "python:3.11-slim"]
     installs = [a for k, a in steps if k == "RUN" and "pip install" in a]
     # Every install holds to the lock, or installs no dependency at all (our own packages, last).
     assert installs and all("-c requirements.lock" in a or "--no-deps" in a for a in installs), installs
     assert any("requirements.lock" in a.split() for k, a in steps if k == "COPY")
-    # The heredoc (skipped by _instructions) lists the runtime dependencies and the `deploy` extra.
+    # The heredoc (skipped by _instructions) lists the runtime dependencies, the `deploy` extra and
+    # the `gguf` extra (llama-cpp-python's server, around the wheel the build stage compiled).
     dockerfile = (DEPLOY / "Dockerfile").read_text()
-    assert '["dependencies"]' in dockerfile and '["optional-dependencies"]["deploy"]' in dockerfile
+    assert 'project["dependencies"] + extras["deploy"] + extras["gguf"]' in dockerfile
+    assert _extras()["gguf"] == ["llama-cpp-python[server]>=0.3.36,<0.4"]
     deploy_extra = {Requirement(r).name: str(Requirement(r).specifier) for r in _extras()["deploy"]}
     assert deploy_extra == {"dagster-postgres": f"=={ADDON_VERSION}", "dagster-k8s": f"=={ADDON_VERSION}"}
     # The add-ons belong to the core release the project pins (1.13.x ↔ 0.29.x, same patch).
@@ -77,6 +80,29 @@ def test_dockerfile_builds_a_pinned_non_root_code_server():
     cmd = json.loads(dict(steps)["CMD"])
     assert cmd[:3] == ["dagster", "code-server", "start"] and cmd[cmd.index("-m") + 1] == "definitions"
     assert "3030" in dict(steps)["EXPOSE"] and "grpc-health-check" in dict(steps)["HEALTHCHECK"]
+
+
+def test_llama_cpp_is_built_for_a_portable_cpu_target_everywhere():
+    """`make test` and the image build llama.cpp with deploy/llama-cpu.cmake: no instruction set
+    beyond x86-64-v3, never the build machine's own (GGML_NATIVE), so a build works on every CPU
+    of our machine kind. The installed build says so in its system info (this machine has AVX-512:
+    a native build would list it)."""
+    cache = dict(re.findall(r"^set\((GGML_\w+) (ON|OFF) CACHE BOOL", (DEPLOY / "llama-cpu.cmake").read_text(), re.M))
+    assert cache["GGML_NATIVE"] == "OFF"
+    assert {cache[f] for f in ("GGML_AVX", "GGML_AVX2", "GGML_FMA", "GGML_F16C", "GGML_BMI2")} == {"ON"}
+    assert {v for k, v in cache.items() if "AVX512" in k or "AMX" in k or "VNNI" in k} == {"OFF"}
+    makefile = (ROOT / "Makefile").read_text()
+    assert "LLAMA_CMAKE_ARGS ?= -C $(CURDIR)/deploy/llama-cpu.cmake" in makefile
+    assert 'CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)"' in makefile and "--no-binary llama-cpp-python" in makefile
+    steps = _instructions(DEPLOY / "Dockerfile")
+    assert ("ARG", 'LLAMA_CMAKE_ARGS="-C /build/llama-cpu.cmake"') in steps
+    assert any(
+        'CMAKE_ARGS="$LLAMA_CMAKE_ARGS" pip wheel' in a and "--no-binary llama-cpp-python" in a for k, a in steps
+    )
+    llama_cpp = pytest.importorskip("llama_cpp")
+    system_info = llama_cpp.llama_print_system_info().decode()
+    assert "AVX2 = 1" in system_info
+    assert not re.search(r"(AVX512\w*|AMX\w*|AVX_VNNI) = 1", system_info), system_info
 
 
 def test_every_copied_path_exists_and_is_in_the_build_context():
@@ -92,7 +118,9 @@ def test_every_copied_path_exists_and_is_in_the_build_context():
                 keep = negate
         return keep
 
-    copies = [a.split()[:-1] for k, a in _instructions(DEPLOY / "Dockerfile") if k == "COPY"]
+    copies = [
+        a.split()[:-1] for k, a in _instructions(DEPLOY / "Dockerfile") if k == "COPY" and not a.startswith("--from=")
+    ]
     sources = [s for srcs in copies for s in srcs]
     assert "pipeline" in sources and "definitions.py" in sources
     for source in sources:
