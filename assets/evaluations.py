@@ -14,7 +14,8 @@ from assets.submissions import submission
 from pipeline.agent_api import EventDatabase
 from pipeline.database import MonthNotReady
 from pipeline.evaluation.board import INTERVAL_RULE, markdown_table, summary, write_leaderboard
-from pipeline.evaluation.llm import ModelUnavailable, client_for
+from pipeline.evaluation.clients import client_for
+from pipeline.evaluation.llm import ModelUnavailable
 from pipeline.evaluation.registry import Agent, RegistryError, eligibility, load_agents
 from pipeline.evaluation.run import (
     AGGREGATION_RULE,
@@ -114,27 +115,30 @@ def _run(
         if agent.strategy == "react"
         else None
     )
-    for distance in agent.distances:
-        _, record = evaluate_agent(
-            split_file,
-            data_dir,
-            agent,
-            distance,
-            force=config.force,
-            client=client,
-            client_settings=settings,
-            database=database,
-            concurrency=concurrency,
-            sandbox_memory_mb=llm.sandbox_memory_mb,
-            # At most one line a minute: a month's sample is hundreds of episodes.
-            progress=lambda line, d=distance: context.log.info(f"{agent.name} at distance {d}: {line}"),
-            progress_interval_s=60.0,
-        )
-        context.log.info(
-            f"{agent.name} at distance {distance}: end states {record['end_states']}; rate-limit waits "
-            f"{limiter.waited_s:.1f} s, {limiter.throttles} 429 response(s)"
-        )
-        records.append(record)
+    try:
+        for distance in agent.distances:
+            _, record = evaluate_agent(
+                split_file,
+                data_dir,
+                agent,
+                distance,
+                force=config.force,
+                client=client,
+                client_settings=settings,
+                database=database,
+                concurrency=concurrency,
+                sandbox_memory_mb=llm.sandbox_memory_mb,
+                # At most one line a minute: a month's sample is hundreds of episodes.
+                progress=lambda line, d=distance: context.log.info(f"{agent.name} at distance {d}: {line}"),
+                progress_interval_s=60.0,
+            )
+            context.log.info(
+                f"{agent.name} at distance {distance}: end states {record['end_states']}; rate-limit waits "
+                f"{limiter.waited_s:.1f} s, {limiter.throttles} 429 response(s)"
+            )
+            records.append(record)
+    finally:
+        client.close()  # a GGUF agent's model server ends with the asset run
     return records
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -565,7 +566,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     release, with no Dagster and no agents.yaml (docs/evaluate-your-agent.md, "3. Run an agent")."""
     from pipeline.agent_api import EventDatabase
     from pipeline.agent_api.environment import DatabaseFileError
-    from pipeline.evaluation.llm import ClientSettings, ModelUnavailable, client_for
+    from pipeline.evaluation.clients import client_for
+    from pipeline.evaluation.llm import ClientSettings, ModelUnavailable
     from pipeline.evaluation.registry import RegistryError, parse_agents
     from pipeline.evaluation.run import (
         InvalidQueries,
@@ -637,18 +639,19 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             except DatabaseFileError as exc:
                 raise CommandError(str(exc)) from None
         try:
-            _, record = evaluate_agent(
-                queries_file,
-                run_dir,
-                agent,
-                distance,
-                force=True,  # a contaminated run is still scored; said below, and on the leaderboard
-                client=client_for(agent, client_settings, limiter),
-                client_settings=client_settings,
-                database=database,
-                progress=lambda line: print(line, flush=True),
-                progress_interval_s=args.progress_every,
-            )
+            with contextlib.closing(client_for(agent, client_settings, limiter)) as client:
+                _, record = evaluate_agent(
+                    queries_file,
+                    run_dir,
+                    agent,
+                    distance,
+                    force=True,  # a contaminated run is still scored; said below, and on the leaderboard
+                    client=client,
+                    client_settings=client_settings,
+                    database=database,
+                    progress=lambda line: print(line, flush=True),
+                    progress_interval_s=args.progress_every,
+                )
         except ModelUnavailable as exc:
             kept = checkpoint_path(directory)
             raise CommandError(

@@ -378,7 +378,7 @@ def test_concurrency_defaults_caps_and_registry_checks(monkeypatch):
     monkeypatch.setattr("pipeline.evaluation.run.sandbox_cap", lambda memory_mb, start_mb, shared_mb: 3)
     assert sandbox_slots(64, 10.0).n == 3 and sandbox_slots(2, 10.0).n == 2  # memory, or one per episode
     gguf = Agent(**{**http.__dict__, "endpoint": None, "gguf": Path("m.gguf")})
-    assert episode_concurrency(gguf, 64) == 1  # in-process: one reply at a time
+    assert episode_concurrency(gguf, 64) == 1  # its model server answers one request at a time
     entry = {"name": "a", "kind": "llm", "knowledge_cutoff": "2023-10", "gguf": "m.gguf", "concurrency": 4}
     with pytest.raises(RegistryError, match="concurrency must be 1 for a gguf model"):
         parse_agents({"agents": [entry]})

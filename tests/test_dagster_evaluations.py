@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import shutil
+import threading
 from datetime import date
 from pathlib import Path
 
@@ -256,6 +258,42 @@ def smollm2_gguf() -> Path:
     return path
 
 
+class ModelServers:
+    """Watches, while open, for model servers (pipeline/evaluation/model_server.py) among this
+    process's children: ``seen`` holds their pids."""
+
+    def __init__(self):
+        self.seen: set[int] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    @staticmethod
+    def alive(pid: int) -> bool:
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except FileNotFoundError:
+            return False
+
+    def _watch(self) -> None:
+        children = Path(f"/proc/{os.getpid()}/task")
+        while not self._stop.wait(0.05):
+            for task in children.iterdir():
+                for pid in (task / "children").read_text().split():
+                    try:
+                        if b"pipeline.evaluation.model_server" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                            self.seen.add(int(pid))
+                    except FileNotFoundError:
+                        pass
+
+    def __enter__(self) -> ModelServers:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
 def test_an_endpoint_react_agent_runs_its_episodes_concurrently_through_the_sensor_triggered_job(data_dir, tmp_path):
     """A ReAct agent on a scripted OpenAI-compatible server (testbed/chat.py): the sensor's run
     has the 3 sample queries in flight at once, logs its progress, and reports tokens and cost."""
@@ -319,8 +357,11 @@ def test_smollm2_react_end_to_end_through_the_sensor_triggered_job(tmp_path, mon
         build_split(data_dir, month, instance)
         [request] = tick(defs, instance).run_requests
         assert request.tags["mirai/eligible"] == "true"
-        result = execute(defs, instance, request)
+        with ModelServers() as servers:
+            result = execute(defs, instance, request)
     assert result.success
+    # The model ran in llama-cpp-python's server, a child process of this one, ended with the run.
+    assert len(servers.seen) == 1 and not any(map(servers.alive, servers.seen))
     meta = result.asset_materializations_for_node("evaluation")[0].metadata
     assert meta["status"].value == "evaluated"
     assert (meta["mode"].value, meta["tools"].value) == ("native", "full")
@@ -328,6 +369,7 @@ def test_smollm2_react_end_to_end_through_the_sensor_triggered_job(tmp_path, mon
     directory = DataLayout(data_dir).evaluation_dir(month, "smollm2-react", "queries_sample", 1)
     scores = json.loads((directory / "scores.json").read_text())
     assert scores["n"] == 3 and scores["model"]["gguf"] == gguf.name and scores["harness"]["max_tokens"] == 48
+    assert scores["model"]["runtime"].startswith("llama-cpp-python 0.3.")
     assert {"level1_f1", "level2_f1", "binary_kl", "quad_kl", "mrr"} <= set(scores["metrics"])
     assert sum(scores["end_states"].values()) == 3
     assert set(scores["end_states"]) <= {"final_answer", "max_steps", "invalid_actions", "repeated_actions", "error"}

@@ -1,6 +1,7 @@
-"""Chat clients for LLM agents: an OpenAI-compatible HTTP endpoint, or a local GGUF model run by
-llama-cpp-python on CPU. Both take a list of chat messages and return a ``Reply`` with the text,
-the tokens in and out and the wall time of the call, which the harness stores per step.
+"""The chat client of LLM agents: an OpenAI-compatible HTTP endpoint. A local GGUF model is asked
+through the same client, at llama-cpp-python's server in a child process (model_server.py). It
+takes a list of chat messages and returns a ``Reply`` with the text, the tokens in and out and the
+wall time of the call, which the harness stores per step.
 
 The API key of an endpoint is read from the environment variable the registry names, at call
 time, and never appears in a log line, an exception or a stored record.
@@ -11,21 +12,20 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
-from pathlib import Path
 from typing import Protocol
 
 import requests
 from tenacity import Retrying, retry_if_exception, stop_after_attempt
 
-from pipeline.evaluation.registry import Agent
 from pipeline.evaluation.throughput import RateLimiter, estimate_tokens
 from pipeline.http import backoff_wait
 
 DEFAULT_MAX_TOKENS = 1024
-DEFAULT_N_CTX = 8192  # SmolLM2 and Llama-3.1-class models all handle 8k; capped by the model's own
+DEFAULT_N_CTX = 8192  # of a GGUF model: SmolLM2 and Llama-3.1-class models all handle 8k; capped by the model's own
 DEFAULT_SEED = 0
 RETRY_STATUSES = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
 UNAVAILABLE_STATUSES = frozenset({401, 403, 404})  # bad key, no access, unknown model or URL
@@ -47,8 +47,9 @@ class _Failure(Exception):
 
 
 class ModelUnavailable(RuntimeError):
-    """The model cannot be used at all (no key, a rejected key, an unknown model, no GGUF file or
-    no llama-cpp-python): the evaluation stops instead of storing a run of failed episodes."""
+    """The model cannot be used at all (no key, a rejected key, an unknown model, no GGUF file, a
+    model server that will not start or died twice): the evaluation stops instead of storing a run
+    of failed episodes."""
 
 
 @dataclass(frozen=True)
@@ -60,11 +61,14 @@ class Reply:
 
 
 class ChatClient(Protocol):
-    """What the harness needs from a model: one chat completion per call."""
+    """What the harness needs from a model: one chat completion per call; ``close`` frees what
+    the client holds (connections, a model server)."""
 
     def chat(
         self, messages: list[dict[str, str]], *, temperature: float, max_tokens: int, stop: list[str]
     ) -> Reply: ...
+
+    def close(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -114,6 +118,8 @@ class OpenAIChatClient:
         http: HttpSettings = HttpSettings(),
         session: requests.Session | None = None,
         limiter: RateLimiter | None = None,
+        api_key: str | None = None,
+        extra_body: Mapping[str, object] | None = None,
     ):
         self.url = base_url.rstrip("/") + "/chat/completions"
         self.model = model
@@ -121,8 +127,12 @@ class OpenAIChatClient:
         self.seed = seed
         self.http = http
         self.limiter = limiter
+        self.extra_body = dict(extra_body or {})
+        self._api_key = api_key
         self._session = session
         self._local = threading.local()
+        self._sessions: list[requests.Session] = []
+        self._sessions_lock = threading.Lock()
 
     @property
     def session(self) -> requests.Session:
@@ -130,9 +140,20 @@ class OpenAIChatClient:
             return self._session
         if not hasattr(self._local, "session"):
             self._local.session = requests.Session()
+            with self._sessions_lock:
+                self._sessions.append(self._local.session)
         return self._local.session
 
+    def close(self) -> None:
+        """Closes the connection pools this client opened (a session handed to it stays open)."""
+        with self._sessions_lock:
+            for session in self._sessions:
+                session.close()
+            self._sessions.clear()
+
     def _headers(self) -> dict[str, str]:
+        if self._api_key is not None:
+            return {"Authorization": f"Bearer {self._api_key}"}
         if not self.api_key_env:
             return {}
         key = os.environ.get(self.api_key_env)
@@ -148,6 +169,7 @@ class OpenAIChatClient:
             "max_tokens": max_tokens,
             "stop": stop or None,
             "seed": self.seed,
+            **self.extra_body,
         }
         started = time.perf_counter()
         attempts = 0
@@ -209,81 +231,6 @@ class OpenAIChatClient:
         )
 
 
-# One loaded model per (file, context size) per process: loading costs seconds and the memory
-# of the weights, and an evaluation asks the same model hundreds of questions.
-_MODELS: dict[tuple[str, int, int | None], object] = {}
-_MODELS_LOCK = threading.Lock()
-
-
-def _trained_context(llama, default: int) -> int:
-    """The model's training context length, from the GGUF metadata ("<arch>.context_length")."""
-    arch = llama.metadata.get("general.architecture", "")
-    return int(llama.metadata.get(f"{arch}.context_length", default))
-
-
-def _load_llama(path: Path, n_ctx: int, n_threads: int | None):
-    key = (str(path.resolve()), n_ctx, n_threads)
-    with _MODELS_LOCK:
-        if key not in _MODELS:
-            if not path.is_file():
-                raise ModelUnavailable(f"GGUF model file {path} does not exist")
-            try:
-                from llama_cpp import Llama  # lazy: only local-model agents need it
-            except ImportError as exc:
-                raise ModelUnavailable(
-                    "a gguf agent needs llama-cpp-python: pip install 'llama-cpp-python>=0.3.36,<0.4'"
-                ) from exc
-            llama = Llama(
-                model_path=str(path), n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=0, seed=DEFAULT_SEED, verbose=False
-            )
-            trained = _trained_context(llama, n_ctx)
-            if trained < n_ctx:  # positions past the trained context are not meaningful
-                del llama
-                llama = Llama(
-                    model_path=str(path),
-                    n_ctx=trained,
-                    n_threads=n_threads,
-                    n_gpu_layers=0,
-                    seed=DEFAULT_SEED,
-                    verbose=False,
-                )
-            _MODELS[key] = llama
-        return _MODELS[key]
-
-
-class LlamaCppChatClient:
-    """A local GGUF model on CPU through llama-cpp-python, with the chat template stored in the
-    GGUF. Every call passes the same seed, so a call's sampling does not depend on the calls
-    before it; at temperature 0 the reply is the greedy one. The context is ``n_ctx`` tokens or
-    the model's training context, whichever is smaller; a conversation that outgrows it raises
-    LLMError (the episode ends with status "error")."""
-
-    def __init__(
-        self, path: Path | str, *, n_ctx: int = DEFAULT_N_CTX, n_threads: int | None = None, seed: int = DEFAULT_SEED
-    ):
-        self.path = Path(path)
-        self.n_ctx = n_ctx
-        self.n_threads = n_threads
-        self.seed = seed
-
-    def chat(self, messages, *, temperature, max_tokens, stop) -> Reply:
-        llama = _load_llama(self.path, self.n_ctx, self.n_threads)
-        started = time.perf_counter()
-        try:
-            out = llama.create_chat_completion(
-                messages=messages, temperature=temperature, max_tokens=max_tokens, stop=stop or None, seed=self.seed
-            )
-        except ValueError as exc:  # llama-cpp-python's "Requested tokens exceed context window"
-            raise LLMError(f"{self.path.name}: {exc}") from exc
-        usage = out.get("usage") or {}
-        return Reply(
-            out["choices"][0]["message"]["content"] or "",
-            int(usage.get("prompt_tokens", 0)),
-            int(usage.get("completion_tokens", 0)),
-            time.perf_counter() - started,
-        )
-
-
 @dataclass(frozen=True)
 class ClientSettings:
     """Run-time knobs that are not part of an agent's registry entry (recorded with each run)."""
@@ -293,18 +240,3 @@ class ClientSettings:
     n_threads: int | None = None
     seed: int = DEFAULT_SEED
     http: HttpSettings = HttpSettings()
-
-
-def client_for(
-    agent: Agent, settings: ClientSettings = ClientSettings(), limiter: RateLimiter | None = None
-) -> ChatClient:
-    """The chat client an LLM agent's registry entry describes; an endpoint's requests go
-    through ``limiter`` (shared by the run's episodes) when given."""
-    if agent.endpoint is not None:
-        e = agent.endpoint
-        return OpenAIChatClient(
-            e.base_url, e.model, e.api_key_env, seed=settings.seed, http=settings.http, limiter=limiter
-        )
-    if agent.gguf is not None:
-        return LlamaCppChatClient(agent.gguf, n_ctx=settings.n_ctx, n_threads=settings.n_threads, seed=settings.seed)
-    raise ValueError(f"{agent.name} has neither an endpoint nor a gguf model")

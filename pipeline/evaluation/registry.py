@@ -54,7 +54,7 @@ LLM_FIELDS = _COMMON_FIELDS | {
 }
 _ENDPOINT_FIELDS = {"base_url", "model", "api_key_env", "requests_per_minute", "tokens_per_minute"}
 # Episodes in flight at once (docs/evaluation.md, "Concurrency"): an HTTP endpoint waits on the
-# network, so several episodes overlap; an in-process GGUF model computes on this machine's cores
+# network, so several episodes overlap; a GGUF model (its server, model_server.py) computes on this machine's cores
 # and holds one context, so it runs one episode at a time.
 DEFAULT_HTTP_CONCURRENCY = 8
 # Only the react strategy calls tools, so only it has an action type and a step budget (MIRAI's
@@ -256,7 +256,7 @@ def _parse_agent(entry: dict, base_dir: Path) -> Agent:
             price_per_million_output_tokens=check("price_per_million_output_tokens", _price),
         )
         if "gguf" in entry and (agent.concurrency or 1) > 1:
-            problems.append("concurrency must be 1 for a gguf model: it runs in this process, one reply at a time")
+            problems.append("concurrency must be 1 for a gguf model: its model server answers one request at a time")
         if ("price_per_million_input_tokens" in entry) != ("price_per_million_output_tokens" in entry):
             problems.append("give both price_per_million_input_tokens and price_per_million_output_tokens, or neither")
         if ("endpoint" in entry) == ("gguf" in entry):

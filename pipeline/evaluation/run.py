@@ -54,7 +54,8 @@ from pipeline.evaluation.agents import (
     run_single_turn,
 )
 from pipeline.evaluation.baselines import FORECAST_SCHEMA, default_top_k, forecast
-from pipeline.evaluation.llm import ChatClient, ClientSettings, ModelUnavailable, client_for
+from pipeline.evaluation.clients import client_for
+from pipeline.evaluation.llm import ChatClient, ClientSettings, ModelUnavailable
 from pipeline.evaluation.metrics import (
     SET_METRICS,
     aggregate_answers,
@@ -68,6 +69,7 @@ from pipeline.evaluation.metrics import (
     score,
 )
 from pipeline.evaluation.mirai_predictions import is_query_id
+from pipeline.evaluation.model_server import runtime as model_server_runtime
 from pipeline.evaluation.prompts import PROMPT_VERSION
 from pipeline.evaluation.registry import Agent, eligibility
 from pipeline.evaluation.scoring import MAX_PREDICTIONS_BYTES, MAX_RECORDS
@@ -558,7 +560,7 @@ def _failed_episode(spec: AgentSpec, query: Query, exc: Exception) -> Trajectory
 
 def episode_concurrency(agent: Agent, requested: int | None = None) -> int:
     """Episodes at once: ``requested`` or the agent's own (registry.Agent.episode_concurrency),
-    never more than 1 for an in-process GGUF model. (Their sandboxes are bounded apart, by
+    never more than 1 for a GGUF model (its server answers one request at a time). (Their sandboxes are bounded apart, by
     ``sandbox_slots``: an episode waiting on the model holds no sandbox until its first code.)"""
     if agent.endpoint is None:
         return 1
@@ -654,7 +656,7 @@ def _model_description(agent: Agent) -> dict:
     if agent.endpoint is not None:
         return {"base_url": agent.endpoint.base_url, "model": agent.endpoint.model}
     size = agent.gguf.stat().st_size if agent.gguf.exists() else None
-    return {"gguf": agent.gguf.name, "gguf_bytes": size}
+    return {"gguf": agent.gguf.name, "gguf_bytes": size, "runtime": model_server_runtime()}
 
 
 def cost_usd(agent: Agent, tokens_in: int, tokens_out: int) -> float | None:
@@ -730,6 +732,7 @@ def evaluate_agent(
         tools=agent_tools(agent) or "full",
         memory_mb=agent.sandbox_memory_mb or sandbox_memory_mb,
     )
+    owned_client = client is None
     client = client or client_for(agent, client_settings, RateLimiter(endpoint_limits(agent, limits)))
     if spec.strategy == "react" and database is None:
         database = EventDatabase(data_dir)
@@ -747,18 +750,22 @@ def evaluate_agent(
         sandboxes = sandbox_slots(concurrency, gated_tables_mb(database, frame, distance), spec.memory_mb)
     directory = DataLayout(data_dir).evaluation_dir(month, agent.name, query_set, distance)
     log = EpisodeLog(checkpoint_path(directory), _checkpoint_key(agent, harness, frame, distance))
-    episodes = run_episodes(
-        client,
-        spec,
-        items,
-        agent.rounds,
-        distance,
-        database,
-        concurrency=concurrency,
-        log=log,
-        progress=Progress(agent.rounds * len(items), progress, progress_interval_s),
-        sandboxes=sandboxes,
-    )
+    try:
+        episodes = run_episodes(
+            client,
+            spec,
+            items,
+            agent.rounds,
+            distance,
+            database,
+            concurrency=concurrency,
+            log=log,
+            progress=Progress(agent.rounds * len(items), progress, progress_interval_s),
+            sandboxes=sandboxes,
+        )
+    finally:
+        if owned_client:  # a client handed in is its caller's to close (it may serve every distance)
+            client.close()
     per_round, results, lines, sandboxes = [], [], [], set()
     for round_no, records in enumerate(episodes):
         forecasts = pl.DataFrame(

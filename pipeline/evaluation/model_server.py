@@ -1,0 +1,343 @@
+"""A local GGUF model behind llama-cpp-python's own OpenAI-compatible server, in a child process.
+
+llama.cpp is native code: a crash in it (a CPU it was not built for, a bad model file) kills the
+process it runs in. Run inside the evaluation, it would take down the Dagster run worker and every
+episode of the run; behind `python -m llama_cpp.server` it takes down only that server. The harness
+then talks to the model through the same OpenAI-compatible client as every endpoint agent (one LLM
+code path: retries, token counts, the same request body), and ``LlamaServerClient`` turns a death
+of its server into one failed reply (the episode ends as "error", saying so) and starts it again,
+once; a second death stops the agent's evaluation (``ModelUnavailable``). docs/evaluation.md,
+"Local GGUF models", says what an operator sees.
+
+The server listens on 127.0.0.1 only, behind a random API key, and exits by itself within a second
+when the process that started it dies (SIGKILL or OOM included), so a killed run leaves no model
+holding gigabytes of memory. Its settings (the key among them) go in a private config file, not on
+a command line other users can read in /proc.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import replace
+from importlib import metadata
+from pathlib import Path
+
+import requests
+
+from pipeline.evaluation.llm import ClientSettings, LLMError, ModelUnavailable, OpenAIChatClient, Reply
+
+START_TIMEOUT_S = 600.0  # loading an 8B model from a cold disk takes minutes on CPU
+POLL_S = 0.2
+RESTARTS = 1
+# Sampling as llama.cpp's own defaults (and llama-cpp-python's Llama) have it: the server's request
+# model defaults repeat_penalty to 1.1 instead (llama_cpp/server/types.py, repeat_penalty_field).
+SAMPLING = {"repeat_penalty": 1.0, "top_k": 40, "top_p": 0.95, "min_p": 0.05}
+LOG_TAIL_BYTES = 64 * 1024
+LOG_LINE_CHARS = 300
+
+
+def runtime() -> str:
+    """What serves a GGUF model, for the run's record: llama-cpp-python's version (its llama.cpp)."""
+    try:
+        return f"llama-cpp-python {metadata.version('llama-cpp-python')} (llama_cpp.server, a child process)"
+    except metadata.PackageNotFoundError:
+        return "llama-cpp-python is not installed"
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def how_it_ended(returncode: int) -> str:
+    """A child's return code in words: 'was killed by signal 9 (SIGKILL)' or 'exited with status 1'."""
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = "unknown"
+        return f"was killed by signal {-returncode} ({name})"
+    return f"exited with status {returncode}"
+
+
+class LlamaServer:
+    """One `python -m llama_cpp.server` child serving one GGUF file on 127.0.0.1; ``start`` returns
+    once it answers (the model loaded), or raises ModelUnavailable with the server's own words.
+    ``n_ctx`` is capped by the child at the model's training context; ``n_threads`` None is
+    llama.cpp's choice."""
+
+    def __init__(
+        self, gguf: Path, *, n_ctx: int, n_threads: int | None, seed: int, start_timeout_s: float = START_TIMEOUT_S
+    ):
+        self.gguf = Path(gguf)
+        self.n_ctx, self.n_threads, self.seed, self.start_timeout_s = n_ctx, n_threads, seed, start_timeout_s
+        self.api_key = secrets.token_urlsafe(32)
+        self._dir: Path | None = None
+        self._process: subprocess.Popen | None = None
+        self._log = None
+        self.base_url = ""
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    def ended(self) -> str | None:
+        """None while the server runs; else how it ended ('was killed by signal 11 (SIGSEGV)')."""
+        if self._process is None or self._process.poll() is None:
+            return None
+        return how_it_ended(self._process.returncode)
+
+    def last_words(self) -> str:
+        """The last line the server printed that is not one of uvicorn's own INFO lines (an access
+        log line says nothing of why it ended), as ' (its last output: ...)', or ''."""
+        if self._dir is None or not (self._dir / "server.log").exists():
+            return ""
+        with open(self._dir / "server.log", "rb") as log:
+            log.seek(max(0, log.seek(0, os.SEEK_END) - LOG_TAIL_BYTES))
+            lines = log.read().decode("utf-8", "replace").splitlines()
+        said = [line.strip() for line in lines if line.strip() and not line.startswith("INFO:")]
+        return f" (its last output: {said[-1][:LOG_LINE_CHARS]})" if said else ""
+
+    def start(self) -> None:
+        if not self.gguf.is_file():
+            raise ModelUnavailable(f"GGUF model file {self.gguf} does not exist")
+        self._dir = Path(tempfile.mkdtemp(prefix="mirai-model-server-"))  # mode 0700: the key stays private
+        port = _free_port()
+        self.base_url = f"http://127.0.0.1:{port}/v1"
+        config = {
+            "host": "127.0.0.1",
+            "port": port,
+            "api_key": self.api_key,
+            "models": [
+                {
+                    "model": str(self.gguf.resolve()),
+                    "model_alias": self.gguf.name,
+                    "n_ctx": self.n_ctx,
+                    "n_gpu_layers": 0,
+                    "seed": self.seed,
+                    "verbose": False,
+                    **({"n_threads": self.n_threads} if self.n_threads else {}),
+                }
+            ],
+        }
+        config_file = self._dir / "config.json"
+        config_file.write_text(json.dumps(config))
+        self._log = open(self._dir / "server.log", "ab")  # closed in stop()
+        env = {k: v for k, v in os.environ.items() if k not in ("HOST", "PORT", "CONFIG_FILE")}
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", __name__, str(config_file), str(os.getpid())],
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,  # a Ctrl-C at the terminal reaches the harness, which stops it
+        )
+        self._wait_until_ready()
+
+    def _wait_until_ready(self) -> None:
+        deadline = time.monotonic() + self.start_timeout_s
+        with requests.Session() as session:
+            while True:
+                ended = self.ended()
+                if ended is not None:
+                    words = self.last_words()
+                    self.stop()
+                    raise ModelUnavailable(f"the model server for {self.gguf.name} {ended} while starting{words}")
+                try:
+                    response = session.get(
+                        f"{self.base_url}/models", headers={"Authorization": f"Bearer {self.api_key}"}, timeout=5
+                    )
+                    if response.status_code == 200:
+                        return
+                except requests.RequestException:
+                    pass  # not listening yet: the model is still loading
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise ModelUnavailable(
+                        f"the model server for {self.gguf.name} did not answer within "
+                        f"{self.start_timeout_s:.0f} s of its start"
+                    )
+                time.sleep(POLL_S)
+
+    def stop(self) -> None:
+        """Ends the server (SIGTERM, then SIGKILL after 5 s) and removes its config and log."""
+        if self._process is not None:
+            if self._process.poll() is None:
+                self._process.terminate()
+                try:
+                    self._process.wait(5)
+                except subprocess.TimeoutExpired:
+                    self._process.kill()
+                    self._process.wait()
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
+
+
+class LlamaServerClient:
+    """The chat client of a ``gguf`` agent: its model in a ``LlamaServer`` started on first use,
+    asked through ``OpenAIChatClient``. A reply the server died during raises LLMError saying so
+    (that episode ends as "error"); the next call starts a new server, once (``restarts``); after
+    that a death raises ModelUnavailable. ``close`` stops the server."""
+
+    def __init__(
+        self,
+        gguf: Path | str,
+        settings: ClientSettings | None = None,
+        *,
+        restarts: int = RESTARTS,
+        start_timeout_s: float = START_TIMEOUT_S,
+    ):
+        self.gguf = Path(gguf)
+        self.settings = settings or ClientSettings()
+        self.start_timeout_s = start_timeout_s
+        # One attempt a reply: the server is on this machine, and a failed request means a dead or
+        # refusing server, which a retry does not mend (a dead one is handled here instead).
+        self.http = replace(self.settings.http, attempts=1)
+        self.restarts_left = restarts
+        self._lock = threading.Lock()
+        self._server: LlamaServer | None = None
+        self._client: OpenAIChatClient | None = None
+        self._deaths: list[str] = []
+
+    @property
+    def server(self) -> LlamaServer | None:
+        """The server started for this client, None before the first request and after close."""
+        return self._server
+
+    @property
+    def server_pid(self) -> int | None:
+        return self._server.pid if self._server is not None else None
+
+    def _running(self) -> tuple[LlamaServer, OpenAIChatClient]:
+        """The live server and its client: started on the first call, and again, ``restarts``
+        times, when found dead."""
+        with self._lock:
+            ended = self._server.ended() if self._server is not None else None
+            if ended is not None:
+                self._deaths.append(ended + self._server.last_words())
+                if self.restarts_left <= 0:
+                    raise ModelUnavailable(
+                        f"the model server for {self.gguf.name} died {len(self._deaths)} time(s) "
+                        f"({'; '.join(self._deaths)}); it is not started again"
+                    )
+                self.restarts_left -= 1
+                self._stop()
+            if self._server is None:
+                server = LlamaServer(
+                    self.gguf,
+                    n_ctx=self.settings.n_ctx,
+                    n_threads=self.settings.n_threads,
+                    seed=self.settings.seed,
+                    start_timeout_s=self.start_timeout_s,
+                )
+                server.start()
+                self._server = server
+                self._client = OpenAIChatClient(
+                    server.base_url,
+                    self.gguf.name,
+                    None,
+                    api_key=server.api_key,
+                    seed=self.settings.seed,
+                    http=self.http,
+                    extra_body=SAMPLING,
+                )
+            return self._server, self._client
+
+    def chat(self, messages, *, temperature, max_tokens, stop) -> Reply:
+        server, client = self._running()
+        try:
+            return client.chat(messages, temperature=temperature, max_tokens=max_tokens, stop=stop)
+        except LLMError:
+            for _ in range(int(1 / POLL_S)):  # a dying server may close its socket before it is reaped
+                ended = server.ended()
+                if ended is not None:
+                    break
+                time.sleep(POLL_S)
+            else:
+                raise  # the server is alive: it refused this request (e.g. a context overflow)
+            after = "it is started again for the next reply" if self.restarts_left > 0 else "it is not started again"
+            raise LLMError(
+                f"the model server for {self.gguf.name} {ended} during this reply{server.last_words()}; {after}"
+            ) from None
+
+    def _stop(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+
+    def close(self) -> None:
+        with self._lock:
+            self._stop()
+
+    def __enter__(self) -> LlamaServerClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+# --- the child ------------------------------------------------------------------------------------
+
+
+def _exit_with(parent: int) -> None:
+    """Exits this process as soon as ``parent`` is gone (this process re-parented): Linux's
+    PR_SET_PDEATHSIG would follow the parent's *thread*, and the harness may start a server from a
+    worker thread that ends before the evaluation does."""
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    os._exit(0)
+
+
+def _trained_context(gguf: str) -> int | None:
+    """The model's training context (GGUF metadata), read with the vocabulary only, no weights."""
+    import llama_cpp
+
+    params = llama_cpp.llama_model_default_params()
+    params.vocab_only = True
+    model = llama_cpp.llama_model_load_from_file(gguf.encode(), params)
+    if not model:
+        return None  # the server's own load then says what is wrong with the file
+    try:
+        return int(llama_cpp.llama_model_n_ctx_train(model))
+    finally:
+        llama_cpp.llama_model_free(model)
+
+
+def main(argv: list[str]) -> None:
+    """`python -m pipeline.evaluation.model_server CONFIG PARENT_PID`: llama-cpp-python's server
+    (`python -m llama_cpp.server --config_file CONFIG`) with the context capped at the model's
+    training context (positions past it are not meaningful), ending with its parent."""
+    import runpy
+
+    config_file, parent = Path(argv[0]), int(argv[1])
+    threading.Thread(target=_exit_with, args=(parent,), daemon=True, name="exit-with-parent").start()
+    config = json.loads(config_file.read_text())
+    model = config["models"][0]
+    trained = _trained_context(model["model"])
+    if trained and trained < model["n_ctx"]:
+        model["n_ctx"] = trained
+        config_file.write_text(json.dumps(config))
+    sys.argv = ["llama_cpp.server", "--config_file", str(config_file)]
+    runpy.run_module("llama_cpp.server", run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
