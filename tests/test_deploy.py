@@ -68,7 +68,7 @@ def test_dockerfile_builds_a_pinned_non_root_code_server():
     # the `gguf` extra (llama-cpp-python's server, around the wheel the build stage compiled).
     dockerfile = (DEPLOY / "Dockerfile").read_text()
     assert 'project["dependencies"] + extras["deploy"] + extras["gguf"]' in dockerfile
-    assert _extras()["gguf"] == ["llama-cpp-python[server]>=0.3.36,<0.4"]
+    assert _extras()["gguf"] == ["llama-cpp-python[server]>=0.3.36,<0.4", "uvicorn>=0.22"]
     deploy_extra = {Requirement(r).name: str(Requirement(r).specifier) for r in _extras()["deploy"]}
     assert deploy_extra == {"dagster-postgres": f"=={ADDON_VERSION}", "dagster-k8s": f"=={ADDON_VERSION}"}
     # The add-ons belong to the core release the project pins (1.13.x ↔ 0.29.x, same patch).

@@ -186,6 +186,28 @@ def test_the_model_answers_from_a_child_process_on_127_0_0_1_behind_a_key(gguf):
     assert wait_gone(pid, 10), "close() left the model server running"
 
 
+def test_the_run_worker_s_environment_does_not_reach_the_server_s_settings(gguf, monkeypatch):
+    """llama-cpp-python's settings read variables named like their fields: none reaches the server."""
+    for name, value in {
+        "API_KEY": "known",
+        "MODEL": "/nonexistent.gguf",
+        "N_CTX": "16",
+        "CHAT_FORMAT": "bogus",
+    }.items():
+        monkeypatch.setenv(name, value)
+    with LlamaServerClient(gguf, SETTINGS) as client:
+        reply = client.chat([{"role": "user", "content": "Say hello."}], temperature=0.0, max_tokens=4, stop=[])
+        assert reply.tokens_out > 0 and reply.tokens_in > 16
+        url = client.server.base_url + "/chat/completions"
+        refused = requests.post(
+            url,
+            json={"messages": [{"role": "user", "content": "hi"}]},
+            headers={"Authorization": "Bearer known"},
+            timeout=30,
+        )
+        assert refused.status_code == 401
+
+
 def test_kill_9_mid_reply_fails_that_episode_and_the_rest_match_an_uninterrupted_run(data_dir, gguf, uninterrupted):
     results, lines, scores, calls = uninterrupted
     # Kill during the second reply of the first episode that asks twice (mid-episode), else the second call.

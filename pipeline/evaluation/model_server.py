@@ -9,10 +9,12 @@ of its server into one failed reply (the episode ends as "error", saying so) and
 once; a second death stops the agent's evaluation (``ModelUnavailable``). docs/evaluation.md,
 "Local GGUF models", says what an operator sees.
 
-The server listens on 127.0.0.1 only, behind a random API key, and exits by itself within a second
+The server listens on 127.0.0.1 only, on a socket the harness bound and handed over (no other
+process can take the port first), behind a random API key, and exits by itself within a second
 when the process that started it dies (SIGKILL or OOM included), so a killed run leaves no model
 holding gigabytes of memory. Its settings (the key among them) go in a private config file, not on
-a command line other users can read in /proc.
+a command line other users can read in /proc, and its environment holds none of the variables
+llama-cpp-python's settings would read.
 """
 
 from __future__ import annotations
@@ -54,10 +56,13 @@ def runtime() -> str:
         return "llama-cpp-python is not installed"
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def _child_environment() -> dict[str, str]:
+    """The server's environment: what running Python needs, and OpenMP's thread settings. Nothing
+    else, since llama-cpp-python's settings classes read any variable named like one of their
+    fields (MODEL, N_CTX, CHAT_FORMAT, API_KEY, ...) from the environment, and the run worker's
+    must not change the model's."""
+    keep = {"PATH", "HOME", "TMPDIR", "LANG", "LC_ALL", "LC_CTYPE", "PYTHONPATH"}
+    return {k: v for k, v in os.environ.items() if k in keep or k.startswith("OMP_")}
 
 
 def how_it_ended(returncode: int) -> str:
@@ -72,7 +77,8 @@ def how_it_ended(returncode: int) -> str:
 
 
 class LlamaServer:
-    """One `python -m llama_cpp.server` child serving one GGUF file on 127.0.0.1; ``start`` returns
+    """One child process serving one GGUF file with llama-cpp-python's server on 127.0.0.1 (on a
+    socket this process bound); ``start`` returns
     once it answers (the model loaded), or raises ModelUnavailable with the server's own words.
     ``n_ctx`` is capped by the child at the model's training context; ``n_threads`` None is
     llama.cpp's choice."""
@@ -113,36 +119,34 @@ class LlamaServer:
         if not self.gguf.is_file():
             raise ModelUnavailable(f"GGUF model file {self.gguf} does not exist")
         self._dir = Path(tempfile.mkdtemp(prefix="mirai-model-server-"))  # mode 0700: the key stays private
-        port = _free_port()
-        self.base_url = f"http://127.0.0.1:{port}/v1"
         config = {
-            "host": "127.0.0.1",
-            "port": port,
             "api_key": self.api_key,
-            "models": [
-                {
-                    "model": str(self.gguf.resolve()),
-                    "model_alias": self.gguf.name,
-                    "n_ctx": self.n_ctx,
-                    "n_gpu_layers": 0,
-                    "seed": self.seed,
-                    "verbose": False,
-                    **({"n_threads": self.n_threads} if self.n_threads else {}),
-                }
-            ],
+            "model": {
+                "model": str(self.gguf.resolve()),
+                "model_alias": self.gguf.name,
+                "n_ctx": self.n_ctx,
+                "n_gpu_layers": 0,
+                "seed": self.seed,
+                "verbose": False,
+                **({"n_threads": self.n_threads} if self.n_threads else {}),
+            },
         }
         config_file = self._dir / "config.json"
         config_file.write_text(json.dumps(config))
         self._log = open(self._dir / "server.log", "ab")  # closed in stop()
-        env = {k: v for k, v in os.environ.items() if k not in ("HOST", "PORT", "CONFIG_FILE")}
-        self._process = subprocess.Popen(
-            [sys.executable, "-m", __name__, str(config_file), str(os.getpid())],
-            stdin=subprocess.DEVNULL,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,  # a Ctrl-C at the terminal reaches the harness, which stops it
-        )
+        # Bound and listening before the child exists, and handed to it: no other process can take
+        # the port between a choice and a bind, and the harness's key goes to no one else.
+        with socket.create_server(("127.0.0.1", 0)) as listener:
+            self.base_url = f"http://127.0.0.1:{listener.getsockname()[1]}/v1"
+            self._process = subprocess.Popen(
+                [sys.executable, "-m", __name__, str(config_file), str(listener.fileno()), str(os.getpid())],
+                stdin=subprocess.DEVNULL,
+                stdout=self._log,
+                stderr=subprocess.STDOUT,
+                pass_fds=(listener.fileno(),),
+                env=_child_environment(),
+                start_new_session=True,  # a Ctrl-C at the terminal reaches the harness, which stops it
+            )
         self._wait_until_ready()
 
     def _wait_until_ready(self) -> None:
@@ -161,7 +165,7 @@ class LlamaServer:
                     if response.status_code == 200:
                         return
                 except requests.RequestException:
-                    pass  # not listening yet: the model is still loading
+                    pass  # not serving yet: the model is still loading
                 if time.monotonic() > deadline:
                     self.stop()
                     raise ModelUnavailable(
@@ -322,21 +326,23 @@ def _trained_context(gguf: str) -> int | None:
 
 
 def main(argv: list[str]) -> None:
-    """`python -m pipeline.evaluation.model_server CONFIG PARENT_PID`: llama-cpp-python's server
-    (`python -m llama_cpp.server --config_file CONFIG`) with the context capped at the model's
-    training context (positions past it are not meaningful), ending with its parent."""
-    import runpy
+    """`python -m pipeline.evaluation.model_server CONFIG FD PARENT_PID`: llama-cpp-python's server
+    (its app, as `python -m llama_cpp.server` builds it, under uvicorn) on the listening socket FD,
+    with the context capped at the model's training context (positions past it are not
+    meaningful), ending with its parent."""
+    import uvicorn
+    from llama_cpp.server.app import create_app
+    from llama_cpp.server.settings import ModelSettings, ServerSettings
 
-    config_file, parent = Path(argv[0]), int(argv[1])
+    config_file, listener, parent = Path(argv[0]), socket.socket(fileno=int(argv[1])), int(argv[2])
     threading.Thread(target=_exit_with, args=(parent,), daemon=True, name="exit-with-parent").start()
     config = json.loads(config_file.read_text())
-    model = config["models"][0]
+    model = config["model"]
     trained = _trained_context(model["model"])
     if trained and trained < model["n_ctx"]:
         model["n_ctx"] = trained
-        config_file.write_text(json.dumps(config))
-    sys.argv = ["llama_cpp.server", "--config_file", str(config_file)]
-    runpy.run_module("llama_cpp.server", run_name="__main__", alter_sys=True)
+    app = create_app(server_settings=ServerSettings(api_key=config["api_key"]), model_settings=[ModelSettings(**model)])
+    uvicorn.Server(uvicorn.Config(app, log_level="info")).run(sockets=[listener])
 
 
 if __name__ == "__main__":
