@@ -85,6 +85,7 @@ $(LLAMA_WHEELS)/.built:
 $(VENV)/.installed: pyproject.toml $(LOCK) $(LLAMA_WHEELS)/.built
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet -c $(LOCK) pip setuptools
+	@echo "installing llama-cpp-python $(LLAMA_VERSION) built with CMAKE_ARGS=$(LLAMA_CMAKE_ARGS), from $(LLAMA_WHEELS)"
 	$(BIN)/pip install --quiet -c $(LOCK) --no-deps --force-reinstall $(LLAMA_WHEELS)/llama_cpp_python-$(LLAMA_VERSION)-*.whl
 	$(BIN)/pip install --quiet -c $(LOCK) -e '.[$(TEST_EXTRAS)]'
 	@$(BIN)/python -c "import llama_cpp; print('llama.cpp built for:', llama_cpp.llama_print_system_info().decode().strip())"

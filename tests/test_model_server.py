@@ -4,12 +4,15 @@ the process that started it; a file that is no model. Nothing here mocks the ser
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
+import select
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from datetime import date
@@ -19,7 +22,7 @@ import polars as pl
 import pytest
 import requests
 
-from pipeline.evaluation.llm import ClientSettings, LLMError, ModelUnavailable
+from pipeline.evaluation.llm import ClientSettings, HttpSettings, LLMError, ModelUnavailable
 from pipeline.evaluation.model_server import LlamaServerClient
 from pipeline.evaluation.registry import Agent
 from pipeline.evaluation.run import checkpoint_path, evaluate_agent
@@ -275,17 +278,118 @@ time.sleep(600)
 """
 
 
-def test_a_killed_run_worker_leaves_no_model_server_behind(gguf):
+def test_a_killed_run_worker_leaves_no_model_server_behind(gguf, tmp_path):
     """The harness's process dies by SIGKILL (an OOM kill of the Dagster run worker): its model
-    server, in a session of its own, ends by itself within seconds."""
-    worker = subprocess.Popen([sys.executable, "-c", _STARTS_A_SERVER, str(gguf)], stdout=subprocess.PIPE, text=True)
+    server, in a session of its own, ends by itself within seconds and removes its files."""
+    worker = subprocess.Popen(
+        [sys.executable, "-c", _STARTS_A_SERVER, str(gguf)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=os.environ | {"TMPDIR": str(tmp_path)},
+    )
     try:
+        ready, _, _ = select.select([worker.stdout], [], [], 120)
+        assert ready, "the worker did not start its model server within 120 s"
         server_pid = int(worker.stdout.readline())
-        assert not is_gone(server_pid)
+        assert not is_gone(server_pid) and list(tmp_path.glob("mirai-model-server-*"))
     finally:
         worker.kill()
         worker.wait()
     assert wait_gone(server_pid, 10), "the model server outlived the process that started it"
+    assert not list(tmp_path.glob("mirai-model-server-*"))
+
+
+def model_server_children() -> list[int]:
+    """This process's children that are model servers."""
+    found = []
+    for task in Path(f"/proc/{os.getpid()}/task").iterdir():
+        for pid in (task / "children").read_text().split():
+            try:
+                if b"pipeline.evaluation.model_server" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    found.append(int(pid))
+            except FileNotFoundError:
+                pass
+    return found
+
+
+def test_an_interrupt_while_the_server_starts_leaves_nothing_behind(gguf, tmp_path, monkeypatch):
+    """Ctrl-C, or Dagster terminating the run, while the model loads: no server, no files."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # mkdtemp reads TMPDIR again
+
+    def interrupt(*_):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        with pytest.raises(KeyboardInterrupt), LlamaServerClient(gguf, SETTINGS) as client:
+            client.chat([{"role": "user", "content": "hi"}], temperature=0.0, max_tokens=4, stop=[])
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert not model_server_children() and not list(tmp_path.glob("mirai-model-server-*"))
+
+
+def test_a_hung_server_fails_its_reply_and_the_next_reply_gets_a_new_one(gguf):
+    """SIGSTOP: the reply times out, the server is stopped (it would hold every later request
+    behind the abandoned one) and counts as a death; the next reply starts a new server."""
+    settings = ClientSettings(max_tokens=4, n_ctx=2048, http=HttpSettings(read_timeout_s=10))
+    with LlamaServerClient(gguf, settings) as client:
+        client.chat([{"role": "user", "content": "hi"}], temperature=0.0, max_tokens=4, stop=[])
+        hung = client.server_pid
+        os.kill(hung, signal.SIGSTOP)
+        with pytest.raises(
+            LLMError, match=r"did not answer within 10 s and was stopped during this reply; it is started"
+        ):
+            client.chat([{"role": "user", "content": "hi"}], temperature=0.0, max_tokens=4, stop=[])
+        assert wait_gone(hung, 5)
+        reply = client.chat([{"role": "user", "content": "hi"}], temperature=0.0, max_tokens=4, stop=[])
+        assert reply.tokens_out > 0 and client.server_pid != hung and client.restarts_left == 0
+
+
+def test_the_environment_s_proxy_never_sees_the_key_nor_answers_for_the_server(gguf, monkeypatch):
+    seen = []
+
+    class Proxy(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.forge()
+
+        def do_POST(self):
+            self.forge()
+
+        def forge(self):
+            seen.append((self.command, self.path, self.headers.get("Authorization")))
+            body = json.dumps({"choices": [{"message": {"content": "FORGED"}}], "data": []}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_):
+            pass
+
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), Proxy) as proxy:
+        threading.Thread(target=proxy.serve_forever, daemon=True).start()
+        for name in ("HTTP_PROXY", "http_proxy", "ALL_PROXY"):
+            monkeypatch.setenv(name, f"http://127.0.0.1:{proxy.server_address[1]}")
+        monkeypatch.delenv("NO_PROXY", raising=False)
+        monkeypatch.delenv("no_proxy", raising=False)
+        try:
+            with LlamaServerClient(gguf, SETTINGS) as client:
+                reply = client.chat([{"role": "user", "content": "Say hello."}], temperature=0.0, max_tokens=4, stop=[])
+        finally:
+            proxy.shutdown()
+    assert reply.text != "FORGED" and reply.tokens_in > 0
+    assert seen == []
+
+
+def test_a_closed_client_starts_no_server(gguf):
+    client = LlamaServerClient(gguf, SETTINGS)
+    client.close()
+    with pytest.raises(ModelUnavailable, match="its client is closed"):
+        client.chat([{"role": "user", "content": "hi"}], temperature=0.0, max_tokens=4, stop=[])
+    assert client.server_pid is None and not model_server_children()
 
 
 def test_a_reply_that_outgrows_the_context_is_one_failed_reply_not_a_dead_server(gguf):

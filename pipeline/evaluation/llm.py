@@ -33,17 +33,26 @@ UNAVAILABLE_STATUSES = frozenset({401, 403, 404})  # bad key, no access, unknown
 
 class LLMError(RuntimeError):
     """The model could not produce this reply (after retries); the message never holds the key.
-    The episode ends in state "error" and the evaluation goes on."""
+    The episode ends in state "error" and the evaluation goes on. ``unanswered`` says why no
+    answer came, when none did: "timeout" or "connection" (refused or cut); None when the server
+    answered with an error."""
+
+    def __init__(self, message: str, *, unanswered: str | None = None):
+        super().__init__(message)
+        self.unanswered = unanswered
 
 
 class _Failure(Exception):
     """One failed call: retried (tenacity) when ``retryable``, waiting ``retry_after_s`` if the
     server said so; the message never holds the key."""
 
-    def __init__(self, problem: str, *, retryable: bool, retry_after_s: float | None = None):
+    def __init__(
+        self, problem: str, *, retryable: bool, retry_after_s: float | None = None, unanswered: str | None = None
+    ):
         super().__init__(problem)
         self.retryable = retryable
         self.retry_after_s = retry_after_s
+        self.unanswered = unanswered
 
 
 class ModelUnavailable(RuntimeError):
@@ -106,7 +115,10 @@ class OpenAIChatClient:
     (``pipeline.http.backoff_wait``). With a ``limiter`` every attempt first waits for the
     endpoint's requests/tokens per minute, and a 429 pauses every thread sharing it
     (``throughput.RateLimiter``). Safe to share between threads: each has its own session
-    (connection pool) unless one is given."""
+    (connection pool) unless one is given. ``api_key`` is a key the harness made itself (a local
+    model server's), sent instead of ``api_key_env``'s; ``extra_body`` adds fields beyond OpenAI's
+    to every request; ``trust_env`` False ignores the environment's proxies and .netrc (for a
+    server on this machine, whose key no proxy may see)."""
 
     def __init__(
         self,
@@ -120,6 +132,7 @@ class OpenAIChatClient:
         limiter: RateLimiter | None = None,
         api_key: str | None = None,
         extra_body: Mapping[str, object] | None = None,
+        trust_env: bool = True,
     ):
         self.url = base_url.rstrip("/") + "/chat/completions"
         self.model = model
@@ -128,6 +141,7 @@ class OpenAIChatClient:
         self.http = http
         self.limiter = limiter
         self.extra_body = dict(extra_body or {})
+        self.trust_env = trust_env
         self._api_key = api_key
         self._session = session
         self._local = threading.local()
@@ -140,6 +154,7 @@ class OpenAIChatClient:
             return self._session
         if not hasattr(self._local, "session"):
             self._local.session = requests.Session()
+            self._local.session.trust_env = self.trust_env
             with self._sessions_lock:
                 self._sessions.append(self._local.session)
         return self._local.session
@@ -187,7 +202,8 @@ class OpenAIChatClient:
                     timeout=(self.http.connect_timeout_s, self.http.read_timeout_s),
                 )
             except (requests.ConnectionError, requests.Timeout) as exc:
-                raise _Failure(type(exc).__name__, retryable=True) from exc
+                unanswered = "timeout" if isinstance(exc, requests.Timeout) else "connection"
+                raise _Failure(type(exc).__name__, retryable=True, unanswered=unanswered) from exc
             if response.status_code == 200:
                 reply = self._reply(response, started)
                 if self.limiter:
@@ -214,7 +230,9 @@ class OpenAIChatClient:
         try:
             return retrying(attempt)
         except _Failure as exc:
-            raise LLMError(f"{self.model} at {self.url}: {exc} (after {attempts} attempt(s))") from None
+            raise LLMError(
+                f"{self.model} at {self.url}: {exc} (after {attempts} attempt(s))", unanswered=exc.unanswered
+            ) from None
 
     def _reply(self, response: requests.Response, started: float) -> Reply:
         try:

@@ -19,6 +19,7 @@ llama-cpp-python's settings would read.
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import secrets
@@ -45,6 +46,7 @@ RESTARTS = 1
 # model defaults repeat_penalty to 1.1 instead (llama_cpp/server/types.py, repeat_penalty_field).
 SAMPLING = {"repeat_penalty": 1.0, "top_k": 40, "top_p": 0.95, "min_p": 0.05}
 LOG_TAIL_BYTES = 64 * 1024
+READY = "mirai model server: model loaded, serving"  # the child's line between loading and serving
 LOG_LINE_CHARS = 300
 
 
@@ -61,7 +63,7 @@ def _child_environment() -> dict[str, str]:
     else, since llama-cpp-python's settings classes read any variable named like one of their
     fields (MODEL, N_CTX, CHAT_FORMAT, API_KEY, ...) from the environment, and the run worker's
     must not change the model's."""
-    keep = {"PATH", "HOME", "TMPDIR", "LANG", "LC_ALL", "LC_CTYPE", "PYTHONPATH"}
+    keep = {"PATH", "HOME", "TMPDIR", "LANG", "LC_ALL", "LC_CTYPE", "PYTHONPATH", "LD_LIBRARY_PATH"}
     return {k: v for k, v in os.environ.items() if k in keep or k.startswith("OMP_")}
 
 
@@ -92,32 +94,57 @@ class LlamaServer:
         self._dir: Path | None = None
         self._process: subprocess.Popen | None = None
         self._log = None
+        self._stopped_because: str | None = None
         self.base_url = ""
 
     @property
     def pid(self) -> int | None:
         return self._process.pid if self._process is not None else None
 
+    @property
+    def returncode(self) -> int | None:
+        return self._process.returncode if self._process is not None else None
+
+    def stop_process(self, reason: str | None = None) -> None:
+        """Ends the server process (SIGKILL) and reaps it, keeping its log for ``last_words``;
+        ``reason`` is then what ``ended`` says."""
+        self._stopped_because = reason
+        if self._process is not None:
+            if self._process.poll() is None:
+                self._process.kill()
+            self._process.wait()
+
     def ended(self) -> str | None:
         """None while the server runs; else how it ended ('was killed by signal 11 (SIGSEGV)')."""
         if self._process is None or self._process.poll() is None:
             return None
-        return how_it_ended(self._process.returncode)
+        return self._stopped_because or how_it_ended(self._process.returncode)
 
-    def last_words(self) -> str:
+    def last_words(self, *, since_ready: bool) -> str:
         """The last line the server printed that is not one of uvicorn's own INFO lines (an access
-        log line says nothing of why it ended), as ' (its last output: ...)', or ''."""
+        log line says nothing of why it ended), as ' (its last output: ...)', or ''. With
+        ``since_ready`` only what it printed after its model loaded: its loader's lines are no
+        reason for a later death."""
         if self._dir is None or not (self._dir / "server.log").exists():
             return ""
         with open(self._dir / "server.log", "rb") as log:
             log.seek(max(0, log.seek(0, os.SEEK_END) - LOG_TAIL_BYTES))
             lines = log.read().decode("utf-8", "replace").splitlines()
+        if since_ready:
+            lines = lines[len(lines) - lines[::-1].index(READY) :] if READY in lines else []
         said = [line.strip() for line in lines if line.strip() and not line.startswith("INFO:")]
         return f" (its last output: {said[-1][:LOG_LINE_CHARS]})" if said else ""
 
     def start(self) -> None:
         if not self.gguf.is_file():
             raise ModelUnavailable(f"GGUF model file {self.gguf} does not exist")
+        try:
+            self._start()
+        except BaseException:  # an interrupt (Ctrl-C, a terminated Dagster run) too: no server left behind
+            self.stop()
+            raise
+
+    def _start(self) -> None:
         self._dir = Path(tempfile.mkdtemp(prefix="mirai-model-server-"))  # mode 0700: the key stays private
         config = {
             "api_key": self.api_key,
@@ -152,10 +179,11 @@ class LlamaServer:
     def _wait_until_ready(self) -> None:
         deadline = time.monotonic() + self.start_timeout_s
         with requests.Session() as session:
+            session.trust_env = False  # no proxy from the environment sees the key or answers for the server
             while True:
                 ended = self.ended()
                 if ended is not None:
-                    words = self.last_words()
+                    words = self.last_words(since_ready=False)
                     self.stop()
                     raise ModelUnavailable(f"the model server for {self.gguf.name} {ended} while starting{words}")
                 try:
@@ -175,15 +203,9 @@ class LlamaServer:
                 time.sleep(POLL_S)
 
     def stop(self) -> None:
-        """Ends the server (SIGTERM, then SIGKILL after 5 s) and removes its config and log."""
-        if self._process is not None:
-            if self._process.poll() is None:
-                self._process.terminate()
-                try:
-                    self._process.wait(5)
-                except subprocess.TimeoutExpired:
-                    self._process.kill()
-                    self._process.wait()
+        """Ends the server (SIGKILL: it holds nothing to save, and uvicorn's graceful shutdown would
+        wait for a reply in flight) and removes its config and log."""
+        self.stop_process()
         if self._log is not None:
             self._log.close()
             self._log = None
@@ -217,6 +239,7 @@ class LlamaServerClient:
         self._server: LlamaServer | None = None
         self._client: OpenAIChatClient | None = None
         self._deaths: list[str] = []
+        self._closed = False
 
     @property
     def server(self) -> LlamaServer | None:
@@ -231,9 +254,11 @@ class LlamaServerClient:
         """The live server and its client: started on the first call, and again, ``restarts``
         times, when found dead."""
         with self._lock:
+            if self._closed:
+                raise ModelUnavailable(f"the model server for {self.gguf.name} was stopped: its client is closed")
             ended = self._server.ended() if self._server is not None else None
             if ended is not None:
-                self._deaths.append(ended + self._server.last_words())
+                self._deaths.append(ended + self._words(self._server))
                 if self.restarts_left <= 0:
                     raise ModelUnavailable(
                         f"the model server for {self.gguf.name} died {len(self._deaths)} time(s) "
@@ -259,6 +284,7 @@ class LlamaServerClient:
                     seed=self.settings.seed,
                     http=self.http,
                     extra_body=SAMPLING,
+                    trust_env=False,  # no proxy from the environment sees the key or answers for the server
                 )
             return self._server, self._client
 
@@ -266,18 +292,36 @@ class LlamaServerClient:
         server, client = self._running()
         try:
             return client.chat(messages, temperature=temperature, max_tokens=max_tokens, stop=stop)
-        except LLMError:
-            for _ in range(int(1 / POLL_S)):  # a dying server may close its socket before it is reaped
-                ended = server.ended()
-                if ended is not None:
-                    break
-                time.sleep(POLL_S)
+        except LLMError as exc:
+            if exc.unanswered is None:
+                raise  # the server answered: it refused this request (e.g. a context overflow)
+            if self._closed:
+                raise LLMError(f"the model server for {self.gguf.name} was stopped: the evaluation ended") from None
+            if exc.unanswered == "timeout" and server.ended() is None:
+                # A hung server, or one still computing the abandoned reply, which would hold every
+                # later request behind it (llama-cpp-python checks for a gone client only before it
+                # starts): stopped, and started again for the next reply like a dead one.
+                ended = f"did not answer within {self.http.read_timeout_s:.0f} s and was stopped"
+                server.stop_process(ended)
             else:
-                raise  # the server is alive: it refused this request (e.g. a context overflow)
+                for _ in range(int(1 / POLL_S)):  # a dying server may close its socket before it is reaped
+                    ended = server.ended()
+                    if ended is not None:
+                        break
+                    time.sleep(POLL_S)
+                else:
+                    raise
             after = "it is started again for the next reply" if self.restarts_left > 0 else "it is not started again"
             raise LLMError(
-                f"the model server for {self.gguf.name} {ended} during this reply{server.last_words()}; {after}"
+                f"the model server for {self.gguf.name} {ended} during this reply{self._words(server)}; {after}"
             ) from None
+
+    @staticmethod
+    def _words(server: LlamaServer) -> str:
+        """What the server said before it ended: nothing for a SIGKILL, which it did not see coming."""
+        if server.returncode == -signal.SIGKILL:
+            return ""
+        return server.last_words(since_ready=True)
 
     def _stop(self) -> None:
         if self._client is not None:
@@ -288,6 +332,8 @@ class LlamaServerClient:
             self._server = None
 
     def close(self) -> None:
+        """Stops the server; a later request raises ModelUnavailable instead of starting one."""
+        self._closed = True
         with self._lock:
             self._stop()
 
@@ -301,12 +347,14 @@ class LlamaServerClient:
 # --- the child ------------------------------------------------------------------------------------
 
 
-def _exit_with(parent: int) -> None:
-    """Exits this process as soon as ``parent`` is gone (this process re-parented): Linux's
-    PR_SET_PDEATHSIG would follow the parent's *thread*, and the harness may start a server from a
-    worker thread that ends before the evaluation does."""
+def _exit_with(parent: int, directory: Path) -> None:
+    """Exits this process as soon as ``parent`` is gone (this process re-parented), removing the
+    server's directory, which the parent would have removed: Linux's PR_SET_PDEATHSIG would follow
+    the parent's *thread*, and the harness may start a server from a worker thread that ends before
+    the evaluation does."""
     while os.getppid() == parent:
         time.sleep(0.5)
+    shutil.rmtree(directory, ignore_errors=True)
     os._exit(0)
 
 
@@ -334,14 +382,17 @@ def main(argv: list[str]) -> None:
     from llama_cpp.server.app import create_app
     from llama_cpp.server.settings import ModelSettings, ServerSettings
 
+    faulthandler.enable()  # a native crash leaves its Python stack in the log
     config_file, listener, parent = Path(argv[0]), socket.socket(fileno=int(argv[1])), int(argv[2])
-    threading.Thread(target=_exit_with, args=(parent,), daemon=True, name="exit-with-parent").start()
+    threading.Thread(target=_exit_with, args=(parent, config_file.parent), daemon=True, name="exit-with-parent").start()
     config = json.loads(config_file.read_text())
+    config_file.unlink()  # the key stays in this process's memory only
     model = config["model"]
     trained = _trained_context(model["model"])
     if trained and trained < model["n_ctx"]:
         model["n_ctx"] = trained
     app = create_app(server_settings=ServerSettings(api_key=config["api_key"]), model_settings=[ModelSettings(**model)])
+    print(READY, flush=True)
     uvicorn.Server(uvicorn.Config(app, log_level="info")).run(sockets=[listener])
 
 
