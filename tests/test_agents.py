@@ -8,6 +8,7 @@ import json
 import threading
 from datetime import date, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib import metadata
 
 import polars as pl
 import pytest
@@ -387,7 +388,12 @@ def test_evaluate_agent_stores_scores_and_trajectories(data_dir):
         (1, "2024-02-00002"),
     ]
     assert lines[1]["end_state"] == "invalid_actions" and len(lines[1]["steps"]) == 4
-    assert record["model"] == {"gguf": "none.gguf", "gguf_bytes": None} and record["harness"]["prompt_version"]
+    assert record["model"] == {
+        "gguf": "none.gguf",
+        "gguf_bytes": None,
+        "runtime": f"llama-cpp-python {metadata.version('llama-cpp-python')} (llama_cpp.server, a child process)",
+    }
+    assert record["harness"]["prompt_version"]
 
 
 def test_evaluate_agent_stores_max_at_k_repeated_and_avg_steps_and_the_board_shows_them(data_dir):
