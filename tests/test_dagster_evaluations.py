@@ -258,6 +258,19 @@ def smollm2_gguf() -> Path:
     return path
 
 
+def model_server_children() -> list[int]:
+    """This process's children that are model servers (pipeline/evaluation/model_server.py)."""
+    found = []
+    for task in Path(f"/proc/{os.getpid()}/task").iterdir():
+        for pid in (task / "children").read_text().split():
+            try:
+                if b"pipeline.evaluation.model_server" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    found.append(int(pid))
+            except FileNotFoundError:
+                pass
+    return found
+
+
 class ModelServers:
     """Watches, while open, for model servers (pipeline/evaluation/model_server.py) among this
     process's children: ``seen`` holds their pids."""
@@ -275,15 +288,8 @@ class ModelServers:
             return False
 
     def _watch(self) -> None:
-        children = Path(f"/proc/{os.getpid()}/task")
         while not self._stop.wait(0.05):
-            for task in children.iterdir():
-                for pid in (task / "children").read_text().split():
-                    try:
-                        if b"pipeline.evaluation.model_server" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                            self.seen.add(int(pid))
-                    except FileNotFoundError:
-                        pass
+            self.seen.update(model_server_children())
 
     def __enter__(self) -> ModelServers:
         self._thread.start()

@@ -30,7 +30,7 @@ from pipeline.storage import DataLayout
 from testbed.database import generate_event_database
 
 from .test_concurrency import MONTH, split, stored
-from .test_dagster_evaluations import smollm2_gguf
+from .test_dagster_evaluations import model_server_children, smollm2_gguf
 
 SETTINGS = ClientSettings(max_tokens=32, n_ctx=4096)
 QUERY_SET = "t"
@@ -297,19 +297,6 @@ def test_a_killed_run_worker_leaves_no_model_server_behind(gguf, tmp_path):
         worker.wait()
     assert wait_gone(server_pid, 10), "the model server outlived the process that started it"
     assert not list(tmp_path.glob("mirai-model-server-*"))
-
-
-def model_server_children() -> list[int]:
-    """This process's children that are model servers."""
-    found = []
-    for task in Path(f"/proc/{os.getpid()}/task").iterdir():
-        for pid in (task / "children").read_text().split():
-            try:
-                if b"pipeline.evaluation.model_server" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                    found.append(int(pid))
-            except FileNotFoundError:
-                pass
-    return found
 
 
 def test_an_interrupt_while_the_server_starts_leaves_nothing_behind(gguf, tmp_path, monkeypatch):

@@ -154,6 +154,11 @@ class LlamaServer:
                 "n_ctx": self.n_ctx,
                 "n_gpu_layers": 0,
                 "seed": self.seed,
+                # The server's own defaults differ from llama-cpp-python's Llama here: logits of
+                # every prompt token (for logprobs, which the harness never asks; 20-25 % slower
+                # replies, bench/gguf_server.py) and the weights locked in RAM.
+                "logits_all": False,
+                "use_mlock": False,
                 "verbose": False,
                 **({"n_threads": self.n_threads} if self.n_threads else {}),
             },
