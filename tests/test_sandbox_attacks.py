@@ -157,6 +157,8 @@ NUMBERS = {
     "mprotect": (10, 226),
     "mremap": (25, 216),
     "madvise": (28, 233),
+    "futex": (202, 98),
+    "futex_waitv": (449, 449),
     "pivot_root": (155, 41),
     "umount2": (166, 39),
     "open_tree": (428, 428),
@@ -218,6 +220,7 @@ NUMBERS = {
 }
 # Newer than the oldest kernel the sandbox runs on: probed first, skipped if the kernel lacks them.
 PROBED = (
+    "futex_waitv",
     "memfd_create",
     "execveat",
     "userfaultfd",
@@ -353,6 +356,23 @@ def _attacks(target: Path, parent: int, parent_address: int) -> list[tuple[str, 
         ("mmap_stderr_exec", "mmap", [0, 4096, 0x5, 0x1, 2, 0]),
         ("madvise_hwpoison", "madvise", [0x10000, 4096, 100]),
         ("madvise_soft_offline", "madvise", [0x10000, 4096, 101]),
+        # Advice that reaches other processes' pages (issue 30): merging equal pages (KSM), dropping
+        # shared file pages from the page cache, populating or removing a range.
+        ("madvise_remove", "madvise", [0x10000, 4096, 9]),
+        ("madvise_mergeable", "madvise", [0x10000, 4096, 12]),
+        ("madvise_cold", "madvise", [0x10000, 4096, 20]),
+        ("madvise_pageout", "madvise", [0x10000, 4096, 21]),
+        ("madvise_populate_read", "madvise", [0x10000, 4096, 22]),
+        ("madvise_collapse", "madvise", [0x10000, 4096, 25]),
+        ("madvise_high_bits", "madvise", [0x10000, 4096, (1 << 32) | 21]),
+        # Shared futexes: keyed by (inode, offset) on a file-backed page, so a wake reaches whoever
+        # waits on the same file anywhere on the host (a channel between sandboxes).
+        ("futex_wake_shared", "futex", [0x10000, 1, 1, 0, 0, 0]),
+        ("futex_wait_shared", "futex", [0x10000, 0, 0, 0, 0, 0]),
+        ("futex_wake_op_shared", "futex", [0x10000, 5, 1, 0, 0x10004, 0]),
+        ("futex_requeue_shared", "futex", [0x10000, 3, 1, 1, 0x10004, 0]),
+        ("futex_lock_pi_shared", "futex", [0x10000, 6, 0, 0, 0, 0]),
+        ("futex_waitv", "futex_waitv", ["B:24", 1, 0, 0, 1]),
         ("prctl_pdeathsig", "prctl", [1, 0]),
         ("prctl_dumpable", "prctl", [4, 1]),
         ("prctl_set_mm", "prctl", [35, 1, 0]),

@@ -42,8 +42,6 @@ ALLOWED_SYSCALLS = (
     "munmap",
     "mremap",
     "brk",
-    "futex",
-    "futex_waitv",
     "set_robust_list",
     "rseq",
     "sched_yield",
@@ -70,10 +68,21 @@ ALLOWED_SYSCALLS = (
     "exit_group",
 )
 _PROT_EXEC = 0x4
-# madvise(2): advice values from MADV_HWPOISON (100) up act beyond the process (poisoning or
-# offlining a physical page, with CAP_SYS_ADMIN: the child holds it when it runs as root without a
-# user namespace) or are not needed; the allocators use MADV_DONTNEED, MADV_FREE and MADV_WILLNEED.
-_MADV_HWPOISON = 100
+# futex(2) on private futexes only (FUTEX_PRIVATE_FLAG): a shared futex on a file-backed page is
+# keyed by (inode, offset), so two sandboxes that map the same file (libc's text, a month's table
+# part) could wait and wake each other, a channel between concurrent episodes of different cutoffs.
+# A private one is keyed by the process's own address space. glibc's locks, Python's, Rust's
+# (polars) and OpenBLAS's are private; futex_waitv (shared unless each waiter says otherwise) is
+# not allowed at all.
+_FUTEX_PRIVATE_FLAG = 128
+# madvise(2) advice the allocators and libraries use, and nothing else (linux/mman-common.h): NORMAL,
+# RANDOM, SEQUENTIAL, WILLNEED, DONTNEED, FREE, DONTFORK, DOFORK, HUGEPAGE, NOHUGEPAGE, DONTDUMP,
+# DODUMP, WIPEONFORK, KEEPONFORK. Refused: REMOVE (9), MERGEABLE/UNMERGEABLE (12, 13: KSM merges
+# equal pages across processes, a timing channel), COLD and PAGEOUT (20, 21: they drop shared table
+# pages from the page cache, a channel that outlives a sandbox and a way to slow every episode),
+# POPULATE_READ/WRITE (22, 23), DONTNEED_LOCKED (24), COLLAPSE (25), and from 100 up poisoning or
+# offlining a physical page (with CAP_SYS_ADMIN, which a root child without a user namespace holds).
+MADVICE_ALLOWED = (0, 1, 2, 3, 4, 8, 10, 11, 14, 15, 16, 17, 18, 19)
 _TCGETS = 0x5401
 _PR_SET_NAME, _PR_GET_NAME, _PR_SET_VMA = 15, 16, 0x53564D41
 
@@ -101,7 +110,9 @@ def seccomp_filter(pid: int):
     no_exec = sc.Arg(2, sc.MASKED_EQ, _PROT_EXEC, 0)
     rule(sc.ALLOW, "mmap", no_exec)
     rule(sc.ALLOW, "mprotect", no_exec)
-    rule(sc.ALLOW, "madvise", sc.Arg(2, sc.LT, _MADV_HWPOISON))
+    for advice in MADVICE_ALLOWED:
+        rule(sc.ALLOW, "madvise", sc.Arg(2, sc.EQ, advice))
+    rule(sc.ALLOW, "futex", sc.Arg(1, sc.MASKED_EQ, _FUTEX_PRIVATE_FLAG, _FUTEX_PRIVATE_FLAG))
     rule(sc.ALLOW, "tgkill", sc.Arg(0, sc.EQ, pid))
     rule(sc.ALLOW, "kill", sc.Arg(0, sc.EQ, pid))
     for self_pid in (0, pid):

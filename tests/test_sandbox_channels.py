@@ -1,0 +1,145 @@
+"""Two sandboxes running at once are adversaries too (issue 30): an episode with a late cutoff must
+not be able to pass what it sees to one with an early cutoff through a kernel object they share.
+
+Each test switches the Python-level guards off in both sandboxes first (test_sandbox_attacks.py's
+BYPASS) and then does the attack with raw syscalls, as agent code that owns the interpreter would:
+- a futex on a page both map from the same file (libc's text): a shared futex is keyed by (inode,
+  offset), so the late sandbox's wake would reach the early one's wait;
+- the page cache of the table files every sandbox maps: MADV_PAGEOUT and MADV_COLD would drop a
+  sibling's (and every later episode's) table pages, a channel that outlives the sandbox.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import mmap
+import threading
+import time
+from datetime import date
+from pathlib import Path
+
+import pytest
+
+from pipeline.agent_api import EventDatabase
+from testbed.database import generate_event_database
+
+from .test_sandbox_attacks import BYPASS, _nr, pytestmark  # noqa: F401 (the same platform skip)
+
+EARLY, LATE = date(2023, 12, 5), date(2023, 12, 20)
+
+
+@pytest.fixture(scope="module")
+def database(tmp_path_factory):
+    root = tmp_path_factory.mktemp("channel-db")
+    generate_event_database(root, date(2023, 11, 1), 2, seed=11, quads_per_day=20)
+    return EventDatabase(root)
+
+
+@pytest.fixture
+def early_and_late(database):
+    early, late = database.environment(EARLY), database.environment(LATE)
+    try:
+        for env in (early, late):
+            assert env.run_code(BYPASS).strip() == "guards off"
+        yield early, late
+    finally:
+        early.close()
+        late.close()
+
+
+# Both sides find the same byte of libc's text (the same file, so the same futex key if shared).
+LIBC_WORD = "_addr = _ctypes.cast(_libc.syscall, _ctypes.c_void_p).value & ~3\n"
+
+
+def receiver(futex: int) -> str:
+    """Waits (3 s at most) on the word, as a shared futex, then as a private one; prints
+    "op rc errno" for each."""
+    return LIBC_WORD + (
+        "_value = _ctypes.c_int.from_address(_addr).value\n"
+        "_timeout = _ctypes.create_string_buffer((3).to_bytes(8, 'little') + (0).to_bytes(8, 'little'), 16)\n"
+        "for _op in (0, 128):\n"
+        "    _ctypes.set_errno(0)\n"
+        f"    _rc = _libc.syscall(_ctypes.c_long({futex}), _ctypes.c_long(_addr), _ctypes.c_long(_op),"
+        " _ctypes.c_long(_value), _timeout, _ctypes.c_long(0), _ctypes.c_long(0))\n"
+        "    print(_op, _rc, _ctypes.get_errno())\n"
+    )
+
+
+def sender(futex: int, seconds: float) -> str:
+    """Wakes every waiter on the word, shared and private, for ``seconds``; prints how many woke."""
+    return LIBC_WORD + (
+        "_woken = 0\n_end = _sys.modules['time'].monotonic() + " + str(seconds) + "\n"
+        "while _sys.modules['time'].monotonic() < _end:\n"
+        "    for _op in (1, 129):\n"
+        f"        _n = _libc.syscall(_ctypes.c_long({futex}), _ctypes.c_long(_addr), _ctypes.c_long(_op),"
+        " _ctypes.c_long(2**31 - 1), _ctypes.c_long(0), _ctypes.c_long(0), _ctypes.c_long(0))\n"
+        "        _woken += max(_n, 0)\n"
+        "    _sys.modules['time'].sleep(0.005)\n"
+        "print(_woken)\n"
+    )
+
+
+def test_a_late_sandbox_cannot_wake_an_early_one_through_a_futex(early_and_late):
+    early, late = early_and_late
+    futex = _nr("futex")
+    results = {}
+
+    def run(name, env, code):
+        results[name] = env.run_code(code, timeout_s=60)
+
+    waiting = threading.Thread(target=run, args=("early", early, receiver(futex)))
+    waiting.start()
+    time.sleep(0.5)  # the early sandbox is in its first wait
+    run("late", late, sender(futex, 7.0))
+    waiting.join()
+    (shared, private), woken = (
+        (tuple(map(int, line.split())) for line in results["early"].strip().splitlines()),
+        int(results["late"].strip()),
+    )
+    # The shared wait is refused outright; the private one is keyed by the early sandbox's own
+    # address space, so nothing the late one does ends it before its time-out.
+    assert shared == (0, -1, errno.EPERM), results
+    assert private == (128, -1, errno.ETIMEDOUT), results
+    assert woken == 0, results
+
+
+def resident_pages(path: Path) -> tuple[int, int]:
+    """(resident pages, pages) of a file in the page cache, by mincore(2) on a private mapping."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    size = path.stat().st_size
+    with open(path, "rb") as file, mmap.mmap(file.fileno(), size, access=mmap.ACCESS_COPY) as mapped:
+        address = ctypes.addressof(ctypes.c_char.from_buffer(mapped))
+        pages = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
+        vector = (ctypes.c_ubyte * pages)()
+        assert libc.mincore(ctypes.c_void_p(address), ctypes.c_size_t(size), vector) == 0, ctypes.get_errno()
+        resident = sum(byte & 1 for byte in vector)
+        del address
+    return resident, pages
+
+
+PAGE_OUT = """
+_gc = _B['__import__']('gc')
+_pa = _sys.modules['pyarrow']
+_maps = [m for m in _gc.get_objects() if type(m).__name__ == 'mmap']
+for _m in _maps:
+    _address = _pa.py_buffer(_m).address
+    for _advice in (21, 20):  # MADV_PAGEOUT, MADV_COLD
+        _ctypes.set_errno(0)
+        _rc = _libc.syscall(_ctypes.c_long(MADVISE), _ctypes.c_long(_address), _ctypes.c_long(len(_m)), _ctypes.c_long(_advice))
+        print(_advice, _rc, _ctypes.get_errno())
+print('maps', len(_maps))
+"""
+
+
+def test_a_sandbox_cannot_page_out_the_tables_its_siblings_map(early_and_late):
+    _, late = early_and_late
+    files = [path for part in late.table_files() for path in part]
+    for path in files:  # read whole, as a sibling sandbox reading its tables would
+        path.read_bytes()
+    before = {path: resident_pages(path) for path in files}
+    assert all(resident == pages for resident, pages in before.values()), before
+    lines = late.run_code(f"MADVISE = {_nr('madvise')}\n" + PAGE_OUT, timeout_s=60).strip().splitlines()
+    assert lines[-1] == f"maps {len(files)}", lines  # it reached every table it maps
+    assert {tuple(map(int, line.split()))[1:] for line in lines[:-1]} == {(-1, errno.EPERM)}, lines
+    assert {path: resident_pages(path) for path in files} == before
