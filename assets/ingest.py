@@ -8,6 +8,7 @@ from assets.partitions import daily_partitions
 from assets.resources import Dataset, GdeltFeed, pipeline_settings
 from pipeline.gdelt.ingest import PARSED_FORMAT_VERSION, ingest_day, parse_day
 from pipeline.gdelt.ledger import LEDGER_VERSION, problems, to_markdown
+from pipeline.markdown import markdown_text
 
 
 @dg.asset(
@@ -63,11 +64,15 @@ def _parsed_asset(kind: str):
                 "rejects": result.rejects,
                 "files": result.files,
                 "parsed_this_run": result.parsed,
+                # File names come from GDELT's index, reasons may quote a file: inert Markdown.
                 "quarantined_this_run": dg.MetadataValue.md(
-                    "\n".join(f"- `{path}`" for path in result.quarantined) or "none"
+                    "\n".join(f"- {markdown_text(str(path))}" for path in result.quarantined) or "none"
                 ),
                 "refused_this_run": dg.MetadataValue.md(
-                    "\n".join(f"- `{path}`: {why}" for path, why in result.refused.items()) or "none"
+                    "\n".join(
+                        f"- {markdown_text(str(path))}: {markdown_text(why)}" for path, why in result.refused.items()
+                    )
+                    or "none"
                 ),
             }
         )

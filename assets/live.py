@@ -9,6 +9,7 @@ import dagster as dg
 from assets.partitions import daily_partitions
 from assets.resources import Dataset, LiveRounds, ReleaseBucket, pipeline_settings
 from pipeline.live.rounds import ROUND_FORMAT, RoundRefused, publish_round
+from pipeline.markdown import markdown_text
 from pipeline.release import ReleaseConflict, ReleaseError, open_store
 
 
@@ -65,7 +66,9 @@ def live_round(
             "days_missing": ", ".join(manifest["window"]["days_missing"]) or "none",
             "manifest_key": result.manifest_key,
             "published_now": result.published_now,
-            "baselines": dg.MetadataValue.md("\n".join(f"- {n}: {s}" for n, s in result.baselines.items())),
+            "baselines": dg.MetadataValue.md(
+                "\n".join(f"- {markdown_text(n)}: {markdown_text(s)}" for n, s in result.baselines.items())
+            ),
             "index_updated": result.index_written,
         }
     )

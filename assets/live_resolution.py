@@ -13,6 +13,7 @@ from assets.resources import Dataset, LiveRounds, ReleaseBucket, pipeline_settin
 from pipeline.live.board import RANK_RULE, publish_live_leaderboard, write_live_leaderboard
 from pipeline.live.resolve import RESOLUTION_VERSION, RoundNotPublished, resolve_round
 from pipeline.live.score import score_round
+from pipeline.markdown import markdown_text
 from pipeline.release import ReleaseConflict, ReleaseError, open_store
 
 
@@ -24,13 +25,13 @@ def _scores_table(card: dict) -> str:
     for name, entry in sorted(card["submissions"].items()):
         if not entry.get("scored"):
             lines.append(
-                f"| {name} | {entry['baseline']} | not scored: {' '.join(entry['reason'].split())[:200].replace('|', '/')} | | | |"
+                f"| {markdown_text(name)} | {entry['baseline']} | not scored: {markdown_text(entry['reason'][:200])} | | | |"
             )
             continue
         m = entry["metrics"]
         low, high = m["live_score"]["ci95"]
         lines.append(
-            f"| {name} | {entry['baseline']} | {m['live_score']['value']:.2f} [{low:.2f}, {high:.2f}] | "
+            f"| {markdown_text(name)} | {entry['baseline']} | {m['live_score']['value']:.2f} [{low:.2f}, {high:.2f}] | "
             f"{m['level2_f1']['value'] if m['level2_f1']['value'] is not None else ''} | {m['brier']['value']:.4f} | "
             f"{entry['occurrence_forecast']} |"
         )
@@ -98,7 +99,7 @@ def live_leaderboard(dataset: Dataset, live: LiveRounds, release_store: ReleaseB
     published = publish_live_leaderboard(open_store(settings), written)
     board = written.board
     top = "\n".join(
-        f"{r['rank']}. {' '.join(r['name'].split())[:80].replace('|', '/')}: {r['live_score']:.2f} "
+        f"{r['rank']}. {markdown_text(r['name'][:80])}: {r['live_score']:.2f} "
         f"[{r['live_score_ci95'][0]:.2f}, {r['live_score_ci95'][1]:.2f}] over {r['questions']} questions"
         for r in board["cumulative"][:20]
     )

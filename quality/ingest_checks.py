@@ -12,6 +12,7 @@ from assets.partitions import daily_partitions
 from assets.resources import Dataset, pipeline_settings
 from pipeline.gdelt.integrity import verify_day
 from pipeline.gdelt.ledger import problems, read_ledger, to_markdown
+from pipeline.markdown import markdown_text
 from pipeline.storage import DataLayout
 
 
@@ -46,7 +47,8 @@ def gdelt_files_all_green(context: dg.AssetCheckExecutionContext, dataset: Datas
 
 
 def _listing(problems_by_path: dict[str, str]) -> dg.MetadataValue:
-    return dg.MetadataValue.md("\n".join(f"- `{path}`: {what}" for path, what in problems_by_path.items()) or "none")
+    lines = [f"- {markdown_text(str(path))}: {markdown_text(what)}" for path, what in problems_by_path.items()]
+    return dg.MetadataValue.md("\n".join(lines) or "none")
 
 
 def _parsed_files_intact(asset: dg.AssetsDefinition, kind: str) -> dg.AssetChecksDefinition:

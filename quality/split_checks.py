@@ -12,6 +12,7 @@ import dagster as dg
 from assets.partitions import monthly_partitions
 from assets.resources import Dataset, pipeline_settings
 from assets.splits import test_split
+from pipeline.markdown import markdown_text
 from pipeline.splits import leakage_audit
 
 # How many violations the check's metadata lists in full (the count is always exact).
@@ -37,7 +38,7 @@ def split_leakage_audit(context: dg.AssetCheckExecutionContext, dataset: Dataset
             "sandbox probed on": ", ".join(d.isoformat() for d in audit.sandbox_dates) or "none",
             "violations": len(audit.violations),
             "first violations": dg.MetadataValue.md(
-                "\n".join(f"- {v}" for v in audit.violations[:SHOWN_VIOLATIONS]) or "none"
+                "\n".join(f"- {markdown_text(v)}" for v in audit.violations[:SHOWN_VIOLATIONS]) or "none"
             ),
         },
     )

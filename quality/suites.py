@@ -25,6 +25,7 @@ from typing import Any
 import polars as pl
 
 from pipeline.gdelt.schema import EXPORT_SCHEMA
+from pipeline.markdown import markdown_text
 
 SLOT_MINUTES = 15
 MAX_UNEXPECTED_VALUES = 5
@@ -58,7 +59,8 @@ class SuiteResult:
                 "" if f.get("unexpected_count") is None else str(f["unexpected_count"]),
                 json.dumps(examples, default=str) if not isinstance(examples, str) else examples,
             ]
-            lines.append("| " + " | ".join(c.replace("|", "\\|").replace("\n", " ")[:300] for c in cells) + " |")
+            # Unexpected values come from the data (a hostile GDELT file): inert Markdown.
+            lines.append("| " + " | ".join(markdown_text(c[:300]) for c in cells) + " |")
         return "\n".join(lines)
 
 

@@ -18,6 +18,7 @@ from sensors.live_resolution import live_leaderboard_job, live_resolution_job, l
 
 from .live_builder import baseline_predictions, history, pairs, world, write_accepted, write_round
 from .month_builder import write_days
+from .test_markdown import active_markdown
 
 ROUND = date(2024, 3, 10)
 T1, T7 = ROUND + timedelta(days=1), ROUND + timedelta(days=7)
@@ -38,7 +39,7 @@ def live_data(tmp_path):
     for method in ("recurrency", "frequency"):
         predictions = baseline_predictions(questions, past, method)
         write_accepted(settings, ROUND, f"live-{ROUND}-{method}", predictions, baseline=True, model=method)
-    return settings, quads
+    return settings, quads, baseline_predictions(questions, past, "recurrency")
 
 
 def tick(instance, defs, resources, cursor):
@@ -49,7 +50,7 @@ def tick(instance, defs, resources, cursor):
 
 
 def test_a_round_is_resolved_scored_and_boarded_through_dagster(live_data):
-    settings, quads = live_data
+    settings, quads, _ = live_data
     resources = resources_for(data_dir=str(settings.data_dir), release_uri=settings.release_uri)
     defs = dg.Definitions(
         assets=[live_resolution, live_leaderboard],
@@ -102,7 +103,7 @@ def test_a_round_is_resolved_scored_and_boarded_through_dagster(live_data):
 
 
 def test_an_unpublished_round_fails_its_run_with_the_reason(live_data, tmp_path):
-    settings, _ = live_data
+    settings, *_ = live_data
     resources = resources_for(data_dir=str(settings.data_dir), release_uri=settings.release_uri)
     with dg.instance_for_test() as instance:
         result = dg.materialize(
@@ -111,3 +112,36 @@ def test_an_unpublished_round_fails_its_run_with_the_reason(live_data, tmp_path)
     assert not result.success
     failure = result.failure_data_for_node("live_resolution")
     assert "round 2024-03-01: no published round" in failure.user_failure_data.description
+
+
+# A submitter's model name that would load a remote image, open links and raw HTML in the operator's
+# browser if the Dagster UI rendered it as Markdown.
+HOSTILE_MODEL = (
+    "![m](http://127.0.0.1:9/p.png) <img src=x onerror=alert(1)> [a](http://127.0.0.1:9/) <http://127.0.0.1:9/>"
+)
+
+
+def test_a_hostile_model_name_is_inert_in_every_live_asset_s_metadata(live_data):
+    """Issue 30: live_leaderboard's metadata showed a submitter's model name as Markdown, and a name
+    like HOSTILE_MODEL made the operator's browser fetch a URL. Every Markdown value of the live
+    assets' materialisations, parsed by a CommonMark parser, now holds no image, link or HTML."""
+    settings, _, predictions = live_data
+    write_accepted(settings, ROUND, f"live-{ROUND}-outsider", predictions, model=HOSTILE_MODEL)
+    resources = resources_for(data_dir=str(settings.data_dir), release_uri=settings.release_uri)
+    with dg.instance_for_test() as instance:
+        resolved = dg.materialize([live_resolution], instance=instance, resources=resources, partition_key=str(ROUND))
+        boarded = dg.materialize([live_leaderboard], instance=instance, resources=resources)
+    markdown = [
+        (event.asset_key.to_user_string(), key, value.value)
+        for result in (resolved, boarded)
+        for event in result.get_asset_materialization_events()
+        for key, value in event.materialization.metadata.items()
+        if isinstance(value, dg.MarkdownMetadataValue)
+    ]
+    assert {(asset, key) for asset, key, _ in markdown} >= {
+        ("live_resolution", "scores"),
+        ("live_leaderboard", "cumulative"),
+    }
+    assert any("127.0.0.1:9" in text for _, _, text in markdown), "the hostile name is not shown at all"
+    for asset, key, text in markdown:
+        assert active_markdown(text) == [], (asset, key, text)
