@@ -40,6 +40,7 @@ from pipeline.storage import (
     DataLayout,
     atomic_write_bytes,
     atomic_write_parquet,
+    outside_or_not_regular,
     remove_orphans,
     replace_dir,
     verified,
@@ -554,10 +555,30 @@ def _mirai_dir(source: Path) -> Path:
     raise MiraiFormatError(f"{source}: neither {source}/data/MIRAI/data_kg.csv nor {source}/data_kg.csv exists")
 
 
+def _inside(source: Path, base: Path) -> None:
+    """Every file read below is a regular file inside ``source`` once links are followed: the
+    directory is handed over by anyone, and a link out of it would have the import read (and its
+    refusal quote) a file from elsewhere on the machine. Refused before any file is opened."""
+    for relative in (
+        "data_kg.csv",
+        "data_news.csv",
+        "data_final.csv",
+        "test/relation_query.csv",
+        "test_subset/relation_query.csv",
+    ):
+        path = base / relative
+        if relative == "data_final.csv" and not os.path.lexists(path):
+            continue  # optional (MIRAI's step 6 output)
+        problem = outside_or_not_regular(source, path)
+        if problem is not None:
+            raise MiraiFormatError(f"{problem}; refused")
+
+
 def read_mirai(source: Path) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame]:
     """(events, news, queries, sample) in our schemas from MIRAI's files under ``source`` (a
     directory holding data/MIRAI/, or data/MIRAI itself)."""
     base = _mirai_dir(Path(source))
+    _inside(Path(source), base)
     for name in (NEWS_FILE, TEST_FILE, SUBSET_FILE):
         if not (base / name.removeprefix("data/MIRAI/")).is_file():
             raise MiraiFormatError(f"{name}: missing under {base}")

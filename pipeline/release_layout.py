@@ -17,9 +17,10 @@ from __future__ import annotations
 import json
 import os
 import re
-import stat
 from datetime import date
 from pathlib import Path
+
+from pipeline.storage import outside_or_not_regular
 
 RELEASE_FORMAT = "mirai-release-v1"
 RELEASES_DIR = "releases"
@@ -332,13 +333,7 @@ def check_inside(directory: Path, path: Path) -> Path:
     UnsafeRelease. For a release directory a reader is handed rather than one `mirai download`
     wrote (which writes no link): a link within the release is harmless, one leading out of it
     would hand a file from elsewhere on the machine to whoever reads the release."""
-    base, target = Path(os.path.realpath(directory)), Path(os.path.realpath(path))
-    if not target.is_relative_to(base):
-        raise UnsafeRelease(f"{str(path)!r} leads outside the release directory (to {str(target)!r}); refused")
-    try:
-        mode = os.stat(target).st_mode
-    except OSError as exc:
-        raise UnsafeRelease(f"{str(path)!r}: {exc.strerror}; refused") from None
-    if not stat.S_ISREG(mode):
-        raise UnsafeRelease(f"{str(path)!r} is not a regular file; refused")
+    problem = outside_or_not_regular(directory, path)
+    if problem is not None:
+        raise UnsafeRelease(f"{problem}; refused")
     return path

@@ -17,6 +17,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import time
 import uuid
 from collections.abc import Iterator
@@ -129,6 +130,23 @@ class DataLayout:
     # splits/YYYY-MM/: queries.parquet, queries_sample.parquet, figures, manifest.json, README.md
     def split_dir(self, month: date) -> Path:
         return self.root / "splits" / f"{month:%Y-%m}"
+
+
+def outside_or_not_regular(directory: Path, path: Path) -> str | None:
+    """Why ``path`` is not a regular file inside ``directory`` once every link is followed (it
+    leads outside, is missing, or is a directory, device or pipe), or None when it is. For files in
+    a directory someone handed over: a link leading out of it would hand a file from elsewhere on
+    the machine to whoever reads it."""
+    base, target = Path(os.path.realpath(directory)), Path(os.path.realpath(path))
+    if not target.is_relative_to(base):
+        return f"{str(path)!r} leads outside {str(directory)!r} (to {str(target)!r})"
+    try:
+        mode = os.stat(target).st_mode
+    except OSError as exc:
+        return f"{str(path)!r}: {exc.strerror}"
+    if not stat.S_ISREG(mode):
+        return f"{str(path)!r} is not a regular file"
+    return None
 
 
 def _fsync_dir(directory: Path) -> None:

@@ -291,3 +291,27 @@ def test_miraiS_own_quirks_are_read_a_repeated_docid_and_no_data_final(exported,
     assert events.height == result.events and events.get_column("daily_mentions").null_count() == events.height
     assert events.get_column("n_articles").to_list() == events.get_column("article_ids").list.len().to_list()
     assert json.loads((tmp_path / "imported/mirai-import.json").read_text())["daily_mentions"] == "absent"
+
+
+@pytest.mark.parametrize(
+    "link", ["data/MIRAI/data_news.csv", "data/MIRAI/test/relation_query.csv", "data/MIRAI/data_final.csv", "data"]
+)
+def test_a_link_out_of_the_handed_over_directory_is_refused_without_reading_it(exported, tmp_path, link):
+    """Issue 30: `mirai import mirai` followed a link out of its directory and quoted the target's
+    first line in its refusal. A file (or a folder on the way to one) that resolves outside the
+    directory is refused before anything is opened, and nothing of the target is shown."""
+    secret = tmp_path / "elsewhere"
+    shutil.copytree(exported / "data", secret / "data")
+    (secret / "data" / "MIRAI" / "data_news.csv").write_text("SECRET-FIRST-LINE\tx\n")
+    source = tmp_path / "handed-over"
+    shutil.copytree(exported, source)
+    path = source / link
+    if path.is_dir():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
+    path.symlink_to(secret / link)
+    with pytest.raises(MiraiFormatError, match=r"leads outside .*; refused") as refused:
+        import_mirai(source, tmp_path / "imported")
+    assert "SECRET" not in str(refused.value) and "\n" not in str(refused.value)
+    assert not (tmp_path / "imported").exists()
