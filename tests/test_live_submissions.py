@@ -295,3 +295,22 @@ def test_hostile_live_uploads_are_refused_without_reading_or_writing_outside(pub
     monkeypatch.setattr(store, "get_bytes", get_bytes)
     record = sub.process(store, "big", settings.data_dir, now=NOW)
     assert record["status"] == "rejected" and "over the 100 cap; not read" in record["reasons"][0]
+
+
+def test_a_submission_processed_after_the_round_is_resolved_is_refused_whatever_its_times(published):
+    """Issue 30: on a store that dates a multipart upload by its start, one begun before the
+    deadline and completed after the answers were published would carry an on-time timestamp.
+    Once a target date is resolved, no submission to the round is accepted."""
+    from pipeline.live.rounds import answers_file
+
+    settings, store = published
+    upload(store, "in-time-by-its-stamp", good_records(settings), at=manifest_mtime(store) + 3600)
+    answers = answers_file(settings.data_dir, DAY, DAY + timedelta(days=1))
+    answers.parent.mkdir(parents=True)
+    answers.write_bytes(b"resolved")
+    record = sub.process(store, "in-time-by-its-stamp", settings.data_dir, now=NOW)
+    assert record["status"] == "rejected"
+    assert record["reasons"] == [
+        f"round {DAY} is already resolved (answers for {DAY + timedelta(days=1)} are out): a submission processed "
+        "after that is refused, whatever its objects' timestamps"
+    ]

@@ -46,7 +46,7 @@ from pipeline.evaluation.scoring import (
     read_submission,
     score_predictions,
 )
-from pipeline.live.rounds import read_local_manifest, recorded_baselines, round_dir
+from pipeline.live.rounds import read_local_manifest, recorded_baselines, resolved_targets, round_dir
 from pipeline.release import POINTER_CACHE, ListedKey, ReleaseError, ReleaseStore
 from pipeline.release_layout import (
     LIVE_QUESTIONS,
@@ -723,6 +723,15 @@ def _process_live(
         problems.append(
             f"late: the submission's last object reached the store at {extra['submitted_at']}, after the round's "
             f"deadline {extra['deadline']} ({how})"
+        )
+    # Answers published, no forecast is taken, whatever the store says of its objects' times: a
+    # store that dates a multipart upload by its start would let one begun before the deadline
+    # and completed after the answers came out pass the check above.
+    answered = resolved_targets(data_dir, day, [date.fromisoformat(t) for t in manifest["target_dates"]])
+    if answered:
+        problems.append(
+            f"round {day} is already resolved (answers for {', '.join(map(str, answered))} are out): a submission "
+            "processed after that is refused, whatever its objects' timestamps"
         )
     if problems or meta is None:
         return refuse(problems)

@@ -28,7 +28,7 @@ import polars as pl
 from pipeline.config import Settings
 from pipeline.database import day_events, day_inputs_missing
 from pipeline.gdelt.ledger import read_ledger, summarize
-from pipeline.live.rounds import round_dir, write_live_index
+from pipeline.live.rounds import answers_file, round_dir, write_live_index
 from pipeline.release import IMMUTABLE_CACHE, ReleaseConflict, ReleaseStore
 from pipeline.release_layout import is_day, live_answers_name, live_round_key
 from pipeline.splits import CLOSED_STATUSES
@@ -45,7 +45,7 @@ class RoundNotPublished(RuntimeError):
 
 
 def answers_path(settings: Settings, round_day: date, target: date) -> Path:
-    return round_dir(settings.data_dir, round_day) / "answers" / f"{target.isoformat()}.parquet"
+    return answers_file(settings.data_dir, round_day, target)
 
 
 @dataclass(frozen=True)

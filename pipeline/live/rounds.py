@@ -96,6 +96,16 @@ def round_dir(data_dir: Path | str, day: date) -> Path:
     return DataLayout(data_dir).root / "live" / day.isoformat()
 
 
+def answers_file(data_dir: Path | str, day: date, target: date) -> Path:
+    """The round's resolved answers for target date ``target`` (written by live/resolve.py)."""
+    return round_dir(data_dir, day) / "answers" / f"{target.isoformat()}.parquet"
+
+
+def resolved_targets(data_dir: Path | str, day: date, targets: list[date]) -> list[date]:
+    """Which of the round's target dates are resolved already (their answers written)."""
+    return [t for t in targets if answers_file(data_dir, day, t).exists()]
+
+
 def window_days(day: date, settings: Settings) -> list[date]:
     """D − live_window_days .. D − 1: the only days whose files the round reads."""
     return [day - timedelta(days=n) for n in range(settings.live_window_days, 0, -1)]
