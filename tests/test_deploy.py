@@ -396,6 +396,33 @@ def test_helm_values_run_our_image_with_the_k8s_run_launcher(schedule_names):
     _check_limits(values["additionalInstanceConfig"]["concurrency"], schedule_names)
 
 
+def test_only_the_webserver_and_the_daemon_reach_the_code_server():
+    """Issue 30: the code server's unauthenticated gRPC listened on 0.0.0.0:3030 with no
+    NetworkPolicy. It listens on the pod's address (a later --host than the chart's `-h 0.0.0.0`,
+    its readiness probe asking there), and deploy/helm/networkpolicy.yaml admits only the chart's
+    webserver and daemon pods, on 3030."""
+    values = yaml.safe_load((DEPLOY / "helm" / "values.yaml").read_text())
+    [deployment] = values["dagster-user-deployments"]["deployments"]
+    args = deployment["dagsterApiGrpcArgs"]
+    assert args[args.index("--host") + 1] == "$(POD_IP)" and "-h" not in args
+    [pod_ip] = [e for e in deployment["env"] if e["name"] == "POD_IP"]
+    assert pod_ip["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    probe = " ".join(deployment["readinessProbe"]["exec"]["command"])
+    assert 'grpc-health-check -p 3030 -h "$POD_IP"' in probe
+    policy = yaml.safe_load((DEPLOY / "helm" / "networkpolicy.yaml").read_text())
+    assert policy["kind"] == "NetworkPolicy" and policy["apiVersion"] == "networking.k8s.io/v1"
+    spec = policy["spec"]
+    assert spec["podSelector"]["matchLabels"] == {"component": "user-deployments", "deployment": deployment["name"]}
+    assert spec["policyTypes"] == ["Ingress"]
+    [rule] = spec["ingress"]
+    [source] = rule["from"]
+    assert set(source) == {"podSelector"}  # pods of this namespace only: no namespaceSelector, no ipBlock
+    [expression] = source["podSelector"]["matchExpressions"]
+    assert expression["key"] == "component" and expression["operator"] == "In"
+    assert set(expression["values"]) == {"dagster-webserver", "dagster-webserver-read-only", "dagster-daemon"}
+    assert rule["ports"] == [{"protocol": "TCP", "port": deployment["port"]}]
+
+
 def test_local_instance_yaml_limits_the_pools_and_sends_nothing(tmp_path):
     """deploy/dagster-local.yaml, the instance of `mirai demo` and of the README's setup (issue 20):
     every pool the assets use gets a limit (the UI warns beside a pool without one), no telemetry,
