@@ -254,6 +254,25 @@ def country_dictionary() -> dict[str, list[str]]:
     return out
 
 
+# Spreadsheet formula injection (OWASP, "CSV Injection"): a spreadsheet opening data_news.csv runs a
+# cell that starts with =, +, -, @, a tab or a carriage return as a formula (=HYPERLINK(...) in a
+# hostile news title). Such a news cell is written with a leading apostrophe, as CSV exporters do; a
+# cell that already starts with apostrophes before one of them gets one more, so that the import
+# (which removes one) restores every cell exactly. pandas (MIRAI's scripts) reads the apostrophe as
+# text. docs/mirai.md, "Files".
+_FORMULA_CELL = re.compile(r"'*[=+\-@\t\r]")
+
+
+def inert_cell(text: str | None) -> str | None:
+    """A news text cell as written to MIRAI's CSV files: a would-be formula behind an apostrophe."""
+    return "'" + text if text and _FORMULA_CELL.match(text) else text
+
+
+def restored_cell(text: str | None) -> str | None:
+    """``inert_cell`` undone: one leading apostrophe before a would-be formula removed."""
+    return text[1:] if text and text.startswith("'") and _FORMULA_CELL.match(text) else text
+
+
 def _write_csv(path: Path, header: tuple[str, ...], rows) -> dict:
     """Tab-separated text as pandas' ``to_csv(sep='\\t', index=False)`` writes it (pandas writes
     through the csv module: minimal quoting with '"', doubled quotes, '\\n' line ends; a null is
@@ -371,7 +390,7 @@ def write_bundle(
         for day, s, r, o, mentions in ordered.select("date", "s", "r", "o", "daily_mentions").iter_rows()
     )
     news_rows = (
-        (d, a, u, day.isoformat(), t, x, ab)
+        (d, a, inert_cell(u), day.isoformat(), inert_cell(t), inert_cell(x), inert_cell(ab))
         for d, a, u, day, t, x, ab in news.select(
             "Docid", "article_id", "url", "date", "title", "text", "abstract"
         ).iter_rows()
@@ -620,7 +639,14 @@ def _read_news(path: Path) -> pl.DataFrame:
             raise MiraiFormatError(f"{where}: MD5 {md5} appears twice")
         seen_md5.add(md5)
         day = _day(r["Date"], where, "Date")
-        rows[docid] = (md5, day, r.get("URL") or None, r["Title"], r["Text"], r.get("Abstract") or None)
+        rows[docid] = (
+            md5,
+            day,
+            restored_cell(r.get("URL") or None),
+            restored_cell(r["Title"]),
+            restored_cell(r["Text"]),
+            restored_cell(r.get("Abstract") or None),
+        )
     return pl.DataFrame(
         [(d, *v) for d, v in rows.items()],
         schema={"Docid": pl.Int64, **{k: NEWS_DB_SCHEMA[k] for k in NEWS_DB_SCHEMA.names()}},

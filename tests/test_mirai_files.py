@@ -32,6 +32,7 @@ from pipeline.reference import level1_codes, level2_codes
 from pipeline.release import open_store, publish_release
 from pipeline.release_layout import MIRAI_BUNDLE_DIR, MIRAI_BUNDLE_FILES, name_problem
 from pipeline.splits import Override, build_split
+from pipeline.storage import DataLayout, write_sealed_parquet
 from testbed.database import generate_event_database
 
 from .test_cli import run
@@ -315,3 +316,38 @@ def test_a_link_out_of_the_handed_over_directory_is_refused_without_reading_it(e
         import_mirai(source, tmp_path / "imported")
     assert "SECRET" not in str(refused.value) and "\n" not in str(refused.value)
     assert not (tmp_path / "imported").exists()
+
+
+HOSTILE_CELLS = [
+    '=HYPERLINK("http://127.0.0.1:9/?"&A1,"click")',
+    "+cmd|' /C calc'!A0",
+    "@SUM(1+1)",
+    "-2+3",
+    "'=x",
+    "\tx",
+]
+
+
+def test_formula_cells_from_news_are_inert_in_the_export_and_exact_after_import(data_dir, tmp_path):
+    """Issue 30: a news title such as =HYPERLINK(...) was written as it is, a formula in any
+    spreadsheet that opens data_news.csv. Such cells now start with an apostrophe (CSV injection,
+    OWASP); the import removes it, so the round trip stays exact."""
+    hostile = tmp_path / "data"
+    shutil.copytree(data_dir, hostile)
+    month = hostile / "database/news/month=2024-01.parquet"
+    news = pl.read_parquet(month)
+    cells = HOSTILE_CELLS * (news.height // len(HOSTILE_CELLS) + 1)
+    news = news.with_columns(
+        pl.Series("title", cells[: news.height], pl.String),
+        pl.Series("abstract", cells[1 : news.height + 1], pl.String),
+    )
+    write_sealed_parquet(DataLayout(hostile), news, month, pl.read_parquet_metadata(month))  # as the database does
+    export_mirai(MONTH, hostile, tmp_path / "bundle")
+    with open(tmp_path / "bundle" / mirai_files.NEWS_FILE, newline="", encoding="utf-8") as fh:
+        rows = list(csv.DictReader(fh, delimiter="\t"))
+    titles = {r["Title"] for r in rows} | {r["Abstract"] for r in rows}
+    assert {t for t in titles if t[:1] in ("=", "+", "-", "@", "\t")} == set()
+    assert '\'=HYPERLINK("http://127.0.0.1:9/?"&A1,"click")' in titles and "''=x" in titles
+    import_mirai(tmp_path / "bundle", tmp_path / "imported")
+    back = pl.read_parquet(tmp_path / "imported/database/news/month=2024-01.parquet")
+    assert back.equals(news.sort("date", "article_id"))
