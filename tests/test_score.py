@@ -399,3 +399,78 @@ def test_the_installed_command_exit_codes(release, tmp_path):
         runs["bad argument"].returncode == 2 and "--resamples: expected from 1 to 100000" in runs["bad argument"].stderr
     )
     assert all("Traceback" not in r.stderr for r in runs.values())
+
+
+# --- parquet whose stated sizes lie (issue 30) ------------------------------------------------------
+
+BIG_ANSWER = '{"04": ["' + "0" * 2**20 + '"]}'  # 1 MiB of one character: it compresses to almost nothing
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | 0x80 if value else byte)
+        if not value:
+            return bytes(out)
+
+
+def zstd_bomb(rows: int, column: str = "answer", understate: bool = True) -> bytes:
+    """``rows`` answers of 1 MiB each, zstd-compressed into ~60 bytes apiece, plain-encoded (every
+    byte is decoded for real). With ``understate`` the footer's row-group size (thrift compact:
+    a zigzag varint) is edited, at the same length, to 128 MiB: the file then passes a check that
+    believes its footer."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    ids = [f"2024-01-{i:05d}" for i in range(rows)]
+    table = pa.table({"query_id": ids, column: pa.array([BIG_ANSWER] * rows)})
+    buffer = io.BytesIO()
+    pq.write_table(table, buffer, store_schema=False, compression="zstd", use_dictionary=False)
+    data = buffer.getvalue()
+    if understate:
+        stated = pq.ParquetFile(io.BytesIO(data)).metadata.row_group(0).total_byte_size
+        true, lie = _varint(stated << 1), _varint(2**27 << 1)  # zigzag of a positive n is 2n
+        assert len(true) == len(lie) == 5 and data.count(true) >= 1
+        data = data.replace(true, lie)
+        assert pq.ParquetFile(io.BytesIO(data)).metadata.row_group(0).total_byte_size == 2**27
+    return data
+
+
+def test_a_predictions_file_that_understates_its_size_is_refused_and_the_process_lives(tmp_path):
+    """A 40 KB file holding 600 MiB of answers behind a footer that says 128 MiB: the decode runs
+    in a child process with a memory bound, which it exceeds; the caller gets one line."""
+    path = tmp_path / "predictions.parquet"
+    path.write_bytes(zstd_bomb(600))
+    assert path.stat().st_size < 64 * 2**10
+    with pytest.raises(scoring.ScoringError) as refused:
+        scoring.read_parquet(path)
+    assert "refused: decoding it needs more than 256 MiB of memory" in str(refused.value)
+    assert "\n" not in str(refused.value)
+
+
+def test_answers_that_share_one_dictionary_value_are_measured_before_they_become_strings(tmp_path):
+    """Dictionary-encoded, 600 answers of 1 MiB fit in 2 KB of file and in little memory once
+    decoded (they share one buffer); read row by row they would be 600 MiB of Python strings."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = 600
+    answers = pa.DictionaryArray.from_arrays(pa.array([0] * rows, pa.int32()), pa.array([BIG_ANSWER]))
+    path = tmp_path / "predictions.parquet"
+    table = pa.table({"query_id": [f"q{i}" for i in range(rows)], "answer": answers})
+    pq.write_table(table, path, store_schema=False, compression="zstd")
+    assert path.stat().st_size < 4 * 2**10
+    with pytest.raises(scoring.ScoringError, match=r"refused: answer values longer than \d+ bytes"):
+        scoring.read_parquet(path)
+
+
+def test_a_handed_over_split_whose_queries_file_is_a_bomb_is_refused(tmp_path):
+    """`mirai score --split DIR` with a queries.parquet of 40 KB that decodes to 600 MiB."""
+    split = tmp_path / "split"
+    split.mkdir()
+    (split / "queries.parquet").write_bytes(zstd_bomb(600, column="answer_dict", understate=False))
+    with pytest.raises(scoring.ScoringError, match=r"not a split's queries file \(decoding it needs more than 256 MiB"):
+        scoring.load_split(split)

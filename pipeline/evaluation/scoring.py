@@ -55,10 +55,14 @@ from pipeline.evaluation.mirai_predictions import (
 )
 from pipeline.reference.tables import level1_codes, level2_codes
 from pipeline.release_layout import MANIFEST_NAME, MAX_JSON_BYTES, SPLIT_FILES, is_month, shown
+from pipeline.untrusted_parquet import UntrustedParquetError, read_untrusted_parquet
 
 SCORECARD_FORMAT = "mirai-scorecard-v1"
 MAX_PREDICTIONS_BYTES = 64 * 2**20  # a month has ~2,000 queries; a full answer is < 3 KB as JSON
 MAX_RECORDS = 200_000
+# A month's queries.parquet is a few MB (~2,000 queries); a handed-over one is read up to these.
+MAX_SPLIT_BYTES = 256 * 2**20
+MAX_SPLIT_DECODED_BYTES = 256 * 2**20
 MAX_LINE_CHARS = 4 * MAX_ANSWER_CHARS  # one JSONL line or CSV field: an answer plus a ranked list
 MAX_RANKED = 1000  # as mirai_predictions: there are ~240 second-level codes
 MAX_PROBLEMS_SHOWN = 50
@@ -146,15 +150,17 @@ def load_split(directory: Path, sample: bool = False) -> Split:
     path = directory / name
     if not path.is_file():
         raise ScoringError(f"{directory} holds no {name} (a release month's directory or splits/YYYY-MM)")
+    if path.stat().st_size > MAX_SPLIT_BYTES:
+        raise ScoringError(f"{path}: refused: larger than {MAX_SPLIT_BYTES} bytes")
     data = path.read_bytes()
     digest = hashlib.sha256(data).hexdigest()
     listed = _manifest_sha256(directory, name)
     if listed is not None and listed != digest:
         raise ScoringError(f"{path} does not match the sha256 its manifest.json lists (changed since it was written?)")
-    try:
-        table = pl.read_parquet(io.BytesIO(data), columns=["query_id", "answer_dict"])
-    except Exception as exc:  # polars raises its own error types for a corrupt file or missing column
-        raise ScoringError(f"{path}: not a split's queries file ({type(exc).__name__})") from None
+    try:  # a handed-over directory's file: decoded under a bound its footer cannot lie about
+        table = read_untrusted_parquet(data, MAX_SPLIT_DECODED_BYTES, columns=["query_id", "answer_dict"])
+    except UntrustedParquetError as exc:
+        raise ScoringError(f"{path}: not a split's queries file ({exc})") from None
     gold: dict[str, dict[str, list[str]]] = {}
     for query_id, answer in table.iter_rows():
         try:
@@ -297,15 +303,23 @@ def read_parquet(path: Path) -> tuple[list[Submitted], list[str]]:
             raise ScoringError(
                 f"{path}: refused: the columns must be query_id and answer and/or ranked (and p_event), no others"
             )
-        table = pl.read_parquet(io.BytesIO(data))
+        # The footer's sizes are the file's word: decoded where a lie costs a child process.
+        table = read_untrusted_parquet(data, 4 * MAX_PREDICTIONS_BYTES)
     except ScoringError:
         raise
-    except Exception as exc:  # pyarrow's and polars' errors for a damaged file
+    except UntrustedParquetError as exc:
+        raise ScoringError(f"{path}: refused: {exc}") from None
+    except Exception as exc:  # pyarrow's errors for a damaged footer
         raise ScoringError(f"{path}: refused: not a readable parquet file ({type(exc).__name__})") from None
     expected = {"query_id": pl.String, "answer": pl.String, "ranked": pl.List(pl.String), "p_event": pl.Float64}
     wrong = [c for c in table.columns if table.schema[c] != expected[c]]
     if wrong:
         raise ScoringError(f"{path}: refused: column {wrong[0]} is {table.schema[wrong[0]]}, not {expected[wrong[0]]}")
+    # Measured on the columns, before a row becomes Python strings: decoded values may share one
+    # buffer (a dictionary page), so 600 answers of 1 MiB can sit in a 2 KB file and in little memory.
+    oversized = _oversized_cells(table)
+    if oversized:
+        raise ScoringError(f"{path}: refused: {oversized}")
     records, problems = [], []
     for number, row in enumerate(table.iter_rows(named=True), 1):
         where = f"record {number}"
@@ -316,6 +330,29 @@ def read_parquet(path: Path) -> tuple[list[Submitted], list[str]]:
                 problems.append(f"{where}: answer {problem}")
         records.append(Submitted(where, row["query_id"], answer, row.get("ranked"), row.get("p_event")))
     return records, problems
+
+
+def _oversized_cells(table: pl.DataFrame) -> str | None:
+    """What in a predictions table is past the caps a text line has (MAX_LINE_CHARS a string,
+    MAX_RANKED codes a ranked list), or None."""
+    limits = [
+        (pl.col(c).str.len_bytes().max(), MAX_LINE_CHARS, f"{c} values longer than {MAX_LINE_CHARS} bytes")
+        for c in ("query_id", "answer")
+        if c in table.columns
+    ]
+    if "ranked" in table.columns:
+        limits += [
+            (pl.col("ranked").list.len().max(), MAX_RANKED, f"a ranked list of more than {MAX_RANKED} codes"),
+            (
+                pl.col("ranked").list.eval(pl.element().str.len_bytes()).list.max().max(),
+                MAX_LINE_CHARS,
+                f"a ranked code longer than {MAX_LINE_CHARS} bytes",
+            ),
+        ]
+    if not limits:
+        return None
+    found = table.select(*(expr.alias(str(i)) for i, (expr, _, _) in enumerate(limits))).row(0)
+    return next((what for value, (_, cap, what) in zip(found, limits) if value is not None and value > cap), None)
 
 
 def read_round_dir(

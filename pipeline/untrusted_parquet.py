@@ -1,0 +1,88 @@
+"""Parquet from outside (a submitted predictions file, a handed-over split), decoded under a memory
+bound the file cannot lie about.
+
+A parquet footer states sizes (a row group's ``total_byte_size``, a page's uncompressed size) and
+the reader believes them: a 132 KB file whose footer understates 4 GiB of highly compressible
+strings passed a footer check and then aborted the whole process (a Rust allocation failure,
+SIGABRT). So the file is decoded in a child process whose address space is capped
+(RLIMIT_AS: its size after importing polars plus ``budget_bytes``); the child hands the table back
+as Arrow IPC. A decode that needs more memory ends the child, never the caller, and is refused
+in one line. The cost is a Python start and a polars import, ~0.3 s a file.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+
+import polars as pl
+
+TIMEOUT_S = 120.0
+# The child's own tables and buffers besides the decoded data (polars' working memory).
+HEADROOM_BYTES = 128 * 2**20
+_MEMORY_EXIT = 3
+_UNREADABLE_EXIT = 4
+
+
+class UntrustedParquetError(ValueError):
+    """The file could not be decoded within its bounds; the message is one line."""
+
+
+def read_untrusted_parquet(data: bytes, budget_bytes: int, columns: list[str] | None = None) -> pl.DataFrame:
+    """The parquet file ``data`` as a DataFrame (only ``columns`` when given), decoded in a child
+    process that may use at most ``budget_bytes`` beyond its start; else UntrustedParquetError."""
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", __name__, str(budget_bytes + HEADROOM_BYTES), json.dumps(columns)],
+            input=data,
+            capture_output=True,
+            timeout=TIMEOUT_S,
+            # One thread: a thread pool's stacks would count against the address space.
+            env=os.environ | {"POLARS_MAX_THREADS": "1"},
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        raise UntrustedParquetError(f"decoding it took more than {TIMEOUT_S:.0f} s") from None
+    if done.returncode == 0:
+        return pl.read_ipc(io.BytesIO(done.stdout))
+    if done.returncode == _UNREADABLE_EXIT:
+        said = done.stderr.decode("utf-8", "replace").strip().splitlines()
+        raise UntrustedParquetError(f"not a readable parquet file ({said[-1][:200] if said else 'no reason given'})")
+    if done.returncode == _MEMORY_EXIT or done.returncode in (-signal.SIGABRT, -signal.SIGSEGV, -signal.SIGKILL):
+        raise UntrustedParquetError(
+            f"decoding it needs more than {budget_bytes // 2**20} MiB of memory (its sizes as stated are not its own)"
+        )
+    raise UntrustedParquetError(f"its decoder ended with status {done.returncode}")
+
+
+def _address_space_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[0]) * resource.getpagesize()
+
+
+def _decode(budget: int, columns: list[str] | None) -> int:
+    data = sys.stdin.buffer.read()
+    limit = _address_space_bytes() + budget
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    try:
+        table = pl.read_parquet(io.BytesIO(data), columns=columns)
+        out = io.BytesIO()
+        table.write_ipc(out, compression="uncompressed")
+    except MemoryError:
+        return _MEMORY_EXIT
+    except Exception as exc:  # polars' and pyarrow's errors for a damaged file or a missing column
+        if "memory" in str(exc).lower() or "alloc" in str(exc).lower():
+            return _MEMORY_EXIT
+        print(type(exc).__name__, file=sys.stderr)
+        return _UNREADABLE_EXIT
+    sys.stdout.buffer.write(out.getbuffer())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_decode(int(sys.argv[1]), json.loads(sys.argv[2])))
