@@ -13,6 +13,7 @@ from datetime import date
 from pathlib import Path
 
 import polars as pl
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -20,6 +21,7 @@ from pipeline.agent_api import EventDatabase
 from pipeline.cli import main
 from testbed.chat import ChatServer
 from tests.test_cli_evaluate import KEY, KEY_ENV, Recorder, _flags, release  # noqa: F401 (the fixture)
+from tests.test_score import _varint
 
 QUERIES = "queries_sample.parquet"
 EVENTS = Path("database/events/month=2024-01.parquet")
@@ -176,6 +178,43 @@ def test_ten_million_queries_are_refused_by_the_file_s_metadata(hostile, tmp_pat
     ).write_parquet(path)
     assert pq.read_metadata(path).num_rows == 10_000_000 and path.stat().st_size < 2**20
     _refused(_evaluate(hostile, tmp_path / "p.jsonl", capsys, monkeypatch), QUERIES, "10,000,000")
+
+
+def _queries_bomb(path: Path, dictionary: bool) -> None:
+    """The queries file rewritten with every answer_dict 1 MiB long: zstd, plain-encoded with the
+    footer's row-group size rewritten to understate it (test_score.zstd_bomb's edit), or as one
+    dictionary value all rows share. A few KB on disk either way."""
+    frame = pl.read_parquet(path)
+    rows = 600
+    big = '{"04": ["' + "0" * 2**20 + '"]}'
+    columns = {c: pa.array(frame.get_column(c).to_list() * (rows // frame.height + 1))[:rows] for c in frame.columns}
+    columns["answer_dict"] = (
+        pa.DictionaryArray.from_arrays(pa.array([0] * rows, pa.int32()), pa.array([big]))
+        if dictionary
+        else pa.array([big] * rows)
+    )
+    table = pa.table(columns)
+    pq.write_table(table, path, store_schema=False, compression="zstd", use_dictionary=dictionary)
+    if not dictionary:
+        data = path.read_bytes()
+        stated = pq.read_metadata(path).row_group(0).total_byte_size
+        true = _varint(stated << 1)
+        lie = _varint(2**22 << 1, len(true))  # 4 MiB, in as many bytes as the true size took
+        assert len(true) == len(lie) and true in data
+        path.write_bytes(data.replace(true, lie))
+        assert pq.read_metadata(path).row_group(0).total_byte_size == 2**22
+    assert path.stat().st_size < 64 * 2**10
+
+
+@pytest.mark.parametrize("dictionary", [False, True], ids=["zstd-understated", "one-dictionary-value"])
+def test_a_queries_file_that_decodes_to_600_mib_is_refused_in_one_line(
+    hostile, tmp_path, capsys, monkeypatch, dictionary
+):
+    """Issue 30: the queries file's footer is its own word. A plain bomb is decoded in a child
+    process with a memory bound; a dictionary one is measured on its column before any row."""
+    _queries_bomb(hostile / QUERIES, dictionary)
+    words = ("a text cell longer than",) if dictionary else ("decoding it needs more than",)
+    _refused(_evaluate(hostile, tmp_path / "p.jsonl", capsys, monkeypatch), QUERIES, *words)
 
 
 @pytest.mark.parametrize("content", [b"not parquet at all\n", None])

@@ -406,12 +406,15 @@ def test_the_installed_command_exit_codes(release, tmp_path):
 BIG_ANSWER = '{"04": ["' + "0" * 2**20 + '"]}'  # 1 MiB of one character: it compresses to almost nothing
 
 
-def _varint(value: int) -> bytes:
+def _varint(value: int, length: int = 0) -> bytes:
+    """``value`` as a thrift varint, in ``length`` bytes at least (an overlong varint, continuation
+    bits on zero groups, decodes to the same number)."""
     out = bytearray()
     while True:
         byte, value = value & 0x7F, value >> 7
-        out.append(byte | 0x80 if value else byte)
-        if not value:
+        more = value or len(out) + 1 < length
+        out.append(byte | 0x80 if more else byte)
+        if not more:
             return bytes(out)
 
 

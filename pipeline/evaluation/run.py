@@ -95,6 +95,7 @@ from pipeline.storage import (
     remove_orphans,
     replace_dir,
 )
+from pipeline.untrusted_parquet import UntrustedParquetError, read_untrusted_parquet
 from pipeline.version import code_version
 
 EVALUATION_VERSION = "evaluation-v1"
@@ -118,6 +119,8 @@ _MONTH_FILE = re.compile(r"^month=(\d{4})-(\d{2})\.parquet$")
 # more bytes, on disk or decoded, than a predictions file may have.
 MAX_QUERIES = MAX_RECORDS
 MAX_QUERIES_BYTES = MAX_PREDICTIONS_BYTES
+MAX_QUERIES_DECODED_BYTES = 4 * MAX_QUERIES_BYTES
+MAX_QUERY_CELL_BYTES = 64 * 2**10  # a gold answer_dict of every CAMEO code is ~3 KB
 # The columns an evaluation reads (s_name and o_name too, when present: the prompt's names).
 QUERY_COLUMNS = ("query_id", "date", "s", "o", "answer_dict")
 
@@ -165,10 +168,17 @@ def read_queries(path: Path) -> pl.DataFrame:
         raise refused(f"{footer.num_rows:,} rows, more than the {MAX_QUERIES:,} a split may hold")
     if max(size, decoded) > MAX_QUERIES_BYTES:
         raise refused(f"{max(size, decoded):,} bytes, more than the {MAX_QUERIES_BYTES:,} a split may take")
-    try:
-        frame = pl.read_parquet(path)
-    except (OSError, pl.exceptions.PolarsError, pa.ArrowException) as exc:
+    try:  # the footer is the file's word: decoded where a lie costs a child process
+        frame = read_untrusted_parquet(Path(path).read_bytes(), MAX_QUERIES_DECODED_BYTES)
+    except OSError as exc:
         raise refused(f"not a parquet file ({type(exc).__name__})") from None
+    except UntrustedParquetError as exc:
+        raise refused(str(exc)) from None
+    # Measured before a row becomes a Python string: decoded values may share one buffer.
+    strings = [c for c, dtype in frame.schema.items() if dtype == pl.String]
+    longest = frame.select(pl.col(strings).str.len_bytes().max()).row(0) if strings and frame.height else ()
+    if any(n is not None and n > MAX_QUERY_CELL_BYTES for n in longest):
+        raise refused(f"a text cell longer than {MAX_QUERY_CELL_BYTES:,} bytes")
     present = [c for c in ("s_name", "o_name") if c in frame.columns]
     for column in (*QUERY_COLUMNS, *present):
         if column not in frame.columns:
