@@ -18,6 +18,7 @@ import polars as pl
 from pipeline.config import Settings
 from pipeline.database import day_events
 from pipeline.evaluation import baselines
+from pipeline.evaluation.submissions import owner_sha256
 from pipeline.live.rounds import round_dir
 from pipeline.reference import region_table
 from pipeline.release import ReleaseStore
@@ -144,6 +145,7 @@ def write_accepted(
     contact: str = "someone@example.org",
     baseline: bool = False,
     status: str = "accepted",
+    owner_key: str | None = None,
 ) -> None:
     """An accepted (or rejected) submission as acceptance records it: predictions.parquet in the
     normalised columns (query_id, relations, p_event) and record.json."""
@@ -166,6 +168,7 @@ def write_accepted(
         "model": model,
         "knowledge_cutoff": "2024-01-01",
         "contact": contact,
+        "owner_sha256": owner_sha256(owner_key),
         "baseline": baseline,
         "predictions_sha256": hashlib.sha256((directory / "predictions.parquet").read_bytes()).hexdigest(),
         "submitted_at": (deadline - timedelta(hours=3)).isoformat(),

@@ -5,8 +5,10 @@ live/ in a local store and on SeaweedFS only when changed."""
 
 from __future__ import annotations
 
+import hashlib
 import html
 import json
+import shutil
 from datetime import date, timedelta
 
 import polars as pl
@@ -22,6 +24,10 @@ from .live_builder import baseline_predictions, history, midnight, pairs, write_
 
 ROUNDS = [date(2024, 3, 10), date(2024, 3, 11)]
 HOSTILE = '<script>alert("x")</script><img src=x onerror=alert(1)>'
+
+
+# Each model's submitter's owner key (submission.json's owner_key): the same in every round.
+KEYS = ("owner-key-of-always-empty", "owner-key-of-p-event-one", "owner-key-of-the-hostile-name")
 
 
 def frame(ids: list[str], relations: list[str], p: float | None) -> pl.DataFrame:
@@ -44,13 +50,25 @@ def board_data(tmp_path_factory) -> Settings:
             predictions = baseline_predictions(questions, past, method)
             write_accepted(settings, round_day, f"live-{round_day}-{method}", predictions, baseline=True, model=method)
         ids = questions.get_column("query_id").to_list()
-        write_accepted(settings, round_day, f"empty-{round_day}", frame(ids, [], None), model="always empty")
-        write_accepted(settings, round_day, f"p1-{round_day}", frame(ids, [], 1.0), model="p_event 1")
-        write_accepted(settings, round_day, f"x-{round_day}", frame(ids, ["042"], 0.7), model=HOSTILE, contact="a@b")
+        write_accepted(
+            settings, round_day, f"empty-{round_day}", frame(ids, [], None), model="always empty", owner_key=KEYS[0]
+        )
+        write_accepted(
+            settings, round_day, f"p1-{round_day}", frame(ids, [], 1.0), model="p_event 1", owner_key=KEYS[1]
+        )
+        write_accepted(
+            settings,
+            round_day,
+            f"x-{round_day}",
+            frame(ids, ["042"], 0.7),
+            model=HOSTILE,
+            contact="a@b",
+            owner_key=KEYS[2],
+        )
         resolve_round(round_day, settings, now=midnight(round_day) + timedelta(days=9))
     # A second file from the same model and contact in round 2, sent later: it replaces the first.
     later = frame(ids, ["042", "043"], 0.7)
-    write_accepted(settings, ROUNDS[1], "x-again", later, model=f"  {HOSTILE} ", contact="a@b")
+    write_accepted(settings, ROUNDS[1], "x-again", later, model=f"  {HOSTILE} ", contact="a@b", owner_key=KEYS[2])
     record_path = settings.data_dir / "live" / str(ROUNDS[1]) / "submissions" / "x-again" / "record.json"
     record = json.loads(record_path.read_text())
     record["submitted_at"] = (midnight(ROUNDS[1] + timedelta(days=1)) - timedelta(minutes=5)).isoformat()
@@ -99,3 +117,47 @@ def test_published_to_live_once_per_change_locally_and_on_seaweedfs(board_data, 
     head = s3_server.client().head_object(Bucket=bucket, Key=f"m/{LIVE_LEADERBOARD_KEYS['html']}")
     assert head["ContentType"] == "text/html; charset=utf-8" and head["CacheControl"] == "no-cache"
     assert publish_live_leaderboard(open_store(remote), written) == []
+
+
+def test_a_stranger_declaring_someone_s_model_and_contact_cannot_take_their_row(board_data, tmp_path):
+    """Issue 30: the id was sha256(model, contact)[:12], so 32 guesses found a contact from the
+    public board, and a stranger's later on-time submission declaring that (model, contact)
+    replaced the victim's entry. Now the id is an HMAC under the data directory's secret, and a
+    submission counts for a row only with that row's owner key: without it, or with another, the
+    stranger gets a row of their own and the victim's keeps its scores."""
+    settings = Settings(data_dir=tmp_path / "data")
+    shutil.copytree(board_data.data_dir, settings.data_dir)
+    before = {r["id"]: r for r in build_leaderboard(settings)["cumulative"]}
+    [victim] = [r for r in before.values() if r["name"] == HOSTILE]
+    ids = pl.read_parquet(settings.data_dir / "live" / str(ROUNDS[1]) / "questions.parquet").get_column("query_id")
+    for name, key in (("thief-no-key", None), ("thief-own-key", "a-key-of-the-thief-own")):
+        write_accepted(
+            settings, ROUNDS[1], name, frame(ids.to_list(), ["190"], 0.1), model=HOSTILE, contact="a@b", owner_key=key
+        )
+        path = settings.data_dir / "live" / str(ROUNDS[1]) / "submissions" / name / "record.json"
+        record = json.loads(path.read_text())
+        record["submitted_at"] = (midnight(ROUNDS[1] + timedelta(days=1)) - timedelta(minutes=1)).isoformat()
+        path.write_text(json.dumps(record))  # later than the victim's last file, still on time
+    after = {r["id"]: r for r in build_leaderboard(settings)["cumulative"]}
+    assert after[victim["id"]] == victim  # same id, same submissions, same scores
+    thieves = [r for r in after.values() if r["name"] == HOSTILE and r["id"] != victim["id"]]
+    assert sorted(r["submissions"] for r in thieves) == [["thief-no-key"], ["thief-own-key"]]
+    # Neither the contact nor a plain hash of the declared identity appears on the board.
+    published = json.dumps(build_leaderboard(settings))
+    naive = hashlib.sha256(("model:" + json.dumps([HOSTILE, "a@b"])).encode()).hexdigest()[:12]
+    assert "a@b" not in published and naive not in published and victim["id"] != naive
+
+
+def test_row_ids_are_hmacs_under_a_private_key_made_once(board_data, tmp_path):
+    settings = Settings(data_dir=tmp_path / "data")
+    shutil.copytree(board_data.data_dir, settings.data_dir)
+    (settings.data_dir / "live" / "board-id.key").unlink(missing_ok=True)
+    first = build_leaderboard(settings)
+    key_file = settings.data_dir / "live" / "board-id.key"
+    assert key_file.stat().st_mode & 0o777 == 0o600 and len(key_file.read_bytes()) == 32
+    assert build_leaderboard(settings) == first  # the same key: the same ids
+    key_file.unlink()
+    other = build_leaderboard(settings)  # a new key: every id changes, nothing else
+    assert {r["id"] for r in other["cumulative"]}.isdisjoint(r["id"] for r in first["cumulative"])
+    strip = lambda board: [{k: v for k, v in r.items() if k != "id"} for r in board["cumulative"]]  # noqa: E731
+    assert strip(other) == strip(first)

@@ -6,6 +6,7 @@ untouched."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
@@ -171,7 +172,8 @@ def test_live_metadata_is_checked_field_by_field(published):
     record = sub.process(store, "meta", settings.data_dir, now=NOW)
     assert record["status"] == "rejected"
     assert record["reasons"] == [
-        "submission.json: unknown field 'month' (a live round's fields are model, knowledge_cutoff, contact, round)",
+        "submission.json: unknown field 'month' (a live round's fields are model, knowledge_cutoff, contact, round, "
+        "owner_key)",
         "submission.json: the field 'model' is missing",
         "submission.json: contact must be a non-empty string",
         "submission.json: round must be a day YYYY-MM-DD, got '2024-02-30'",
@@ -314,3 +316,23 @@ def test_a_submission_processed_after_the_round_is_resolved_is_refused_whatever_
         f"round {DAY} is already resolved (answers for {DAY + timedelta(days=1)} are out): a submission processed "
         "after that is refused, whatever its objects' timestamps"
     ]
+
+
+def test_an_owner_key_is_kept_only_as_its_sha256_and_a_bad_one_is_never_quoted(published):
+    """docs/live.md, "Who a row belongs to": submission.json's optional owner_key."""
+    settings, store = published
+    key = "my-owner-key-0123456789"
+    upload(store, "keyed", good_records(settings)[:2], META | {"owner_key": key}, at=manifest_mtime(store) + 60)
+    record = sub.process(store, "keyed", settings.data_dir, now=NOW)
+    assert record["status"] == "accepted" and record["owner_sha256"] == hashlib.sha256(key.encode()).hexdigest()
+    stored = (settings.data_dir / "live" / "2024-03-10" / "submissions" / "keyed" / "record.json").read_text()
+    assert key not in stored
+    short = "short-secret"
+    upload(store, "short-key", good_records(settings)[:2], META | {"owner_key": short}, at=manifest_mtime(store) + 60)
+    refused = sub.process(store, "short-key", settings.data_dir, now=NOW)
+    assert refused["status"] == "rejected" and refused["reasons"] == [
+        "submission.json: owner_key must be 16 to 256 printable characters (not shown)"
+    ]
+    assert short not in json.dumps(refused) and short.encode() not in store.get_bytes(
+        "submissions/short-key/rejection.json"
+    )

@@ -245,7 +245,17 @@ def _checked_fields(
 def _live_field_problem(name: str, value: object) -> str | None:
     if name == "round":
         return None if is_day(value) else f"must be a day YYYY-MM-DD, got {shown(value)}"
+    if name == "owner_key":  # a secret: never quoted
+        ok = isinstance(value, str) and MIN_OWNER_KEY_CHARS <= len(value) <= MAX_OWNER_KEY_CHARS and value.isprintable()
+        return (
+            None if ok else f"must be {MIN_OWNER_KEY_CHARS} to {MAX_OWNER_KEY_CHARS} printable characters (not shown)"
+        )
     return _field_problem(name, value)
+
+
+def owner_sha256(owner_key: str | None) -> str | None:
+    """What a live record keeps of a submission's owner key: its sha256, never the key."""
+    return hashlib.sha256(owner_key.encode()).hexdigest() if owner_key is not None else None
 
 
 def parse_metadata(raw: bytes) -> tuple[Metadata | None, dict, list[str]]:
@@ -544,6 +554,10 @@ def _process(store: ReleaseStore, upload: Upload, data_dir: Path, now: datetime)
 
 LIVE_RECORD_FORMAT = "mirai-live-submission-v1"
 LIVE_FIELDS = ("model", "knowledge_cutoff", "contact", "round")
+# A secret of the submitter's own, the same in every submission of one model: only submissions
+# carrying it count as that model's on the live board (docs/live.md, "Who a row belongs to").
+LIVE_OPTIONAL_FIELDS = ("owner_key",)
+MIN_OWNER_KEY_CHARS, MAX_OWNER_KEY_CHARS = 16, 256
 # data_dir/submissions/<name>/live.json: {"round": D}, where a processed live submission's record
 # is (live/D/submissions/<name>/record.json); a record.json there would be a monthly one.
 LIVE_POINTER = "live.json"
@@ -570,7 +584,9 @@ def parse_live_metadata(raw: bytes) -> tuple[LiveMetadata | None, dict, list[str
     value, problems = _metadata_object(raw)
     if value is None:
         return None, {}, problems
-    good, problems = _checked_fields(value, LIVE_FIELDS, (), "a live round's fields", _live_field_problem)
+    good, problems = _checked_fields(
+        value, LIVE_FIELDS, LIVE_OPTIONAL_FIELDS, "a live round's fields", _live_field_problem
+    )
     if problems:
         return None, good, problems
     meta = LiveMetadata(
@@ -640,6 +656,7 @@ def _live_record(
         "status": status,
         "reasons": reasons,
         **{k: fields.get(k) for k in ("model", "knowledge_cutoff", "contact")},
+        "owner_sha256": owner_sha256(fields.get("owner_key")),
         "baseline": False,
         "predictions_sha256": None,
         "submitted_at": None,

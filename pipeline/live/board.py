@@ -3,11 +3,15 @@ submission scored against the answers resolved so far (pipeline/live/score.py), 
 included, with 95% percentile-bootstrap intervals over questions and interval tiers as the
 monthly board ranks (pipeline/evaluation/board.py rank).
 
-A model is identified across rounds by what its submitter declares: the pair (model, contact) of
-its records, trimmed; a baseline by its method (``live-<D>-<method>``), so each baseline is one row
-across all rounds. Nothing authenticates a declaration, so the board shows a short hash of the
-identity, never the contact. Within a round, an identity's latest accepted submission counts (a
-corrected file sent before the deadline replaces the first; nothing is resolved before then).
+A model is identified across rounds by its records' (model, contact) and the sha256 of the owner
+key its submitter chose (the optional ``owner_key`` of submission.json): a later submission takes
+a row's place, or adds a round to it, only if it carries the same key, so declaring someone else's
+model and contact makes a row of its own. A submission with no owner key is a row of its own. A
+baseline is identified by its method (``live-<D>-<method>``), one row across all rounds. The board
+shows an id that reveals nothing of the identity: an HMAC of it under a secret kept in the data
+directory (``live/board-id.key``), never the contact. Within a round, an identity's latest accepted
+submission counts (a corrected file sent before the deadline replaces the first; nothing is
+resolved before then). docs/live.md, "Who a row belongs to".
 
 Written as <data_dir>/live/leaderboard.json and a self-contained leaderboard.html, free of the
 time they were made (the same inputs give the same bytes, so publishing rewrites only changes).
@@ -16,8 +20,11 @@ time they were made (the same inputs give the same bytes, so publishing rewrites
 from __future__ import annotations
 
 import hashlib
+import hmac
 import html
 import json
+import os
+import secrets
 from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
@@ -65,6 +72,13 @@ tr.baseline td { color: #555; font-style: italic; }
 """
 # The board's files are ours, but a hostile store may serve anything at their keys.
 MAX_BOARD_BYTES = 64 * 2**20
+BOARD_ID_KEY = "board-id.key"
+
+
+class LiveBoardError(RuntimeError):
+    """The live board cannot be built as it stands (its id key is damaged); one line."""
+
+
 SHOWN_METRICS = (RANK_METRIC, "level2_f1", "level1_f1", "brier", "occurrence_accuracy")
 
 
@@ -80,7 +94,33 @@ def identity(sub: Accepted, round_day: str) -> tuple[str, str, bool]:
         return f"baseline:{method}", f"{method} baseline", True
     model = str(record.get("model") or "").strip() or sub.name
     contact = str(record.get("contact") or "").strip()
-    return "model:" + json.dumps([model, contact]), model, False
+    owner = record.get("owner_sha256") or f"submission:{sub.name}"
+    return "model:" + json.dumps([model, contact, owner]), model, False
+
+
+def board_id_key(settings: Settings) -> bytes:
+    """The secret the board's ids are HMACs under: 32 random bytes made on first use (mode 0600),
+    the same for every later board, so a row keeps its id."""
+    path = live_dir(settings) / BOARD_ID_KEY
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        key = path.read_bytes()
+        if len(key) != 32:
+            raise LiveBoardError(f"{path} is not a 32-byte key (remove it to make a new one; row ids change)") from None
+        return key
+    key = secrets.token_bytes(32)
+    try:
+        os.write(descriptor, key)
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+    return key
+
+
+def row_id(secret: bytes, key: str) -> str:
+    return hmac.new(secret, key.encode(), hashlib.sha256).hexdigest()[:12]
 
 
 @dataclass
@@ -118,10 +158,12 @@ def round_entries(settings: Settings, round_day: str) -> tuple[list[Entry], list
     return entries, skipped
 
 
-def _row(key: str, name: str, baseline: bool, submissions: list[str], rounds: list[str], scores: pl.DataFrame) -> dict:
+def _row(
+    row_key: str, name: str, baseline: bool, submissions: list[str], rounds: list[str], scores: pl.DataFrame
+) -> dict:
     card = summarize(scores)
     row = {
-        "id": hashlib.sha256(key.encode()).hexdigest()[:12],
+        "id": row_key,
         "name": name,
         "baseline": baseline,
         "submissions": submissions,
@@ -177,11 +219,13 @@ def build_leaderboard(settings: Settings) -> dict:
     """Every round's board (newest first) and the cumulative board, as one JSON-ready dict."""
     rounds, skipped = [], []
     by_identity: dict[str, list[Entry]] = {}
-    for day in published_rounds(settings):
+    days = published_rounds(settings)
+    secret = board_id_key(settings) if days else b""
+    for day in days:
         entries, problems = round_entries(settings, day)
         skipped += problems
         answers = resolved_answers(settings, date.fromisoformat(day))
-        rows = [_row(e.key, e.name, e.baseline, [e.submission], [day], e.scores) for e in entries]
+        rows = [_row(row_id(secret, e.key), e.name, e.baseline, [e.submission], [day], e.scores) for e in entries]
         rounds.append(
             {
                 "round": day,
@@ -198,7 +242,7 @@ def build_leaderboard(settings: Settings) -> dict:
         scores = pl.concat([e.scores for e in entries])
         cumulative.append(
             _row(
-                key,
+                row_id(secret, key),
                 entries[-1].name,
                 entries[-1].baseline,
                 [e.submission for e in entries],
