@@ -11,6 +11,13 @@ unsigned, as with the public-read bucket policy of docs/releases.md, which grant
 on the public prefixes and deliberately no anonymous listing (``index.json`` is the listing). The release
 tests (tests/s3_server.py) and bench/release.py use the same class with fixed test credentials,
 and kill and restart it on the same ports and data.
+
+Its other listeners (the filer's, master's and volume server's HTTP ports) would otherwise take
+anonymous reads and writes: a submission's contact read through the filer, objects written under
+releases/ through it and then served by S3. Each start gets random JWT signing keys (SeaweedFS's
+security.toml keys, as WEED_JWT_* environment variables, which its S3 gateway signs its own
+requests with): the filer and the volume server then refuse every read and write without one.
+The master still answers status and file-id assignment (metadata, no object's bytes).
 """
 
 from __future__ import annotations
@@ -27,6 +34,14 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+# SeaweedFS's JWT signing keys (security.toml's jwt.signing, jwt.signing.read, jwt.filer_signing and
+# jwt.filer_signing.read, as `weed scaffold -config=security` names them in the environment).
+JWT_KEYS = (
+    "WEED_JWT_SIGNING_KEY",
+    "WEED_JWT_SIGNING_READ_KEY",
+    "WEED_JWT_FILER_SIGNING_KEY",
+    "WEED_JWT_FILER_SIGNING_READ_KEY",
+)
 # Every listener `weed server -s3` opens; the ones not set would default to fixed ports.
 PORTS = ("master", "master_grpc", "volume", "volume_grpc", "filer", "filer_grpc", "s3", "s3_grpc")
 REGION = "us-east-1"
@@ -159,9 +174,15 @@ class LocalS3:
         )
         config.chmod(0o600)
         self._stop_orphan()
+        # Fresh keys each start: a JWT lives seconds and nothing stored depends on the key.
+        signing = {name: secrets.token_hex(32) for name in JWT_KEYS}
         with open(self.root / "weed.log", "ab") as log:
             self.process = subprocess.Popen(
-                self._command(config), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                self._command(config),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=os.environ | signing,
             )
         (self.root / "weed.pid").write_text(f"{self.process.pid}\n")
         self._wait_ready(timeout_s)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
+import requests
 import yaml
 
 from pipeline import release
@@ -702,3 +703,25 @@ def test_the_progress_bar_counts_every_byte_from_many_threads_and_is_silent_off_
     silent(1024)
     silent.close()
     assert not silent.enabled and capsys.readouterr().err == ""
+
+
+def test_the_s3_server_s_other_ports_take_no_anonymous_read_or_write(s3_server, bucket):
+    """Issue 30: the demo's SeaweedFS filer and volume HTTP ports took anonymous reads and writes
+    (a submission's contact read through the filer; an object written under releases/ there was
+    then served by S3). With its JWT keys, both refuse without a token; S3 works as before."""
+    client = s3_server.client()
+    client.put_object(Bucket=bucket, Key="submissions/x/submission.json", Body=b'{"contact": "me@example.org"}')
+    filer = f"http://127.0.0.1:{s3_server.ports['filer']}/buckets/{bucket}"
+    assert requests.get(f"{filer}/submissions/x/submission.json", timeout=10).status_code == 401
+    assert (
+        requests.get(f"{filer}/submissions/x/", headers={"Accept": "application/json"}, timeout=10).status_code == 401
+    )
+    assert requests.put(f"{filer}/releases/planted.txt", data=b"planted", timeout=10).status_code == 401
+    with pytest.raises(client.exceptions.NoSuchKey):
+        client.get_object(Bucket=bucket, Key="releases/planted.txt")
+    assignment = requests.get(f"http://127.0.0.1:{s3_server.ports['master']}/dir/assign", timeout=10).json()
+    volume = f"http://{assignment['url']}/{assignment['fid']}"
+    assert requests.post(volume, files={"file": ("x", b"blob")}, timeout=10).status_code == 401
+    assert requests.get(f"http://127.0.0.1:{s3_server.ports['volume']}/ui/index.html", timeout=10).status_code == 401
+    # The S3 API is unchanged: the admin reads, anonymous readers get nothing outside the policy.
+    assert client.get_object(Bucket=bucket, Key="submissions/x/submission.json")["Body"].read().startswith(b"{")
