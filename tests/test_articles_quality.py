@@ -23,6 +23,7 @@ from quality.suites import SCHEMA_CHECK, article_counts, filter_label, validate_
 
 from .conftest import FIXTURES
 from .gx_helpers import assert_fails_only, failure, set_row
+from .test_markdown import unescaped
 
 DAY = date(2024, 1, 1)
 FETCHED_AT = datetime(2024, 1, 2, 3, 4, 5, tzinfo=UTC)
@@ -218,7 +219,7 @@ def test_counts_and_filter_labels():
 
 
 def test_failures_render_as_markdown():
-    md = validate_articles(set_row(good_articles(), 1, lang="de")).failures_markdown()
+    md = unescaped(validate_articles(set_row(good_articles(), 1, lang="de")).failures_markdown())
     assert md.startswith("| expectation |") and "kept: lang is 'en'" in md and '["de"]' in md
 
 

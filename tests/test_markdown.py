@@ -17,6 +17,12 @@ _COMMONMARK = MarkdownIt("commonmark", {"html": True}).enable("table")
 _ACTIVE_TOKENS = {"image", "link_open", "html_inline", "html_block"}
 
 
+def unescaped(markdown: str) -> str:
+    """Markdown that went through markdown_text with its backslash escapes removed: the text as
+    the Dagster UI shows it."""
+    return re.sub(r"\\(.)", r"\1", markdown)
+
+
 def active_markdown(text: str) -> list[str]:
     """What in ``text`` a CommonMark renderer would turn into an image, a link or raw HTML: the
     constructs that make a viewer's browser fetch or run something. Our own images (``data:``

@@ -67,7 +67,7 @@ def test_a_damaged_parsed_file_fails_the_check_until_the_asset_re_parses_it(mate
 
     check = _run_export_check(resources, instance)
     assert not check.passed and check.severity == dg.AssetCheckSeverity.ERROR
-    assert f"`{name}`: sha256 " in check.metadata["damaged"].value
+    assert f"{name}: sha256 " in check.metadata["damaged"].value
     assert name in check.description and "next materialisation of gdelt_events" in check.description
     assert check.metadata["raw_damaged"].value == "none"
 
@@ -78,7 +78,7 @@ def test_a_damaged_parsed_file_fails_the_check_until_the_asset_re_parses_it(mate
     [materialisation] = result.asset_materializations_for_node("gdelt_events")
     assert materialisation.metadata["parsed_this_run"].value == 1
     quarantined = materialisation.metadata["quarantined_this_run"].value
-    assert f"`quarantine/parsed/export/date={PARTITION}/{path.name}." in quarantined
+    assert f"- quarantine/parsed/export/date={PARTITION}/{path.name}." in quarantined
     assert _evaluations(result)["gdelt_events"].passed
     assert _run_export_check(resources, instance).passed
 
@@ -89,7 +89,7 @@ def test_a_damaged_raw_zip_warns_and_names_it(materialised):
     _flip_bytes(raw)
     check = _run_export_check(resources, instance)
     assert not check.passed and check.severity == dg.AssetCheckSeverity.WARN
-    assert f"`{raw.relative_to(layout.root)}`: md5 " in check.metadata["raw_damaged"].value
+    assert f"{raw.relative_to(layout.root)}: md5 " in check.metadata["raw_damaged"].value
     assert check.metadata["damaged"].value == "none"
 
 
@@ -100,7 +100,7 @@ def test_a_damaged_digest_table_fails_the_check_as_the_table_alone(materialised)
     check = _run_export_check(resources, instance)
     assert not check.passed and check.severity == dg.AssetCheckSeverity.ERROR
     [line] = check.metadata["damaged"].value.splitlines()
-    assert line.startswith(f"- `{table.relative_to(layout.root)}`: ")
+    assert line.startswith(f"- {table.relative_to(layout.root)}: ")
 
 
 def test_a_day_parsed_before_digests_were_recorded_warns_until_it_is_materialised_again(materialised):

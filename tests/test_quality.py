@@ -30,6 +30,7 @@ from quality.suites import (
 
 from .conftest import MIRROR_DAY, shared_fixture
 from .gx_helpers import assert_fails_only, failure, set_row
+from .test_markdown import unescaped
 
 UTC = UTC
 DAY = MIRROR_DAY  # inside the daily partitions (they start at MIRAI_START_DATE, 2023-01-01)
@@ -270,7 +271,7 @@ def test_a_row_breaking_two_rules_names_each_rule_with_its_count_and_examples():
     )
     assert s_rule["validated_by"] == "expect_column_values_to_be_null on _row_rule_violations"
     assert res.statistics["unsuccessful_expectations"] == 1  # the one combined GX expectation
-    md = res.failures_markdown()
+    md = unescaped(res.failures_markdown())
     assert "3: s is an ISO 3166-1 alpha-3 country" in md and '["999", "998"]' in md
 
 
@@ -349,7 +350,7 @@ def test_daily_quads_empty_day_passes_with_a_note():
 
 def test_failures_render_as_markdown():
     res = validate_daily_quads(set_row(daily_quads(good_events()), 0, daily_mentions=0))
-    md = res.failures_markdown()
+    md = unescaped(res.failures_markdown())
     assert md.startswith("| expectation |") and "daily_mentions" in md and "quads: daily_mentions >= 1" in md
 
 
@@ -457,7 +458,7 @@ def test_failed_events_check_blocks_daily_quads(tmp_path, monkeypatch):
         check = evals["events_valid"]
         assert not check.passed and check.severity == dg.AssetCheckSeverity.ERROR
         assert check.metadata["failures_json"].value[0]["expectation"] == WITHIN_RECORD
-        assert "4: no domestic event (s != o)" in check.metadata["failures"].value
+        assert "4: no domestic event (s != o)" in unescaped(check.metadata["failures"].value)
         # Blocking: the run fails and daily_quads is neither run nor written.
         assert not result.success
         assert "events" in _materialized(result)

@@ -477,3 +477,36 @@ def test_a_handed_over_split_whose_queries_file_is_a_bomb_is_refused(tmp_path):
     (split / "queries.parquet").write_bytes(zstd_bomb(600, column="answer_dict", understate=False))
     with pytest.raises(scoring.ScoringError, match=r"not a split's queries file \(decoding it needs more than 256 MiB"):
         scoring.load_split(split)
+
+
+def test_a_thousand_shared_codes_per_ranked_list_are_refused_by_their_sum(tmp_path):
+    """Found by a re-attack: 1,000 ranked codes of 256 KiB each, one shared dictionary value, in a
+    1 KB file. Each code is under the per-cell cap; read row by row they were 256 MiB of Python
+    strings per row. Their sum is measured on the column first."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows, code = 4, "0" * 2**18
+    ranked = pa.array([[code] * 1000] * rows, pa.list_(pa.string()))
+    path = tmp_path / "predictions.parquet"
+    table = pa.table({"query_id": [f"q{i}" for i in range(rows)], "answer": ["{}"] * rows, "ranked": ranked})
+    pq.write_table(table, path, compression="zstd", dictionary_pagesize_limit=4 << 20)
+    assert path.stat().st_size < 4 * 2**10
+    with pytest.raises(scoring.ScoringError, match=r"refused: more than \d+ bytes of ranked codes"):
+        scoring.read_parquet(path)
+
+
+def test_a_split_whose_shared_answers_would_parse_to_gigabytes_is_refused(tmp_path):
+    """Found by a re-attack: one 900 KB answer_dict shared by every row of a 1 KB queries.parquet;
+    each row's json.loads kept ~11 MB. The column's lengths are measured before any row is parsed."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows, answer = 100, json.dumps({"01": ["010"] * 128_000})
+    column = pa.DictionaryArray.from_arrays(pa.array([0] * rows, pa.int32()), pa.array([answer]))
+    split = tmp_path / "split"
+    split.mkdir()
+    table = pa.table({"query_id": [f"2024-01-{i:05d}" for i in range(rows)], "answer_dict": column})
+    pq.write_table(table, split / "queries.parquet", store_schema=False, compression="zstd")
+    with pytest.raises(scoring.ScoringError, match=r"answer_dict values too long to be gold answers"):
+        scoring.load_split(split)

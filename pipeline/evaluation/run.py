@@ -179,6 +179,9 @@ def read_queries(path: Path) -> pl.DataFrame:
     longest = frame.select(pl.col(strings).str.len_bytes().max()).row(0) if strings and frame.height else ()
     if any(n is not None and n > MAX_QUERY_CELL_BYTES for n in longest):
         raise refused(f"a text cell longer than {MAX_QUERY_CELL_BYTES:,} bytes")
+    total = frame.select(pl.col(strings).str.len_bytes().sum()).row(0) if strings and frame.height else ()
+    if sum(n or 0 for n in total) > MAX_QUERIES_BYTES:
+        raise refused(f"more than {MAX_QUERIES_BYTES:,} bytes of text")
     present = [c for c in ("s_name", "o_name") if c in frame.columns]
     for column in (*QUERY_COLUMNS, *present):
         if column not in frame.columns:

@@ -161,6 +161,16 @@ def load_split(directory: Path, sample: bool = False) -> Split:
         table = read_untrusted_parquet(data, MAX_SPLIT_DECODED_BYTES, columns=["query_id", "answer_dict"])
     except UntrustedParquetError as exc:
         raise ScoringError(f"{path}: not a split's queries file ({exc})") from None
+    # Measured on the columns before any answer is parsed: shared values are cheap until then.
+    if table.height > MAX_RECORDS:
+        raise ScoringError(f"{path}: not a split's queries file (more than {MAX_RECORDS} queries)")
+    if table.schema.get("answer_dict") == pl.String and table.height:
+        longest, total = table.select(
+            pl.col("answer_dict").str.len_bytes().max().alias("longest"),
+            pl.col("answer_dict").str.len_bytes().sum().alias("total"),
+        ).row(0)
+        if (longest or 0) > MAX_LINE_CHARS or (total or 0) > MAX_SPLIT_BYTES:
+            raise ScoringError(f"{path}: not a split's queries file (answer_dict values too long to be gold answers)")
     gold: dict[str, dict[str, list[str]]] = {}
     for query_id, answer in table.iter_rows():
         try:
@@ -333,20 +343,29 @@ def read_parquet(path: Path) -> tuple[list[Submitted], list[str]]:
 
 
 def _oversized_cells(table: pl.DataFrame) -> str | None:
-    """What in a predictions table is past the caps a text line has (MAX_LINE_CHARS a string,
-    MAX_RANKED codes a ranked list), or None."""
-    limits = [
-        (pl.col(c).str.len_bytes().max(), MAX_LINE_CHARS, f"{c} values longer than {MAX_LINE_CHARS} bytes")
-        for c in ("query_id", "answer")
-        if c in table.columns
-    ]
+    """What in a predictions table is past the caps a text file has (MAX_LINE_CHARS a string,
+    MAX_RANKED codes a ranked list, MAX_PREDICTIONS_BYTES of text in all), or None: per cell and
+    summed, since shared values cost nothing until each row becomes Python strings."""
+    limits = []
+    for c in ("query_id", "answer"):
+        if c in table.columns:
+            limits += [
+                (pl.col(c).str.len_bytes().max(), MAX_LINE_CHARS, f"{c} values longer than {MAX_LINE_CHARS} bytes"),
+                (
+                    pl.col(c).str.len_bytes().sum(),
+                    MAX_PREDICTIONS_BYTES,
+                    f"more than {MAX_PREDICTIONS_BYTES} bytes of {c}",
+                ),
+            ]
     if "ranked" in table.columns:
+        code_bytes = pl.col("ranked").list.eval(pl.element().str.len_bytes())
         limits += [
             (pl.col("ranked").list.len().max(), MAX_RANKED, f"a ranked list of more than {MAX_RANKED} codes"),
+            (code_bytes.list.max().max(), MAX_LINE_CHARS, f"a ranked code longer than {MAX_LINE_CHARS} bytes"),
             (
-                pl.col("ranked").list.eval(pl.element().str.len_bytes()).list.max().max(),
-                MAX_LINE_CHARS,
-                f"a ranked code longer than {MAX_LINE_CHARS} bytes",
+                code_bytes.list.sum().sum(),
+                MAX_PREDICTIONS_BYTES,
+                f"more than {MAX_PREDICTIONS_BYTES} bytes of ranked codes",
             ),
         ]
     if not limits:

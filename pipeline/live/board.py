@@ -103,19 +103,25 @@ def board_id_key(settings: Settings) -> bytes:
     the same for every later board, so a row keeps its id."""
     path = live_dir(settings) / BOARD_ID_KEY
     path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        key = path.read_bytes()
-        if len(key) != 32:
-            raise LiveBoardError(f"{path} is not a 32-byte key (remove it to make a new one; row ids change)") from None
-        return key
-    key = secrets.token_bytes(32)
-    try:
-        os.write(descriptor, key)
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
+    if not path.exists():
+        # Written whole under a temporary name, then linked into place: a concurrent build or a
+        # crash never leaves a partial key, and the first link wins (a later one finds it there).
+        partial = path.with_name(f".{BOARD_ID_KEY}.{os.getpid()}.{secrets.token_hex(4)}")
+        descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.write(descriptor, secrets.token_bytes(32))
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
+        try:
+            os.link(partial, path)
+        except FileExistsError:
+            pass
+        finally:
+            partial.unlink()
+    key = path.read_bytes()
+    if len(key) != 32:
+        raise LiveBoardError(f"{path} is not a 32-byte key (remove it to make a new one; row ids change)")
     return key
 
 
