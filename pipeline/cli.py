@@ -633,7 +633,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         )
         database = None
         if agent.strategy == "react":
-            database = EventDatabase(release, allow_unconfined_sandbox=Settings.from_env().sandbox_allow_unconfined)
+            database = EventDatabase(
+                release, allow_unconfined_sandbox=Settings.from_env().sandbox_allow_unconfined, untrusted_files=True
+            )
             try:  # every month the run reads, loaded and checked now: a bad file refuses the run, not its episodes
                 database.gated_tables(frame.get_column("date").max() - timedelta(days=distance))
             except DatabaseFileError as exc:

@@ -228,6 +228,33 @@ def test_a_queries_file_that_is_not_parquet_or_truncated_is_refused(hostile, tmp
 # --- 4. database months that are not the release's -------------------------------------------------
 
 
+@pytest.mark.parametrize("dictionary", [False, True], ids=["zstd", "one-dictionary-value"])
+def test_a_database_month_that_decodes_past_its_bound_is_refused_in_one_line(
+    hostile, tmp_path, capsys, monkeypatch, dictionary
+):
+    """Issue 30: a handed-over release's news month whose article texts are 1 MiB each of one
+    character (zstd: ~60 bytes apiece; or one dictionary value all rows share), under a bound of
+    128 MiB for the test (4 GiB in use): decoded in the capped child, or measured on the column,
+    and refused in one line before any request."""
+    from pipeline.agent_api import environment
+
+    monkeypatch.setattr(environment, "MAX_UNTRUSTED_MONTH_BYTES", 128 * 2**20, raising=False)
+    path = hostile / "database/news/month=2024-01.parquet"
+    frame = pl.read_parquet(path)
+    rows = 300
+    big = "0" * 2**20
+    columns = {c: pa.array(frame.get_column(c).to_list() * (rows // frame.height + 1))[:rows] for c in frame.columns}
+    columns["text"] = (
+        pa.DictionaryArray.from_arrays(pa.array([0] * rows, pa.int32()), pa.array([big]))
+        if dictionary
+        else pa.array([big] * rows)
+    )
+    pq.write_table(pa.table(columns), path, store_schema=False, compression="zstd", use_dictionary=dictionary)
+    assert path.stat().st_size < 256 * 2**10
+    words = ("bytes of text",) if dictionary else ("decoding it needs more than 128 MiB",)
+    _refused(_evaluate(hostile, tmp_path / "p.jsonl", capsys, monkeypatch), "month=2024-01.parquet", *words)
+
+
 @pytest.mark.parametrize("content", [b"PAR1 not parquet", None])
 def test_a_database_month_that_is_not_parquet_or_truncated_is_refused(hostile, tmp_path, capsys, monkeypatch, content):
     path = hostile / EVENTS

@@ -44,6 +44,7 @@ from pipeline.agent_api.types import (
 from pipeline.database import EVENT_DB_SCHEMA, NEWS_DB_SCHEMA
 from pipeline.reference.tables import iso3_codes, level1_codes, level2_codes
 from pipeline.storage import DataLayout, verified
+from pipeline.untrusted_parquet import UntrustedParquetError, read_untrusted_parquet
 
 MAX_EVENTS = 30
 MAX_ARTICLES = 15
@@ -79,6 +80,9 @@ STORED_TYPES = {
     "news": {c: NEWS_DB_SCHEMA[c] for c in NEWS_COLUMNS},
 }
 _MONTH_FILE = re.compile(r"^month=(\d{4})-(\d{2})\.parquet$")
+# What one month file of a handed-over database may take once decoded: far above a month the
+# pipeline writes, far below what would take a machine of our kind down.
+MAX_UNTRUSTED_MONTH_BYTES = 4 * 2**30
 
 
 def month_start(day: date) -> date:
@@ -90,8 +94,10 @@ class DatabaseFileError(ValueError):
     outside its month); the message is one line naming the file."""
 
 
-def _read_month(path: Path, table: str) -> pl.LazyFrame:
-    """A month file as a LazyFrame, once its columns have the stored types."""
+def _read_month(path: Path, table: str, untrusted: bool = False) -> pl.LazyFrame:
+    """A month file as a LazyFrame, once its columns have the stored types. ``untrusted`` (a
+    directory anyone handed over): decoded in a memory-capped child process, since a footer's sizes
+    are the file's own word, and its text measured on the columns before any row is used."""
     try:
         schema = pl.read_parquet_schema(path)
     except (OSError, pl.exceptions.PolarsError) as exc:
@@ -100,7 +106,17 @@ def _read_month(path: Path, table: str) -> pl.LazyFrame:
         if schema.get(column) != dtype:
             found = f"is {schema[column]}" if column in schema else "is missing"
             raise DatabaseFileError(f"{path}: column {column!r} {found}, not {dtype}; refused")
-    return pl.scan_parquet(path)
+    if not untrusted:
+        return pl.scan_parquet(path)
+    try:
+        frame = read_untrusted_parquet(path.read_bytes(), MAX_UNTRUSTED_MONTH_BYTES, columns=list(STORED_TYPES[table]))
+    except (OSError, UntrustedParquetError) as exc:
+        raise DatabaseFileError(f"{path}: {exc}; refused") from None
+    text = [c for c, dtype in frame.schema.items() if dtype == pl.String]
+    total = sum(n or 0 for n in frame.select(pl.col(text).str.len_bytes().sum()).row(0)) if text and frame.height else 0
+    if total > MAX_UNTRUSTED_MONTH_BYTES:
+        raise DatabaseFileError(f"{path}: more than {MAX_UNTRUSTED_MONTH_BYTES:,} bytes of text; refused")
+    return frame.lazy()
 
 
 def _check_dates(frame: pl.DataFrame, month: date, path: Path) -> None:
@@ -162,8 +178,15 @@ class EventDatabase:
     get Environments, never this object."""
 
     def __init__(
-        self, data_dir: Path | str, *, allow_unconfined_sandbox: bool = False, code_libraries: tuple[str, ...] = ()
+        self,
+        data_dir: Path | str,
+        *,
+        allow_unconfined_sandbox: bool = False,
+        code_libraries: tuple[str, ...] = (),
+        untrusted_files: bool = False,
     ):
+        # A directory anyone handed over (`mirai evaluate`): its months decoded under a bound.
+        self.untrusted_files = untrusted_files
         # Both passed to every Environment.
         self.allow_unconfined_sandbox = allow_unconfined_sandbox
         self.code_libraries = code_libraries
@@ -199,7 +222,11 @@ class EventDatabase:
             # The files may come from a release anyone handed over (docs/evaluate-your-agent.md):
             # a bad one stops the run with one line naming it, and cannot widen the gate.
             try:
-                prepared = _prepare_month(_read_month(events, "events"), _read_month(news, "news"), offset)
+                prepared = _prepare_month(
+                    _read_month(events, "events", self.untrusted_files),
+                    _read_month(news, "news", self.untrusted_files),
+                    offset,
+                )
             except (OSError, pl.exceptions.PolarsError) as exc:
                 first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
                 raise DatabaseFileError(
