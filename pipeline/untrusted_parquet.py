@@ -19,6 +19,7 @@ import resource
 import signal
 import subprocess
 import sys
+from collections.abc import Sequence
 
 import polars as pl
 
@@ -58,6 +59,20 @@ def read_untrusted_parquet(data: bytes, budget_bytes: int, columns: list[str] | 
             f"decoding it needs more than {budget_bytes // 2**20} MiB of memory (its sizes as stated are not its own)"
         )
     raise UntrustedParquetError(f"its decoder ended with status {done.returncode}")
+
+
+def text_bytes(frame: pl.DataFrame, columns: Sequence[str] | None = None) -> tuple[int, int]:
+    """(the longest cell, all cells) in bytes of the frame's String columns (those of ``columns``
+    only, when given), measured on the columns: decoded values may share one buffer (a dictionary
+    page), so text is counted here before any row becomes a Python string."""
+    names = [c for c, dtype in frame.schema.items() if dtype == pl.String and (columns is None or c in columns)]
+    if not names or not frame.height:
+        return 0, 0
+    lengths = pl.col(names).str.len_bytes()
+    longest, total = frame.select(
+        pl.max_horizontal(lengths.max()).alias("longest"), pl.sum_horizontal(lengths.sum()).alias("total")
+    ).row(0)
+    return longest or 0, total or 0
 
 
 def _address_space_bytes() -> int:

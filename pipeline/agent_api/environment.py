@@ -44,7 +44,7 @@ from pipeline.agent_api.types import (
 from pipeline.database import EVENT_DB_SCHEMA, NEWS_DB_SCHEMA
 from pipeline.reference.tables import iso3_codes, level1_codes, level2_codes
 from pipeline.storage import DataLayout, verified
-from pipeline.untrusted_parquet import UntrustedParquetError, read_untrusted_parquet
+from pipeline.untrusted_parquet import UntrustedParquetError, read_untrusted_parquet, text_bytes
 
 MAX_EVENTS = 30
 MAX_ARTICLES = 15
@@ -112,9 +112,7 @@ def _read_month(path: Path, table: str, untrusted: bool = False) -> pl.LazyFrame
         frame = read_untrusted_parquet(path.read_bytes(), MAX_UNTRUSTED_MONTH_BYTES, columns=list(STORED_TYPES[table]))
     except (OSError, UntrustedParquetError) as exc:
         raise DatabaseFileError(f"{path}: {exc}; refused") from None
-    text = [c for c, dtype in frame.schema.items() if dtype == pl.String]
-    total = sum(n or 0 for n in frame.select(pl.col(text).str.len_bytes().sum()).row(0)) if text and frame.height else 0
-    if total > MAX_UNTRUSTED_MONTH_BYTES:
+    if text_bytes(frame)[1] > MAX_UNTRUSTED_MONTH_BYTES:
         raise DatabaseFileError(f"{path}: more than {MAX_UNTRUSTED_MONTH_BYTES:,} bytes of text; refused")
     return frame.lazy()
 

@@ -80,8 +80,8 @@ def how_it_ended(returncode: int) -> str:
 
 class LlamaServer:
     """One child process serving one GGUF file with llama-cpp-python's server on 127.0.0.1 (on a
-    socket this process bound); ``start`` returns
-    once it answers (the model loaded), or raises ModelUnavailable with the server's own words.
+    socket this process bound); ``start`` returns once it answers (the model loaded), or raises
+    ModelUnavailable with the server's own words.
     ``n_ctx`` is capped by the child at the model's training context; ``n_threads`` None is
     llama.cpp's choice."""
 

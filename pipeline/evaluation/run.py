@@ -95,7 +95,7 @@ from pipeline.storage import (
     remove_orphans,
     replace_dir,
 )
-from pipeline.untrusted_parquet import UntrustedParquetError, read_untrusted_parquet
+from pipeline.untrusted_parquet import UntrustedParquetError, read_untrusted_parquet, text_bytes
 from pipeline.version import code_version
 
 EVALUATION_VERSION = "evaluation-v1"
@@ -174,13 +174,10 @@ def read_queries(path: Path) -> pl.DataFrame:
         raise refused(f"not a parquet file ({type(exc).__name__})") from None
     except UntrustedParquetError as exc:
         raise refused(str(exc)) from None
-    # Measured before a row becomes a Python string: decoded values may share one buffer.
-    strings = [c for c, dtype in frame.schema.items() if dtype == pl.String]
-    longest = frame.select(pl.col(strings).str.len_bytes().max()).row(0) if strings and frame.height else ()
-    if any(n is not None and n > MAX_QUERY_CELL_BYTES for n in longest):
+    longest, total = text_bytes(frame)
+    if longest > MAX_QUERY_CELL_BYTES:
         raise refused(f"a text cell longer than {MAX_QUERY_CELL_BYTES:,} bytes")
-    total = frame.select(pl.col(strings).str.len_bytes().sum()).row(0) if strings and frame.height else ()
-    if sum(n or 0 for n in total) > MAX_QUERIES_BYTES:
+    if total > MAX_QUERIES_BYTES:
         raise refused(f"more than {MAX_QUERIES_BYTES:,} bytes of text")
     present = [c for c in ("s_name", "o_name") if c in frame.columns]
     for column in (*QUERY_COLUMNS, *present):

@@ -55,7 +55,7 @@ from pipeline.evaluation.mirai_predictions import (
 )
 from pipeline.reference.tables import level1_codes, level2_codes
 from pipeline.release_layout import MANIFEST_NAME, MAX_JSON_BYTES, SPLIT_FILES, is_month, shown
-from pipeline.untrusted_parquet import UntrustedParquetError, read_untrusted_parquet
+from pipeline.untrusted_parquet import UntrustedParquetError, read_untrusted_parquet, text_bytes
 
 SCORECARD_FORMAT = "mirai-scorecard-v1"
 MAX_PREDICTIONS_BYTES = 64 * 2**20  # a month has ~2,000 queries; a full answer is < 3 KB as JSON
@@ -164,13 +164,9 @@ def load_split(directory: Path, sample: bool = False) -> Split:
     # Measured on the columns before any answer is parsed: shared values are cheap until then.
     if table.height > MAX_RECORDS:
         raise ScoringError(f"{path}: not a split's queries file (more than {MAX_RECORDS} queries)")
-    if table.schema.get("answer_dict") == pl.String and table.height:
-        longest, total = table.select(
-            pl.col("answer_dict").str.len_bytes().max().alias("longest"),
-            pl.col("answer_dict").str.len_bytes().sum().alias("total"),
-        ).row(0)
-        if (longest or 0) > MAX_LINE_CHARS or (total or 0) > MAX_SPLIT_BYTES:
-            raise ScoringError(f"{path}: not a split's queries file (answer_dict values too long to be gold answers)")
+    longest, total = text_bytes(table, ["answer_dict"])
+    if longest > MAX_LINE_CHARS or total > MAX_SPLIT_BYTES:
+        raise ScoringError(f"{path}: not a split's queries file (answer_dict values too long to be gold answers)")
     gold: dict[str, dict[str, list[str]]] = {}
     for query_id, answer in table.iter_rows():
         try:
@@ -346,32 +342,27 @@ def _oversized_cells(table: pl.DataFrame) -> str | None:
     """What in a predictions table is past the caps a text file has (MAX_LINE_CHARS a string,
     MAX_RANKED codes a ranked list, MAX_PREDICTIONS_BYTES of text in all), or None: per cell and
     summed, since shared values cost nothing until each row becomes Python strings."""
-    limits = []
     for c in ("query_id", "answer"):
-        if c in table.columns:
-            limits += [
-                (pl.col(c).str.len_bytes().max(), MAX_LINE_CHARS, f"{c} values longer than {MAX_LINE_CHARS} bytes"),
-                (
-                    pl.col(c).str.len_bytes().sum(),
-                    MAX_PREDICTIONS_BYTES,
-                    f"more than {MAX_PREDICTIONS_BYTES} bytes of {c}",
-                ),
-            ]
-    if "ranked" in table.columns:
-        code_bytes = pl.col("ranked").list.eval(pl.element().str.len_bytes())
-        limits += [
-            (pl.col("ranked").list.len().max(), MAX_RANKED, f"a ranked list of more than {MAX_RANKED} codes"),
-            (code_bytes.list.max().max(), MAX_LINE_CHARS, f"a ranked code longer than {MAX_LINE_CHARS} bytes"),
-            (
-                code_bytes.list.sum().sum(),
-                MAX_PREDICTIONS_BYTES,
-                f"more than {MAX_PREDICTIONS_BYTES} bytes of ranked codes",
-            ),
-        ]
-    if not limits:
+        longest, total = text_bytes(table, [c])
+        if longest > MAX_LINE_CHARS:
+            return f"{c} values longer than {MAX_LINE_CHARS} bytes"
+        if total > MAX_PREDICTIONS_BYTES:
+            return f"more than {MAX_PREDICTIONS_BYTES} bytes of {c}"
+    if "ranked" not in table.columns or not table.height:
         return None
-    found = table.select(*(expr.alias(str(i)) for i, (expr, _, _) in enumerate(limits))).row(0)
-    return next((what for value, (_, cap, what) in zip(found, limits) if value is not None and value > cap), None)
+    code_bytes = pl.col("ranked").list.eval(pl.element().str.len_bytes())
+    codes, longest, total = table.select(
+        pl.col("ranked").list.len().max().alias("codes"),
+        code_bytes.list.max().max().alias("longest"),
+        code_bytes.list.sum().sum().alias("total"),
+    ).row(0)
+    if (codes or 0) > MAX_RANKED:
+        return f"a ranked list of more than {MAX_RANKED} codes"
+    if (longest or 0) > MAX_LINE_CHARS:
+        return f"a ranked code longer than {MAX_LINE_CHARS} bytes"
+    if (total or 0) > MAX_PREDICTIONS_BYTES:
+        return f"more than {MAX_PREDICTIONS_BYTES} bytes of ranked codes"
+    return None
 
 
 def read_round_dir(
