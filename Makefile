@@ -59,7 +59,8 @@ endef
 
 # llama-cpp-python compiles llama.cpp from source, by default for the build machine's own CPU: a
 # build that crashed on another CPU of our machine kind. deploy/llama-cpu.cmake sets a portable
-# x86-64 target instead (its comment says which); the Dockerfile builds with the same file.
+# x86-64 target instead (GGML_NATIVE=OFF, x86-64-v3, no AVX-512 or AMX; its comment says why); the
+# Dockerfile builds with the same file.
 # `make test LLAMA_CMAKE_ARGS=-DGGML_NATIVE=ON` builds for this machine's CPU (docs/deploy.md).
 LLAMA_CMAKE_ARGS ?= -C $(CURDIR)/deploy/llama-cpu.cmake
 LLAMA_VERSION := $(shell sed -n 's/^llama-cpp-python==\([^ ;]*\).*/\1/p' $(LOCK))

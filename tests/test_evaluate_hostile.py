@@ -311,3 +311,18 @@ def test_rows_dated_after_their_month_never_pass_the_gate(hostile, tmp_path, cap
     database = EventDatabase(hostile)
     with pytest.raises(ValueError, match=word):
         database.environment(date(2024, 2, 10), 1)
+
+
+def test_a_database_month_larger_than_its_bound_is_refused_before_it_is_read(hostile, tmp_path, capsys, monkeypatch):
+    """A handed-over month is read whole to go to the capped decoder: its size on disk is the
+    first bound (a sparse 1 GiB file here, with a real footer's schema)."""
+    from pipeline.agent_api import environment
+
+    monkeypatch.setattr(environment, "MAX_UNTRUSTED_MONTH_BYTES", 64 * 2**20)
+    path = hostile / "database/news/month=2024-01.parquet"
+    data = path.read_bytes()
+    with open(path, "r+b") as f:  # the footer kept at the end, a hole before it
+        f.truncate(0)
+        f.seek(2**30)
+        f.write(data)
+    _refused(_evaluate(hostile, tmp_path / "p.jsonl", capsys, monkeypatch), "month=2024-01.parquet", "larger than")

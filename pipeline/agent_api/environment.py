@@ -108,6 +108,8 @@ def _read_month(path: Path, table: str, untrusted: bool = False) -> pl.LazyFrame
             raise DatabaseFileError(f"{path}: column {column!r} {found}, not {dtype}; refused")
     if not untrusted:
         return pl.scan_parquet(path)
+    if path.stat().st_size > MAX_UNTRUSTED_MONTH_BYTES:  # read whole below, to hand to the decoder
+        raise DatabaseFileError(f"{path}: larger than {MAX_UNTRUSTED_MONTH_BYTES:,} bytes; refused")
     try:
         frame = read_untrusted_parquet(path.read_bytes(), MAX_UNTRUSTED_MONTH_BYTES, columns=list(STORED_TYPES[table]))
     except (OSError, UntrustedParquetError) as exc:
