@@ -12,12 +12,15 @@ on the public prefixes and deliberately no anonymous listing (``index.json`` is 
 tests (tests/s3_server.py) and bench/release.py use the same class with fixed test credentials,
 and kill and restart it on the same ports and data.
 
-Its other listeners (the filer's, master's and volume server's HTTP ports) would otherwise take
-anonymous reads and writes: a submission's contact read through the filer, objects written under
-releases/ through it and then served by S3. Each start gets random JWT signing keys (SeaweedFS's
-security.toml keys, as WEED_JWT_* environment variables, which its S3 gateway signs its own
-requests with): the filer and the volume server then refuse every read and write without one.
-The master still answers status and file-id assignment (metadata, no object's bytes).
+Its other listeners (the master's, volume server's and filer's HTTP and gRPC ports) trust whoever
+reaches them: the master hands a write token to any caller of /dir/assign, the filer's gRPC API
+creates entries for anyone, and its HTTP port served a submission's contact and took objects that S3
+then served. So weed runs in a network namespace of its own (testbed/s3_relay.py): only the S3
+port, relayed to the gateway's Unix socket in a private directory, reaches the host. Each start also
+gets random JWT signing keys (SeaweedFS's security.toml keys, as WEED_JWT_* environment variables,
+which its S3 gateway signs its own requests with), so where the kernel refuses the namespace the
+filer and the volume server still refuse every read and write without a token. ``isolation`` says
+which of the two holds.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -43,7 +47,19 @@ JWT_KEYS = (
     "WEED_JWT_FILER_SIGNING_READ_KEY",
 )
 # Every listener `weed server -s3` opens; the ones not set would default to fixed ports.
-PORTS = ("master", "master_grpc", "volume", "volume_grpc", "filer", "filer_grpc", "s3", "s3_grpc")
+# s3_behind_relay: the gateway's own TCP port (inside weed's namespace; on the host's loopback too
+# where no namespace could be made); clients use "s3", the relay's.
+PORTS = (
+    "master",
+    "master_grpc",
+    "volume",
+    "volume_grpc",
+    "filer",
+    "filer_grpc",
+    "s3",
+    "s3_grpc",
+    "s3_behind_relay",
+)
 REGION = "us-east-1"
 # `mirai serve-release` serves the demo's store on this S3 port (SeaweedFS's own default), so the
 # download commands it prints stay the same from one day to the next.
@@ -83,6 +99,7 @@ class LocalS3:
         volume_size_limit_mb: int = 256,
         s3_port: int | None = None,
         public_prefixes: Sequence[str] | None = None,
+        isolate: bool = True,
     ):
         self.root = Path(root)
         self.bucket = bucket
@@ -97,7 +114,11 @@ class LocalS3:
             if public_prefixes is None
             else [f"Read:{bucket}/{prefix.strip('/')}/*" for prefix in public_prefixes]
         )
+        # False: weed on the host's loopback, as where the kernel refuses a namespace (tests).
+        self.isolate = isolate
         self.process: subprocess.Popen | None = None
+        self.sockets: Path | None = None
+        self.isolation = "not started"
         self.access_key, self.secret_key = credentials or self._credentials()
 
     @property
@@ -126,7 +147,19 @@ class LocalS3:
 
     def _command(self, config: Path) -> list[str]:
         p = self.ports
+        internal = [str(p[name]) for name in PORTS if name != "s3"]
+        relay = [
+            sys.executable,
+            "-m",
+            "testbed.s3_relay",
+            f"--listen=127.0.0.1:{p['s3']}",
+            f"--socket={self.sockets / 's3.sock'}",
+            f"--hold={','.join(internal)}",
+            *([] if self.isolate else ["--shared-network"]),
+            "--",
+        ]
         return [
+            *relay,
             weed_binary() or "weed",
             "server",
             "-s3",
@@ -139,7 +172,9 @@ class LocalS3:
             f"-volume.port.grpc={p['volume_grpc']}",
             f"-filer.port={p['filer']}",
             f"-filer.port.grpc={p['filer_grpc']}",
-            f"-s3.port={p['s3']}",
+            f"-s3.port={p['s3_behind_relay']}",
+            f"-s3.localSocket={self.sockets / 's3.sock'}",
+            f"-filer.localSocket={self.sockets / 'filer.sock'}",
             f"-s3.port.grpc={p['s3_grpc']}",
             "-s3.port.iceberg=0",
             "-s3.port.lance=0",
@@ -174,6 +209,8 @@ class LocalS3:
         )
         config.chmod(0o600)
         self._stop_orphan()
+        # The gateway's and the filer's Unix sockets: in a directory only this user can enter.
+        self.sockets = Path(tempfile.mkdtemp(prefix="mirai-s3-"))
         # Fresh keys each start: a JWT lives seconds and nothing stored depends on the key.
         signing = {name: secrets.token_hex(32) for name in JWT_KEYS}
         with open(self.root / "weed.log", "ab") as log:
@@ -186,6 +223,7 @@ class LocalS3:
             )
         (self.root / "weed.pid").write_text(f"{self.process.pid}\n")
         self._wait_ready(timeout_s)
+        self.isolation = (self.sockets / "isolation").read_text().strip()
         return self
 
     def _stop_orphan(self) -> None:
@@ -274,6 +312,9 @@ class LocalS3:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait(timeout=10)
         self.process = None
+        if self.sockets is not None:
+            shutil.rmtree(self.sockets, ignore_errors=True)
+            self.sockets = None
         # weed also listens on /tmp/seaweedfs-*-<port>.sock, named after our ports.
         for port in self.ports.values():
             for sock in Path("/tmp").glob(f"seaweedfs-*-{port}.sock"):

@@ -8,6 +8,8 @@ import base64
 import json
 import os
 import shutil
+import socket
+import stat
 import threading
 import urllib.request
 from datetime import UTC, date, datetime
@@ -39,6 +41,7 @@ from pipeline.release import (
 )
 from pipeline.splits import build_split
 from pipeline.storage import DataLayout
+from testbed.s3 import LocalS3
 
 from .month_builder import Quad, write_month
 from .s3_server import ACCESS_KEY, SECRET_KEY, SeaweedS3
@@ -705,23 +708,58 @@ def test_the_progress_bar_counts_every_byte_from_many_threads_and_is_silent_off_
     assert not silent.enabled and capsys.readouterr().err == ""
 
 
-def test_the_s3_server_s_other_ports_take_no_anonymous_read_or_write(s3_server, bucket):
-    """Issue 30: the demo's SeaweedFS filer and volume HTTP ports took anonymous reads and writes
-    (a submission's contact read through the filer; an object written under releases/ there was
-    then served by S3). With its JWT keys, both refuse without a token; S3 works as before."""
+def test_the_s3_server_s_other_ports_are_not_on_the_host_s_network(s3_server, bucket):
+    """Issue 30: SeaweedFS's master handed a write token to any caller of /dir/assign, its filer's
+    gRPC and HTTP APIs took anyone's reads and writes. weed runs in a network namespace of its own:
+    from the host, every port but S3 refuses the connection, and the filer's and gateway's Unix
+    sockets sit in a directory no other user can enter. S3 works as before."""
+    if s3_server.isolation.startswith("none"):
+        pytest.skip(f"the kernel refused SeaweedFS a network namespace here: {s3_server.isolation}")
     client = s3_server.client()
     client.put_object(Bucket=bucket, Key="submissions/x/submission.json", Body=b'{"contact": "me@example.org"}')
-    filer = f"http://127.0.0.1:{s3_server.ports['filer']}/buckets/{bucket}"
-    assert requests.get(f"{filer}/submissions/x/submission.json", timeout=10).status_code == 401
-    assert (
-        requests.get(f"{filer}/submissions/x/", headers={"Accept": "application/json"}, timeout=10).status_code == 401
-    )
-    assert requests.put(f"{filer}/releases/planted.txt", data=b"planted", timeout=10).status_code == 401
-    with pytest.raises(client.exceptions.NoSuchKey):
-        client.get_object(Bucket=bucket, Key="releases/planted.txt")
-    assignment = requests.get(f"http://127.0.0.1:{s3_server.ports['master']}/dir/assign", timeout=10).json()
-    volume = f"http://{assignment['url']}/{assignment['fid']}"
-    assert requests.post(volume, files={"file": ("x", b"blob")}, timeout=10).status_code == 401
-    assert requests.get(f"http://127.0.0.1:{s3_server.ports['volume']}/ui/index.html", timeout=10).status_code == 401
-    # The S3 API is unchanged: the admin reads, anonymous readers get nothing outside the policy.
+    for name, port in s3_server.ports.items():
+        if name != "s3":
+            with pytest.raises(ConnectionRefusedError):
+                socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    with pytest.raises(requests.ConnectionError):
+        requests.get(f"http://127.0.0.1:{s3_server.ports['master']}/dir/assign", timeout=5)
+    assert stat.S_IMODE(s3_server.sockets.stat().st_mode) == 0o700
+    if os.geteuid() == 0:  # as another user: the directory of the Unix sockets cannot be entered
+        child = os.fork()
+        if child == 0:
+            try:
+                os.setgid(65534)
+                os.setuid(65534)
+                socket.socket(socket.AF_UNIX).connect(str(s3_server.sockets / "filer.sock"))
+                os._exit(1)
+            except PermissionError:
+                os._exit(0)
+            except BaseException:
+                os._exit(2)
+        assert os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]) == 0
     assert client.get_object(Bucket=bucket, Key="submissions/x/submission.json")["Body"].read().startswith(b"{")
+
+
+def test_without_a_namespace_the_filer_and_volume_server_take_no_anonymous_read_or_write(tmp_path):
+    """Where the kernel refuses the namespace, weed's ports are on the host's loopback: with its JWT
+    keys, the filer and the volume server refuse reads and writes without a token (issue 30: a
+    submission's contact was read through the filer; an object written under releases/ there was
+    then served by S3)."""
+    bucket = "jwt-guarded"
+    with LocalS3(tmp_path / "s3", bucket, isolate=False) as s3_server:
+        assert s3_server.isolation.startswith("none")
+        client = s3_server.client()
+        client.put_object(Bucket=bucket, Key="submissions/x/submission.json", Body=b'{"contact": "me@example.org"}')
+        filer = f"http://127.0.0.1:{s3_server.ports['filer']}/buckets/{bucket}"
+        assert requests.get(f"{filer}/submissions/x/submission.json", timeout=10).status_code == 401
+        listing = requests.get(f"{filer}/submissions/x/", headers={"Accept": "application/json"}, timeout=10)
+        assert listing.status_code == 401
+        assert requests.put(f"{filer}/releases/planted.txt", data=b"planted", timeout=10).status_code == 401
+        with pytest.raises(client.exceptions.NoSuchKey):
+            client.get_object(Bucket=bucket, Key="releases/planted.txt")
+        assignment = requests.get(f"http://127.0.0.1:{s3_server.ports['master']}/dir/assign", timeout=10).json()
+        volume = f"http://{assignment['url']}/{assignment['fid']}"
+        assert requests.post(volume, files={"file": ("x", b"blob")}, timeout=10).status_code == 401
+        volume_ui = f"http://127.0.0.1:{s3_server.ports['volume']}/ui/index.html"
+        assert requests.get(volume_ui, timeout=10).status_code == 401
+        assert client.get_object(Bucket=bucket, Key="submissions/x/submission.json")["Body"].read().startswith(b"{")
