@@ -6,7 +6,8 @@ BYPASS) and then does the attack with raw syscalls, as agent code that owns the 
 - a futex on a page both map from the same file (libc's text): a shared futex is keyed by (inode,
   offset), so the late sandbox's wake would reach the early one's wait;
 - the page cache of the table files every sandbox maps: MADV_PAGEOUT and MADV_COLD would drop a
-  sibling's (and every later episode's) table pages, a channel that outlives the sandbox.
+  sibling's (and every later episode's) table pages, a channel that outlives the sandbox. The
+  kernel honours them only for the file's owner, so the files belong to no sandbox's uid either.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from __future__ import annotations
 import ctypes
 import errno
 import mmap
+import os
+import shutil
 import threading
 import time
 from datetime import date
@@ -21,7 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.agent_api import EventDatabase
+from pipeline.agent_api import EventDatabase, lockdown
+from pipeline.agent_api.table_files import table_owner
 from testbed.database import generate_event_database
 
 from .test_sandbox_attacks import BYPASS, _nr, pytestmark  # noqa: F401 (the same platform skip)
@@ -143,3 +147,40 @@ def test_a_sandbox_cannot_page_out_the_tables_its_siblings_map(early_and_late):
     assert lines[-1] == f"maps {len(files)}", lines  # it reached every table it maps
     assert {tuple(map(int, line.split()))[1:] for line in lines[:-1]} == {(-1, errno.EPERM)}, lines
     assert {path: resident_pages(path) for path in files} == before
+
+
+def page_out_from_a_user_namespace(path: Path) -> None:
+    """MADV_PAGEOUT over the whole file from a child that, like a sandbox child, got a read-only
+    descriptor and then entered a user namespace of its own (root inside, this uid outside), with
+    no seccomp filter: what a child that got past its filter could still ask of the kernel."""
+    child = os.fork()
+    if child == 0:
+        try:
+            with open(path, "rb") as file:
+                mapped = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+            lockdown.enter_namespaces()
+            mapped.read()  # fault every page in: pageout walks the caller's own page tables
+            mapped.madvise(MADV_PAGEOUT)
+            os._exit(0)
+        except BaseException:
+            os._exit(1)
+    assert os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]) == 0
+
+
+MADV_PAGEOUT = 21
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="table parts are given to the overflow uid only by a root process")
+def test_table_parts_belong_to_no_sandbox_so_even_an_unfiltered_child_cannot_page_them_out(database, tmp_path):
+    _, news = database.environment(LATE).table_files()[0]
+    assert (news.stat().st_uid, news.stat().st_gid) == table_owner() != (0, 0)
+    own_copy = tmp_path / "own.arrow"  # the same bytes, owned by this process's uid: the attack works
+    shutil.copyfile(news, own_copy)
+    for path in (own_copy, news):
+        with open(path, "rb") as file:  # written back: the kernel pages out clean pages only
+            os.fsync(file.fileno())
+        path.read_bytes()
+        assert resident_pages(path)[0] == resident_pages(path)[1]
+        page_out_from_a_user_namespace(path)
+    assert resident_pages(own_copy)[0] < resident_pages(own_copy)[1] // 2
+    assert resident_pages(news)[0] == resident_pages(news)[1]

@@ -11,6 +11,13 @@ A table is a list of parts (events file, news file); the child concatenates them
 makes one part per complete month (shared by every later cutoff) and one for the cutoff's month up
 to the cutoff, so a file for cutoff d holds no row after d and the disk holds the database about
 once, plus at most one partial month per cutoff seen.
+
+Where the evaluation process may change a file's owner (it runs as root), each part belongs to the
+kernel's overflow uid ("nobody"), which no sandbox runs as: the kernel pages out a file's cached pages
+on `MADV_PAGEOUT`/`MADV_COLD` only for the file's owner or a writer (mm/madvise.c,
+can_do_file_pageout), so a child that got past its seccomp filter still could not drop its siblings'
+table pages. Elsewhere the filter alone refuses that advice (docs/agent_api.md, "Other episodes are
+adversaries too").
 """
 
 from __future__ import annotations
@@ -26,6 +33,19 @@ from pathlib import Path
 import polars as pl
 
 Tables = tuple[pl.DataFrame, pl.DataFrame]
+
+
+def table_owner() -> tuple[int, int] | None:
+    """(uid, gid) the parts are given to: the kernel's overflow ids, as root; None otherwise."""
+    if os.geteuid() != 0:
+        return None
+    ids = []
+    for name in ("overflowuid", "overflowgid"):
+        try:
+            ids.append(int(Path(f"/proc/sys/kernel/{name}").read_text()))
+        except (OSError, ValueError):
+            ids.append(65534)  # the kernel's default (include/linux/highuid.h)
+    return ids[0], ids[1]
 
 
 class TableFiles:
@@ -55,6 +75,8 @@ class TableFiles:
                     partial = path.with_name(f".{path.name}.partial")
                     frame.write_ipc(partial, compression="uncompressed", compat_level=pl.CompatLevel.newest())
                     partial.chmod(0o400)
+                    if (owner := table_owner()) is not None:
+                        os.chown(partial, *owner)
                     os.replace(partial, path)
         return paths
 
