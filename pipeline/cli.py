@@ -341,7 +341,10 @@ def cmd_export_predictions(args: argparse.Namespace) -> int:
         queries = pl.read_parquet(directory / "results.parquet", columns=["query_id", "date", "s", "o"]).unique(
             "query_id", maintain_order=True
         )
-        query_ids = mirai_query_ids(queries, args.relation_query)
+        try:
+            query_ids = mirai_query_ids(queries, args.relation_query)
+        except ValueError as exc:  # a wrong or oversized file; polars' parse errors are ValueErrors too
+            raise CommandError(str(exc).splitlines()[0]) from None
     written = export_predictions(directory, args.out, query_ids)
     files = sum(len(paths) for paths in written.values())
     named = f"QueryIds of {args.relation_query}" if query_ids is not None else "our query ids"

@@ -32,6 +32,7 @@ from pipeline.release_layout import (
     LATEST_KEY,
     LEADERBOARD_KEYS,
     MANIFEST_NAME,
+    MAX_JSON_BYTES,
     RELEASE_FORMAT,
     RELEASES_DIR,
     ReleaseError,
@@ -77,6 +78,10 @@ class ReleaseNotReady(ReleaseError):
 
 class ReleaseConflict(ReleaseError):
     """The store already holds different bytes at a key of this release: nothing is overwritten."""
+
+
+class ObjectTooLarge(UnsafeRelease):
+    """An object read with a limit (``get_bytes``) holds more bytes than the limit allows."""
 
 
 def content_type(name: str) -> str:
@@ -611,7 +616,7 @@ def _read_bounded(fh, key: str, limit: int | None, where: str) -> bytes:
     while chunk := fh.read(CHUNK):
         size += len(chunk)
         if limit is not None and size > limit:
-            raise UnsafeRelease(f"{key} at {where} is over {limit:,} bytes; refused, nothing was written")
+            raise ObjectTooLarge(f"{key} at {where} is over {limit:,} bytes; refused, nothing was written")
         chunks.append(chunk)
     return b"".join(chunks)
 
@@ -918,7 +923,7 @@ def publish_release(
     sources = None if plan else release_sources(month, settings)
     label = plan.month if plan else sources.month
     manifest_key = release_key(label, MANIFEST_NAME)
-    published = store.get_bytes(manifest_key)
+    published = store.get_bytes(manifest_key, limit=MAX_JSON_BYTES)
     if sources and published is None and not _any_stored(store, label, sources.files):
         # A month new to the store (every first publish) has nothing to compare against, so each
         # file goes up as soon as it is planned instead of after a hashing pass over the release.
@@ -939,7 +944,7 @@ def publish_release(
 
     if published is None:
         if not store.put_bytes(manifest_key, plan.manifest_bytes, cache_control=IMMUTABLE_CACHE, if_absent=True):
-            if store.get_bytes(manifest_key) != plan.manifest_bytes:
+            if not _holds(store, manifest_key, plan.manifest_bytes):
                 raise ReleaseConflict(f"another publisher committed a different release {plan.month} meanwhile")
         else:
             result.manifest_written = True
@@ -1027,13 +1032,22 @@ def _check_then_upload(store: ReleaseStore, plan: ReleasePlan, published: bytes 
     return missing, verified
 
 
+def _holds(store: ReleaseStore, key: str, data: bytes) -> bool:
+    """Whether ``key`` holds exactly ``data``, found out reading no more than one chunk past
+    ``len(data)``: the store may hold anything there, of any size."""
+    try:
+        return store.get_bytes(key, limit=len(data)) == data
+    except ObjectTooLarge:  # longer than ``data``, so not ``data`` (a link is still refused)
+        return False
+
+
 def update_pointers(store: ReleaseStore) -> tuple[bool, bool]:
     """Rewrite index.json, then latest.json, from the manifests actually published (so a crash
     between steps, or two publishers, is repaired by the next run); each is written only if its
     content changed. Returns whether each was written."""
     index = build_index(store)
     index_bytes = (json.dumps(index, indent=2, sort_keys=True) + "\n").encode()
-    index_written = store.get_bytes(INDEX_KEY) != index_bytes
+    index_written = not _holds(store, INDEX_KEY, index_bytes)
     if index_written:
         store.put_bytes(INDEX_KEY, index_bytes, cache_control=POINTER_CACHE, if_absent=False)
     if not index["releases"]:
@@ -1041,7 +1055,7 @@ def update_pointers(store: ReleaseStore) -> tuple[bool, bool]:
     newest = index["releases"][-1]
     latest = {"format": INDEX_FORMAT, **{k: v for k, v in newest.items() if k not in ("files", "urls")}}
     latest_bytes = (json.dumps(latest, indent=2, sort_keys=True) + "\n").encode()
-    latest_written = store.get_bytes(LATEST_KEY) != latest_bytes
+    latest_written = not _holds(store, LATEST_KEY, latest_bytes)
     if latest_written:
         store.put_bytes(LATEST_KEY, latest_bytes, cache_control=POINTER_CACHE, if_absent=False)
     return index_written, latest_written
@@ -1055,7 +1069,7 @@ def build_index(store: ReleaseStore) -> dict:
     releases = []
     for month in store.release_months():
         key = release_key(month, MANIFEST_NAME)
-        raw = store.get_bytes(key)
+        raw = store.get_bytes(key, limit=MAX_JSON_BYTES)  # the store's word: never read past the bound
         if raw is None:  # an unfinished publish: not a release yet
             continue
         # Checked as mirai download checks it: the index never points at a release it would refuse.
@@ -1084,7 +1098,7 @@ def publish_leaderboard(store: ReleaseStore, board: Path, chart: Path, page: Pat
     written = []
     for key, path in zip(LEADERBOARD_KEYS.values(), (board, chart, page), strict=True):
         data = path.read_bytes()
-        if store.get_bytes(key) != data:
+        if not _holds(store, key, data):
             store.put_bytes(key, data, cache_control=POINTER_CACHE, if_absent=False)
             written.append(key)
     return written

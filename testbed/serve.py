@@ -26,6 +26,8 @@ fault              what the client sees                                        p
 ``wrong_bytes``    200, right length, a few bytes changed (md5 mismatch)
 ``truncate``       200 with the first half only and a matching Content-Length
 ``empty``          200 with Content-Length 0
+``gzip_bomb``      200 with ``Content-Encoding: gzip`` whatever the path or    inflated_bytes
+                   Range: a few hundred KB inflating to that many zeros        (128 MiB)
 =================  ==========================================================  =================
 
 The same rules over HTTP: ``POST /_mirror/faults`` with a JSON list of
@@ -48,6 +50,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from testbed.local import LocalServer, resolve_under
+from testbed.news import BOMB_BYTES, gzip_bomb
 
 CONTROL_PREFIX = "/_mirror/"
 # Accepted params per fault; anything else is refused so a typo in a test cannot pass silently.
@@ -63,6 +66,7 @@ FAULTS: dict[str, frozenset[str]] = {
     "wrong_bytes": frozenset(),
     "truncate": frozenset(),
     "empty": frozenset(),
+    "gzip_bomb": frozenset({"inflated_bytes"}),
 }
 _CONTENT_TYPES = {".zip": "application/zip", ".txt": "text/plain; charset=utf-8", ".json": "application/json"}
 _RANGE = re.compile(r"bytes=(\d+)-(\d*)")
@@ -229,6 +233,9 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send(
                 int(fault), f"fault injected: {fault}\n".encode(), "text/plain", headers, send_body, entry
             )
+        if fault == "gzip_bomb":  # what any server may answer a client that accepts gzip
+            bomb = gzip_bomb(int(rule.params.get("inflated_bytes", BOMB_BYTES)))
+            return self._send(200, bomb, "text/plain", {"Content-Encoding": "gzip"}, send_body, entry)
 
         target = mirror.resolve(path)
         if target is None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ast
 import errno
+import io
 import json
 import os
 import re
@@ -84,8 +85,10 @@ class Prediction:
 
 def mirai_query_ids(queries: pl.DataFrame, relation_query_csv: Path) -> dict[str, str]:
     """Our query_id → the QueryId of the same query (DateStr, Actor1CountryCode, Actor2CountryCode)
-    in a MIRAI relation_query.csv, so file names match that file. Every query must be there once."""
-    table = pl.read_csv(relation_query_csv, separator="\t", infer_schema=False)
+    in a MIRAI relation_query.csv, so file names match that file. Every query must be there once.
+    The file may come from anyone (a handed-over release's mirai/data/): a regular file, read up
+    to the bound ``mirai import mirai`` puts on the same file, else ValueError in one line."""
+    table = pl.read_csv(io.BytesIO(_read_relation_query(Path(relation_query_csv))), separator="\t", infer_schema=False)
     wanted = ("QueryId", "DateStr", "Actor1CountryCode", "Actor2CountryCode")
     missing = [c for c in wanted if c not in table.columns]
     if missing:
@@ -102,6 +105,24 @@ def mirai_query_ids(queries: pl.DataFrame, relation_query_csv: Path) -> dict[str
             )
         out[query_id] = found[0]
     return out
+
+
+def _read_relation_query(path: Path) -> bytes:
+    from pipeline.mirai_files import MAX_FILE_BYTES, TEST_FILE  # the import's bound on this file
+
+    cap = MAX_FILE_BYTES[TEST_FILE]
+    try:  # O_NONBLOCK: a FIFO is opened without waiting for a writer, then refused
+        with open(path, "rb", opener=lambda name, flags: os.open(name, flags | os.O_NONBLOCK)) as fh:
+            info = os.fstat(fh.fileno())
+            if not stat.S_ISREG(info.st_mode):
+                raise ValueError(f"{path}: not a regular file; refused")
+            data = b"" if info.st_size > cap else fh.read(cap + 1)
+    except OSError as exc:
+        raise ValueError(f"{path}: {exc.strerror or exc}") from None
+    size = max(info.st_size, len(data))
+    if size > cap:
+        raise ValueError(f"{path}: {size:,} bytes, more than the {cap:,} allowed for a relation_query.csv; refused")
+    return data
 
 
 def _python_repr(answer_json: str) -> str:

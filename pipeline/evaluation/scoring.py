@@ -64,6 +64,8 @@ MAX_RECORDS = 200_000
 MAX_SPLIT_BYTES = 256 * 2**20
 MAX_SPLIT_DECODED_BYTES = 256 * 2**20
 MAX_LINE_CHARS = 4 * MAX_ANSWER_CHARS  # one JSONL line or CSV field: an answer plus a ranked list
+# A query's id and its actors' codes: at most 100 characters (is_query_id) and ISO 3166 alpha-3.
+MAX_KEY_CHARS = 100
 MAX_RANKED = 1000  # as mirai_predictions: there are ~240 second-level codes
 MAX_PROBLEMS_SHOWN = 50
 DEFAULT_RESAMPLES = 1000
@@ -416,14 +418,36 @@ def read_round_dir(
     return out, problems
 
 
+def _query_keys(path: Path) -> pl.DataFrame:
+    """query_id, date, s and o of a handed-over queries file, decoded as load_split decodes its
+    other columns (in the memory-capped child, then measured on the columns): load_split never
+    looked at these, and a footer may lie about them as about any."""
+    if path.stat().st_size > MAX_SPLIT_BYTES:
+        raise ScoringError(f"{path}: refused: larger than {MAX_SPLIT_BYTES} bytes")
+    try:
+        table = read_untrusted_parquet(
+            path.read_bytes(), MAX_SPLIT_DECODED_BYTES, columns=["query_id", "date", "s", "o"]
+        )
+    except UntrustedParquetError as exc:
+        raise ScoringError(f"{path}: not a split's queries file ({exc})") from None
+    if table.height > MAX_RECORDS:
+        raise ScoringError(f"{path}: not a split's queries file (more than {MAX_RECORDS} queries)")
+    if table.schema["date"] != pl.Date:
+        raise ScoringError(f"{path}: not a split's queries file (date is {table.schema['date']}, not Date)")
+    for column in ("query_id", "s", "o"):
+        if table.schema[column] != pl.String or text_bytes(table, [column])[0] > MAX_KEY_CHARS:
+            raise ScoringError(
+                f"{path}: not a split's queries file ({column} values longer than {MAX_KEY_CHARS} bytes, or not text)"
+            )
+    return table
+
+
 def relation_query_file_ids(split_dir: Path, sample: bool, relation_query: Path) -> dict[str, str]:
     """MIRAI QueryId → our query_id for every query of the split (its queries_sample with
     ``sample``), matched on (date, s, o) with a MIRAI relation_query.csv, such as the one in a
     release's mirai/data/ (which numbers the queries 1, 2, ...). MIRAI's agents name their round
     files by those QueryIds; load_split has checked the queries file against the manifest."""
-    queries = pl.read_parquet(
-        split_dir / (SPLIT_FILES[1] if sample else SPLIT_FILES[0]), columns=["query_id", "date", "s", "o"]
-    )
+    queries = _query_keys(Path(split_dir) / (SPLIT_FILES[1] if sample else SPLIT_FILES[0]))
     if not Path(relation_query).is_file():
         raise ScoringError(f"--relation-query {relation_query}: no such file")
     try:

@@ -35,6 +35,19 @@ _CHUNK_BYTES = 1 << 20
 # Sized from real files: see pipeline/config.py and docs/data-layout.md.
 DEFAULT_MAX_UNCOMPRESSED_BYTES = DEFAULT_MAX_UNCOMPRESSED_MB * 2**20
 
+# What a zip of one member adds to it at most: headers of a few hundred bytes (local, central,
+# end record, zip64 extras). Its data is the member stored, or compressed, which expands data that
+# does not compress by far less than 1/64 (deflate: 5 bytes per 64 KiB block; bzip2: ~1%).
+_ZIP_SLACK_BYTES = 64 * 2**10
+
+
+def max_zip_bytes(max_uncompressed_bytes: int) -> int:
+    """The most bytes a single-member zip whose member is within ``max_uncompressed_bytes`` can
+    take. zipfile ignores bytes before an archive (a self-extractor's stub), so a file of any size
+    can verify as a zip of a small member: its size must be bounded on its own. Real GDELT zips
+    are ~0.1-2 MB (docs/data-layout.md, "Why 32 MiB"), 17x under this at the default cap."""
+    return max_uncompressed_bytes + max_uncompressed_bytes // 64 + _ZIP_SLACK_BYTES
+
 
 class CorruptArchiveError(ValueError):
     """The bytes are not a sound single-member zip archive (or it inflates past the cap)."""

@@ -8,7 +8,9 @@ chunk of memory, not the member.
 
 A zip whose bytes are exactly what the index lists but which does not open (or inflates past the
 cap) is ``quarantined``, not ``corrupt``: GDELT serves those very bytes, so fetching again cannot
-help, and the slot is left alone until the index lists other bytes for it.
+help, and the slot is left alone until the index lists other bytes for it. So is a file the index
+lists larger than a zip of a member at the cap can be (``archive.max_zip_bytes``), without being
+downloaded: the listed size bounds what is written to disk and what parsing reads whole.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from pathlib import Path
 import requests
 
 from pipeline.config import Settings
-from pipeline.gdelt.archive import CorruptArchiveError, verify_gdelt_zip
+from pipeline.gdelt.archive import CorruptArchiveError, max_zip_bytes, verify_gdelt_zip
 from pipeline.http import (
     RETRYABLE_EXCEPTIONS,
     RetryLog,
@@ -74,6 +76,14 @@ def fetch_verified(
     settings: Settings,
     quarantine_dir: Path,
 ) -> FetchResult:
+    limit = max_zip_bytes(settings.max_uncompressed_bytes)
+    if expected_size > limit:  # the same bytes would be refused once downloaded (or parsed whole)
+        return FetchResult(
+            "quarantined",
+            0,
+            error=f"zip: listed at {expected_size:,} bytes, more than a zip of one member of at most "
+            f"{settings.max_uncompressed_bytes:,} bytes can take ({limit:,}); not downloaded",
+        )
     log = RetryLog()
     quarantined: list[str] = []
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -4,6 +4,11 @@ ever published, ~115 MB, append-only). Both are lines of ``<bytes> <md5> <url>``
 The index is the source of truth for what should exist and what its bytes must be. We keep a
 local copy of the master list and refresh it with an HTTP Range request from the size we hold,
 so a 15-minute run transfers a few KB instead of 115 MB.
+
+Whoever serves the index may be hostile (docs/data-layout.md, "Hostile GDELT files"): every body
+is read as a stream and counted as it is decoded (a server may answer with Content-Encoding: gzip
+whatever the file), and refused past :data:`MAX_LAST_UPDATE_BYTES` or
+:data:`MAX_MASTER_LIST_BYTES` (:class:`IndexTooLarge`); the cached copy then stays in use.
 """
 
 from __future__ import annotations
@@ -23,6 +28,16 @@ from pipeline.storage import DataLayout, atomic_write_bytes, commit_temp, temp_p
 MASTER_LIST = "masterfilelist.txt"
 LAST_UPDATE = "lastupdate.txt"
 SLOT = timedelta(minutes=15)
+# lastupdate.txt lists the newest slot's three files: 321 bytes in a 2018 copy (the tests'
+# fixtures, github.com/epournaras/DIAS-GDELT). 64 KiB is 200 times that.
+MAX_LAST_UPDATE_BYTES = 64 * 2**10
+# masterfilelist.txt lists every file since February 2015, ~115 MB today and growing ~11 MB a
+# year (three lines of ~107 bytes every 15 minutes, as in its first 1000 lines in the fixtures).
+# entries_for_day holds it whole, so it is never let past this: 4.6x today, decades of growth.
+MAX_MASTER_LIST_BYTES = 512 * 2**20
+# Bodies are read this much at a time, counted after decoding (urllib3 >= 2.6 bounds each decoding
+# step to the bytes asked for, so a gzip bomb is stopped within one step of the cap).
+_CHUNK_BYTES = 1 << 20
 
 ENTRY_SCHEMA = pl.Schema(
     [
@@ -38,6 +53,21 @@ BAD_LINE_SCHEMA = pl.Schema([("line_number", pl.Int64), ("line", pl.String)])
 
 # <size> <md5> <url ending in /YYYYMMDDHHMMSS.<kind>.(CSV|csv).zip>
 _LINE = r"^(\d+) ([0-9a-fA-F]{32}) (\S*/((\d{14})\.([a-z.]+)\.(?:CSV|csv)\.zip))$"
+
+
+class IndexTooLarge(ValueError):
+    """A file of GDELT's index is larger than it can be (the message names it and the cap)."""
+
+
+def _read_capped(resp: requests.Response, cap: int) -> bytes:
+    """``resp``'s decoded body, refused (IndexTooLarge) as soon as it passes ``cap`` bytes."""
+    parts, size = [], 0
+    for chunk in resp.iter_content(_CHUNK_BYTES):
+        size += len(chunk)
+        if size > cap:
+            raise IndexTooLarge(f"{resp.url}: more than {cap:,} bytes (decoded); refused")
+        parts.append(chunk)
+    return b"".join(parts)
 
 
 @dataclass(frozen=True)
@@ -145,15 +175,18 @@ class GdeltIndex:
             backoff_max_s=self.settings.backoff_max_s,
         )
 
-    def _get(self, name: str, headers: dict[str, str] | None = None) -> requests.Response:
-        def op() -> requests.Response:
-            resp = self.session.get(
+    def _get(self, name: str, cap: int, headers: dict[str, str] | None = None) -> tuple[requests.Response, bytes]:
+        """The response to a GET of ``name`` and its decoded body, at most ``cap`` bytes."""
+
+        def op() -> tuple[requests.Response, bytes]:
+            with self.session.get(
                 self._url(name),
                 headers=headers or {},
+                stream=True,
                 timeout=(self.settings.connect_timeout_s, self.settings.read_timeout_s),
-            )
-            raise_for_transient(resp)
-            return resp
+            ) as resp:
+                raise_for_transient(resp)
+                return resp, _read_capped(resp, cap)
 
         return self._retrying(op)
 
@@ -163,11 +196,11 @@ class GdeltIndex:
         self.dir.mkdir(parents=True, exist_ok=True)
         try:
             result = self._refresh_master()
-            last = self._get(LAST_UPDATE)
+            last, body = self._get(LAST_UPDATE, MAX_LAST_UPDATE_BYTES)
             last.raise_for_status()
-            atomic_write_bytes(self.lastupdate_path, last.content)
+            atomic_write_bytes(self.lastupdate_path, body)
             return result
-        except (requests.RequestException, TransientHTTPError, OSError) as exc:
+        except (requests.RequestException, TransientHTTPError, OSError, IndexTooLarge) as exc:
             if not self.master_path.exists():
                 raise
             return RefreshResult("cached", 0, self.master_path.stat().st_size, error=f"{type(exc).__name__}: {exc}")
@@ -195,9 +228,8 @@ class GdeltIndex:
         size = self._complete_size()
         if size >= self.OVERLAP:
             start = size - self.OVERLAP
-            resp = self._get(MASTER_LIST, headers={"Range": f"bytes={start}-"})
+            resp, body = self._get(MASTER_LIST, MAX_MASTER_LIST_BYTES, headers={"Range": f"bytes={start}-"})
             if resp.status_code == 206 and resp.headers.get("Content-Range", "").startswith(f"bytes {start}-"):
-                body = resp.content
                 with open(self.master_path, "rb") as fh:
                     fh.seek(start)
                     tail = fh.read(self.OVERLAP)
@@ -206,13 +238,15 @@ class GdeltIndex:
                     new = new[: new.rfind(b"\n") + 1]  # only whole lines; the rest comes next time
                     if not new:
                         return RefreshResult("unchanged", len(body), size)
+                    if size + len(new) > MAX_MASTER_LIST_BYTES:
+                        raise IndexTooLarge(f"{resp.url}: would grow past {MAX_MASTER_LIST_BYTES:,} bytes; refused")
                     with open(self.master_path, "ab") as fh:
                         fh.write(new)
                         fh.flush()
                         os.fsync(fh.fileno())
                     return RefreshResult("range", len(body), size + len(new))
             elif resp.status_code == 200:  # the server ignores Range: it sent the whole list
-                return self._store_full(resp.content)
+                return self._store_full(body)
             # 416 (the server's list is shorter than ours) or a changed prefix: start over.
         return self._download_full()
 
@@ -240,9 +274,13 @@ class GdeltIndex:
                     resp.raise_for_status()
                     size = 0
                     with open(temp, "wb") as fh:
-                        for chunk in resp.iter_content(1 << 20):
-                            fh.write(chunk)
+                        for chunk in resp.iter_content(_CHUNK_BYTES):
                             size += len(chunk)
+                            if size > MAX_MASTER_LIST_BYTES:
+                                raise IndexTooLarge(
+                                    f"{resp.url}: more than {MAX_MASTER_LIST_BYTES:,} bytes (decoded); refused"
+                                )
+                            fh.write(chunk)
                 commit_temp(temp, self.master_path)
                 return RefreshResult("full", size, size)
             finally:
