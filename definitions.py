@@ -27,6 +27,7 @@ from sensors.evaluations import evaluation_job, evaluation_sensor, leaderboard_j
 from sensors.live import live_round_daily, live_round_job
 from sensors.live_resolution import live_leaderboard_job, live_resolution_job, live_resolution_sensor
 from sensors.monthly import monthly_release_daily, monthly_release_job
+from sensors.run_health import run_worker_watch
 from sensors.schedules import articles_hourly, articles_job, gdelt_every_15_minutes, gdelt_ingest_job
 from sensors.submissions import submission_job, submission_sensor
 
@@ -72,7 +73,14 @@ defs = dg.Definitions(
         live_leaderboard_job,
     ],
     schedules=[gdelt_every_15_minutes, articles_hourly, monthly_release_daily, live_round_daily],
-    sensors=[alert_on_run_failure, gdelt_freshness, evaluation_sensor, submission_sensor, live_resolution_sensor],
+    sensors=[
+        alert_on_run_failure,
+        run_worker_watch,
+        gdelt_freshness,
+        evaluation_sensor,
+        submission_sensor,
+        live_resolution_sensor,
+    ],
     # Built from the environment when the code location loads (README.md's variables); the
     # launchpad overrides any field per run (docs/deploy.md, "Resources").
     resources=resources_from_env(),

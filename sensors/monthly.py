@@ -18,6 +18,7 @@ from assets.resources import Dataset, GdeltFeed, ReleaseBucket, pipeline_setting
 from assets.splits import test_split
 from pipeline.release import MANIFEST_NAME, open_store, release_key
 from pipeline.splits import month_closure
+from sensors.run_health import max_runtime_tag
 
 monthly_release_job = dg.define_asset_job(
     "monthly_release",
@@ -25,6 +26,7 @@ monthly_release_job = dg.define_asset_job(
     # audit) passed in the same run.
     selection=[event_database, test_split, release],
     executor_def=dg.in_process_executor,
+    tags=max_runtime_tag("monthly_release"),
 )
 
 

@@ -14,6 +14,7 @@ import dagster as dg
 from assets.articles import articles
 from assets.events import daily_quads, events
 from assets.ingest import gdelt_events, gdelt_files, gdelt_mentions
+from sensors.run_health import max_runtime_tag
 
 PUBLISH_DELAY = timedelta(minutes=5)
 RECONCILE_PREVIOUS_DAY_HOURS = 6
@@ -24,6 +25,7 @@ gdelt_ingest_job = dg.define_asset_job(
     selection=[gdelt_files, gdelt_events, gdelt_mentions, events, daily_quads],
     # Small, frequent runs: one process, no per-step subprocess start-up (https://docs.dagster.io/guides/operate/run-executors).
     executor_def=dg.in_process_executor,
+    tags=max_runtime_tag("gdelt_ingest"),
 )
 
 
@@ -43,7 +45,9 @@ def gdelt_every_15_minutes(context: dg.ScheduleEvaluationContext):
     return requests
 
 
-articles_job = dg.define_asset_job("articles_daily", selection=[articles], executor_def=dg.in_process_executor)
+articles_job = dg.define_asset_job(
+    "articles_daily", selection=[articles], executor_def=dg.in_process_executor, tags=max_runtime_tag("articles_daily")
+)
 
 
 @dg.schedule(cron_schedule="40 * * * *", job=articles_job, execution_timezone="UTC")

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from .conftest import MIRROR_DAY, ROOT
+from .run_recovery import FAILED_WITHIN_S, NEXT_RUN_DONE_WITHIN_S, killed_worker_recovers
 
 psycopg2 = pytest.importorskip("psycopg2", reason="dagster-postgres (the `test` extra) brings psycopg2")
 
@@ -251,3 +252,17 @@ def test_the_deployed_instance_reads_back_from_postgresql_with_its_limits(tmp_pa
             info = instance.event_log_storage.get_concurrency_info(pool)
             assert (info.limit, info.using_default_limit) == (1, True)
         assert instance.run_monitoring_enabled and instance.run_retries_enabled
+
+
+def test_a_killed_run_worker_and_its_code_server_do_not_stall_the_deployed_instance(tmp_path, mirror, postgres):
+    """Issue 31 on deploy/dagster.yaml (PostgreSQL, the queue's limits, run retries): the run whose
+    worker and code server were killed is failed by run_worker_watch, its slot freed, and the next
+    run lands the day (tests/run_recovery.py)."""
+    recovery = killed_worker_recovers(
+        _dagster_home(tmp_path), tmp_path / "data", mirror, postgres.env(), with_code_server=True
+    )
+    print(f"failed after {recovery.failed_after_s:.0f} s, next run done after {recovery.next_run_done_after_s:.0f} s")
+    assert "run worker (pid" in recovery.failure_message, recovery.failure_message
+    assert recovery.failed_after_s < FAILED_WITHIN_S
+    assert recovery.next_run_done_after_s < NEXT_RUN_DONE_WITHIN_S
+    assert {status: n for status, n in recovery.ledger.items() if n} == {"landed": 190, "missing": 2}
