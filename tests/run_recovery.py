@@ -135,7 +135,11 @@ def killed_worker_recovers(home: Path, data: Path, mirror, extra_env: dict, *, w
             failed_after = time.monotonic() - killed_at
             _wait("run B finished", lambda: status(next_run).value in ("SUCCESS", "FAILURE"), 300, daemon)
             done_after = time.monotonic() - killed_at
-            assert status(next_run) == dg.DagsterRunStatus.SUCCESS
+            assert status(next_run) == dg.DagsterRunStatus.SUCCESS, [
+                (e.dagster_event.event_type_value, e.message[:300])
+                for e in instance.all_logs(next_run.run_id)[-15:]
+                if e.dagster_event
+            ] + [(r.run_id[:8], r.status.value, r.tags.get("dagster/parent_run_id")) for r in new_runs()]
             return Recovery(
                 killed_run=instance.get_run_by_id(killed.run_id),
                 failure_message=instance.all_logs(killed.run_id, of_type=dg.DagsterEventType.RUN_FAILURE)[-1].message,
