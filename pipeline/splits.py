@@ -101,6 +101,12 @@ class Closure:
     closed: bool
     reasons: tuple[str, ...]
     slots: dict[str, int]
+    # What keeps it open, by cause, for a summary over many months (sensors/monthly.py): when the
+    # grace period ends (None once over), the days gdelt_files has not run for (no slot ledger), and
+    # the days whose gdelt_files slots are not settled.
+    grace_until: datetime | None = None
+    days_without_ledger: tuple[date, ...] = ()
+    days_unsettled: tuple[date, ...] = ()
 
     def describe(self) -> str:
         state = "closed" if self.closed else "open"
@@ -116,13 +122,31 @@ def month_closure(month: date, settings: Settings, now: datetime) -> Closure:
     due = datetime.combine(days[-1] + timedelta(days=1 + settings.split_grace_days), datetime.min.time(), UTC)
     if now < due:
         reasons.append(f"grace period runs until {due.isoformat()}")
-    no_ledger = [d.isoformat() for d, ledger in zip(days, ledgers) if ledger.height == 0]
+    # Named by the asset that writes the ledger (gdelt_files) and its daily partitions, so the
+    # reason says what to materialise, not which file is absent.
+    no_ledger = [d for d, ledger in zip(days, ledgers) if ledger.height == 0]
     if no_ledger:
-        reasons.append(f"{len(no_ledger)} days have no slot ledger (e.g. {', '.join(no_ledger[:3])})")
+        reasons.append(
+            f"{len(no_ledger)} day(s) without a slot ledger: gdelt_files not materialised "
+            f"(e.g. {', '.join(d.isoformat() for d in no_ledger[:3])})"
+        )
     unsettled = {k: v for k, v in slots.items() if v and k not in CLOSED_STATUSES}
+    unsettled_days = [d for d, ledger in zip(days, ledgers) if (~ledger["status"].is_in(CLOSED_STATUSES)).any()]
     if unsettled:
-        reasons.append("slots not settled: " + ", ".join(f"{v} {k}" for k, v in sorted(unsettled.items())))
-    return Closure(month=days[0], closed=not reasons, reasons=tuple(reasons), slots=slots)
+        reasons.append(
+            "slots not settled: "
+            + ", ".join(f"{v} {k}" for k, v in sorted(unsettled.items()))
+            + f" in gdelt_files on {len(unsettled_days)} day(s) (first {unsettled_days[0]})"
+        )
+    return Closure(
+        month=days[0],
+        closed=not reasons,
+        reasons=tuple(reasons),
+        slots=slots,
+        grace_until=due if now < due else None,
+        days_without_ledger=tuple(no_ledger),
+        days_unsettled=tuple(unsettled_days),
+    )
 
 
 def _scan_month(settings: Settings, month: date) -> pl.DataFrame:

@@ -25,7 +25,9 @@ class AlertNotDelivered(Exception):
 @dg.run_failure_sensor(
     name="alert_on_run_failure",
     default_status=dg.DefaultSensorStatus.RUNNING,
-    description="Posts every failed run (job, partition, run id, error) to MIRAI_ALERT_WEBHOOK_URL.",
+    description="When any run fails, posts it (job, partition, run id, error) to MIRAI_ALERT_WEBHOOK_URL (with "
+    "no URL, a line in this sensor's tick log); launches no run. Running by default: it acts only on a failed "
+    "run, and an alert nobody switched on is the one that is missed.",
 )
 def alert_on_run_failure(context: dg.RunFailureSensorContext, dataset: Dataset, alerts: Alerts) -> None:
     run = context.dagster_run
@@ -53,6 +55,18 @@ def _root_causes(context: dg.RunFailureSensorContext) -> str:
     return "; ".join(causes)
 
 
+def _unchanged(state: Freshness) -> str:
+    """The skip reason of a tick that posts nothing: the state, and what would change it."""
+    if state.newest is None:
+        return (
+            f"{state.describe()}: no gdelt_files partition has a landed slot "
+            "(turn on gdelt_every_15_minutes or backfill the gdelt_ingest job)"
+        )
+    if state.stale:
+        return f"{state.describe()}; breach already announced, waits for gdelt_files to land a newer slot"
+    return state.describe()
+
+
 def _freshness_alert(state: Freshness, recovered: bool) -> Alert:
     fields = {
         "newest_landed_slot": state.newest.isoformat() if state.newest else None,
@@ -70,8 +84,9 @@ def _freshness_alert(state: Freshness, recovered: bool) -> Alert:
     name="gdelt_freshness",
     minimum_interval_seconds=FRESHNESS_INTERVAL_S,
     default_status=dg.DefaultSensorStatus.STOPPED,
-    description="Alerts once when the newest landed GDELT slot is older than MIRAI_FRESHNESS_HOURS, "
-    "and once when it is fresh again.",
+    description="Every 5 minutes checks the newest landed GDELT slot (gdelt_files) and alerts once when it is "
+    "older than MIRAI_FRESHNESS_HOURS, and once when it is fresh again; launches no run. Stopped by default like "
+    "gdelt_every_15_minutes, since on demo data the newest slot is always old: turn both on together.",
 )
 def gdelt_freshness(context: dg.SensorEvaluationContext, dataset: Dataset, alerts: Alerts) -> dg.SensorResult:
     """The cursor remembers whether the breach was already announced, so a breach posts once, not
@@ -80,7 +95,7 @@ def gdelt_freshness(context: dg.SensorEvaluationContext, dataset: Dataset, alert
     state = freshness(settings, datetime.now(UTC))
     announced = json.loads(context.cursor)["breach_announced"] if context.cursor else False
     if state.stale == announced:
-        return dg.SensorResult(skip_reason=state.describe(), cursor=json.dumps({"breach_announced": announced}))
+        return dg.SensorResult(skip_reason=_unchanged(state), cursor=json.dumps({"breach_announced": announced}))
     alert = _freshness_alert(state, recovered=announced)
     if send_alert(alert, settings, context.log.info) == "failed":
         raise AlertNotDelivered(f"{alert.kind} alert not delivered; the next tick tries again")

@@ -63,6 +63,16 @@ def _request(month_key: str, agent: Agent, config_hash: str) -> dg.RunRequest:
     )
 
 
+def _nothing_new(months: int, agents: int, agents_file: str) -> str:
+    """Why a tick requests nothing, and what would change that."""
+    said = f"{months} split month(s) × {agents} agent(s): "
+    if not months:
+        return said + "nothing to evaluate until a test_split month is materialised (the monthly_release job)"
+    if not agents:
+        return said + f"no agent registered in {agents_file}"
+    return said + "nothing new: every pair was requested; the leaderboard is current or waits for runs in flight"
+
+
 def leaderboard_request(
     instance: dg.DagsterInstance, asset: dg.AssetsDefinition, job_name: str, board: int
 ) -> tuple[dg.RunRequest | None, int]:
@@ -79,7 +89,13 @@ def leaderboard_request(
     ), latest
 
 
-@dg.sensor(jobs=[evaluation_job, leaderboard_job], minimum_interval_seconds=120)
+@dg.sensor(
+    jobs=[evaluation_job, leaderboard_job],
+    minimum_interval_seconds=120,
+    description="Every 2 minutes launches one agent_evaluation run per (test_split month, agent in agents.yaml) "
+    "pair not evaluated yet (new months, new or changed agents), then one leaderboard_refresh. Stopped by "
+    "default: evaluations call the agents' model endpoints, so an operator turns it on once per deployment.",
+)
 def evaluation_sensor(context: dg.SensorEvaluationContext, dataset: Dataset) -> dg.SensorResult:
     """A broken agents.yaml fails the tick with every problem listed (RegistryError)."""
     state = json.loads(context.cursor) if context.cursor else {"months": [], "agents": {}, "board": 0}
@@ -102,7 +118,7 @@ def evaluation_sensor(context: dg.SensorEvaluationContext, dataset: Dataset) -> 
     cursor = json.dumps({"months": months, "agents": hashes, "board": board}, sort_keys=True)
     return dg.SensorResult(
         run_requests=requests,
-        skip_reason=None if requests else f"{len(months)} split month(s) × {len(agents)} agent(s): nothing new",
+        skip_reason=None if requests else _nothing_new(len(months), len(agents), dataset.agents_file),
         cursor=cursor,
         dynamic_partitions_requests=[agent_partitions.build_add_request(new_names)] if new_names else [],
     )

@@ -14,7 +14,7 @@ import dagster as dg
 
 from assets.live import live_round
 from assets.resources import Dataset, pipeline_settings
-from pipeline.storage import DataLayout
+from pipeline.database import day_inputs_missing
 
 FIRST_HOUR, LAST_HOUR = 2, 12
 
@@ -28,15 +28,21 @@ live_round_job = dg.define_asset_job(
     job=live_round_job,
     execution_timezone="UTC",
     default_status=dg.DefaultScheduleStatus.STOPPED,
+    description=f"Hourly {FIRST_HOUR}:00–{LAST_HOUR}:00 UTC launches one live_round_publication run that publishes "
+    f"day D's live round once D − 1's daily_quads and articles are in (at {LAST_HOUR}:00 regardless; the manifest "
+    "lists a missing day); later ticks of the day are no-ops. Stopped by default: a round is public and immutable, "
+    "so an operator starts it once ingestion and the release store are live (docs/live.md).",
 )
 def live_round_daily(context: dg.ScheduleEvaluationContext, dataset: Dataset):
     tick = context.scheduled_execution_time.astimezone(UTC)
     day = tick.date()
-    layout = DataLayout(pipeline_settings(dataset).data_dir)
     last = day - timedelta(days=1)
-    missing = [p.name for p in (layout.daily_quads_path(last), layout.articles_path(last)) if not p.is_file()]
+    # Asset names, not file names: both assets store D − 1 as date=<D − 1>.parquet.
+    missing = day_inputs_missing(last, pipeline_settings(dataset))
     if missing and tick.hour < LAST_HOUR:
+        waits = " and ".join(f"{name} {last}" for name in missing)
+        stored = "".join(f" ({name} {last} is in)" for name in ("daily_quads", "articles") if name not in missing)
         return dg.SkipReason(
-            f"round {day} waits for {last}'s {' and '.join(missing)} (asked regardless at {LAST_HOUR}:00)"
+            f"round {day} waits for {waits}{stored}; asked again hourly, requested regardless at {LAST_HOUR}:00 UTC"
         )
     return dg.RunRequest(run_key=f"live-{day}", partition_key=day.isoformat())

@@ -10,13 +10,13 @@ requests one `live_leaderboard` run, keyed by that materialisation.
 """
 
 import json
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 
 import dagster as dg
 
 from assets.live_resolution import live_leaderboard, live_resolution
 from assets.resources import Dataset, LiveRounds, pipeline_settings
-from pipeline.live.resolve import published_round_days, resolvable_dates
+from pipeline.live.resolve import published_round_days, unresolved_dates
 from sensors.evaluations import IN_FLIGHT
 
 live_resolution_job = dg.define_asset_job(
@@ -27,14 +27,25 @@ live_leaderboard_job = dg.define_asset_job(
 )
 
 
-@dg.sensor(jobs=[live_resolution_job, live_leaderboard_job], minimum_interval_seconds=300)
+@dg.sensor(
+    jobs=[live_resolution_job, live_leaderboard_job],
+    minimum_interval_seconds=300,
+    description="Every 5 minutes launches one live_round_resolution run per published live round with target "
+    "dates that have closed (deadline passed, slots settled, daily_quads and articles in, grace over), then one "
+    "live_leaderboard_refresh. Stopped by default like live_round_daily, whose rounds it resolves: turn both on "
+    "together.",
+)
 def live_resolution_sensor(context: dg.SensorEvaluationContext, dataset: Dataset, live: LiveRounds) -> dg.SensorResult:
     state = json.loads(context.cursor) if context.cursor else {"board": 0}
     settings = pipeline_settings(dataset, live)
     now = datetime.now(UTC)
     requests = []
-    for round_day in published_round_days(settings):
-        dates = resolvable_dates(settings, round_day, now)
+    rounds = published_round_days(settings)
+    waits: dict[tuple[date, date], tuple[str, ...]] = {}  # (target date, round) -> what it waits for
+    for round_day in rounds:
+        unresolved = unresolved_dates(settings, round_day, now)
+        waits.update({(target, round_day): reasons for target, reasons in unresolved.items() if reasons})
+        dates = [target for target, reasons in unresolved.items() if not reasons]
         if dates:
             key = round_day.isoformat()
             requests.append(
@@ -55,6 +66,18 @@ def live_resolution_sensor(context: dg.SensorEvaluationContext, dataset: Dataset
             board = latest
     return dg.SensorResult(
         run_requests=requests,
-        skip_reason=None if requests else "no target date of a published round has newly closed",
+        skip_reason=None if requests else _nothing_closed(len(rounds), waits),
         cursor=json.dumps({"board": board}),
     )
+
+
+def _nothing_closed(rounds: int, waits: dict[tuple[date, date], tuple[str, ...]]) -> str:
+    """Why a tick requests nothing: the earliest target date that waits and what for (the asset
+    and partition), since it is the next to close."""
+    if not rounds:
+        return "no published round (no live_round partition materialised yet)"
+    said = f"no target date of the {rounds} published round(s) has newly closed"
+    if not waits:
+        return said + "; every target date is resolved and the live leaderboard is current or being refreshed"
+    (target, round_day), reasons = min(waits.items())
+    return said + f"; next to close: {target} of round {round_day} ({'; '.join(reasons)}); {len(waits)} date(s) wait"

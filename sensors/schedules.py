@@ -34,7 +34,15 @@ def newest_slot(at: datetime) -> datetime:
     return t.replace(minute=t.minute - t.minute % 15, second=0, microsecond=0)
 
 
-@dg.schedule(cron_schedule="5,20,35,50 * * * *", job=gdelt_ingest_job, execution_timezone="UTC")
+@dg.schedule(
+    cron_schedule="5,20,35,50 * * * *",
+    job=gdelt_ingest_job,
+    execution_timezone="UTC",
+    description="Every 15 minutes (:05, :20, :35, :50 UTC) launches a gdelt_ingest run (files, parsed rows, "
+    "events, daily quads) for the UTC day of the newest published GDELT slot; the :05 ticks before 06:00 "
+    "also re-run the previous day for late slots. Stopped by default, so a UI opened on demo data never "
+    "starts downloading: turn it on (with gdelt_freshness) to ingest live.",
+)
 def gdelt_every_15_minutes(context: dg.ScheduleEvaluationContext):
     tick = context.scheduled_execution_time.astimezone(UTC)
     day = newest_slot(tick).date()
@@ -50,7 +58,14 @@ articles_job = dg.define_asset_job(
 )
 
 
-@dg.schedule(cron_schedule="40 * * * *", job=articles_job, execution_timezone="UTC")
+@dg.schedule(
+    cron_schedule="40 * * * *",
+    job=articles_job,
+    execution_timezone="UTC",
+    description="Hourly at :40 UTC launches an articles_daily run that fetches the articles of the current "
+    "day's well-reported quads (only new URLs and due retries); the 00:40 tick also finishes the previous "
+    "day. Stopped by default like gdelt_every_15_minutes, whose daily quads it reads: turn both on together.",
+)
 def articles_hourly(context: dg.ScheduleEvaluationContext):
     """Hourly, the articles of the current day's well-reported quads: soon after publication,
     before links rot. Only new URLs (and failed ones whose retry is due) are fetched, so an hourly

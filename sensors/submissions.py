@@ -26,7 +26,14 @@ from sensors.evaluations import leaderboard_job, leaderboard_request
 submission_job = dg.define_asset_job("submission_scoring", selection=[submission], executor_def=dg.in_process_executor)
 
 
-@dg.sensor(jobs=[submission_job, leaderboard_job], minimum_interval_seconds=60)
+@dg.sensor(
+    jobs=[submission_job, leaderboard_job],
+    minimum_interval_seconds=60,
+    description="Every minute lists new uploads under submissions/ in the release store and launches one "
+    "submission_scoring run per complete upload (and a leaderboard_refresh after scoring). Stopped by default, like "
+    "every sensor that launches runs here: an operator turns it on once the release store is configured and open "
+    "for submissions.",
+)
 def submission_sensor(
     context: dg.SensorEvaluationContext, dataset: Dataset, release_store: ReleaseBucket
 ) -> dg.SensorResult:
@@ -51,8 +58,10 @@ def submission_sensor(
     if not requests:
         refresh, board = leaderboard_request(context.instance, submission, submission_job.name, board)
         requests += [refresh] if refresh else []
+    # The first waiting upload names what it waits for (test_split, live_round); the rest are in the log.
     skip = (
         f"nothing new ({len(found.waiting)} waiting, {len(found.stray)} key(s) under no valid name)"
+        + (f"; first waiting: {found.waiting[0]}" if found.waiting else "")
         if not requests
         else None
     )

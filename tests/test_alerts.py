@@ -203,6 +203,7 @@ def test_a_freshness_breach_posts_once_and_recovery_rearms_it(webhook, tmp_path)
         # Still stale: the next tick says so in its skip reason but posts nothing.
         tick = _tick(gdelt_freshness, instance, webhook, cursor=tick.cursor, data_dir=str(tmp_path))
         assert len(webhook.bodies) == 1 and "h old" in tick.skip_message
+        assert "breach already announced, waits for gdelt_files to land a newer slot" in tick.skip_message
 
         fresh = _quarter(now - timedelta(minutes=10))
         _write_slots(tmp_path, fresh.date(), [stale, fresh] if fresh.date() == stale.date() else [fresh])
@@ -230,7 +231,10 @@ def test_an_undelivered_freshness_alert_is_retried_on_the_next_tick(webhook, tmp
 def test_before_anything_landed_there_is_no_breach(webhook, tmp_path):
     with dg.instance_for_test() as instance:
         tick = _tick(gdelt_freshness, instance, webhook, data_dir=str(tmp_path))
-    assert webhook.requests == 0 and tick.skip_message == "no GDELT slot has landed yet"
+    assert webhook.requests == 0 and tick.skip_message == (
+        "no GDELT slot has landed yet: no gdelt_files partition has a landed slot "
+        "(turn on gdelt_every_15_minutes or backfill the gdelt_ingest job)"
+    )
 
 
 def test_the_deployments_webhook_url_is_an_env_var_the_sensor_resolves(receiver, tmp_path, monkeypatch):

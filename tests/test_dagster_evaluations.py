@@ -153,6 +153,7 @@ def test_sensor_requests_each_pair_once_and_back_evaluates_new_agents(data_dir, 
     with dg.instance_for_test() as instance:
         first = tick(defs, instance)
         assert first.run_requests == [] and "0 split month(s) × 2 agent(s)" in first.skip_message
+        assert "until a test_split month is materialised" in first.skip_message
         assert sorted(instance.get_dynamic_partitions("agents")) == ["recent-llm", "recurrency"]
 
         split_landed(instance, FEB)

@@ -85,6 +85,9 @@ def test_a_round_is_resolved_scored_and_boarded_through_dagster(live_data):
         assert store.get_bytes(LIVE_LEADERBOARD_KEYS["html"]).startswith(b"<!DOCTYPE html>")
         third = tick(instance, defs, sensor_resources, second.cursor)
         assert third.run_requests == [] and "newly closed" in third.skip_message
+        # It names the next date to close and the asset partition it waits for.
+        assert f"next to close: {T7} of round {ROUND} (slots not settled: " in third.skip_message
+        assert f"in gdelt_files {T7}" in third.skip_message
 
         # T7 settles: one more resolution run, keyed by its date; a re-run of the partition is a no-op.
         write_days(settings, [T7], quads)

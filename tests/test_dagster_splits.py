@@ -5,19 +5,20 @@ daily schedule's decisions."""
 from __future__ import annotations
 
 import json
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, timedelta
 
 import dagster as dg
 import pytest
 
 from assets.database import event_database
+from assets.partitions import monthly_partitions
 from assets.resources import resources_for
 from assets.splits import test_split as split_asset
 from pipeline.config import Settings
-from pipeline.splits import leakage_audit
+from pipeline.splits import Closure, leakage_audit
 from pipeline.storage import DataLayout
 from quality.split_checks import split_leakage_audit
-from sensors.monthly import monthly_release_daily
+from sensors.monthly import SUMMARY_MAX_CHARS, monthly_release_daily, open_months_summary
 
 from .month_builder import Quad, write_month
 from .test_splits import QUADS
@@ -94,6 +95,43 @@ def test_schedule_waits_for_closure_then_requests_the_month_once(tmp_path):
     write_month(settings, FEB, [Quad(date(2024, 2, 3), "FRA", "036", "DEU", 100, kept=5)], slot_status="landed")
     requests = tick(datetime(2024, 3, 5, 6, tzinfo=UTC))
     assert [(r.partition_key, r.run_key) for r in requests] == [("2024-02-01", "release-2024-02-01@2024-03-05")]
+
+
+def test_schedule_sums_up_many_open_months_by_cause(tmp_path):
+    """Years of open months make one bounded skip reason: per cause, how many months as ranges and
+    the first thing to act on, not one clause per month."""
+    settings = Settings(data_dir=tmp_path / "data")
+    write_month(settings, date(2025, 9, 1), [], slot_status="pending")  # 96 slots × 2 files a day
+    write_month(settings, date(2025, 10, 1), [])  # settled; in its grace period until Nov 4
+    now = datetime(2025, 11, 2, 6, tzinfo=UTC)
+    first = date.fromisoformat(monthly_partitions.get_partition_keys(current_time=now)[0])
+    months = len(monthly_partitions.get_partition_keys(current_time=now))
+    with dg.build_schedule_context(
+        scheduled_execution_time=now, resources=resources_for(data_dir=str(settings.data_dir))
+    ) as context:
+        skip = monthly_release_daily(context)
+    assert isinstance(skip, dg.SkipReason) and len(skip.skip_message) <= SUMMARY_MAX_CHARS
+    assert skip.skip_message == (
+        f"{months} months open: {months - 2} months ({first:%Y-%m}..2025-08) wait for gdelt_files on "
+        f"{(date(2025, 9, 1) - first).days} days (no slot ledger; first {first}, last 2025-08-31); "
+        "2025-09 waits for gdelt_files slots to settle (5760 pending on 30 days; first 2025-09-01); "
+        "2025-10 waits for the grace period (until 2025-11-04T00:00:00+00:00)"
+    )
+
+
+def test_the_open_months_summary_stays_bounded():
+    every_other = [date(2000 + n // 12, n % 12 + 1, 1) for n in range(0, 600, 2)]  # 300 months, no two adjacent
+    closures = [
+        Closure(m, False, ("",), {"failed": 1}, days_without_ledger=(m,), days_unsettled=(m + timedelta(days=1),))
+        for m in every_other
+    ]
+    summary = open_months_summary(closures)
+    assert len(summary) <= SUMMARY_MAX_CHARS
+    assert summary.startswith(
+        "300 months open: 300 months (2000-01, 2000-03, 2000-05 and 297 more) wait for gdelt_files on 300 days "
+        "(no slot ledger; first 2000-01-01, last 2049-11-01); "
+        "300 months (2000-01, 2000-03, 2000-05 and 297 more) wait for gdelt_files slots to settle (300 failed"
+    )
 
 
 def test_leakage_audit_fails_a_split_whose_month_is_not_after_its_history_cutoff(month_dir):

@@ -8,12 +8,14 @@ import json
 from datetime import UTC, date, datetime, timedelta
 
 import dagster as dg
+import pytest
 
 from assets.live import live_round
 from assets.resources import resources_for
 from assets.submissions import submission
 from pipeline.config import Settings
 from pipeline.live.rounds import round_seed
+from pipeline.storage import DataLayout
 from sensors.live import live_round_daily, live_round_job
 
 from .month_builder import write_days
@@ -94,13 +96,39 @@ def test_the_schedule_waits_for_yesterdays_files_until_noon(tmp_path):
     day = date(2024, 3, 10)
     with dg.instance_for_test() as instance:
         early = tick(datetime(2024, 3, 10, 3, tzinfo=UTC))
-        assert early.run_requests == [] and "round 2024-03-10 waits for 2024-03-09's" in early.skip_message
+        assert early.run_requests == [] and early.skip_message.startswith(
+            "round 2024-03-10 waits for daily_quads 2024-03-09 and articles 2024-03-09; "
+        )
         noon = tick(datetime(2024, 3, 10, 12, tzinfo=UTC))
         assert [(r.run_key, r.partition_key) for r in noon.run_requests] == [("live-2024-03-10", "2024-03-10")]
         write_days(Settings(data_dir=tmp_path / "data"), [day - timedelta(days=1)], [])
         ready = tick(datetime(2024, 3, 10, 2, tzinfo=UTC))
         assert [r.run_key for r in ready.run_requests] == ["live-2024-03-10"]
     assert live_round_daily.default_status == dg.DefaultScheduleStatus.STOPPED
+
+
+@pytest.mark.parametrize(("absent", "stored"), [("articles", "daily_quads"), ("daily_quads", "articles")])
+def test_the_schedule_names_the_asset_it_waits_for(tmp_path, absent, stored):
+    """Both assets store D − 1 as date=<D − 1>.parquet, so the reason names the asset, not the file."""
+    data = tmp_path / "data"
+    yesterday = date(2024, 3, 9)
+    write_days(Settings(data_dir=data), [yesterday], [])
+    layout = DataLayout(data)
+    {"articles": layout.articles_path, "daily_quads": layout.daily_quads_path}[absent](yesterday).unlink()
+    resources = resources_for(data_dir=str(data))
+    defs = dg.Definitions(assets=[live_round], jobs=[live_round_job], schedules=[live_round_daily], resources=resources)
+    with dg.instance_for_test() as instance:
+        context = dg.build_schedule_context(
+            instance=instance,
+            scheduled_execution_time=datetime(2024, 3, 10, 3, tzinfo=UTC),
+            repository_def=defs.get_repository_def(),
+            resources={"dataset": resources["dataset"]},
+        )
+        skip = live_round_daily.evaluate_tick(context)
+    assert skip.run_requests == [] and skip.skip_message == (
+        f"round 2024-03-10 waits for {absent} 2024-03-09 ({stored} 2024-03-09 is in); "
+        "asked again hourly, requested regardless at 12:00 UTC"
+    )
 
 
 def test_the_code_location_has_the_live_round():

@@ -113,11 +113,15 @@ def test_a_date_without_its_daily_files_or_ledger_waits_with_the_reason(settings
     write_round(settings, ROUND, world_pairs)
     result = resolve_round(ROUND, settings, now=midnight(T7) + timedelta(days=10))
     assert result.resolved == []
-    assert result.waiting[T1.isoformat()] == ["no slot ledger", "not stored yet: daily_quads, articles"]
+    # Named by asset and partition: quads and articles both store T1 as date=<T1>.parquet.
+    assert result.waiting[T1.isoformat()] == [
+        f"no slot ledger (gdelt_files {T1} not materialised)",
+        f"not stored yet: daily_quads {T1}, articles {T1}",
+    ]
     write_days(settings, [T1], world(4, world_pairs, [T1]))
     DataLayout(settings.data_dir).articles_path(T1).unlink()
     result = resolve_round(ROUND, settings, now=midnight(T7) + timedelta(days=10))
-    assert result.waiting[T1.isoformat()] == ["not stored yet: articles"]
+    assert result.waiting[T1.isoformat()] == [f"not stored yet: articles {T1}"]
 
 
 def test_other_bytes_in_the_store_are_refused_and_left_alone(settings):

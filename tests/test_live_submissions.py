@@ -185,7 +185,10 @@ def test_a_round_not_published_yet_is_awaited_then_refused(published):
     upload(store, "early", good_records(settings), META | {"round": "2024-03-12"})
     found = sub.triage(store, settings.data_dir, now=datetime(2024, 3, 12, 23, tzinfo=UTC))
     assert "early" not in found.ready
-    assert "early: round 2024-03-12 is not published yet (awaited until 2024-03-13T00:00:00+00:00)" in found.waiting
+    assert (
+        "early: round 2024-03-12 is not published yet: waits for live_round 2024-03-12 "
+        "(awaited until 2024-03-13T00:00:00+00:00)" in found.waiting
+    )
     with pytest.raises(sub.NotReady, match="round 2024-03-12 is not published yet"):
         sub.process(store, "early", settings.data_dir, now=datetime(2024, 3, 12, 23, tzinfo=UTC))
     assert "early" in sub.triage(store, settings.data_dir, now=datetime(2024, 3, 13, tzinfo=UTC)).ready

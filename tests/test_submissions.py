@@ -375,7 +375,9 @@ def test_a_submissions_area_that_is_a_link_is_not_entered(store, data_dir, tmp_p
 def test_a_month_without_a_split_waits(store, data_dir):
     upload(store, "future", {**META, "month": "2024-02"})
     found = sub.triage(store, data_dir)
-    assert found.ready == {} and found.waiting == ["future: no split for 2024-02 yet (scored once it is built)"]
+    assert found.ready == {} and found.waiting == [
+        "future: no split for 2024-02 yet: waits for test_split 2024-02-01 (scored once it is built)"
+    ]
     with pytest.raises(sub.NotReady, match="no split for 2024-02 yet"):
         sub.process(store, "future", data_dir)
     assert sub.read_record(data_dir, "future") is None

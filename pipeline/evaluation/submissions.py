@@ -628,7 +628,7 @@ def live_wait(data_dir: Path, raw: bytes, now: datetime) -> str | None:
         return None
     day = date.fromisoformat(value["round"])
     if read_local_manifest(data_dir, day) is None and now < _published_by(day):
-        return f"round {day} is not published yet (awaited until {_published_by(day).isoformat()})"
+        return f"round {day} is not published yet: waits for live_round {day} (awaited until {_published_by(day).isoformat()})"
     return None
 
 
@@ -861,7 +861,10 @@ def triage(
                 continue
             meta, _, _ = parse_metadata(raw)
             if meta is not None and not split_queries(data_dir, meta.month, meta.query_set).is_file():
-                result.waiting.append(f"{name}: no split for {meta.month} yet (scored once it is built)")
+                # test_split's partition key is the month's first day (assets/partitions.py).
+                result.waiting.append(
+                    f"{name}: no split for {meta.month} yet: waits for test_split {meta.month}-01 (scored once it is built)"
+                )
                 continue
         result.ready[name] = content.hexdigest()[:16]
     return result

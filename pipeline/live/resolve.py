@@ -70,13 +70,14 @@ def day_closure(day: date, settings: Settings, now: datetime) -> DayClosure:
     if now < due:
         reasons.append(f"grace period runs until {due.isoformat()}")
     if ledger.height == 0:
-        reasons.append("no slot ledger")
+        reasons.append(f"no slot ledger (gdelt_files {day} not materialised)")
     unsettled = {k: v for k, v in slots.items() if v and k not in CLOSED_STATUSES}
     if unsettled:
-        reasons.append("slots not settled: " + ", ".join(f"{v} {k}" for k, v in sorted(unsettled.items())))
+        counts = ", ".join(f"{v} {k}" for k, v in sorted(unsettled.items()))
+        reasons.append(f"slots not settled: {counts} in gdelt_files {day}")
     missing = day_inputs_missing(day, settings)
     if missing:
-        reasons.append(f"not stored yet: {', '.join(missing)}")
+        reasons.append(f"not stored yet: {', '.join(f'{name} {day}' for name in missing)}")
     return DayClosure(day=day, closed=not reasons, reasons=tuple(reasons), slots=slots)
 
 
@@ -223,14 +224,19 @@ def published_round_days(settings: Settings) -> list[date]:
     return sorted((date.fromisoformat(n) for n in names if (base / n / "manifest.json").exists()), reverse=True)
 
 
-def resolvable_dates(settings: Settings, round_day: date, now: datetime) -> list[date]:
-    """The round's target dates that are not resolved yet and would resolve now; reads the
-    manifest and each such date's ledger only (a sensor asks this of every round on every tick)."""
+def unresolved_dates(settings: Settings, round_day: date, now: datetime) -> dict[date, tuple[str, ...]]:
+    """The round's target dates that are not resolved yet, each with what it waits for (nothing:
+    it would resolve now); reads the manifest and each such date's ledger only (a sensor asks this
+    of every round on every tick), and before the deadline not even those."""
     manifest = json.loads((round_dir(settings.data_dir, round_day) / "manifest.json").read_text())
-    if now < deadline_of(manifest):
-        return []
-    return [
-        target
-        for target in sorted({date.fromisoformat(t) for t in manifest["target_dates"]})
-        if not answers_path(settings, round_day, target).exists() and day_closure(target, settings, now).closed
-    ]
+    deadline = deadline_of(manifest)
+    targets = sorted({date.fromisoformat(t) for t in manifest["target_dates"]})
+    unresolved = [t for t in targets if not answers_path(settings, round_day, t).exists()]
+    if now < deadline:
+        return dict.fromkeys(unresolved, (f"submissions are open until {deadline.isoformat()}",))
+    return {t: day_closure(t, settings, now).reasons for t in unresolved}
+
+
+def resolvable_dates(settings: Settings, round_day: date, now: datetime) -> list[date]:
+    """The round's target dates that are not resolved yet and would resolve now."""
+    return [t for t, reasons in unresolved_dates(settings, round_day, now).items() if not reasons]
