@@ -14,6 +14,7 @@ from assets.resources import resources_from_env
 from assets.splits import test_split
 from assets.submissions import submission
 from quality.event_checks import (
+    articles_fetch_health,
     articles_valid,
     daily_quads_valid,
     events_history_current,
@@ -24,6 +25,8 @@ from quality.ingest_checks import gdelt_events_intact, gdelt_files_all_green, gd
 from quality.split_checks import split_leakage_audit
 from sensors.alerts import alert_on_run_failure, gdelt_freshness
 from sensors.evaluations import evaluation_job, evaluation_sensor, leaderboard_job
+from sensors.fetch_health import alert_on_articles_fetch_failing
+from sensors.history import events_follow_history, events_follow_job
 from sensors.live import live_round_daily, live_round_job
 from sensors.live_resolution import live_leaderboard_job, live_resolution_job, live_resolution_sensor
 from sensors.monthly import monthly_release_daily, monthly_release_job
@@ -59,10 +62,12 @@ defs = dg.Definitions(
         events_history_current,
         daily_quads_valid,
         articles_valid,
+        articles_fetch_health,
         split_leakage_audit,
     ],
     jobs=[
         gdelt_ingest_job,
+        events_follow_job,
         articles_job,
         monthly_release_job,
         evaluation_job,
@@ -75,7 +80,9 @@ defs = dg.Definitions(
     schedules=[gdelt_every_15_minutes, articles_hourly, monthly_release_daily, live_round_daily],
     sensors=[
         alert_on_run_failure,
+        alert_on_articles_fetch_failing,
         run_worker_watch,
+        events_follow_history,
         gdelt_freshness,
         evaluation_sensor,
         submission_sensor,

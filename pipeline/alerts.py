@@ -31,7 +31,7 @@ _LEDGER_NAME = re.compile(r"date=(\d{4}-\d{2}-\d{2})\.parquet$")
 
 @dataclass(frozen=True)
 class Alert:
-    kind: str  # run_failure | freshness_breach | freshness_recovered
+    kind: str  # run_failure | freshness_breach | freshness_recovered | pool_slot_held | articles_fetch_failing
     title: str
     fields: dict[str, str | int | float | None] = field(default_factory=dict)
 

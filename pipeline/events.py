@@ -119,16 +119,40 @@ def _key_days_before(layout: DataLayout, day: date) -> list[date]:
     return sorted(d for d in found if d < day)
 
 
+def _history_entry(layout: DataLayout, day: date) -> bytes:
+    import pyarrow.parquet as pq
+
+    return f"{day}:{pq.read_metadata(layout.event_keys_path(day)).num_rows};".encode()
+
+
 def history_fingerprint(layout: DataLayout, day: date) -> str:
     """A digest of the history a day is normalised against (which earlier days, how many key
     rows each). It changes when an earlier day is ingested later (an out-of-order backfill) or
     gains late slots: the day's events must then be rebuilt (the events_history_current check)."""
-    import pyarrow.parquet as pq
-
     digest = hashlib.sha256()
     for earlier in _key_days_before(layout, day):
-        digest.update(f"{earlier}:{pq.read_metadata(layout.event_keys_path(earlier)).num_rows};".encode())
+        digest.update(_history_entry(layout, earlier))
     return digest.hexdigest()[:16]
+
+
+def outdated_days(layout: DataLayout) -> list[date]:
+    """Days whose events were built against another history than the one there is now (an earlier
+    day added, rebuilt or grown since), oldest first: what `history_fingerprint` says day by day,
+    in one pass over the key files (each read once, not once per later day)."""
+    directory = layout.events_path(date.min).parent
+    if not directory.exists():
+        return []
+    built = sorted(date.fromisoformat(p.stem.removeprefix("date=")) for p in directory.glob("date=*.parquet"))
+    key_days = _key_days_before(layout, date.max)
+    digest, taken, outdated = hashlib.sha256(), 0, []
+    for day in built:
+        while taken < len(key_days) and key_days[taken] < day:
+            digest.update(_history_entry(layout, key_days[taken]))
+            taken += 1
+        meta = built_parquet_metadata(layout.events_path(day))
+        if meta is not None and meta.get("history_fingerprint") != digest.copy().hexdigest()[:16]:
+            outdated.append(day)
+    return outdated
 
 
 Block = tuple[date, int, dict[date, str]]  # first day, size in days, the digest of each key file in it

@@ -16,6 +16,10 @@ ERROR, since a suite would read damage that still decodes as data.
 - ``articles_valid``: non-blocking; reports the day's articles file with its counts (rows, kept,
   dropped per failing filter). The fetch counts (selected, fetched, failed) are in the articles
   asset's own metadata: the file holds only the stored pages.
+- ``articles_fetch_health``: non-blocking WARN; the day's fetches from the fetch ledger, failing
+  when most of them failed (pipeline/articles/fetch_health.py), naming the dominant failure. A
+  day whose every fetch failed has an empty, valid articles file: ``articles_valid`` passes it.
+  ``alert_on_articles_fetch_failing`` (sensors/fetch_health.py) posts its failures.
 """
 
 import json
@@ -27,7 +31,8 @@ import polars as pl
 
 from assets.ingest import gdelt_events
 from assets.partitions import daily_partitions
-from assets.resources import Dataset
+from assets.resources import ArticleFetcher, Dataset, pipeline_settings
+from pipeline.articles.fetch_health import day_fetch_health
 from pipeline.storage import DataLayout, seal_problem
 from quality.suites import (
     SuiteResult,
@@ -148,4 +153,32 @@ def articles_valid(context: dg.AssetCheckExecutionContext, dataset: Dataset) -> 
     layout = DataLayout(Path(dataset.data_dir))
     return _validate_file(
         layout, layout.articles_path(date.fromisoformat(context.partition_key)), "articles", validate_articles
+    )
+
+
+@dg.asset_check(asset=dg.AssetKey("articles"), partitions_def=daily_partitions, blocking=False)
+def articles_fetch_health(
+    context: dg.AssetCheckExecutionContext, dataset: Dataset, fetcher: ArticleFetcher
+) -> dg.AssetCheckResult:
+    """The day's article fetches in the fetch ledger: warns when at least MIN_FETCHES were
+    attempted and more than MAX_FAILURE_RATE of them failed (pipeline/articles/fetch_health.py),
+    naming the dominant failure (dns_error, http_404, timeout, ...). Metadata: selected, attempted,
+    failed, failure_rate and the failures by reason. Non-blocking: the articles that were fetched
+    are kept, and later runs retry the rest on the ledger's schedule."""
+    health = day_fetch_health(date.fromisoformat(context.partition_key), pipeline_settings(dataset, fetcher))
+    return dg.AssetCheckResult(
+        passed=health.healthy,
+        severity=dg.AssetCheckSeverity.WARN,
+        description=health.describe(),
+        metadata={
+            "selected": health.selected,
+            "attempted": health.attempted,
+            "failed": health.failed,
+            "failure_rate": round(health.failure_rate, 4),
+            "dominant_reason": health.dominant_reason or "",
+            "dominant_count": health.dominant_count,
+            "failures_by_reason": dg.MetadataValue.md(health.failures_markdown()),
+            "min_fetches": health.min_fetches,
+            "max_failure_rate": health.max_failure_rate,
+        },
     )

@@ -114,7 +114,8 @@ def overdue_slot_holders(instance: dg.DagsterInstance, now: float) -> list[tuple
     minimum_interval_seconds=RUN_HEALTH_INTERVAL_S,
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="Marks failed (and frees the pool slots of) every started run whose worker process "
-    "is gone (SIGKILL, out of memory), and alerts once when a run holds a pool slot past its job's budget.",
+    "is gone (SIGKILL, out of memory), and alerts once when a run holds a pool slot past its job's budget. "
+    "Running by default: without it, a killed run holds its pool and stalls every later run of it.",
 )
 def run_worker_watch(context: dg.SensorEvaluationContext, dataset: Dataset, alerts: Alerts) -> dg.SensorResult:
     instance = context.instance

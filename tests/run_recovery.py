@@ -90,18 +90,21 @@ def killed_worker_recovers(home: Path, data: Path, mirror, extra_env: dict, *, w
     partition = MIRROR_DAY.isoformat()
     # Each zip in 2 KiB chunks 0.1 s apart: A is still downloading a minute after it starts.
     mirror.faults.add(".zip", "slow", delay_s=0.1, chunk_size=2048)
+    old_home = os.environ.get("DAGSTER_HOME")
+    os.environ.update({**extra_env, "DAGSTER_HOME": str(home)})
+    # The instance's storage is created here first: the daemon creating it at the same time can
+    # leave SQLite's schedule storage with two alembic heads, and then no sensor runs.
+    instance = dg.DagsterInstance.get()
     daemon = subprocess.Popen(
         [str(BIN / "dagster-daemon"), "run", "-w", "workspace.yaml"],
         cwd=ROOT,
         env=env,
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
-    old_home = os.environ.get("DAGSTER_HOME")
-    os.environ.update({**extra_env, "DAGSTER_HOME": str(home)})
     try:
-        with dg.DagsterInstance.get() as instance:
+        with instance:
             earlier = {run.run_id for run in instance.get_runs()}  # a shared database has others
 
             def new_runs():

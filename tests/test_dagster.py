@@ -171,6 +171,35 @@ def test_articles_schedule_targets_the_day_and_finishes_the_previous_one(tick, e
     assert articles_hourly.job_name == "articles_daily"
 
 
+INSTIGATORS = {
+    "gdelt_every_15_minutes",
+    "articles_hourly",
+    "monthly_release_daily",
+    "live_round_daily",
+    "alert_on_run_failure",
+    "gdelt_freshness",
+    "evaluation_sensor",
+    "submission_sensor",
+    "live_resolution_sensor",
+    "run_worker_watch",
+    "events_follow_history",
+    "alert_on_articles_fetch_failing",
+}
+
+
+def test_every_schedule_and_sensor_says_what_it_does():
+    """The UI shows a schedule's or sensor's description on its page: every one has one, and each
+    of these says whether it starts on or off by default (and why)."""
+    from definitions import defs
+
+    with dg.instance_for_test():
+        repository = defs.get_repository_def()
+    instigators = {i.name: i for i in [*repository.schedule_defs, *repository.sensor_defs]}
+    assert INSTIGATORS <= set(instigators)
+    assert [name for name, i in instigators.items() if not (i.description or "").strip()] == []
+    assert [name for name in sorted(INSTIGATORS) if "by default" not in instigators[name].description] == []
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -35,6 +35,7 @@ from pipeline.config import Settings
 from pipeline.database import month_days
 from pipeline.storage import DataLayout, raw_file_name
 from quality.event_checks import (
+    articles_fetch_health,
     articles_valid,
     daily_quads_valid,
     events_history_current,
@@ -197,7 +198,7 @@ def event_log(tmp_path_factory):
         # holds the hostile page. Its quarantined slots keep it open: an operator override splits it.
         daily = [gdelt_files, gdelt_events, gdelt_mentions, events, daily_quads, articles, fetch_ledger]
         checks = [gdelt_files_all_green, gdelt_events_intact, gdelt_mentions_intact, gdelt_events_valid]
-        checks += [events_valid, events_history_current, daily_quads_valid, articles_valid]
+        checks += [events_valid, events_history_current, daily_quads_valid, articles_valid, articles_fetch_health]
         run(daily + checks, JAN.isoformat())
         write_days(Settings(data_dir=data), month_days(JAN)[1:], split_quads(JAN))
         override = {"override_by": "operator", "override_reason": "GDELT served zips that are not GDELT files"}
