@@ -17,6 +17,11 @@ from assets.ingest import gdelt_events, gdelt_files, gdelt_mentions
 from sensors.run_health import max_runtime_tag
 
 PUBLISH_DELAY = timedelta(minutes=5)
+# The live ticks' runs go first: the queue launches higher-priority runs first and a pool hands its
+# next free slot to the highest-priority waiting step, so a backfill delays a live run by at most the
+# one backfill step holding the slot (docs/operations.md, "Backfills"). Set on the schedules' run
+# requests, not on the jobs: a backfill of the job would inherit a job tag.
+LIVE_RUN_TAGS = {"dagster/priority": "10"}
 RECONCILE_PREVIOUS_DAY_HOURS = 6
 
 gdelt_ingest_job = dg.define_asset_job(
@@ -46,10 +51,14 @@ def newest_slot(at: datetime) -> datetime:
 def gdelt_every_15_minutes(context: dg.ScheduleEvaluationContext):
     tick = context.scheduled_execution_time.astimezone(UTC)
     day = newest_slot(tick).date()
-    requests = [dg.RunRequest(run_key=f"{day}@{tick:%Y%m%dT%H%M}", partition_key=day.isoformat())]
+    requests = [dg.RunRequest(run_key=f"{day}@{tick:%Y%m%dT%H%M}", partition_key=day.isoformat(), tags=LIVE_RUN_TAGS)]
     if tick.minute == 5 and tick.hour < RECONCILE_PREVIOUS_DAY_HOURS:
         previous = day - timedelta(days=1)
-        requests.append(dg.RunRequest(run_key=f"{previous}@{tick:%Y%m%dT%H%M}", partition_key=previous.isoformat()))
+        requests.append(
+            dg.RunRequest(
+                run_key=f"{previous}@{tick:%Y%m%dT%H%M}", partition_key=previous.isoformat(), tags=LIVE_RUN_TAGS
+            )
+        )
     return requests
 
 
@@ -72,10 +81,16 @@ def articles_hourly(context: dg.ScheduleEvaluationContext):
     run costs little; the 00:40 tick also finishes the previous day."""
     tick = context.scheduled_execution_time.astimezone(UTC)
     day = newest_slot(tick).date()
-    requests = [dg.RunRequest(run_key=f"articles-{day}@{tick:%Y%m%dT%H%M}", partition_key=day.isoformat())]
+    requests = [
+        dg.RunRequest(run_key=f"articles-{day}@{tick:%Y%m%dT%H%M}", partition_key=day.isoformat(), tags=LIVE_RUN_TAGS)
+    ]
     if tick.hour == 0:
         previous = day - timedelta(days=1)
         requests.append(
-            dg.RunRequest(run_key=f"articles-{previous}@{tick:%Y%m%dT%H%M}", partition_key=previous.isoformat())
+            dg.RunRequest(
+                run_key=f"articles-{previous}@{tick:%Y%m%dT%H%M}",
+                partition_key=previous.isoformat(),
+                tags=LIVE_RUN_TAGS,
+            )
         )
     return requests

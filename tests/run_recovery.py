@@ -14,7 +14,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,8 +25,8 @@ from pipeline.storage import DataLayout
 from sensors.run_health import run_worker_pid
 
 from .conftest import MIRROR_DAY, ROOT
+from .daemon import BIN, running_daemon
 
-BIN = Path(sys.executable).parent
 # docs/operations.md, "A run whose worker died": the watch looks every 30 s; the daemon's sensor loop
 # and the run's own start add some seconds. What the test allows from the kill to each event.
 FAILED_WITHIN_S = 90
@@ -92,19 +91,8 @@ def killed_worker_recovers(home: Path, data: Path, mirror, extra_env: dict, *, w
     mirror.faults.add(".zip", "slow", delay_s=0.1, chunk_size=2048)
     old_home = os.environ.get("DAGSTER_HOME")
     os.environ.update({**extra_env, "DAGSTER_HOME": str(home)})
-    # The instance's storage is created here first: the daemon creating it at the same time can
-    # leave SQLite's schedule storage with two alembic heads, and then no sensor runs.
-    instance = dg.DagsterInstance.get()
-    daemon = subprocess.Popen(
-        [str(BIN / "dagster-daemon"), "run", "-w", "workspace.yaml"],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
     try:
-        with instance:
+        with dg.DagsterInstance.get() as instance, running_daemon(env) as daemon:
             earlier = {run.run_id for run in instance.get_runs()}  # a shared database has others
 
             def new_runs():
@@ -159,9 +147,3 @@ def killed_worker_recovers(home: Path, data: Path, mirror, extra_env: dict, *, w
             os.environ["DAGSTER_HOME"] = old_home
         for key in extra_env:
             os.environ.pop(key, None)
-        os.killpg(daemon.pid, signal.SIGTERM)
-        try:
-            daemon.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(daemon.pid, signal.SIGKILL)
-            daemon.wait()

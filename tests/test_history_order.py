@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
-import subprocess
 import time
 from datetime import date, timedelta
 
@@ -27,7 +25,7 @@ from testbed.generate import MirrorOptions, generate_mirror
 from testbed.serve import MirrorServer
 
 from .conftest import ROOT
-from .run_recovery import BIN
+from .daemon import running_daemon
 
 DAYS = [date(2024, 1, 1) + timedelta(days=i) for i in range(6)]
 INGEST = [gdelt_files, gdelt_events, gdelt_mentions, events, daily_quads]
@@ -68,45 +66,26 @@ def test_a_day_added_late_is_followed_by_every_later_day(tmp_path, six_days, in_
     home.mkdir()
     shutil.copy(ROOT / "deploy" / "dagster-local.yaml", home / "dagster.yaml")
     env = {**os.environ, "DAGSTER_HOME": str(home), "MIRAI_DATA_DIR": str(data), "GDELT_BASE_URL": six_days.base_url}
-    # The instance's storage is created here first: the daemon creating it at the same time can
-    # leave SQLite's schedule storage with two alembic heads, and then no sensor runs.
-    instance = dg.DagsterInstance.from_config(str(home))
-    daemon = subprocess.Popen(
-        [str(BIN / "dagster-daemon"), "run", "-w", "workspace.yaml"],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    try:
-        with instance:
-            build(DAYS[2:], data, six_days, instance)
-            # The order matters on this data: day 3 built without days 1-2 is not day 3.
-            assert outputs(data, DAYS[2])[0] != in_order[DAYS[2]][0]
-            build(DAYS[:2], data, six_days, instance)
-            started = time.monotonic()
-            while any(outputs(data, day) != in_order[day] for day in DAYS):
-                assert daemon.poll() is None, "the daemon exited"
-                assert time.monotonic() - started < FOLLOWED_WITHIN_S, [
-                    day.isoformat() for day in DAYS if outputs(data, day) != in_order[day]
-                ]
-                time.sleep(2)
-            followed_after = time.monotonic() - started
-            records = instance.get_run_records(
-                filters=dg.RunsFilter(tags={"dagster/sensor_name": "events_follow_history"}), ascending=True
-            )
-            print(f"days 3-6 followed after {followed_after:.0f} s in {len(records)} automation runs")
-            # One day after the other, oldest first.
-            first_seen = list(dict.fromkeys(r.dagster_run.tags["dagster/partition"] for r in records))
-            assert first_seen == [day.isoformat() for day in DAYS[2:]]
-    finally:
-        os.killpg(daemon.pid, signal.SIGTERM)
-        try:
-            daemon.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(daemon.pid, signal.SIGKILL)
-            daemon.wait()
+    with dg.DagsterInstance.from_config(str(home)) as instance, running_daemon(env) as daemon:
+        build(DAYS[2:], data, six_days, instance)
+        # The order matters on this data: day 3 built without days 1-2 is not day 3.
+        assert outputs(data, DAYS[2])[0] != in_order[DAYS[2]][0]
+        build(DAYS[:2], data, six_days, instance)
+        started = time.monotonic()
+        while any(outputs(data, day) != in_order[day] for day in DAYS):
+            assert daemon.poll() is None, "the daemon exited"
+            assert time.monotonic() - started < FOLLOWED_WITHIN_S, [
+                day.isoformat() for day in DAYS if outputs(data, day) != in_order[day]
+            ]
+            time.sleep(2)
+        followed_after = time.monotonic() - started
+        records = instance.get_run_records(
+            filters=dg.RunsFilter(tags={"dagster/sensor_name": "events_follow_history"}), ascending=True
+        )
+        print(f"days 3-6 followed after {followed_after:.0f} s in {len(records)} runs")
+        # One day after the other, oldest first.
+        first_seen = list(dict.fromkeys(r.dagster_run.tags["dagster/partition"] for r in records))
+        assert first_seen == [day.isoformat() for day in DAYS[2:]]
 
 
 def test_outdated_days_names_the_days_built_before_an_earlier_one(tmp_path, six_days, in_order):
