@@ -11,10 +11,12 @@ directory. Where the kernel refuses the namespace (no CAP_SYS_ADMIN and no unpri
 namespaces), weed runs on the host's loopback as before, its filer and volume server still guarded
 by the JWT keys testbed/s3.py gives them; the first line written to ``DIR/isolation`` says which.
 
-weed also names gRPC Unix sockets after its ports (/tmp/seaweedfs-<service>-grpc-<port>.sock, mode
-0755: only their owner can connect). Ports inside the namespace reserve nothing on the host, so this
-process keeps the given ports (``--hold``) bound on the host's loopback for its lifetime: no other
-server started here picks the same numbers and the same socket names.
+weed also names gRPC Unix sockets after its ports (/tmp/seaweedfs-<service>-grpc-<port>.sock), in
+the host's /tmp whatever the network namespace, with the mode the umask leaves: weed runs with
+umask 077, so only its own user can connect to them (under a loose umask, another user reached
+the master's and filer's gRPC that way). Ports inside the namespace reserve nothing on the host, so
+this process keeps the given ports (``--hold``) bound on the host's loopback for its lifetime: no
+other server started here picks the same numbers and the same socket names.
 """
 
 from __future__ import annotations
@@ -118,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     # The caller signals the whole process group: weed drains on SIGTERM and this process relays
     # until it has exited, then exits with its status.
     signal.signal(signal.SIGTERM, lambda *_: None)
+    os.umask(0o077)  # weed's files and Unix sockets: its own user's only
     weed = subprocess.Popen(command)
     threading.Thread(target=serve, args=(listener, args.socket), daemon=True).start()
     return weed.wait()

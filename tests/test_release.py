@@ -724,15 +724,22 @@ def test_the_s3_server_s_other_ports_are_not_on_the_host_s_network(s3_server, bu
     with pytest.raises(requests.ConnectionError):
         requests.get(f"http://127.0.0.1:{s3_server.ports['master']}/dir/assign", timeout=5)
     assert stat.S_IMODE(s3_server.sockets.stat().st_mode) == 0o700
-    if os.geteuid() == 0:  # as another user: the directory of the Unix sockets cannot be entered
+    # weed's gRPC sockets live in the host's /tmp whatever the namespace: only their owner may connect.
+    grpc_sockets = [sock for port in s3_server.ports.values() for sock in Path("/tmp").glob(f"seaweedfs-*-{port}.sock")]
+    assert grpc_sockets and all(stat.S_IMODE(sock.stat().st_mode) & 0o077 == 0 for sock in grpc_sockets)
+    if os.geteuid() == 0:  # as another user, under the loosest umask: no socket of weed's lets it in
         child = os.fork()
         if child == 0:
             try:
+                os.umask(0)
                 os.setgid(65534)
                 os.setuid(65534)
-                socket.socket(socket.AF_UNIX).connect(str(s3_server.sockets / "filer.sock"))
-                os._exit(1)
-            except PermissionError:
+                for sock in (s3_server.sockets / "filer.sock", *grpc_sockets):
+                    try:
+                        socket.socket(socket.AF_UNIX).connect(str(sock))
+                        os._exit(1)
+                    except PermissionError:
+                        pass
                 os._exit(0)
             except BaseException:
                 os._exit(2)
