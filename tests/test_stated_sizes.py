@@ -291,3 +291,30 @@ def test_a_relation_query_csv_past_its_cap_is_refused_unread(tmp_path):
     os.mkfifo(fifo)  # nothing would ever end its read
     with pytest.raises(ValueError, match="not a regular file"):
         mirai_query_ids(queries, fifo)
+
+
+def wide_parquet(path: Path) -> Path:
+    """A valid parquet file of 12,000 one-byte columns: a 1.8 MB footer, which pyarrow parses into
+    objects hundreds of times its size (a re-attack of issue 30 took 2.9 GB with a 12 MB footer)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.table({f"c{i}": pa.array([1], pa.int8()) for i in range(12_000)})
+    pq.write_table(table, path, compression="none", write_statistics=False)
+    return path
+
+
+def test_a_footer_longer_than_any_of_ours_is_refused_before_anything_parses_it(tmp_path):
+    from pipeline.agent_api.environment import DatabaseFileError, _read_month
+    from pipeline.evaluation.run import InvalidQueries, read_queries
+    from pipeline.evaluation.scoring import ScoringError, read_parquet
+    from pipeline.untrusted_parquet import MAX_FOOTER_BYTES
+
+    path = wide_parquet(tmp_path / "queries.parquet")
+    assert int.from_bytes(path.read_bytes()[-8:-4], "little") > MAX_FOOTER_BYTES
+    # Each refusal names the footer's length: it came from the last 8 bytes, before any parse.
+    for read, error in ((read_parquet, ScoringError), (read_queries, InvalidQueries)):
+        with pytest.raises(error, match="footer is 1,8"):
+            read(path)
+    with pytest.raises(DatabaseFileError, match="footer is 1,8"):
+        _read_month(path, "events", untrusted=True)

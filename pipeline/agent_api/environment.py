@@ -44,7 +44,7 @@ from pipeline.agent_api.types import (
 from pipeline.database import EVENT_DB_SCHEMA, NEWS_DB_SCHEMA
 from pipeline.reference.tables import iso3_codes, level1_codes, level2_codes
 from pipeline.storage import DataLayout, verified
-from pipeline.untrusted_parquet import UntrustedParquetError, read_untrusted_parquet, text_bytes
+from pipeline.untrusted_parquet import UntrustedParquetError, check_footer, read_untrusted_parquet, text_bytes
 
 MAX_EVENTS = 30
 MAX_ARTICLES = 15
@@ -99,7 +99,11 @@ def _read_month(path: Path, table: str, untrusted: bool = False) -> pl.LazyFrame
     directory anyone handed over): decoded in a memory-capped child process, since a footer's sizes
     are the file's own word, and its text measured on the columns before any row is used."""
     try:
+        if untrusted:
+            check_footer(path)
         schema = pl.read_parquet_schema(path)
+    except UntrustedParquetError as exc:
+        raise DatabaseFileError(f"{path}: {exc}; refused") from None
     except (OSError, pl.exceptions.PolarsError) as exc:
         raise DatabaseFileError(f"{path}: not a parquet file ({type(exc).__name__}); refused") from None
     for column, dtype in STORED_TYPES[table].items():

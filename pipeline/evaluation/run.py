@@ -95,7 +95,7 @@ from pipeline.storage import (
     remove_orphans,
     replace_dir,
 )
-from pipeline.untrusted_parquet import UntrustedParquetError, read_untrusted_parquet, text_bytes
+from pipeline.untrusted_parquet import UntrustedParquetError, check_footer, read_untrusted_parquet, text_bytes
 from pipeline.version import code_version
 
 EVALUATION_VERSION = "evaluation-v1"
@@ -159,8 +159,13 @@ def read_queries(path: Path) -> pl.DataFrame:
     try:
         if not os.path.isfile(path):
             raise refused("not a regular file")
-        footer = pq.read_metadata(path)
         size = os.path.getsize(path)
+        if size > MAX_QUERIES_BYTES:
+            raise refused(f"{size:,} bytes, more than the {MAX_QUERIES_BYTES:,} a split may take")
+        check_footer(path)
+        footer = pq.read_metadata(path)
+    except UntrustedParquetError as exc:
+        raise refused(str(exc)) from None
     except (OSError, pa.ArrowException) as exc:
         raise refused(f"not a parquet file ({type(exc).__name__})") from None
     decoded = sum(footer.row_group(i).total_byte_size for i in range(footer.num_row_groups))

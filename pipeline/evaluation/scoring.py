@@ -55,7 +55,7 @@ from pipeline.evaluation.mirai_predictions import (
 )
 from pipeline.reference.tables import level1_codes, level2_codes
 from pipeline.release_layout import MANIFEST_NAME, MAX_JSON_BYTES, SPLIT_FILES, is_month, shown
-from pipeline.untrusted_parquet import UntrustedParquetError, read_untrusted_parquet, text_bytes
+from pipeline.untrusted_parquet import UntrustedParquetError, check_footer, read_untrusted_parquet, text_bytes
 
 SCORECARD_FORMAT = "mirai-scorecard-v1"
 MAX_PREDICTIONS_BYTES = 64 * 2**20  # a month has ~2,000 queries; a full answer is < 3 KB as JSON
@@ -160,6 +160,7 @@ def load_split(directory: Path, sample: bool = False) -> Split:
     if listed is not None and listed != digest:
         raise ScoringError(f"{path} does not match the sha256 its manifest.json lists (changed since it was written?)")
     try:  # a handed-over directory's file: decoded under a bound its footer cannot lie about
+        check_footer(data)
         table = read_untrusted_parquet(data, MAX_SPLIT_DECODED_BYTES, columns=["query_id", "answer_dict"])
     except UntrustedParquetError as exc:
         raise ScoringError(f"{path}: not a split's queries file ({exc})") from None
@@ -300,6 +301,7 @@ def read_parquet(path: Path) -> tuple[list[Submitted], list[str]]:
     file that would decompress past the caps is refused unread."""
     data = _read_capped(path)
     try:
+        check_footer(data)
         meta = pq.ParquetFile(io.BytesIO(data))
         columns = meta.schema_arrow.names
         if meta.metadata.num_rows > MAX_RECORDS:
