@@ -10,10 +10,16 @@ import re
 # item, a table cell; escaped, a submitter's text stays text in the Dagster UI's Markdown metadata.
 # "_" is left alone: it only emphasises between word boundaries (harmless if it does), and our own
 # names (queries_sample, level2_f1) must read as they are.
-_MARKDOWN_ACTIVE = re.compile(r"([\\`*\[\]<>!|~&#])")
+_MARKDOWN_ACTIVE = re.compile(r"([\\`*\[\]<>!|~&#@])")
+# GitHub-flavoured Markdown (remark-gfm in Dagster's UI) also links bare text: "www." + a domain,
+# "scheme://..." and e-mail addresses. A backslash inside the mark ("www\.", "https\://", "a\@b")
+# keeps each one text; checked with micromark-extension-gfm, the parser remark-gfm uses (no GFM
+# renderer runs in our tests: markdown-it's linkify resolves escapes first and would differ).
+_AUTOLINK_MARKS = re.compile(r"(?i)(?<=www)(\.)|(:)(?=//)")
 
 
 def markdown_text(text: str) -> str:
     """``text`` as one line of inert Markdown: the active punctuation escaped, line breaks and
     runs of whitespace one space."""
-    return _MARKDOWN_ACTIVE.sub(r"\\\1", " ".join(text.split()))
+    escaped = _MARKDOWN_ACTIVE.sub(r"\\\1", " ".join(text.split()))
+    return _AUTOLINK_MARKS.sub(lambda m: "\\" + (m.group(1) or m.group(2)), escaped)

@@ -60,7 +60,7 @@ def test_a_hostile_gdelt_code_is_inert_in_the_ledger_and_unmapped_code_tables():
     """Unmapped codes and ledger reasons come from GDELT files, which may be hostile."""
     codes = pl.DataFrame({"field": ["EventCode"], "code": ["![x](http://127.0.0.1:9/p.png)"], "rows": [3]})
     table = to_markdown(codes)
-    assert "| EventCode | \\!\\[x\\](http://127.0.0.1:9/p.png) | 3 |" in table
+    assert "| EventCode | \\!\\[x\\](http\\://127.0.0.1:9/p.png) | 3 |" in table
 
 
 @pytest.mark.parametrize(
@@ -95,3 +95,23 @@ def test_values_a_gdelt_file_put_in_a_failed_expectation_are_inert():
     )
     table = result.failures_markdown()
     assert "127.0.0.1:9" in table and active_markdown(table) == []
+
+
+@pytest.mark.parametrize(
+    ("hostile", "inert"),
+    [
+        ("see www.evil.example now", "see www\\.evil.example now"),
+        ("_WWW.evil.example", "_WWW\\.evil.example"),
+        ("https://evil.example/p", "https\\://evil.example/p"),
+        ("ftp://evil.example", "ftp\\://evil.example"),
+        ("me@evil.example", "me\\@evil.example"),
+    ],
+)
+def test_gfm_bare_links_are_broken_by_an_escape(hostile, inert):
+    """Dagster's UI renders Markdown with remark-gfm, which also links bare www., scheme:// and
+    e-mail text (found by a re-attack of issue 30: a model named https://… was a clickable link).
+    Each rendered as plain text by micromark-extension-gfm, remark-gfm's parser, when escaped so
+    (checked by hand with Node: no GFM renderer runs in this suite); CommonMark shows the same
+    characters."""
+    assert markdown_text(hostile) == inert
+    assert unescaped(inert) == hostile
