@@ -448,7 +448,8 @@ def test_evaluate_agent_stores_max_at_k_repeated_and_avg_steps_and_the_board_sho
     table = markdown_table(summary(board)).splitlines()
     assert table[0].endswith("| max_at_k_level2_f1 | repeated_level2_f1 | avg_steps | aggregation |")
     assert table[2].endswith(
-        "| 90.00 | 100.00 | 1.50 | mean ± std of 3 rounds; Max@3; repeated (≥ 2 of 3); avg steps |"
+        # "@" escaped, as every cell's (GFM would link a bare address); it renders as "Max@3".
+        "| 90.00 | 100.00 | 1.50 | mean ± std of 3 rounds; Max\\@3; repeated (≥ 2 of 3); avg steps |"
     )
 
 

@@ -310,8 +310,9 @@ def test_leaderboard_aggregate_columns_for_baselines_and_for_runs_that_predate_t
     # (none for a baseline), then Max@K L2 F1, repeated L2 F1, avg steps.
     lines = markdown_table(summary(board)).splitlines()
     blank = "|  " * 5
-    assert lines[2].endswith(f"| 100.00 {blank}|  |  |  | 1 round; Max@K, repeated and steps not stored |")
-    assert lines[3].endswith(f"| 100.00 {blank}| {rows['recurrency']['level2_f1']:.2f} |  |  | 1 round; Max@1 |")
+    # "@" escaped, as every cell's (GFM would link a bare address); it renders as "Max@K".
+    assert lines[2].endswith(f"| 100.00 {blank}|  |  |  | 1 round; Max\\@K, repeated and steps not stored |")
+    assert lines[3].endswith(f"| 100.00 {blank}| {rows['recurrency']['level2_f1']:.2f} |  |  | 1 round; Max\\@1 |")
 
     # Only old runs: the columns are still there, all null, with their type.
     old_only = tmp_path / "old-only"
