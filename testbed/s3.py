@@ -38,6 +38,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from testbed.s3_relay import PORT_TAKEN_EXIT
+
 # SeaweedFS's JWT signing keys (security.toml's jwt.signing, jwt.signing.read, jwt.filer_signing and
 # jwt.filer_signing.read, as `weed scaffold -config=security` names them in the environment).
 JWT_KEYS = (
@@ -61,6 +63,8 @@ PORTS = (
     "s3_behind_relay",
 )
 REGION = "us-east-1"
+# Starts tried when an internal port chosen free is taken before the relay holds it.
+PORT_ATTEMPTS = 3
 # `mirai serve-release` serves the demo's store on this S3 port (SeaweedFS's own default), so the
 # download commands it prints stay the same from one day to the next.
 SERVE_PORT = 8333
@@ -213,15 +217,23 @@ class LocalS3:
         self.sockets = Path(tempfile.mkdtemp(prefix="mirai-s3-"))
         # Fresh keys each start: a JWT lives seconds and nothing stored depends on the key.
         signing = {name: secrets.token_hex(32) for name in JWT_KEYS}
-        with open(self.root / "weed.log", "ab") as log:
-            self.process = subprocess.Popen(
-                self._command(config),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                env=os.environ | signing,
-            )
-        (self.root / "weed.pid").write_text(f"{self.process.pid}\n")
+        for _ in range(PORT_ATTEMPTS):
+            with open(self.root / "weed.log", "ab") as log:
+                self.process = subprocess.Popen(
+                    self._command(config),
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    env=os.environ | signing,
+                )
+            (self.root / "weed.pid").write_text(f"{self.process.pid}\n")
+            # The relay holds the internal ports first, then says which isolation it got.
+            while not (self.sockets / "isolation").exists() and self.process.poll() is None:
+                time.sleep(0.05)
+            if self.process.poll() != PORT_TAKEN_EXIT:
+                break
+            # Chosen free, taken since: other internal ports (clients only know the S3 port).
+            self.ports |= dict(zip((name for name in PORTS if name != "s3"), _free_ports(len(PORTS) - 1)))
         self._wait_ready(timeout_s)
         self.isolation = (self.sockets / "isolation").read_text().strip()
         return self

@@ -37,6 +37,9 @@ from pathlib import Path
 _CLONE_NEWUSER, _CLONE_NEWNET = 0x10000000, 0x40000000
 _SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
 _CHUNK = 1 << 18
+# A port to hold was taken meanwhile (the caller chose it free, something bound it since): the
+# caller starts again with other internal ports (EX_TEMPFAIL, sysexits.h).
+PORT_TAKEN_EXIT = 75
 
 
 def enter_network_namespace() -> str:
@@ -104,7 +107,11 @@ def main(argv: list[str] | None = None) -> int:
     held = []
     for number in filter(None, args.hold.split(",")):
         s = socket.socket()
-        s.bind(("127.0.0.1", int(number)))
+        try:
+            s.bind(("127.0.0.1", int(number)))
+        except OSError as exc:
+            print(f"s3_relay: port {number} is taken ({exc.strerror}); start again with others", flush=True)
+            return PORT_TAKEN_EXIT
         held.append(s)
     try:
         if args.shared_network:

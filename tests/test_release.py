@@ -770,3 +770,16 @@ def test_without_a_namespace_the_filer_and_volume_server_take_no_anonymous_read_
         volume_ui = f"http://127.0.0.1:{s3_server.ports['volume']}/ui/index.html"
         assert requests.get(volume_ui, timeout=10).status_code == 401
         assert client.get_object(Bucket=bucket, Key="submissions/x/submission.json")["Body"].read().startswith(b"{")
+
+
+def test_an_internal_port_taken_before_the_relay_holds_it_is_chosen_again(tmp_path):
+    """The internal ports are chosen free, then held by the relay a moment later: something may
+    bind one in between (a CI run saw it: "weed exited with 1"). The server starts with others."""
+    server = LocalS3(tmp_path / "s3", "port-race")
+    taken = server.ports["master"]
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", taken))
+        with server:
+            assert server.ports["master"] != taken
+            assert server.client().list_buckets()["Buckets"][0]["Name"] == "port-race"
+    assert f"port {taken} is taken" in (tmp_path / "s3" / "weed.log").read_text()
