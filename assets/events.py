@@ -11,12 +11,17 @@ from pipeline.events import build_daily_quads, build_events
 from pipeline.gdelt.ledger import to_markdown
 from pipeline.normalize import RULES_VERSION
 
+PREVIOUS_DAY = dg.TimeWindowPartitionMapping(start_offset=-1, end_offset=-1)
+
 
 @dg.multi_asset(
     specs=[
         dg.AssetSpec(
             "events",
-            deps=[gdelt_events],
+            # Rules 1 and 6 read every earlier day's key files, which each day's events write:
+            # declared as a dependency on the previous day, so an asset backfill runs the days
+            # oldest first (docs/operations.md, "Backfills").
+            deps=[gdelt_events, dg.AssetDep("events", partition_mapping=PREVIOUS_DAY)],
             description="One row per kept international event (date, s, r, o, …) after MIRAI's rules, "
             "with every excluded row counted under the first rule it failed.",
             kinds={"polars", "parquet"},
