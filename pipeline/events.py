@@ -135,7 +135,16 @@ def history_fingerprint(layout: DataLayout, day: date) -> str:
     return digest.hexdigest()[:16]
 
 
-def outdated_days(layout: DataLayout) -> list[date]:
+@dataclass(frozen=True)
+class OutdatedDay:
+    """A day whose events were built against another history than the one there is now."""
+
+    day: date
+    built_against: str  # the history fingerprint recorded in the day's events file
+    history_now: str
+
+
+def outdated_days(layout: DataLayout) -> list[OutdatedDay]:
     """Days whose events were built against another history than the one there is now (an earlier
     day added, rebuilt or grown since), oldest first: what `history_fingerprint` says day by day,
     in one pass over the key files (each read once, not once per later day)."""
@@ -150,8 +159,9 @@ def outdated_days(layout: DataLayout) -> list[date]:
             digest.update(_history_entry(layout, key_days[taken]))
             taken += 1
         meta = built_parquet_metadata(layout.events_path(day))
-        if meta is not None and meta.get("history_fingerprint") != digest.copy().hexdigest()[:16]:
-            outdated.append(day)
+        now = digest.copy().hexdigest()[:16]
+        if meta is not None and meta.get("history_fingerprint") != now:
+            outdated.append(OutdatedDay(day, meta.get("history_fingerprint", ""), now))
     return outdated
 
 

@@ -25,7 +25,7 @@ from quality.event_checks import articles_fetch_health, articles_valid
 from sensors.fetch_health import alert_on_articles_fetch_failing
 from testbed.news import NewsServer, page_html
 
-from .test_alerts import Receiver
+from .webhook import Receiver
 
 DAY = date(2024, 1, 1)
 PAGES = {f"/news/{i}.html": page_html(f"story {i}") for i in range(30)}

@@ -25,13 +25,17 @@ import pytest
 from assets.events import daily_quads, events
 from assets.ingest import gdelt_events, gdelt_files, gdelt_mentions
 from assets.resources import resources_for
-from pipeline.events import outdated_days
+from definitions import defs
+from pipeline.events import history_fingerprint, outdated_days
 from pipeline.storage import DataLayout
+from quality.event_checks import events_history_current
+from sensors.history import events_follow_history
 from testbed.generate import MirrorOptions, generate_mirror
 from testbed.serve import MirrorServer
 
 from .conftest import ROOT
 from .daemon import BIN, graphql, running_daemon, running_webserver
+from .webhook import Receiver
 
 DAYS = [date(2024, 1, 1) + timedelta(days=i) for i in range(6)]
 RAW = [gdelt_files, gdelt_events, gdelt_mentions]
@@ -72,8 +76,15 @@ def test_a_day_added_late_is_followed_by_every_later_day(tmp_path, six_days, in_
     home, data = tmp_path / "dagster_home", tmp_path / "data"
     home.mkdir()
     shutil.copy(ROOT / "deploy" / "dagster-local.yaml", home / "dagster.yaml")
-    env = {**os.environ, "DAGSTER_HOME": str(home), "MIRAI_DATA_DIR": str(data), "GDELT_BASE_URL": six_days.base_url}
-    with dg.DagsterInstance.from_config(str(home)) as instance, running_daemon(env) as daemon:
+    webhook = Receiver()
+    env = {
+        **os.environ,
+        "DAGSTER_HOME": str(home),
+        "MIRAI_DATA_DIR": str(data),
+        "GDELT_BASE_URL": six_days.base_url,
+        "MIRAI_ALERT_WEBHOOK_URL": webhook.url,
+    }
+    with dg.DagsterInstance.from_config(str(home)) as instance, webhook, running_daemon(env) as daemon:
         build(DAYS[2:], data, six_days, instance)
         # The order matters on this data: day 3 built without days 1-2 is not day 3.
         assert outputs(data, DAYS[2])[0] != in_order[DAYS[2]][0]
@@ -93,6 +104,12 @@ def test_a_day_added_late_is_followed_by_every_later_day(tmp_path, six_days, in_
         # One day after the other, oldest first.
         first_seen = list(dict.fromkeys(r.dagster_run.tags["dagster/partition"] for r in records))
         assert first_seen == [day.isoformat() for day in DAYS[2:]]
+        # The operator was told once, naming the days; the last rebuild passed the history check.
+        assert [(b["kind"], b["days"]) for b in webhook.bodies if b["kind"] != "run_failure"] == [
+            ("events_outdated", [day.isoformat() for day in DAYS[2:]])
+        ]
+        check = instance.get_latest_asset_check_evaluation_record(events_history_current.check_key)
+        assert check.partition == DAYS[-1].isoformat() and check.event.dagster_event.event_specific_data.passed
 
 
 def test_outdated_days_names_the_days_built_before_an_earlier_one(tmp_path, six_days, in_order):
@@ -101,10 +118,56 @@ def test_outdated_days_names_the_days_built_before_an_earlier_one(tmp_path, six_
         build(DAYS[2:], data, six_days, instance)
         assert outdated_days(DataLayout(data)) == []
         build(DAYS[:2], data, six_days, instance)
-        assert outdated_days(DataLayout(data)) == DAYS[2:]
+        outdated = outdated_days(DataLayout(data))
+        assert [o.day for o in outdated] == DAYS[2:]
+        assert [o.history_now for o in outdated] == [history_fingerprint(DataLayout(data), day) for day in DAYS[2:]]
+        assert all(o.built_against != o.history_now for o in outdated)
         build(DAYS[2:3], data, six_days, instance)  # one day followed: the next ones stay outdated
-        assert outdated_days(DataLayout(data)) == DAYS[3:]
+        assert [o.day for o in outdated_days(DataLayout(data))] == DAYS[3:]
         assert outputs(data, DAYS[2]) == in_order[DAYS[2]]
+
+
+def _follow_tick(data, webhook, cursor=None):
+    resources = resources_for(data_dir=str(data), alert_webhook_url=webhook.url, alert_attempts=2, alert_timeout_s=5)
+    with dg.instance_for_test() as instance:
+        context = dg.build_sensor_context(
+            instance=instance,
+            cursor=cursor,
+            resources=resources,
+            definitions=defs,
+        )
+        return events_follow_history.evaluate_tick(context)
+
+
+def test_days_made_outdated_are_alerted_once_and_their_history_check_fails(tmp_path, six_days, in_order):
+    data = tmp_path / "data"
+    with dg.instance_for_test() as instance, Receiver() as webhook:
+        build(DAYS[2:], data, six_days, instance)
+        assert _follow_tick(data, webhook).run_requests == [] and webhook.bodies == []
+        build(DAYS[:2], data, six_days, instance)
+        tick = _follow_tick(data, webhook)
+        [request] = tick.run_requests
+        assert request.partition_key == DAYS[2].isoformat()
+        [alert] = webhook.bodies
+        assert alert["kind"] == "events_outdated" and alert["days"] == [day.isoformat() for day in DAYS[2:]]
+        assert "2024-01-03..2024-01-06" in alert["text"]
+        checks = {e.partition: e for e in tick.asset_events}
+        assert sorted(checks) == [day.isoformat() for day in DAYS[2:]]
+        assert all(e.check_name == "events_history_current" and not e.passed for e in checks.values())
+        # The next tick asks for the same rebuild and says nothing new.
+        again = _follow_tick(data, webhook, tick.cursor)
+        assert [r.run_key for r in again.run_requests] == [request.run_key]
+        assert again.asset_events == [] and len(webhook.bodies) == 1
+        # Day 3 rebuilt, then day 1 grows: days 3-6 are outdated again, all newly announced.
+        build(DAYS[2:3], data, six_days, instance)
+        after = _follow_tick(data, webhook, again.cursor)
+        assert after.asset_events == [] and len(webhook.bodies) == 1
+        assert after.run_requests[0].partition_key == DAYS[3].isoformat()
+        # A webhook that refuses never holds back the rebuild; the alert is tried again next tick.
+        webhook.status = 503
+        refused = _follow_tick(data, webhook)
+        assert refused.run_requests[0].partition_key == DAYS[3].isoformat()
+        assert refused.cursor == "[]" and len(refused.asset_events) == 3
 
 
 BACKFILL = DAYS[:4]
