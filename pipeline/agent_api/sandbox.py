@@ -33,6 +33,7 @@ from pathlib import Path
 
 from pipeline.agent_api.lockdown import SECCOMP_ARCHES, machine
 from pipeline.agent_api.sandbox_child import FORK, FORKED, LIBRARIES, MAX_OBSERVATION_CHARS, TRUNCATION_NOTE, WARM
+from pipeline.agent_api.shared_pages import SHARED_PAGES
 
 DEFAULT_TIMEOUT_S = 30.0
 # What a code block may allocate beyond the child's size at lockdown (address space, lockdown.set_limits).
@@ -52,7 +53,7 @@ MAX_OUTPUT_CHARS = MAX_OBSERVATION_CHARS + len(TRUNCATION_NOTE)
 REPLY_CAP_BYTES = 12 * MAX_OUTPUT_CHARS + 1024
 READY_CAP_BYTES = 64 * 1024
 # The layers a report names (docs/agent_api.md, "Threat model"); evaluations record these.
-LAYER_KEYS = ("namespaces", "empty_root", "landlock", "seccomp", "audit_hook")
+LAYER_KEYS = ("namespaces", "empty_root", "landlock", "seccomp", "audit_hook", "shared_pages")
 BLAS_THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 # The whole environment of a template, hence of every sandbox child forked from it.
 CHILD_ENVIRONMENT = {
@@ -508,6 +509,10 @@ class _Child:
                 for part in table_fds:
                     socket.send_fds(spare.channel, [b"p"], part)
             self.report = _checked_report(self.receive(deadline - time.monotonic(), READY_CAP_BYTES))
+            # Before any agent code: every file page the child maps stays resident, so siblings
+            # share no page-cache state to signal through (shared_pages.py).
+            SHARED_PAGES.keep_mapped_by(self.proc.pid)
+            self.report["shared_pages"] = SHARED_PAGES.status()
         except (OSError, EOFError, TimeoutError, ProtocolError) as exc:
             detail = self.stop()
             raise SandboxError(f"the sandbox process did not start: {exc}; {detail}") from exc

@@ -18,6 +18,9 @@ on `MADV_PAGEOUT`/`MADV_COLD` only for the file's owner or a writer (mm/madvise.
 can_do_file_pageout), so a child that got past its seccomp filter still could not drop its siblings'
 table pages. Elsewhere the filter alone refuses that advice (docs/agent_api.md, "Other episodes are
 adversaries too").
+
+Each part's pages are read in and locked in memory from when it is written until the object is
+closed (shared_pages.py): their residency is no channel between the children that map them.
 """
 
 from __future__ import annotations
@@ -32,7 +35,15 @@ from pathlib import Path
 
 import polars as pl
 
+from pipeline.agent_api.shared_pages import SHARED_PAGES, FileKey
+
 Tables = tuple[pl.DataFrame, pl.DataFrame]
+
+
+def _remove(directory: Path, kept: list[FileKey]) -> None:
+    for key in kept:
+        SHARED_PAGES.release(key)
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 def table_owner() -> tuple[int, int] | None:
@@ -60,7 +71,8 @@ class TableFiles:
         self.directory = Path(tempfile.mkdtemp(prefix="mirai-gated-tables-"))
         self._guard = threading.Lock()
         self._locks: dict[str, threading.Lock] = {}
-        self._finalizer = weakref.finalize(self, shutil.rmtree, str(self.directory), True)
+        self._kept: list[FileKey] = []
+        self._finalizer = weakref.finalize(self, _remove, self.directory, self._kept)
 
     def part(self, name: str, build: Callable[[], Tables]) -> tuple[Path, Path]:
         """The (events, news) files of part ``name``, written from ``build()`` if not yet there."""
@@ -78,6 +90,8 @@ class TableFiles:
                     if (owner := table_owner()) is not None:
                         os.chown(partial, *owner)
                     os.replace(partial, path)
+                    # In memory from now on, before any child maps it (shared_pages.py).
+                    self._kept.append(SHARED_PAGES.keep_file(path))
         return paths
 
     def size_bytes(self) -> int:
