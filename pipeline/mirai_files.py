@@ -23,6 +23,7 @@ import os
 import re
 import shutil
 import tempfile
+import unicodedata
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -254,23 +255,40 @@ def country_dictionary() -> dict[str, list[str]]:
     return out
 
 
-# Spreadsheet formula injection (OWASP, "CSV Injection"): a spreadsheet opening data_news.csv runs a
-# cell that starts with =, +, -, @, a tab or a carriage return as a formula (=HYPERLINK(...) in a
-# hostile news title). Such a news cell is written with a leading apostrophe, as CSV exporters do; a
-# cell that already starts with apostrophes before one of them gets one more, so that the import
-# (which removes one) restores every cell exactly. pandas (MIRAI's scripts) reads the apostrophe as
-# text. docs/mirai.md, "Files".
-_FORMULA_CELL = re.compile(r"'*[=+\-@\t\r]")
+# Spreadsheet formula injection (OWASP, "CSV Injection"; ASVS 5.0, 1.2.10): a spreadsheet opening
+# data_news.csv runs a cell that starts with =, +, -, @ as a formula (=HYPERLINK(...) in a hostile
+# news title), also behind leading spaces or invisible characters some trim on import, or in a form
+# some fold to one of them (full-width ＝ ＋ － ＠: NFKC); a leading tab, CR, NUL or other control
+# character is just as unsafe. Such a news cell is written with a leading apostrophe, as CSV
+# exporters do; a cell that already starts with apostrophes before one of them gets one more, so the
+# import (which removes one from exactly those cells) restores every cell exactly. pandas (MIRAI's
+# scripts) reads the apostrophe as text. docs/mirai.md, "Files".
+# = + - @ and every character NFKC folds to one of them (full-width, small, super- and subscript).
+_FORMULA_STARTS = frozenset(
+    "=+-@\u207a\u207c\u208a\u208c\u2a75\u2a76\ufb29\ufe62\ufe63\ufe66\ufe6b\uff0b\uff0d\uff1d\uff20"
+)
+
+
+def _formula_like(text: str) -> bool:
+    """Whether ``text``, behind any leading apostrophes, starts as a spreadsheet may run it."""
+    body = text.lstrip("'")
+    if body[:1] and unicodedata.category(body[0]) == "Cc":
+        return True
+    for ch in body:
+        if not (ch.isspace() or unicodedata.category(ch) in ("Cc", "Cf")):
+            return ch in _FORMULA_STARTS
+    return False
 
 
 def inert_cell(text: str | None) -> str | None:
     """A news text cell as written to MIRAI's CSV files: a would-be formula behind an apostrophe."""
-    return "'" + text if text and _FORMULA_CELL.match(text) else text
+    return "'" + text if text and _formula_like(text) else text
 
 
 def restored_cell(text: str | None) -> str | None:
-    """``inert_cell`` undone: one leading apostrophe before a would-be formula removed."""
-    return text[1:] if text and text.startswith("'") and _FORMULA_CELL.match(text) else text
+    """``inert_cell`` undone: one leading apostrophe before a would-be formula removed (a cell
+    inert_cell left alone never has one there, so the round trip is exact for every string)."""
+    return text[1:] if text and text.startswith("'") and _formula_like(text) else text
 
 
 def _write_csv(path: Path, header: tuple[str, ...], rows) -> dict:

@@ -8,6 +8,7 @@ import json
 import random
 import re
 import shutil
+import unicodedata
 from html import escape
 from pathlib import Path
 
@@ -357,6 +358,22 @@ def test_the_page_escapes_hostile_text_and_is_the_same_bytes_for_the_same_inputs
     (copy / "evaluations" / PAGE_FILE).unlink()
     assert write_leaderboard(copy).page.read_bytes() == html
     assert page(leaderboard(built)) == html
+
+
+def test_bidi_controls_and_invisible_characters_in_names_are_shown_on_the_page(built):
+    """Trojan Source (CVE-2021-42574): a model named "gpt" RLO "evil" was displayed as "gptlive", a
+    submission named "a" ZWSP "b" as "ab", each beside a real row. Such characters are shown as
+    <U+XXXX> in every cell; names in other scripts, accents and emoji are kept as they are."""
+    card = json.loads((DataLayout(built).root / "submissions" / HOSTILE_NAME / "record.json").read_text())["scorecard"]
+    submit(built, "a\u200bb", card, model="gpt\u202eevil", action_type="\u2066x\u2069 soft\u00adhyphen")
+    world = "模型 نموذج می\u200cخواهم Zürich 👩🏽\u200d💻"
+    submit(built, "world", card, model=world)
+    text = page(leaderboard(built)).decode()
+    assert "<td>a&lt;U+200B&gt;b</td>" in text and "<td>gpt&lt;U+202E&gt;evil</td>" in text
+    assert "<td>&lt;U+2066&gt;x&lt;U+2069&gt; soft&lt;U+00AD&gt;hyphen</td>" in text
+    assert f"<td>{world}</td>" in text
+    hidden = {c for c in text.replace(world, "") if unicodedata.category(c) in ("Cc", "Cf") and c != "\n"}
+    assert hidden == set()
 
 
 def test_an_empty_board_still_makes_a_page():

@@ -9,13 +9,14 @@ import hashlib
 import html
 import json
 import shutil
+import unicodedata
 from datetime import date, timedelta
 
 import polars as pl
 import pytest
 
 from pipeline.config import Settings
-from pipeline.live.board import build_leaderboard, publish_live_leaderboard, write_live_leaderboard
+from pipeline.live.board import build_leaderboard, page, publish_live_leaderboard, write_live_leaderboard
 from pipeline.live.resolve import resolve_round
 from pipeline.release import LocalStore, open_store
 from pipeline.release_layout import LIVE_LEADERBOARD_KEYS
@@ -104,6 +105,19 @@ def test_the_page_escapes_hostile_names_and_is_the_same_bytes_for_the_same_input
     assert json.loads(first.json_path.read_text())["cumulative"] == first.board["cumulative"]
     again = write_live_leaderboard(board_data)
     assert again.html_path.read_bytes() == page and again.json_path.read_bytes() == first.json_path.read_bytes()
+
+
+def test_bidi_controls_and_invisible_characters_in_model_names_are_shown_on_the_page(board_data):
+    """Trojan Source (CVE-2021-42574): a model named "gpt" RLO "evil" was displayed as "gptlive",
+    one named "always" ZWSP "empty" as a baseline's look-alike. Shown as <U+XXXX>; other scripts
+    and emoji as they are."""
+    names = {HOSTILE: "gpt\u202eevil", "always empty": "always\u200bempty", "p_event 1": "模型 نموذج 👩🏽\u200d💻"}
+    board = build_leaderboard(board_data)
+    board["cumulative"] = [r | {"name": names.get(r["name"], r["name"])} for r in board["cumulative"]]
+    text = page(board).decode()
+    assert "<td>gpt&lt;U+202E&gt;evil</td>" in text and "<td>always&lt;U+200B&gt;empty</td>" in text
+    assert "<td>模型 نموذج 👩🏽\u200d💻</td>" in text
+    assert {c for c in text if unicodedata.category(c) in ("Cc", "Cf") and c not in "\n\u200d"} == set()
 
 
 def test_published_to_live_once_per_change_locally_and_on_seaweedfs(board_data, tmp_path, s3_server, bucket):

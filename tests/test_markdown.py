@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import unicodedata
 
 import polars as pl
 import pytest
@@ -115,3 +116,39 @@ def test_gfm_bare_links_are_broken_by_an_escape(hostile, inert):
     characters."""
     assert markdown_text(hostile) == inert
     assert unescaped(inert) == hostile
+
+
+@pytest.mark.parametrize(
+    ("hostile", "shown"),
+    [
+        ("gpt\u202eevil", "gpt<U+202E>evil"),  # RIGHT-TO-LEFT OVERRIDE: displayed as "gptlive"
+        ("a\u200bb", "a<U+200B>b"),  # ZERO WIDTH SPACE: displayed as "ab"
+        ("\u2066x\u2069 \u200ey\u200f z\u061c", "<U+2066>x<U+2069> <U+200E>y<U+200F> z<U+061C>"),
+        ("soft\u00adhy\u2060ph\ufeffen", "soft<U+00AD>hy<U+2060>ph<U+FEFF>en"),
+        ("a\u200cb\u200dc \u3164", "a<U+200C>b<U+200D>c <U+3164>"),
+        ("nul\x00esc\x1b[31m", "nul<U+0000>esc<U+001B>[31m"),
+    ],
+)
+def test_bidi_controls_and_invisible_characters_are_shown_not_kept(hostile, shown):
+    """A submitter's name with a bidi override or a zero-width character looked like another name
+    (Trojan Source, CVE-2021-42574; Unicode TR36): each such character is shown as <U+XXXX>."""
+    text = markdown_text(hostile)
+    assert unescaped(text) == shown
+    assert [c for c in text if unicodedata.category(c) in ("Cc", "Cf")] == []
+    assert active_markdown(text) == []
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "模型-7b 中文",
+        "نموذج عربي",
+        "می\u200cخواهم",  # Persian: a zero-width non-joiner between joining letters
+        "क्\u200dष",  # Devanagari: a joiner after a virama
+        "Café Zürich Ñandú",
+        "🤖 👩🏽\u200d💻 ❤️\u200d🔥 👨\u200d👩\u200d👧",  # emoji, with their zero-width joiner sequences
+        "\U0001f3f4\U000e0067\U000e0062\U000e0073\U000e0063\U000e0074\U000e007f",  # Scotland's tag flag
+    ],
+)
+def test_names_in_other_scripts_and_emoji_are_shown_as_they_are(name):
+    assert unescaped(markdown_text(name)) == name

@@ -11,6 +11,7 @@ from __future__ import annotations
 import html
 import io
 import json
+import unicodedata
 import zipfile
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
@@ -63,6 +64,8 @@ PAYLOADS = (
     "<http://evil.invalid>",
     "| a | b |\n|---|---|\n| `c` | d |",
     "``x`` `<b>y</b>`",
+    "gpt\u202eevil",  # RIGHT-TO-LEFT OVERRIDE: displayed as "gptlive" (Trojan Source, CVE-2021-42574)
+    "a\u200bb",  # ZERO WIDTH SPACE: displayed as "ab", another name's look-alike
 )
 # A file name cannot hold "/": these are the payloads a submitter can name a file after.
 FILE_NAMED = tuple(p for p in PAYLOADS if "/" not in p)
@@ -285,9 +288,26 @@ def test_no_hostile_text_opens_an_image_a_link_or_html_anywhere(event_log):
     assert active == []
 
 
+def hidden_shown(text: str) -> str:
+    """``text`` with its control and format characters (bidi controls, zero-width spaces) as <U+XXXX>."""
+    return "".join(f"<U+{ord(c):04X}>" if unicodedata.category(c) in ("Cc", "Cf") else c for c in text)
+
+
 def visible(payload: str, markdown: str) -> bool:
-    """The payload is in what the UI shows of ``markdown``: on one line, or quoted as a repr."""
-    return any(form in unescaped(markdown) for form in (flat(payload), repr(payload)[1:-1]))
+    """The payload is in what the UI shows of ``markdown``: on one line, its hidden characters
+    shown, or quoted as a repr."""
+    return any(form in unescaped(markdown) for form in (hidden_shown(flat(payload)), repr(payload)[1:-1]))
+
+
+def test_no_bidi_control_or_invisible_character_reaches_the_markdown(event_log):
+    """A bidi override or a zero-width space in a model, file name or GDELT code would change what
+    the UI displays (Trojan Source, CVE-2021-42574; Unicode TR36): none is left in any Markdown."""
+    _, shown, _, _ = event_log
+    hidden = [
+        (where, label, {c for c in text if unicodedata.category(c) in ("Cc", "Cf")} - {"\n"})
+        for where, label, text in shown
+    ]
+    assert [(where, label, found) for where, label, found in hidden if found] == []
 
 
 @pytest.mark.parametrize(

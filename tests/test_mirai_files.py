@@ -6,7 +6,9 @@ from __future__ import annotations
 import ast
 import csv
 import json
+import random
 import shutil
+import unicodedata
 from datetime import UTC, date, datetime
 from pathlib import Path
 
@@ -325,7 +327,65 @@ HOSTILE_CELLS = [
     "-2+3",
     "'=x",
     "\tx",
+    ' =HYPERLINK("http://127.0.0.1:9/","x")',  # a spreadsheet may trim the space
+    "\u200b\u202e=1+1",  # or invisible characters
+    '＝HYPERLINK("http://127.0.0.1:9/")',  # or fold the full-width form
+    "' ＠SUM(1)",
+    "\x00=1+1",  # a NUL first (ASVS 5.0, 1.2.10)
 ]
+
+
+def runs_as_formula(cell: str) -> bool:
+    """Whether a lenient spreadsheet may run ``cell`` (OWASP, "CSV Injection"; ASVS 5.0, 1.2.10): a
+    leading apostrophe makes it text; a leading control character (tab, CR, NUL) is unsafe; else
+    leading spaces and invisible characters are trimmed and compatibility forms folded (NFKC, so
+    ＝ is =) before =, +, -, @ is looked for."""
+    if cell.startswith("'"):
+        return False
+    if cell[:1] and unicodedata.category(cell[0]) == "Cc":
+        return True
+    for ch in unicodedata.normalize("NFKC", cell):
+        if not (ch.isspace() or unicodedata.category(ch) in ("Cc", "Cf")):
+            return ch in "=+-@"
+    return False
+
+
+_APOSTROPHES = ("", "'", "''")
+_LEADS = ("", " ", "  ", "\u00a0", "\u3000", "\t", "\r", "\n", "\x00", "\x01", "\x1b", "\x7f", "\x85")
+_LEADS += ("\u200b", "\u200d", "\u202e", "\u2066", "\u061c", "\ufeff", "\u00ad", " \u200b\t ", " '")
+_TRIGGERS = ("=", "+", "-", "@", "＝", "＋", "－", "＠", "﹦", "﹫", "⁼", "₊", "'", "a", "1", "中", "ت", "")
+_TAILS = ("", 'HYPERLINK("http://127.0.0.1:9/?"&A1,"x")', "cmd|' /C calc'!A0", " ")
+
+
+def formula_attacks() -> list[str]:
+    """Every apostrophe prefix × leading junk × first character × rest, then random strings over
+    the same pieces (seeded): the attacks of the re-attack and the harmless look-alikes."""
+    cells = [a + lead + t + tail for a in _APOSTROPHES for lead in _LEADS for t in _TRIGGERS for tail in _TAILS]
+    pieces = [*_APOSTROPHES, *_LEADS, *_TRIGGERS, *_TAILS, "x", "="]
+    rng = random.Random(30)
+    cells += ["".join(rng.choices(pieces, k=rng.randint(1, 6))) for _ in range(5000)]
+    return cells
+
+
+def test_inert_cell_leaves_no_cell_a_spreadsheet_may_run_and_touches_only_those():
+    """Re-attack of issue 30: " =HYPERLINK(...)", "＝..." and "\\x00=..." were written as they are.
+    Every cell a lenient spreadsheet may run now starts with an apostrophe; any other cell is
+    written as it is unless it starts with apostrophes (then only ones before a would-be formula)."""
+    for cell in formula_attacks():
+        written = mirai_files.inert_cell(cell)
+        assert not runs_as_formula(written), repr(cell)
+        assert written == cell or runs_as_formula(cell) or cell.startswith("'"), repr(cell)
+        assert written in (cell, "'" + cell), repr(cell)
+
+
+def test_restored_cell_undoes_inert_cell_exactly_for_every_string():
+    """The import's reverse: exact for every cell, apostrophes of its own included; a cell of
+    MIRAI's own files that starts with an apostrophe before a would-be formula loses one."""
+    for cell in [*formula_attacks(), None, "", "'", "''", "'x", "' =x", "'\x00"]:
+        assert mirai_files.restored_cell(mirai_files.inert_cell(cell)) == cell, repr(cell)
+    assert mirai_files.restored_cell("' =HYPERLINK(1)") == " =HYPERLINK(1)"
+    assert mirai_files.restored_cell("'＝1") == "＝1"
+    assert mirai_files.restored_cell("'it's") == "'it's"
 
 
 def test_formula_cells_from_news_are_inert_in_the_export_and_exact_after_import(data_dir, tmp_path):
@@ -346,8 +406,9 @@ def test_formula_cells_from_news_are_inert_in_the_export_and_exact_after_import(
     with open(tmp_path / "bundle" / mirai_files.NEWS_FILE, newline="", encoding="utf-8") as fh:
         rows = list(csv.DictReader(fh, delimiter="\t"))
     titles = {r["Title"] for r in rows} | {r["Abstract"] for r in rows}
-    assert {t for t in titles if t[:1] in ("=", "+", "-", "@", "\t")} == set()
+    assert {t for t in titles if runs_as_formula(t)} == set()
     assert '\'=HYPERLINK("http://127.0.0.1:9/?"&A1,"click")' in titles and "''=x" in titles
+    assert '\'＝HYPERLINK("http://127.0.0.1:9/")' in titles and "'' ＠SUM(1)" in titles
     import_mirai(tmp_path / "bundle", tmp_path / "imported")
     back = pl.read_parquet(tmp_path / "imported/database/news/month=2024-01.parquet")
     assert back.equals(news.sort("date", "article_id"))

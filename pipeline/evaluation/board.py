@@ -42,7 +42,7 @@ from pipeline.evaluation.run import (
     aggregation,
 )
 from pipeline.evaluation.scoring import DEFAULT_RESAMPLES, HIT_K, METRICS, bootstrap_intervals
-from pipeline.markdown import markdown_text
+from pipeline.markdown import html_text, markdown_text, visible_text
 from pipeline.release_layout import MAX_JSON_BYTES, is_month, shown
 from pipeline.storage import DataLayout, atomic_write_bytes, atomic_write_parquet
 
@@ -389,7 +389,7 @@ def _label(row: Mapping) -> str:
     head = f"{row['rank']}. " if row["rank"] else ""
     tail = " (contaminated)" if row["contaminated"] else ""
     source = " [submission]" if row["source"] == "submission" else ""
-    return f"{head}{row['agent']}{source} · d={row['distance']} · {row['query_set']}{tail}"
+    return f"{head}{visible_text(row['agent'])}{source} · d={row['distance']} · {row['query_set']}{tail}"
 
 
 def _draw(ax, rows: list[dict], labels: list[str]) -> None:
@@ -457,7 +457,8 @@ def section_svg(rows: list[dict], salt: str) -> str:
     with matplotlib.style.context("default"), matplotlib.rc_context(rc):
         fig = _figure(len(rows))
         FigureCanvasSVG(fig)
-        labels = [f"{r['rank']}. {r['agent']}" if r["rank"] else f"{r['agent']} (not ranked)" for r in rows]
+        names = [visible_text(r["agent"]) for r in rows]  # as in the table beside it
+        labels = [f"{r['rank']}. {n}" if r["rank"] else f"{n} (not ranked)" for r, n in zip(rows, names)]
         _draw(fig.add_subplot(), rows, labels)
         buf = io.StringIO()
         fig.savefig(buf, format="svg", metadata=dict.fromkeys(("Date", "Creator", "Format", "Type")))
@@ -477,14 +478,14 @@ def _with_interval(row: Mapping, metric: str) -> str:
     return f"{row[metric]:.2f}{interval}"
 
 
-# (header, cell) of each column of the page's tables; a cell's text is escaped unless it is markup
-# made here from numbers.
+# (header, cell) of each column of the page's tables; a cell's text is escaped, its hidden characters
+# shown (pipeline.markdown.html_text), unless it is markup made here from numbers.
 _PAGE_COLUMNS = (
     ("rank", lambda r: str(r["rank"]) if r["rank"] is not None else ("contaminated" if r["contaminated"] else "–")),
-    ("name", lambda r: html.escape(r["agent"])),
-    ("source", lambda r: html.escape(r["source"])),
-    ("model", lambda r: html.escape(r["model"] or "")),
-    ("knowledge cutoff", lambda r: html.escape(r["knowledge_cutoff"] or "")),
+    ("name", lambda r: html_text(r["agent"])),
+    ("source", lambda r: html_text(r["source"])),
+    ("model", lambda r: html_text(r["model"] or "")),
+    ("knowledge cutoff", lambda r: html_text(r["knowledge_cutoff"] or "")),
     ("L2 F1 [95% CI]", lambda r: _with_interval(r, "level2_f1")),
     ("L1 F1 [95% CI]", lambda r: _with_interval(r, "level1_f1")),
     ("L2 precision", lambda r: _number(r["level2_precision"])),
@@ -494,12 +495,12 @@ _PAGE_COLUMNS = (
     (f"Hit@{HIT_K}", lambda r: _number(r[f"hit_at_{HIT_K}"])),
     ("n", lambda r: str(r["n"])),
     ("rounds", lambda r: str(r["rounds"])),
-    ("aggregation", lambda r: html.escape(r["aggregation"] or "")),
+    ("aggregation", lambda r: html_text(r["aggregation"] or "")),
     ("tokens in / out", lambda r: "" if r["tokens_in"] is None else f"{r['tokens_in']:,} / {r['tokens_out'] or 0:,}"),
     ("cost (USD)", lambda r: _number(r["cost_usd"])),
-    ("API mode", lambda r: html.escape(r["mode"] or "")),
-    ("tools", lambda r: html.escape(r["tools"] or "")),
-    ("action type", lambda r: html.escape(r["action_type"] or "")),
+    ("API mode", lambda r: html_text(r["mode"] or "")),
+    ("tools", lambda r: html_text(r["tools"] or "")),
+    ("action type", lambda r: html_text(r["action_type"] or "")),
 )
 # No request leaves the page: nothing but inline styles may load, not even an image.
 _CSP = "default-src 'none'; style-src 'unsafe-inline'"

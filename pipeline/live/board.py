@@ -44,6 +44,7 @@ from pipeline.live.score import (
     score_accepted,
     summarize,
 )
+from pipeline.markdown import html_text
 from pipeline.release import POINTER_CACHE, ReleaseStore
 from pipeline.release_layout import LIVE_LEADERBOARD_KEYS, is_day
 from pipeline.storage import DataLayout, atomic_write_bytes
@@ -275,20 +276,22 @@ def _cell(row: dict, metric: str) -> str:
     return f"{value:.{digits}f}{interval}"
 
 
+# A record's texts (model and submission names come from submitters) escaped, hidden characters
+# shown (pipeline.markdown.html_text: bidi controls and zero-width characters).
 _COLUMNS = (
     ("rank", lambda r: str(r["rank"])),
-    ("model", lambda r: html.escape(r["name"])),
-    ("id", lambda r: html.escape(r["id"])),
+    ("model", lambda r: html_text(r["name"])),
+    ("id", lambda r: html_text(r["id"])),
     ("baseline", lambda r: "yes" if r["baseline"] else ""),
     ("live score [95% CI]", lambda r: _cell(r, RANK_METRIC)),
     ("L2 F1 [95% CI]", lambda r: _cell(r, "level2_f1")),
     ("L1 F1", lambda r: _cell(r, "level1_f1")),
     ("Brier [95% CI]", lambda r: _cell(r, "brier")),
     ("event accuracy", lambda r: _cell(r, "occurrence_accuracy")),
-    ("event forecast", lambda r: html.escape(r["occurrence_forecast"])),
+    ("event forecast", lambda r: html_text(r["occurrence_forecast"])),
     ("questions (answered)", lambda r: f"{r['questions']} ({r['answered']})"),
     ("rounds", lambda r: str(len(r["rounds"]))),
-    ("submissions", lambda r: html.escape(", ".join(r["submissions"]))),
+    ("submissions", lambda r: html_text(", ".join(r["submissions"]))),
 )
 
 
