@@ -19,7 +19,7 @@ import requests
 import trustme
 
 from pipeline.articles import safety
-from pipeline.articles.fetch import FetchOutcome, fetch_article, fetch_articles, fetch_many, read_html
+from pipeline.articles.fetch import fetch_article, fetch_articles, fetch_many, fetch_robots_txt, read_html
 from pipeline.articles.ledger import (
     FETCH_LEDGER_SCHEMA,
     due_urls,
@@ -28,6 +28,7 @@ from pipeline.articles.ledger import (
     record_outcomes,
     summarize,
 )
+from pipeline.articles.outcome import FetchOutcome
 from pipeline.articles.robots import RobotsCache
 from pipeline.articles.safety import UnsafeURL, check_url, make_safe_session
 from pipeline.articles.urls import normalize_url, url_md5
@@ -459,7 +460,7 @@ def test_robots_unreachable_disallows_and_missing_allows(fs):
 
 def test_robots_cache_expires_after_its_ttl(news, fs):
     clock = [0.0]
-    robots = RobotsCache(fs.with_(fetch_robots_ttl_s=60), clock=lambda: clock[0])
+    robots = RobotsCache(fs.with_(fetch_robots_ttl_s=60), fetcher=fetch_robots_txt, clock=lambda: clock[0])
     session = make_safe_session(fs)
     assert robots.allowed(session, news.url_for("/news/1.html"))
     assert not robots.allowed(session, news.url_for("/private/x"))
@@ -513,7 +514,7 @@ def test_robots_rules_match_as_rfc_9309_says(news, fs, case):
     news.robots_txt = robots_txt
     # Rule matching only: a 1 s timeout on a loaded machine would read as "unreachable" (disallow all).
     fs = dataclasses.replace(fs, fetch_connect_timeout_s=10.0, fetch_read_timeout_s=10.0, fetch_deadline_s=20.0)
-    robots = RobotsCache(fs)
+    robots = RobotsCache(fs, fetcher=fetch_robots_txt)
     session = make_safe_session(fs)
     verdicts = {p: robots.check(session, news.url_for(p)) for p in allowed + refused}
     assert not any(v.unreachable for v in verdicts.values()), verdicts
@@ -524,10 +525,11 @@ def test_robots_rules_match_as_rfc_9309_says(news, fs, case):
 def test_robots_groups_follow_a_configured_user_agent(news, fs):
     news.robots_txt = "\ufeffUser-agent: OtherBot\nDisallow: /news/\n\nUser-agent: *\nDisallow: /\n"
     session = make_safe_session(fs)
-    ours = RobotsCache(fs.with_(user_agent="otherbot/2.0 (+https://example.org/bot)"))
+    ours = RobotsCache(fs.with_(user_agent="otherbot/2.0 (+https://example.org/bot)"), fetcher=fetch_robots_txt)
     assert ours.allowed(session, news.url_for("/sport/1.html"))  # its group, read past a BOM
     assert not ours.allowed(session, news.url_for("/news/1.html"))
-    assert not RobotsCache(fs).allowed(session, news.url_for("/sport/1.html"))  # mirai-pipeline: the * group
+    theirs = RobotsCache(fs, fetcher=fetch_robots_txt)  # mirai-pipeline: the * group
+    assert not theirs.allowed(session, news.url_for("/sport/1.html"))
 
 
 # --- the ledger and its retry schedule ---

@@ -174,7 +174,7 @@ def test_a_huge_robots_txt_is_cut_at_its_cap_and_still_obeyed(tmp_path):
         session = make_safe_session(settings)
         fetched = fetch_robots_txt(session, news.url_for("/robots.txt"), settings)
         assert fetched.status == 200 and len(fetched.text.encode()) == ROBOTS_MAX_BYTES
-        robots = RobotsCache(settings)
+        robots = RobotsCache(settings, fetcher=fetch_robots_txt)
         assert robots.allowed(session, news.url_for("/a.html"))
         assert not robots.allowed(session, news.url_for("/private/x.html"))
 

@@ -24,28 +24,8 @@ Every URL is bounded in time and size, whatever the server does:
   honoured up to ``MIRAI_FETCH_BACKOFF_MAX_S``; a longer one ends the URL for this run and sets its
   earliest retry in the ledger).
 
-Statuses (``FetchOutcome.status``); "retryable" ones are tried again by later runs on the ledger's
-schedule (``MIRAI_FETCH_RETRY_SCHEDULE_H``), the others are final:
-
-=====================  ==========================================================  =========
-status                 meaning                                                     retryable
-=====================  ==========================================================  =========
-fetched                HTML stored under raw_html/                                 —
-http_error             a non-200 final response (408/425/429/5xx retryable)        by code
-not_html               a content type other than HTML/XHTML (or sniffed as not)    no
-too_large              Content-Length or decoded body over MIRAI_FETCH_MAX_BYTES   no
-empty                  200 with an empty body                                      no
-blocked_unsafe         scheme, credentials or address refused (any hop)            no
-blocked_robots         robots.txt disallows it (or robots.txt unreachable)         if unreachable
-timeout                connect/read timeout or the per-URL deadline                yes
-connection_error       refused, reset, broken body                                 yes
-dns_error              the host name does not resolve                              yes
-redirect_loop          a redirect back to a URL already visited                    no
-too_many_redirects     more than MIRAI_FETCH_MAX_REDIRECTS hops                    no
-decode_error           a Content-Encoding that does not decode                     no
-invalid_url            a URL requests cannot even parse                            no
-error                  an unexpected exception (a bug): recorded, the run goes on  no
-=====================  ==========================================================  =========
+Statuses (``FetchOutcome.status``), which of them later runs retry, and what each means:
+``pipeline.articles.outcome`` (shared with the ledger).
 """
 
 from __future__ import annotations
@@ -57,7 +37,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import urldefrag, urljoin
@@ -66,6 +46,7 @@ import requests
 import urllib3.exceptions as u3
 
 from pipeline.articles.ledger import plan_fetch, read_ledger, record_outcomes, write_ledger
+from pipeline.articles.outcome import STATUSES, FetchOutcome
 from pipeline.articles.robots import ROBOTS_DEADLINE_S, ROBOTS_MAX_BYTES, RobotsCache, RobotsFetch
 from pipeline.articles.safety import UnsafeURL, check_url, make_safe_session
 from pipeline.articles.urls import host_key, normalize_url, url_md5
@@ -87,23 +68,6 @@ REDIRECT_CODES = frozenset({301, 302, 303, 307, 308})
 # What we ask for (Accept-Encoding) and urllib3 decodes; anything else would be stored undecoded.
 DECODABLE_ENCODINGS = frozenset({"", "identity", "gzip", "x-gzip", "deflate"})
 SNIFF_BYTES = 512
-STATUSES = (
-    "fetched",
-    "http_error",
-    "not_html",
-    "too_large",
-    "empty",
-    "blocked_unsafe",
-    "blocked_robots",
-    "timeout",
-    "connection_error",
-    "dns_error",
-    "redirect_loop",
-    "too_many_redirects",
-    "decode_error",
-    "invalid_url",
-    "error",
-)
 # WHATWG MIME sniffing, "text/html" patterns: a tag name followed by a space or '>'.
 _HTML_SIGNATURES = tuple(
     f"<{tag}".encode()
@@ -132,28 +96,6 @@ _HTML_SIGNATURES = tuple(
         "nav",
     )
 )
-
-
-@dataclass
-class FetchOutcome:
-    url: str  # normalised: the ledger key
-    url_md5: str
-    status: str
-    http_status: int | None = None
-    final_url: str | None = None  # the last URL requested (or the redirect target refused)
-    error_class: str | None = None
-    error: str | None = None
-    attempts: int = 0  # HTTP attempts (each one follows the redirect chain from the start)
-    bytes: int = 0  # decoded body bytes
-    content_type: str | None = None
-    fetched_at: datetime | None = None
-    elapsed_s: float = 0.0
-    retryable: bool = False  # should a later run try again (ledger schedule)
-    retry_after_s: float | None = None  # server's Retry-After beyond our in-run wait
-    html_path: str | None = None  # relative to MIRAI_DATA_DIR, when stored
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 class FetchFailure(Exception):
@@ -533,7 +475,7 @@ def fetch_many(
     started_at = now or utc_now()
     clock = time.monotonic()
     layout = DataLayout(settings.data_dir)
-    robots = RobotsCache(settings) if settings.fetch_respect_robots else None
+    robots = RobotsCache(settings, fetcher=fetch_robots_txt) if settings.fetch_respect_robots else None
     concurrency = max(1, settings.fetch_concurrency)
     per_host = max(1, settings.fetch_per_host)
 

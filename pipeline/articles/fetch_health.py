@@ -5,7 +5,7 @@ The day's fetches are the fetch ledger's rows for the URLs the day selects (``se
 ledger is global (an article is fetched once ever), so its rows for one day's selection are that
 day's record, whichever run fetched them. A row counts as attempted once a run tried it, as failed
 when its last try did not store the page (a URL waiting for a retry is failed until a retry
-fetches it), and its failure reason is the ledger's status (pipeline/articles/fetch.py
+fetches it), and its failure reason is the ledger's status (pipeline/articles/outcome.py
 ``STATUSES``), ``http_error`` split by its HTTP code: "404 everywhere" (pages gone), "403
 everywhere" (we are blocked) and "503 everywhere" (sites down) call for different actions.
 

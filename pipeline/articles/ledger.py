@@ -22,15 +22,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING
 
 import polars as pl
 
+from pipeline.articles.outcome import STATUSES, FetchOutcome
 from pipeline.articles.urls import normalize_url, url_md5
 from pipeline.storage import DataLayout, atomic_write_parquet
-
-if TYPE_CHECKING:
-    from pipeline.articles.fetch import FetchOutcome
 
 LEDGER_VERSION = "1"
 TS = pl.Datetime("us", "UTC")
@@ -39,7 +36,7 @@ FETCH_LEDGER_SCHEMA = pl.Schema(
     [
         ("url", pl.String),  # normalised (pipeline.articles.urls.normalize_url): the key
         ("url_md5", pl.String),
-        ("status", pl.String),  # of the last run that tried it (pipeline.articles.fetch.STATUSES)
+        ("status", pl.String),  # of the last run that tried it (pipeline.articles.outcome.STATUSES)
         ("http_status", pl.Int16),
         ("final_url", pl.String),  # after redirects (or the refused redirect target)
         ("error_class", pl.String),
@@ -178,8 +175,6 @@ def record_outcomes(
 
 def summarize(ledger: pl.DataFrame) -> dict[str, int]:
     """Counts for the UI: rows, per status of the last try, given up, and waiting for a retry."""
-    from pipeline.articles.fetch import STATUSES
-
     counts = dict(ledger.group_by("status").len().iter_rows())
     out = {"urls": ledger.height}
     out.update({status: int(counts.get(status, 0)) for status in STATUSES})

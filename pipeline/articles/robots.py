@@ -1,7 +1,8 @@
 """robots.txt, fetched once per origin and cached, with RFC 9309 error semantics.
 
-The file is requested through the same safe path as articles (``fetch.fetch_robots_txt``: address
-checks on every hop, at most 5 redirects, a total deadline, and a size cap), and parsed and matched
+The file is requested through the same safe path as articles (``fetch.fetch_robots_txt``, which
+``fetch_many`` hands to ``RobotsCache`` as its ``fetcher``: address checks on every hop, at most 5
+redirects, a total deadline, and a size cap), and parsed and matched
 by protego (https://github.com/scrapy/protego), which follows RFC 9309 where the stdlib's
 ``urllib.robotparser`` does not: the longest matching rule wins (§2.2.2; on a tie, Allow), ``*`` and
 a final ``$`` are wildcards (§2.2.3), groups naming the same product token are merged (§2.2.1), a
@@ -65,6 +66,11 @@ class RobotsFetch:
     failure_status: str | None = None  # the fetch status of a network failure (timeout, dns_error…)
 
 
+# How a RobotsCache gets a robots.txt: (session, robots.txt URL, settings) -> RobotsFetch. Passed in
+# (fetch.fetch_robots_txt) rather than imported, since fetch imports this module.
+RobotsFetcher = Callable[[requests.Session, str, Settings], RobotsFetch]
+
+
 @dataclass
 class _Entry:
     mode: str  # rules | allow_all | disallow_all
@@ -119,8 +125,8 @@ class RobotsCache:
         self,
         settings: Settings,
         *,
+        fetcher: RobotsFetcher,
         clock: Callable[[], float] = time.monotonic,
-        fetcher: Callable[[requests.Session, str, Settings], RobotsFetch] | None = None,
     ):
         self.settings = settings
         self.product_token = product_token(settings.user_agent)
@@ -132,11 +138,7 @@ class RobotsCache:
         self.requests = 0  # robots.txt fetches made (one per origin unless the TTL expired)
 
     def _fetch(self, session: requests.Session, robots_url: str) -> RobotsFetch:
-        if self._fetcher is not None:
-            return self._fetcher(session, robots_url, self.settings)
-        from pipeline.articles.fetch import fetch_robots_txt  # fetch imports this module
-
-        return fetch_robots_txt(session, robots_url, self.settings)
+        return self._fetcher(session, robots_url, self.settings)
 
     def _entry(self, session: requests.Session, origin: str, robots_url: str) -> _Entry:
         entry = self._entries.get(origin)  # fast path, no lock: every request of a run asks
