@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 from pipeline.agent_api.lockdown import SECCOMP_ARCHES, machine
-from pipeline.agent_api.sandbox_child import FORK, FORKED, LIBRARIES, MAX_OBSERVATION_CHARS, TRUNCATION_NOTE, WARM
+from pipeline.agent_api.sandbox_protocol import FORK, FORKED, LIBRARIES, MAX_OBSERVATION_CHARS, TRUNCATION_NOTE, WARM
 from pipeline.agent_api.shared_pages import SHARED_PAGES
 
 DEFAULT_TIMEOUT_S = 30.0
@@ -142,7 +142,7 @@ class _Template:
             child_end.close()
 
     def fork(self, descriptors: list[int]) -> int:
-        """A pidfd of a child forked with ``descriptors`` (sandbox_child.SPARE_DESCRIPTORS);
+        """A pidfd of a child forked with ``descriptors`` (sandbox_protocol.SPARE_DESCRIPTORS);
         OSError, EOFError, TimeoutError or ProtocolError if the template died, stalls or answers
         anything else. The first call waits for the template's imports."""
         with self._lock:
@@ -275,7 +275,7 @@ class _Spare:
             handover.close()
 
     def wait_warm(self, timeout_s: float) -> None:
-        """Until the child says its warm-up is done (sandbox_child.WARM); OSError, EOFError,
+        """Until the child says its warm-up is done (sandbox_protocol.WARM); OSError, EOFError,
         TimeoutError or ProtocolError if it dies, stalls or says anything else. Called by the
         pool's starter and by the episode that takes the spare, whichever comes first."""
         with self._warm_lock:
@@ -614,7 +614,7 @@ class _Child:
 
 
 def installed_libraries() -> tuple[str, ...]:
-    """The sandbox_child.LIBRARIES this interpreter has (numpy and pandas always: they are
+    """The sandbox_protocol.LIBRARIES this interpreter has (numpy and pandas always: they are
     dependencies; networkx and scikit-learn when installed), in LIBRARIES order."""
     return tuple(name for name in LIBRARIES if importlib.util.find_spec(name) is not None)
 
@@ -624,7 +624,7 @@ class Sandbox:
     timeout, crash or broken reply), so environments that never run code cost nothing.
     ``allow_unconfined``: run code blocks even where the seccomp allowlist cannot be installed
     (an operator's explicit choice; the report says so). ``libraries``: names from
-    sandbox_child.LIBRARIES (numpy, pandas, networkx, sklearn) the child loads before lockdown, if
+    sandbox_protocol.LIBRARIES (numpy, pandas, networkx, sklearn) the child loads before lockdown, if
     installed, so that agent code may import them; each costs start time, so none by default."""
 
     def __init__(

@@ -37,6 +37,30 @@ import sys
 import traceback
 from datetime import date
 
+from pipeline.agent_api.sandbox_protocol import (
+    FORK,
+    FORKED,
+    HANDOVER_FD,
+    LIBRARIES,
+    MAX_OBSERVATION_CHARS,
+    SPARE_DESCRIPTORS,
+    STATUS_FD,
+    TRUNCATION_NOTE,
+    WARM,
+)
+
+# Every other import of this module is inside the function that uses it, and must stay there:
+# this module is the template's __main__ (and the parent imports it for ALLOWED_MODULES), and the
+# template imports only what _import_for_template and _load_libraries name (landlockpy, polars,
+# pyarrow, pyseccomp, the allow-listed modules, the libraries), in that order, and runs no polars
+# query. The API (environment, lookup, types) is imported in each sandbox child after the fork:
+# importing environment.py reads the reference tables with polars (its enums), which starts
+# polars' thread pool, and a child forked from a template with a pool inherits its state without
+# its threads (docs/agent_api.md, "Warm spares"). lockdown (and fcntl, mmap) are imported by the
+# forked processes that use them (fork_spare, serve_episode), not by the template. None of these
+# imports hides a cycle: no module they import imports this one (sandbox.py shares only
+# sandbox_protocol.py with it).
+
 # Modules agent code may import. Each is imported before lockdown, so importing it later reads
 # no file; anything else is refused by the import guard and the audit hook.
 ALLOWED_MODULES = frozenset(
@@ -67,27 +91,12 @@ ALLOWED_MODULES = frozenset(
         "time",
     }
 )
-# The libraries MIRAI's code-block prompt offers agents (agent_prompts/prompts_react_block_full.py in
-# github.com/yecchen/MIRAI: numpy, pandas, scikit-learn, NetworkX), by import name. A sandbox loads
-# the ones its parent asks for and this interpreter has, before lockdown (docs/agent_api.md,
-# "Code blocks"). numpy and pandas are dependencies of this project; the other two are not.
-LIBRARIES = ("numpy", "pandas", "networkx", "sklearn")
 # Builtins agent code does not get: file and console access, the interactive helpers.
 REMOVED_BUILTINS = ("open", "input", "breakpoint", "help", "exit", "quit", "copyright", "credits", "license")
-MAX_OBSERVATION_CHARS = 20_000
 WARM_UP_ROWS = 256
 # The read-only mappings of the table files (MAP_SHARED, PROT_READ), held for the child's lifetime:
 # the tables' buffers point into them.
 MAPPINGS: list = []
-TRUNCATION_NOTE = f"\n[output truncated at {MAX_OBSERVATION_CHARS} characters]"
-# What a template sends on its control socket, and a spare on its handover socket, once its
-# imports are done (sandbox.SparePool).
-WARM = b"warm"
-# A fork request to the template and its answer (sandbox._Template).
-FORK, FORKED = b"fork", b"forked"
-# The descriptors a fork request carries, renumbered from 0 in this order in the forked child.
-SPARE_DESCRIPTORS = ("stdin", "stdout", "stderr", "handover", "status")
-HANDOVER_FD, STATUS_FD = 3, 4
 
 
 def read_message(stream) -> bytes:
