@@ -10,7 +10,8 @@ from assets.partitions import monthly_partitions
 from assets.resources import ArticleFetcher, Dataset, GdeltFeed, pipeline_settings
 from pipeline.database import MonthNotReady
 from pipeline.http import utc_now
-from pipeline.splits import SPLIT_VERSION, Override, build_split
+from pipeline.split_schema import SPLIT_VERSION
+from pipeline.splits import Override, build_split
 
 
 class SplitConfig(dg.Config):

@@ -533,7 +533,7 @@ def _composition(manifest: dict, queries: pl.DataFrame, sample: pl.DataFrame) ->
     quads = quad_counts(queries).with_columns(
         pl.col("mirai_quad_class").replace_strict(QUAD_NAMES, return_dtype=pl.String).alias("name")
     )
-    # From the frame, not pipeline.splits.QUERIES_SCHEMA: splits imports this module.
+    # From the frame: the card describes the file as it was written.
     fields = [(f"`{name}`", f"`{dtype}`", FIELD_DESCRIPTIONS.get(name, "")) for name, dtype in queries.schema.items()]
     return f"""
 ## Composition

@@ -22,7 +22,6 @@ import json
 import os
 import re
 import shutil
-import tempfile
 import unicodedata
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -36,14 +35,13 @@ import pycountry
 
 from pipeline.database import DATABASE_VERSION, EVENT_DB_SCHEMA, NEWS_DB_SCHEMA, month_days
 from pipeline.reference import country_names, country_table, iso3_codes, level2_codes, relation_table
-from pipeline.splits import QUERIES_SCHEMA, SPLIT_VERSION
+from pipeline.split_schema import QUERIES_SCHEMA, SPLIT_VERSION
 from pipeline.storage import (
     DataLayout,
     atomic_write_bytes,
     atomic_write_parquet,
     outside_or_not_regular,
-    remove_orphans,
-    replace_dir,
+    staged_directory,
     verified,
     write_sealed_parquet,
 )
@@ -484,10 +482,7 @@ def export_mirai(month: date, data_dir: Path, out: Path) -> ExportResult:
     layout = DataLayout(data_dir)
     month = month.replace(day=1)
     queries, sample, _ = read_split(layout, month)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    remove_orphans(out.parent, f".{out.name}.")
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.{os.getpid()}.", dir=out.parent))
-    try:
+    with staged_directory(out) as staging:
         files, months = write_bundle(layout, month, queries, sample, staging)
         manifest = {
             "format": EXPORT_FORMAT,
@@ -503,13 +498,8 @@ def export_mirai(month: date, data_dir: Path, out: Path) -> ExportResult:
         atomic_write_bytes(staging / EXPORT_MANIFEST, (json.dumps(manifest, indent=2) + "\n").encode(), sweep=False)
         if out.exists() and _is_export(out) and _same_files(out, staging):
             shutil.rmtree(staging)  # a re-run with the same content changes nothing
-        else:
-            if out.exists() and not any(out.iterdir()):
-                out.rmdir()
-            replace_dir(staging, out)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+        elif out.exists() and not any(out.iterdir()):
+            out.rmdir()
     return ExportResult(out, f"{month:%Y-%m}", months, manifest["files"])
 
 
@@ -838,10 +828,7 @@ def import_mirai(source: Path, data_dir: Path, *, distance_days: int = 1) -> Imp
         if frame.filter(pl.col("date") >= end).height:
             raise MiraiFormatError(f"{name}: rows dated after the split month {month:%Y-%m}; refused")
     months = _months(first, month)
-    data_dir.parent.mkdir(parents=True, exist_ok=True)
-    remove_orphans(data_dir.parent, f".{data_dir.name}.")
-    staging = Path(tempfile.mkdtemp(prefix=f".{data_dir.name}.{os.getpid()}.", dir=data_dir.parent))
-    try:
+    with staged_directory(data_dir) as staging:
         layout = DataLayout(staging)
         meta = {"database_version": DATABASE_VERSION, "source": "mirai-import"}
         for m in months:
@@ -898,10 +885,6 @@ def import_mirai(source: Path, data_dir: Path, *, distance_days: int = 1) -> Imp
         atomic_write_bytes(staging / IMPORT_MANIFEST, (json.dumps(record, indent=2) + "\n").encode())
         if data_dir.exists() and not any(data_dir.iterdir()):
             data_dir.rmdir()
-        replace_dir(staging, data_dir)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return ImportResult(
         data_dir, f"{month:%Y-%m}", record["database_months"], events.height, news.height, queries.height, sample.height
     )

@@ -11,10 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import random
-import shutil
-import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
@@ -26,6 +23,7 @@ from pipeline.articles.day import ARTICLES_VERSION
 from pipeline.config import Settings
 from pipeline.database import MonthNotReady, month_days
 from pipeline.gdelt.ledger import read_ledger, summarize
+from pipeline.mirai_files import write_bundle
 from pipeline.normalize import RULES_VERSION
 from pipeline.reference import (
     COUNTRY_TABLE_VERSION,
@@ -34,38 +32,18 @@ from pipeline.reference import (
     RELATION_TABLE_VERSION,
     region_table,
 )
+from pipeline.release_layout import MIRAI_BUNDLE_DIR
+from pipeline.split_schema import QUERIES_SCHEMA, SPLIT_VERSION
 from pipeline.storage import (
     DataLayout,
     atomic_write_bytes,
     atomic_write_parquet,
     read_parquet_metadata,
-    remove_orphans,
-    replace_dir,
+    staged_directory,
     verified,
 )
 from pipeline.version import code_version
 
-QUERIES_SCHEMA = pl.Schema(
-    [
-        ("query_id", pl.String),  # "YYYY-MM-NNNNN", numbered in (date, s, o) order
-        ("date", pl.Date),
-        ("s", pl.String),
-        ("o", pl.String),
-        ("s_name", pl.String),
-        ("o_name", pl.String),
-        ("s_region", pl.String),
-        ("o_region", pl.String),
-        ("query_code", pl.String),  # "(2024-01-03, USA, ?, CHN)"
-        ("answer_list", pl.List(pl.String)),  # sorted unique level-2 codes
-        ("answer_level1", pl.List(pl.String)),  # sorted unique level-1 codes
-        ("answer_dict", pl.String),  # JSON {"01": ["010", "013"], ...}, keys and lists sorted
-        ("daily_mentions", pl.Int64),  # summed over the query's quads in the event database
-        ("n_articles", pl.UInt32),  # distinct kept articles over those quads
-        ("min_articles", pl.UInt32),  # fewest kept articles of any test-grade quad of the query
-    ]
-)
-
-SPLIT_VERSION = "split-v1"
 SAMPLER_VERSION = "balanced-greedy-v1"
 # MIRAI step 8 draws 50 candidates per step and weights the variances 1, 1, 0.4, 0.2 (dates,
 # level-1 codes, regions, countries); we keep those numbers so samples stay comparable.
@@ -315,9 +293,6 @@ def _write_mirai_bundle(
 ) -> dict[str, dict]:
     """The split and the database through the month in MIRAI's file layout, under mirai/data/ of
     the split directory, so every release carries them (pipeline/mirai_files.py, docs/mirai.md)."""
-    from pipeline.mirai_files import write_bundle
-    from pipeline.release_layout import MIRAI_BUNDLE_DIR
-
     files, _ = write_bundle(layout, month, queries, sample, staging / MIRAI_BUNDLE_DIR)
     return {f"{MIRAI_BUNDLE_DIR}/{name}": entry for name, entry in files.items()}
 
@@ -341,11 +316,7 @@ def build_split(month: date, settings: Settings, *, now: datetime, override: Ove
     sample = balanced_sample(queries, settings.split_sample_size, settings.split_seed)
 
     final = layout.split_dir(month)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    # The pid in the name lets a later build remove what a killed one left (storage.remove_orphans).
-    remove_orphans(final.parent, f".{final.name}.")
-    staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.{os.getpid()}.", dir=final.parent))
-    try:
+    with staged_directory(final) as staging:
         split_meta = {"split_version": SPLIT_VERSION, "month": f"{month:%Y-%m}"}
         atomic_write_parquet(queries, staging / "queries.parquet", metadata=split_meta)
         atomic_write_parquet(sample, staging / "queries_sample.parquet", metadata=split_meta)
@@ -405,10 +376,6 @@ def build_split(month: date, settings: Settings, *, now: datetime, override: Ove
         }
         atomic_write_bytes(staging / "README.md", dataset_card(manifest, queries, sample, figures).encode())
         atomic_write_bytes(staging / "manifest.json", (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode())
-        replace_dir(staging, final)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return Split(month=month, directory=final, queries=queries, sample=sample, manifest=manifest)
 
 

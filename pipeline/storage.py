@@ -18,6 +18,7 @@ import os
 import re
 import shutil
 import stat
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -403,6 +404,25 @@ def built_parquet_metadata(path: Path) -> dict[str, str] | None:
         return read_parquet_metadata(path)
     except (pl.exceptions.PolarsError, OSError):
         return None
+
+
+@contextmanager
+def staged_directory(final: Path) -> Iterator[Path]:
+    """A fresh directory to build ``final``'s next contents in, swapped into place (replace_dir)
+    when the block ends cleanly, removed when it raises; a block that removes it itself (nothing
+    to change) leaves ``final`` as it was. Made beside ``final`` (the same file system) with the
+    pid in its name, so the next call removes what a killed one left (remove_orphans)."""
+    parent = final.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    remove_orphans(parent, f".{final.name}.")
+    staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.{os.getpid()}.", dir=parent))
+    try:
+        yield staging
+        if staging.exists():
+            replace_dir(staging, final)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
 
 
 def replace_dir(new: Path, final: Path) -> None:

@@ -15,7 +15,7 @@ import yaml
 
 from pipeline import card
 from pipeline.card import dataset_card, render_figures
-from pipeline.splits import QUERIES_SCHEMA
+from pipeline.split_schema import QUERIES_SCHEMA
 
 ROOT = Path(__file__).resolve().parent.parent
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

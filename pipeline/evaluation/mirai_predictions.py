@@ -25,9 +25,7 @@ import io
 import json
 import os
 import re
-import shutil
 import stat
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +33,7 @@ from pathlib import Path
 import polars as pl
 
 from pipeline.evaluation.metrics import clean_prediction, hit_at_k, mrr, score
-from pipeline.storage import atomic_write_bytes, remove_orphans, replace_dir
+from pipeline.storage import atomic_write_bytes, staged_directory
 
 # MIRAI's files hold the whole episode log; its examples/outputs_raw files are ~20-60 KB.
 MAX_FILE_BYTES = 4 * 2**20
@@ -208,15 +206,9 @@ def export_predictions(
     written = {}
     for round_no, records in sorted(rounds.items()):
         final = out / f"round{round_no}"
-        remove_orphans(out, f".{final.name}.")
-        staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.{os.getpid()}.", dir=out))
-        try:
+        with staged_directory(final) as staging:
             for name, record in records.items():
                 atomic_write_bytes(staging / f"{name}.json", json.dumps(record, indent=4).encode(), sweep=False)
-            replace_dir(staging, final)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
         written[round_no] = sorted(final / f"{name}.json" for name in records)
     return written
 

@@ -28,8 +28,6 @@ import hashlib
 import json
 import os
 import re
-import shutil
-import tempfile
 import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -87,13 +85,12 @@ from pipeline.evaluation.throughput import (
 )
 from pipeline.reference.tables import iso3_codes
 from pipeline.release_layout import DATABASE_TABLES, check_inside, shown
-from pipeline.splits import QUERIES_SCHEMA
+from pipeline.split_schema import QUERIES_SCHEMA
 from pipeline.storage import (
     DataLayout,
     atomic_write_bytes,
     atomic_write_parquet,
-    remove_orphans,
-    replace_dir,
+    staged_directory,
 )
 from pipeline.untrusted_parquet import UntrustedParquetError, check_footer, read_untrusted_parquet, text_bytes
 from pipeline.version import code_version
@@ -329,20 +326,12 @@ def write_evaluation(
     """Write results.parquet, scores.json and any ``extra_files`` (name → bytes) into a staging
     directory and swap it into place; return the record as stored (with the sha256 of
     results.parquet)."""
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    # The pid in the name lets the next run remove what a killed one left (storage.remove_orphans).
-    remove_orphans(directory.parent, f".{directory.name}.")
-    staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.{os.getpid()}.", dir=directory.parent))
-    try:
+    with staged_directory(directory) as staging:
         for name, data in (extra_files or {}).items():
             atomic_write_bytes(staging / name, data)
         atomic_write_parquet(results, staging / "results.parquet", metadata={"evaluation_version": EVALUATION_VERSION})
         record = record | {"results_sha256": hashlib.sha256((staging / "results.parquet").read_bytes()).hexdigest()}
         atomic_write_bytes(staging / "scores.json", (json.dumps(record, indent=2, sort_keys=True) + "\n").encode())
-        replace_dir(staging, directory)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return record
 
 
