@@ -354,6 +354,9 @@ def _attacks(target: Path, parent: int, parent_address: int) -> list[tuple[str, 
         ("clone_high_bits", "clone", [(1 << 32) | 17, 0, 0, 0, 0]),
         ("mmap_exec_high_bits", "mmap", [0, 4096, (1 << 32) | 5, 0x22, -1, 0]),
         ("mmap_stderr_exec", "mmap", [0, 4096, 0x5, 0x1, 2, 0]),
+        # A huge page from the host's hugetlb pool, whose free count every sandbox shares (issue 30).
+        ("mmap_hugetlb", "mmap", [0, 2 << 20, 0x3, 0x40022, -1, 0]),
+        ("mmap_hugetlb_high_bits", "mmap", [0, 2 << 20, 0x3, (1 << 32) | 0x40022, -1, 0]),
         ("madvise_hwpoison", "madvise", [0x10000, 4096, 100]),
         ("madvise_soft_offline", "madvise", [0x10000, 4096, 101]),
         # Advice that reaches other processes' pages (issue 30): merging equal pages (KSM), dropping

@@ -68,6 +68,10 @@ ALLOWED_SYSCALLS = (
     "exit_group",
 )
 _PROT_EXEC = 0x4
+# mmap(MAP_HUGETLB) takes pages from the host's one hugetlb pool (vm.nr_hugepages): its free count is
+# state every sandbox shares, a clean channel between concurrent episodes where a pool exists.
+# The same value on x86_64 and aarch64 (asm-generic/mman-common.h).
+_MAP_HUGETLB = 0x40000
 # futex(2) on private futexes only (FUTEX_PRIVATE_FLAG): a shared futex on a file-backed page is
 # keyed by (inode, offset), so two sandboxes that map the same file (libc's text, a month's table
 # part) could wait and wake each other, a channel between concurrent episodes of different cutoffs.
@@ -108,7 +112,7 @@ def seccomp_filter(pid: int):
     for name in ALLOWED_SYSCALLS:
         rule(sc.ALLOW, name)
     no_exec = sc.Arg(2, sc.MASKED_EQ, _PROT_EXEC, 0)
-    rule(sc.ALLOW, "mmap", no_exec)
+    rule(sc.ALLOW, "mmap", no_exec, sc.Arg(3, sc.MASKED_EQ, _MAP_HUGETLB, 0))
     rule(sc.ALLOW, "mprotect", no_exec)
     for advice in MADVICE_ALLOWED:
         rule(sc.ALLOW, "madvise", sc.Arg(2, sc.EQ, advice))

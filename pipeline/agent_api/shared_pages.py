@@ -39,13 +39,13 @@ FileKey = tuple[int, int]  # (st_dev, st_ino)
 
 
 class SharedPages:
-    """Ranges of files mapped read-only, read in and locked, by (device, inode); each range once.
+    """Whole files mapped read-only, read in and locked, by (device, inode); each file once.
     Thread-safe: sandboxes start from several threads. What cannot be kept is said by `status()`
     rather than raised: residency is one defence among several, and a sandbox still starts."""
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._kept: dict[FileKey, list[tuple[int, int, int]]] = {}  # key -> [(offset, length, address)]
+        self._kept: dict[FileKey, tuple[int, int]] = {}  # key -> (length, address)
         self._refusal: str | None = None  # why mlock failed (then pages are read in, not locked)
         self._unkept: str | None = None  # why some pages could not even be read in
 
@@ -55,53 +55,47 @@ class SharedPages:
         try:
             info = os.fstat(fd)
             key = (info.st_dev, info.st_ino)
-            self._keep(fd, key, 0, info.st_size)
+            self._keep(fd, key, info.st_size)
         finally:
             os.close(fd)
         return key
 
     def keep_mapped_by(self, pid: int) -> None:
-        """Every regular file range process ``pid`` maps, as /proc/<pid>/maps lists it. A path
-        that no longer names the mapped file (replaced, deleted) is skipped."""
+        """Every page of every regular file process ``pid`` maps, as /proc/<pid>/maps lists them:
+        whole files, not the mapped ranges, since a child can grow a mapping over the rest of its
+        file (mremap) and touch pages no segment maps. Each file is opened through
+        /proc/<pid>/map_files (the mapped file itself, even if replaced or deleted since), or by its
+        path where that is not allowed (it needs CAP_SYS_ADMIN), checked by device and inode."""
         try:
             maps = Path(f"/proc/{pid}/maps").read_text()
         except OSError as exc:
-            with self._lock:
-                self._unkept = (
-                    self._unkept or f"/proc/<pid>/maps unreadable ({errno.errorcode.get(exc.errno, exc.errno)})"
-                )
+            self._note_unkept(f"/proc/<pid>/maps unreadable ({errno.errorcode.get(exc.errno, exc.errno)})")
             return
         for line in maps.splitlines():
             fields = line.split(maxsplit=5)
-            if len(fields) < 6 or fields[4] == "0" or not fields[5].startswith("/") or fields[5].endswith(" (deleted)"):
+            if len(fields) < 6 or fields[4] == "0":
                 continue
-            start, end = (int(x, 16) for x in fields[0].split("-"))
             major, minor = (int(x, 16) for x in fields[3].split(":"))
-            key, offset = (os.makedev(major, minor), int(fields[4])), int(fields[2], 16)
+            key = (os.makedev(major, minor), int(fields[4]))
             with self._lock:
-                if self._covered(key, offset, end - start):
+                if key in self._kept:
                     continue  # every later child maps what the first one did: no file opened again
-            try:
-                fd = os.open(fields[5], os.O_RDONLY | os.O_CLOEXEC)
-            except OSError:
+            fd = _open_mapped(pid, fields[0], fields[5].removesuffix(" (deleted)"), key)
+            if fd is None:
+                if fields[5].startswith("/"):
+                    self._note_unkept(f"{fields[5]} could not be opened")
                 continue
             try:
-                info = os.fstat(fd)
-                if stat.S_ISREG(info.st_mode) and (info.st_dev, info.st_ino) == key:
-                    # A mapping may reach past the end of the file; those pages are not the file's.
-                    self._keep(fd, key, offset, min(end - start, info.st_size - offset))
+                self._keep(fd, key, os.fstat(fd).st_size)
             finally:
                 os.close(fd)
 
-    def _keep(self, fd: int, key: FileKey, offset: int, length: int) -> None:
-        if length <= 0:
-            return
-        length = -(-length // _PAGE) * _PAGE
+    def _keep(self, fd: int, key: FileKey, size: int) -> None:
+        length = -(-size // _PAGE) * _PAGE
         with self._lock:
-            if self._covered(key, offset, length):
+            if key in self._kept or length == 0:
                 return
-            ranges = self._kept.setdefault(key, [])
-            address = _libc.mmap(None, length, _PROT_READ, _MAP_SHARED | _MAP_POPULATE, fd, offset)
+            address = _libc.mmap(None, length, _PROT_READ, _MAP_SHARED | _MAP_POPULATE, fd, 0)
             if address in (None, _MAP_FAILED):
                 code = ctypes.get_errno()
                 self._unkept = self._unkept or f"mmap refused ({errno.errorcode.get(code, code)})"
@@ -109,16 +103,18 @@ class SharedPages:
             if self._refusal is None and _libc.mlock(address, length) != 0:
                 code = ctypes.get_errno()
                 self._refusal = errno.errorcode.get(code, str(code))
-            ranges.append((offset, length, address))
+            self._kept[key] = (length, address)
 
-    def _covered(self, key: FileKey, offset: int, length: int) -> bool:
-        return any(o <= offset and offset + length <= o + n for o, n, _ in self._kept.get(key, ()))
+    def _note_unkept(self, why: str) -> None:
+        with self._lock:
+            self._unkept = self._unkept or why
 
     def release(self, key: FileKey) -> None:
-        """Unmap (and so unlock) every range kept of the file ``key``."""
+        """Unmap (and so unlock) the file ``key``."""
         with self._lock:
-            for _, length, address in self._kept.pop(key, []):
-                _libc.munmap(address, length)
+            kept = self._kept.pop(key, None)
+            if kept is not None:
+                _libc.munmap(kept[1], kept[0])
 
     def status(self) -> str:
         """What keeps the shared pages resident: the same words for every child of a process, so
@@ -131,6 +127,21 @@ class SharedPages:
             f"read in, not locked (mlock refused: {self._refusal}; needs CAP_IPC_LOCK or RLIMIT_MEMLOCK): "
             "memory pressure can evict them"
         )
+
+
+def _open_mapped(pid: int, address_range: str, path: str, key: FileKey) -> int | None:
+    """A read-only descriptor of the regular file with ``key`` that ``pid`` maps at
+    ``address_range``; None if it is not a regular file or cannot be opened."""
+    for candidate in (f"/proc/{pid}/map_files/{address_range}", path):
+        try:
+            fd = os.open(candidate, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            continue
+        info = os.fstat(fd)
+        if stat.S_ISREG(info.st_mode) and (info.st_dev, info.st_ino) == key:
+            return fd
+        os.close(fd)
+    return None
 
 
 SHARED_PAGES = SharedPages()
