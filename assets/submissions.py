@@ -1,5 +1,6 @@
 """Submitted predictions, one partition per submissions/<name>/ in the release store (the
-submission sensor adds them): checked, scored and recorded by pipeline/evaluation/submissions.py."""
+submission sensor adds them): checked, scored and recorded by pipeline/evaluation/submissions.py, a live
+round's accepted or refused by pipeline/live/submissions.py (whose ``process`` handles both)."""
 
 from datetime import date
 
@@ -7,15 +8,8 @@ import dagster as dg
 
 from assets.resources import Dataset, ReleaseBucket, pipeline_settings
 from pipeline.evaluation.scoring import markdown
-from pipeline.evaluation.submissions import (
-    LIVE_RECORD_FORMAT,
-    RECORD_FORMAT,
-    NotReady,
-    SubmissionError,
-    live_record_path,
-    process,
-    record_path,
-)
+from pipeline.evaluation.submissions import RECORD_FORMAT, NotReady, SubmissionError, record_path
+from pipeline.live.submissions import LIVE_RECORD_FORMAT, live_record_path, process
 from pipeline.markdown import markdown_text
 from pipeline.release import ReleaseError, open_store
 from pipeline.storage import LockTimeout

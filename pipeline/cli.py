@@ -463,12 +463,12 @@ def cmd_submit(args: argparse.Namespace) -> int:
     from pipeline.evaluation.submissions import (
         LiveMetadata,
         SubmissionError,
-        check_live_locally,
         check_name_free,
         cutoff_rule,
         prepare,
         score_locally,
     )
+    from pipeline.live.submissions import check_live_locally
     from pipeline.release import open_store
 
     prepared, problems = prepare(args.name, args.predictions, args.meta)

@@ -3,7 +3,8 @@
 Each tick looks at up to MAX_LISTED_KEYS keys (the cursor pages through more on later ticks,
 then starts over), and for every complete upload with no record and no rejection.json yet adds
 a partition of the `submission` asset and requests one run. Uploads in progress and months whose
-split is not built yet wait for a later tick (pipeline/evaluation/submissions.py, ``triage``).
+split is not built yet wait for a later tick (pipeline/evaluation/submissions.py, ``triage``), as do
+live rounds' uploads for a round not published yet (pipeline/live/submissions.py, whose ``triage`` this calls).
 The run key ``submission:<name>:<content key>`` (a hash of the listed objects and the metadata's
 bytes) makes a re-tick a no-op: Dagster never launches a run key twice. When submissions were
 materialised since the last leaderboard and none is queued or running, it requests the
@@ -19,7 +20,7 @@ import dagster as dg
 from assets.resources import Dataset, ReleaseBucket, pipeline_settings
 from assets.submissions import submission, submission_partitions
 from pipeline.evaluation.scoring import bounded
-from pipeline.evaluation.submissions import triage
+from pipeline.live.submissions import triage
 from pipeline.release import open_store
 from sensors.evaluations import leaderboard_job, leaderboard_request
 

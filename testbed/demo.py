@@ -439,7 +439,7 @@ def _run_submissions(runner: Runner, names: list[str]) -> None:
 
 
 def _live_status(settings: Settings, day: date, name: str) -> str:
-    from pipeline.evaluation.submissions import live_record_path
+    from pipeline.live.submissions import live_record_path
 
     path = live_record_path(settings.data_dir, day, name)
     if not path.is_file():
@@ -463,8 +463,9 @@ def run_live_round(runner: Runner, plan: DemoPlan, settings: Settings, data_dir:
     from contextlib import redirect_stdout
 
     from pipeline.cli import main as mirai
-    from pipeline.evaluation.submissions import SubmissionError, check_name_free, store_deadline
+    from pipeline.evaluation.submissions import SubmissionError, check_name_free
     from pipeline.live.rounds import baseline_name, deadline, read_local_manifest
+    from pipeline.live.submissions import store_deadline
     from pipeline.release import open_store
     from pipeline.release_layout import SUBMISSION_META, submission_key
 
@@ -633,7 +634,7 @@ def summary(plan: DemoPlan, settings: Settings, release_where: str, say: Callabl
 
 
 def live_summary(plan: DemoPlan, settings: Settings, say: Callable[[str], None]) -> None:
-    from pipeline.evaluation.submissions import live_record_path
+    from pipeline.live.submissions import live_record_path
 
     day = live_round_day(plan, settings)
     directory = settings.data_dir / "live" / day.isoformat()

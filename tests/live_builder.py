@@ -18,8 +18,8 @@ import polars as pl
 from pipeline.config import Settings
 from pipeline.database import day_events
 from pipeline.evaluation import baselines
-from pipeline.evaluation.submissions import owner_sha256
 from pipeline.live.rounds import round_dir
+from pipeline.live.submissions import owner_sha256
 from pipeline.reference import region_table
 from pipeline.release import ReleaseStore
 from pipeline.release_layout import live_round_key

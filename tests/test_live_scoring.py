@@ -179,10 +179,10 @@ def upload(store, name: str, predictions: pl.DataFrame) -> None:
 
 def test_a_published_round_with_accepted_submissions_ranks_its_baselines_above_every_degenerate_one(tmp_path):
     """End to end with the round publisher and the submission acceptance of pipeline/live/rounds.py
-    and pipeline/evaluation/submissions.py: a round published from a realistic world (active pairs
+    and pipeline/live/submissions.py: a round published from a realistic world (active pairs
     test-grade), its own baselines (with p_event) and the degenerate strategies uploaded and
     accepted before the deadline, then resolved, scored and boarded here."""
-    from pipeline.evaluation import submissions
+    from pipeline.live import submissions
     from pipeline.live.board import build_leaderboard
     from pipeline.live.rounds import publish_round
     from pipeline.release import LocalStore

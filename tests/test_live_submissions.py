@@ -1,4 +1,4 @@
-"""Live-round submissions (pipeline/evaluation/submissions.py, the live path): the baselines
+"""Live-round submissions (pipeline/live/submissions.py): the baselines
 accepted through the same path as anyone's, strict matching to the round's questions, p_event
 checked, the deadline judged on the store's clock (late refused, on time accepted: on a local
 store and on SeaweedFS), a round not published yet awaited then refused, and the monthly path
@@ -17,7 +17,8 @@ import polars as pl
 import pytest
 
 from pipeline.cli import main
-from pipeline.evaluation import submissions as sub
+from pipeline.evaluation.submissions import NotReady
+from pipeline.live import submissions as sub
 from pipeline.live.rounds import publish_round
 from pipeline.release import LocalStore, open_store
 from pipeline.release_layout import submission_key
@@ -189,7 +190,7 @@ def test_a_round_not_published_yet_is_awaited_then_refused(published):
         "early: round 2024-03-12 is not published yet: waits for live_round 2024-03-12 "
         "(awaited until 2024-03-13T00:00:00+00:00)" in found.waiting
     )
-    with pytest.raises(sub.NotReady, match="round 2024-03-12 is not published yet"):
+    with pytest.raises(NotReady, match="round 2024-03-12 is not published yet"):
         sub.process(store, "early", settings.data_dir, now=datetime(2024, 3, 12, 23, tzinfo=UTC))
     assert "early" in sub.triage(store, settings.data_dir, now=datetime(2024, 3, 13, tzinfo=UTC)).ready
     record = sub.process(store, "early", settings.data_dir, now=datetime(2024, 3, 13, tzinfo=UTC))

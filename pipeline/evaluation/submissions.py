@@ -15,11 +15,15 @@ registry.eligibility's rule); ``rejected`` (and ``rejection.json`` beside the up
 Two states are not outcomes: an upload still in progress, and a month whose split this pipeline
 has not built yet: both are retried at a later look (``triage``).
 
-A submission.json with a "round" field is for a live round (docs/live.md, "Submitting"): it is
-``accepted`` or ``rejected`` (never scored here: its answers do not exist yet), by the deadline
-on the store's clock, and recorded under ``<data_dir>/live/<round>/submissions/<name>/`` with a
-normalised predictions.parquet (``_process_live``); a round not published yet is waited for until
-its day ends.
+A submission.json with a "round" field is for a live round (docs/live.md, "Submitting"): its
+metadata is checked here (``parse_live_metadata``, which `mirai submit` applies too), and it is
+accepted or rejected by live/submissions.py, which owns live submissions and is the pipeline's
+way in to all of them: its ``process`` and ``triage`` are these, given its LIVE_PATH
+(``LivePath``; live/ builds on evaluation/, never the reverse).
+
+`mirai submit` (``prepare``, ``score_locally``, ``check_name_free``, ``upload``): the checks above
+on local files, then the upload; a live submission's predictions are checked against its round by
+live/submissions.py's ``check_live_locally``.
 """
 
 from __future__ import annotations
@@ -29,12 +33,10 @@ import json
 import math
 import re
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
-
-import polars as pl
 
 from pipeline.evaluation.registry import Agent, eligibility
 from pipeline.evaluation.scoring import (
@@ -42,15 +44,10 @@ from pipeline.evaluation.scoring import (
     InvalidPredictions,
     ScoringError,
     bounded,
-    match_queries,
-    read_submission,
     score_predictions,
 )
-from pipeline.live.rounds import read_local_manifest, recorded_baselines, resolved_targets, round_dir
 from pipeline.release import POINTER_CACHE, ListedKey, ReleaseError, ReleaseStore
 from pipeline.release_layout import (
-    LIVE_QUESTIONS,
-    MANIFEST_NAME,
     PREDICTION_NAMES,
     SPLIT_FILES,
     SUBMISSION_FILES,
@@ -61,11 +58,10 @@ from pipeline.release_layout import (
     is_day,
     is_month,
     is_submission_name,
-    live_round_key,
     shown,
     submission_key,
 )
-from pipeline.storage import DataLayout, atomic_write_bytes, atomic_write_parquet, file_lock
+from pipeline.storage import DataLayout, atomic_write_bytes, file_lock
 
 RECORD_FORMAT = "mirai-submission-record-v1"
 REJECTION_FORMAT = "mirai-submission-rejection-v1"
@@ -200,7 +196,7 @@ def _field_problem(name: str, value: object) -> str | None:
     return _int_problem(value, 0, MAX_TOKENS)
 
 
-def _metadata_object(raw: bytes) -> tuple[dict | None, list[str]]:
+def metadata_object(raw: bytes) -> tuple[dict | None, list[str]]:
     """submission.json as a JSON object, or (None, the one line saying why it is not one)."""
     if len(raw) > MAX_METADATA_BYTES:
         return None, [f"{SUBMISSION_META} is larger than {MAX_METADATA_BYTES:,} bytes"]
@@ -253,14 +249,9 @@ def _live_field_problem(name: str, value: object) -> str | None:
     return _field_problem(name, value)
 
 
-def owner_sha256(owner_key: str | None) -> str | None:
-    """What a live record keeps of a submission's owner key: its sha256, never the key."""
-    return hashlib.sha256(owner_key.encode()).hexdigest() if owner_key is not None else None
-
-
 def parse_metadata(raw: bytes) -> tuple[Metadata | None, dict, list[str]]:
     """(the metadata when every field holds, the fields that hold, one line per problem)."""
-    value, problems = _metadata_object(raw)
+    value, problems = metadata_object(raw)
     if value is None:
         return None, {}, problems
     good, problems = _checked_fields(value, REQUIRED_FIELDS, OPTIONAL_FIELDS, "the fields", _field_problem)
@@ -407,11 +398,11 @@ def _write_record(data_dir: Path, record: dict) -> None:
 
 def _reject(store: ReleaseStore, record: dict) -> dict:
     """Put rejection.json beside the upload (never over one), then return the record to write."""
-    record["reasons"] = _put_rejection(store, record["submission"], record["reasons"], record["scored_at"])
+    record["reasons"] = put_rejection(store, record["submission"], record["reasons"], record["scored_at"])
     return record
 
 
-def _put_rejection(store: ReleaseStore, name: str, reasons: list[str], at: str) -> list[str]:
+def put_rejection(store: ReleaseStore, name: str, reasons: list[str], at: str) -> list[str]:
     """Write rejection.json; the reasons, with one more when it could not be written."""
     rejection = {"format": REJECTION_FORMAT, "submission": name, "reasons": reasons, "rejected_at": at}
     try:
@@ -429,7 +420,7 @@ def _put_rejection(store: ReleaseStore, name: str, reasons: list[str], at: str) 
 # --- processing ---------------------------------------------------------------------------------
 
 
-def _read(store: ReleaseStore, key: str, limit: int) -> tuple[bytes | None, str | None]:
+def read_capped(store: ReleaseStore, key: str, limit: int) -> tuple[bytes | None, str | None]:
     """(the object's bytes, None), or (None, why it is refused) when the upload itself is at fault:
     a link or special file, more than ``limit`` bytes, bytes that fail the checksum the store
     recorded. A store that cannot be reached or refuses access raises (ReleaseError): not the
@@ -444,19 +435,23 @@ def _read(store: ReleaseStore, key: str, limit: int) -> tuple[bytes | None, str 
         return None, f"{key}: its bytes do not match the checksum the store recorded"
 
 
-def process(store: ReleaseStore, name: str, data_dir: Path, *, now: datetime | None = None) -> dict:
+def process(
+    store: ReleaseStore, name: str, data_dir: Path, *, now: datetime | None = None, live: LivePath | None = None
+) -> dict:
     """Check, score and record submission ``name``; return its record. A submission with a record
     is not processed again (the stored record is returned). NotReady: try again later, nothing
     was written. One submission at a time per data directory (a flock): the duplicate check, the
-    scoring and the record are one step, so two identical files cannot both be scored."""
+    scoring and the record are one step, so two identical files cannot both be scored. A live
+    round's submission is processed by ``live`` (live/submissions.py's ``process`` passes its
+    LIVE_PATH); without it, one is a SubmissionError."""
     with file_lock(DataLayout(data_dir).lock_path("submissions"), LOCK_TIMEOUT_S):
-        existing = read_record(data_dir, name) or read_live_record(data_dir, name)
+        existing = read_record(data_dir, name) or (live.read_record(data_dir, name) if live else None)
         if existing is not None:
             return existing
-        return _process(store, list_upload(store, name), data_dir, now or _now())
+        return _process(store, list_upload(store, name), data_dir, now or _now(), live)
 
 
-def _process(store: ReleaseStore, upload: Upload, data_dir: Path, now: datetime) -> dict:
+def _process(store: ReleaseStore, upload: Upload, data_dir: Path, now: datetime, live: LivePath | None) -> dict:
     name, files = upload.name, upload.files
     meta_item, predictions = files.get(SUBMISSION_META), upload.predictions
     first = meta_item or (predictions[0] if predictions else None)
@@ -489,11 +484,13 @@ def _process(store: ReleaseStore, upload: Upload, data_dir: Path, now: datetime)
         if meta_item.size > MAX_METADATA_BYTES:
             problems.append(f"{SUBMISSION_META} is {meta_item.size:,} bytes, over the {MAX_METADATA_BYTES:,} cap")
         else:
-            raw, problem = _read(store, meta_item.key, MAX_METADATA_BYTES)
+            raw, problem = read_capped(store, meta_item.key, MAX_METADATA_BYTES)
             if problem:
                 problems.append(f"{SUBMISSION_META} could not be read: {problem}")
             elif is_live_metadata(raw or b""):
-                return _process_live(store, upload, data_dir, now, raw or b"", problems, rejected)
+                if live is None:
+                    raise SubmissionError(f"{name} is a live round's submission: live/submissions.py processes it")
+                return live.process(store, upload, data_dir, now, raw or b"", problems, rejected)
             else:
                 meta, fields, found = parse_metadata(raw or b"")
                 problems += found
@@ -507,7 +504,7 @@ def _process(store: ReleaseStore, upload: Upload, data_dir: Path, now: datetime)
     item = predictions[0]
     filename = item.key.rsplit("/", 1)[1]
     with tempfile.TemporaryDirectory(prefix="mirai-submission-") as private:  # mode 0700
-        data, problem = _read(store, item.key, MAX_SUBMISSION_BYTES)
+        data, problem = read_capped(store, item.key, MAX_SUBMISSION_BYTES)
         if problem:
             return rejected([f"{filename} could not be read: {problem}"], fields)
         if data is None:
@@ -550,9 +547,8 @@ def _process(store: ReleaseStore, upload: Upload, data_dir: Path, now: datetime)
     return record
 
 
-# --- live rounds (docs/live.md, "Submitting") ---------------------------------------------------------
+# --- live rounds: the metadata and LivePath (docs/live.md, "Submitting"; the rest: live/submissions.py) ----
 
-LIVE_RECORD_FORMAT = "mirai-live-submission-v1"
 LIVE_FIELDS = ("model", "knowledge_cutoff", "contact", "round")
 # A secret of the submitter's own, the same in every submission of one model: only submissions
 # carrying it count as that model's on the live board (docs/live.md, "Who a row belongs to").
@@ -561,8 +557,6 @@ MIN_OWNER_KEY_CHARS, MAX_OWNER_KEY_CHARS = 16, 256
 # data_dir/submissions/<name>/live.json: {"round": D}, where a processed live submission's record
 # is (live/D/submissions/<name>/record.json); a record.json there would be a monthly one.
 LIVE_POINTER = "live.json"
-# <data_dir>/live/<D>/submissions/<name>/predictions.parquet: one row per question of the round
-LIVE_PREDICTIONS_SCHEMA = {"query_id": pl.String, "relations": pl.List(pl.String), "p_event": pl.Float64}
 
 
 @dataclass(frozen=True)
@@ -575,13 +569,13 @@ class LiveMetadata:
 
 def is_live_metadata(raw: bytes) -> bool:
     """Whether submission.json is an object with a "round" field: a live round's submission."""
-    value, _ = _metadata_object(raw)
+    value, _ = metadata_object(raw)
     return value is not None and "round" in value
 
 
 def parse_live_metadata(raw: bytes) -> tuple[LiveMetadata | None, dict, list[str]]:
     """As parse_metadata, for a live submission: model, knowledge_cutoff, contact and round."""
-    value, problems = _metadata_object(raw)
+    value, problems = metadata_object(raw)
     if value is None:
         return None, {}, problems
     good, problems = _checked_fields(
@@ -602,191 +596,15 @@ def live_pointer_path(data_dir: Path, name: str) -> Path:
     return DataLayout(data_dir).root / SUBMISSIONS_DIR / name / LIVE_POINTER
 
 
-def live_record_path(data_dir: Path, day: date, name: str) -> Path:
-    return round_dir(data_dir, day) / SUBMISSIONS_DIR / name / "record.json"
+@dataclass(frozen=True)
+class LivePath:
+    """How ``process`` and ``triage`` reach live rounds' submissions, which live/submissions.py owns
+    and provides as its LIVE_PATH (live/ builds on evaluation/, never the reverse)."""
 
-
-def read_live_record(data_dir: Path, name: str) -> dict | None:
-    pointer = live_pointer_path(data_dir, name)
-    if not pointer.is_file():
-        return None
-    day = date.fromisoformat(json.loads(pointer.read_bytes())["round"])
-    return json.loads(live_record_path(data_dir, day, name).read_bytes())
-
-
-def _published_by(day: date) -> datetime:
-    """When a round of ``day`` that is not published yet stops being awaited: the round is
-    published on its day D, so a submission for it waits until D ends, then is refused."""
-    return datetime.combine(day + timedelta(days=1), datetime.min.time(), UTC)
-
-
-def live_wait(data_dir: Path, raw: bytes, now: datetime) -> str | None:
-    """Why a live submission waits (its round's day has not ended and the round is not published
-    yet), or None."""
-    value, _ = _metadata_object(raw)
-    if value is None or not is_day(value.get("round")):
-        return None
-    day = date.fromisoformat(value["round"])
-    if read_local_manifest(data_dir, day) is None and now < _published_by(day):
-        return f"round {day} is not published yet: waits for live_round {day} (awaited until {_published_by(day).isoformat()})"
-    return None
-
-
-def store_deadline(store: ReleaseStore, manifest: dict) -> tuple[datetime, str]:
-    """The round's deadline on the store's clock, and how it was found. The published deadline is
-    anchored to the store's own timestamp of the round's manifest: manifest.modified + (deadline −
-    published_at). Live, that is the deadline up to the upload's latency, with no skew between our
-    clock and the store's; for a replayed past round (the demo), it keeps the round's timeline in
-    store time (docs/live.md, "Timeline")."""
-    published_deadline = datetime.fromisoformat(manifest["deadline"])
-    info = store.stat(live_round_key(manifest["round"], MANIFEST_NAME))
-    if info is None:
-        return published_deadline, f"the published deadline (no {MANIFEST_NAME} of the round in the store to anchor it)"
-    lead = published_deadline - datetime.fromisoformat(manifest["published_at"])
-    return info.modified + lead, f"{lead} after the round's {MANIFEST_NAME} reached the store"
-
-
-def _live_record(
-    name: str, day: date, status: str, reasons: list[str], fields: dict, extra: dict, now: datetime
-) -> dict:
-    return {
-        "format": LIVE_RECORD_FORMAT,
-        "submission": name,
-        "round": day.isoformat(),
-        "status": status,
-        "reasons": reasons,
-        **{k: fields.get(k) for k in ("model", "knowledge_cutoff", "contact")},
-        "owner_sha256": owner_sha256(fields.get("owner_key")),
-        "baseline": False,
-        "predictions_sha256": None,
-        "submitted_at": None,
-        "deadline": None,
-        "accepted_at": now.isoformat() if status == "accepted" else None,
-        "processed_at": now.isoformat(),
-    } | extra
-
-
-def _write_live_record(data_dir: Path, day: date, record: dict, predictions=None) -> dict:
-    """The record (and the normalised predictions) under live/D/submissions/<name>/, then the
-    pointer that marks the submission processed."""
-    name = record["submission"]
-    directory = live_record_path(data_dir, day, name).parent
-    if predictions is not None:
-        atomic_write_parquet(predictions, directory / "predictions.parquet")
-    atomic_write_bytes(directory / "record.json", (json.dumps(record, indent=2) + "\n").encode())
-    atomic_write_bytes(live_pointer_path(data_dir, name), json.dumps({"round": day.isoformat()}).encode())
-    return record
-
-
-def _earlier_live_duplicate(data_dir: Path, day: date, name: str, sha256: str) -> str | None:
-    base = round_dir(data_dir, day) / SUBMISSIONS_DIR
-    for path in sorted(base.glob("*/record.json")) if base.is_dir() else []:
-        record = json.loads(path.read_bytes())
-        if record["submission"] != name and record["status"] == "accepted" and record["predictions_sha256"] == sha256:
-            return record["submission"]
-    return None
-
-
-def normalised_predictions(query_ids: list[str], found: dict[str, tuple[object, list]], p_event: dict) -> pl.DataFrame:
-    """One row per question: its level-2 codes as scored (sorted, unique; [] when none or no
-    prediction) and p_event (null when not given)."""
-    relations = [
-        sorted({code for codes in found[q][0].values() for code in codes}) if q in found else [] for q in query_ids
-    ]
-    return pl.DataFrame(
-        {"query_id": query_ids, "relations": relations, "p_event": [p_event.get(q) for q in query_ids]},
-        schema=LIVE_PREDICTIONS_SCHEMA,
-    )
-
-
-def _process_live(
-    store: ReleaseStore, upload: Upload, data_dir: Path, now: datetime, raw: bytes, problems: list[str], rejected
-) -> dict:
-    """Accept or refuse a live round's submission (docs/live.md, "Submitting"): metadata field by
-    field, the deadline on the store's clock against the latest of the submission's objects, the
-    predictions read as `mirai score` reads them and matched strictly to the round's question ids."""
-    name = upload.name
-    meta, fields, found = parse_live_metadata(raw)
-    problems = problems + found
-    predictions = upload.predictions
-    problems += [
-        f"{p.key.rsplit('/', 1)[1]} is {p.size:,} bytes, over the {MAX_SUBMISSION_BYTES:,} cap; not read"
-        for p in predictions
-        if p.size > MAX_SUBMISSION_BYTES
-    ]
-    day = date.fromisoformat(fields["round"]) if "round" in fields else None
-    manifest = read_local_manifest(data_dir, day) if day else None
-    if day is not None and manifest is None:
-        if now < _published_by(day):
-            raise NotReady(f"{name}: round {day} is not published yet: try again later")
-        problems.append(f"round {day} was never published (the published rounds are in live/index.json)")
-    if manifest is None:  # no round to file it under: a rejected record in the submissions area
-        return rejected(problems, fields)
-    submitted = max(item.modified for item in upload.files.values())
-    due, how = store_deadline(store, manifest)
-    extra = {
-        "submitted_at": submitted.astimezone(UTC).isoformat(),
-        "deadline": due.astimezone(UTC).isoformat(),
-        "deadline_published": manifest["deadline"],
-    }
-
-    def refuse(reasons: list[str], sha256: str | None = None) -> dict:
-        record = _live_record(name, day, "rejected", bounded(reasons), fields, extra, now)
-        record["predictions_sha256"] = sha256
-        record["reasons"] = _put_rejection(store, name, record["reasons"], now.isoformat())
-        return _write_live_record(data_dir, day, record)
-
-    if submitted > due:
-        problems.append(
-            f"late: the submission's last object reached the store at {extra['submitted_at']}, after the round's "
-            f"deadline {extra['deadline']} ({how})"
-        )
-    # Answers published, no forecast is taken, whatever the store says of its objects' times: a
-    # store that dates a multipart upload by its start would let one begun before the deadline
-    # and completed after the answers came out pass the check above.
-    answered = resolved_targets(data_dir, day, [date.fromisoformat(t) for t in manifest["target_dates"]])
-    if answered:
-        problems.append(
-            f"round {day} is already resolved (answers for {', '.join(map(str, answered))} are out): a submission "
-            "processed after that is refused, whatever its objects' timestamps"
-        )
-    if problems or meta is None:
-        return refuse(problems)
-    item = predictions[0]
-    filename = item.key.rsplit("/", 1)[1]
-    data, problem = _read(store, item.key, MAX_SUBMISSION_BYTES)
-    if problem or data is None:
-        return refuse([f"{filename} could not be read: {problem or 'it disappeared while being processed'}"])
-    sha256 = hashlib.sha256(data).hexdigest()
-    earlier = _earlier_live_duplicate(data_dir, day, name, sha256)
-    if earlier is not None:
-        return refuse(
-            [f"duplicate: the same predictions (sha256 {sha256}) were already accepted for round {day} as {earlier!r}"],
-            sha256,
-        )
-    query_ids = pl.read_parquet(round_dir(data_dir, day) / "questions.parquet", columns=["query_id"])
-    query_ids = query_ids.get_column("query_id").to_list()
-    with tempfile.TemporaryDirectory(prefix="mirai-submission-") as private:  # mode 0700
-        path = Path(private) / filename
-        path.write_bytes(data)
-        try:
-            rounds, read_problems = read_submission(path, query_ids)
-        except ScoringError as exc:
-            return refuse([str(exc).replace(str(path), filename)], sha256)
-    matched, match_problems, _ = match_queries(rounds, dict.fromkeys(query_ids))
-    if read_problems or match_problems:
-        return refuse([f"{filename}: {line}" for line in read_problems + match_problems], sha256)
-    p_event = {}
-    for record in rounds[0]:
-        p_event.setdefault(record.query_id, record.p_event)
-    extra |= {
-        "predictions_sha256": sha256,
-        "baseline": recorded_baselines(data_dir, day).get(name) == sha256,
-        "questions": len(query_ids),
-        "answered": len(matched[0]),
-    }
-    record = _live_record(name, day, "accepted", [], fields, extra, now)
-    return _write_live_record(data_dir, day, record, normalised_predictions(query_ids, matched[0], p_event))
+    read_record: Callable[[Path, str], dict | None]  # (data_dir, name): a processed one's record, or None
+    wait: Callable[[Path, bytes, datetime], str | None]  # (data_dir, submission.json, now): why it waits, or None
+    # (store, upload, data_dir, now, submission.json, the problems found so far, ``rejected``): its record
+    process: Callable[[ReleaseStore, Upload, Path, datetime, bytes, list[str], Callable[..., dict]], dict]
 
 
 # --- what the sensor asks for ---------------------------------------------------------------------
@@ -811,11 +629,13 @@ def triage(
     start_after: str = "",
     now: datetime | None = None,
     max_keys: int = MAX_LISTED_KEYS,
+    live: LivePath | None = None,
 ) -> Triage:
     """One bounded look at submissions/: which uploads to process now (complete, or abandoned
     half-uploads), which to look at again later, and which keys are under no valid name. Reads
     only each new submission.json (capped); a problem reading one is left to ``process`` to
-    refuse."""
+    refuse. Whether a live round's submission waits is ``live``'s to say (live/submissions.py's
+    ``triage`` passes its LIVE_PATH; without it, none does)."""
     now = now or _now()
     listing = store.list_keys(f"{SUBMISSIONS_DIR}/", max_keys=max_keys, start_after=start_after)
     uploads, stray = group_uploads(listing.keys)
@@ -855,7 +675,7 @@ def triage(
             except Exception:  # whatever the upload does to a read, its run refuses it, not this look
                 raw = b""
             content.update(raw)
-            waiting = live_wait(data_dir, raw, now)
+            waiting = live.wait(data_dir, raw, now) if live else None
             if waiting:
                 result.waiting.append(f"{name}: {waiting}")
                 continue
@@ -936,30 +756,6 @@ def score_locally(prepared: Prepared, split_dir: Path):
         return score_predictions(
             path, split_dir, sample=prepared.meta.query_set == "queries_sample", distance=prepared.meta.distance
         )
-
-
-def check_live_locally(prepared: Prepared, store: ReleaseStore) -> tuple[dict, list[str]]:
-    """(the round's published manifest, one line per problem): the checks acceptance applies to a
-    live submission's predictions, against the round's questions.jsonl as the store publishes it."""
-    day = prepared.meta.round.isoformat()
-    where = f"{live_round_key(day, MANIFEST_NAME)} in {store.description}"
-    try:
-        manifest = json.loads(store.get_bytes(live_round_key(day, MANIFEST_NAME), limit=MAX_METADATA_BYTES) or b"null")
-        questions = store.get_bytes(live_round_key(day, LIVE_QUESTIONS), limit=MAX_SUBMISSION_BYTES)
-        query_ids = [json.loads(line)["query_id"] for line in (questions or b"").splitlines()]
-    except (ValueError, RecursionError, TypeError, KeyError, UnsafeRelease) as exc:
-        return {}, [f"round {day}: its published files cannot be read ({type(exc).__name__})"]
-    if not isinstance(manifest, dict) or not query_ids:
-        return {}, [f"round {day} is not published in {store.description} (no {where})"]
-    with tempfile.TemporaryDirectory(prefix="mirai-submit-") as private:
-        path = Path(private) / prepared.filename
-        path.write_bytes(prepared.predictions)
-        try:
-            rounds, problems = read_submission(path, query_ids)
-        except ScoringError as exc:
-            return manifest, [str(exc).replace(str(path), prepared.filename)]
-    _, found, _ = match_queries(rounds, dict.fromkeys(query_ids))
-    return manifest, [f"{prepared.filename}: {line}" for line in problems + found]
 
 
 def check_name_free(store: ReleaseStore, name: str) -> None:
