@@ -8,7 +8,7 @@ from assets.articles import articles
 from assets.events import daily_quads
 from assets.partitions import monthly_partitions
 from assets.resources import ArticleFetcher, Dataset, pipeline_settings
-from pipeline.database import DATABASE_VERSION, MonthNotReady, build_event_database
+from pipeline.splits.database import DATABASE_VERSION, MonthNotReady, build_event_database
 
 
 @dg.asset(

@@ -12,7 +12,6 @@ from assets.resources import Dataset, GdeltFeed, LlmRuntime, ReleaseBucket, pipe
 from assets.splits import test_split
 from assets.submissions import submission
 from pipeline.agent_api import EventDatabase
-from pipeline.database import MonthNotReady
 from pipeline.evaluation.board import INTERVAL_RULE, markdown_table, summary, write_leaderboard
 from pipeline.evaluation.clients import client_for
 from pipeline.evaluation.llm import ModelUnavailable
@@ -31,7 +30,8 @@ from pipeline.evaluation.run import (
     write_refusal,
 )
 from pipeline.evaluation.throughput import RateLimiter
-from pipeline.release import open_store, publish_leaderboard
+from pipeline.release.publish import open_store, publish_leaderboard
+from pipeline.splits.database import MonthNotReady
 from pipeline.storage import DataLayout
 
 # Agent names come from agents.yaml; the evaluation sensor adds a partition for every new one.

@@ -1,4 +1,4 @@
-"""Normalised international events and daily quads (MIRAI's rules, pipeline/normalize.py)."""
+"""Normalised international events and daily quads (MIRAI's rules, pipeline/events/normalize.py)."""
 
 from datetime import date
 
@@ -7,9 +7,9 @@ import dagster as dg
 from assets.ingest import gdelt_events, gdelt_mentions
 from assets.partitions import daily_partitions
 from assets.resources import Dataset, pipeline_settings
-from pipeline.events import build_daily_quads, build_events
+from pipeline.events.daily import build_daily_quads, build_events
+from pipeline.events.normalize import RULES_VERSION
 from pipeline.gdelt.ledger import to_markdown
-from pipeline.normalize import RULES_VERSION
 
 PREVIOUS_DAY = dg.TimeWindowPartitionMapping(start_offset=-1, end_offset=-1)
 

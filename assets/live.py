@@ -10,7 +10,7 @@ from assets.partitions import daily_partitions
 from assets.resources import Dataset, LiveRounds, ReleaseBucket, pipeline_settings
 from pipeline.live.rounds import ROUND_FORMAT, RoundRefused, publish_round
 from pipeline.markdown import markdown_text
-from pipeline.release import ReleaseConflict, ReleaseError, open_store
+from pipeline.release.publish import ReleaseConflict, ReleaseError, open_store
 
 
 class LiveRoundConfig(dg.Config):

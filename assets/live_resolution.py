@@ -14,7 +14,7 @@ from pipeline.live.board import RANK_RULE, publish_live_leaderboard, write_live_
 from pipeline.live.resolve import RESOLUTION_VERSION, RoundNotPublished, resolve_round
 from pipeline.live.score import score_round
 from pipeline.markdown import markdown_text
-from pipeline.release import ReleaseConflict, ReleaseError, open_store
+from pipeline.release.publish import ReleaseConflict, ReleaseError, open_store
 
 
 def _scores_table(card: dict) -> str:

@@ -24,7 +24,7 @@ daily_partitions = dg.DailyPartitionsDefinition(
 
 # Monthly assets (event database, test split) cover whole months: the partition for a month
 # exists once the month has ended (end_offset=0), and the split additionally waits for the
-# slot ledger to settle and the grace period (pipeline.splits.month_closure). With an end date,
+# slot ledger to settle and the grace period (pipeline.splits.split.month_closure). With an end date,
 # the last month is the last one that ended by then.
 monthly_partitions = dg.MonthlyPartitionsDefinition(
     start_date=_settings.start_date.replace(day=1).isoformat(),

@@ -8,7 +8,7 @@ import dagster as dg
 from assets.partitions import monthly_partitions
 from assets.resources import Dataset, GdeltFeed, ReleaseBucket, pipeline_settings
 from assets.splits import test_split
-from pipeline.release import (
+from pipeline.release.publish import (
     RELEASE_FORMAT,
     ReleaseConflict,
     ReleaseError,

@@ -8,10 +8,10 @@ from assets.database import event_database
 from assets.metadata import png_metadata
 from assets.partitions import monthly_partitions
 from assets.resources import ArticleFetcher, Dataset, GdeltFeed, pipeline_settings
-from pipeline.database import MonthNotReady
 from pipeline.http import utc_now
-from pipeline.split_schema import SPLIT_VERSION
-from pipeline.splits import Override, build_split
+from pipeline.splits.database import MonthNotReady
+from pipeline.splits.schema import SPLIT_VERSION
+from pipeline.splits.split import Override, build_split
 
 
 class SplitConfig(dg.Config):

@@ -5,7 +5,7 @@
 Input. ``testbed.database.generate_event_database`` writes 14 months (2023-01..2024-02,
 seed 0, its default 5,000 quads a day, about 2 million events) under ``--work`` (default
 ``/tmp/mirai-bench-evaluate``); a re-run with the same parameters reuses them. The split's
-queries come from the last month with ``pipeline.splits.queries_from_events`` at MIRAI's test
+queries come from the last month with ``pipeline.splits.split.queries_from_events`` at MIRAI's test
 thresholds (≥ 100 daily mentions, ≥ 5 articles), and 1,000 of them are drawn with a fixed seed.
 
 What is timed, per baseline in agents.yaml, in ``--rounds`` rounds (median and best printed):
@@ -46,7 +46,7 @@ from pipeline.evaluation.baselines import default_top_k, forecast
 from pipeline.evaluation.llm import Reply
 from pipeline.evaluation.registry import load_agents
 from pipeline.evaluation.run import evaluate_baseline, load_history
-from pipeline.splits import queries_from_events
+from pipeline.splits.split import queries_from_events
 from pipeline.storage import DataLayout
 from testbed.database import generate_event_database
 

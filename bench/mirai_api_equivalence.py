@@ -168,7 +168,7 @@ def draw_calls(data_dir: Path, month: date, n: int, seed: int) -> list[dict]:
     """``n`` random calls of each function, each for a random query date of ``month``."""
     import polars as pl
 
-    from pipeline.mirai_files import country_dictionary, relation_dictionary
+    from pipeline.splits.mirai_files import country_dictionary, relation_dictionary
 
     rng = random.Random(seed)
     events = pl.read_parquet(data_dir / "database/events/*.parquet")
@@ -298,7 +298,7 @@ def main() -> int:
 
     import numpy as np
 
-    from pipeline.mirai_files import export_mirai
+    from pipeline.splits.mirai_files import export_mirai
 
     month = date.fromisoformat(f"{args.month}-01")
     work = Path(tempfile.mkdtemp(prefix="mirai-equivalence-"))
@@ -307,7 +307,7 @@ def main() -> int:
         from datetime import UTC, datetime
 
         from pipeline.config import Settings
-        from pipeline.splits import Override, build_split
+        from pipeline.splits.split import Override, build_split
         from testbed.database import generate_event_database
 
         data = work / "data"

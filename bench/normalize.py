@@ -19,7 +19,7 @@ What is timed, in this one process, in alternating rounds (median and best are r
 * project, files in reverse order: the same call on the files listed last day first. Parsed
   files come in DATEADDED order with ascending event ids, which lets rule 1 and the final sort
   take a shortcut; reversed, they take the general path (the results must be identical).
-* project, day by day: ``pipeline.events.build_events(day)`` for each day in order, each against
+* project, day by day: ``pipeline.events.daily.build_events(day)`` for each day in order, each against
   the history of the days before it, as the daily assets run: a backfill of the range. Each round
   starts from no key files and no history blocks (``keys/`` is deleted first), so every round
   writes every day's key file, the history blocks, the events and the report files
@@ -54,7 +54,7 @@ import polars as pl
 
 from common import machine as machine_summary
 from common import own_peak_rss_mib
-from pipeline.normalize import EXCLUSIONS, INPUT_COLUMNS, History, normalize_with_report
+from pipeline.events.normalize import EXCLUSIONS, INPUT_COLUMNS, History, normalize_with_report
 from pipeline.storage import DataLayout, atomic_write_bytes, atomic_write_parquet
 
 SEED = 0
@@ -147,7 +147,7 @@ def run_daily(files: list[Path], work: Path, start: date, end: date, **_) -> dic
 
 
 def build_days(settings, start: date, end: date) -> dict:
-    from pipeline.events import build_events
+    from pipeline.events.daily import build_events
 
     rows, kept, seconds = 0, 0, []
     exclusions = dict.fromkeys(EXCLUSIONS, 0)
@@ -307,7 +307,7 @@ def worker(side: str, args: argparse.Namespace) -> None:
     if side == "pandas":
         import pandas  # noqa: F401  (imports count in the "before" figure, not in the run)
     if side == "daily":
-        import pipeline.events  # noqa: F401
+        import pipeline.events.daily  # noqa: F401
     before = own_peak_rss_mib()
     t0 = time.perf_counter()
     result = SIDES[side](files, work=args.work, start=args.start, end=args.end)

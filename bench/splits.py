@@ -29,10 +29,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import machine
 from pipeline.articles.day import ARTICLES_SCHEMA
 from pipeline.config import Settings
-from pipeline.database import build_database_month, month_days, write_database_month
+from pipeline.events.normalize import QUADS_SCHEMA
 from pipeline.gdelt.ledger import LEDGER_SCHEMA, write_ledger
-from pipeline.normalize import QUADS_SCHEMA
-from pipeline.splits import Override, build_split
+from pipeline.splits.database import build_database_month, month_days, write_database_month
+from pipeline.splits.split import Override, build_split
 from pipeline.storage import DataLayout, atomic_write_parquet
 from testbed.database import generate_event_database
 

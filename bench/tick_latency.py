@@ -16,7 +16,7 @@ landed the newest published slot, and times the same work without Dagster in thi
 Dagster run / plain. The goal on 2 cores is p95 slot published -> events available <= 5 min.
 
 How: a fresh DAGSTER_HOME with deploy/dagster-local.yaml as its dagster.yaml (the storage created
-here before the daemon starts: tests/daemon.py), the schedule turned on with ``dagster schedule
+here before the daemon starts: testbed/dagster_services.py), the schedule turned on with ``dagster schedule
 start`` and ``dagster-daemon run -w workspace.yaml`` in its own session, with MIRAI_DATA_DIR,
 GDELT_BASE_URL and MIRAI_START_DATE (yesterday) set. The mirror: ``generate_mirror`` (seed 0,
 event scale 1.0, i.e. GDELT's volume: a whole day lands and builds in a few seconds on 2 cores
@@ -48,8 +48,6 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
@@ -59,16 +57,15 @@ import polars as pl
 
 from common import machine as machine_summary
 from pipeline.config import Settings
-from pipeline.events import build_daily_quads, build_events
+from pipeline.events.daily import build_daily_quads, build_events
 from pipeline.gdelt.ingest import ingest_day, parse_day
 from pipeline.gdelt.ledger import GREEN, read_ledger
 from pipeline.storage import KINDS, DataLayout, atomic_write_bytes
 from sensors.schedules import newest_slot
+from testbed.dagster_services import BIN, ROOT, running_daemon
 from testbed.generate import MirrorOptions, generate_mirror
 from testbed.serve import MirrorServer
 
-ROOT = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
 SCHEDULE = "gdelt_every_15_minutes"
 TICK_MINUTES = (5, 20, 35, 50)  # the schedule's cron, 5,20,35,50 * * * * UTC
 SEED = 0
@@ -149,30 +146,6 @@ class Publisher(threading.Thread):
     def newest_listed(self, at_or_before: datetime) -> datetime | None:
         """The newest slot the staged index lists at or before a time (a feed gap has no files)."""
         return max((slot for slot in self.lines if slot <= at_or_before), default=None)
-
-
-@contextmanager
-def running_daemon(env: dict, log: Path) -> Iterator[subprocess.Popen]:
-    """``dagster-daemon run`` in a session of its own, stopped with its code servers and run
-    workers (the pattern of tests/daemon.py, with its output kept for a failed bench)."""
-    with open(log, "ab") as out:
-        daemon = subprocess.Popen(
-            [str(BIN / "dagster-daemon"), "run", "-w", "workspace.yaml"],
-            cwd=ROOT,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    try:
-        yield daemon
-    finally:
-        os.killpg(daemon.pid, signal.SIGTERM)
-        try:
-            daemon.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(daemon.pid, signal.SIGKILL)
-            daemon.wait()
 
 
 def plain_day(day: date, settings: Settings) -> dict[str, float]:

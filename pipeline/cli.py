@@ -138,7 +138,7 @@ def cmd_events(args: argparse.Namespace) -> int:
     early day changed means rebuilding every later day, and a mistyped --end stops at the first
     day that was never ingested, before any work on it.
     """
-    from pipeline.events import build_daily_quads, build_events, scan_parsed
+    from pipeline.events.daily import build_daily_quads, build_events, scan_parsed
     from pipeline.storage import KINDS, DataLayout
 
     _ordered(args.day, args.end, "--day", "--end")
@@ -262,9 +262,9 @@ def _release_name(text: str) -> str:
 
 def cmd_split(args: argparse.Namespace) -> int:
     """Build a month's event database and test split outside Dagster (same code as the assets)."""
-    from pipeline.database import MonthNotReady, build_event_database
     from pipeline.http import utc_now
-    from pipeline.splits import Override, build_split, month_closure
+    from pipeline.splits.database import MonthNotReady, build_event_database
+    from pipeline.splits.split import Override, build_split, month_closure
 
     settings = Settings.from_env()
     now = utc_now()
@@ -289,8 +289,8 @@ def cmd_split(args: argparse.Namespace) -> int:
 
 def cmd_release(args: argparse.Namespace) -> int:
     """Publish a month's release outside Dagster (same code as the `release` asset)."""
-    from pipeline.download import ProgressBar
-    from pipeline.release import ReleaseError, open_store, publish_release, release_sources
+    from pipeline.release.download import ProgressBar
+    from pipeline.release.publish import ReleaseError, open_store, publish_release, release_sources
 
     settings = Settings.from_env()
     try:
@@ -321,8 +321,8 @@ def cmd_release(args: argparse.Namespace) -> int:
 
 def cmd_download(args: argparse.Namespace) -> int:
     """Download and verify a published release (anonymous unless --signed or configured)."""
-    from pipeline.download import ChecksumMismatch, download_release
-    from pipeline.release import ReleaseError, open_store
+    from pipeline.release.download import ChecksumMismatch, download_release
+    from pipeline.release.publish import ReleaseError, open_store
 
     settings = Settings.from_env()
     try:
@@ -345,7 +345,7 @@ def cmd_download(args: argparse.Namespace) -> int:
 
 def cmd_export_mirai(args: argparse.Namespace) -> int:
     """Write a month's database and split as the files MIRAI's scripts read (docs/mirai.md)."""
-    from pipeline.mirai_files import ExportError, export_mirai
+    from pipeline.splits.mirai_files import ExportError, export_mirai
 
     try:
         result = export_mirai(args.month, Settings.from_env().data_dir, args.out)
@@ -360,7 +360,7 @@ def cmd_export_mirai(args: argparse.Namespace) -> int:
 
 def cmd_import_mirai(args: argparse.Namespace) -> int:
     """Read MIRAI's published files into a data directory of ours (docs/mirai.md)."""
-    from pipeline.mirai_files import ExportError, MiraiFormatError, import_mirai
+    from pipeline.splits.mirai_files import ExportError, MiraiFormatError, import_mirai
 
     settings = Settings.from_env()
     target = args.data or settings.data_dir / "imports" / "mirai"
@@ -469,7 +469,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         score_locally,
     )
     from pipeline.live.submissions import check_live_locally
-    from pipeline.release import open_store
+    from pipeline.release.publish import open_store
 
     prepared, problems = prepare(args.name, args.predictions, args.meta)
     if prepared is None:
@@ -643,7 +643,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         release_queries,
     )
     from pipeline.evaluation.throughput import RateLimiter
-    from pipeline.release_layout import ReleaseError
+    from pipeline.release.layout import ReleaseError
     from pipeline.storage import DataLayout
 
     release, out = args.release, args.out

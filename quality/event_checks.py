@@ -126,7 +126,7 @@ def events_history_current(context: dg.AssetCheckExecutionContext, dataset: Data
     """Rules 1 and 6 read every earlier day. If an earlier day was ingested (or gained slots)
     after this day was normalised, this day's events may keep a URL or event id that now belongs
     to an earlier day: warn, so the day is re-materialised."""
-    from pipeline.events import history_fingerprint
+    from pipeline.events.daily import history_fingerprint
     from pipeline.storage import read_parquet_metadata
 
     day = date.fromisoformat(context.partition_key)

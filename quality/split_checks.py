@@ -2,7 +2,7 @@
 
 ``split_leakage_audit`` is blocking: a split through which an agent could see a record dated
 after t − distance (or whose month does not start after its history cutoff) stops everything
-downstream in the run — the release above all (docs/splits.md, pipeline.splits.leakage_audit).
+downstream in the run — the release above all (docs/splits.md, pipeline.agent_api.audit.leakage_audit).
 """
 
 from datetime import date
@@ -12,8 +12,8 @@ import dagster as dg
 from assets.partitions import monthly_partitions
 from assets.resources import Dataset, pipeline_settings
 from assets.splits import test_split
+from pipeline.agent_api.audit import leakage_audit
 from pipeline.markdown import markdown_text
-from pipeline.splits import leakage_audit
 
 # How many violations the check's metadata lists in full (the count is always exact).
 SHOWN_VIOLATIONS = 20

@@ -451,7 +451,7 @@ def validate_raw_events(slots: Mapping[datetime, pl.DataFrame]) -> SuiteResult:
 
 
 # ---------------------------------------------------------------------------------------------
-# events: the normalised international events of one day (pipeline/normalize.py rules)
+# events: the normalised international events of one day (pipeline/events/normalize.py rules)
 
 EVENTS_DERIVED = ["_r_prefix", "_date_added_day", ROW_VIOLATIONS]
 
@@ -459,7 +459,7 @@ EVENTS_DERIVED = ["_r_prefix", "_date_added_day", ROW_VIOLATIONS]
 def validate_events(events: pl.DataFrame) -> SuiteResult:
     import great_expectations.expectations as gxe
 
-    from pipeline.normalize import EVENTS_SCHEMA
+    from pipeline.events.normalize import EVENTS_SCHEMA
     from pipeline.reference.tables import iso3_codes, level2_codes
 
     schema_failures = _schema_failures(events, EVENTS_SCHEMA)
@@ -522,7 +522,7 @@ QUAD_KEY = ["date", "s", "r", "o"]
 def validate_daily_quads(quads: pl.DataFrame) -> SuiteResult:
     import great_expectations.expectations as gxe
 
-    from pipeline.normalize import QUADS_SCHEMA
+    from pipeline.events.normalize import QUADS_SCHEMA
 
     schema_failures = _schema_failures(quads, QUADS_SCHEMA)
     if quads.height == 0:

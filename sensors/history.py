@@ -4,7 +4,7 @@ A day's events read every earlier day's key files (rules 1 and 6), and record wh
 were built against (`history_fingerprint`). When an earlier day is added or rebuilt after later
 days were built (history extended backwards, the live schedule switched on before a backfill, a
 repaired day), those later days hold events that belong to the earlier one. This sensor finds
-them (pipeline.events.outdated_days) and rebuilds the oldest one's events and quads; only one
+them (pipeline.events.daily.outdated_days) and rebuilds the oldest one's events and quads; only one
 rebuild runs at a time, so the next day is judged against the rebuilt one: oldest first, down to
 the newest, with no one involved (docs/operations.md, "Backfills").
 
@@ -29,7 +29,7 @@ from assets.events import daily_quads, events
 from assets.resources import Alerts, Dataset, pipeline_settings
 from pipeline.alerts import Alert, send_alert
 from pipeline.config import Settings
-from pipeline.events import OutdatedDay, outdated_days
+from pipeline.events.daily import OutdatedDay, outdated_days
 from pipeline.storage import DataLayout
 from quality.event_checks import events_history_current
 from sensors.run_health import max_runtime_tag

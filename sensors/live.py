@@ -14,7 +14,7 @@ import dagster as dg
 
 from assets.live import live_round
 from assets.resources import Dataset, pipeline_settings
-from pipeline.database import day_inputs_missing
+from pipeline.splits.database import day_inputs_missing
 
 FIRST_HOUR, LAST_HOUR = 2, 12
 

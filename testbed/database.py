@@ -33,8 +33,8 @@ from pathlib import Path
 
 import polars as pl
 
-from pipeline.database import EVENT_DB_SCHEMA, NEWS_DB_SCHEMA
 from pipeline.reference.tables import country_table, relation_table
+from pipeline.splits.database import EVENT_DB_SCHEMA, NEWS_DB_SCHEMA
 from pipeline.storage import DataLayout, write_sealed_parquet
 
 GENERATOR_VERSION = "event-database-mirror-v1"

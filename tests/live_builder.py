@@ -16,13 +16,13 @@ from datetime import UTC, date, datetime, time, timedelta
 import polars as pl
 
 from pipeline.config import Settings
-from pipeline.database import day_events
 from pipeline.evaluation import baselines
 from pipeline.live.rounds import round_dir
 from pipeline.live.submissions import owner_sha256
 from pipeline.reference import region_table
-from pipeline.release import ReleaseStore
-from pipeline.release_layout import live_round_key
+from pipeline.release.layout import live_round_key
+from pipeline.release.publish import ReleaseStore
+from pipeline.splits.database import day_events
 from pipeline.storage import atomic_write_bytes, atomic_write_parquet
 
 from .month_builder import Quad, write_days

@@ -23,9 +23,9 @@ import dagster as dg
 from pipeline.gdelt.ledger import read_ledger, summarize
 from pipeline.storage import DataLayout
 from sensors.run_health import run_worker_pid
+from testbed.dagster_services import BIN, running_daemon
 
 from .conftest import MIRROR_DAY, ROOT
-from .daemon import BIN, running_daemon
 
 # docs/operations.md, "A run whose worker died": the watch looks every 30 s; the daemon's sensor loop
 # and the run's own start add some seconds. What the test allows from the kill to each event.

@@ -31,7 +31,7 @@ from pipeline.agent_api.audit import leakage_violations
 from pipeline.agent_api.bm25 import mirai_tokens, okapi_scores
 from pipeline.agent_api.lockdown import SECCOMP_ARCHES, machine
 from pipeline.config import Settings
-from pipeline.database import EVENT_DB_SCHEMA, NEWS_DB_SCHEMA
+from pipeline.splits.database import EVENT_DB_SCHEMA, NEWS_DB_SCHEMA
 from pipeline.storage import DamagedFile, DataLayout, atomic_write_parquet
 from testbed.database import generate_event_database
 

@@ -17,11 +17,11 @@ import dagster as dg
 import pytest
 
 from sensors.schedules import gdelt_every_15_minutes
+from testbed.dagster_services import BIN, running_daemon
 from testbed.generate import MirrorOptions, generate_mirror
 from testbed.serve import MirrorServer
 
 from .conftest import ROOT
-from .daemon import BIN, running_daemon
 
 BACKFILL = [date(2024, 1, 1) + timedelta(days=i) for i in range(30)]
 LIVE_DAY = date(2024, 1, 31)

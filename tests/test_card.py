@@ -13,9 +13,9 @@ import polars as pl
 import pytest
 import yaml
 
-from pipeline import card
-from pipeline.card import dataset_card, render_figures
-from pipeline.split_schema import QUERIES_SCHEMA
+from pipeline.splits import card
+from pipeline.splits.card import dataset_card, render_figures
+from pipeline.splits.schema import QUERIES_SCHEMA
 
 ROOT = Path(__file__).resolve().parent.parent
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -111,8 +111,8 @@ def test_release_command_publishes_once_then_verifies_and_refuses_a_missing_file
     from datetime import date, datetime
 
     from pipeline.config import Settings
-    from pipeline.database import build_event_database
-    from pipeline.splits import build_split
+    from pipeline.splits.database import build_event_database
+    from pipeline.splits.split import build_split
 
     from .month_builder import write_month
     from .test_splits import QUADS
@@ -265,9 +265,9 @@ def test_serve_release_serves_the_demo_store_and_its_printed_commands_download_i
     from botocore.exceptions import ClientError
 
     from pipeline.config import Settings
-    from pipeline.database import build_event_database
-    from pipeline.release import open_store, publish_release
-    from pipeline.splits import build_split
+    from pipeline.release.publish import open_store, publish_release
+    from pipeline.splits.database import build_event_database
+    from pipeline.splits.split import build_split
     from testbed.demo import BUCKET, PUBLIC_PREFIXES, RELEASE_PREFIX, demo_lock
     from testbed.s3 import LocalS3, weed_binary
 

@@ -14,8 +14,9 @@ from assets.database import event_database
 from assets.partitions import monthly_partitions
 from assets.resources import resources_for
 from assets.splits import test_split as split_asset
+from pipeline.agent_api.audit import leakage_audit
 from pipeline.config import Settings
-from pipeline.splits import Closure, leakage_audit
+from pipeline.splits.split import Closure
 from pipeline.storage import DataLayout
 from quality.split_checks import split_leakage_audit
 from sensors.monthly import SUMMARY_MAX_CHARS, monthly_release_daily, open_months_summary

@@ -22,7 +22,8 @@ import pytest
 
 from pipeline.cli import main
 from pipeline.config import Settings
-from pipeline.release import (
+from pipeline.release.layout import RELEASE_FORMAT, UnsafeRelease
+from pipeline.release.publish import (
     LocalStore,
     PlannedObject,
     ReleasePlan,
@@ -31,7 +32,6 @@ from pipeline.release import (
     publish_release,
     update_pointers,
 )
-from pipeline.release_layout import RELEASE_FORMAT, UnsafeRelease
 
 from .s3_server import ACCESS_KEY, SECRET_KEY, SeaweedS3, weed_binary
 
@@ -310,7 +310,7 @@ def test_a_manifest_entry_with_an_insane_size_or_sha256_is_refused(scene, key, v
 
 
 def test_an_oversized_pointer_or_manifest_is_refused_without_being_read_whole(scene, capsys, monkeypatch):
-    from pipeline import download
+    from pipeline.release import download
 
     monkeypatch.setattr(download, "MAX_JSON_BYTES", 4096)  # the real bound is 16 MiB: same code, less to store
     scene.publish(CLEAN, manifest={"padding": "x" * 5000})

@@ -17,8 +17,8 @@ import pytest
 
 from pipeline.cli import main
 from pipeline.config import Settings
-from pipeline.release import open_store, publish_release
-from pipeline.splits import Override, build_split
+from pipeline.release.publish import open_store, publish_release
+from pipeline.splits.split import Override, build_split
 from testbed.database import generate_event_database
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,7 +43,7 @@ def _command(prefix: str) -> list[str]:
 @pytest.fixture(scope="module")
 def bucket(tmp_path_factory) -> Path:
     """A release store holding 2024-02: two generated database months, February's split (forced:
-    no slot ledgers here) and its release, published by pipeline.release into a local bucket. A
+    no slot ledgers here) and its release, published by pipeline.release.publish into a local bucket. A
     later database month stays in the data directory, so a release that reached past its month
     would show."""
     root = tmp_path_factory.mktemp("newcomer")

@@ -1,4 +1,4 @@
-"""History blocks (pipeline/events.py): the days before a day, read as merged blocks of key files
+"""History blocks (pipeline/events/daily.py): the days before a day, read as merged blocks of key files
 plus a few single days, must give exactly what reading every earlier key file gives, whatever the
 order days were built or back-filled in."""
 
@@ -12,7 +12,7 @@ import polars as pl
 import pytest
 
 from pipeline.config import Settings
-from pipeline.events import (
+from pipeline.events.daily import (
     BLOCK_DAYS,
     KEYS_FORMAT,
     _history_parts,
@@ -21,8 +21,8 @@ from pipeline.events import (
     history_fingerprint,
     write_event_keys,
 )
+from pipeline.events.normalize import URL_HASH_SEED, normalize_with_report, url_hash
 from pipeline.gdelt.schema import EXPORT_SCHEMA
-from pipeline.normalize import URL_HASH_SEED, normalize_with_report, url_hash
 from pipeline.storage import DataLayout, atomic_write_parquet, read_parquet_metadata
 
 UTC = UTC
@@ -203,8 +203,8 @@ def test_rerunning_rewrites_nothing_and_an_unreadable_old_key_file_is_read_alone
 def test_keys_of_the_polars_bound_hash_migrate_once_and_the_events_stay_the_same(tmp_path, monkeypatch):
     """Key files and blocks written before the stable hash (polars' ``Expr.hash``, tagged with the
     polars version) are rewritten by the first run after the change, and never again."""
-    import pipeline.events as events_module
-    import pipeline.normalize as normalize_module
+    import pipeline.events.daily as events_module
+    import pipeline.events.normalize as normalize_module
 
     settings, layout = Settings(data_dir=tmp_path), DataLayout(tmp_path)
     days = [START + timedelta(days=i) for i in range(12)]

@@ -26,15 +26,15 @@ from assets.events import daily_quads, events
 from assets.ingest import gdelt_events, gdelt_files, gdelt_mentions
 from assets.resources import resources_for
 from definitions import defs
-from pipeline.events import history_fingerprint, outdated_days
+from pipeline.events.daily import history_fingerprint, outdated_days
 from pipeline.storage import DataLayout
 from quality.event_checks import events_history_current
 from sensors.history import events_follow_history
+from testbed.dagster_services import BIN, graphql, running_daemon, running_webserver
 from testbed.generate import MirrorOptions, generate_mirror
 from testbed.serve import MirrorServer
 
 from .conftest import ROOT
-from .daemon import BIN, graphql, running_daemon, running_webserver
 from .webhook import Receiver
 
 DAYS = [date(2024, 1, 1) + timedelta(days=i) for i in range(6)]

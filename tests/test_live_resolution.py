@@ -12,8 +12,8 @@ import pytest
 
 from pipeline.config import Settings
 from pipeline.live.resolve import ANSWERS_SCHEMA, answers_path, resolve_round
-from pipeline.release import LocalStore, ReleaseConflict, open_store
-from pipeline.release_layout import UnsafeRelease, check_store_key
+from pipeline.release.layout import UnsafeRelease, check_store_key
+from pipeline.release.publish import LocalStore, ReleaseConflict, open_store
 from pipeline.storage import DataLayout
 
 from .live_builder import midnight, pairs, world, write_round

@@ -27,8 +27,8 @@ from pipeline.live.rounds import (
     write_live_index,
 )
 from pipeline.reference import country_names
-from pipeline.release import LocalStore, ReleaseConflict, open_store
-from pipeline.release_layout import UnsafeRelease, check_store_key
+from pipeline.release.layout import UnsafeRelease, check_store_key
+from pipeline.release.publish import LocalStore, ReleaseConflict, open_store
 from pipeline.storage import DataLayout
 
 from .month_builder import Quad, write_days

@@ -33,7 +33,7 @@ from assets.resources import resources_for
 from assets.splits import test_split as split_asset
 from assets.submissions import submission
 from pipeline.config import Settings
-from pipeline.database import month_days
+from pipeline.splits.database import month_days
 from pipeline.storage import DataLayout, raw_file_name
 from quality.event_checks import (
     articles_fetch_health,

@@ -1,4 +1,4 @@
-"""MIRAI's file layout (pipeline/mirai_files.py): the export holds MIRAI's files and columns, export →
+"""MIRAI's file layout (pipeline/splits/mirai_files.py): the export holds MIRAI's files and columns, export →
 import is a round trip, and hostile imported files are refused in one line with nothing written."""
 
 from __future__ import annotations
@@ -15,11 +15,14 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from pipeline import mirai_files
 from pipeline.agent_api.lookup import map_cameo_to_relation, map_iso_to_country_name
 from pipeline.config import Settings
-from pipeline.download import download_release
-from pipeline.mirai_files import (
+from pipeline.reference import level1_codes, level2_codes
+from pipeline.release.download import download_release
+from pipeline.release.layout import MIRAI_BUNDLE_DIR, MIRAI_BUNDLE_FILES, name_problem
+from pipeline.release.publish import open_store, publish_release
+from pipeline.splits import mirai_files
+from pipeline.splits.mirai_files import (
     BUNDLE_FILES,
     EXPORT_MANIFEST,
     KG_COLUMNS,
@@ -30,10 +33,7 @@ from pipeline.mirai_files import (
     export_mirai,
     import_mirai,
 )
-from pipeline.reference import level1_codes, level2_codes
-from pipeline.release import open_store, publish_release
-from pipeline.release_layout import MIRAI_BUNDLE_DIR, MIRAI_BUNDLE_FILES, name_problem
-from pipeline.splits import Override, build_split
+from pipeline.splits.split import Override, build_split
 from pipeline.storage import DataLayout, write_sealed_parquet
 from testbed.database import generate_event_database
 

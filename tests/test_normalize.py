@@ -10,12 +10,19 @@ import polars as pl
 import pyarrow as pa
 import pytest
 
-from pipeline import normalize
 from pipeline.config import Settings
-from pipeline.events import build_daily_quads, build_events
+from pipeline.events import normalize
+from pipeline.events.daily import build_daily_quads, build_events
+from pipeline.events.normalize import (
+    EXCLUSIONS,
+    History,
+    daily_quads,
+    normalize_events,
+    normalize_with_report,
+    url_hash,
+)
 from pipeline.gdelt import parse_export
 from pipeline.gdelt.schema import EXPORT_SCHEMA
-from pipeline.normalize import EXCLUSIONS, History, daily_quads, normalize_events, normalize_with_report, url_hash
 from pipeline.reference.tables import cameo_to_iso3, country_table, level2_codes
 from pipeline.storage import DataLayout, atomic_write_parquet
 
@@ -255,7 +262,7 @@ def test_url_across_two_daily_partitions_keeps_day_one(tmp_path):
 
 
 def test_out_of_order_backfill_is_detected_and_a_rebuild_fixes_it(tmp_path):
-    from pipeline.events import history_fingerprint
+    from pipeline.events.daily import history_fingerprint
     from pipeline.storage import read_parquet_metadata
 
     settings = Settings(data_dir=tmp_path)
@@ -347,7 +354,7 @@ REAL_EXPORTS = [
 
 
 def reference_rules(rows: list[dict]) -> list[tuple]:
-    """The same rules in plain Python, written independently of pipeline.normalize."""
+    """The same rules in plain Python, written independently of pipeline.events.normalize."""
     iso = dict(cameo_to_iso3().iter_rows())
     relations = level2_codes()
     first_day: dict[str, date] = {}

@@ -16,8 +16,8 @@ import polars as pl
 import pytest
 
 from assets.resources import resources_for
+from pipeline.events.normalize import EVENTS_SCHEMA, QUADS_SCHEMA, daily_quads, normalize_events
 from pipeline.gdelt.schema import EXPORT_SCHEMA
-from pipeline.normalize import EVENTS_SCHEMA, QUADS_SCHEMA, daily_quads, normalize_events
 from pipeline.reference.tables import iso3_codes, level2_codes
 from pipeline.storage import DataLayout, atomic_write_parquet, write_sealed_parquet
 from quality.suites import (
@@ -439,7 +439,7 @@ def test_bad_raw_day_fails_gdelt_events_valid_without_blocking(tmp_path):
 
 def test_failed_events_check_blocks_daily_quads(tmp_path, monkeypatch):
     import assets.events as event_assets
-    from pipeline.events import build_events as real_build_events
+    from pipeline.events.daily import build_events as real_build_events
 
     def build_domestic_events(day, settings):
         """The real rules, then a bug: the first event becomes domestic (s == o). Written the way

@@ -20,12 +20,11 @@ import pytest
 import requests
 import yaml
 
-from pipeline import release
 from pipeline.cli import main
 from pipeline.config import Settings
-from pipeline.database import build_event_database
-from pipeline.download import ChecksumMismatch, download_release
-from pipeline.release import (
+from pipeline.release import publish as release
+from pipeline.release.download import ChecksumMismatch, download_release
+from pipeline.release.publish import (
     INDEX_KEY,
     LATEST_KEY,
     LocalStore,
@@ -39,7 +38,8 @@ from pipeline.release import (
     release_key,
     sha256_hex,
 )
-from pipeline.splits import build_split
+from pipeline.splits.database import build_event_database
+from pipeline.splits.split import build_split
 from pipeline.storage import DataLayout
 from testbed.s3 import LocalS3
 
@@ -109,7 +109,7 @@ def _a_different_february(tmp_path: Path, data_dir: Path) -> Settings:
     """The same month rebuilt with another sample size: a different release for 2024-02."""
     copy = tmp_path / "other"
     shutil.copytree(data_dir, copy)
-    # Without the random-bytes December: the split's MIRAI files (pipeline/mirai_files.py) read
+    # Without the random-bytes December: the split's MIRAI files (pipeline/splits/mirai_files.py) read
     # every database month up to February, and those bytes are no parquet file.
     layout = DataLayout(copy)
     for table in ("events", "news"):
@@ -444,7 +444,7 @@ def test_cli_release_and_download(data_dir, tmp_path, monkeypatch, capsys):
 
 
 def test_release_waits_for_the_split(tmp_path):
-    from pipeline.release import ReleaseNotReady
+    from pipeline.release.publish import ReleaseNotReady
 
     with pytest.raises(ReleaseNotReady, match="materialise test_split first"):
         plan_release(FEB, Settings(data_dir=tmp_path))
@@ -476,7 +476,7 @@ def test_s3_rejects_bytes_that_changed_after_planning(data_dir, s3_server, bucke
 
 
 def test_leaderboard_is_published_as_a_pointer_and_rewritten_only_when_it_changes(tmp_path):
-    from pipeline.release import LEADERBOARD_KEYS, LocalStore, publish_leaderboard
+    from pipeline.release.publish import LEADERBOARD_KEYS, LocalStore, publish_leaderboard
 
     store = LocalStore(tmp_path / "bucket")
     board, chart, page = tmp_path / "leaderboard.parquet", tmp_path / "leaderboard.png", tmp_path / "leaderboard.html"
@@ -641,7 +641,7 @@ def test_a_split_file_changed_since_its_manifest_stops_the_publish_before_the_ma
 def test_a_durable_download_starts_writing_each_file_to_disk_while_it_streams(data_dir, tmp_path, monkeypatch):
     """Writeback is started every WRITEBACK bytes so that the final fsyncs do not wait for whole
     files (a plain download never starts it). The ranges asked for follow each other."""
-    from pipeline import download
+    from pipeline.release import download
 
     bucket = tmp_path / "bucket"
     publish_release(FEB, Settings(data_dir=data_dir, release_uri=str(bucket)))
@@ -661,7 +661,7 @@ def test_a_durable_download_starts_writing_each_file_to_disk_while_it_streams(da
 def test_a_durable_download_fsyncs_every_file_and_directory_before_the_manifest(data_dir, tmp_path, monkeypatch):
     """With durable=True (mirai download --fsync), manifest.json means every selected file is
     verified and on disk; without it nothing waits for the disk."""
-    from pipeline import download
+    from pipeline.release import download
 
     bucket = tmp_path / "bucket"
     publish_release(FEB, Settings(data_dir=data_dir, release_uri=str(bucket)))
@@ -686,7 +686,7 @@ def test_a_durable_download_fsyncs_every_file_and_directory_before_the_manifest(
 def test_the_progress_bar_counts_every_byte_from_many_threads_and_is_silent_off_a_terminal(capsys):
     """boto3 calls the bar from its transfer threads and every byte counts; on a terminal it draws
     bytes, percent and the current file; under capture (stderr not a TTY) the default draws nothing."""
-    from pipeline.download import ProgressBar
+    from pipeline.release.download import ProgressBar
 
     bar = ProgressBar(8 * 2000 * 1024, enabled=True)
     bar.file("releases/2024-02/queries.parquet")

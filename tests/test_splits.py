@@ -13,14 +13,14 @@ import pytest
 
 from pipeline.articles.urls import url_md5
 from pipeline.config import Settings
-from pipeline.database import (
+from pipeline.reference import RELATION_DESCRIPTION_VERSION
+from pipeline.splits.database import (
     EVENT_DB_SCHEMA,
     NEWS_DB_SCHEMA,
     MonthNotReady,
     build_event_database,
 )
-from pipeline.reference import RELATION_DESCRIPTION_VERSION
-from pipeline.splits import (
+from pipeline.splits.split import (
     QUERIES_SCHEMA,
     Override,
     balance_score,

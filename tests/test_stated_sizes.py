@@ -192,8 +192,8 @@ def _sparse(path: Path, size: int) -> None:
 def test_an_oversized_manifest_in_the_store_is_refused_by_build_index_without_being_read_whole(tmp_path):
     """build_index checks every manifest in the store before index.json points at it; a 64 MiB
     one used to be read whole (no limit, unlike mirai download's reads)."""
-    from pipeline.release import LocalStore, build_index
-    from pipeline.release_layout import MAX_JSON_BYTES, UnsafeRelease
+    from pipeline.release.layout import MAX_JSON_BYTES, UnsafeRelease
+    from pipeline.release.publish import LocalStore, build_index
 
     store = LocalStore(tmp_path / "bucket")
     _sparse(tmp_path / "bucket/releases/2024-01/manifest.json", 4 * MAX_JSON_BYTES)
@@ -208,8 +208,8 @@ def test_an_oversized_manifest_in_the_store_is_refused_by_build_index_without_be
 def test_oversized_pointers_and_leaderboard_files_are_overwritten_without_being_read_whole(tmp_path):
     """index.json, latest.json and the leaderboard files are pointers the publisher rewrites when
     they differ from its own; 64 MiB at each used to be read whole to find out that they do."""
-    from pipeline.release import LocalStore, publish_leaderboard, update_pointers
-    from pipeline.release_layout import INDEX_KEY, LEADERBOARD_KEYS
+    from pipeline.release.layout import INDEX_KEY, LEADERBOARD_KEYS
+    from pipeline.release.publish import LocalStore, publish_leaderboard, update_pointers
 
     bucket = tmp_path / "bucket"
     store = LocalStore(bucket)
@@ -276,7 +276,7 @@ def test_a_relation_query_csv_past_its_cap_is_refused_unread(tmp_path):
     """A MIRAI relation_query.csv is a few hundred KB (705 queries in MIRAI's test set); one past
     the import's cap for the same file used to go to pl.read_csv whole."""
     from pipeline.evaluation.mirai_predictions import mirai_query_ids
-    from pipeline.mirai_files import MAX_FILE_BYTES, TEST_FILE
+    from pipeline.splits.mirai_files import MAX_FILE_BYTES, TEST_FILE
 
     cap = MAX_FILE_BYTES[TEST_FILE]
     path = tmp_path / "relation_query.csv"

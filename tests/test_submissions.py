@@ -19,8 +19,8 @@ from assets.submissions import submission
 from pipeline.cli import main
 from pipeline.config import Settings
 from pipeline.evaluation import submissions as sub
-from pipeline.release import LocalStore, open_store
-from pipeline.release_layout import UnsafeRelease
+from pipeline.release.layout import UnsafeRelease
+from pipeline.release.publish import LocalStore, open_store
 from sensors.evaluations import leaderboard_job
 from sensors.submissions import submission_job, submission_sensor
 

@@ -7,12 +7,8 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
-import subprocess
-import sys
 import time
 from datetime import date
-from pathlib import Path
 
 import dagster as dg
 import pytest
@@ -23,12 +19,11 @@ from assets.resources import resources_for
 from assets.splits import test_split as split_asset
 from pipeline.config import Settings
 from quality.split_checks import split_leakage_audit
+from testbed.dagster_services import graphql, running_daemon, running_webserver
 
-from .conftest import ROOT
 from .month_builder import write_month
 from .test_splits import QUADS
 
-BIN = Path(sys.executable).parent
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
 # The flags a sandboxed root CI needs; background networking off because the machine's closed
@@ -69,12 +64,6 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def ui(tmp_path_factory):
     """A materialised month on a persistent SQLite instance, with the webserver and the daemon."""
@@ -93,45 +82,8 @@ def ui(tmp_path_factory):
         )
         assert result.success
     env = {**os.environ, "DAGSTER_HOME": str(home), "MIRAI_DATA_DIR": str(data)}
-    port = _free_port()
-    webserver = subprocess.Popen(
-        [str(BIN / "dagster-webserver"), "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(port)],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    daemon = subprocess.Popen(
-        [str(BIN / "dagster-daemon"), "run", "-w", "workspace.yaml"],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 180
-        while not _repositories(url):
-            assert webserver.poll() is None, webserver.stderr.read().decode()[-2000:]
-            assert time.monotonic() < deadline, "the webserver did not come up"
-            time.sleep(1)
+    with running_webserver(env) as url, running_daemon(env) as daemon:
         yield {"url": url, "root": root, "daemon": daemon}
-    finally:
-        for process in (webserver, daemon):
-            process.terminate()
-        for process in (webserver, daemon):
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-
-
-def _graphql(url: str, query: str) -> dict:
-    response = requests.post(f"{url}/graphql", json={"query": query}, timeout=30)
-    response.raise_for_status()
-    body = response.json()
-    assert "errors" not in body, body["errors"]
-    return body["data"]
 
 
 def _repositories(url: str) -> list[dict]:
@@ -139,7 +91,7 @@ def _repositories(url: str) -> list[dict]:
         schedules { name cronSchedule } sensors { name }
         assetNodes { assetKey { path } assetChecksOrError { ... on AssetChecks { checks { name } } } } } } } }"""
     try:
-        return _graphql(url, query)["repositoriesOrError"]["nodes"]
+        return graphql(url, query)["repositoriesOrError"]["nodes"]
     except (requests.RequestException, KeyError, TypeError):
         return []
 
@@ -166,7 +118,7 @@ def test_a_materialisation_shows_its_metadata(ui):
     query = """{ assetOrError(assetKey: {path: ["test_split"]}) { ... on Asset {
         assetMaterializations(limit: 1) { partition metadataEntries { label
           ... on IntMetadataEntry { intValue } ... on MarkdownMetadataEntry { mdStr } } } } } }"""
-    [materialisation] = _graphql(ui["url"], query)["assetOrError"]["assetMaterializations"]
+    [materialisation] = graphql(ui["url"], query)["assetOrError"]["assetMaterializations"]
     assert materialisation["partition"] == "2024-02-01"
     entries = {e["label"]: e for e in materialisation["metadataEntries"]}
     assert entries["dagster/row_count"]["intValue"] == 2
@@ -177,7 +129,7 @@ def test_the_daemon_is_healthy(ui):
     query = "{ instance { daemonHealth { allDaemonStatuses { daemonType healthy required } } } }"
     deadline = time.monotonic() + 120
     while True:
-        statuses = _graphql(ui["url"], query)["instance"]["daemonHealth"]["allDaemonStatuses"]
+        statuses = graphql(ui["url"], query)["instance"]["daemonHealth"]["allDaemonStatuses"]
         required = {s["daemonType"]: s["healthy"] for s in statuses if s["required"]}
         if required and all(required.values()):
             break

@@ -19,11 +19,17 @@ Environment built without the gate (e.g. from unfiltered tables) is caught.
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 from datetime import date, timedelta
 
 import polars as pl
 
+from pipeline.agent_api.environment import EventDatabase
 from pipeline.agent_api.types import Date, DateGateError, DateRange
+from pipeline.config import Settings
+from pipeline.splits.database import MonthNotReady, month_days
+from pipeline.splits.split import read_manifest
+from pipeline.storage import DataLayout
 
 RANDOM_WORDS = (
     "trade",
@@ -237,3 +243,39 @@ def leakage_violations(env, *, rng: random.Random | None = None, sandbox: bool =
     if sandbox:
         _check_sandbox(env, out)
     return out
+
+
+@dataclass(frozen=True)
+class LeakageAudit:
+    month: date
+    dates_audited: int
+    sandbox_dates: tuple[date, ...]
+    violations: tuple[str, ...]
+
+
+def leakage_audit(settings: Settings, month: date) -> LeakageAudit:
+    """Audit a built split for leakage: the split month must start after the manifest's history
+    cutoff, every query must fall in the month, and for every query date the date-gated agent API
+    must show nothing dated after t − distance through any function (leakage_violations, above).
+    Queries on one date share an environment, so each distinct date is audited once; the code-
+    block sandbox (a child process per environment) is probed on the first and last dates."""
+    month = month.replace(day=1)
+    manifest = read_manifest(settings, month)
+    if manifest is None:
+        raise MonthNotReady(f"{month:%Y-%m}: no split to audit")
+    queries = pl.read_parquet(DataLayout(settings.data_dir).split_dir(month) / "queries.parquet")
+    violations = []
+    cutoff = date.fromisoformat(manifest["history_cutoff"])
+    if month <= cutoff:
+        violations.append(f"the split month {month:%Y-%m} does not start after the history cutoff {cutoff}")
+    outside = queries.filter((pl.col("date") < month) | (pl.col("date") > month_days(month)[-1]))
+    if outside.height:
+        violations.append(f"{outside.height} queries are dated outside {month:%Y-%m}, e.g. {outside.row(0)[:4]}")
+    dates = sorted(set(queries.get_column("date")))
+    sandboxed = tuple(sorted({dates[0], dates[-1]})) if dates else ()
+    database = EventDatabase(settings.data_dir)
+    for day in dates:
+        with database.environment(day, manifest["distance_days"]) as env:
+            found = leakage_violations(env, rng=random.Random(f"{manifest['seed']}/{day}"), sandbox=day in sandboxed)
+        violations += [f"{day}: {v}" for v in found]
+    return LeakageAudit(month, len(dates), sandboxed, tuple(violations))

@@ -41,8 +41,8 @@ from pipeline.agent_api.types import (
     coerce_iso,
     coerce_list,
 )
-from pipeline.database import EVENT_DB_SCHEMA, NEWS_DB_SCHEMA
 from pipeline.reference.tables import iso3_codes, level1_codes, level2_codes
+from pipeline.splits.database import EVENT_DB_SCHEMA, NEWS_DB_SCHEMA
 from pipeline.storage import DataLayout, verified
 from pipeline.untrusted_parquet import UntrustedParquetError, check_footer, read_untrusted_parquet, text_bytes
 
@@ -73,7 +73,7 @@ REL_ENUM = pl.Enum(sorted(level2_codes()))
 ROOT_ENUM = pl.Enum(sorted(level1_codes()))
 EVENT_COLUMNS = ("date", "s", "r", "o", "r1", "daily_mentions", "article_idx")
 NEWS_COLUMNS = ("article_id", "date", "title", "text")
-# The stored types (pipeline/database.py) of the columns a month file is read for; the codes are
+# The stored types (pipeline/splits/database.py) of the columns a month file is read for; the codes are
 # then cast to the enums above, which refuses one outside the reference tables.
 STORED_TYPES = {
     "events": {c: EVENT_DB_SCHEMA[c] for c in ("date", "s", "r", "o", "r1", "daily_mentions", "article_ids")},

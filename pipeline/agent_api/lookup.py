@@ -31,7 +31,7 @@ from pipeline.agent_api.types import (
     coerce_cameo,
     coerce_iso,
 )
-from pipeline.reference.tables import country_table, relation_descriptions, relation_table
+from pipeline.reference.tables import country_table, named_relations
 
 TOP_K = 5
 _NON_WORD = re.compile(r"[^a-z0-9]+")
@@ -105,13 +105,8 @@ def map_iso_to_country_name(iso_code: ISOCode | str) -> str:
 def relations_frame() -> pl.DataFrame:
     """Every relation, first level ("04") and second level ("042"): code, name, description, and the
     text the look-up ranks (``search_text``)."""
-    table = relation_table()
-    first = table.select(pl.col("level1").alias("code"), pl.col("level1_name").alias("name")).unique("code")
-    named = pl.concat([first, table.select("code", "name")])
-    both = named.join(relation_descriptions().select("code", "description"), on="code", how="left").sort("code")
-    missing = both.filter(pl.col("description").is_null()).get_column("code").to_list()
-    if missing:
-        raise ValueError(f"cameo_descriptions.csv has no description for relation codes {missing}")
+    both = named_relations()
+    first = both.filter(pl.col("code").str.len_chars() == 2).select("code", "name")
     parent = pl.col("code").str.slice(0, 2).replace_strict(dict(first.iter_rows()))
     return both.with_columns(pl.format("{}: {} {}", "name", "description", parent).alias("search_text"))
 

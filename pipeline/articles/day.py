@@ -20,7 +20,7 @@ from pipeline.articles.ledger import read_ledger
 from pipeline.articles.obelics import PROFILES, DomainParagraphDedup, filter_document
 from pipeline.articles.urls import normalize_url
 from pipeline.config import Settings
-from pipeline.events import scan_parsed
+from pipeline.events.daily import scan_parsed
 from pipeline.http import utc_now
 from pipeline.storage import DataLayout, verified, write_sealed_parquet
 

@@ -43,7 +43,7 @@ from pipeline.evaluation.run import (
 )
 from pipeline.evaluation.scoring import DEFAULT_RESAMPLES, HIT_K, METRICS, bootstrap_intervals
 from pipeline.markdown import html_text, markdown_text, visible_text
-from pipeline.release_layout import MAX_JSON_BYTES, is_month, shown
+from pipeline.release.layout import MAX_JSON_BYTES, is_month, shown
 from pipeline.storage import DataLayout, atomic_write_bytes, atomic_write_parquet
 
 BOARD_FILE = "leaderboard.parquet"

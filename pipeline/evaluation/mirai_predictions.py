@@ -106,7 +106,7 @@ def mirai_query_ids(queries: pl.DataFrame, relation_query_csv: Path) -> dict[str
 
 
 def _read_relation_query(path: Path) -> bytes:
-    from pipeline.mirai_files import MAX_FILE_BYTES, TEST_FILE  # the import's bound on this file
+    from pipeline.splits.mirai_files import MAX_FILE_BYTES, TEST_FILE  # the import's bound on this file
 
     cap = MAX_FILE_BYTES[TEST_FILE]
     try:  # O_NONBLOCK: a FIFO is opened without waiting for a writer, then refused

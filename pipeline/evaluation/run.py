@@ -41,7 +41,6 @@ import pyarrow.parquet as pq
 from pipeline.agent_api import EventDatabase
 from pipeline.agent_api.lookup import map_iso_to_country_name
 from pipeline.agent_api.sandbox import DEFAULT_MEMORY_MB, SPARES
-from pipeline.database import MonthNotReady
 from pipeline.evaluation.agents import (
     AgentSpec,
     Query,
@@ -84,8 +83,9 @@ from pipeline.evaluation.throughput import (
     sandbox_start_mb,
 )
 from pipeline.reference.tables import iso3_codes
-from pipeline.release_layout import DATABASE_TABLES, check_inside, shown
-from pipeline.split_schema import QUERIES_SCHEMA
+from pipeline.release.layout import DATABASE_TABLES, check_inside, shown
+from pipeline.splits.database import MonthNotReady
+from pipeline.splits.schema import QUERIES_SCHEMA
 from pipeline.storage import (
     DataLayout,
     atomic_write_bytes,

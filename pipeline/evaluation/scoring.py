@@ -54,7 +54,7 @@ from pipeline.evaluation.mirai_predictions import (
     read_prediction_file,
 )
 from pipeline.reference.tables import level1_codes, level2_codes
-from pipeline.release_layout import MANIFEST_NAME, MAX_JSON_BYTES, SPLIT_FILES, is_month, shown
+from pipeline.release.layout import MANIFEST_NAME, MAX_JSON_BYTES, SPLIT_FILES, is_month, shown
 from pipeline.untrusted_parquet import UntrustedParquetError, check_footer, read_untrusted_parquet, text_bytes
 
 SCORECARD_FORMAT = "mirai-scorecard-v1"

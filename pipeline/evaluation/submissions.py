@@ -46,8 +46,7 @@ from pipeline.evaluation.scoring import (
     bounded,
     score_predictions,
 )
-from pipeline.release import POINTER_CACHE, ListedKey, ReleaseError, ReleaseStore
-from pipeline.release_layout import (
+from pipeline.release.layout import (
     PREDICTION_NAMES,
     SPLIT_FILES,
     SUBMISSION_FILES,
@@ -61,6 +60,7 @@ from pipeline.release_layout import (
     shown,
     submission_key,
 )
+from pipeline.release.publish import POINTER_CACHE, ListedKey, ReleaseError, ReleaseStore
 from pipeline.storage import DataLayout, atomic_write_bytes, file_lock
 
 RECORD_FORMAT = "mirai-submission-record-v1"

@@ -1,9 +1,9 @@
 """Resolution of a live round (docs/live.md, "Resolution"): once a target date t has closed, every
 question (t, s, o) of the round gets its answer, every level-2 relation s took toward o on t by the
-event database's rule (pipeline/database.py day_events: daily mentions ≥ article_min_mentions and
+event database's rule (pipeline/splits/database.py day_events: daily mentions ≥ article_min_mentions and
 at least one kept article that day), possibly none.
 
-A date closes like a month does for its split (pipeline/splits.py month_closure), per day: every
+A date closes like a month does for its split (pipeline/splits/split.py month_closure), per day: every
 slot of t's ledger landed or confirmed missing (CLOSED_STATUSES), t's daily quads and articles
 stored, and now ≥ t + 1 day + live_resolution_grace_hours. The round must be published (its local
 manifest.json) and its submission deadline passed; the deadline is 00:00 of the earliest target
@@ -26,12 +26,12 @@ from pathlib import Path
 import polars as pl
 
 from pipeline.config import Settings
-from pipeline.database import day_events, day_inputs_missing
 from pipeline.gdelt.ledger import read_ledger, summarize
 from pipeline.live.rounds import answers_file, round_dir, write_live_index
-from pipeline.release import IMMUTABLE_CACHE, ReleaseConflict, ReleaseStore
-from pipeline.release_layout import is_day, live_answers_name, live_round_key
-from pipeline.splits import CLOSED_STATUSES
+from pipeline.release.layout import is_day, live_answers_name, live_round_key
+from pipeline.release.publish import IMMUTABLE_CACHE, ReleaseConflict, ReleaseStore
+from pipeline.splits.database import day_events, day_inputs_missing
+from pipeline.splits.split import CLOSED_STATUSES
 from pipeline.storage import DataLayout, atomic_write_parquet
 
 ANSWERS_SCHEMA = pl.Schema([("query_id", pl.String), ("answer_list", pl.List(pl.String))])

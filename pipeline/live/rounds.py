@@ -4,7 +4,7 @@ A round asks (t, s, o) for t = D + h, h in settings.live_horizon_days, about pai
 daily files of the window D − live_window_days .. D − 1 and nothing else: the builder opens only
 those days' daily quads and articles (tests/test_live_rounds.py makes every other day's files
 garbage and gets the same bytes). Two pools, both built with the event database's and the monthly
-split's rules (pipeline/database.py, pipeline/splits.py):
+split's rules (pipeline/splits/database.py, pipeline/splits/split.py):
 
 - active: pairs with test-grade activity on some window day (a (t, s, o) the monthly split would
   have made a query: a quad with daily_mentions ≥ test_min_mentions, every such quad backed by
@@ -30,11 +30,9 @@ from pathlib import Path
 import polars as pl
 
 from pipeline.config import Settings
-from pipeline.database import linked_events
 from pipeline.evaluation.baselines import forecast
 from pipeline.reference import country_names, region_table
-from pipeline.release import IMMUTABLE_CACHE, POINTER_CACHE, ReleaseConflict, ReleaseError, ReleaseStore, sha256_hex
-from pipeline.release_layout import (
+from pipeline.release.layout import (
     LIVE_ANSWERS,
     LIVE_INDEX_KEY,
     LIVE_QUESTIONS,
@@ -49,7 +47,16 @@ from pipeline.release_layout import (
     shown,
     submission_key,
 )
-from pipeline.splits import SAMPLER_CANDIDATES, SAMPLER_WEIGHTS, balanced_sample, queries_from_events
+from pipeline.release.publish import (
+    IMMUTABLE_CACHE,
+    POINTER_CACHE,
+    ReleaseConflict,
+    ReleaseError,
+    ReleaseStore,
+    sha256_hex,
+)
+from pipeline.splits.database import linked_events
+from pipeline.splits.split import SAMPLER_CANDIDATES, SAMPLER_WEIGHTS, balanced_sample, queries_from_events
 from pipeline.storage import DataLayout, atomic_write_bytes, atomic_write_parquet, verified
 from pipeline.version import code_version
 

@@ -42,8 +42,7 @@ from pipeline.evaluation.submissions import (
     read_capped,
 )
 from pipeline.live.rounds import read_local_manifest, recorded_baselines, resolved_targets, round_dir
-from pipeline.release import ReleaseStore
-from pipeline.release_layout import (
+from pipeline.release.layout import (
     LIVE_QUESTIONS,
     MANIFEST_NAME,
     SUBMISSIONS_DIR,
@@ -51,6 +50,7 @@ from pipeline.release_layout import (
     is_day,
     live_round_key,
 )
+from pipeline.release.publish import ReleaseStore
 from pipeline.storage import atomic_write_bytes, atomic_write_parquet
 
 LIVE_RECORD_FORMAT = "mirai-live-submission-v1"

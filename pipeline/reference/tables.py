@@ -77,6 +77,20 @@ def relation_descriptions() -> pl.DataFrame:
 
 
 @cache
+def named_relations() -> pl.DataFrame:
+    """Every relation, first level ("04") and second level ("042"), by code: code, name,
+    description. What the agent API shows of a relation and MIRAI's dict_code2relation.json holds."""
+    table = relation_table()
+    first = table.select(pl.col("level1").alias("code"), pl.col("level1_name").alias("name")).unique("code")
+    named = pl.concat([first, table.select("code", "name")])
+    both = named.join(relation_descriptions().select("code", "description"), on="code", how="left").sort("code")
+    missing = both.filter(pl.col("description").is_null()).get_column("code").to_list()
+    if missing:
+        raise ValueError(f"cameo_descriptions.csv has no description for relation codes {missing}")
+    return both
+
+
+@cache
 def level2_codes() -> frozenset[str]:
     """The 3-digit relation codes, e.g. "042"."""
     return frozenset(relation_table().get_column("code"))

@@ -52,7 +52,7 @@ def _arm_kill(limit: int | None) -> None:
         setattr(os, name, counted(getattr(os, name)))
 
     # Uploads to S3 never touch the local filesystem: count each object sent instead.
-    from pipeline import release
+    from pipeline.release import publish as release
 
     for cls in (release.S3Store,):
         put_files, put_bytes = cls.put_files, cls.put_bytes
@@ -70,10 +70,10 @@ def _arm_kill(limit: int | None) -> None:
 
 
 def main(argv: list[str]) -> None:
-    import pipeline.splits
+    import pipeline.splits.split
     from pipeline.config import Settings
 
-    pipeline.splits.code_version = lambda: FIXED_CODE_VERSION
+    pipeline.splits.split.code_version = lambda: FIXED_CODE_VERSION
     _arm_kill(int(os.environ[KILL_ENV]) if os.environ.get(KILL_ENV) else None)
     settings = Settings.from_env()
     stage, args = argv[0], argv[1:]
@@ -85,7 +85,7 @@ def main(argv: list[str]) -> None:
         for kind in ("export", "mentions"):
             parse_day(day, kind, settings)
     elif stage == "normalise":
-        from pipeline.events import build_daily_quads, build_events
+        from pipeline.events.daily import build_daily_quads, build_events
 
         for arg in args:
             build_events(date.fromisoformat(arg), settings)
@@ -95,14 +95,14 @@ def main(argv: list[str]) -> None:
 
         build_articles(date.fromisoformat(args[0]), settings, now=datetime.fromisoformat(args[1]))
     elif stage == "split":
-        from pipeline.database import build_event_database
-        from pipeline.splits import build_split
+        from pipeline.splits.database import build_event_database
+        from pipeline.splits.split import build_split
 
         month = date.fromisoformat(args[0])
         build_event_database(month, settings)
         build_split(month, settings, now=datetime.fromisoformat(args[1]))
     elif stage == "release":
-        from pipeline.release import LocalStore, open_store, publish_release
+        from pipeline.release.publish import LocalStore, open_store, publish_release
 
         month = date.fromisoformat(args[0])
         # A fixed public URL: the index's links must not depend on where the test put the store.

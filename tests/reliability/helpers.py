@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # What a crash can leave behind, by the writers' own naming:
 # - storage.temp_path_for: ".<name>.<pid>.<8 hex>.part" next to the target (atomic writes, GDELT
 #   downloads, LocalStore objects);
-# - pipeline/download.py (release download): ".<name>.part", resumed on purpose by the next run;
+# - pipeline/release/download.py (release download): ".<name>.part", resumed on purpose by the next run;
 # - splits.build_split: a tempfile.mkdtemp staging dir ".YYYY-MM.<random>" under splits/, and
 #   replace_dir's ".YYYY-MM.old" (removed by the next replace_dir).
 ORPHAN_FILE = re.compile(r"^\..+\.\d+\.[0-9a-f]{8}\.part$")

@@ -17,7 +17,7 @@ import polars as pl
 import pytest
 
 from pipeline.config import Settings
-from pipeline.events import build_daily_quads, build_events
+from pipeline.events.daily import build_daily_quads, build_events
 from pipeline.gdelt.ingest import ingest_day, parse_day
 from pipeline.gdelt.integrity import read_digests, write_digests
 from pipeline.storage import DamagedFile, DataLayout, atomic_write_many

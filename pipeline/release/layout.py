@@ -9,7 +9,7 @@ checks every name before it writes anything; planning and publishing check the s
 release we publish is always one ``mirai download`` accepts), and ``LocalStore`` checks every key.
 
 This module is the layout's single source of truth (docs/releases.md, "Layout"), imported by
-pipeline.release, pipeline.download and pipeline.card; it imports nothing of theirs.
+pipeline.release.publish, pipeline.release.download and pipeline.splits.card; it imports nothing of theirs.
 """
 
 from __future__ import annotations
@@ -56,13 +56,13 @@ LIVE_ANSWERS = re.compile(r"answers-([0-9]{4}-[0-9]{2}-[0-9]{2})\.jsonl")
 _SUBMISSION_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 # Every file a release holds, relative to releases/YYYY-MM/ (what release_sources publishes):
-CARD_NAME = "README.md"  # the dataset card (pipeline/card.py)
-SPLIT_FILES = ("queries.parquet", "queries_sample.parquet")  # the split (pipeline/splits.py)
-RELATION_FIGURE = "relation_distribution.png"  # the card's figures (pipeline/card.py)
+CARD_NAME = "README.md"  # the dataset card (pipeline/splits/card.py)
+SPLIT_FILES = ("queries.parquet", "queries_sample.parquet")  # the split (pipeline/splits/split.py)
+RELATION_FIGURE = "relation_distribution.png"  # the card's figures (pipeline/splits/card.py)
 PAIRS_FIGURE = "country_pairs.png"
 DATABASE_TABLES = ("events", "news")  # database/<table>/month=YYYY-MM.parquet, every month up to the release's
 TOP_LEVEL_FILES = frozenset({CARD_NAME, *SPLIT_FILES, RELATION_FIGURE, PAIRS_FIGURE})
-# The split and the database in MIRAI's own file layout (pipeline/mirai_files.py, docs/mirai.md):
+# The split and the database in MIRAI's own file layout (pipeline/splits/mirai_files.py, docs/mirai.md):
 # mirai/data/ is copied into a MIRAI checkout as it is.
 MIRAI_BUNDLE_DIR = "mirai"
 MIRAI_BUNDLE_FILES = frozenset(

@@ -26,8 +26,7 @@ from datetime import date
 import polars as pl
 
 from pipeline.config import Settings
-from pipeline.gdelt.schema import EXPORT_SCHEMA
-from pipeline.normalize import (
+from pipeline.events.normalize import (
     INPUT_COLUMNS,
     History,
     Normalized,
@@ -35,6 +34,7 @@ from pipeline.normalize import (
     normalize_with_report,
     url_hash,
 )
+from pipeline.gdelt.schema import EXPORT_SCHEMA
 from pipeline.storage import (
     DataLayout,
     atomic_write_bytes,

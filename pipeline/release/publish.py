@@ -26,7 +26,7 @@ from pathlib import Path
 from urllib.parse import quote, urlparse
 
 from pipeline.config import Settings
-from pipeline.release_layout import (
+from pipeline.release.layout import (
     CARD_NAME,
     INDEX_KEY,
     LATEST_KEY,
@@ -55,7 +55,7 @@ CONTENT_TYPES = {
     ".md": "text/markdown; charset=utf-8",
     ".png": "image/png",
     ".html": "text/html; charset=utf-8",  # the leaderboard page (pipeline/evaluation/board.py)
-    # MIRAI's files (mirai/data/, pipeline/mirai_files.py): its ".csv" files are tab-separated.
+    # MIRAI's files (mirai/data/, pipeline/splits/mirai_files.py): its ".csv" files are tab-separated.
     ".csv": "text/tab-separated-values; charset=utf-8",
     ".txt": "text/plain; charset=utf-8",
 }

@@ -29,8 +29,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from pipeline.release import CHUNK, ReleaseStore, sha256_hex
-from pipeline.release_layout import (
+from pipeline.release.layout import (
     INDEX_KEY,
     LATEST_KEY,
     MANIFEST_NAME,
@@ -47,6 +46,7 @@ from pipeline.release_layout import (
     release_key,
     shown,
 )
+from pipeline.release.publish import CHUNK, ReleaseStore, sha256_hex
 from pipeline.storage import atomic_write_bytes, write_all
 
 ONLY_CHOICES = ("split", "database", "mirai")
@@ -106,7 +106,7 @@ class ProgressBar:
 def resolve_release(store: ReleaseStore, which: str) -> tuple[str, bytes, dict]:
     """(month, manifest bytes, manifest) for "latest" or "YYYY-MM", the manifest checked against
     the sha256 that latest.json or index.json publishes for it, and every pointer and manifest
-    entry against the release layout (pipeline/release_layout.py): the store may be hostile."""
+    entry against the release layout (pipeline/release/layout.py): the store may be hostile."""
     if which == "latest":
         raw = store.get_bytes(LATEST_KEY, limit=MAX_JSON_BYTES)
         if raw is None:

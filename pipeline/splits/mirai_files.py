@@ -33,9 +33,10 @@ from pathlib import Path
 import polars as pl
 import pycountry
 
-from pipeline.database import DATABASE_VERSION, EVENT_DB_SCHEMA, NEWS_DB_SCHEMA, month_days
 from pipeline.reference import country_names, country_table, iso3_codes, level2_codes, relation_table
-from pipeline.split_schema import QUERIES_SCHEMA, SPLIT_VERSION
+from pipeline.reference.tables import named_relations
+from pipeline.splits.database import DATABASE_VERSION, EVENT_DB_SCHEMA, NEWS_DB_SCHEMA, month_days
+from pipeline.splits.schema import QUERIES_SCHEMA, SPLIT_VERSION
 from pipeline.storage import (
     DataLayout,
     atomic_write_bytes,
@@ -63,7 +64,7 @@ COUNTRIES_FILE = "data/info/dict_iso2alternames_GeoNames.json"
 COUNTRY_TXT_FILE = "data/info/ISO_country_GeoNames.txt"  # step 2's country table: ISO<TAB>name
 RELATION_TXT_FILE = "data/info/CAMEO_relation.txt"  # step 2's relation table: code<TAB>name
 # The same names, under MIRAI_BUNDLE_DIR, are what a release may hold of the bundle
-# (pipeline/release_layout.py; tests/test_mirai_files.py checks the two lists agree).
+# (pipeline/release/layout.py; tests/test_mirai_files.py checks the two lists agree).
 BUNDLE_FILES = (
     KG_FILE,
     NEWS_FILE,
@@ -213,16 +214,11 @@ def answer_dict_repr(codes: list[str]) -> str:
 @cache
 def relation_dictionary() -> dict[str, dict[str, str]]:
     """dict_code2relation.json: every first- and second-level code, sorted, with the name and
-    description our environment gives it (pipeline.agent_api's map_cameo_to_relation)."""
-    from pipeline.agent_api.lookup import map_cameo_to_relation
-
-    table = relation_table()
-    codes = sorted(set(table.get_column("code")) | set(table.get_column("level1")))
-    out = {}
-    for code in codes:
-        relation = map_cameo_to_relation(code)
-        out[code] = {"Name": relation.name, "Description": relation.description}
-    return out
+    description our environment gives it (the same reference table as the agent API's)."""
+    return {
+        code: {"Name": name, "Description": description}
+        for code, name, description in named_relations().select("code", "name", "description").iter_rows()
+    }
 
 
 @cache

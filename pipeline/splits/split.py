@@ -21,10 +21,8 @@ import polars as pl
 
 from pipeline.articles.day import ARTICLES_VERSION
 from pipeline.config import Settings
-from pipeline.database import MonthNotReady, month_days
+from pipeline.events.normalize import RULES_VERSION
 from pipeline.gdelt.ledger import read_ledger, summarize
-from pipeline.mirai_files import write_bundle
-from pipeline.normalize import RULES_VERSION
 from pipeline.reference import (
     COUNTRY_TABLE_VERSION,
     REGION_TABLE_VERSION,
@@ -32,8 +30,10 @@ from pipeline.reference import (
     RELATION_TABLE_VERSION,
     region_table,
 )
-from pipeline.release_layout import MIRAI_BUNDLE_DIR
-from pipeline.split_schema import QUERIES_SCHEMA, SPLIT_VERSION
+from pipeline.release.layout import MIRAI_BUNDLE_DIR
+from pipeline.splits.database import MonthNotReady, month_days
+from pipeline.splits.mirai_files import write_bundle
+from pipeline.splits.schema import QUERIES_SCHEMA, SPLIT_VERSION
 from pipeline.storage import (
     DataLayout,
     atomic_write_bytes,
@@ -292,7 +292,7 @@ def _write_mirai_bundle(
     layout: DataLayout, month: date, queries: pl.DataFrame, sample: pl.DataFrame, staging: Path
 ) -> dict[str, dict]:
     """The split and the database through the month in MIRAI's file layout, under mirai/data/ of
-    the split directory, so every release carries them (pipeline/mirai_files.py, docs/mirai.md)."""
+    the split directory, so every release carries them (pipeline/splits/mirai_files.py, docs/mirai.md)."""
     files, _ = write_bundle(layout, month, queries, sample, staging / MIRAI_BUNDLE_DIR)
     return {f"{MIRAI_BUNDLE_DIR}/{name}": entry for name, entry in files.items()}
 
@@ -300,7 +300,7 @@ def _write_mirai_bundle(
 def build_split(month: date, settings: Settings, *, now: datetime, override: Override | None = None) -> Split:
     """Build and publish (atomically, as one directory) the month's test split."""
     # Imported here: the card needs matplotlib, which costs ~0.5 s that nothing else should pay.
-    from pipeline.card import dataset_card, render_figures
+    from pipeline.splits.card import dataset_card, render_figures
 
     month = month.replace(day=1)
     closure = month_closure(month, settings, now)
@@ -382,42 +382,3 @@ def build_split(month: date, settings: Settings, *, now: datetime, override: Ove
 def read_manifest(settings: Settings, month: date) -> dict | None:
     path = DataLayout(settings.data_dir).split_dir(month) / "manifest.json"
     return json.loads(path.read_text()) if path.exists() else None
-
-
-@dataclass(frozen=True)
-class LeakageAudit:
-    month: date
-    dates_audited: int
-    sandbox_dates: tuple[date, ...]
-    violations: tuple[str, ...]
-
-
-def leakage_audit(settings: Settings, month: date) -> LeakageAudit:
-    """Audit a built split for leakage: the split month must start after the manifest's history
-    cutoff, every query must fall in the month, and for every query date the date-gated agent API
-    must show nothing dated after t − distance through any function (pipeline.agent_api.audit).
-    Queries on one date share an environment, so each distinct date is audited once; the code-
-    block sandbox (a child process per environment) is probed on the first and last dates."""
-    from pipeline.agent_api import EventDatabase
-    from pipeline.agent_api.audit import leakage_violations
-
-    month = month.replace(day=1)
-    manifest = read_manifest(settings, month)
-    if manifest is None:
-        raise MonthNotReady(f"{month:%Y-%m}: no split to audit")
-    queries = pl.read_parquet(DataLayout(settings.data_dir).split_dir(month) / "queries.parquet")
-    violations = []
-    cutoff = date.fromisoformat(manifest["history_cutoff"])
-    if month <= cutoff:
-        violations.append(f"the split month {month:%Y-%m} does not start after the history cutoff {cutoff}")
-    outside = queries.filter((pl.col("date") < month) | (pl.col("date") > month_days(month)[-1]))
-    if outside.height:
-        violations.append(f"{outside.height} queries are dated outside {month:%Y-%m}, e.g. {outside.row(0)[:4]}")
-    dates = sorted(set(queries.get_column("date")))
-    sandboxed = tuple(sorted({dates[0], dates[-1]})) if dates else ()
-    database = EventDatabase(settings.data_dir)
-    for day in dates:
-        with database.environment(day, manifest["distance_days"]) as env:
-            found = leakage_violations(env, rng=random.Random(f"{manifest['seed']}/{day}"), sandbox=day in sandboxed)
-        violations += [f"{day}: {v}" for v in found]
-    return LeakageAudit(month, len(dates), sandboxed, tuple(violations))

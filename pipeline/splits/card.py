@@ -22,7 +22,7 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
 from pipeline.reference.tables import relation_table
-from pipeline.release_layout import PAIRS_FIGURE, RELATION_FIGURE  # names a release may hold
+from pipeline.release.layout import PAIRS_FIGURE, RELATION_FIGURE  # names a release may hold
 from pipeline.storage import atomic_write_bytes
 
 TOP_COUNTRIES = 20
