@@ -229,9 +229,8 @@ for _page, _bit in zip(_pages, PATTERN):
 print('written')
 """
 )
-READ_BITS = (
-    PART_PAGES
-    + """
+# The receiver's side of both attacks: the time of a first touch of each page in _pages, in ns.
+TIME_FIRST_TOUCHES = """
 _clock = _sys.modules['time'].perf_counter_ns
 _times = []
 for _page in _pages:
@@ -240,7 +239,7 @@ for _page in _pages:
     _times.append(_clock() - _t)
 print(' '.join(map(str, _times)))
 """
-)
+READ_BITS = PART_PAGES + TIME_FIRST_TOUCHES
 PATTERN = [1, 0, 1, 1, 0, 0, 1, 0] * 2
 NOT_RESIDENT_NS = 25_000  # a page read in on the fault: 45-120 µs measured; a resident one: < 11 µs
 
@@ -312,18 +311,7 @@ for _i, _bit in enumerate(PATTERN):
 print('sent', len(_pages))
 """
 )
-READ_TAIL = (
-    LIBRARY_TAIL
-    + """
-_clock = _sys.modules['time'].perf_counter_ns
-_times = []
-for _page in _pages:
-    _t = _clock()
-    _c.c_char.from_address(_page).value
-    _times.append(_clock() - _t)
-print(' '.join(map(str, _times)))
-"""
-)
+READ_TAIL = LIBRARY_TAIL + TIME_FIRST_TOUCHES
 
 
 def test_a_late_sandbox_cannot_signal_through_library_pages_it_maps_itself(early_and_late):
