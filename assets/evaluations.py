@@ -30,7 +30,8 @@ from pipeline.evaluation.run import (
     write_refusal,
 )
 from pipeline.evaluation.throughput import RateLimiter
-from pipeline.release.publish import open_store, publish_leaderboard
+from pipeline.release.publish import publish_leaderboard
+from pipeline.release.store import open_store
 from pipeline.splits.database import MonthNotReady
 from pipeline.storage import DataLayout
 

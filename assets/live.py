@@ -10,7 +10,9 @@ from assets.partitions import daily_partitions
 from assets.resources import Dataset, LiveRounds, ReleaseBucket, pipeline_settings
 from pipeline.live.rounds import ROUND_FORMAT, RoundRefused, publish_round
 from pipeline.markdown import markdown_text
-from pipeline.release.publish import ReleaseConflict, ReleaseError, open_store
+from pipeline.release.layout import ReleaseError
+from pipeline.release.publish import ReleaseConflict
+from pipeline.release.store import open_store
 
 
 class LiveRoundConfig(dg.Config):

@@ -14,7 +14,9 @@ from pipeline.live.board import RANK_RULE, publish_live_leaderboard, write_live_
 from pipeline.live.resolve import RESOLUTION_VERSION, RoundNotPublished, resolve_round
 from pipeline.live.score import score_round
 from pipeline.markdown import markdown_text
-from pipeline.release.publish import ReleaseConflict, ReleaseError, open_store
+from pipeline.release.layout import ReleaseError
+from pipeline.release.publish import ReleaseConflict
+from pipeline.release.store import open_store
 
 
 def _scores_table(card: dict) -> str:

@@ -8,13 +8,9 @@ import dagster as dg
 from assets.partitions import monthly_partitions
 from assets.resources import Dataset, GdeltFeed, ReleaseBucket, pipeline_settings
 from assets.splits import test_split
-from pipeline.release.publish import (
-    RELEASE_FORMAT,
-    ReleaseConflict,
-    ReleaseError,
-    open_store,
-    publish_release,
-)
+from pipeline.release.layout import RELEASE_FORMAT, ReleaseError
+from pipeline.release.publish import ReleaseConflict, publish_release
+from pipeline.release.store import open_store
 
 
 @dg.asset(

@@ -11,7 +11,8 @@ from pipeline.evaluation.scoring import markdown
 from pipeline.evaluation.submissions import RECORD_FORMAT, NotReady, SubmissionError, record_path
 from pipeline.live.submissions import LIVE_RECORD_FORMAT, live_record_path, process
 from pipeline.markdown import markdown_text
-from pipeline.release.publish import ReleaseError, open_store
+from pipeline.release.layout import ReleaseError
+from pipeline.release.store import open_store
 from pipeline.storage import LockTimeout
 
 submission_partitions = dg.DynamicPartitionsDefinition(name="submissions")

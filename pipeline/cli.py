@@ -290,7 +290,9 @@ def cmd_split(args: argparse.Namespace) -> int:
 def cmd_release(args: argparse.Namespace) -> int:
     """Publish a month's release outside Dagster (same code as the `release` asset)."""
     from pipeline.release.download import ProgressBar
-    from pipeline.release.publish import ReleaseError, open_store, publish_release, release_sources
+    from pipeline.release.layout import ReleaseError
+    from pipeline.release.publish import publish_release, release_sources
+    from pipeline.release.store import open_store
 
     settings = Settings.from_env()
     try:
@@ -322,7 +324,8 @@ def cmd_release(args: argparse.Namespace) -> int:
 def cmd_download(args: argparse.Namespace) -> int:
     """Download and verify a published release (anonymous unless --signed or configured)."""
     from pipeline.release.download import ChecksumMismatch, download_release
-    from pipeline.release.publish import ReleaseError, open_store
+    from pipeline.release.layout import ReleaseError
+    from pipeline.release.store import open_store
 
     settings = Settings.from_env()
     try:
@@ -469,7 +472,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         score_locally,
     )
     from pipeline.live.submissions import check_live_locally
-    from pipeline.release.publish import open_store
+    from pipeline.release.store import open_store
 
     prepared, problems = prepare(args.name, args.predictions, args.meta)
     if prepared is None:

@@ -96,7 +96,7 @@ class Settings:
     live_resolution_grace_hours: float = 24.0
     # The agent registry the evaluation sensor and asset read (docs/evaluation.md).
     agents_file: Path = Path("./agents.yaml")
-    # Monthly releases (pipeline/release/publish.py, docs/releases.md). "" = the embedded default, a local
+    # Monthly releases (pipeline/release/publish.py, store.py; docs/releases.md). "" = the embedded default, a local
     # directory <data_dir>/releases-bucket with the bucket's layout; else s3://bucket/prefix or a path.
     release_uri: str = ""
     # Base of the plain HTTPS URLs in releases/index.json; "" derives it from the bucket and endpoint.

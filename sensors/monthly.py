@@ -16,7 +16,8 @@ from assets.partitions import monthly_partitions
 from assets.release import release
 from assets.resources import Dataset, GdeltFeed, ReleaseBucket, pipeline_settings
 from assets.splits import test_split
-from pipeline.release.publish import MANIFEST_NAME, open_store, release_key
+from pipeline.release.layout import MANIFEST_NAME, release_key
+from pipeline.release.store import open_store
 from pipeline.splits.split import CLOSED_STATUSES, Closure, month_closure
 from sensors.run_health import max_runtime_tag
 

@@ -370,7 +370,7 @@ def run_submission(runner: Runner, plan: DemoPlan, settings: Settings, data_dir:
 
     from pipeline.cli import main as mirai
     from pipeline.evaluation.submissions import SubmissionError, check_name_free
-    from pipeline.release.publish import open_store
+    from pipeline.release.store import open_store
 
     name = submission_name(plan)
     if name in runner.done("submission"):
@@ -467,7 +467,7 @@ def run_live_round(runner: Runner, plan: DemoPlan, settings: Settings, data_dir:
     from pipeline.live.rounds import baseline_name, deadline, read_local_manifest
     from pipeline.live.submissions import store_deadline
     from pipeline.release.layout import SUBMISSION_META, submission_key
-    from pipeline.release.publish import open_store
+    from pipeline.release.store import open_store
 
     day = live_round_day(plan, settings)
     key, store = day.isoformat(), open_store(settings)
@@ -727,7 +727,8 @@ def serve_release(data_dir: Path, port: int, say: Callable[[str], None] = _say) 
     Prints the exact commands that download the newest release from it."""
     import signal
 
-    from pipeline.release.publish import INDEX_KEY, LATEST_KEY, open_store
+    from pipeline.release.layout import INDEX_KEY, LATEST_KEY
+    from pipeline.release.store import open_store
 
     endpoint = f"http://127.0.0.1:{port}"
     uri = f"s3://{BUCKET}/{RELEASE_PREFIX}"
@@ -761,7 +762,8 @@ def serve_release(data_dir: Path, port: int, say: Callable[[str], None] = _say) 
 
 
 def _release_location(settings: Settings, month: date) -> str:
-    from pipeline.release.publish import MANIFEST_NAME, open_store, release_key
+    from pipeline.release.layout import MANIFEST_NAME, release_key
+    from pipeline.release.store import open_store
 
     store = open_store(settings)
     key = release_key(f"{month:%Y-%m}", MANIFEST_NAME)

@@ -21,7 +21,7 @@ from pipeline.live.rounds import round_dir
 from pipeline.live.submissions import owner_sha256
 from pipeline.reference import region_table
 from pipeline.release.layout import live_round_key
-from pipeline.release.publish import ReleaseStore
+from pipeline.release.store import ReleaseStore
 from pipeline.splits.database import day_events
 from pipeline.storage import atomic_write_bytes, atomic_write_parquet
 

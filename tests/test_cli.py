@@ -265,7 +265,8 @@ def test_serve_release_serves_the_demo_store_and_its_printed_commands_download_i
     from botocore.exceptions import ClientError
 
     from pipeline.config import Settings
-    from pipeline.release.publish import open_store, publish_release
+    from pipeline.release.publish import publish_release
+    from pipeline.release.store import open_store
     from pipeline.splits.database import build_event_database
     from pipeline.splits.split import build_split
     from testbed.demo import BUCKET, PUBLIC_PREFIXES, RELEASE_PREFIX, demo_lock

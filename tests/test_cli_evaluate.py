@@ -25,7 +25,8 @@ from pipeline.config import Settings
 from pipeline.evaluation.registry import parse_agents
 from pipeline.evaluation.run import evaluate_agent
 from pipeline.evaluation.submissions import prepare, score_locally
-from pipeline.release.publish import open_store, publish_release
+from pipeline.release.publish import publish_release
+from pipeline.release.store import open_store
 from pipeline.splits.split import Override, build_split
 from testbed.chat import ChatServer, react_policy
 from testbed.database import generate_event_database

@@ -13,7 +13,7 @@ import pytest
 from assets.live_resolution import live_leaderboard, live_resolution
 from assets.resources import resources_for
 from pipeline.release.layout import LIVE_LEADERBOARD_KEYS
-from pipeline.release.publish import LocalStore
+from pipeline.release.store import LocalStore
 from sensors.live_resolution import live_leaderboard_job, live_resolution_job, live_resolution_sensor
 
 from .live_builder import baseline_predictions, history, pairs, world, write_accepted, write_round

@@ -185,7 +185,7 @@ def test_the_monthly_schedule_opens_the_store_only_once_a_month_has_ended(tmp_pa
     """A release URI that cannot be opened shows when the store is opened: not before the first
     month has ended (nothing to check), and on the first tick after it."""
     from assets.partitions import monthly_partitions
-    from pipeline.release.publish import ReleaseError
+    from pipeline.release.layout import ReleaseError
     from sensors.monthly import monthly_release_daily
 
     resources = resources_for(data_dir=str(tmp_path), release_uri="gopher://nowhere")

@@ -29,7 +29,9 @@ from pipeline.evaluation.board import (
 )
 from pipeline.evaluation.run import RANK_RULE, evaluate_baseline
 from pipeline.evaluation.scoring import METRICS, score_predictions
-from pipeline.release.publish import LEADERBOARD_KEYS, LocalStore, publish_leaderboard
+from pipeline.release.layout import LEADERBOARD_KEYS
+from pipeline.release.publish import publish_leaderboard
+from pipeline.release.store import LocalStore
 from pipeline.storage import DataLayout, atomic_write_parquet
 
 from .test_baselines import PAIR_HISTORY, baseline, d, queries, write_database
@@ -399,7 +401,7 @@ def test_the_page_is_published_beside_the_index_and_rewritten_only_when_it_chang
 
 def test_the_page_on_seaweedfs_is_served_as_html_and_written_once(built, tmp_path, monkeypatch):
     from pipeline.config import Settings
-    from pipeline.release.publish import open_store
+    from pipeline.release.store import open_store
 
     from .s3_server import ACCESS_KEY, SECRET_KEY, SeaweedS3, weed_binary
 

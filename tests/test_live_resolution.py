@@ -13,7 +13,8 @@ import pytest
 from pipeline.config import Settings
 from pipeline.live.resolve import ANSWERS_SCHEMA, answers_path, resolve_round
 from pipeline.release.layout import UnsafeRelease, check_store_key
-from pipeline.release.publish import LocalStore, ReleaseConflict, open_store
+from pipeline.release.publish import ReleaseConflict
+from pipeline.release.store import LocalStore, open_store
 from pipeline.storage import DataLayout
 
 from .live_builder import midnight, pairs, world, write_round

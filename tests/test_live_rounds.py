@@ -28,7 +28,8 @@ from pipeline.live.rounds import (
 )
 from pipeline.reference import country_names
 from pipeline.release.layout import UnsafeRelease, check_store_key
-from pipeline.release.publish import LocalStore, ReleaseConflict, open_store
+from pipeline.release.publish import ReleaseConflict
+from pipeline.release.store import LocalStore, open_store
 from pipeline.storage import DataLayout
 
 from .month_builder import Quad, write_days

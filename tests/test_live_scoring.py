@@ -185,7 +185,7 @@ def test_a_published_round_with_accepted_submissions_ranks_its_baselines_above_e
     from pipeline.live import submissions
     from pipeline.live.board import build_leaderboard
     from pipeline.live.rounds import publish_round
-    from pipeline.release.publish import LocalStore
+    from pipeline.release.store import LocalStore
 
     settings = Settings(data_dir=tmp_path / "data", live_window_days=21, live_round_size=80)
     write_world(settings, 42, pairs(seed=41, active=36, quiet=14), WINDOW + TARGETS)

@@ -24,20 +24,9 @@ from pipeline.cli import main
 from pipeline.config import Settings
 from pipeline.release import publish as release
 from pipeline.release.download import ChecksumMismatch, download_release
-from pipeline.release.publish import (
-    INDEX_KEY,
-    LATEST_KEY,
-    LocalStore,
-    ReleaseConflict,
-    ReleaseError,
-    S3Store,
-    build_index,
-    open_store,
-    plan_release,
-    publish_release,
-    release_key,
-    sha256_hex,
-)
+from pipeline.release.layout import INDEX_KEY, LATEST_KEY, ReleaseError, release_key
+from pipeline.release.publish import ReleaseConflict, build_index, plan_release, publish_release, sha256_hex
+from pipeline.release.store import LocalStore, ReleaseNotReady, S3Store, open_store
 from pipeline.splits.database import build_event_database
 from pipeline.splits.split import build_split
 from pipeline.storage import DataLayout
@@ -444,8 +433,6 @@ def test_cli_release_and_download(data_dir, tmp_path, monkeypatch, capsys):
 
 
 def test_release_waits_for_the_split(tmp_path):
-    from pipeline.release.publish import ReleaseNotReady
-
     with pytest.raises(ReleaseNotReady, match="materialise test_split first"):
         plan_release(FEB, Settings(data_dir=tmp_path))
 
@@ -476,7 +463,9 @@ def test_s3_rejects_bytes_that_changed_after_planning(data_dir, s3_server, bucke
 
 
 def test_leaderboard_is_published_as_a_pointer_and_rewritten_only_when_it_changes(tmp_path):
-    from pipeline.release.publish import LEADERBOARD_KEYS, LocalStore, publish_leaderboard
+    from pipeline.release.layout import LEADERBOARD_KEYS
+    from pipeline.release.publish import publish_leaderboard
+    from pipeline.release.store import LocalStore
 
     store = LocalStore(tmp_path / "bucket")
     board, chart, page = tmp_path / "leaderboard.parquet", tmp_path / "leaderboard.png", tmp_path / "leaderboard.html"
@@ -608,7 +597,7 @@ def test_a_sealed_database_file_damaged_since_it_was_written_is_refused_by_the_s
     else:
         settings = Settings(data_dir=copy, release_uri=str(tmp_path / "bucket"))
     store = open_store(settings)
-    with pytest.raises(release.ReleaseNotReady, match="changed since it was hashed or its sha256 recorded"):
+    with pytest.raises(ReleaseNotReady, match="changed since it was hashed or its sha256 recorded"):
         publish_release(FEB, settings, store)
     assert store.get_bytes(release_key("2024-02", "manifest.json")) is None and store.get_bytes(LATEST_KEY) is None
     assert store.stat(release_key("2024-02", "database/events/month=2024-01.parquet")) is None
@@ -620,9 +609,7 @@ def test_a_sealed_database_file_of_another_size_stops_the_publish_naming_its_dig
     with DataLayout(copy).database_path("news", JAN).open("ab") as fh:
         fh.write(b"appended")
     bucket = tmp_path / "bucket"
-    with pytest.raises(
-        release.ReleaseNotReady, match=r"no longer matches its digest .*digests/database/news/month=2024-01"
-    ):
+    with pytest.raises(ReleaseNotReady, match=r"no longer matches its digest .*digests/database/news/month=2024-01"):
         publish_release(FEB, Settings(data_dir=copy, release_uri=str(bucket)))
     assert not (bucket / "releases/2024-02/manifest.json").exists()
 
@@ -632,7 +619,7 @@ def test_a_split_file_changed_since_its_manifest_stops_the_publish_before_the_ma
     shutil.copytree(data_dir, copy)
     (copy / "splits/2024-02/queries_sample.parquet").write_bytes(b"not the sample")
     bucket = tmp_path / "bucket"
-    with pytest.raises(release.ReleaseNotReady, match="no longer matches its split manifest"):
+    with pytest.raises(ReleaseNotReady, match="no longer matches its split manifest"):
         publish_release(FEB, Settings(data_dir=copy, release_uri=str(bucket)))
     assert not (bucket / "releases/2024-02/manifest.json").exists() and not (bucket / LATEST_KEY).exists()
     assert not list(bucket.rglob("database/*/*.parquet"))  # the split's files are checked first

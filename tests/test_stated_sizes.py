@@ -193,7 +193,8 @@ def test_an_oversized_manifest_in_the_store_is_refused_by_build_index_without_be
     """build_index checks every manifest in the store before index.json points at it; a 64 MiB
     one used to be read whole (no limit, unlike mirai download's reads)."""
     from pipeline.release.layout import MAX_JSON_BYTES, UnsafeRelease
-    from pipeline.release.publish import LocalStore, build_index
+    from pipeline.release.publish import build_index
+    from pipeline.release.store import LocalStore
 
     store = LocalStore(tmp_path / "bucket")
     _sparse(tmp_path / "bucket/releases/2024-01/manifest.json", 4 * MAX_JSON_BYTES)
@@ -209,7 +210,8 @@ def test_oversized_pointers_and_leaderboard_files_are_overwritten_without_being_
     """index.json, latest.json and the leaderboard files are pointers the publisher rewrites when
     they differ from its own; 64 MiB at each used to be read whole to find out that they do."""
     from pipeline.release.layout import INDEX_KEY, LEADERBOARD_KEYS
-    from pipeline.release.publish import LocalStore, publish_leaderboard, update_pointers
+    from pipeline.release.publish import publish_leaderboard, update_pointers
+    from pipeline.release.store import LocalStore
 
     bucket = tmp_path / "bucket"
     store = LocalStore(bucket)

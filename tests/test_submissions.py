@@ -20,7 +20,7 @@ from pipeline.cli import main
 from pipeline.config import Settings
 from pipeline.evaluation import submissions as sub
 from pipeline.release.layout import UnsafeRelease
-from pipeline.release.publish import LocalStore, open_store
+from pipeline.release.store import LocalStore, open_store
 from sensors.evaluations import leaderboard_job
 from sensors.submissions import submission_job, submission_sensor
 

@@ -53,6 +53,7 @@ from pipeline.release.layout import (
     SUBMISSION_META,
     SUBMISSION_REJECTION,
     SUBMISSIONS_DIR,
+    ReleaseError,
     UnsafeRelease,
     is_day,
     is_month,
@@ -60,7 +61,8 @@ from pipeline.release.layout import (
     shown,
     submission_key,
 )
-from pipeline.release.publish import POINTER_CACHE, ListedKey, ReleaseError, ReleaseStore
+from pipeline.release.publish import POINTER_CACHE
+from pipeline.release.store import ListedKey, ReleaseStore
 from pipeline.storage import DataLayout, atomic_write_bytes, file_lock
 
 RECORD_FORMAT = "mirai-submission-record-v1"

@@ -46,7 +46,8 @@ from pipeline.live.score import (
 )
 from pipeline.markdown import html_text
 from pipeline.release.layout import LIVE_LEADERBOARD_KEYS, is_day
-from pipeline.release.publish import POINTER_CACHE, ReleaseStore
+from pipeline.release.publish import POINTER_CACHE
+from pipeline.release.store import ReleaseStore
 from pipeline.storage import DataLayout, atomic_write_bytes
 
 LEADERBOARD_FORMAT = "mirai-live-leaderboard-v1"

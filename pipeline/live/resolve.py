@@ -29,7 +29,8 @@ from pipeline.config import Settings
 from pipeline.gdelt.ledger import read_ledger, summarize
 from pipeline.live.rounds import answers_file, round_dir, write_live_index
 from pipeline.release.layout import is_day, live_answers_name, live_round_key
-from pipeline.release.publish import IMMUTABLE_CACHE, ReleaseConflict, ReleaseStore
+from pipeline.release.publish import IMMUTABLE_CACHE, ReleaseConflict
+from pipeline.release.store import ReleaseStore
 from pipeline.splits.database import day_events, day_inputs_missing
 from pipeline.splits.split import CLOSED_STATUSES
 from pipeline.storage import DataLayout, atomic_write_parquet

@@ -40,6 +40,7 @@ from pipeline.release.layout import (
     MANIFEST_NAME,
     MAX_JSON_BYTES,
     SUBMISSION_META,
+    ReleaseError,
     UnsafeRelease,
     is_day,
     live_round_key,
@@ -47,14 +48,8 @@ from pipeline.release.layout import (
     shown,
     submission_key,
 )
-from pipeline.release.publish import (
-    IMMUTABLE_CACHE,
-    POINTER_CACHE,
-    ReleaseConflict,
-    ReleaseError,
-    ReleaseStore,
-    sha256_hex,
-)
+from pipeline.release.publish import IMMUTABLE_CACHE, POINTER_CACHE, ReleaseConflict, sha256_hex
+from pipeline.release.store import ReleaseStore
 from pipeline.splits.database import linked_events
 from pipeline.splits.split import SAMPLER_CANDIDATES, SAMPLER_WEIGHTS, balanced_sample, queries_from_events
 from pipeline.storage import DataLayout, atomic_write_bytes, atomic_write_parquet, verified

@@ -50,7 +50,7 @@ from pipeline.release.layout import (
     is_day,
     live_round_key,
 )
-from pipeline.release.publish import ReleaseStore
+from pipeline.release.store import ReleaseStore
 from pipeline.storage import atomic_write_bytes, atomic_write_parquet
 
 LIVE_RECORD_FORMAT = "mirai-live-submission-v1"

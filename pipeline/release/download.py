@@ -46,7 +46,8 @@ from pipeline.release.layout import (
     release_key,
     shown,
 )
-from pipeline.release.publish import CHUNK, ReleaseStore, sha256_hex
+from pipeline.release.publish import sha256_hex
+from pipeline.release.store import CHUNK, ReleaseStore
 from pipeline.storage import atomic_write_bytes, write_all
 
 ONLY_CHOICES = ("split", "database", "mirai")

@@ -9,7 +9,8 @@ checks every name before it writes anything; planning and publishing check the s
 release we publish is always one ``mirai download`` accepts), and ``LocalStore`` checks every key.
 
 This module is the layout's single source of truth (docs/releases.md, "Layout"), imported by
-pipeline.release.publish, pipeline.release.download and pipeline.splits.card; it imports nothing of theirs.
+pipeline.release.store, pipeline.release.publish, pipeline.release.download and pipeline.splits.card;
+it imports nothing of theirs.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.config import Settings
-from pipeline.release.publish import INDEX_KEY, LATEST_KEY, MANIFEST_NAME, release_key
+from pipeline.release.layout import INDEX_KEY, LATEST_KEY, MANIFEST_NAME, release_key
 from pipeline.storage import DataLayout
 from testbed.generate import MirrorOptions, generate_mirror, news_sites
 from testbed.news import NewsServer

@@ -1,0 +1,654 @@
+"""Release stores: where releases are published and read, a local directory (``LocalStore``, the
+embedded default) or S3 and any S3-compatible store (``S3Store``), behind one interface
+(``ReleaseStore``) that pipeline.release.publish, pipeline.release.download, live rounds and
+submissions use. ``open_store`` opens the one MIRAI_RELEASE_URI names.
+
+Nothing a store writes is unverified: a file goes up with the sha256 its plan holds (per part for
+a multipart upload), which S3 checks on receipt and the local store while copying, and a local
+object is hard-linked into place, so nothing is overwritten. Every read may meet a hostile store:
+a local key is checked against the layout and no link is followed, and a bounded read stops past
+its limit. Layout, checksums and threat model: docs/releases.md.
+"""
+
+from __future__ import annotations
+
+import base64
+import errno
+import hashlib
+import os
+import stat as stat_mode
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from urllib.parse import quote, urlparse
+
+from pipeline.config import Settings
+from pipeline.release.layout import (
+    RELEASES_DIR,
+    ReleaseError,
+    UnsafeRelease,
+    check_store_key,
+    is_month,
+    path_inside,
+)
+from pipeline.storage import atomic_write_bytes, temp_path_for, write_all
+
+CONTENT_TYPES = {
+    ".parquet": "application/vnd.apache.parquet",
+    ".json": "application/json",
+    ".jsonl": "application/jsonl",  # live rounds' questions and answers (docs/live.md)
+    ".md": "text/markdown; charset=utf-8",
+    ".png": "image/png",
+    ".html": "text/html; charset=utf-8",  # the leaderboard page (pipeline/evaluation/board.py)
+    # MIRAI's files (mirai/data/, pipeline/splits/mirai_files.py): its ".csv" files are tab-separated.
+    ".csv": "text/tab-separated-values; charset=utf-8",
+    ".txt": "text/plain; charset=utf-8",
+}
+CHUNK = 1 << 20
+
+Progress = Callable[[int], None]
+_CHANGED = (
+    "changed since it was hashed or its sha256 recorded (damaged or rewritten): rebuild it "
+    "(materialise its partition again), then publish again"
+)
+
+
+class ReleaseNotReady(ReleaseError):
+    """The month's split or event database is not built (or changed since its manifest)."""
+
+
+class ObjectTooLarge(UnsafeRelease):
+    """An object read with a limit (``get_bytes``) holds more bytes than the limit allows."""
+
+
+def content_type(name: str) -> str:
+    return CONTENT_TYPES.get(Path(name).suffix, "application/octet-stream")
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    size: int
+    sha256: str | None  # hex; None when the store cannot vouch for the content
+    modified: datetime
+    composite: str | None = None  # S3's "<base64>-<parts>" checksum of a multipart upload
+
+
+@dataclass(frozen=True)
+class ListedKey:
+    key: str  # relative to the store's root
+    size: int
+    modified: datetime
+    problem: str | None = None  # why it is not a plain object (a link, a directory, a special file)
+
+
+@dataclass(frozen=True)
+class Listing:
+    keys: list[ListedKey]  # in key order (S3's: by the key's UTF-8 bytes)
+    truncated: bool  # more keys follow: list again with start_after=keys[-1].key
+
+
+# One file of a release as planned (pipeline.release.publish): what ``put_files`` stores, checked
+# against its sha256 (and each part's) on the way in.
+@dataclass(frozen=True)
+class PlannedObject:
+    name: str  # key relative to releases/YYYY-MM/
+    path: Path
+    sha256: str
+    size: int
+    part_size: int | None  # None: one PUT
+    part_sha256: tuple[bytes, ...]  # SHA-256 of each part, sent with it and checked by S3
+    rows: int | None = None
+
+    @property
+    def composite(self) -> str | None:
+        """The checksum S3 reports for this file's multipart upload: base64(sha256(part digests))-N."""
+        if self.part_size is None:
+            return None
+        return (
+            f"{base64.b64encode(hashlib.sha256(b''.join(self.part_sha256)).digest()).decode()}-{len(self.part_sha256)}"
+        )
+
+    def entry(self) -> dict:
+        entry = {"sha256": self.sha256, "bytes": self.size, "content_type": content_type(self.name)}
+        if self.rows is not None:
+            entry["rows"] = self.rows
+        return entry
+
+
+class ReleaseStore(ABC):
+    """Keys are relative to the store's root ("releases/2024-02/queries.parquet")."""
+
+    description: str  # where, for logs and metadata: never credentials
+
+    @abstractmethod
+    def stat(self, key: str) -> ObjectInfo | None: ...
+
+    @abstractmethod
+    def put_files(
+        self, files: Iterable[tuple[str, PlannedObject]], *, cache_control: str, progress: Progress | None
+    ) -> None:
+        """Store each (key, planned file), starting on each as soon as ``files`` yields it; the
+        store checks the bytes against the plan's sha256 (per part for a multipart upload) and
+        rejects a mismatch, so nothing unverified lands."""
+
+    @abstractmethod
+    def put_bytes(self, key: str, data: bytes, *, cache_control: str, if_absent: bool) -> bool:
+        """Write a small object; with if_absent, only if nothing is there (False if something was)."""
+
+    @abstractmethod
+    def get_bytes(self, key: str, *, limit: int | None = None) -> bytes | None:
+        """The object's bytes, None when there is none; with ``limit``, UnsafeRelease as soon as
+        more than ``limit`` bytes arrive (a hostile store may serve a pointer of any size)."""
+
+    @abstractmethod
+    def read_from(self, key: str, offset: int) -> Iterator[bytes]:
+        """The object's bytes from offset to the end (an HTTP Range request on S3)."""
+
+    @abstractmethod
+    def release_months(self) -> list[str]:
+        """Months with a directory under releases/ (published or not), sorted."""
+
+    @abstractmethod
+    def list_keys(self, prefix: str, *, max_keys: int, start_after: str = "") -> Listing:
+        """At most ``max_keys`` keys under ``prefix`` (ending in "/"), after ``start_after``, each
+        with its size; nothing is followed or read (a link in a local store is listed, with its
+        problem, never entered)."""
+
+    @abstractmethod
+    def public_url(self, key: str) -> str:
+        """An address of the key for logs and metadata (it may name a local endpoint or directory)."""
+
+    _public = ""  # MIRAI_RELEASE_PUBLIC_URL without its trailing slash; "" when not configured
+
+    def configured_url(self, key: str) -> str | None:
+        """The key's URL under MIRAI_RELEASE_PUBLIC_URL, or None when none is configured: index files
+        carry only addresses that stay valid, never an endpoint's that may be gone tomorrow (the
+        demo's S3 server listens on a new port each run)."""
+        return f"{self._public}/{quote(key, safe='/=')}" if self._public else None
+
+    def abort_unfinished_uploads(self, prefix: str) -> list[str]:
+        """Abort every upload still open under ``prefix``: what a killed run leaves behind (S3
+        keeps, and bills, the parts of a multipart upload until it is completed or aborted).
+        Returns their keys; a store without such uploads has none."""
+        return []
+
+
+class LocalStore(ReleaseStore):
+    """The embedded default: a directory with the bucket's layout. A file is copied to a temp file
+    in the target directory while hashed, checked against its expected sha256, fsynced, then
+    hard-linked into place: link() fails if the name exists, so nothing is ever overwritten."""
+
+    def __init__(self, root: Path, public_url: str = ""):
+        self.root = Path(root).resolve()
+        self.description = f"local directory {self.root}"
+        self._public = public_url.rstrip("/")
+
+    def _path(self, key: str) -> Path:
+        # The same layout check as mirai download's: no key reaches outside releases/YYYY-MM/ (or
+        # submissions/<name>/), and no directory on the way is a link leading out of the store
+        # (whoever uploads submissions may be able to make one).
+        path = path_inside(self.root, check_store_key(key))
+        if not Path(os.path.realpath(path.parent)).is_relative_to(self.root):
+            raise UnsafeRelease(f"{key} at {self.description}: a directory on its path is a link out of the store")
+        return path
+
+    def _open(self, key: str):
+        """The key's file opened for reading, None when there is none; a link or anything but a
+        regular file is refused (UnsafeRelease), never followed."""
+        try:
+            fd = os.open(self._path(key), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise UnsafeRelease(f"{key} at {self.description} is a symbolic link; refused") from None
+            raise
+        fh = os.fdopen(fd, "rb")
+        if not stat_mode.S_ISREG(os.fstat(fd).st_mode):
+            fh.close()
+            raise UnsafeRelease(f"{key} at {self.description} is not a regular file; refused")
+        return fh
+
+    def stat(self, key: str) -> ObjectInfo | None:
+        fh = self._open(key)
+        if fh is None:
+            return None
+        with fh:
+            st = os.fstat(fh.fileno())
+            digest = hashlib.file_digest(fh, "sha256").hexdigest()
+        return ObjectInfo(size=st.st_size, sha256=digest, modified=datetime.fromtimestamp(st.st_mtime, UTC))
+
+    def put_files(
+        self, files: Iterable[tuple[str, PlannedObject]], *, cache_control: str, progress: Progress | None
+    ) -> None:
+        for key, obj in files:
+            self._put_file(key, obj.path, obj.sha256, progress)
+
+    def _put_file(self, key: str, path: Path, sha256: str, progress: Progress | None) -> None:
+        target = self._path(key)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        temp = temp_path_for(target)
+        try:
+            digest = hashlib.sha256()
+            with open(path, "rb") as src, open(temp, "wb") as dst:
+                while chunk := src.read(CHUNK):
+                    digest.update(chunk)
+                    write_all(dst, chunk)
+                    if progress:
+                        progress(len(chunk))
+            if digest.hexdigest() != sha256:
+                raise ReleaseNotReady(f"{path}: {_CHANGED} (its bytes' sha256 {digest.hexdigest()}, expected {sha256})")
+            self._link(temp, target)
+        finally:
+            temp.unlink(missing_ok=True)
+
+    def put_bytes(self, key: str, data: bytes, *, cache_control: str, if_absent: bool) -> bool:
+        target = self._path(key)
+        if not if_absent:
+            atomic_write_bytes(target, data)
+            return True
+        target.parent.mkdir(parents=True, exist_ok=True)
+        temp = temp_path_for(target)
+        try:
+            temp.write_bytes(data)
+            return self._link(temp, target)
+        finally:
+            temp.unlink(missing_ok=True)
+
+    @staticmethod
+    def _link(temp: Path, target: Path) -> bool:
+        with open(temp, "rb") as fh:
+            os.fsync(fh.fileno())
+        try:
+            os.link(temp, target)
+        except FileExistsError:
+            return False
+        fd = os.open(target.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return True
+
+    def get_bytes(self, key: str, *, limit: int | None = None) -> bytes | None:
+        fh = self._open(key)
+        if fh is None:
+            return None
+        with fh:
+            return _read_bounded(fh, key, limit, self.description)
+
+    def read_from(self, key: str, offset: int) -> Iterator[bytes]:
+        fh = self._open(key)
+        if fh is None:
+            raise ReleaseError(f"{key} is listed in the manifest but missing from {self.description}")
+        with fh:
+            fh.seek(offset)
+            while chunk := fh.read(CHUNK):
+                yield chunk
+
+    def release_months(self) -> list[str]:
+        base = self.root / RELEASES_DIR
+        return sorted(p.name for p in base.iterdir() if p.is_dir() and is_month(p.name)) if base.is_dir() else []
+
+    def list_keys(self, prefix: str, *, max_keys: int, start_after: str = "") -> Listing:
+        # Directories are walked in S3's key order (a directory sorts as its name plus "/"), so
+        # start_after pages through as on S3; a link is listed with its problem, never entered.
+        base = path_inside(self.root, prefix.rstrip("/"))
+        if not Path(os.path.realpath(base.parent)).is_relative_to(self.root):
+            raise UnsafeRelease(f"{prefix} at {self.description}: a directory on its path is a link out of the store")
+        found: list[ListedKey] = []
+
+        def walk(directory: Path, key_prefix: str) -> bool:  # False once max_keys + 1 are found
+            try:
+                with os.scandir(directory) as entries:
+                    ordered = sorted(entries, key=lambda e: e.name + ("/" if e.is_dir(follow_symlinks=False) else ""))
+            except (FileNotFoundError, NotADirectoryError):
+                return True
+            for entry in ordered:
+                key = key_prefix + entry.name
+                if entry.is_dir(follow_symlinks=False):
+                    if (key + "/" > start_after or start_after.startswith(key + "/")) and not walk(
+                        Path(entry.path), key + "/"
+                    ):
+                        return False
+                    continue
+                if key <= start_after:
+                    continue
+                st = entry.stat(follow_symlinks=False)
+                problem = (
+                    None
+                    if stat_mode.S_ISREG(st.st_mode)
+                    else "a symbolic link"
+                    if stat_mode.S_ISLNK(st.st_mode)
+                    else "not a regular file"
+                )
+                found.append(ListedKey(key, st.st_size, datetime.fromtimestamp(st.st_mtime, UTC), problem))
+                if len(found) > max_keys:
+                    return False
+            return True
+
+        if base.is_symlink():
+            return Listing([ListedKey(prefix.rstrip("/"), 0, datetime.now(UTC), "a symbolic link")], False)
+        walk(base, prefix)
+        return Listing(found[:max_keys], len(found) > max_keys)
+
+    def public_url(self, key: str) -> str:
+        return f"{self._public}/{quote(key, safe='/=')}" if self._public else self._path(key).as_uri()
+
+
+class S3Store(ReleaseStore):
+    """s3://bucket/prefix through boto3. Credentials come from the standard AWS chain (environment,
+    profile, instance role); ``signed=False`` reads a public bucket anonymously."""
+
+    def __init__(self, bucket: str, prefix: str, settings: Settings, *, signed: bool = True):
+        import boto3
+        from botocore import UNSIGNED
+        from botocore.config import Config
+
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self.endpoint = settings.s3_endpoint_url.rstrip("/")
+        session = boto3.session.Session(region_name=settings.s3_region or None)
+        self.region = session.region_name or "us-east-1"
+        # S3-compatible stores (SeaweedFS, MinIO, Ceph) rarely have per-bucket DNS names.
+        s3 = {"addressing_style": "path"} if self.endpoint else {}
+        config = Config(
+            signature_version=UNSIGNED if not signed else None,
+            retries={"max_attempts": settings.s3_max_attempts, "mode": "standard"},
+            connect_timeout=settings.connect_timeout_s,
+            read_timeout=settings.read_timeout_s,
+            max_pool_connections=settings.release_concurrency + 2,
+            s3=s3,
+            # botocore would SHA-256 every downloaded file a second time (a single-PUT object has a
+            # full-object checksum); read_from's bytes are checked against the manifest instead,
+            # and get_bytes asks for botocore's check itself (ChecksumMode).
+            response_checksum_validation="when_required",
+        )
+        self.client = session.client("s3", region_name=self.region, endpoint_url=self.endpoint or None, config=config)
+        # For the PUTs whose body carries its x-amz-checksum-sha256 (a signed header the server
+        # verifies), SigV4 need not hash the payload as well: botocore already sends
+        # UNSIGNED-PAYLOAD for them over HTTPS, but over plain HTTP (a local endpoint) it would
+        # SHA-256 every byte once more, and the server too.
+        self._checksummed = session.client(
+            "s3",
+            region_name=self.region,
+            endpoint_url=self.endpoint or None,
+            config=config.merge(Config(s3={**s3, "payload_signing_enabled": False})),
+        )
+        self.concurrency = settings.release_concurrency
+        self._public = settings.release_public_url.rstrip("/")
+        where = f"endpoint {self.endpoint}" if self.endpoint else f"AWS {self.region}"
+        self.description = f"s3://{self.bucket}/{self.prefix} ({where}{'' if signed else ', anonymous'})"
+
+    def _key(self, key: str) -> str:
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def stat(self, key: str) -> ObjectInfo | None:
+        from botocore.exceptions import ClientError
+
+        try:
+            head = self.client.head_object(Bucket=self.bucket, Key=self._key(key), ChecksumMode="ENABLED")
+        except ClientError as exc:
+            if _status(exc) == 404:
+                return None
+            raise _explain(exc, self.description) from exc
+        checksum = head.get("ChecksumSHA256") or ""
+        composite = checksum if "-" in checksum else None
+        # A single PUT carries the server-verified SHA-256 of the whole object; a multipart upload
+        # only a checksum of its parts' checksums, so it also carries our sha256 as metadata.
+        digest = (
+            base64.b64decode(checksum).hex() if checksum and not composite else head.get("Metadata", {}).get("sha256")
+        )
+        return ObjectInfo(size=head["ContentLength"], sha256=digest, modified=head["LastModified"], composite=composite)
+
+    def put_files(
+        self, files: Iterable[tuple[str, PlannedObject]], *, cache_control: str, progress: Progress | None
+    ) -> None:
+        """Every PUT and part of every file shares one pool of MIRAI_RELEASE_CONCURRENCY requests,
+        and a file's requests start as soon as ``files`` yields it (while later files are still
+        being hashed). Each request carries the plan's SHA-256 (of the object, recorded or computed,
+        or of the part), so the server verifies the bytes against the manifest itself and the
+        client hashes nothing twice (boto3's transfer manager would hash every byte again)."""
+        uploads: dict[str, str] = {}  # key -> multipart UploadId
+        pending: dict[str, list] = {}  # key -> the futures of its parts
+        try:
+            with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
+                try:
+                    for key, obj in files:
+                        pending[key] = [
+                            pool.submit(*task, progress) for task in self._tasks(key, obj, cache_control, uploads)
+                        ]
+                    for key, futures in pending.items():
+                        parts = [future.result() for future in futures]
+                        if key in uploads:
+                            self._call(
+                                "complete_multipart_upload",
+                                Bucket=self.bucket,
+                                Key=self._key(key),
+                                UploadId=uploads.pop(key),
+                                MultipartUpload={"Parts": parts},
+                            )
+                except BaseException:
+                    pool.shutdown(cancel_futures=True)  # a failed run sends nothing more
+                    raise
+        finally:
+            for key, upload_id in uploads.items():  # a failed run: free the parts already stored
+                try:
+                    self.client.abort_multipart_upload(Bucket=self.bucket, Key=self._key(key), UploadId=upload_id)
+                except Exception:
+                    pass
+
+    def _tasks(self, key: str, obj: PlannedObject, cache_control: str, uploads: dict[str, str]) -> list[tuple]:
+        """The requests that store one file: one PUT, or (after creating its multipart upload,
+        recorded in ``uploads``) one per part, in part order."""
+        head = {"ContentType": content_type(key), "CacheControl": cache_control, "Metadata": {"sha256": obj.sha256}}
+        if obj.part_size is None:
+            return [(self._put_whole, key, obj, head)]
+        created = self._call(
+            "create_multipart_upload", Bucket=self.bucket, Key=self._key(key), ChecksumAlgorithm="SHA256", **head
+        )
+        uploads[key] = created["UploadId"]
+        return [(self._put_part, key, obj, (uploads[key], n)) for n in range(len(obj.part_sha256))]
+
+    def _put_whole(self, key: str, obj: PlannedObject, head: dict, progress: Progress | None) -> None:
+        # Streamed from the file (up to the multipart threshold, times the concurrency, would
+        # otherwise sit in memory); botocore rewinds it for a retry.
+        with open(obj.path, "rb") as body:
+            self._call(
+                "put_object",
+                self._checksummed,
+                Bucket=self.bucket,
+                Key=self._key(key),
+                Body=body,
+                ChecksumSHA256=base64.b64encode(bytes.fromhex(obj.sha256)).decode(),
+                **head,
+            )
+        if progress:
+            progress(obj.size)
+
+    def _put_part(self, key: str, obj: PlannedObject, upload: tuple[str, int], progress: Progress | None) -> dict:
+        upload_id, n = upload
+        with open(obj.path, "rb") as fh:
+            body = os.pread(fh.fileno(), obj.part_size, n * obj.part_size)
+        checksum = base64.b64encode(obj.part_sha256[n]).decode()
+        response = self._call(
+            "upload_part",
+            self._checksummed,
+            Bucket=self.bucket,
+            Key=self._key(key),
+            UploadId=upload_id,
+            PartNumber=n + 1,
+            Body=body,
+            ChecksumSHA256=checksum,
+        )
+        if progress:
+            progress(len(body))
+        return {"PartNumber": n + 1, "ETag": response["ETag"], "ChecksumSHA256": checksum}
+
+    def _call(self, operation: str, client=None, **kwargs) -> dict:
+        from botocore.exceptions import ClientError
+
+        try:
+            return getattr(client or self.client, operation)(**kwargs)
+        except ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code", "")
+            if code in ("BadDigest", "InvalidDigest", "XAmzContentSHA256Mismatch"):
+                raise ReleaseNotReady(
+                    f"{kwargs['Key']}: the store rejected the bytes sent as not matching their "
+                    f"sha256: the local file {_CHANGED}"
+                ) from exc
+            raise _explain(exc, self.description) from exc
+
+    def put_bytes(self, key: str, data: bytes, *, cache_control: str, if_absent: bool) -> bool:
+        from botocore.exceptions import ClientError
+
+        digest = hashlib.sha256(data)
+        args = {
+            "Bucket": self.bucket,
+            "Key": self._key(key),
+            "Body": data,
+            "ChecksumSHA256": base64.b64encode(digest.digest()).decode(),
+            "ContentType": content_type(key),
+            "CacheControl": cache_control,
+            "Metadata": {"sha256": digest.hexdigest()},
+        }
+        if if_absent:
+            args["IfNoneMatch"] = "*"  # conditional write: two publishers cannot both commit a month
+        try:
+            self._checksummed.put_object(**args)
+        except ClientError as exc:
+            if _status(exc) in (409, 412):
+                return False
+            raise _explain(exc, self.description) from exc
+        return True
+
+    def get_bytes(self, key: str, *, limit: int | None = None) -> bytes | None:
+        from botocore.exceptions import ClientError
+
+        try:
+            body = self.client.get_object(Bucket=self.bucket, Key=self._key(key), ChecksumMode="ENABLED")["Body"]
+        except ClientError as exc:
+            if _status(exc) == 404:
+                return None
+            raise _explain(exc, self.description) from exc
+        with body:
+            return _read_bounded(body, key, limit, self.description)
+
+    def read_from(self, key: str, offset: int) -> Iterator[bytes]:
+        from botocore.exceptions import ClientError
+
+        args = {"Bucket": self.bucket, "Key": self._key(key)}
+        if offset:
+            args["Range"] = f"bytes={offset}-"
+        try:
+            body = self.client.get_object(**args)["Body"]
+        except ClientError as exc:
+            raise _explain(exc, self.description) from exc
+        try:
+            yield from body.iter_chunks(CHUNK)
+        finally:
+            body.close()
+
+    def release_months(self) -> list[str]:
+        pages = self.client.get_paginator("list_objects_v2").paginate(
+            Bucket=self.bucket, Prefix=self._key(RELEASES_DIR) + "/", Delimiter="/"
+        )
+        names = (p["Prefix"].rstrip("/").rsplit("/", 1)[-1] for page in pages for p in page.get("CommonPrefixes", []))
+        return sorted(n for n in names if is_month(n))
+
+    def list_keys(self, prefix: str, *, max_keys: int, start_after: str = "") -> Listing:
+        from botocore.exceptions import ClientError
+
+        args = {"Bucket": self.bucket, "Prefix": self._key(prefix)}
+        if start_after:
+            args["StartAfter"] = self._key(start_after)
+        pages = self.client.get_paginator("list_objects_v2").paginate(
+            **args, PaginationConfig={"MaxItems": max_keys + 1, "PageSize": min(1000, max_keys + 1)}
+        )
+        strip = len(self._key(""))
+        try:
+            found = [
+                ListedKey(item["Key"][strip:], item["Size"], item["LastModified"])
+                for page in pages
+                for item in page.get("Contents", [])
+            ]
+        except ClientError as exc:
+            raise _explain(exc, self.description) from exc
+        return Listing(found[:max_keys], len(found) > max_keys)
+
+    def abort_unfinished_uploads(self, prefix: str) -> list[str]:
+        from botocore.exceptions import ClientError
+
+        aborted = []
+        try:
+            pages = self.client.get_paginator("list_multipart_uploads").paginate(
+                Bucket=self.bucket, Prefix=self._key(prefix)
+            )
+            for upload in (u for page in pages for u in page.get("Uploads", [])):
+                try:
+                    self.client.abort_multipart_upload(
+                        Bucket=self.bucket, Key=upload["Key"], UploadId=upload["UploadId"]
+                    )
+                except ClientError as exc:
+                    if _status(exc) != 404:  # NoSuchUpload: completed or aborted by another run meanwhile
+                        raise
+                aborted.append(upload["Key"].removeprefix(self._key("")))
+        except ClientError as exc:
+            raise _explain(exc, self.description) from exc
+        return aborted
+
+    def public_url(self, key: str) -> str:
+        if self._public:
+            base = self._public
+        elif self.endpoint:
+            base = f"{self.endpoint}/{self.bucket}" + (f"/{self.prefix}" if self.prefix else "")
+        else:
+            base = f"https://{self.bucket}.s3.{self.region}.amazonaws.com" + (f"/{self.prefix}" if self.prefix else "")
+        return f"{base}/{quote(key, safe='/=')}"
+
+
+def _read_bounded(fh, key: str, limit: int | None, where: str) -> bytes:
+    """fh's bytes up to the end, refused past ``limit``. Read to the empty read at the end, where
+    botocore checks the object's checksum (ChecksumMode)."""
+    chunks, size = [], 0
+    while chunk := fh.read(CHUNK):
+        size += len(chunk)
+        if limit is not None and size > limit:
+            raise ObjectTooLarge(f"{key} at {where} is over {limit:,} bytes; refused, nothing was written")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _status(exc) -> int:
+    return int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
+
+
+def _explain(exc, where: str) -> ReleaseError:
+    code = exc.response.get("Error", {}).get("Code", "")
+    if _status(exc) == 403:
+        return ReleaseError(
+            f"access denied by {where} ({code}): a private bucket needs credentials from the AWS chain "
+            "(and MIRAI_RELEASE_SIGNED_DOWNLOAD=1 or --signed for `mirai download`)"
+        )
+    return ReleaseError(f"{where}: {code or _status(exc)}: {exc}")
+
+
+def open_store(settings: Settings, *, uri: str | None = None, signed: bool = True) -> ReleaseStore:
+    """The store MIRAI_RELEASE_URI names: s3://bucket/prefix, file:///path or a path; empty means
+    <data_dir>/releases-bucket."""
+    uri = uri if uri is not None else settings.release_uri
+    if not uri:
+        return LocalStore(settings.data_dir / "releases-bucket", settings.release_public_url)
+    parsed = urlparse(uri)
+    if parsed.scheme == "s3":
+        if not parsed.netloc:
+            raise ReleaseError(f"MIRAI_RELEASE_URI={uri!r}: expected s3://bucket/prefix")
+        return S3Store(parsed.netloc, parsed.path, settings, signed=signed)
+    if parsed.scheme == "file":
+        return LocalStore(Path(parsed.path), settings.release_public_url)
+    if parsed.scheme:
+        raise ReleaseError(f"MIRAI_RELEASE_URI={uri!r}: only s3://, file:// and plain paths are supported")
+    return LocalStore(Path(uri), settings.release_public_url)
