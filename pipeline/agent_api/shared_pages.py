@@ -61,11 +61,16 @@ class SharedPages:
         return key
 
     def keep_mapped_by(self, pid: int) -> None:
-        """Every page of every regular file process ``pid`` maps, as /proc/<pid>/maps lists them:
-        whole files, not the mapped ranges, since a child can grow a mapping over the rest of its
-        file (mremap) and touch pages no segment maps. Each file is opened through
+        """Every page of every regular file that process ``pid`` or a descendant maps (a spare's
+        waiter forks the sandbox child, which imports more after the fork), as /proc/<pid>/maps
+        lists them: whole files, not the mapped ranges, since a child can grow a mapping over the
+        rest of its file (mremap) and touch pages no segment maps. Each file is opened through
         /proc/<pid>/map_files (the mapped file itself, even if replaced or deleted since), or by its
         path where that is not allowed (it needs CAP_SYS_ADMIN), checked by device and inode."""
+        for process in process_tree(pid):
+            self._keep_mapped_by_one(process)
+
+    def _keep_mapped_by_one(self, pid: int) -> None:
         try:
             maps = Path(f"/proc/{pid}/maps").read_text()
         except OSError as exc:
@@ -127,6 +132,23 @@ class SharedPages:
             f"read in, not locked (mlock refused: {self._refusal}; needs CAP_IPC_LOCK or RLIMIT_MEMLOCK): "
             "memory pressure can evict them"
         )
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and its descendants, parents first (/proc/<pid>/task/<tid>/children)."""
+    tree, at = [pid], 0
+    while at < len(tree):
+        try:
+            tasks = list(Path(f"/proc/{tree[at]}/task").iterdir())
+        except OSError:
+            tasks = []
+        for task in tasks:
+            try:
+                tree += [int(child) for child in (task / "children").read_text().split()]
+            except OSError:
+                continue
+        at += 1
+    return tree
 
 
 def _open_mapped(pid: int, address_range: str, path: str, key: FileKey) -> int | None:
