@@ -39,7 +39,8 @@ FileKey = tuple[int, int]  # (st_dev, st_ino)
 
 
 class SharedPages:
-    """Whole files mapped read-only, read in and locked, by (device, inode); each file once.
+    """Whole files mapped read-only, read in and locked, by (device, inode); each file once, at
+    its size then (what is kept never grows: libraries, and table parts written once).
     Thread-safe: sandboxes start from several threads. What cannot be kept is said by `status()`
     rather than raised: residency is one defence among several, and a sandbox still starts."""
 
