@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from pipeline.agent_api import EventDatabase
-from pipeline.cli import build_parser, evaluate_registry_entry, main
+from pipeline.cli import build_parser, main
+from pipeline.cli.evaluate import evaluate_registry_entry
 from pipeline.config import Settings
 from pipeline.evaluation.registry import parse_agents
 from pipeline.evaluation.run import evaluate_agent

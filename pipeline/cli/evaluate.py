@@ -1,0 +1,274 @@
+"""`mirai evaluate`: an LLM agent run through the evaluation harness (pipeline/evaluation/run.py)
+on a downloaded release, its flags turned into one agents.yaml entry."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import polars as pl
+
+from pipeline.cli.common import CommandError, _count
+from pipeline.config import Settings
+from pipeline.evaluation.throughput import RateLimiter
+from pipeline.release.layout import ReleaseError
+from pipeline.storage import DataLayout, atomic_write_bytes
+
+# The evaluation harness, its registry, clients and prompts, and the agent API are imported by the
+# functions that use them, not at start: together they would add ~250 ms to every `mirai --help`.
+
+# `mirai evaluate`'s flags for the agents.yaml fields they fill (docs/evaluation.md, "The agent
+# registry"): the registry validates them, and its messages name the field, said here as the flag.
+_ENDPOINT_FLAGS = {
+    "base_url": "endpoint",
+    "model": "model",
+    "api_key_env": "api_key_env",
+    "requests_per_minute": "requests_per_minute",
+    "tokens_per_minute": "tokens_per_minute",
+}
+# The llm entry's other fields are flags of the same name (dashes for underscores), but those the
+# command sets itself (name, kind, distances from --distance, endpoint from the flags above) and
+# gguf (a local model file, not an endpoint).
+_NOT_FLAGS = {"name", "kind", "distances", "endpoint", "gguf"}
+
+
+def _agent_flags() -> list[str]:
+    from pipeline.evaluation.registry import LLM_FIELDS
+
+    return sorted(LLM_FIELDS - _NOT_FLAGS)
+
+
+EVALUATE_AGENT_NAME = "agent"  # names the stored run's directory under --run-dir
+
+
+def _as_flags(message: str) -> str:
+    """A registry message with each field it names said as the `mirai evaluate` flag."""
+    names = {f"endpoint.{field}": flag for field, flag in _ENDPOINT_FLAGS.items()} | {f: f for f in _agent_flags()}
+    names["distances"] = names["every distance"] = "distance"
+    pattern = "|".join(re.escape(name) for name in sorted(names, key=len, reverse=True))
+    return re.sub(rf"(?<![\w.]){pattern}(?![\w])", lambda m: "--" + names[m.group(0)].replace("_", "-"), message)
+
+
+def evaluate_registry_entry(args: argparse.Namespace) -> dict:
+    """The agents.yaml entry the flags describe; flags not given are left out, so the registry's
+    defaults apply as they do to a written entry."""
+    endpoint = {field: getattr(args, flag) for field, flag in _ENDPOINT_FLAGS.items()}
+    entry = {field: getattr(args, field) for field in _agent_flags()}
+    entry |= {"endpoint": {k: v for k, v in endpoint.items() if v is not None}, "distances": [args.distance]}
+    return {"name": EVALUATE_AGENT_NAME, "kind": "llm"} | {k: v for k, v in entry.items() if v is not None}
+
+
+def _stored_run_matches(directory: Path, agent, client_settings, query_ids: list[str]) -> bool:
+    """Whether ``directory`` holds a finished run of this agent entry and harness on these queries,
+    so a re-run writes its predictions again instead of redoing its episodes."""
+    from pipeline.evaluation.prompts import PROMPT_VERSION
+    from pipeline.evaluation.run import agent_config_hash
+
+    try:
+        record = json.loads((directory / "scores.json").read_text())
+        stored_ids = pl.read_parquet(directory / "results.parquet", columns=["query_id"]).get_column("query_id")
+    except (OSError, ValueError, pl.exceptions.PolarsError):
+        return False
+    harness = record.get("harness") or {}
+    return (
+        record.get("agent_config_hash") == agent_config_hash(agent)
+        and harness.get("prompt_version") == PROMPT_VERSION
+        and harness.get("max_tokens") == client_settings.max_tokens
+        and harness.get("seed") == client_settings.seed
+        and sorted(stored_ids.unique().to_list()) == sorted(query_ids)
+    )
+
+
+def _write_predictions(directory: Path, out: Path) -> int:
+    """The stored run's predictions as `mirai score` and `mirai submit` read them: one JSONL line
+    per query ({query_id, answer, ranked}) for a .jsonl ``out`` (one round), else MIRAI's
+    round<N>/<QueryId>.json files under ``out``. Written atomically; returns the predictions."""
+    from pipeline.evaluation.mirai_predictions import export_predictions
+
+    if out.suffix != ".jsonl":
+        return sum(len(paths) for paths in export_predictions(directory, out).values())
+    results = pl.read_parquet(directory / "results.parquet", columns=["query_id", "prediction", "ranked"])
+    lines = [
+        json.dumps({"query_id": query_id, "answer": json.loads(prediction), "ranked": list(ranked)})
+        for query_id, prediction, ranked in results.iter_rows()
+    ]
+    atomic_write_bytes(out, ("\n".join(lines) + "\n").encode())
+    return len(lines)
+
+
+def _checked_agent(args: argparse.Namespace, query_set: str):
+    """The registry's agent entry the flags make, once the release directory, the flags and the
+    API key's variable are checked: each problem is a CommandError, before any episode runs."""
+    from pipeline.evaluation.registry import RegistryError, parse_agents
+
+    release, out = args.release, args.out
+    if not (release / f"{query_set}.parquet").is_file() or not (release / "database" / "events").is_dir():
+        raise CommandError(
+            f"{release} is not a downloaded release month (it needs {query_set}.parquet and database/): "
+            "`mirai download YYYY-MM` fetches one (without --only)"
+        )
+    try:
+        (agent,) = parse_agents({"agents": [evaluate_registry_entry(args)]}, source="flags")
+    except RegistryError as exc:
+        message = _as_flags(str(exc).split(": ", 2)[-1])
+        if args.api_key_env is not None:  # a key given in its place is not echoed
+            message = message.replace(repr(args.api_key_env), "a value not shown (it may be a key)")
+        raise CommandError(message, status=2) from None
+    if args.api_key_env is not None and args.api_key_env not in os.environ:
+        raise CommandError(
+            "--api-key-env names an environment variable that is not set: export the key in it "
+            "(the name is not shown, in case it is the key itself)",
+            status=2,
+        )
+    if out.suffix == ".jsonl" and agent.rounds > 1:
+        raise CommandError(
+            f"--rounds {agent.rounds} gives one prediction per query per round: give --out a directory "
+            "(MIRAI's round<N>/ files) instead of a .jsonl file",
+            status=2,
+        )
+    return agent
+
+
+def _run_episodes(
+    args, agent, query_set: str, frame: pl.DataFrame, run_dir: Path, directory: Path, client_settings, limiter
+) -> dict:
+    """Run (or resume) the agent's episodes on the release's queries; ``directory`` is where the
+    harness stores the run under ``run_dir``. Returns the run's scores.json record."""
+    from pipeline.agent_api import EventDatabase
+    from pipeline.agent_api.environment import DatabaseFileError
+    from pipeline.evaluation.clients import client_for
+    from pipeline.evaluation.llm import ModelUnavailable
+    from pipeline.evaluation.run import checkpoint_path, evaluate_agent
+
+    release, distance = args.release, agent.distances[0]
+    resumed = checkpoint_path(directory).is_file()
+    print(
+        f"{release.name} {query_set}: {frame.height} queries x {agent.rounds} round(s) = "
+        f"{agent.rounds * frame.height} episodes of {agent.endpoint.model} at {agent.endpoint.base_url}, "
+        f"distance {distance}" + (f"; resuming from {checkpoint_path(directory)}" if resumed else ""),
+        flush=True,
+    )
+    database = None
+    if agent.strategy == "react":
+        database = EventDatabase(
+            release, allow_unconfined_sandbox=Settings.from_env().sandbox_allow_unconfined, untrusted_files=True
+        )
+        try:  # every month the run reads, loaded and checked now: a bad file refuses the run, not its episodes
+            database.gated_tables(frame.get_column("date").max() - timedelta(days=distance))
+        except DatabaseFileError as exc:
+            raise CommandError(str(exc)) from None
+    try:
+        with contextlib.closing(client_for(agent, client_settings, limiter)) as client:
+            _, record = evaluate_agent(
+                release / f"{query_set}.parquet",
+                run_dir,
+                agent,
+                distance,
+                force=True,  # a contaminated run is still scored; said below, and on the leaderboard
+                client=client,
+                client_settings=client_settings,
+                database=database,
+                progress=lambda line: print(line, flush=True),
+                progress_interval_s=args.progress_every,
+            )
+    except ModelUnavailable as exc:
+        kept = checkpoint_path(directory)
+        raise CommandError(f"{exc}" + (f"; finished episodes are kept in {kept}" if kept.is_file() else "")) from None
+    return record
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    """Run an LLM agent through the evaluation harness (pipeline/evaluation/run.py) on a downloaded
+    release, with no Dagster and no agents.yaml (docs/evaluate-your-agent.md, "3. Run an agent")."""
+    from pipeline.evaluation.llm import ClientSettings
+    from pipeline.evaluation.run import InvalidQueries, endpoint_limits, release_queries
+
+    release, out = args.release, args.out
+    query_set = {"sample": "queries_sample", "all": "queries"}[args.queries]
+    agent = _checked_agent(args, query_set)
+    run_dir = args.run_dir or out.with_name(out.name + ".run")
+    try:  # the directory may be one anyone handed over, not `mirai download`'s: checked before use
+        frame = release_queries(release, query_set)
+    except (InvalidQueries, ReleaseError) as exc:
+        raise CommandError(str(exc)) from None
+    distance = agent.distances[0]
+    harness = {"max_tokens": args.max_tokens, "seed": args.seed}
+    client_settings = ClientSettings(**{k: v for k, v in harness.items() if v is not None})
+    directory = DataLayout(run_dir).evaluation_dir(
+        frame.get_column("date").min().replace(day=1), agent.name, query_set, distance
+    )
+    limiter = RateLimiter(endpoint_limits(agent))  # here, not in the harness, so the run can say what it waited
+    if _stored_run_matches(directory, agent, client_settings, frame.get_column("query_id").to_list()):
+        record = json.loads((directory / "scores.json").read_text())
+        print(f"{release.name} {query_set}: already evaluated with these settings in {directory}; no episode re-run")
+    else:
+        record = _run_episodes(args, agent, query_set, frame, run_dir, directory, client_settings, limiter)
+    written = _write_predictions(directory, out)
+    if record["contaminated"]:
+        print(f"contaminated: {record['eligibility']}", file=sys.stderr)
+    cost = f", cost ${record['cost_usd']:.4f}" if record.get("cost_usd") is not None else ""
+    print(
+        f"{written} predictions in {out}; end states {record['end_states']}; tokens in/out "
+        f"{record['tokens_in']}/{record['tokens_out']}{cost}; trajectories and scores.json in {directory}"
+    )
+    if limiter.throttles or limiter.waited_s:
+        print(
+            f"rate limits: waited {limiter.waited_s:.1f} s in all, {limiter.throttles} 429 response(s) from the endpoint"
+        )
+    sample = " --sample" if query_set == "queries_sample" else ""
+    print(f"next: mirai score {out} --split {release}{sample} --distance {distance}")
+    return 0
+
+
+def add_evaluate(sub, debug: argparse.ArgumentParser) -> None:
+    p = sub.add_parser(
+        "evaluate",
+        parents=[debug],
+        help="run an LLM agent through the evaluation harness on a downloaded release (no Dagster, no agents.yaml)",
+        epilog="The flags fill an agents.yaml entry (docs/evaluation.md); unset ones take the registry's defaults.",
+    )
+    p.add_argument("release", type=Path, help="a release month's directory from `mirai download` (not --only split)")
+    p.add_argument("--endpoint", required=True, help="an OpenAI-compatible base URL, e.g. http://host:8000/v1")
+    p.add_argument("--model", required=True, help="the model name the endpoint serves")
+    p.add_argument(
+        "--api-key-env", help="the environment variable holding the API key (never the key itself; default: no key)"
+    )
+    p.add_argument(
+        "--knowledge-cutoff",
+        required=True,
+        help="YYYY-MM-DD or YYYY-MM, the model's training-data end: a month not after it is run but contaminated",
+    )
+    p.add_argument("--queries", choices=("sample", "all"), default="sample", help="queries_sample (default) or all")
+    p.add_argument("--distance", type=int, default=1, help="days between the visible history's end and the query")
+    p.add_argument("--rounds", type=int, help="runs of every query (default 1; more need --out DIR)")
+    p.add_argument("--strategy", help="react (default), direct or cot")
+    p.add_argument("--action-type", help="react: single_function (default) or code_block")
+    p.add_argument("--mode", help="native (default) or mirai (MIRAI's own loop, docs/mirai.md)")
+    p.add_argument("--tools", help="react: full (default), kg or news")
+    p.add_argument("--temperature", type=float, help="default 0.4, as MIRAI")
+    p.add_argument("--max-steps", type=int, help="react: tool calls per episode (default 20)")
+    p.add_argument("--concurrency", type=int, help="episodes at once (default 8)")
+    p.add_argument("--requests-per-minute", type=int, help="the endpoint's request limit (default: none)")
+    p.add_argument("--tokens-per-minute", type=int, help="the endpoint's token limit (default: none)")
+    p.add_argument("--sandbox-memory-mb", type=int, help="react: what each episode's code sandbox may allocate")
+    p.add_argument("--price-per-million-input-tokens", type=float, help="USD, for the cost (with the output price)")
+    p.add_argument("--price-per-million-output-tokens", type=float, help="USD, for the cost (with the input price)")
+    p.add_argument("--max-tokens", type=_count(1), help="per model reply (default 1024)")
+    p.add_argument("--seed", type=int, help="sent with every request (default 0)")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=Path("predictions.jsonl"),
+        help="a .jsonl file (default predictions.jsonl), or a directory for MIRAI's round<N>/ files",
+    )
+    p.add_argument(
+        "--run-dir", type=Path, help="the checkpoint, trajectories and scores.json (default: OUT.run beside OUT)"
+    )
+    p.add_argument("--progress-every", type=float, default=10.0, help="seconds between progress lines (default 10)")
+    p.set_defaults(func=cmd_evaluate)

@@ -1,0 +1,160 @@
+"""`mirai score` and `mirai submit`: a predictions file scored against a split, and checked and
+uploaded for the pipeline to score (docs/evaluation.md)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from pipeline.cli.common import CommandError, _count
+from pipeline.config import Settings
+from pipeline.storage import atomic_write_bytes
+
+# The evaluation, live and release-store modules are imported by the command that runs, not at
+# start: each would add 10-300 ms to every `mirai --help`.
+
+
+def cmd_score(args: argparse.Namespace) -> int:
+    """Score a predictions file against a split (docs/evaluation.md, "Score your own predictions")."""
+    from pipeline.evaluation.scoring import (
+        InvalidPredictions,
+        ScoringError,
+        bounded,
+        score_predictions,
+        split_directory,
+    )
+
+    try:
+        data_dir = None if Path(args.split).is_dir() else Settings.from_env().data_dir
+        directory = split_directory(args.split, data_dir)
+        result = score_predictions(
+            args.predictions,
+            directory,
+            sample=args.sample,
+            distance=args.distance,
+            seed=args.seed,
+            resamples=args.resamples,
+            lenient=args.lenient,
+            relation_query=args.relation_query,
+        )
+    except InvalidPredictions as exc:
+        for line in bounded(exc.problems):
+            print(line, file=sys.stderr)
+        raise CommandError(str(exc)) from None
+    except ScoringError as exc:
+        raise CommandError(str(exc)) from None
+    for line in bounded(result.forgiven):
+        print(f"forgiven: {line}", file=sys.stderr)
+    for line in bounded(result.missing):
+        print(f"missing (scored as empty): {line}", file=sys.stderr)
+    if args.out is not None:
+        atomic_write_bytes(args.out / "scorecard.json", result.json_bytes())
+        atomic_write_bytes(args.out / "scorecard.md", result.markdown().encode())
+    print(result.markdown(), end="")
+    return 0
+
+
+def add_score(sub, debug: argparse.ArgumentParser) -> None:
+    p = sub.add_parser(
+        "score", parents=[debug], help="score a predictions file against a split or a downloaded release"
+    )
+    p.add_argument("predictions", type=Path, help="a .jsonl, .csv or .parquet file, or a MIRAI round<N>/ directory")
+    p.add_argument(
+        "--split", required=True, help="a release month's directory (from `mirai download`) or a month YYYY-MM"
+    )
+    p.add_argument("--sample", action="store_true", help="score against the balanced sample (queries_sample)")
+    p.add_argument("--distance", type=_count(1), default=1, help="days between cutoff and query (recorded; default 1)")
+    p.add_argument("--seed", type=int, default=0, help="the bootstrap's seed (default 0)")
+    p.add_argument("--resamples", type=_count(1, 100_000), default=1000, help="bootstrap resamples (default 1000)")
+    p.add_argument("--lenient", action="store_true", help="score invalid answers as empty, as MIRAI's eval.py does")
+    p.add_argument(
+        "--relation-query",
+        type=Path,
+        help="a round directory's files are named by the QueryIds of this MIRAI relation_query.csv",
+    )
+    p.add_argument("--out", type=Path, help="write scorecard.json and scorecard.md here")
+    p.set_defaults(func=cmd_score)
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    """Check a predictions file and its submission.json as the pipeline will, then upload them to the
+    release store's submissions/ (docs/evaluation.md, "Submissions")."""
+    from pipeline.evaluation.scoring import InvalidPredictions, ScoringError, bounded, split_directory
+    from pipeline.evaluation.submissions import (
+        LiveMetadata,
+        SubmissionError,
+        check_name_free,
+        cutoff_rule,
+        prepare,
+        score_locally,
+    )
+    from pipeline.live.submissions import check_live_locally
+    from pipeline.release.store import open_store
+
+    prepared, problems = prepare(args.name, args.predictions, args.meta)
+    if prepared is None:
+        for line in bounded(problems):
+            print(line, file=sys.stderr)
+        raise CommandError(f"{len(problems)} problem(s); nothing was uploaded")
+    settings = Settings.from_env()
+    store = open_store(settings, uri=args.store)
+    try:
+        check_name_free(store, prepared.name)
+    except SubmissionError as exc:
+        raise CommandError(str(exc)) from None
+    if isinstance(prepared.meta, LiveMetadata):
+        manifest, problems = check_live_locally(prepared, store)
+        if problems:
+            for line in bounded(problems):
+                print(line, file=sys.stderr)
+            raise CommandError(f"{len(problems)} problem(s); nothing was uploaded")
+        deadline = manifest.get("deadline")
+        print(f"round {prepared.meta.round}: accepted if the upload reaches the store before its deadline {deadline}")
+        return _upload(store, prepared)
+    month = prepared.meta.month
+    try:
+        split = split_directory(str(args.split) if args.split else month, settings.data_dir)
+    except ScoringError as exc:
+        if args.split:
+            raise CommandError(str(exc)) from None
+        print(f"not scored here ({exc}); the pipeline scores it against its own {month} split", file=sys.stderr)
+    else:
+        try:
+            result = score_locally(prepared, split)
+        except InvalidPredictions as exc:
+            for line in bounded(exc.problems):
+                print(line, file=sys.stderr)
+            raise CommandError(f"{len(exc.problems)} problem(s) in the predictions; nothing was uploaded") from None
+        except ScoringError as exc:
+            raise CommandError(f"{exc}; nothing was uploaded") from None
+        print(result.markdown(), end="")
+    eligible, why = cutoff_rule(prepared.meta)
+    if not eligible:
+        print(why, file=sys.stderr)
+    return _upload(store, prepared)
+
+
+def _upload(store, prepared) -> int:
+    from pipeline.evaluation.submissions import SubmissionError, upload
+
+    try:
+        upload(store, prepared)
+    except SubmissionError as exc:
+        raise CommandError(str(exc)) from None
+    print(f"submitted {prepared.name!r} to {store.description} (submissions/{prepared.name}/)")
+    return 0
+
+
+def add_submit(sub, debug: argparse.ArgumentParser) -> None:
+    p = sub.add_parser(
+        "submit", parents=[debug], help="check a predictions file as the pipeline will and upload it for scoring"
+    )
+    p.add_argument("predictions", type=Path, help="a .jsonl, .csv or .parquet predictions file (as `mirai score`)")
+    p.add_argument("--meta", type=Path, required=True, help="submission.json: model, knowledge_cutoff, contact, ...")
+    p.add_argument("--name", required=True, help="the submission's name: letters, digits and '._-', at most 64")
+    p.add_argument(
+        "--split", type=Path, help="the month's release directory to score against first (default: the data dir's)"
+    )
+    p.add_argument("--store", help="the release store: s3://bucket/prefix or a path (default: MIRAI_RELEASE_URI)")
+    p.set_defaults(func=cmd_submit)
