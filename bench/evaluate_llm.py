@@ -1,7 +1,7 @@
 """LLM evaluation throughput: concurrent episodes against a real OpenAI-compatible server.
 
     flock /tmp/mirai-bench.lock .venv/bin/python bench/evaluate_llm.py [--episodes N] [--steps S]
-        [--latency L] [--concurrency 16 32] [--policy null|calls] [--months M] [--work DIR]
+        [--latency L] [--concurrency 16 32] [--policy null|calls] [--months M] [--work DIR] [--gate-baseline]
 
 Input. ``testbed.database.generate_event_database`` writes ``--months`` months (default 2, 400
 quads a day: a small database) under ``--work``; ``--episodes`` queries are drawn over the last
@@ -27,6 +27,7 @@ p50 and p99. The load average is printed before and after, since the machine is 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -34,6 +35,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from datetime import date, timedelta
 from pathlib import Path
 
@@ -41,7 +43,8 @@ import polars as pl
 
 from common import machine as machine_summary
 from common import own_peak_rss_mib
-from pipeline.agent_api import EventDatabase
+from pipeline.agent_api import EventDatabase, cutoff_gate
+from pipeline.agent_api.cutoff_gate import CutoffGate
 from pipeline.agent_api.sandbox import DEFAULT_MEMORY_MB
 from pipeline.evaluation.registry import Agent, Endpoint
 from pipeline.evaluation.run import checkpoint_path, evaluate_agent, gated_tables_mb, sandbox_slots
@@ -129,6 +132,23 @@ def run(
     }
 
 
+class _EveryBlockAtOnce(CutoffGate):
+    """The baseline of --gate-baseline: blocks of every cutoff run together, as before the gate."""
+
+    @contextlib.contextmanager
+    def hold(self, cutoff: date) -> Iterator[float]:
+        yield 0.0
+
+
+@contextlib.contextmanager
+def ungated() -> Iterator[None]:
+    gate, cutoff_gate.CUTOFF_GATE = cutoff_gate.CUTOFF_GATE, _EveryBlockAtOnce()
+    try:
+        yield
+    finally:
+        cutoff_gate.CUTOFF_GATE = gate
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--episodes", type=int, default=96)
@@ -145,6 +165,11 @@ def main() -> None:
         default=DEFAULT_MEMORY_MB,
         help="each code sandbox's memory limit (LlmRuntime.sandbox_memory_mb); with the machine's memory it "
         "bounds the live sandboxes",
+    )
+    parser.add_argument(
+        "--gate-baseline",
+        action="store_true",
+        help="also run each concurrency with every block let through at once (no cutoff gate) and print the ratio",
     )
     args = parser.parse_args()
     print(machine_summary({"polars": pl.__version__}))
@@ -180,7 +205,15 @@ def main() -> None:
             if args.policy == "calls":
                 tables_mb = gated_tables_mb(db, queries(args.episodes, month), 1)
                 print(f"c = {c}: at most {sandbox_slots(c, tables_mb, memory).n} live sandboxes and as many spares")
+            if args.gate_baseline:
+                with ungated():
+                    baseline = run(data_dir, queries(args.episodes, month), agent, c, db, memory)
             rows.append((c, run(data_dir, queries(args.episodes, month), agent, c, db, memory)))
+            if args.gate_baseline:
+                print(
+                    f"c = {c}: wall {rows[-1][1]['wall_s']:.2f} s under the cutoff gate, {baseline['wall_s']:.2f} s "
+                    f"without it: {baseline['wall_s'] / rows[-1][1]['wall_s']:.2f} of the ungated throughput"
+                )
         print(
             f"{'c':>3} {'episodes':>8} {'wall s':>7} {'eps/s':>7} {'ideal':>7} {'ratio':>6} {'vs c=1':>7} "
             f"{'CPU ms/step':>11} {'first env p50/p99 s':>19}  end states"

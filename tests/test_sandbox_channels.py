@@ -2,7 +2,11 @@
 not be able to pass what it sees to one with an early cutoff through a kernel object they share.
 
 Each test switches the Python-level guards off in both sandboxes first (test_sandbox_attacks.py's
-BYPASS) and then does the attack with raw syscalls, as agent code that owns the interpreter would:
+BYPASS) and then does the attack with raw syscalls, as agent code that owns the interpreter would.
+The first layer is the cutoff gate (pipeline/agent_api/cutoff_gate.py): sandboxes of different
+cutoffs never run at the same moment, even one that answers its block early and tries to run on,
+so no contention channel (CPU time, a kernel lock through a mapped file) carries a bit. The other
+tests give each sandbox a gate of its own, to attack the kernel layers alone:
 - a futex on a page both map from the same file (libc's text): a shared futex is keyed by (inode,
   offset), so the late sandbox's wake would reach the early one's wait;
 - the page cache of the table files every sandbox maps: MADV_PAGEOUT and MADV_COLD would drop a
@@ -14,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import json
 import mmap
 import os
 import shutil
@@ -24,7 +29,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.agent_api import EventDatabase, lockdown
+from pipeline.agent_api import EventDatabase, cutoff_gate, lockdown
+from pipeline.agent_api.cutoff_gate import CutoffGate
 from pipeline.agent_api.table_files import table_owner
 from testbed.database import generate_event_database
 
@@ -40,16 +46,110 @@ def database(tmp_path_factory):
     return EventDatabase(root)
 
 
+def started(env, gate: CutoffGate):
+    """``env`` with its sandbox started under ``gate`` and the Python guards off."""
+    with pytest.MonkeyPatch.context() as patch:  # a Sandbox takes the module's gate when it is made
+        patch.setattr(cutoff_gate, "CUTOFF_GATE", gate)
+        assert env.run_code(BYPASS).strip() == "guards off"
+    return env
+
+
 @pytest.fixture
-def early_and_late(database):
+def early_and_late(database, tmp_path):
+    """Each under a gate of its own: what the kernel layers alone allow two sandboxes running at once."""
     early, late = database.environment(EARLY), database.environment(LATE)
     try:
-        for env in (early, late):
-            assert env.run_code(BYPASS).strip() == "guards off"
-        yield early, late
+        yield started(early, CutoffGate(tmp_path / "early")), started(late, CutoffGate(tmp_path / "late"))
     finally:
         early.close()
         late.close()
+
+
+@pytest.fixture
+def gated(database, tmp_path):
+    """Two sandboxes of the early cutoff and one of the late, under one gate, as on a machine."""
+    gate = CutoffGate(tmp_path / "gate")
+    envs = [database.environment(cutoff) for cutoff in (EARLY, EARLY, LATE)]
+    try:
+        yield [started(env, gate) for env in envs]
+    finally:
+        for env in envs:
+            env.close()
+
+
+SLEEP_AND_SAY_WHEN = """
+_t = _sys.modules['time']
+_start = _t.monotonic()
+_t.sleep(0.6)
+print(_start, _t.monotonic())
+"""
+
+
+def test_sandboxes_of_different_cutoffs_never_run_at_once(gated):
+    """Whatever channel two running sandboxes could share (CPU time, a lock through a mapped file),
+    it carries nothing between cutoffs that never run at the same moment."""
+    intervals = {}
+
+    def run(i, env):
+        intervals[i] = tuple(map(float, env.run_code(SLEEP_AND_SAY_WHEN, timeout_s=60).split()))
+
+    for _ in range(2):
+        threads = [threading.Thread(target=run, args=(i, env)) for i, env in enumerate(gated)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+
+        def overlap(a, b):
+            return intervals[a][0] < intervals[b][1] and intervals[b][0] < intervals[a][1]
+
+        assert not overlap(0, 2) and not overlap(1, 2), intervals
+        assert overlap(0, 1), intervals  # one cutoff's blocks run together
+
+
+def frame(obj: str) -> str:
+    """Agent code that writes one protocol message (4-byte length, JSON) to the sandbox's stdout."""
+    return (
+        f"_b = _sys.modules['json'].dumps({obj}).encode()\n"
+        "_m = len(_b).to_bytes(4, 'big') + _b\n"
+        "_libc.write(1, _m, len(_m))\n"
+    )
+
+
+# The early sandbox answers its block at once with a reply of its own making, then keeps running,
+# noting every moment it did not run; it answers the next block itself with what it noted.
+RUN_ON_AFTER_REPLY = (
+    frame("{'id': 2, 'output': 'answered early'}")
+    + """
+_t = _sys.modules['time']
+_gaps, _last = [], _t.monotonic()
+_end = _last + 2.0
+while _t.monotonic() < _end:
+    _now = _t.monotonic()
+    if _now - _last > 0.1:
+        _gaps.append((_last, _now))
+    _last = _now
+_head = _ctypes.create_string_buffer(4)
+_libc.read(0, _head, 4)
+_size = int.from_bytes(_head.raw, 'big')
+_body = _ctypes.create_string_buffer(_size)
+_got = 0
+while _got < _size:
+    _got += _libc.read(0, _ctypes.byref(_body, _got), _size - _got)
+_id = _sys.modules['json'].loads(_body.raw)['id']
+"""
+    + frame("{'id': _id, 'output': _sys.modules['json'].dumps(_gaps)}")
+    + "_libc._exit(0)\n"
+)
+
+
+def test_a_sandbox_that_runs_on_after_its_reply_is_stopped_while_another_cutoff_runs(gated):
+    early, _, late = gated
+    assert early.run_code(RUN_ON_AFTER_REPLY, timeout_s=60) == "answered early"
+    late_start, late_end = map(float, late.run_code(SLEEP_AND_SAY_WHEN, timeout_s=60).split())
+    gaps = json.loads(early.run_code("", timeout_s=60))
+    # It did not run from its forged reply until its next block, the late block's time included.
+    assert any(start <= late_start and late_end <= end for start, end in gaps), (gaps, late_start, late_end)
 
 
 # Both sides find the same byte of libc's text (the same file, so the same futex key if shared).

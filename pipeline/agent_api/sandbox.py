@@ -31,9 +31,11 @@ import threading
 import time
 from pathlib import Path
 
+from pipeline.agent_api import cutoff_gate
+from pipeline.agent_api.cutoff_gate import CutoffGate, GateError
 from pipeline.agent_api.lockdown import SECCOMP_ARCHES, machine
 from pipeline.agent_api.sandbox_protocol import FORK, FORKED, LIBRARIES, MAX_OBSERVATION_CHARS, TRUNCATION_NOTE, WARM
-from pipeline.agent_api.shared_pages import SHARED_PAGES
+from pipeline.agent_api.shared_pages import SHARED_PAGES, process_tree
 
 DEFAULT_TIMEOUT_S = 30.0
 # What a code block may allocate beyond the child's size at lockdown (address space, lockdown.set_limits).
@@ -46,6 +48,9 @@ DEFAULT_CPU_BUDGET_S = 600
 START_TIMEOUT_S = 120.0
 # How long a child whose pipe broke may take to end by itself, so that its exit code is reported.
 ENDED_GRACE_S = 2.0
+# How long a sandbox child may take to stop after SIGSTOP (measured: well under a millisecond); one
+# that is not stopped by then is killed before the cutoff gate is given back.
+STOP_TIMEOUT_S = 2.0
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 # The largest reply a well-behaved child can send: a capped observation, every character escaped
 # by json.dumps to at most 12 bytes (a surrogate pair, "\\udXXX\\udXXX"), plus the envelope.
@@ -460,12 +465,76 @@ atexit.register(SPARES.close)
 os.register_at_fork(after_in_child=SPARES._forget)
 
 
+def _stat_state(pid: int) -> str:
+    """The state letter of /proc/<pid>/stat (proc(5)); the name before it is the process's own to
+    choose (PR_SET_NAME), parentheses included, so it is read after the last ')'."""
+    with open(f"/proc/{pid}/stat", "rb") as fh:
+        return fh.read().rsplit(b")", 1)[1].split()[0].decode()
+
+
+def _parent_of(pid: int) -> int:
+    with open(f"/proc/{pid}/stat", "rb") as fh:
+        return int(fh.read().rsplit(b")", 1)[1].split()[1])
+
+
+class _SandboxProcess:
+    """The sandbox child itself (the spare's waiter forks it), held by a pidfd so that stopping,
+    continuing and killing it never reach a process that reused its pid. Between blocks it is
+    stopped: it runs only while its parent holds the cutoff gate (cutoff_gate.py)."""
+
+    def __init__(self, waiter_pid: int):
+        children = process_tree(waiter_pid)[1:2]
+        if not children:
+            raise ProtocolError("the sandbox child is not the waiter's child")
+        self.pid = children[0]
+        self._pidfd = os.pidfd_open(self.pid)
+        try:
+            if _parent_of(self.pid) != waiter_pid:  # the pid was reused before the pidfd held it
+                raise ProtocolError("the sandbox child is not the waiter's child")
+        except (OSError, ProtocolError):
+            os.close(self._pidfd)
+            raise
+
+    def _signal(self, signum: int) -> None:
+        try:
+            signal.pidfd_send_signal(self._pidfd, signum)
+        except ProcessLookupError:
+            pass
+
+    def resume(self) -> None:
+        self._signal(signal.SIGCONT)
+
+    def pause(self) -> None:
+        """Stopped (SIGSTOP) before this returns, or ended: OSError if it runs on."""
+        self._signal(signal.SIGSTOP)
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        while True:
+            try:
+                if _stat_state(self.pid) in {"T", "Z", "X"}:
+                    return
+            except (FileNotFoundError, ProcessLookupError):
+                return  # ended and reaped
+            if select.select([self._pidfd], [], [], 0)[0]:
+                return  # ended
+            if time.monotonic() > deadline:
+                self.kill()
+                raise OSError(f"the sandbox child did not stop within {STOP_TIMEOUT_S:g} s and was killed")
+            time.sleep(0.0002)
+
+    def kill(self) -> None:
+        self._signal(signal.SIGKILL)
+
+    def close(self) -> None:
+        os.close(self._pidfd)
+
+
 class _Child:
     """One child process and its pipes: a spare, once handed an episode."""
 
     def __init__(self, spare: _Spare):
         self.proc, self.stderr, self.memory_mb, self.requests = spare.proc, spare.stderr, 0, 0
         self._spare = spare
+        self.sandbox: _SandboxProcess | None = None
 
     @classmethod
     def start(cls, env, memory_mb: int, cpu_budget_s: int, allow_unconfined: bool, libraries: tuple[str, ...]):
@@ -513,6 +582,9 @@ class _Child:
             # share no page-cache state to signal through (shared_pages.py).
             SHARED_PAGES.keep_mapped_by(self.proc.pid)
             self.report["shared_pages"] = SHARED_PAGES.status()
+            # Stopped until its first block: from now on it runs only under the cutoff gate.
+            self.sandbox = _SandboxProcess(self.proc.pid)
+            self.sandbox.pause()
         except (OSError, EOFError, TimeoutError, ProtocolError) as exc:
             detail = self.stop()
             raise SandboxError(f"the sandbox process did not start: {exc}; {detail}") from exc
@@ -602,8 +674,13 @@ class _Child:
         ``ended_s``: how long to wait first for a child that closed its pipe (it is ending: its
         waiter then reports its exit code, which a kill would replace)."""
         if self.proc.poll() is None and (ended_s <= 0 or self.proc.wait(ended_s) is None):
+            if self.sandbox is not None:
+                self.sandbox.kill()
             self.proc.kill()
         code = self.proc.wait()
+        if self.sandbox is not None:
+            self.sandbox.close()
+            self.sandbox = None
         self._spare.close_channel()
         for pipe in (self.proc.stdin, self.proc.stdout):
             try:
@@ -625,7 +702,8 @@ class Sandbox:
     ``allow_unconfined``: run code blocks even where the seccomp allowlist cannot be installed
     (an operator's explicit choice; the report says so). ``libraries``: names from
     sandbox_protocol.LIBRARIES (numpy, pandas, networkx, sklearn) the child loads before lockdown, if
-    installed, so that agent code may import them; each costs start time, so none by default."""
+    installed, so that agent code may import them; each costs start time, so none by default.
+    ``gate``: the cutoff gate its blocks run under (cutoff_gate.py; the machine's by default)."""
 
     def __init__(
         self,
@@ -635,6 +713,7 @@ class Sandbox:
         cpu_budget_s: int = DEFAULT_CPU_BUDGET_S,
         allow_unconfined: bool = False,
         libraries: tuple[str, ...] = (),
+        gate: CutoffGate | None = None,
     ):
         unknown = sorted(set(libraries) - set(LIBRARIES))
         if unknown:
@@ -644,8 +723,10 @@ class Sandbox:
         self._memory_mb = memory_mb
         self._cpu_budget_s = cpu_budget_s
         self._allow_unconfined = allow_unconfined
+        self._gate = gate if gate is not None else cutoff_gate.CUTOFF_GATE
         self._child: _Child | None = None
         self.last_report: dict | None = None
+        self.gate_wait_s = 0.0  # waited for the cutoff gate, all blocks together
 
     def _ensure(self, memory_mb: int) -> _Child:
         if self._child is not None and self._child.memory_mb != memory_mb:
@@ -677,8 +758,20 @@ class Sandbox:
         timeout = DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
         self._memory_mb = self._memory_mb if memory_mb is None else memory_mb
         child = self._ensure(self._memory_mb)
+        # The child runs only under the gate, and is stopped or dead before the gate is given back.
         try:
-            return child.run(code, timeout)
+            with self._gate.hold(self._env.cutoff) as waited:
+                self.gate_wait_s += waited
+                return self._run_resumed(child, code, timeout)
+        except GateError as exc:  # only taking the gate raises it
+            raise SandboxError(f"code blocks are refused: {exc}") from exc
+
+    def _run_resumed(self, child: _Child, code: str, timeout: float) -> str:
+        try:
+            child.sandbox.resume()
+            output = child.run(code, timeout)
+            child.sandbox.pause()
+            return output
         except TimeoutError:
             self._restart()
             return (
@@ -698,6 +791,9 @@ class Sandbox:
                 "e.g. by exceeding its memory or CPU limit; the sandbox was restarted, so variables "
                 "defined earlier are gone"
             )
+        except BaseException:  # never leave a child running once the gate is given back
+            self._restart()
+            raise
 
     def close(self) -> None:
         self._restart()

@@ -1,0 +1,127 @@
+"""The cutoff gate (pipeline/agent_api/cutoff_gate.py): blocks of different cutoffs never hold it
+at once, blocks of one cutoff do, a killed holder frees it, no cutoff starves, and a directory
+another user could write is refused."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from datetime import date
+from pathlib import Path
+
+import pytest
+
+from pipeline.agent_api.cutoff_gate import SUFFIX, CutoffGate, GateError
+
+A, B = date(2024, 1, 10), date(2024, 1, 20)
+
+
+def hold_for(gate: CutoffGate, cutoff: date, seconds: float, intervals: list) -> None:
+    with gate.hold(cutoff):
+        start = time.monotonic()
+        time.sleep(seconds)
+        intervals.append((cutoff, start, time.monotonic()))
+
+
+def overlap(first, second) -> bool:
+    return first[1] < second[2] and second[1] < first[2]
+
+
+def test_blocks_of_one_cutoff_share_the_gate_and_other_cutoffs_wait(tmp_path):
+    gate, intervals = CutoffGate(tmp_path / "gate"), []
+    threads = [threading.Thread(target=hold_for, args=(gate, cutoff, 0.4, intervals)) for cutoff in (A, A, B, B, A)]
+    for thread in threads:
+        thread.start()
+        time.sleep(0.02)
+    for thread in threads:
+        thread.join(10)
+    assert len(intervals) == 5
+    for i, first in enumerate(intervals):
+        for second in intervals[i + 1 :]:
+            if first[0] != second[0]:
+                assert not overlap(first, second), intervals
+    # The first two blocks of A ran together, and so did the two of B.
+    assert overlap(*[i for i in intervals if i[0] == B]), intervals
+    assert sum(overlap(x, y) for x in intervals for y in intervals if x is not y and x[0] == y[0] == A) >= 2
+    # A cutoff's file goes once another cutoff takes the gate: the last one, A, keeps its file.
+    assert sorted(p.name for p in gate.directory.iterdir()) == [f"{A.isoformat()}{SUFFIX}", "turn.lock"]
+
+
+HOLDER = """
+import sys, time
+from datetime import date
+from pipeline.agent_api.cutoff_gate import CutoffGate
+with CutoffGate(sys.argv[1]).hold(date(2024, 1, 10)):
+    print("held", flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_killed_holder_gives_the_gate_back(tmp_path):
+    directory = tmp_path / "gate"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(directory)],
+        stdout=subprocess.PIPE,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    try:
+        assert holder.stdout.readline() == b"held\n"
+        got = threading.Event()
+
+        def other_cutoff():
+            with CutoffGate(directory).hold(B):
+                got.set()
+
+        waiting = threading.Thread(target=other_cutoff, daemon=True)
+        waiting.start()
+        assert not got.wait(1.0), "another cutoff ran while the holder held the gate"
+        holder.kill()
+        assert got.wait(5.0), "the gate was not given back when its holder was killed"
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_stream_of_one_cutoff_does_not_starve_another(tmp_path):
+    gate, intervals, stop = CutoffGate(tmp_path / "gate"), [], threading.Event()
+
+    def stream():  # two threads of cutoff A whose blocks always overlap
+        while not stop.is_set():
+            hold_for(gate, A, 0.05, intervals)
+
+    streams = [threading.Thread(target=stream) for _ in range(2)]
+    for thread in streams:
+        thread.start()
+    time.sleep(0.2)
+    asked = time.monotonic()
+    with gate.hold(B) as waited:
+        got = time.monotonic()
+    stop.set()
+    for thread in streams:
+        thread.join(5)
+    assert got - asked < 1.0 and waited < 1.0, (got - asked, waited)
+
+
+def test_a_directory_others_could_write_is_refused(tmp_path):
+    open_to_all = tmp_path / "open"
+    open_to_all.mkdir(mode=0o777)
+    open_to_all.chmod(0o777)
+    with pytest.raises(GateError, match="0700"), CutoffGate(open_to_all).hold(A):
+        pass
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    (tmp_path / "elsewhere").mkdir(mode=0o700)
+    with pytest.raises(GateError, match="not a directory"), CutoffGate(link).hold(A):
+        pass
+    if os.geteuid() == 0:
+        theirs = tmp_path / "theirs"
+        theirs.mkdir(mode=0o700)
+        os.chown(theirs, 65534, 65534)
+        with pytest.raises(GateError, match="uid 65534"), CutoffGate(theirs).hold(A):
+            pass
+    fresh = CutoffGate(tmp_path / "fresh")
+    with fresh.hold(A):
+        assert (fresh.directory.stat().st_mode & 0o777) == 0o700
