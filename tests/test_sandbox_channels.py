@@ -445,3 +445,78 @@ def test_a_late_sandbox_cannot_signal_through_library_pages_it_maps_itself(early
     read = [int(times[2 * i] >= NOT_RESIDENT_NS) for i in range(len(PATTERN))]
     slow = [t for t in times if t >= NOT_RESIDENT_NS]
     assert len(slow) <= 2 and read != PATTERN, times
+
+
+# The re-attack of the gate (issue 30): agent code keeps running on one of polars' pool threads (a
+# background query's map_batches), which signals the child SIGCONT over and over to cancel the stop
+# between blocks, and logs each stretch it ran. Either the main thread forges the block's reply and
+# waits for the next request itself (MAIN_THREAD_WAITS), or the pool thread forges it once the main
+# thread has ended alone with exit(2), a zombie that would make /proc say the child is stopped
+# (MAIN_THREAD_ENDS).
+POOL_THREAD_RUNS_ON = (
+    """
+_pl, _t, _json = _sys.modules['polars'], _sys.modules['time'], _sys.modules['json']
+_done, _stretches, _refused = [], [], []
+def _run_on(series):
+    if FORGES:
+        _t.sleep(0.2)
+"""
+    + "\n".join("        " + line for line in frame("{'id': 2, 'output': 'answered early'}").splitlines())
+    + """
+    _pid = _libc.getpid()
+    start = last = _t.monotonic()
+    while not _done and last < start + 20:
+        _ctypes.set_errno(0)
+        _rc = _libc.kill(_pid, 18)  # SIGCONT
+        _refused.append((_rc, _ctypes.get_errno()))
+        now = _t.monotonic()
+        if now - last > 0.001:
+            _stretches.append((start, last))
+            start = now
+        last = now
+    _stretches.append((start, last))
+    return series
+_query = _pl.LazyFrame({'a': [1]}).select(_pl.col('a').map_batches(_run_on, return_dtype=_pl.Int64)).collect(background=True)
+"""
+)
+MAIN_THREAD_WAITS = (
+    frame("{'id': 2, 'output': 'answered early'}")
+    + """
+_head = _ctypes.create_string_buffer(4)
+_libc.read(0, _head, 4)
+_body = _ctypes.create_string_buffer(int.from_bytes(_head.raw, 'big'))
+_libc.read(0, _body, len(_body))
+_done.append(1)
+_t.sleep(0.05)
+_report = {'stretches': _stretches, 'refused': sorted(set(_refused))}
+"""
+    + frame("{'id': 3, 'output': _json.dumps(_report)}")
+    + "_libc._exit(0)\n"
+)
+# exit(2) itself, not glibc's _exit (exit_group): its number per architecture (asm/unistd.h).
+MAIN_THREAD_ENDS = "_t.sleep(0.05)\n_libc.syscall(_ctypes.c_long(EXIT), _ctypes.c_long(0))\n"
+
+
+def escape(forges: bool, main_thread: str) -> str:
+    code = POOL_THREAD_RUNS_ON.replace("FORGES", str(forges)) + main_thread
+    return code.replace("EXIT", str(60 if lockdown.machine() == "x86_64" else 93))
+
+
+def test_a_pool_thread_that_signals_sigcont_does_not_run_beside_another_cutoff(gated):
+    early, _, late = gated
+    assert late.run_code(escape(False, MAIN_THREAD_WAITS), timeout_s=60) == "answered early"
+    early_start, early_end = map(float, early_block := early.run_code(SLEEP_AND_SAY_WHEN, timeout_s=60).split())
+    report = json.loads(late.run_code("", timeout_s=60))
+    # It ran, its own SIGCONT was refused every time, and it did not run while the early block did.
+    assert report["stretches"] and report["refused"] == [[-1, errno.EPERM]], report
+    ran = [(s, e) for s, e in report["stretches"] if s < early_end and early_start < e]
+    assert ran == [], (ran, early_block)
+
+
+def test_a_main_thread_that_ends_alone_ends_the_sandbox(gated):
+    """Before lockdown made exit(2) fatal, /proc showed the zombie main thread and the pause
+    returned at once, while the pool thread forged the reply and ran on."""
+    early, _, late = gated
+    ended = late.run_code(escape(True, MAIN_THREAD_ENDS), timeout_s=60)
+    assert "ended the sandbox process (killed by signal 31)" in ended, ended
+    assert early.run_code("print('early ran')", timeout_s=60).strip() == "early ran"

@@ -64,7 +64,6 @@ ALLOWED_SYSCALLS = (
     "epoll_pwait2",
     "poll",
     "ppoll",
-    "exit",
     "exit_group",
 )
 _PROT_EXEC = 0x4
@@ -87,6 +86,10 @@ _FUTEX_PRIVATE_FLAG = 128
 # POPULATE_READ/WRITE (22, 23), DONTNEED_LOCKED (24), COLLAPSE (25), and from 100 up poisoning or
 # offlining a physical page (with CAP_SYS_ADMIN, which a root child without a user namespace holds).
 MADVICE_ALLOWED = (0, 1, 2, 3, 4, 8, 10, 11, 14, 15, 16, 17, 18, 19)
+# Between its blocks a sandbox child is stopped (SIGSTOP) so that it never runs beside a sandbox of
+# another cutoff (cutoff_gate.py); a SIGCONT of its own would cancel that stop, so a child may signal
+# itself with anything else. The same number on x86_64 and aarch64 (asm-generic/signal.h).
+_SIGCONT = 18
 _TCGETS = 0x5401
 _PR_SET_NAME, _PR_GET_NAME, _PR_SET_VMA = 15, 16, 0x53564D41
 
@@ -117,8 +120,12 @@ def seccomp_filter(pid: int):
     for advice in MADVICE_ALLOWED:
         rule(sc.ALLOW, "madvise", sc.Arg(2, sc.EQ, advice))
     rule(sc.ALLOW, "futex", sc.Arg(1, sc.MASKED_EQ, _FUTEX_PRIVATE_FLAG, _FUTEX_PRIVATE_FLAG))
-    rule(sc.ALLOW, "tgkill", sc.Arg(0, sc.EQ, pid))
-    rule(sc.ALLOW, "kill", sc.Arg(0, sc.EQ, pid))
+    rule(sc.ALLOW, "tgkill", sc.Arg(0, sc.EQ, pid), sc.Arg(2, sc.NE, _SIGCONT))
+    rule(sc.ALLOW, "kill", sc.Arg(0, sc.EQ, pid), sc.Arg(1, sc.NE, _SIGCONT))
+    # A thread ending alone (exit(2), not exit_group) ends the whole child: no thread can start after
+    # lockdown, so only a thread leaving the process behind would, such as a main thread made a
+    # zombie while a pool thread runs on, whose /proc state would hide that it still runs.
+    rule(sc.KILL_PROCESS, "exit")
     for self_pid in (0, pid):
         rule(sc.ALLOW, "prlimit64", sc.Arg(0, sc.EQ, self_pid), sc.Arg(2, sc.EQ, 0))
         rule(sc.ALLOW, "sched_getaffinity", sc.Arg(0, sc.EQ, self_pid))

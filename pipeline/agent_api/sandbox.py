@@ -465,11 +465,23 @@ atexit.register(SPARES.close)
 os.register_at_fork(after_in_child=SPARES._forget)
 
 
-def _stat_state(pid: int) -> str:
-    """The state letter of /proc/<pid>/stat (proc(5)); the name before it is the process's own to
-    choose (PR_SET_NAME), parentheses included, so it is read after the last ')'."""
-    with open(f"/proc/{pid}/stat", "rb") as fh:
+def _stat_state(path: str) -> str:
+    """The state letter of a /proc .../stat file (proc(5)); the name before it is the process's own
+    to choose (PR_SET_NAME), parentheses included, so it is read after the last ')'."""
+    with open(path, "rb") as fh:
         return fh.read().rsplit(b")", 1)[1].split()[0].decode()
+
+
+def _thread_states(pid: int) -> list[str]:
+    """The state of every thread of ``pid`` (/proc/<pid>/task/<tid>/stat): a stop holds only once
+    each of them is stopped, since a thread still running could resume the others."""
+    states = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            states.append(_stat_state(f"/proc/{pid}/task/{task}/stat"))
+        except FileNotFoundError:
+            continue  # a thread that ended meanwhile
+    return states
 
 
 def _parent_of(pid: int) -> int:
@@ -509,13 +521,16 @@ class _SandboxProcess:
         self._signal(signal.SIGSTOP)
         deadline = time.monotonic() + STOP_TIMEOUT_S
         while True:
-            try:
-                if _stat_state(self.pid) in {"T", "Z", "X"}:
-                    return
-            except (FileNotFoundError, ProcessLookupError):
-                return  # ended and reaped
             if select.select([self._pidfd], [], [], 0)[0]:
                 return  # ended
+            try:
+                states = _thread_states(self.pid)
+            except FileNotFoundError:
+                return  # ended and reaped
+            # Every thread stopped, or every one a zombie (the process is ending); a zombie beside
+            # a thread that is not stopped is not enough (lockdown kills a thread ending alone).
+            if states and (all(state == "T" for state in states) or all(state in "ZX" for state in states)):
+                return
             if time.monotonic() > deadline:
                 self.kill()
                 raise OSError(f"the sandbox child did not stop within {STOP_TIMEOUT_S:g} s and was killed")
