@@ -207,7 +207,7 @@ def parse_day(day: date, kind: str, settings: Settings) -> DayParse:
 
     A raw file that cannot be parsed as a whole (its zip inflates past
     ``settings.max_uncompressed_mb``, it has the wrong column count, implausibly many lines: see
-    :class:`~pipeline.gdelt.parse.RefusedFileError`) does not stop the day: its slot becomes
+    :class:`~pipeline.gdelt.refusals.RefusedFileError`) does not stop the day: its slot becomes
     ``quarantined`` in the ledger with the reason, its zip moves to ``quarantine/gdeltv2/`` with a
     note, and the other slots are written as usual (:func:`_quarantine_refused`).
     """
