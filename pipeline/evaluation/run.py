@@ -308,29 +308,13 @@ def evaluate_agent(
     month = split_month(frame)
     contaminated, reason = admit(agent, month, force)
     client_settings = client_settings or ClientSettings()
-    spec = AgentSpec(
-        agent.strategy,
-        agent.action_type,
-        agent.temperature,
-        agent.max_steps,
-        client_settings.max_tokens,
-        mode=agent_mode(agent),
-        tools=agent_tools(agent) or "full",
-        memory_mb=agent.sandbox_memory_mb or sandbox_memory_mb,
-    )
+    spec = _agent_spec(agent, client_settings, sandbox_memory_mb)
     owned_client = client is None
     client = client or client_for(agent, client_settings, RateLimiter(endpoint_limits(agent, limits)))
     if spec.strategy == "react" and database is None:
         database = EventDatabase(data_dir)
     items = _queries(frame)
-    harness = {
-        "prompt_version": PROMPT_VERSION,
-        "max_tokens": client_settings.max_tokens,
-        "n_ctx": client_settings.n_ctx,
-        "seed": client_settings.seed,
-        # A code block's memory budget: beyond it a block's observation is a MemoryError.
-        **({"sandbox_memory_mb": spec.memory_mb} if spec.strategy == "react" else {}),
-    }
+    harness = _harness(client_settings, spec)
     concurrency = episode_concurrency(agent, concurrency)
     if sandboxes is None and spec.strategy == "react" and concurrency > 1:
         sandboxes = sandbox_slots(concurrency, gated_tables_mb(database, frame, distance), spec.memory_mb)
@@ -352,6 +336,48 @@ def evaluate_agent(
     finally:
         if owned_client:  # a client handed in is its caller's to close (it may serve every distance)
             client.close()
+    results, per_round, trajectories_jsonl, layers = _scored_rounds(frame, episodes)
+    record = _record(agent, month, query_set, distance, aggregate_rounds(per_round), contaminated, reason)
+    record |= _llm_fields(agent, harness, results, trajectories_jsonl, layers)
+    record |= round_aggregates(frame, results, steps=agent.strategy == "react")
+    stored = write_evaluation(directory, results, record, {"trajectories.jsonl": trajectories_jsonl})
+    log.remove()
+    return results, stored
+
+
+# evaluate_agent's steps, apart so that the run reads as one page (the issue's ~80-line rule).
+
+
+def _agent_spec(agent: Agent, client_settings: ClientSettings, sandbox_memory_mb: int) -> AgentSpec:
+    """What the episodes run: the registry entry's strategy and sampling, the client's token cap,
+    and the sandbox's memory budget (the agent's, else ``sandbox_memory_mb``)."""
+    return AgentSpec(
+        agent.strategy,
+        agent.action_type,
+        agent.temperature,
+        agent.max_steps,
+        client_settings.max_tokens,
+        mode=agent_mode(agent),
+        tools=agent_tools(agent) or "full",
+        memory_mb=agent.sandbox_memory_mb or sandbox_memory_mb,
+    )
+
+
+def _harness(client_settings: ClientSettings, spec: AgentSpec) -> dict:
+    """The harness settings a run records (and its checkpoint key carries)."""
+    return {
+        "prompt_version": PROMPT_VERSION,
+        "max_tokens": client_settings.max_tokens,
+        "n_ctx": client_settings.n_ctx,
+        "seed": client_settings.seed,
+        # A code block's memory budget: beyond it a block's observation is a MemoryError.
+        **({"sandbox_memory_mb": spec.memory_mb} if spec.strategy == "react" else {}),
+    }
+
+
+def _scored_rounds(frame: pl.DataFrame, episodes: list[list[dict]]) -> tuple[pl.DataFrame, list[dict], bytes, set[str]]:
+    """Every round's episodes scored: the results of all rounds, each round's metrics, the
+    trajectories.jsonl bytes, and the distinct sandbox reports (as sorted JSON)."""
     per_round, results, lines, sandboxes = [], [], [], set()
     for round_no, records in enumerate(episodes):
         forecasts = pl.DataFrame(
@@ -372,10 +398,15 @@ def evaluate_agent(
         )
         lines.extend(json.dumps({"round": round_no} | r, default=str) for r in records)
         sandboxes.update(json.dumps(r["sandbox"], sort_keys=True) for r in records if r["sandbox"] is not None)
-    results = pl.concat(results)
-    trajectories_jsonl = ("\n".join(lines) + "\n").encode()
+    return pl.concat(results), per_round, ("\n".join(lines) + "\n").encode(), sandboxes
+
+
+def _llm_fields(
+    agent: Agent, harness: dict, results: pl.DataFrame, trajectories_jsonl: bytes, sandboxes: set[str]
+) -> dict:
+    """The scores.json fields of an LLM run besides those every run has (``_record``)."""
     tokens_in, tokens_out = int(results.get_column("tokens_in").sum()), int(results.get_column("tokens_out").sum())
-    record = _record(agent, month, query_set, distance, aggregate_rounds(per_round), contaminated, reason) | {
+    return {
         "strategy": agent.strategy,
         "action_type": agent.action_type,
         "temperature": agent.temperature,
@@ -394,10 +425,6 @@ def evaluate_agent(
         # model"): one entry unless they differed between episodes; empty if no code ran.
         "sandbox": [json.loads(layers) for layers in sorted(sandboxes)],
     }
-    record |= round_aggregates(frame, results, steps=agent.strategy == "react")
-    stored = write_evaluation(directory, results, record, {"trajectories.jsonl": trajectories_jsonl})
-    log.remove()
-    return results, stored
 
 
 # The across-round aggregates' columns (docs/evaluation.md, "Rounds and their aggregates") of the
