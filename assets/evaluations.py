@@ -12,23 +12,14 @@ from assets.resources import Dataset, GdeltFeed, LlmRuntime, ReleaseBucket, pipe
 from assets.splits import test_split
 from assets.submissions import submission
 from pipeline.agent_api import EventDatabase
+from pipeline.evaluation.agent_config import agent_config_hash, endpoint_limits
 from pipeline.evaluation.board import INTERVAL_RULE, markdown_table, summary, write_leaderboard
 from pipeline.evaluation.clients import client_for
+from pipeline.evaluation.episodes import episode_concurrency
 from pipeline.evaluation.llm import ModelUnavailable
+from pipeline.evaluation.refusals import clear_refusal, refusals, write_refusal
 from pipeline.evaluation.registry import Agent, RegistryError, eligibility, load_agents
-from pipeline.evaluation.run import (
-    AGGREGATION_RULE,
-    EVALUATION_VERSION,
-    RANK_RULE,
-    agent_config_hash,
-    clear_refusal,
-    endpoint_limits,
-    episode_concurrency,
-    evaluate_agent,
-    evaluate_baseline,
-    refusals,
-    write_refusal,
-)
+from pipeline.evaluation.run import AGGREGATION_RULE, EVALUATION_VERSION, RANK_RULE, evaluate_agent, evaluate_baseline
 from pipeline.evaluation.throughput import RateLimiter
 from pipeline.release.publish import publish_leaderboard
 from pipeline.release.store import open_store
@@ -85,7 +76,7 @@ def _scores_table(records: list[dict]) -> str:
 
 
 def _concurrency(agent: Agent, llm: LlmRuntime) -> int:
-    """The agent's episodes at once, under the launchpad's cap (run.episode_concurrency then caps
+    """The agent's episodes at once, under the launchpad's cap (episodes.episode_concurrency then caps
     it by the sandboxes' memory)."""
     return min(agent.episode_concurrency, llm.max_concurrency or agent.episode_concurrency)
 

@@ -46,8 +46,9 @@ from common import own_peak_rss_mib
 from pipeline.agent_api import EventDatabase, cutoff_gate
 from pipeline.agent_api.cutoff_gate import CutoffGate
 from pipeline.agent_api.sandbox import DEFAULT_MEMORY_MB
+from pipeline.evaluation.episodes import gated_tables_mb, sandbox_slots
 from pipeline.evaluation.registry import Agent, Endpoint
-from pipeline.evaluation.run import checkpoint_path, evaluate_agent, gated_tables_mb, sandbox_slots
+from pipeline.evaluation.run import checkpoint_path, evaluate_agent
 from pipeline.storage import DataLayout
 from testbed.database import generate_event_database
 

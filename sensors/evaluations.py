@@ -26,8 +26,8 @@ import dagster as dg
 
 from assets.evaluations import agent_partitions, evaluation, leaderboard
 from assets.resources import Dataset
+from pipeline.evaluation.agent_config import agent_config_hash
 from pipeline.evaluation.registry import Agent, eligibility, load_agents
-from pipeline.evaluation.run import agent_config_hash
 
 TEST_SPLIT = dg.AssetKey("test_split")
 IN_FLIGHT = [

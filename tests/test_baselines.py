@@ -20,13 +20,9 @@ from pipeline.evaluation.baselines import (
 )
 from pipeline.evaluation.board import leaderboard
 from pipeline.evaluation.metrics import SET_METRICS
+from pipeline.evaluation.queries import load_history
 from pipeline.evaluation.registry import Agent
-from pipeline.evaluation.run import (
-    AGGREGATE_COLUMNS,
-    NotEligible,
-    evaluate_baseline,
-    load_history,
-)
+from pipeline.evaluation.run import AGGREGATE_COLUMNS, NotEligible, evaluate_baseline
 from pipeline.storage import DataLayout, atomic_write_parquet
 
 T = date(2024, 2, 10)

@@ -21,17 +21,12 @@ import pytest
 from pipeline.agent_api import EventDatabase
 from pipeline.agent_api.sandbox import DEFAULT_MEMORY_MB, SPARES
 from pipeline.evaluation import throughput
+from pipeline.evaluation.agent_config import agent_config_hash, endpoint_limits
 from pipeline.evaluation.agents import AgentSpec, react_environment
+from pipeline.evaluation.episodes import episode_concurrency, sandbox_slots
 from pipeline.evaluation.llm import HttpSettings, ModelUnavailable, OpenAIChatClient, retry_after_s
 from pipeline.evaluation.registry import Agent, Endpoint, RegistryError, parse_agents
-from pipeline.evaluation.run import (
-    agent_config_hash,
-    checkpoint_path,
-    endpoint_limits,
-    episode_concurrency,
-    evaluate_agent,
-    sandbox_slots,
-)
+from pipeline.evaluation.run import checkpoint_path, evaluate_agent
 from pipeline.evaluation.throughput import (
     SANDBOX_PRIVATE_MB,
     EpisodeLog,
@@ -375,7 +370,7 @@ def test_concurrency_defaults_caps_and_registry_checks(monkeypatch):
     http = agent("http://x/v1")
     assert episode_concurrency(http) == 8  # registry.DEFAULT_HTTP_CONCURRENCY
     assert episode_concurrency(http, 64) == 64
-    monkeypatch.setattr("pipeline.evaluation.run.sandbox_cap", lambda memory_mb, start_mb, shared_mb: 3)
+    monkeypatch.setattr("pipeline.evaluation.episodes.sandbox_cap", lambda memory_mb, start_mb, shared_mb: 3)
     assert sandbox_slots(64, 10.0).n == 3 and sandbox_slots(2, 10.0).n == 2  # memory, or one per episode
     gguf = Agent(**{**http.__dict__, "endpoint": None, "gguf": Path("m.gguf")})
     assert episode_concurrency(gguf, 64) == 1  # its model server answers one request at a time

@@ -17,6 +17,7 @@ import pytest
 
 from pipeline.agent_api import EventDatabase
 from pipeline.agent_api.environment import API_FUNCTIONS, EVENT_FUNCTIONS, NEWS_FUNCTIONS, TOOL_SUBSETS
+from pipeline.evaluation.agent_config import agent_config_hash
 from pipeline.evaluation.agents import (
     AgentSpec,
     Query,
@@ -30,7 +31,7 @@ from pipeline.evaluation.board import leaderboard
 from pipeline.evaluation.llm import LLMError
 from pipeline.evaluation.prompts import api_description, system_prompt
 from pipeline.evaluation.registry import Agent, RegistryError, parse_agents
-from pipeline.evaluation.run import agent_config_hash, evaluate_agent, evaluate_baseline
+from pipeline.evaluation.run import evaluate_agent, evaluate_baseline
 from testbed.database import generate_event_database
 from tests.test_agents import ScriptedClient
 

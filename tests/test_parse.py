@@ -30,7 +30,10 @@ from pipeline.gdelt import (
     parse_export,
     parse_mentions,
 )
+from pipeline.gdelt import convert as convert_module
+from pipeline.gdelt import lines as lines_module
 from pipeline.gdelt import parse as parse_module
+from pipeline.gdelt import refusals as refusals_module
 from pipeline.gdelt.archive import is_zip
 from pipeline.gdelt.parse import parse_files
 from pipeline.gdelt.schema import EXPORT_SCHEMA, MENTIONS_SCHEMA, REJECTS_SCHEMA
@@ -487,11 +490,11 @@ def test_line_positions_found_by_polars_match_a_plain_split(seed):
         lines = data.split(b"\n") if data else []  # the empty string after a final \n is no line
         if data.endswith(b"\n"):
             lines.pop()
-        view = parse_module._byte_view(data)
-        ends = parse_module._line_ends(view, data)
-        assert parse_module._line_tabs(view, data).to_list() == [line.count(b"\t") for line in lines]
-        assert [data[parse_module._line_start(ends, i) : end] for i, end in enumerate(ends)] == lines
-        assert parse_module._count_byte(data, b"\t") == data.count(b"\t")
+        view = lines_module._byte_view(data)
+        ends = lines_module._line_ends(view, data)
+        assert lines_module._line_tabs(view, data).to_list() == [line.count(b"\t") for line in lines]
+        assert [data[lines_module._line_start(ends, i) : end] for i, end in enumerate(ends)] == lines
+        assert lines_module._count_byte(data, b"\t") == data.count(b"\t")
 
 
 def test_the_utf8_check_agrees_with_python():
@@ -518,7 +521,7 @@ def test_the_utf8_check_agrees_with_python():
                 valid = True
             except UnicodeDecodeError:
                 valid = False
-            assert parse_module._is_utf8(data) is valid, data
+            assert lines_module._is_utf8(data) is valid, data
 
 
 def test_several_kinds_of_rejects_in_one_file_keep_their_line_numbers():
@@ -803,7 +806,7 @@ def test_a_file_parsed_in_chunks_gives_what_it_gives_whole(monkeypatch, chunk_by
     assert sum(isinstance(result[0], type) for result in whole) == 6  # the refusals are among them
     reads = []
     monkeypatch.setattr(
-        parse_module, "_csv", lambda csv, schema, read=parse_module._csv: reads.append(1) or read(csv, schema)
+        convert_module, "_csv", lambda csv, schema, read=convert_module._csv: reads.append(1) or read(csv, schema)
     )
     monkeypatch.setattr(parse_module, "CHUNK_BYTES", chunk_bytes)
     monkeypatch.setattr("pipeline.gdelt.archive._CHUNK_BYTES", piece_bytes)
@@ -995,13 +998,13 @@ def test_a_long_rejected_line_is_stored_as_4_kib_its_length_and_its_sha256():
 
 def test_a_file_of_far_more_lines_than_rows_could_make_is_refused_as_a_whole():
     # 2,000 blank lines and one row: 2,001 lines in ~2.2 KB, under 2 bytes a line.
-    with pytest.raises(parse_module.ImplausibleLinesError, match=r"2,001 lines in .* at least 76 bytes"):
+    with pytest.raises(refusals_module.ImplausibleLinesError, match=r"2,001 lines in .* at least 76 bytes"):
         parse_export(csv(clean_export(1) + [b""] * 2000))
     # Up to a thousand lines are never refused for their count: blank lines stay rejects.
     parsed = parse_export(csv(clean_export(1) + [b""] * 998))
     assert (parsed.rows.height, parsed.rejects.height) == (1, 998)
     # A mentions row can be shorter: its own bound applies.
-    with pytest.raises(parse_module.ImplausibleLinesError, match="at least 45 bytes"):
+    with pytest.raises(refusals_module.ImplausibleLinesError, match="at least 45 bytes"):
         parse_mentions(b"\n" * 1001)
 
 

@@ -281,7 +281,7 @@ def test_each_live_sandboxs_spare_counts_in_the_memory_bound(monkeypatch):
     """sandbox_slots leaves room for a spare beside each live sandbox and counts the shared tables
     and code once: with memory for exactly 4 such pairs, 4 are allowed, whatever the concurrency."""
     from pipeline.evaluation import throughput
-    from pipeline.evaluation.run import sandbox_slots
+    from pipeline.evaluation.episodes import sandbox_slots
 
     tables_mb = 100.0
     pair_mb = throughput.sandbox_start_mb(tables_mb) + throughput.SPARE_PRIVATE_MB + 1024

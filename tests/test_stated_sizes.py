@@ -308,7 +308,7 @@ def wide_parquet(path: Path) -> Path:
 
 def test_a_footer_longer_than_any_of_ours_is_refused_before_anything_parses_it(tmp_path):
     from pipeline.agent_api.environment import DatabaseFileError, _read_month
-    from pipeline.evaluation.run import InvalidQueries, read_queries
+    from pipeline.evaluation.queries import InvalidQueries, read_queries
     from pipeline.evaluation.scoring import ScoringError, read_parquet
     from pipeline.untrusted_parquet import MAX_FOOTER_BYTES
 

@@ -67,8 +67,8 @@ def evaluate_registry_entry(args: argparse.Namespace) -> dict:
 def _stored_run_matches(directory: Path, agent, client_settings, query_ids: list[str]) -> bool:
     """Whether ``directory`` holds a finished run of this agent entry and harness on these queries,
     so a re-run writes its predictions again instead of redoing its episodes."""
+    from pipeline.evaluation.agent_config import agent_config_hash
     from pipeline.evaluation.prompts import PROMPT_VERSION
-    from pipeline.evaluation.run import agent_config_hash
 
     try:
         record = json.loads((directory / "scores.json").read_text())
@@ -186,8 +186,9 @@ def _run_episodes(
 def cmd_evaluate(args: argparse.Namespace) -> int:
     """Run an LLM agent through the evaluation harness (pipeline/evaluation/run.py) on a downloaded
     release, with no Dagster and no agents.yaml (docs/evaluate-your-agent.md, "3. Run an agent")."""
+    from pipeline.evaluation.agent_config import endpoint_limits
     from pipeline.evaluation.llm import ClientSettings
-    from pipeline.evaluation.run import InvalidQueries, endpoint_limits, release_queries
+    from pipeline.evaluation.queries import InvalidQueries, release_queries
 
     release, out = args.release, args.out
     query_set = {"sample": "queries_sample", "all": "queries"}[args.queries]

@@ -207,7 +207,7 @@ def parse_day(day: date, kind: str, settings: Settings) -> DayParse:
 
     A raw file that cannot be parsed as a whole (its zip inflates past
     ``settings.max_uncompressed_mb``, it has the wrong column count, implausibly many lines: see
-    :class:`~pipeline.gdelt.parse.RefusedFileError`) does not stop the day: its slot becomes
+    :class:`~pipeline.gdelt.refusals.RefusedFileError`) does not stop the day: its slot becomes
     ``quarantined`` in the ledger with the reason, its zip moves to ``quarantine/gdeltv2/`` with a
     note, and the other slots are written as usual (:func:`_quarantine_refused`).
     """
@@ -215,78 +215,11 @@ def parse_day(day: date, kind: str, settings: Settings) -> DayParse:
     ledger = read_ledger(layout, day).filter(pl.col("kind") == kind, pl.col("status").is_in(GREEN))
     with parsed_day_lock(layout, kind, day, settings.day_lock_timeout_s):
         quarantined: list[str] = []
-        table_lost = False
-        try:
-            recorded = read_digests(layout, kind, day)
-        except UnreadableDigests as exc:
-            # Nothing says which slot files are intact, so every slot is parsed again; only those
-            # whose footer no longer opens are known to be damaged and kept in quarantine.
-            bad = quarantine_file(
-                layout.parsed_digests_path(kind, day),
-                layout.parsed_quarantine_dir(kind, day),
-                "digests.parquet",
-                {"reason": str(exc), "action": "every slot of the day is parsed again"},
-            )
-            quarantined.append(str(bad.relative_to(layout.root)))
-            recorded, table_lost = {}, True
+        recorded, table_lost = _recorded_digests(layout, kind, day, quarantined)
         digests: dict[datetime, FileDigest] = {}
         stats: list[dict] = []
-        to_parse: list[dict] = []
-        for row in ledger.sort("slot").iter_rows(named=True):
-            slot, out = row["slot"], layout.parsed_path(kind, row["slot"])
-            meta = built_parquet_metadata(out)
-            if meta is not None and _built_from(meta, row):
-                found = FileDigest.of_file(out)
-                expected = found if recorded is None else recorded.get(slot)
-                if found == expected:
-                    digests[slot] = found
-                    stats.append({"slot": slot, "rows": int(meta["rows"]), "rejects": int(meta["rejects"])})
-                    continue
-                if not table_lost:
-                    reason = "not in the digest table" if expected is None else "bytes differ from the digest table"
-                    quarantined.append(_quarantine_slot(layout, kind, row, reason, expected, found))
-            elif meta is None and out.exists():
-                # Slot files are renamed into place whole: one whose footer does not open is damaged.
-                expected = (recorded or {}).get(slot)
-                quarantined.append(
-                    _quarantine_slot(
-                        layout, kind, row, "parquet footer does not open", expected, FileDigest.of_file(out)
-                    )
-                )
-            to_parse.append(row)
-        # Held until the table is written: a day of serialised files is ~12 MB at GDELT's volume.
-        parsed_slots: list[tuple[datetime, bytes, bytes | None]] = []  # slot, rows file, rejects file
-        # Read lazily: parse_files holds only a few batches of files at a time.
-        raw_files = (((layout.root / row["path"]).read_bytes(), row["path"]) for row in to_parse)
-        refusals: list[tuple[dict, Exception]] = []
-        try:
-            for row, parsed in zip(
-                to_parse,
-                parse_files(raw_files, kind, max_member_bytes=settings.max_uncompressed_bytes, refused="yield"),
-            ):
-                if isinstance(parsed, Exception):
-                    refusals.append((row, parsed))
-                    continue
-                slot, md5 = row["slot"], row["expected_md5"]
-                rows_file = parquet_bytes(
-                    parsed.rows,
-                    metadata={
-                        "source_md5": md5,
-                        "source_path": row["path"],
-                        "format_version": PARSED_FORMAT_VERSION,
-                        "rows": str(parsed.rows.height),
-                        "rejects": str(parsed.rejects.height),
-                    },
-                )
-                rejects_file = (
-                    parquet_bytes(parsed.rejects, metadata={"source_md5": md5}) if parsed.rejects.height else None
-                )
-                parsed_slots.append((slot, rows_file, rejects_file))
-                digests[slot] = FileDigest.of_bytes(rows_file)
-                stats.append({"slot": slot, "rows": parsed.rows.height, "rejects": parsed.rejects.height})
-        finally:
-            # Slots are independent: what was parsed before a file that fails is still written.
-            _write_parsed(layout, kind, day, recorded, digests, parsed_slots)
+        to_parse = _slots_to_parse(layout, kind, ledger, recorded, table_lost, digests, stats, quarantined)
+        refusals = _parse_slots(layout, kind, day, settings, to_parse, recorded, digests, stats)
         refused = _quarantine_refused(layout, kind, day, refusals, settings.day_lock_timeout_s)
     per_slot = pl.DataFrame(
         stats, schema={"slot": pl.Datetime("us", "UTC"), "rows": pl.Int64, "rejects": pl.Int64}
@@ -302,6 +235,114 @@ def parse_day(day: date, kind: str, settings: Settings) -> DayParse:
         quarantined=quarantined,
         refused=refused,
     )
+
+
+# parse_day's steps, apart so that the day reads as one page (the issue's ~80-line rule); each runs
+# under the day's parsed lock and appends what it moves to quarantine to ``quarantined``.
+
+
+def _recorded_digests(
+    layout: DataLayout, kind: str, day: date, quarantined: list[str]
+) -> tuple[dict[datetime, FileDigest] | None, bool]:
+    """The day's digest table (None: the day was parsed before digests were recorded), and whether
+    it was lost: a table that does not read is quarantined and taken as empty."""
+    try:
+        return read_digests(layout, kind, day), False
+    except UnreadableDigests as exc:
+        # Nothing says which slot files are intact, so every slot is parsed again; only those
+        # whose footer no longer opens are known to be damaged and kept in quarantine.
+        bad = quarantine_file(
+            layout.parsed_digests_path(kind, day),
+            layout.parsed_quarantine_dir(kind, day),
+            "digests.parquet",
+            {"reason": str(exc), "action": "every slot of the day is parsed again"},
+        )
+        quarantined.append(str(bad.relative_to(layout.root)))
+        return {}, True
+
+
+def _slots_to_parse(
+    layout: DataLayout,
+    kind: str,
+    ledger: pl.DataFrame,
+    recorded: dict[datetime, FileDigest] | None,
+    table_lost: bool,
+    digests: dict[datetime, FileDigest],
+    stats: list[dict],
+    quarantined: list[str],
+) -> list[dict]:
+    """The ledger rows whose slot file must be parsed (again), in slot order; each slot file kept
+    as built gets its digest and stats, and one found damaged is moved to quarantine."""
+    to_parse: list[dict] = []
+    for row in ledger.sort("slot").iter_rows(named=True):
+        slot, out = row["slot"], layout.parsed_path(kind, row["slot"])
+        meta = built_parquet_metadata(out)
+        if meta is not None and _built_from(meta, row):
+            found = FileDigest.of_file(out)
+            expected = found if recorded is None else recorded.get(slot)
+            if found == expected:
+                digests[slot] = found
+                stats.append({"slot": slot, "rows": int(meta["rows"]), "rejects": int(meta["rejects"])})
+                continue
+            if not table_lost:
+                reason = "not in the digest table" if expected is None else "bytes differ from the digest table"
+                quarantined.append(_quarantine_slot(layout, kind, row, reason, expected, found))
+        elif meta is None and out.exists():
+            # Slot files are renamed into place whole: one whose footer does not open is damaged.
+            expected = (recorded or {}).get(slot)
+            quarantined.append(
+                _quarantine_slot(layout, kind, row, "parquet footer does not open", expected, FileDigest.of_file(out))
+            )
+        to_parse.append(row)
+    return to_parse
+
+
+def _parse_slots(
+    layout: DataLayout,
+    kind: str,
+    day: date,
+    settings: Settings,
+    to_parse: list[dict],
+    recorded: dict[datetime, FileDigest] | None,
+    digests: dict[datetime, FileDigest],
+    stats: list[dict],
+) -> list[tuple[dict, Exception]]:
+    """Parse the raw files of ``to_parse`` with :func:`parse_files`, then write the digest table
+    and the slot files (:func:`_write_parsed`); return the slots refused as a whole, with why."""
+    # Held until the table is written: a day of serialised files is ~12 MB at GDELT's volume.
+    parsed_slots: list[tuple[datetime, bytes, bytes | None]] = []  # slot, rows file, rejects file
+    # Read lazily: parse_files holds only a few batches of files at a time.
+    raw_files = (((layout.root / row["path"]).read_bytes(), row["path"]) for row in to_parse)
+    refusals: list[tuple[dict, Exception]] = []
+    try:
+        for row, parsed in zip(
+            to_parse,
+            parse_files(raw_files, kind, max_member_bytes=settings.max_uncompressed_bytes, refused="yield"),
+        ):
+            if isinstance(parsed, Exception):
+                refusals.append((row, parsed))
+                continue
+            slot, md5 = row["slot"], row["expected_md5"]
+            rows_file = parquet_bytes(
+                parsed.rows,
+                metadata={
+                    "source_md5": md5,
+                    "source_path": row["path"],
+                    "format_version": PARSED_FORMAT_VERSION,
+                    "rows": str(parsed.rows.height),
+                    "rejects": str(parsed.rejects.height),
+                },
+            )
+            rejects_file = (
+                parquet_bytes(parsed.rejects, metadata={"source_md5": md5}) if parsed.rejects.height else None
+            )
+            parsed_slots.append((slot, rows_file, rejects_file))
+            digests[slot] = FileDigest.of_bytes(rows_file)
+            stats.append({"slot": slot, "rows": parsed.rows.height, "rejects": parsed.rejects.height})
+    finally:
+        # Slots are independent: what was parsed before a file that fails is still written.
+        _write_parsed(layout, kind, day, recorded, digests, parsed_slots)
+    return refusals
 
 
 def _quarantine_refused(

@@ -88,6 +88,8 @@ MENTIONS_COLUMNS: list[tuple[str, pl.DataType]] = [
 
 EXPORT_SCHEMA = pl.Schema(EXPORT_COLUMNS)
 MENTIONS_SCHEMA = pl.Schema(MENTIONS_COLUMNS)
+# Each schema by the kind of file it is parsed from (parse.py, lines.py, convert.py share it).
+SCHEMAS: dict[str, pl.Schema] = {"export": EXPORT_SCHEMA, "mentions": MENTIONS_SCHEMA}
 
 # Field counts of the formats a GDELT user may hand us by mistake, so a refusal can name them.
 KNOWN_FIELD_COUNTS: dict[int, str] = {

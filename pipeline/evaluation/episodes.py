@@ -1,0 +1,220 @@
+"""An LLM run's episodes: every (round, query) episode, run up to the run's concurrency at once,
+each checkpointed as it finishes, their live sandboxes bounded by the machine's memory and as many
+warm spares kept (docs/evaluation.md, "Concurrency, rate limits and resume").
+
+pipeline/evaluation/run.py scores and stores the trajectory records they return.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from datetime import timedelta
+
+import polars as pl
+
+from pipeline.agent_api import EventDatabase
+from pipeline.agent_api.sandbox import DEFAULT_MEMORY_MB, SPARES
+from pipeline.evaluation.agents import (
+    AgentSpec,
+    Query,
+    Trajectory,
+    code_libraries,
+    react_environment,
+    run_react,
+    run_single_turn,
+)
+from pipeline.evaluation.llm import ChatClient, ModelUnavailable
+from pipeline.evaluation.registry import Agent
+from pipeline.evaluation.throughput import (
+    SANDBOX_SHARED_MB,
+    SPARE_PRIVATE_MB,
+    EpisodeLog,
+    Progress,
+    SandboxSlots,
+    sandbox_cap,
+    sandbox_start_mb,
+)
+
+
+class _SpareDemand:
+    """The warm spares a concurrent ReAct run keeps (sandbox.SparePool): one per live sandbox
+    slot, started ahead while the first replies are awaited, and never more than the episodes
+    that have yet to start a sandbox, so that no spare is started only to be stopped unused."""
+
+    def __init__(self, libraries: tuple[str, ...], slots: int, episodes: int):
+        self._libraries, self._slots, self._left = libraries, slots, episodes
+        self._lock = threading.Lock()
+        self._n = min(slots, episodes)
+        SPARES.reserve(libraries, self._n)
+
+    def started(self) -> None:
+        """One episode has taken its sandbox, or ended without one."""
+        with self._lock:
+            self._left -= 1
+            old, self._n = self._n, min(self._slots, self._left)
+            if old != self._n:
+                SPARES.resize(self._libraries, old, self._n)
+
+    def release(self) -> None:
+        with self._lock:
+            SPARES.release(self._libraries, self._n)
+
+
+class _SlottedEnvironment:
+    """An episode's Environment whose sandbox counts against the run's SandboxSlots: the first
+    code run (which starts the sandbox) waits for a slot, closing (which stops it) frees it.
+    ``started`` is called once the slot is taken (the run's _SpareDemand)."""
+
+    def __init__(self, env, slots: SandboxSlots, started: Callable[[], None]):
+        self._env, self._slots, self._held, self._started = env, slots, False, started
+
+    def run_code(self, code: str, timeout_s: float | None = None, memory_mb: int | None = None) -> str:
+        if not self._held:
+            self._slots.acquire()
+            self._held = True
+            self._started()
+        return self._env.run_code(code, timeout_s=timeout_s, memory_mb=memory_mb)
+
+    @property
+    def sandbox_report(self) -> dict | None:
+        return self._env.sandbox_report
+
+    def __enter__(self) -> _SlottedEnvironment:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            self._env.close()
+        finally:
+            if self._held:
+                self._held = False
+                self._slots.release()
+
+
+def _episode(
+    client: ChatClient,
+    spec: AgentSpec,
+    query: Query,
+    distance: int,
+    database: EventDatabase | None,
+    database_lock: threading.Lock,
+    sandboxes: SandboxSlots,
+    started: Callable[[], None],
+) -> Trajectory:
+    cutoff = query.date - timedelta(days=distance)
+    if spec.strategy != "react":
+        return run_single_turn(client, spec, query, cutoff)
+
+    def environment():
+        # EventDatabase loads its months on first use with no lock of its own; opening an
+        # environment is a concat and a slice, and its sandbox starts later, in this episode's thread.
+        with database_lock:
+            env = react_environment(database, spec, query.date, distance)
+        return _SlottedEnvironment(env, sandboxes, started)
+
+    return run_react(client, spec, query, cutoff, environment, first_day=database.start)
+
+
+def _failed_episode(spec: AgentSpec, query: Query, exc: Exception) -> Trajectory:
+    """An episode the harness itself could not finish: stored in end state "error" like a model
+    failure, so that the other episodes' results are kept."""
+    trajectory = Trajectory(query.query_id, spec.strategy, spec.action_type if spec.strategy == "react" else None)
+    trajectory.end_state, trajectory.error = "error", f"{type(exc).__name__}: {exc}"
+    return trajectory
+
+
+def episode_concurrency(agent: Agent, requested: int | None = None) -> int:
+    """Episodes at once: ``requested`` or the agent's own (registry.Agent.episode_concurrency),
+    never more than 1 for a GGUF model (its server answers one request at a time). (Their sandboxes are bounded apart, by
+    ``sandbox_slots``: an episode waiting on the model holds no sandbox until its first code.)"""
+    if agent.endpoint is None:
+        return 1
+    return max(1, requested or agent.episode_concurrency)
+
+
+def sandbox_slots(concurrency: int, tables_mb: float, memory_mb: int = DEFAULT_MEMORY_MB) -> SandboxSlots:
+    """Live sandboxes at most: as many as the episodes, and no more than fit in the machine's
+    available memory (throughput.sandbox_cap), each with a warm spare beside it (the run reserves
+    one spare per slot: sandbox.SparePool), all mapping ``tables_mb`` of gated tables and the
+    libraries' code (shared, once), and each sandbox allowed ``memory_mb`` on top of its start."""
+    per_pair_mb = sandbox_start_mb(tables_mb) + SPARE_PRIVATE_MB
+    shared_mb = tables_mb + SANDBOX_SHARED_MB
+    return SandboxSlots(min(concurrency, sandbox_cap(memory_mb, per_pair_mb, shared_mb=shared_mb)))
+
+
+def gated_tables_mb(database: EventDatabase, frame: pl.DataFrame, distance: int) -> float:
+    """The largest gated tables an episode's sandbox gets: those of the latest query's cutoff."""
+    events, news = database.gated_tables(frame.get_column("date").max() - timedelta(days=distance))
+    return (events.estimated_size() + news.estimated_size()) / 2**20
+
+
+def run_episodes(
+    client: ChatClient,
+    spec: AgentSpec,
+    queries: list[Query],
+    rounds: int,
+    distance: int,
+    database: EventDatabase | None,
+    *,
+    concurrency: int,
+    log: EpisodeLog,
+    progress: Progress,
+    sandboxes: SandboxSlots | None = None,
+) -> list[list[dict]]:
+    """Every (round, query) episode's trajectory record, in round then query order whatever the
+    order they finished in; episodes in ``log`` are not run again, and each one run is appended to
+    it as it finishes. ModelUnavailable stops the run (after the episodes in flight finish).
+    ``sandboxes`` bounds the live sandboxes (default: one per episode in flight)."""
+    lock = threading.Lock()
+    sandboxes = sandboxes or SandboxSlots(concurrency)
+    records: dict[tuple[int, str], dict] = dict(log.done)
+    for record in records.values():
+        progress.done += 1
+        progress.tokens_in += record["tokens_in"]
+        progress.tokens_out += record["tokens_out"]
+    pending = [(r, q) for r in range(rounds) for q in queries if (r, q.query_id) not in records]
+    spares = (
+        _SpareDemand(code_libraries(spec), sandboxes.n, len(pending))
+        if spec.strategy == "react" and concurrency > 1 and pending
+        else None
+    )
+
+    def work(round_no: int, query: Query) -> None:
+        once = threading.Lock()  # the episode counts once in the spare demand: at its sandbox or its end
+
+        def started() -> None:
+            if spares is not None and once.acquire(blocking=False):
+                spares.started()
+
+        try:
+            trajectory = _episode(client, spec, query, distance, database, lock, sandboxes, started)
+        except ModelUnavailable:
+            raise
+        except Exception as exc:
+            trajectory = _failed_episode(spec, query, exc)
+        finally:
+            started()
+        # Through JSON once, so that a fresh episode's record and a resumed one's are the same.
+        record = json.loads(json.dumps(trajectory.record(), default=str))
+        log.append(round_no, query.query_id, record)
+        records[(round_no, query.query_id)] = record
+        progress.add(record["tokens_in"], record["tokens_out"])
+
+    if concurrency <= 1:
+        for round_no, query in pending:
+            work(round_no, query)
+    else:
+        pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="episode")
+        try:
+            for future in as_completed([pool.submit(work, r, q) for r, q in pending]):
+                future.result()  # the first failure (ModelUnavailable) stops the run
+        finally:
+            # On a failure or an interruption (a terminated Dagster run) no new episode starts;
+            # those in flight finish and are checkpointed, so the next run need not redo them.
+            pool.shutdown(wait=True, cancel_futures=True)
+            if spares is not None:
+                spares.release()
+    return [[records[(r, q.query_id)] for q in queries] for r in range(rounds)]
