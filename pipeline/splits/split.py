@@ -300,7 +300,8 @@ def _write_mirai_bundle(
 def build_split(month: date, settings: Settings, *, now: datetime, override: Override | None = None) -> Split:
     """Build and publish (atomically, as one directory) the month's test split."""
     # Imported here: the card needs matplotlib, which costs ~0.5 s that nothing else should pay.
-    from pipeline.splits.card import dataset_card, render_figures
+    from pipeline.splits.card import dataset_card
+    from pipeline.splits.card_figures import render_figures
 
     month = month.replace(day=1)
     closure = month_closure(month, settings, now)
