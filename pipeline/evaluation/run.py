@@ -69,7 +69,7 @@ from pipeline.evaluation.mirai_predictions import is_query_id
 from pipeline.evaluation.model_server import runtime as model_server_runtime
 from pipeline.evaluation.prompts import PROMPT_VERSION
 from pipeline.evaluation.registry import Agent, eligibility
-from pipeline.evaluation.scoring import MAX_PREDICTIONS_BYTES, MAX_RECORDS
+from pipeline.evaluation.score_inputs import MAX_PREDICTIONS_BYTES, MAX_RECORDS
 from pipeline.evaluation.throughput import (
     SANDBOX_SHARED_MB,
     SPARE_PRIVATE_MB,
