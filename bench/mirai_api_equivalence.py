@@ -298,7 +298,7 @@ def main() -> int:
 
     import numpy as np
 
-    from pipeline.splits.mirai_files import export_mirai
+    from pipeline.splits.mirai_export import export_mirai
 
     month = date.fromisoformat(f"{args.month}-01")
     work = Path(tempfile.mkdtemp(prefix="mirai-equivalence-"))

@@ -369,7 +369,8 @@ def run_submission(runner: Runner, plan: DemoPlan, settings: Settings, data_dir:
     from contextlib import redirect_stdout
 
     from pipeline.cli import main as mirai
-    from pipeline.evaluation.submissions import SubmissionError, check_name_free
+    from pipeline.evaluation.submissions import SubmissionError
+    from pipeline.evaluation.submit import check_name_free
     from pipeline.release.store import open_store
 
     name = submission_name(plan)
@@ -463,7 +464,8 @@ def run_live_round(runner: Runner, plan: DemoPlan, settings: Settings, data_dir:
     from contextlib import redirect_stdout
 
     from pipeline.cli import main as mirai
-    from pipeline.evaluation.submissions import SubmissionError, check_name_free
+    from pipeline.evaluation.submissions import SubmissionError
+    from pipeline.evaluation.submit import check_name_free
     from pipeline.live.rounds import baseline_name, deadline, read_local_manifest
     from pipeline.live.submissions import store_deadline
     from pipeline.release.layout import SUBMISSION_META, submission_key

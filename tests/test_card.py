@@ -13,8 +13,9 @@ import polars as pl
 import pytest
 import yaml
 
-from pipeline.splits import card
-from pipeline.splits.card import dataset_card, render_figures
+from pipeline.splits import card, card_composition, card_figures
+from pipeline.splits.card import dataset_card
+from pipeline.splits.card_figures import render_figures
 from pipeline.splits.schema import QUERIES_SCHEMA
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -115,7 +116,7 @@ def front_matter(text: str) -> dict:
 
 
 def test_level1_counts_cover_all_twenty_codes(queries):
-    counts = card.level1_counts(queries)
+    counts = card_figures.level1_counts(queries)
     assert counts["level1"].to_list() == [f"{i:02d}" for i in range(1, 21)]
     got = dict(counts.select("level1", "queries").iter_rows())
     # "01" in queries 0 and 5; "19" in 2 and 4 (twice in 4, counted once); "08" nowhere
@@ -123,15 +124,15 @@ def test_level1_counts_cover_all_twenty_codes(queries):
 
 
 def test_quad_counts_count_each_query_once_per_class(queries):
-    got = dict(card.quad_counts(queries).iter_rows())
+    got = dict(card_figures.quad_counts(queries).iter_rows())
     assert got == {1: 3, 2: 1, 3: 2, 4: 2}
 
 
 def test_country_involvement_and_pair_matrix(queries):
-    involvement = card.country_involvement(queries)
+    involvement = card_figures.country_involvement(queries)
     assert involvement.rows()[:2] == [("CHN", 3), ("USA", 3)]  # ties in code order, so the figure is stable
     top = involvement["country"].to_list()
-    matrix = card.pair_matrix(queries, top)
+    matrix = card_figures.pair_matrix(queries, top)
     assert matrix[top.index("USA"), top.index("CHN")] == 2
     assert matrix[top.index("CHN"), top.index("USA")] == 1
     assert matrix.sum() == queries.height and np.trace(matrix) == 0
@@ -174,7 +175,7 @@ def test_empty_input_renders_no_queries(queries, tmp_path):
     for path in figures.values():
         assert path.read_bytes().startswith(PNG_SIGNATURE)
         matplotlib.image.imread(path)
-    for draw in (card._relation_figure, card._pairs_figure):
+    for draw in (card_figures._relation_figure, card_figures._pairs_figure):
         assert "no queries" in [t.get_text() for t in draw(empty).texts]
 
 
@@ -287,7 +288,7 @@ def test_relative_figure_paths_are_kept(manifest, queries):
 
 
 def test_every_query_field_is_described():
-    assert set(card.FIELD_DESCRIPTIONS) == set(QUERIES_SCHEMA.names())
+    assert set(card_composition.FIELD_DESCRIPTIONS) == set(QUERIES_SCHEMA.names())
 
 
 def test_size_categories():
@@ -303,6 +304,6 @@ def test_size_categories():
 def test_long_answers_share_one_row(queries):
     codes = [f"{i:02d}0" for i in range(1, 13)]  # 12 level-2 codes in 12 level-1 codes
     long = pl.DataFrame([query(9, 2, "FRA", "DEU", codes)], schema=QUERIES_SCHEMA)
-    lengths = card.answer_lengths(pl.concat([queries, long]))
+    lengths = card_composition.answer_lengths(pl.concat([queries, long]))
     assert lengths.row(-1) == ("10+", 1, 1)
     assert lengths["level2"].sum() == queries.height + 1

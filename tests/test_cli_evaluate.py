@@ -25,7 +25,7 @@ from pipeline.cli.evaluate import evaluate_registry_entry
 from pipeline.config import Settings
 from pipeline.evaluation.registry import parse_agents
 from pipeline.evaluation.run import evaluate_agent
-from pipeline.evaluation.submissions import prepare, score_locally
+from pipeline.evaluation.submit import prepare, score_locally
 from pipeline.release.publish import publish_release
 from pipeline.release.store import open_store
 from pipeline.splits.split import Override, build_split

@@ -23,6 +23,7 @@ from pipeline.release.layout import MIRAI_BUNDLE_DIR, MIRAI_BUNDLE_FILES, name_p
 from pipeline.release.publish import publish_release
 from pipeline.release.store import open_store
 from pipeline.splits import mirai_files
+from pipeline.splits.mirai_export import export_mirai
 from pipeline.splits.mirai_files import (
     BUNDLE_FILES,
     EXPORT_MANIFEST,
@@ -31,9 +32,8 @@ from pipeline.splits.mirai_files import (
     QUERY_COLUMNS,
     ExportError,
     MiraiFormatError,
-    export_mirai,
-    import_mirai,
 )
+from pipeline.splits.mirai_import import import_mirai
 from pipeline.splits.split import Override, build_split
 from pipeline.storage import DataLayout, write_sealed_parquet
 from testbed.database import generate_event_database

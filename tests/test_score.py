@@ -17,7 +17,7 @@ import polars as pl
 import pytest
 
 from pipeline.cli import main
-from pipeline.evaluation import scoring
+from pipeline.evaluation import score_inputs, scoring
 from pipeline.evaluation.metrics import hit_at_k, mrr, score
 
 GOLD = {
@@ -289,7 +289,7 @@ def test_hostile_files_are_refused(release, tmp_path, capsys, monkeypatch):
     link.symlink_to(good)
     code, _, err = _run(capsys, link, "--split", release)
     assert code == 1 and "refused: a symbolic link" in err
-    monkeypatch.setattr(scoring, "MAX_PREDICTIONS_BYTES", 100)
+    monkeypatch.setattr(score_inputs, "MAX_PREDICTIONS_BYTES", 100)
     code, _, err = _run(capsys, good, "--split", release)
     assert code == 1 and "larger than 100 bytes" in err
     monkeypatch.undo()
@@ -448,8 +448,8 @@ def test_a_predictions_file_that_understates_its_size_is_refused_and_the_process
     path = tmp_path / "predictions.parquet"
     path.write_bytes(zstd_bomb(600))
     assert path.stat().st_size < 64 * 2**10
-    with pytest.raises(scoring.ScoringError) as refused:
-        scoring.read_parquet(path)
+    with pytest.raises(score_inputs.ScoringError) as refused:
+        score_inputs.read_parquet(path)
     assert "refused: decoding it needs more than 256 MiB of memory" in str(refused.value)
     assert "\n" not in str(refused.value)
 
@@ -466,8 +466,8 @@ def test_answers_that_share_one_dictionary_value_are_measured_before_they_become
     table = pa.table({"query_id": [f"q{i}" for i in range(rows)], "answer": answers})
     pq.write_table(table, path, store_schema=False, compression="zstd")
     assert path.stat().st_size < 4 * 2**10
-    with pytest.raises(scoring.ScoringError, match=r"refused: answer values longer than \d+ bytes"):
-        scoring.read_parquet(path)
+    with pytest.raises(score_inputs.ScoringError, match=r"refused: answer values longer than \d+ bytes"):
+        score_inputs.read_parquet(path)
 
 
 def test_a_handed_over_split_whose_queries_file_is_a_bomb_is_refused(tmp_path):
@@ -475,8 +475,10 @@ def test_a_handed_over_split_whose_queries_file_is_a_bomb_is_refused(tmp_path):
     split = tmp_path / "split"
     split.mkdir()
     (split / "queries.parquet").write_bytes(zstd_bomb(600, column="answer_dict", understate=False))
-    with pytest.raises(scoring.ScoringError, match=r"not a split's queries file \(decoding it needs more than 256 MiB"):
-        scoring.load_split(split)
+    with pytest.raises(
+        score_inputs.ScoringError, match=r"not a split's queries file \(decoding it needs more than 256 MiB"
+    ):
+        score_inputs.load_split(split)
 
 
 def test_a_thousand_shared_codes_per_ranked_list_are_refused_by_their_sum(tmp_path):
@@ -492,8 +494,8 @@ def test_a_thousand_shared_codes_per_ranked_list_are_refused_by_their_sum(tmp_pa
     table = pa.table({"query_id": [f"q{i}" for i in range(rows)], "answer": ["{}"] * rows, "ranked": ranked})
     pq.write_table(table, path, compression="zstd", dictionary_pagesize_limit=4 << 20)
     assert path.stat().st_size < 4 * 2**10
-    with pytest.raises(scoring.ScoringError, match=r"refused: more than \d+ bytes of ranked codes"):
-        scoring.read_parquet(path)
+    with pytest.raises(score_inputs.ScoringError, match=r"refused: more than \d+ bytes of ranked codes"):
+        score_inputs.read_parquet(path)
 
 
 def test_a_split_whose_shared_answers_would_parse_to_gigabytes_is_refused(tmp_path):
@@ -508,5 +510,5 @@ def test_a_split_whose_shared_answers_would_parse_to_gigabytes_is_refused(tmp_pa
     split.mkdir()
     table = pa.table({"query_id": [f"2024-01-{i:05d}" for i in range(rows)], "answer_dict": column})
     pq.write_table(table, split / "queries.parquet", store_schema=False, compression="zstd")
-    with pytest.raises(scoring.ScoringError, match=r"answer_dict values too long to be gold answers"):
-        scoring.load_split(split)
+    with pytest.raises(score_inputs.ScoringError, match=r"answer_dict values too long to be gold answers"):
+        score_inputs.load_split(split)

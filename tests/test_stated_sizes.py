@@ -261,15 +261,15 @@ def test_a_split_column_only_relation_query_reads_is_measured_before_its_rows_ar
     """load_split decodes query_id and answer_dict in the capped child; --relation-query then read
     query_id, date, s and o of the same handed-over file in this process with a plain
     pl.read_parquet (its footer believed) and made every row Python strings: 200 MiB here."""
-    from pipeline.evaluation import scoring
+    from pipeline.evaluation import score_inputs
 
     split = tmp_path / "split"
     _split_with_a_shared_huge_actor(split, rows=200)
     relation_query = tmp_path / "relation_query.csv"
     relation_query.write_text("QueryId\tDateStr\tActor1CountryCode\tActor2CountryCode\n1\t2024-01-02\tDEU\tFRA\n")
-    scoring.load_split(split)  # the columns it reads are sound
-    with peak_mib() as peak, pytest.raises(scoring.ScoringError) as refused:
-        scoring.relation_query_file_ids(split, False, relation_query)
+    score_inputs.load_split(split)  # the columns it reads are sound
+    with peak_mib() as peak, pytest.raises(score_inputs.ScoringError) as refused:
+        score_inputs.relation_query_file_ids(split, False, relation_query)
     assert "queries.parquet" in str(refused.value) and "s values longer than" in str(refused.value)
     assert peak[0] < 16, f"refusing it took {peak[0]:.1f} MiB"
 
@@ -309,7 +309,7 @@ def wide_parquet(path: Path) -> Path:
 def test_a_footer_longer_than_any_of_ours_is_refused_before_anything_parses_it(tmp_path):
     from pipeline.agent_api.environment import DatabaseFileError, _read_month
     from pipeline.evaluation.queries import InvalidQueries, read_queries
-    from pipeline.evaluation.scoring import ScoringError, read_parquet
+    from pipeline.evaluation.score_inputs import ScoringError, read_parquet
     from pipeline.untrusted_parquet import MAX_FOOTER_BYTES
 
     path = wide_parquet(tmp_path / "queries.parquet")

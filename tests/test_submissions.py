@@ -18,6 +18,7 @@ from assets.resources import resources_for
 from assets.submissions import submission
 from pipeline.cli import main
 from pipeline.config import Settings
+from pipeline.evaluation import submission_metadata
 from pipeline.evaluation import submissions as sub
 from pipeline.release.layout import UnsafeRelease
 from pipeline.release.store import LocalStore, open_store
@@ -142,7 +143,7 @@ def one_line(reasons: list[str]) -> bool:
 )
 def test_each_metadata_problem_is_one_line_naming_the_field(change, expected):
     meta = {**META, **change}
-    parsed, _, problems = sub.parse_metadata(json.dumps(meta).encode())
+    parsed, _, problems = submission_metadata.parse_metadata(json.dumps(meta).encode())
     assert parsed is None
     assert any(expected in p for p in problems), problems
     assert one_line(problems)
@@ -156,19 +157,19 @@ def test_each_metadata_problem_is_one_line_naming_the_field(change, expected):
         (b"[" * 8000 + b"]" * 8000, "nested too deeply"),
         (b'"a string"', "is not a JSON object but str"),
         (b'{"model": "a", "model": "b"}', "the field 'model' appears twice"),
-        (b" " * (sub.MAX_METADATA_BYTES + 1), "larger than 16,384 bytes"),
+        (b" " * (submission_metadata.MAX_METADATA_BYTES + 1), "larger than 16,384 bytes"),
         (json.dumps({k: v for k, v in META.items() if k != "month"}).encode(), "the field 'month' is missing"),
     ],
 )
 def test_malformed_metadata_is_refused_in_one_line(raw, expected):
-    parsed, _, problems = sub.parse_metadata(raw)
+    parsed, _, problems = submission_metadata.parse_metadata(raw)
     assert parsed is None and one_line(problems)
     assert any(expected in p for p in problems), problems
 
 
 def test_optional_costs_may_be_absent_or_null():
-    bare = {k: v for k, v in META.items() if k not in sub.OPTIONAL_FIELDS}
-    meta, _, problems = sub.parse_metadata(json.dumps({**bare, "cost_usd": None}).encode())
+    bare = {k: v for k, v in META.items() if k not in submission_metadata.OPTIONAL_FIELDS}
+    meta, _, problems = submission_metadata.parse_metadata(json.dumps({**bare, "cost_usd": None}).encode())
     assert problems == [] and meta.tokens_in is None and meta.cost_usd is None
 
 
@@ -303,7 +304,9 @@ def test_oversized_uploads_are_refused_by_their_listed_size_without_being_read(s
         f"predictions.jsonl is {sub.MAX_SUBMISSION_BYTES + 1:,} bytes, over the 67,108,864 cap; not read"
     ]
 
-    big_meta = upload(store, "big-meta", json.dumps({**META, "model": "m"}).encode() + b" " * sub.MAX_METADATA_BYTES)
+    big_meta = upload(
+        store, "big-meta", json.dumps({**META, "model": "m"}).encode() + b" " * submission_metadata.MAX_METADATA_BYTES
+    )
     record = sub.process(store, "big-meta", data_dir)
     assert record["status"] == "rejected" and "bytes, over the 16,384 cap" in record["reasons"][0]
     assert (big_meta / "rejection.json").exists()

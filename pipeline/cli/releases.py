@@ -143,7 +143,8 @@ def add_download(sub, debug: argparse.ArgumentParser) -> None:
 
 def cmd_export_mirai(args: argparse.Namespace) -> int:
     """Write a month's database and split as the files MIRAI's scripts read (docs/mirai.md)."""
-    from pipeline.splits.mirai_files import ExportError, export_mirai
+    from pipeline.splits.mirai_export import export_mirai
+    from pipeline.splits.mirai_files import ExportError
 
     try:
         result = export_mirai(args.month, Settings.from_env().data_dir, args.out)
@@ -207,7 +208,8 @@ def add_export(sub, debug: argparse.ArgumentParser) -> None:
 
 def cmd_import_mirai(args: argparse.Namespace) -> int:
     """Read MIRAI's published files into a data directory of ours (docs/mirai.md)."""
-    from pipeline.splits.mirai_files import ExportError, MiraiFormatError, import_mirai
+    from pipeline.splits.mirai_files import ExportError, MiraiFormatError
+    from pipeline.splits.mirai_import import import_mirai
 
     settings = Settings.from_env()
     target = args.data or settings.data_dir / "imports" / "mirai"

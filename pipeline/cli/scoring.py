@@ -17,13 +17,8 @@ from pipeline.storage import atomic_write_bytes
 
 def cmd_score(args: argparse.Namespace) -> int:
     """Score a predictions file against a split (docs/evaluation.md, "Score your own predictions")."""
-    from pipeline.evaluation.scoring import (
-        InvalidPredictions,
-        ScoringError,
-        bounded,
-        score_predictions,
-        split_directory,
-    )
+    from pipeline.evaluation.score_inputs import ScoringError, split_directory
+    from pipeline.evaluation.scoring import InvalidPredictions, bounded, score_predictions
 
     try:
         data_dir = None if Path(args.split).is_dir() else Settings.from_env().data_dir
@@ -80,15 +75,11 @@ def add_score(sub, debug: argparse.ArgumentParser) -> None:
 def cmd_submit(args: argparse.Namespace) -> int:
     """Check a predictions file and its submission.json as the pipeline will, then upload them to the
     release store's submissions/ (docs/evaluation.md, "Submissions")."""
-    from pipeline.evaluation.scoring import InvalidPredictions, ScoringError, bounded, split_directory
-    from pipeline.evaluation.submissions import (
-        LiveMetadata,
-        SubmissionError,
-        check_name_free,
-        cutoff_rule,
-        prepare,
-        score_locally,
-    )
+    from pipeline.evaluation.score_inputs import ScoringError, split_directory
+    from pipeline.evaluation.scoring import InvalidPredictions, bounded
+    from pipeline.evaluation.submission_metadata import LiveMetadata, cutoff_rule
+    from pipeline.evaluation.submissions import SubmissionError
+    from pipeline.evaluation.submit import check_name_free, prepare, score_locally
     from pipeline.live.submissions import check_live_locally
     from pipeline.release.store import open_store
 
@@ -136,7 +127,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 
 def _upload(store, prepared) -> int:
-    from pipeline.evaluation.submissions import SubmissionError, upload
+    from pipeline.evaluation.submissions import SubmissionError
+    from pipeline.evaluation.submit import upload
 
     try:
         upload(store, prepared)

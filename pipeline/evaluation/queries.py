@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 
 from pipeline.evaluation.metrics import gold_relations
 from pipeline.evaluation.mirai_predictions import is_query_id
-from pipeline.evaluation.scoring import MAX_PREDICTIONS_BYTES, MAX_RECORDS
+from pipeline.evaluation.score_inputs import MAX_PREDICTIONS_BYTES, MAX_RECORDS
 from pipeline.reference.tables import iso3_codes
 from pipeline.release.layout import DATABASE_TABLES, check_inside, shown
 from pipeline.splits.database import MonthNotReady

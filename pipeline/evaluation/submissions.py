@@ -15,36 +15,39 @@ registry.eligibility's rule); ``rejected`` (and ``rejection.json`` beside the up
 Two states are not outcomes: an upload still in progress, and a month whose split this pipeline
 has not built yet: both are retried at a later look (``triage``).
 
-A submission.json with a "round" field is for a live round (docs/live.md, "Submitting"): its
-metadata is checked here (``parse_live_metadata``, which `mirai submit` applies too), and it is
+submission.json's fields are checked by pipeline/evaluation/submission_metadata.py. One with a
+"round" field is for a live round (docs/live.md, "Submitting"): its metadata is checked there
+(``parse_live_metadata``, which `mirai submit` applies too), and it is
 accepted or rejected by live/submissions.py, which owns live submissions and is the pipeline's
 way in to all of them: its ``process`` and ``triage`` are these, given its LIVE_PATH
 (``LivePath``; live/ builds on evaluation/, never the reverse).
 
-`mirai submit` (``prepare``, ``score_locally``, ``check_name_free``, ``upload``): the checks above
-on local files, then the upload; a live submission's predictions are checked against its round by
-live/submissions.py's ``check_live_locally``.
+`mirai submit` (``prepare``, ``score_locally``, ``check_name_free``, ``upload``: the checks above
+on local files, then the upload) is pipeline/evaluation/submit.py; a live submission's predictions
+are checked against its round by live/submissions.py's ``check_live_locally``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import math
-import re
 import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
-from pipeline.evaluation.registry import Agent, eligibility
-from pipeline.evaluation.scoring import (
-    MAX_PREDICTIONS_BYTES,
-    InvalidPredictions,
-    ScoringError,
-    bounded,
-    score_predictions,
+from pipeline.evaluation.score_inputs import MAX_PREDICTIONS_BYTES, ScoringError
+from pipeline.evaluation.scoring import InvalidPredictions, bounded, score_predictions
+from pipeline.evaluation.submission_metadata import (
+    MAX_METADATA_BYTES,
+    OPTIONAL_FIELDS,
+    QUERY_SETS,
+    REQUIRED_FIELDS,
+    Metadata,
+    cutoff_rule,
+    is_live_metadata,
+    parse_metadata,
 )
 from pipeline.release.layout import (
     PREDICTION_NAMES,
@@ -55,8 +58,6 @@ from pipeline.release.layout import (
     SUBMISSIONS_DIR,
     ReleaseError,
     UnsafeRelease,
-    is_day,
-    is_month,
     is_submission_name,
     shown,
     submission_key,
@@ -67,13 +68,9 @@ from pipeline.storage import DataLayout, atomic_write_bytes, file_lock
 
 RECORD_FORMAT = "mirai-submission-record-v1"
 REJECTION_FORMAT = "mirai-submission-rejection-v1"
-# submission.json is a dozen short fields (~400 bytes); 16 KiB leaves room and bounds the parse
-# (16 Ki nested brackets at most, past Python's recursion limit, which is caught).
-MAX_METADATA_BYTES = 16 * 2**10
 # The predictions file: the cap `mirai score` applies to a local file (a month's ~2,000 queries
 # with full answers are under 10 MB as JSONL), checked on the listed size before any byte is read.
 MAX_SUBMISSION_BYTES = MAX_PREDICTIONS_BYTES
-MAX_TEXT_CHARS = 200  # model and contact: a name and an e-mail address or URL
 # Keys listed per look at the store (the sensor pages through the rest on later ticks), and per
 # submission (it holds at most len(SUBMISSION_FILES) objects; more is an attack or a mistake).
 MAX_LISTED_KEYS = 5000
@@ -84,28 +81,6 @@ ABANDONED_AFTER = timedelta(hours=1)
 # waits this long behind others fails and can be materialised again.
 LOCK_TIMEOUT_S = 600
 
-QUERY_SETS = ("queries", "queries_sample")
-API_MODES = ("native", "mirai")
-ACTION_TYPES = ("single_function", "code_block", "none")
-MAX_DISTANCE = 365
-MAX_ROUNDS = 100
-MAX_TOKENS = 10**15
-MAX_COST_USD = 10**9
-_DAY = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-REQUIRED_FIELDS = (
-    "model",
-    "knowledge_cutoff",
-    "contact",
-    "month",
-    "query_set",
-    "distance",
-    "rounds",
-    "api_mode",
-    "action_type",
-)
-OPTIONAL_FIELDS = ("tokens_in", "tokens_out", "cost_usd")
-
 
 class SubmissionError(ReleaseError):
     """A submission cannot be processed as asked (not one to refuse: e.g. an invalid name, which
@@ -114,172 +89,6 @@ class SubmissionError(ReleaseError):
 
 class NotReady(SubmissionError):
     """Not yet processable (an upload in progress, a month without a split): try again later."""
-
-
-@dataclass(frozen=True)
-class Metadata:
-    model: str
-    knowledge_cutoff: date
-    contact: str
-    month: str
-    query_set: str
-    distance: int
-    rounds: int
-    api_mode: str
-    action_type: str
-    tokens_in: int | None = None
-    tokens_out: int | None = None
-    cost_usd: float | None = None
-
-    def first_day(self) -> date:
-        return date.fromisoformat(f"{self.month}-01")
-
-
-# --- metadata -----------------------------------------------------------------------------------
-
-
-def _no_duplicates(pairs: list[tuple[str, object]]) -> dict:
-    keys = [k for k, _ in pairs]
-    duplicate = next((k for k in keys if keys.count(k) > 1), None)
-    if duplicate is not None:
-        raise ValueError(f"the field {shown(duplicate)} appears twice")
-    return dict(pairs)
-
-
-def _text_problem(value: object) -> str | None:
-    if not isinstance(value, str) or not value.strip():
-        return "must be a non-empty string"
-    if len(value) > MAX_TEXT_CHARS:
-        return f"is longer than {MAX_TEXT_CHARS} characters"
-    if _CONTROL.search(value):
-        return "contains a control character"
-    return None
-
-
-def _int_problem(value: object, low: int, high: int) -> str | None:
-    if type(value) is not int or not low <= value <= high:
-        return f"must be a whole number from {low} to {high:,}, got {shown(value)}"
-    return None
-
-
-def _choice_problem(value: object, choices: tuple[str, ...]) -> str | None:
-    return None if value in choices and isinstance(value, str) else f"must be one of {', '.join(choices)}"
-
-
-def _field_problem(name: str, value: object) -> str | None:
-    if name in ("model", "contact"):
-        return _text_problem(value)
-    if name == "knowledge_cutoff":
-        if not (isinstance(value, str) and _DAY.fullmatch(value)):
-            return f"must be a date YYYY-MM-DD, got {shown(value)}"
-        try:
-            date.fromisoformat(value)
-        except ValueError:
-            return f"is not a real date: {shown(value)}"
-        return None
-    if name == "month":
-        return None if is_month(value) else f"must be a month YYYY-MM, got {shown(value)}"
-    if name == "query_set":
-        return _choice_problem(value, QUERY_SETS)
-    if name == "api_mode":
-        return _choice_problem(value, API_MODES)
-    if name == "action_type":
-        return _choice_problem(value, ACTION_TYPES)
-    if name == "distance":
-        return _int_problem(value, 1, MAX_DISTANCE)
-    if name == "rounds":
-        return _int_problem(value, 1, MAX_ROUNDS)
-    if value is None:  # the optional, self-reported costs
-        return None
-    if name == "cost_usd":
-        if type(value) not in (int, float) or not math.isfinite(value) or not 0 <= value <= MAX_COST_USD:
-            return f"must be null or a number of dollars from 0 to {MAX_COST_USD:,}, got {shown(value)}"
-        return None
-    return _int_problem(value, 0, MAX_TOKENS)
-
-
-def metadata_object(raw: bytes) -> tuple[dict | None, list[str]]:
-    """submission.json as a JSON object, or (None, the one line saying why it is not one)."""
-    if len(raw) > MAX_METADATA_BYTES:
-        return None, [f"{SUBMISSION_META} is larger than {MAX_METADATA_BYTES:,} bytes"]
-    try:
-        value = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates)
-    except UnicodeDecodeError:
-        return None, [f"{SUBMISSION_META} is not UTF-8 text"]
-    except RecursionError:
-        return None, [f"{SUBMISSION_META}: JSON nested too deeply"]
-    except ValueError as exc:
-        return None, [f"{SUBMISSION_META} is not valid JSON ({str(exc).splitlines()[0][:120]})"]
-    if not isinstance(value, dict):
-        return None, [f"{SUBMISSION_META} is not a JSON object but {type(value).__name__}"]
-    return value, []
-
-
-def _checked_fields(
-    value: dict, required: tuple[str, ...], optional: tuple[str, ...], known_as: str, check
-) -> tuple[dict, list[str]]:
-    """(the fields that hold, one line per unknown, missing or invalid field), each field checked
-    by ``check(name, value)`` -> a problem or None."""
-    allowed = required + optional
-    problems = [
-        f"{SUBMISSION_META}: unknown field {shown(key)} ({known_as} are {', '.join(allowed)})"
-        for key in value
-        if key not in allowed
-    ]
-    good = {}
-    for name in allowed:
-        if name not in value:
-            if name in required:
-                problems.append(f"{SUBMISSION_META}: the field {name!r} is missing")
-            continue
-        problem = check(name, value[name])
-        if problem:
-            problems.append(f"{SUBMISSION_META}: {name} {problem}")
-        else:
-            good[name] = value[name]
-    return good, problems
-
-
-def _live_field_problem(name: str, value: object) -> str | None:
-    if name == "round":
-        return None if is_day(value) else f"must be a day YYYY-MM-DD, got {shown(value)}"
-    if name == "owner_key":  # a secret: never quoted
-        ok = isinstance(value, str) and MIN_OWNER_KEY_CHARS <= len(value) <= MAX_OWNER_KEY_CHARS and value.isprintable()
-        return (
-            None if ok else f"must be {MIN_OWNER_KEY_CHARS} to {MAX_OWNER_KEY_CHARS} printable characters (not shown)"
-        )
-    return _field_problem(name, value)
-
-
-def parse_metadata(raw: bytes) -> tuple[Metadata | None, dict, list[str]]:
-    """(the metadata when every field holds, the fields that hold, one line per problem)."""
-    value, problems = metadata_object(raw)
-    if value is None:
-        return None, {}, problems
-    good, problems = _checked_fields(value, REQUIRED_FIELDS, OPTIONAL_FIELDS, "the fields", _field_problem)
-    if problems:
-        return None, good, problems
-    meta = Metadata(**{**good, "knowledge_cutoff": date.fromisoformat(good["knowledge_cutoff"])})
-    return meta, good, []
-
-
-def cutoff_rule(meta: Metadata) -> tuple[bool, str]:
-    """registry.eligibility's rule, applied to a submission as to a registered agent: rankable only
-    when the knowledge cutoff falls before the month's first day (MIRAI §3.3)."""
-    agent = Agent(
-        name="submission",
-        kind="llm",
-        knowledge_cutoff=meta.knowledge_cutoff,
-        distances=(meta.distance,),
-        rounds=meta.rounds,
-    )
-    eligible, _ = eligibility(agent, meta.first_day())
-    if eligible:
-        return True, f"knowledge cutoff {meta.knowledge_cutoff} is before {meta.month}"
-    return False, (
-        f"contaminated: knowledge cutoff {meta.knowledge_cutoff} is not before {meta.first_day()}: the model may have "
-        f"seen {meta.month}'s events, so it is scored and shown, never ranked"
-    )
 
 
 def split_queries(data_dir: Path, month: str, query_set: str) -> Path:
@@ -453,6 +262,32 @@ def process(
         return _process(store, list_upload(store, name), data_dir, now or _now(), live)
 
 
+# _process's checks of what was listed, before any byte is read (out of it to keep it ~80 lines).
+def _shape_problems(upload: Upload) -> list[str]:
+    """The upload's odd keys, a half-upload and more than one predictions file, one line each."""
+    meta_item, predictions = upload.files.get(SUBMISSION_META), upload.predictions
+    problems = list(upload.odd)
+    if meta_item is None:
+        problems.append(
+            f"half-uploaded: no {SUBMISSION_META} beside the predictions after {ABANDONED_AFTER} "
+            f"(upload the predictions first, {SUBMISSION_META} last)"
+        )
+    if not predictions:
+        problems.append(f"half-uploaded: no predictions file (expected one of {', '.join(PREDICTION_NAMES)})")
+    elif len(predictions) > 1:
+        problems.append(f"more than one predictions file: {', '.join(p.key.rsplit('/', 1)[1] for p in predictions)}")
+    return problems
+
+
+def _oversized(predictions: list[ListedKey]) -> list[str]:
+    """A line per predictions file whose listed size is over the cap (never read)."""
+    oversized = [p for p in predictions if p.size > MAX_SUBMISSION_BYTES]
+    return [
+        f"{p.key.rsplit('/', 1)[1]} is {p.size:,} bytes, over the {MAX_SUBMISSION_BYTES:,} cap; not read"
+        for p in oversized
+    ]
+
+
 def _process(store: ReleaseStore, upload: Upload, data_dir: Path, now: datetime, live: LivePath | None) -> dict:
     name, files = upload.name, upload.files
     meta_item, predictions = files.get(SUBMISSION_META), upload.predictions
@@ -471,16 +306,7 @@ def _process(store: ReleaseStore, upload: Upload, data_dir: Path, now: datetime,
             raise SubmissionError(f"no submission {name!r} in {store.description}")
         if predictions and now - predictions[0].modified < ABANDONED_AFTER:
             raise NotReady(f"{name}: upload in progress ({SUBMISSION_META}, uploaded last, is not there yet)")
-    problems = list(upload.odd)
-    if meta_item is None:
-        problems.append(
-            f"half-uploaded: no {SUBMISSION_META} beside the predictions after {ABANDONED_AFTER} "
-            f"(upload the predictions first, {SUBMISSION_META} last)"
-        )
-    if not predictions:
-        problems.append(f"half-uploaded: no predictions file (expected one of {', '.join(PREDICTION_NAMES)})")
-    elif len(predictions) > 1:
-        problems.append(f"more than one predictions file: {', '.join(p.key.rsplit('/', 1)[1] for p in predictions)}")
+    problems = _shape_problems(upload)
     meta, fields = None, {}
     if meta_item is not None:
         if meta_item.size > MAX_METADATA_BYTES:
@@ -496,11 +322,7 @@ def _process(store: ReleaseStore, upload: Upload, data_dir: Path, now: datetime,
             else:
                 meta, fields, found = parse_metadata(raw or b"")
                 problems += found
-    oversized = [p for p in predictions if p.size > MAX_SUBMISSION_BYTES]
-    problems += [
-        f"{p.key.rsplit('/', 1)[1]} is {p.size:,} bytes, over the {MAX_SUBMISSION_BYTES:,} cap; not read"
-        for p in oversized
-    ]
+    problems += _oversized(predictions)
     if problems or meta is None:
         return rejected(problems, fields)
     item = predictions[0]
@@ -549,49 +371,11 @@ def _process(store: ReleaseStore, upload: Upload, data_dir: Path, now: datetime,
     return record
 
 
-# --- live rounds: the metadata and LivePath (docs/live.md, "Submitting"; the rest: live/submissions.py) ----
+# --- live rounds: LivePath (docs/live.md, "Submitting"; the rest: live/submissions.py) ----------------
 
-LIVE_FIELDS = ("model", "knowledge_cutoff", "contact", "round")
-# A secret of the submitter's own, the same in every submission of one model: only submissions
-# carrying it count as that model's on the live board (docs/live.md, "Who a row belongs to").
-LIVE_OPTIONAL_FIELDS = ("owner_key",)
-MIN_OWNER_KEY_CHARS, MAX_OWNER_KEY_CHARS = 16, 256
 # data_dir/submissions/<name>/live.json: {"round": D}, where a processed live submission's record
 # is (live/D/submissions/<name>/record.json); a record.json there would be a monthly one.
 LIVE_POINTER = "live.json"
-
-
-@dataclass(frozen=True)
-class LiveMetadata:
-    model: str
-    knowledge_cutoff: date
-    contact: str
-    round: date
-
-
-def is_live_metadata(raw: bytes) -> bool:
-    """Whether submission.json is an object with a "round" field: a live round's submission."""
-    value, _ = metadata_object(raw)
-    return value is not None and "round" in value
-
-
-def parse_live_metadata(raw: bytes) -> tuple[LiveMetadata | None, dict, list[str]]:
-    """As parse_metadata, for a live submission: model, knowledge_cutoff, contact and round."""
-    value, problems = metadata_object(raw)
-    if value is None:
-        return None, {}, problems
-    good, problems = _checked_fields(
-        value, LIVE_FIELDS, LIVE_OPTIONAL_FIELDS, "a live round's fields", _live_field_problem
-    )
-    if problems:
-        return None, good, problems
-    meta = LiveMetadata(
-        model=good["model"],
-        knowledge_cutoff=date.fromisoformat(good["knowledge_cutoff"]),
-        contact=good["contact"],
-        round=date.fromisoformat(good["round"]),
-    )
-    return meta, good, []
 
 
 def live_pointer_path(data_dir: Path, name: str) -> Path:
@@ -690,89 +474,3 @@ def triage(
                 continue
         result.ready[name] = content.hexdigest()[:16]
     return result
-
-
-# --- mirai submit -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Prepared:
-    """A submission checked on the submitter's machine, ready to upload."""
-
-    name: str
-    meta: Metadata | LiveMetadata
-    metadata: bytes  # submission.json as read
-    filename: str  # predictions.<ext>
-    predictions: bytes
-
-
-def _read_local(path: Path, cap: int, what: str) -> bytes:
-    try:
-        size = path.stat().st_size
-    except OSError as exc:
-        raise SubmissionError(f"{path}: {exc.strerror}") from None
-    if not path.is_file():
-        raise SubmissionError(f"{path}: not a file")
-    if size > cap:
-        raise SubmissionError(f"{path}: {what} is {size:,} bytes, over the {cap:,} cap")
-    with open(path, "rb") as fh:
-        data = fh.read(cap + 1)
-    if len(data) > cap:
-        raise SubmissionError(f"{path}: {what} is over the {cap:,} cap")
-    return data
-
-
-def prepare(name: str, predictions: Path, metadata: Path) -> tuple[Prepared | None, list[str]]:
-    """The checks the pipeline applies before scoring, on local files: (the submission, []) or
-    (None, one line per problem)."""
-    problems = []
-    if not is_submission_name(name):
-        problems.append(f"the name {shown(name)} is not letters, digits and '._-' (at most 64, starting alphanumeric)")
-    suffix = predictions.suffix.lower()
-    filename = f"predictions{suffix}"
-    if filename not in PREDICTION_NAMES:
-        problems.append(
-            f"{predictions}: expected a .jsonl, .csv or .parquet file (MIRAI round directories: `mirai score`)"
-        )
-    meta, raw, data = None, b"", b""
-    try:
-        raw = _read_local(metadata, MAX_METADATA_BYTES, SUBMISSION_META)
-        meta, _, found = (parse_live_metadata if is_live_metadata(raw) else parse_metadata)(raw)
-        problems += [line.replace(SUBMISSION_META, str(metadata), 1) for line in found]
-    except SubmissionError as exc:
-        problems.append(str(exc))
-    try:
-        data = _read_local(predictions, MAX_SUBMISSION_BYTES, "the predictions file")
-    except SubmissionError as exc:
-        problems.append(str(exc))
-    if problems or meta is None:
-        return None, problems
-    return Prepared(name, meta, raw, filename, data), []
-
-
-def score_locally(prepared: Prepared, split_dir: Path):
-    """Strict scoring as the pipeline's (InvalidPredictions / ScoringError when it would refuse)."""
-    with tempfile.TemporaryDirectory(prefix="mirai-submit-") as private:
-        path = Path(private) / prepared.filename
-        path.write_bytes(prepared.predictions)
-        return score_predictions(
-            path, split_dir, sample=prepared.meta.query_set == "queries_sample", distance=prepared.meta.distance
-        )
-
-
-def check_name_free(store: ReleaseStore, name: str) -> None:
-    if store.list_keys(f"{SUBMISSIONS_DIR}/{name}/", max_keys=1).keys:
-        raise SubmissionError(f"the submission name {name!r} is taken in {store.description}: choose another")
-
-
-def upload(store: ReleaseStore, prepared: Prepared) -> None:
-    """Predictions first, submission.json last (its presence means the upload is complete); an
-    existing name is never overwritten (SubmissionError)."""
-    name = prepared.name
-    check_name_free(store, name)
-    for file, data in ((prepared.filename, prepared.predictions), (SUBMISSION_META, prepared.metadata)):
-        if not store.put_bytes(submission_key(name, file), data, cache_control=POINTER_CACHE, if_absent=True):
-            raise SubmissionError(
-                f"{submission_key(name, file)} appeared in {store.description} meanwhile: the name {name!r} is "
-                "taken; choose another"
-            )

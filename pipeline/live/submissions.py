@@ -25,22 +25,21 @@ from pathlib import Path
 import polars as pl
 
 from pipeline.evaluation import submissions as evaluation_submissions
-from pipeline.evaluation.scoring import ScoringError, bounded, match_queries, read_submission
+from pipeline.evaluation.score_inputs import ScoringError, read_submission
+from pipeline.evaluation.scoring import bounded, match_queries
+from pipeline.evaluation.submission_metadata import MAX_METADATA_BYTES, metadata_object, parse_live_metadata
 from pipeline.evaluation.submissions import (
     MAX_LISTED_KEYS,
-    MAX_METADATA_BYTES,
     MAX_SUBMISSION_BYTES,
     LivePath,
     NotReady,
-    Prepared,
     Triage,
     Upload,
     live_pointer_path,
-    metadata_object,
-    parse_live_metadata,
     put_rejection,
     read_capped,
 )
+from pipeline.evaluation.submit import Prepared
 from pipeline.live.rounds import read_local_manifest, recorded_baselines, resolved_targets, round_dir
 from pipeline.release.layout import (
     LIVE_QUESTIONS,
@@ -160,6 +159,27 @@ def normalised_predictions(query_ids: list[str], found: dict[str, tuple[object, 
     )
 
 
+def _too_late(data_dir: Path, day: date, manifest: dict, extra: dict, late: bool, how: str) -> list[str]:
+    """A live submission's timing problems: past the deadline, or its round already resolved (out
+    of _process_live to keep it under ~80 lines)."""
+    problems = []
+    if late:
+        problems.append(
+            f"late: the submission's last object reached the store at {extra['submitted_at']}, after the round's "
+            f"deadline {extra['deadline']} ({how})"
+        )
+    # Answers published, no forecast is taken, whatever the store says of its objects' times: a
+    # store that dates a multipart upload by its start would let one begun before the deadline
+    # and completed after the answers came out pass the check above.
+    answered = resolved_targets(data_dir, day, [date.fromisoformat(t) for t in manifest["target_dates"]])
+    if answered:
+        problems.append(
+            f"round {day} is already resolved (answers for {', '.join(map(str, answered))} are out): a submission "
+            "processed after that is refused, whatever its objects' timestamps"
+        )
+    return problems
+
+
 def _process_live(
     store: ReleaseStore, upload: Upload, data_dir: Path, now: datetime, raw: bytes, problems: list[str], rejected
 ) -> dict:
@@ -197,20 +217,7 @@ def _process_live(
         record["reasons"] = put_rejection(store, name, record["reasons"], now.isoformat())
         return _write_live_record(data_dir, day, record)
 
-    if submitted > due:
-        problems.append(
-            f"late: the submission's last object reached the store at {extra['submitted_at']}, after the round's "
-            f"deadline {extra['deadline']} ({how})"
-        )
-    # Answers published, no forecast is taken, whatever the store says of its objects' times: a
-    # store that dates a multipart upload by its start would let one begun before the deadline
-    # and completed after the answers came out pass the check above.
-    answered = resolved_targets(data_dir, day, [date.fromisoformat(t) for t in manifest["target_dates"]])
-    if answered:
-        problems.append(
-            f"round {day} is already resolved (answers for {', '.join(map(str, answered))} are out): a submission "
-            "processed after that is refused, whatever its objects' timestamps"
-        )
+    problems += _too_late(data_dir, day, manifest, extra, submitted > due, how)
     if problems or meta is None:
         return refuse(problems)
     item = predictions[0]

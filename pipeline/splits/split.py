@@ -32,7 +32,7 @@ from pipeline.reference import (
 )
 from pipeline.release.layout import MIRAI_BUNDLE_DIR
 from pipeline.splits.database import MonthNotReady, month_days
-from pipeline.splits.mirai_files import write_bundle
+from pipeline.splits.mirai_export import write_bundle
 from pipeline.splits.schema import QUERIES_SCHEMA, SPLIT_VERSION
 from pipeline.storage import (
     DataLayout,
@@ -292,7 +292,7 @@ def _write_mirai_bundle(
     layout: DataLayout, month: date, queries: pl.DataFrame, sample: pl.DataFrame, staging: Path
 ) -> dict[str, dict]:
     """The split and the database through the month in MIRAI's file layout, under mirai/data/ of
-    the split directory, so every release carries them (pipeline/splits/mirai_files.py, docs/mirai.md)."""
+    the split directory, so every release carries them (pipeline/splits/mirai_export.py, docs/mirai.md)."""
     files, _ = write_bundle(layout, month, queries, sample, staging / MIRAI_BUNDLE_DIR)
     return {f"{MIRAI_BUNDLE_DIR}/{name}": entry for name, entry in files.items()}
 
@@ -300,7 +300,8 @@ def _write_mirai_bundle(
 def build_split(month: date, settings: Settings, *, now: datetime, override: Override | None = None) -> Split:
     """Build and publish (atomically, as one directory) the month's test split."""
     # Imported here: the card needs matplotlib, which costs ~0.5 s that nothing else should pay.
-    from pipeline.splits.card import dataset_card, render_figures
+    from pipeline.splits.card import dataset_card
+    from pipeline.splits.card_figures import render_figures
 
     month = month.replace(day=1)
     closure = month_closure(month, settings, now)
