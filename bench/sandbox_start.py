@@ -17,7 +17,7 @@ cutoff's table files (the months are loaded into memory first, so parquet readin
 episode's environment and its first ``run_code`` the bench waits ``--think`` seconds (default 2):
 a ReAct episode's first code block comes after at least one model reply, ~2 s from the endpoint
 issue 18 sizes for, and in that time the warm spare the previous episode's start launched
-(pipeline/agent_api/sandbox.py, SparePool) finishes its imports; ``--think 0`` measures starts back
+(pipeline/agent_api/sandbox_spares.py, SparePool) finishes its imports; ``--think 0`` measures starts back
 to back, where the spare is still importing when it is taken. ``--old-tree DIR``
 (a checkout of an earlier commit) also runs the same measurement in a subprocess importing that
 tree's ``pipeline``, and prints the ratio of the p50s.

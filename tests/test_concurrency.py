@@ -19,7 +19,8 @@ import polars as pl
 import pytest
 
 from pipeline.agent_api import EventDatabase
-from pipeline.agent_api.sandbox import DEFAULT_MEMORY_MB, SPARES
+from pipeline.agent_api.sandbox import DEFAULT_MEMORY_MB
+from pipeline.agent_api.sandbox_spares import SPARES
 from pipeline.evaluation import throughput
 from pipeline.evaluation.agent_config import agent_config_hash, endpoint_limits
 from pipeline.evaluation.agents import AgentSpec, react_environment

@@ -26,7 +26,8 @@ import pytest
 
 from pipeline.agent_api import EventDatabase
 from pipeline.agent_api.lockdown import NAMESPACES, SECCOMP_ARCHES, STDERR_LIMIT, machine
-from pipeline.agent_api.sandbox import CHILD_ENVIRONMENT, MAX_OUTPUT_CHARS, REPLY_CAP_BYTES
+from pipeline.agent_api.sandbox import MAX_OUTPUT_CHARS, REPLY_CAP_BYTES
+from pipeline.agent_api.sandbox_spares import CHILD_ENVIRONMENT
 from testbed.database import generate_event_database
 
 pytestmark = pytest.mark.skipif(

@@ -24,7 +24,7 @@ import pytest
 
 from pipeline.agent_api import EventDatabase
 from pipeline.agent_api.lockdown import SECCOMP_ARCHES, machine
-from pipeline.agent_api.sandbox import SPARES
+from pipeline.agent_api.sandbox_spares import SPARES
 from testbed.database import generate_event_database
 from tests.test_sandbox_attacks import BYPASS, RUN_ATTACKS, _nr
 
@@ -255,7 +255,7 @@ def test_a_reserved_pool_is_started_one_spare_at_a_time_and_shrinks_when_release
 
 EXIT_WHILE_STARTING = """
 import sys, time
-from pipeline.agent_api.sandbox import SPARES
+from pipeline.agent_api.sandbox_spares import SPARES
 SPARES.reserve((), 3)
 moment = sys.argv[1]
 while moment == "template" and () not in SPARES._templates:

@@ -620,8 +620,8 @@ class Environment:
         Variables persist between calls. See sandbox.py for what the sandbox allows."""
         # Imported here, not at the top, though no cycle needs it (sandbox.py imports no module that
         # imports this one): every sandbox child imports this module (sandbox_child.serve_episode),
-        # and must not import sandbox.py, whose import builds the parent's spare pool and registers
-        # its exit and at-fork hooks (sandbox.SPARES); only the parent runs code blocks.
+        # and must not import sandbox.py, whose import builds the parent's spare pool (via sandbox_spares.py) and registers
+        # its exit and at-fork hooks (sandbox_spares.SPARES); only the parent runs code blocks.
         from pipeline.agent_api.sandbox import Sandbox
 
         if self._sandbox is None:

@@ -3,38 +3,35 @@
 The agent's code is assumed to own the child's Python interpreter, so only kernel layers count.
 The child is forked from a template process per set of libraries that has done the imports and
 holds nothing else (sandbox_child.py), with a minimal environment, in namespaces of its own where
-the kernel allows, ahead of need: a warm spare (SparePool) that waits, holding no table and no
-code, for one episode. Then it receives, over
+the kernel allows, ahead of need: a warm spare (sandbox_spares.py) that waits, holding no table and
+no code, for one episode. Then it receives, over
 a socket, read-only descriptors of exactly the Environment's gated table files (written once per
 cutoff: table_files.py) and maps them, so nothing after the cutoff is in its memory, and locks
 itself down (lockdown.py) before any agent code runs. Without the seccomp allowlist code blocks are refused
 unless the operator allows them (``allow_unconfined``, MIRAI_SANDBOX_ALLOW_UNCONFINED). The parent
 trusts nothing the child writes: a reply is length-prefixed, capped, read under the block's
 deadline and checked against its request; a timeout, crash or protocol violation kills the child
-and a fresh one serves the next block. Threat model, layers and what is not defended:
+and a fresh one serves the next block. It runs only under the cutoff gate (cutoff_gate.py) and is
+stopped between blocks. Threat model, layers and what is not defended:
 docs/agent_api.md, "Threat model: agent code".
 """
 
 from __future__ import annotations
 
-import atexit
 import importlib.util
 import json
 import os
 import select
 import signal
 import socket
-import subprocess
 import sys
-import tempfile
-import threading
 import time
-from pathlib import Path
 
 from pipeline.agent_api import cutoff_gate
 from pipeline.agent_api.cutoff_gate import CutoffGate, GateError
 from pipeline.agent_api.lockdown import SECCOMP_ARCHES, machine
-from pipeline.agent_api.sandbox_protocol import FORK, FORKED, LIBRARIES, MAX_OBSERVATION_CHARS, TRUNCATION_NOTE, WARM
+from pipeline.agent_api.sandbox_protocol import LIBRARIES, MAX_OBSERVATION_CHARS, TRUNCATION_NOTE
+from pipeline.agent_api.sandbox_spares import SPARES, START_TIMEOUT_S, ProtocolError, SandboxError, Spare
 from pipeline.agent_api.shared_pages import SHARED_PAGES, process_tree
 
 DEFAULT_TIMEOUT_S = 30.0
@@ -45,13 +42,11 @@ DEFAULT_TIMEOUT_S = 30.0
 # an allocation is a MemoryError observation and the variables survive.
 DEFAULT_MEMORY_MB = 256
 DEFAULT_CPU_BUDGET_S = 600
-START_TIMEOUT_S = 120.0
 # How long a child whose pipe broke may take to end by itself, so that its exit code is reported.
 ENDED_GRACE_S = 2.0
 # How long a sandbox child may take to stop after SIGSTOP (measured: well under a millisecond); one
 # that is not stopped by then is killed before the cutoff gate is given back.
 STOP_TIMEOUT_S = 2.0
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
 # The largest reply a well-behaved child can send: a capped observation, every character escaped
 # by json.dumps to at most 12 bytes (a surrogate pair, "\\udXXX\\udXXX"), plus the envelope.
 MAX_OUTPUT_CHARS = MAX_OBSERVATION_CHARS + len(TRUNCATION_NOTE)
@@ -59,25 +54,6 @@ REPLY_CAP_BYTES = 12 * MAX_OUTPUT_CHARS + 1024
 READY_CAP_BYTES = 64 * 1024
 # The layers a report names (docs/agent_api.md, "Threat model"); evaluations record these.
 LAYER_KEYS = ("namespaces", "empty_root", "landlock", "seccomp", "audit_hook", "shared_pages")
-BLAS_THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
-# The whole environment of a template, hence of every sandbox child forked from it.
-CHILD_ENVIRONMENT = {
-    "PYTHONPATH": str(PROJECT_ROOT),
-    "PATH": "/usr/bin:/bin",
-    "LANG": "C.UTF-8",
-    "PYTHONDONTWRITEBYTECODE": "1",
-    # One BLAS/OpenMP thread: numpy would start one per core at import, for matrices far larger
-    # than a code block's; they would cost start time and address space.
-    **dict.fromkeys(BLAS_THREAD_VARIABLES, "1"),
-}
-
-
-class SandboxError(RuntimeError):
-    """The child could not be started, or code blocks are refused on this platform."""
-
-
-class ProtocolError(Exception):
-    """The child wrote something that is not the reply it owed (wrong shape, size or order)."""
 
 
 def _open_table_files(env) -> tuple[list[list[int]], list[int]]:
@@ -106,365 +82,6 @@ def _checked_report(message: dict) -> dict:
     return report
 
 
-class _Template:
-    """The template process of one set of libraries (sandbox_child.serve_template): it imports once
-    and forks every spare of that set, so a spare costs a fork and the API's warm-up instead of an
-    interpreter's start and imports. It holds no table, no configuration and no code, runs no
-    agent code and is reached only through its control socket, by this process."""
-
-    def __init__(self, libraries: tuple[str, ...]):
-        self.libraries = libraries
-        self._lock = threading.Lock()  # one fork at a time on the control socket
-        self._stop_lock = threading.Lock()
-        self._ended: str | None = None
-        self._warm = False
-        self.channel, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.stderr = tempfile.TemporaryFile()
-        try:
-            self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "pipeline.agent_api.sandbox_child",
-                    f"--libraries={','.join(libraries)}",
-                    f"--control={child_end.fileno()}",
-                ],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=self.stderr,
-                cwd="/",
-                # Every other descriptor of this process (children's pipes and table files
-                # included) is closed in the template.
-                close_fds=True,
-                pass_fds=(child_end.fileno(),),
-                env=CHILD_ENVIRONMENT,
-            )
-        except OSError as exc:
-            self.channel.close()
-            self.stderr.close()
-            raise SandboxError(f"the sandbox template could not be started: {exc}") from exc
-        finally:
-            child_end.close()
-
-    def fork(self, descriptors: list[int]) -> int:
-        """A pidfd of a child forked with ``descriptors`` (sandbox_protocol.SPARE_DESCRIPTORS);
-        OSError, EOFError, TimeoutError or ProtocolError if the template died, stalls or answers
-        anything else. The first call waits for the template's imports."""
-        with self._lock:
-            self.channel.settimeout(START_TIMEOUT_S)
-            if not self._warm:
-                message = self.channel.recv(len(WARM) + 1)
-                if message != WARM:
-                    raise (
-                        EOFError("the template ended during its imports")
-                        if not message
-                        else ProtocolError("the template's first message is not the warm signal")
-                    )
-                self._warm = True
-            socket.send_fds(self.channel, [FORK], descriptors)
-            message, fds, flags, _ = socket.recv_fds(self.channel, len(FORKED) + 1, 1)
-            if message != FORKED or len(fds) != 1 or flags & socket.MSG_CTRUNC:
-                for fd in fds:
-                    os.close(fd)
-                raise EOFError("the template ended") if not message else ProtocolError("not a forked child's pidfd")
-            return fds[0]
-
-    def stop(self) -> str:
-        """Kill the template (the children it forked for spares die with it); how it ended and
-        the tail of its stderr. Safe to call from several threads and more than once (the pool's
-        close at exit can meet a failed fork stopping the same template): the first stops it,
-        every call returns the same account."""
-        with self._stop_lock:
-            if self._ended is None:
-                if self.proc.poll() is None:
-                    self.proc.kill()
-                code = self.proc.wait()
-                # A fork in progress holds the lock; the template's death ends its wait (EOF), so
-                # the channel is closed only once no thread is reading it.
-                with self._lock:
-                    self.channel.close()
-                self._ended = "template " + _how_it_ended(code, self.stderr)
-            return self._ended
-
-
-def _how_it_ended(code: int, stderr) -> str:
-    """A process's exit code or signal and the tail of its stderr file (which is closed), for
-    error messages."""
-    stderr.seek(0)
-    tail = stderr.read()[-2000:].decode(errors="replace").strip()
-    stderr.close()
-    ended = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
-    return ended + (f"; stderr: {tail}" if tail else "")
-
-
-def _pid_of(pidfd: int) -> int:
-    """The process id a pidfd refers to, in this process's PID namespace (proc(5), fdinfo)."""
-    with open(f"/proc/self/fdinfo/{pidfd}") as fh:
-        for line in fh:
-            if line.startswith("Pid:"):
-                return int(line.split()[1])
-    raise OSError(f"no Pid in the fdinfo of pidfd {pidfd}")
-
-
-class _ForkedProcess:
-    """A spare's process as this process sees it (sandbox_child.fork_spare): the template's child
-    that waits for the sandbox child, reached through a pidfd, with the sandbox child's pipes. Only
-    the template may wait for it, so its exit code, the sandbox child's, comes over a status pipe:
-    none means it was killed (SIGKILL from here, or its parent's death)."""
-
-    def __init__(self, pidfd: int, stdin_fd: int, stdout_fd: int, status_fd: int):
-        self._pidfd, self._status = pidfd, status_fd
-        try:
-            self.pid = _pid_of(pidfd)
-        except OSError:
-            os.close(pidfd)
-            raise
-        self.stdin = open(stdin_fd, "wb", buffering=0)  # kept for the child's lifetime
-        self.stdout = open(stdout_fd, "rb", buffering=0)
-        self.returncode: int | None = None
-
-    def poll(self) -> int | None:
-        if self.returncode is None and select.select([self._pidfd], [], [], 0)[0]:
-            self._collect()
-        return self.returncode
-
-    def wait(self, timeout_s: float | None = None) -> int | None:
-        """The exit code, or None if the process still runs after ``timeout_s``."""
-        if self.returncode is None and select.select([self._pidfd], [], [], timeout_s)[0]:
-            self._collect()
-        return self.returncode
-
-    def kill(self) -> None:
-        if self.returncode is None:
-            try:
-                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-
-    def _collect(self) -> None:
-        try:
-            text = os.read(self._status, 16).strip()
-        finally:
-            os.close(self._status)
-            os.close(self._pidfd)
-        self.returncode = int(text) if text.lstrip(b"-").isdigit() else -signal.SIGKILL
-
-
-class _Spare:
-    """A child forked from its libraries' template (sandbox_child.fork_spare), warming up, not yet
-    given any episode: no table, no configuration, no code. Its only descriptors are its pipes,
-    its stderr file and the socket an episode arrives on, which it closes on arrival."""
-
-    def __init__(self, template: _Template):
-        self.libraries = template.libraries
-        self._warm_lock = threading.Lock()
-        self.warm = False
-        # SOCK_SEQPACKET: message boundaries, so the configuration and each part's descriptors
-        # (SCM_RIGHTS, unix(7)) arrive as sent.
-        self.channel, handover = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        # Kept for the child's lifetime (closed in _Child.stop), so not a with-block.
-        self.stderr = tempfile.TemporaryFile()
-        (stdin_r, stdin_w), (stdout_r, stdout_w), (status_r, status_w) = os.pipe(), os.pipe(), os.pipe()
-        try:
-            pidfd = template.fork([stdin_r, stdout_w, self.stderr.fileno(), handover.fileno(), status_w])
-            self.proc = _ForkedProcess(pidfd, stdin_w, stdout_r, status_r)
-        except (OSError, EOFError, TimeoutError, ProtocolError) as exc:
-            for fd in (stdin_w, stdout_r, status_r):
-                os.close(fd)
-            self.channel.close()
-            self.stderr.close()
-            raise SandboxError(f"the sandbox process could not be started: {exc}") from exc
-        finally:
-            for fd in (stdin_r, stdout_w, status_w):
-                os.close(fd)
-            handover.close()
-
-    def wait_warm(self, timeout_s: float) -> None:
-        """Until the child says its warm-up is done (sandbox_protocol.WARM); OSError, EOFError,
-        TimeoutError or ProtocolError if it dies, stalls or says anything else. Called by the
-        pool's starter and by the episode that takes the spare, whichever comes first."""
-        with self._warm_lock:
-            if self.warm:
-                return
-            self.channel.settimeout(timeout_s)
-            message = self.channel.recv(len(WARM) + 1)
-            if not message:
-                raise EOFError("the spare ended before its warm-up was done")
-            if message != WARM:
-                raise ProtocolError("the spare's first message is not the warm signal")
-            self.warm = True
-
-    def close_channel(self) -> None:
-        """Close the handover socket once the child has ended: the pool's starter may still be
-        in wait_warm on it (a spare stopped as surplus, or at exit), and the child's end closing
-        is what ends that wait, so no thread reads a descriptor closed (and maybe reused) under it."""
-        with self._warm_lock:
-            self.channel.close()
-
-
-class SparePool:
-    """Warm spares per set of libraries in this process (docs/agent_api.md, "Warm spares"), so
-    that an episode's start skips the interpreter's start and imports. One waits per set of
-    libraries in use; an evaluation ``reserve``s as many as its episodes run at once. A starter
-    thread keeps each set at its number, starting one spare at a time and the next only once
-    that one has imported (so spares never take both cores from running episodes), none while an
-    episode waits for its own child's imports (a spare taken before it was warm, or one started on
-    the spot when none waited), and a taken spare's successor only once the taken one has started
-    (so the two do not compete for the CPU during an episode's start). Each spare serves exactly one episode and is then stopped like any
-    child; nothing passes from one episode to the next. Spares are stopped at interpreter exit
-    (and die with this process: their stdin closes)."""
-
-    def __init__(self):
-        self._lock = threading.Condition()
-        self._waiting: dict[tuple[str, ...], list[_Spare]] = {}  # oldest first
-        self._wanted: dict[tuple[str, ...], int] = {}  # spares to keep waiting per set
-        self._reserved: dict[tuple[str, ...], list[int]] = {}  # evaluations' reservations per set
-        self._templates: dict[tuple[str, ...], _Template] = {}
-        self._starter: threading.Thread | None = None
-        self._closed = False
-        self._episodes_importing = 0  # episodes waiting for their own child's imports (wait_warm)
-
-    def take(self, libraries: tuple[str, ...]) -> _Spare:
-        """The oldest spare for ``libraries`` that is alive (warm, or the closest to it), started
-        now if there is none."""
-        with self._lock:
-            self._wanted.setdefault(libraries, 1)
-            waiting = self._waiting.get(libraries, [])
-            spare = waiting.pop(0) if waiting else None
-        if spare is not None and spare.proc.poll() is not None:
-            _Child(spare).stop()
-            return self.take(libraries)
-        return spare or self._spawn(libraries)
-
-    def _spawn(self, libraries: tuple[str, ...]) -> _Spare:
-        """A new spare forked from ``libraries``' template (started now if it is not running; a
-        template that failed to fork is stopped, so the next spare gets a fresh one)."""
-        with self._lock:
-            if self._closed:
-                raise SandboxError("the sandbox pool is closed (this process is exiting)")
-            template = self._templates.get(libraries)
-            if template is None or template.proc.poll() is not None:
-                template = self._templates[libraries] = _Template(libraries)
-        try:
-            return _Spare(template)
-        except SandboxError as exc:
-            with self._lock:
-                if self._templates.get(libraries) is template:
-                    del self._templates[libraries]
-            raise SandboxError(f"{exc}; {template.stop()}") from exc
-
-    def wait_warm(self, spare: _Spare) -> None:
-        """Until a taken spare's imports are done (_Spare.wait_warm). While an episode waits so,
-        the starter starts no spare: the episode's child imports alone, as it would without spares."""
-        if spare.warm:
-            return
-        with self._lock:
-            self._episodes_importing += 1
-        try:
-            spare.wait_warm(START_TIMEOUT_S)
-        finally:
-            with self._lock:
-                self._episodes_importing -= 1
-                self._lock.notify_all()
-
-    def started(self, libraries: tuple[str, ...]) -> None:
-        """A taken spare has started its episode: its successor may be started now."""
-        self._wake()
-
-    def reserve(self, libraries: tuple[str, ...], n: int) -> None:
-        """Keep ``n`` spares for ``libraries`` waiting (at least the one any set in use keeps),
-        until ``release(libraries, n)``; overlapping reservations add up."""
-        self.resize(libraries, None, n)
-
-    def resize(self, libraries: tuple[str, ...], old: int | None, new: int | None) -> None:
-        """Change a reservation of ``old`` spares to ``new`` (None: none), stopping spares no
-        longer wanted, so that a run keeps no more than it can still use."""
-        with self._lock:
-            reserved = self._reserved.setdefault(libraries, [])
-            if old is not None:
-                reserved.remove(old)
-            if new is not None:
-                reserved.append(new)
-            wanted = self._wanted[libraries] = max(1, sum(reserved))
-            waiting = self._waiting.get(libraries, [])
-            surplus = waiting[wanted:]
-            del waiting[wanted:]
-        for spare in surplus:
-            _Child(spare).stop()
-        self._wake()
-
-    def release(self, libraries: tuple[str, ...], n: int) -> None:
-        """End a reservation: spares beyond what is still wanted are stopped."""
-        self.resize(libraries, n, None)
-
-    def _wake(self) -> None:
-        with self._lock:
-            if self._closed:
-                return
-            if self._starter is None or not self._starter.is_alive():
-                self._starter = threading.Thread(target=self._start_spares, name="sandbox-spares", daemon=True)
-                self._starter.start()
-            self._lock.notify_all()
-
-    def _short(self) -> tuple[str, ...] | None:
-        """A set of libraries with fewer spares waiting than wanted (the emptiest first)."""
-        short = [(len(self._waiting.get(libs, [])) - n, libs) for libs, n in self._wanted.items()]
-        short = [item for item in short if item[0] < 0]
-        return min(short)[1] if short else None
-
-    def _start_spares(self) -> None:
-        while True:
-            with self._lock:
-                while not self._closed and (self._episodes_importing or (libraries := self._short()) is None):
-                    self._lock.wait()
-                if self._closed:
-                    return
-            try:
-                spare = self._spawn(libraries)
-            except SandboxError:
-                return  # the next take starts one, or says why it cannot
-            with self._lock:
-                if self._closed:
-                    _Child(spare).stop()
-                    return
-                self._waiting.setdefault(libraries, []).append(spare)
-            try:
-                spare.wait_warm(START_TIMEOUT_S)
-            except (OSError, EOFError, TimeoutError, ProtocolError):
-                pass  # a spare that died is found by take() and replaced
-
-    def pids(self) -> list[int]:
-        """The process ids of the spares waiting (the tests attack them)."""
-        with self._lock:
-            return [spare.proc.pid for spares in self._waiting.values() for spare in spares]
-
-    def waiting(self, libraries: tuple[str, ...]) -> list[tuple[int, bool]]:
-        """(process id, imports done) of each spare waiting for ``libraries``, oldest first."""
-        with self._lock:
-            return [(spare.proc.pid, spare.warm) for spare in self._waiting.get(libraries, [])]
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            spares = [spare for waiting in self._waiting.values() for spare in waiting]
-            templates = list(self._templates.values())
-            self._waiting, self._templates = {}, {}
-            self._lock.notify_all()
-        for spare in spares:
-            _Child(spare).stop()
-        for template in templates:
-            template.stop()
-
-    def _forget(self) -> None:
-        """In a forked copy of this process: the spares and templates are the parent's, not ours."""
-        self.__init__()
-
-
-SPARES = SparePool()
-atexit.register(SPARES.close)
-os.register_at_fork(after_in_child=SPARES._forget)
-
-
 def _stat_state(path: str) -> str:
     """The state letter of a /proc .../stat file (proc(5)); the name before it is the process's own
     to choose (PR_SET_NAME), parentheses included, so it is read after the last ')'."""
@@ -479,8 +96,8 @@ def _thread_states(pid: int) -> list[str]:
     for task in os.listdir(f"/proc/{pid}/task"):
         try:
             states.append(_stat_state(f"/proc/{pid}/task/{task}/stat"))
-        except FileNotFoundError:
-            continue  # a thread that ended meanwhile
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # a thread that ended meanwhile (ESRCH while it is being torn down)
     return states
 
 
@@ -525,11 +142,11 @@ class _SandboxProcess:
                 return  # ended
             try:
                 states = _thread_states(self.pid)
-            except FileNotFoundError:
-                return  # ended and reaped
-            # Every thread stopped, or every one a zombie (the process is ending); a zombie beside
-            # a thread that is not stopped is not enough (lockdown kills a thread ending alone).
-            if states and (all(state == "T" for state in states) or all(state in "ZX" for state in states)):
+            except (FileNotFoundError, ProcessLookupError):
+                return  # ended and reaped, or being torn down
+            # Every thread stopped or a zombie: a main thread that ended alone stays a zombie while
+            # the others may run on, so the process's own state says nothing.
+            if all(state in {"T", "Z", "X"} for state in states):
                 return
             if time.monotonic() > deadline:
                 self.kill()
@@ -546,7 +163,7 @@ class _SandboxProcess:
 class _Child:
     """One child process and its pipes: a spare, once handed an episode."""
 
-    def __init__(self, spare: _Spare):
+    def __init__(self, spare: Spare):
         self.proc, self.stderr, self.memory_mb, self.requests = spare.proc, spare.stderr, 0, 0
         self._spare = spare
         self.sandbox: _SandboxProcess | None = None
@@ -688,21 +305,13 @@ class _Child:
         """Kill the child; return how it ended and the tail of its stderr (for error messages).
         ``ended_s``: how long to wait first for a child that closed its pipe (it is ending: its
         waiter then reports its exit code, which a kill would replace)."""
-        if self.proc.poll() is None and (ended_s <= 0 or self.proc.wait(ended_s) is None):
-            if self.sandbox is not None:
-                self.sandbox.kill()
-            self.proc.kill()
-        code = self.proc.wait()
         if self.sandbox is not None:
+            if self.proc.poll() is None and (ended_s <= 0 or self.proc.wait(ended_s) is None):
+                self.sandbox.kill()
+                ended_s = 0.0  # its waiter is killed at once too
             self.sandbox.close()
             self.sandbox = None
-        self._spare.close_channel()
-        for pipe in (self.proc.stdin, self.proc.stdout):
-            try:
-                pipe.close()
-            except OSError:
-                pass
-        return _how_it_ended(code, self.stderr)
+        return self._spare.stop(ended_s)
 
 
 def installed_libraries() -> tuple[str, ...]:

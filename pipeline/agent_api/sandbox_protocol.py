@@ -12,9 +12,9 @@ LIBRARIES = ("numpy", "pandas", "networkx", "sklearn")
 MAX_OBSERVATION_CHARS = 20_000
 TRUNCATION_NOTE = f"\n[output truncated at {MAX_OBSERVATION_CHARS} characters]"
 # What a template sends on its control socket, and a spare on its handover socket, once its
-# imports are done (sandbox.SparePool).
+# imports are done (sandbox_spares.SparePool).
 WARM = b"warm"
-# A fork request to the template and its answer (sandbox._Template).
+# A fork request to the template and its answer (sandbox_spares._Template).
 FORK, FORKED = b"fork", b"forked"
 # The descriptors a fork request carries, renumbered from 0 in this order in the forked child.
 SPARE_DESCRIPTORS = ("stdin", "stdout", "stderr", "handover", "status")

@@ -16,7 +16,8 @@ from datetime import timedelta
 import polars as pl
 
 from pipeline.agent_api import EventDatabase
-from pipeline.agent_api.sandbox import DEFAULT_MEMORY_MB, SPARES
+from pipeline.agent_api.sandbox import DEFAULT_MEMORY_MB
+from pipeline.agent_api.sandbox_spares import SPARES
 from pipeline.evaluation.agents import (
     AgentSpec,
     Query,
@@ -40,7 +41,7 @@ from pipeline.evaluation.throughput import (
 
 
 class _SpareDemand:
-    """The warm spares a concurrent ReAct run keeps (sandbox.SparePool): one per live sandbox
+    """The warm spares a concurrent ReAct run keeps (sandbox_spares.SparePool): one per live sandbox
     slot, started ahead while the first replies are awaited, and never more than the episodes
     that have yet to start a sandbox, so that no spare is started only to be stopped unused."""
 
@@ -138,7 +139,7 @@ def episode_concurrency(agent: Agent, requested: int | None = None) -> int:
 def sandbox_slots(concurrency: int, tables_mb: float, memory_mb: int = DEFAULT_MEMORY_MB) -> SandboxSlots:
     """Live sandboxes at most: as many as the episodes, and no more than fit in the machine's
     available memory (throughput.sandbox_cap), each with a warm spare beside it (the run reserves
-    one spare per slot: sandbox.SparePool), all mapping ``tables_mb`` of gated tables and the
+    one spare per slot: sandbox_spares.SparePool), all mapping ``tables_mb`` of gated tables and the
     libraries' code (shared, once), and each sandbox allowed ``memory_mb`` on top of its start."""
     per_pair_mb = sandbox_start_mb(tables_mb) + SPARE_PRIVATE_MB
     shared_mb = tables_mb + SANDBOX_SHARED_MB
