@@ -50,7 +50,8 @@ def load_baseline(rev: str):
 
 
 def day_frames(scale: float, slots: int) -> tuple[dict[datetime, pl.DataFrame], pl.DataFrame, pl.DataFrame]:
-    from pipeline.events.normalize import daily_quads, normalize_events
+    from pipeline.events.normalize import normalize_events
+    from pipeline.events.quads import daily_quads
     from pipeline.gdelt.parse import parse_export
     from testbed.generate import MirrorOptions, generate_mirror
 

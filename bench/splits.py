@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import machine
 from pipeline.articles.day import ARTICLES_SCHEMA
 from pipeline.config import Settings
-from pipeline.events.normalize import QUADS_SCHEMA
+from pipeline.events.quads import QUADS_SCHEMA
 from pipeline.gdelt.ledger import LEDGER_SCHEMA, write_ledger
 from pipeline.splits.database import build_database_month, month_days, write_database_month
 from pipeline.splits.split import Override, build_split

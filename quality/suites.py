@@ -522,7 +522,7 @@ QUAD_KEY = ["date", "s", "r", "o"]
 def validate_daily_quads(quads: pl.DataFrame) -> SuiteResult:
     import great_expectations.expectations as gxe
 
-    from pipeline.events.normalize import QUADS_SCHEMA
+    from pipeline.events.quads import QUADS_SCHEMA
 
     schema_failures = _schema_failures(quads, QUADS_SCHEMA)
     if quads.height == 0:

@@ -14,7 +14,7 @@ import polars as pl
 from pipeline.articles.day import ARTICLES_SCHEMA
 from pipeline.articles.urls import normalize_url, url_md5
 from pipeline.config import Settings
-from pipeline.events.normalize import QUADS_SCHEMA
+from pipeline.events.quads import QUADS_SCHEMA
 from pipeline.gdelt.ledger import LEDGER_SCHEMA, write_ledger
 from pipeline.splits.database import month_days
 from pipeline.storage import DataLayout, atomic_write_parquet

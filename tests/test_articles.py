@@ -13,7 +13,7 @@ import pytest
 from pipeline.articles.day import ARTICLES_SCHEMA, abstract, build_articles, select_urls
 from pipeline.articles.urls import normalize_url
 from pipeline.config import Settings
-from pipeline.events.normalize import QUADS_SCHEMA
+from pipeline.events.quads import QUADS_SCHEMA
 from pipeline.storage import DataLayout, atomic_write_parquet
 from testbed.news import NewsServer
 

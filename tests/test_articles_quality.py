@@ -244,7 +244,7 @@ def news():
 
 
 def _write_quads(data_dir, urls: list[str]) -> None:
-    from pipeline.events.normalize import QUADS_SCHEMA
+    from pipeline.events.quads import QUADS_SCHEMA
 
     quads = pl.DataFrame(
         [

@@ -19,7 +19,8 @@ import requests
 import trustme
 
 from pipeline.articles import safety
-from pipeline.articles.fetch import fetch_article, fetch_articles, fetch_many, fetch_robots_txt, read_html
+from pipeline.articles.checked_get import fetch_robots_txt
+from pipeline.articles.fetch import fetch_article, fetch_articles, fetch_many, read_html
 from pipeline.articles.ledger import (
     FETCH_LEDGER_SCHEMA,
     due_urls,

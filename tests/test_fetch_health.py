@@ -19,7 +19,7 @@ from assets.articles import articles
 from assets.resources import resources_for
 from pipeline.articles.fetch_health import MAX_FAILURE_RATE, MIN_FETCHES, fetch_health
 from pipeline.articles.ledger import FETCH_LEDGER_SCHEMA
-from pipeline.events.normalize import QUADS_SCHEMA
+from pipeline.events.quads import QUADS_SCHEMA
 from pipeline.storage import DataLayout, atomic_write_parquet
 from quality.event_checks import articles_fetch_health, articles_valid
 from sensors.fetch_health import alert_on_articles_fetch_failing

@@ -11,16 +11,16 @@ import pyarrow as pa
 import pytest
 
 from pipeline.config import Settings
-from pipeline.events import normalize
+from pipeline.events import code_tables, normalize
 from pipeline.events.daily import build_daily_quads, build_events
 from pipeline.events.normalize import (
     EXCLUSIONS,
     History,
-    daily_quads,
     normalize_events,
     normalize_with_report,
     url_hash,
 )
+from pipeline.events.quads import daily_quads
 from pipeline.gdelt import parse_export
 from pipeline.gdelt.schema import EXPORT_SCHEMA
 from pipeline.reference.tables import cameo_to_iso3, country_table, level2_codes
@@ -416,11 +416,11 @@ def test_country_table_knows_every_code_in_real_files():
 
 
 def test_code_lookups_read_arrow_string_views_with_these_versions():
-    """The code lookups read Arrow string views (normalize._code_keys). If this fails, polars or
+    """The code lookups read Arrow string views (code_tables._code_keys). If this fails, polars or
     pyarrow changed what they export: normalisation still gives the same results through the
     public Enum-cast path (slower at the lookups); adapt _code_keys or drop it."""
-    assert normalize._string_views_readable(), (
-        f"normalize._code_keys cannot read string views with polars {pl.__version__}, pyarrow {pa.__version__}"
+    assert code_tables._string_views_readable(), (
+        f"code_tables._code_keys cannot read string views with polars {pl.__version__}, pyarrow {pa.__version__}"
     )
 
 
@@ -430,14 +430,14 @@ def test_both_code_lookup_paths_agree(monkeypatch):
         [pl.Series([None, *odd]), pl.Series([*country_table()["cameo_code"], *sorted(level2_codes()), None])],
         rechunk=False,
     ).slice(1)  # an offset and two chunks, as batches can come
-    lookups = normalize._code_lookups()
+    lookups = code_tables.code_lookups()
     fast = [lookups.country.lookup(values), lookups.relation.lookup(values)]
-    monkeypatch.setattr(normalize, "_string_views_readable", lambda: False)
+    monkeypatch.setattr(code_tables, "_string_views_readable", lambda: False)
     public = [lookups.country.lookup(values), lookups.relation.lookup(values)]
     known = values.is_not_null().to_numpy()  # a null's entry is never read (rules 3 and 5 test nulls)
     for a, b in zip(fast, public):
         assert a.dtype == b.dtype and (a[known] == b[known]).all()
-    assert set(public[0][: len(odd)]) == {normalize.UNKNOWN} and not public[1][: len(odd)].any()
+    assert set(public[0][: len(odd)]) == {code_tables.UNKNOWN} and not public[1][: len(odd)].any()
     assert public[1].sum() == len(level2_codes())
 
 
@@ -474,7 +474,7 @@ def test_public_fallbacks_give_identical_results(monkeypatch):
     reference = normalize_with_report(rows)
     monkeypatch.setattr(normalize, "BATCH_ROWS", 64)
     streamed = normalize_with_report(rows)
-    monkeypatch.setattr(normalize, "_string_views_readable", lambda: False)
+    monkeypatch.setattr(code_tables, "_string_views_readable", lambda: False)
     monkeypatch.delattr(pl.LazyFrame, "collect_batches")
     public = normalize_with_report(rows)
     for result in (streamed, public):

@@ -16,7 +16,8 @@ import polars as pl
 import pytest
 
 from assets.resources import resources_for
-from pipeline.events.normalize import EVENTS_SCHEMA, QUADS_SCHEMA, daily_quads, normalize_events
+from pipeline.events.normalize import EVENTS_SCHEMA, normalize_events
+from pipeline.events.quads import QUADS_SCHEMA, daily_quads
 from pipeline.gdelt.schema import EXPORT_SCHEMA
 from pipeline.reference.tables import iso3_codes, level2_codes
 from pipeline.storage import DataLayout, atomic_write_parquet, write_sealed_parquet

@@ -163,7 +163,7 @@ def test_a_zip_bomb_whose_headers_state_a_small_size_is_quarantined_after_that_s
 def test_a_huge_robots_txt_is_cut_at_its_cap_and_still_obeyed(tmp_path):
     """RFC 9309 §2.5: parse at least 500 KiB. A robots.txt of 8 MiB is read to 512 KiB and its
     rules still apply. Already bounded (read_capped with truncate); this proves it."""
-    from pipeline.articles.fetch import fetch_robots_txt
+    from pipeline.articles.checked_get import fetch_robots_txt
     from pipeline.articles.robots import ROBOTS_MAX_BYTES, RobotsCache
     from pipeline.articles.safety import make_safe_session
     from testbed.news import DEFAULT_ROBOTS, NewsServer, page_html

@@ -3,7 +3,8 @@
 ``fetch_article`` gets one URL; ``fetch_many`` a batch with bounded global and per-host
 concurrency; ``fetch_articles`` is a whole run: it asks the fetch ledger which candidate URLs are
 due (never tried, or failed and due for a retry), fetches them, stores the HTML and records every
-outcome in the ledger.
+outcome in the ledger. The GET beneath them (redirects checked hop by hop, the per-URL deadline,
+the capped body read) is ``checked_get``'s; this module decides what a response means for an article.
 
 Every URL is bounded in time and size, whatever the server does:
 
@@ -31,7 +32,6 @@ Statuses (``FetchOutcome.status``), which of them later runs retry, and what eac
 from __future__ import annotations
 
 import gzip
-import socket
 import threading
 import time
 from collections import deque
@@ -40,14 +40,24 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from urllib.parse import urldefrag, urljoin
 
 import requests
 import urllib3.exceptions as u3
 
+from pipeline.articles.checked_get import (
+    REDIRECT_CODES,
+    SNIFF_BYTES,
+    BodyTooLarge,
+    DeadlineExceeded,
+    FetchFailure,
+    Hop,
+    fetch_robots_txt,
+    get_following_redirects,
+    read_capped,
+)
 from pipeline.articles.ledger import plan_fetch, read_ledger, record_outcomes, write_ledger
 from pipeline.articles.outcome import STATUSES, FetchOutcome
-from pipeline.articles.robots import ROBOTS_DEADLINE_S, ROBOTS_MAX_BYTES, RobotsCache, RobotsFetch
+from pipeline.articles.robots import RobotsCache
 from pipeline.articles.safety import UnsafeURL, check_url, make_safe_session
 from pipeline.articles.urls import host_key, normalize_url, url_md5
 from pipeline.config import Settings
@@ -62,12 +72,9 @@ from pipeline.http import (
 )
 from pipeline.storage import DataLayout, atomic_write_bytes, file_lock
 
-CHUNK = 64 * 1024
 HTML_TYPES = frozenset({"text/html", "application/xhtml+xml"})
-REDIRECT_CODES = frozenset({301, 302, 303, 307, 308})
 # What we ask for (Accept-Encoding) and urllib3 decodes; anything else would be stored undecoded.
 DECODABLE_ENCODINGS = frozenset({"", "identity", "gzip", "x-gzip", "deflate"})
-SNIFF_BYTES = 512
 # WHATWG MIME sniffing, "text/html" patterns: a tag name followed by a space or '>'.
 _HTML_SIGNATURES = tuple(
     f"<{tag}".encode()
@@ -98,53 +105,6 @@ _HTML_SIGNATURES = tuple(
 )
 
 
-class FetchFailure(Exception):
-    """A final verdict reached inside an attempt (not retried in this run)."""
-
-    def __init__(
-        self,
-        status: str,
-        error: str,
-        *,
-        http_status: int | None = None,
-        retryable: bool = False,
-        retry_after_s: float | None = None,
-        error_class: str | None = None,
-    ):
-        super().__init__(error)
-        self.status = status
-        self.http_status = http_status
-        self.retryable = retryable
-        self.retry_after_s = retry_after_s
-        self.error_class = error_class or type(self).__name__
-
-
-class DeadlineExceeded(Exception):
-    """The per-URL wall-clock deadline passed."""
-
-
-class BodyTooLarge(Exception):
-    pass
-
-
-@dataclass
-class _Hop:
-    url: str
-    http_status: int | None = None
-
-
-def _remaining(deadline: float) -> float:
-    left = deadline - time.monotonic()
-    if left <= 0:
-        raise DeadlineExceeded("per-URL deadline exceeded")
-    return left
-
-
-def _timeouts(settings: Settings, deadline: float) -> tuple[float, float]:
-    left = _remaining(deadline)
-    return min(settings.fetch_connect_timeout_s, left), min(settings.fetch_read_timeout_s, left)
-
-
 def looks_like_html(head: bytes) -> bool:
     data = head.lstrip(b"\xef\xbb\xbf").lstrip(b" \t\r\n\x0c").lower()
     if b"\x00" in head[:SNIFF_BYTES]:
@@ -152,126 +112,6 @@ def looks_like_html(head: bytes) -> bool:
     if data.startswith(b"<!--"):
         return True
     return any(data.startswith(sig) and data[len(sig) : len(sig) + 1] in (b" ", b">") for sig in _HTML_SIGNATURES)
-
-
-def read_capped(
-    response: requests.Response,
-    max_bytes: int,
-    deadline: float,
-    *,
-    truncate: bool = False,
-    on_head: Callable[[bytes], None] | None = None,
-) -> bytes:
-    """Read the decoded body, at most ``max_bytes`` (BodyTooLarge, or cut there with ``truncate``),
-    giving up at ``deadline``. ``read1`` returns whatever one socket read brought, so the deadline is
-    checked however slowly the server drips; urllib3 errors become the requests errors that
-    ``with_retries`` knows."""
-    raw = response.raw
-    parts: list[bytes] = []
-    size = 0
-    head_done = on_head is None
-    while True:
-        _remaining(deadline)
-        try:
-            chunk = raw.read1(CHUNK, decode_content=True)
-        except u3.ReadTimeoutError as exc:
-            raise requests.ReadTimeout(str(exc)) from exc
-        except u3.DecodeError as exc:
-            raise requests.exceptions.ContentDecodingError(str(exc)) from exc
-        except u3.SSLError as exc:
-            raise requests.exceptions.SSLError(str(exc)) from exc
-        except (u3.ProtocolError, OSError) as exc:
-            raise requests.exceptions.ChunkedEncodingError(str(exc)) from exc
-        if not chunk:
-            break
-        size += len(chunk)
-        if size > max_bytes:
-            if truncate:
-                parts.append(chunk[: len(chunk) - (size - max_bytes)])
-                break
-            raise BodyTooLarge(f"body exceeds {max_bytes} bytes after decoding")
-        parts.append(chunk)
-        if not head_done and size >= SNIFF_BYTES:
-            head_done = True
-            on_head(b"".join(parts))
-    body = b"".join(parts)
-    if not head_done and body:
-        on_head(body)
-    return body
-
-
-def _get_following_redirects(
-    session: requests.Session,
-    url: str,
-    settings: Settings,
-    deadline: float,
-    hop: _Hop,
-    robots: RobotsCache | None = None,
-) -> requests.Response:
-    """GET ``url`` following redirects by hand; every hop is checked (safety, then robots). Returns
-    the final, non-redirect response (streaming, unread)."""
-    visited = {url}
-    current = url
-    for hops in range(settings.fetch_max_redirects + 1):
-        hop.url, hop.http_status = current, None
-        check_url(current, settings.fetch_allow_loopback, resolve=False)  # the adapter resolves and checks
-        if robots is not None:
-            verdict = robots.check(session, current)
-            if not verdict.allowed and verdict.failure_status == "dns_error":
-                raise FetchFailure("dns_error", verdict.reason, retryable=True, error_class="NameResolutionError")
-            if not verdict.allowed:
-                raise FetchFailure(
-                    "blocked_robots",
-                    verdict.reason,
-                    retryable=verdict.unreachable,
-                    error_class="RobotsUnavailable" if verdict.unreachable else "RobotsDisallowed",
-                )
-        try:
-            response = session.get(current, stream=True, allow_redirects=False, timeout=_timeouts(settings, deadline))
-        except requests.ConnectionError as exc:
-            if _is_name_resolution_error(exc):
-                raise FetchFailure(
-                    "dns_error", describe(exc), retryable=True, error_class="NameResolutionError"
-                ) from exc
-            raise
-        hop.http_status = response.status_code
-        if response.status_code not in REDIRECT_CODES:
-            return response
-        location = response.headers.get("Location", "").strip()
-        response.close()
-        if not location:
-            raise FetchFailure(
-                "http_error", f"HTTP {response.status_code} without Location", http_status=response.status_code
-            )
-        target = urldefrag(urljoin(current, location))[0]
-        # A consent or cookie wall redirects to the same URL once, after setting a cookie: that is
-        # not a loop. Any other return to a visited URL is (and max_redirects bounds both).
-        if target in visited and "Set-Cookie" not in response.headers:
-            hop.url = target
-            raise FetchFailure(
-                "redirect_loop", f"redirect back to {target} after {hops + 1} hop(s)", http_status=response.status_code
-            )
-        visited.add(target)
-        current = target
-    hop.url = current
-    raise FetchFailure(
-        "too_many_redirects", f"more than {settings.fetch_max_redirects} redirects", http_status=hop.http_status
-    )
-
-
-def _is_name_resolution_error(exc: BaseException) -> bool:
-    seen = set()
-    stack = [exc]
-    while stack:
-        e = stack.pop()
-        if id(e) in seen or e is None:
-            continue
-        seen.add(id(e))
-        if isinstance(e, socket.gaierror):  # safety.SafeHTTPAdapter resolves names, not urllib3
-            return True
-        stack.extend([getattr(e, "reason", None), e.__cause__, e.__context__])
-        stack.extend(a for a in e.args if isinstance(a, BaseException))
-    return False
 
 
 def fetch_article(
@@ -284,65 +124,12 @@ def fetch_article(
     url = normalize_url(url)
     outcome = FetchOutcome(url=url, url_md5=url_md5(url), status="error")
     log = RetryLog()
-    hop = _Hop(url)
-
-    def attempt() -> tuple[requests.Response, bytes, str | None]:
-        response = _get_following_redirects(session, url, settings, deadline, hop, robots)
-        with response:
-            code = response.status_code
-            log.last_status = code
-            if code in RETRYABLE_STATUS:
-                retry_after = parse_retry_after(response.headers.get("Retry-After"))
-                # By hand, not a tenacity wait: a longer wait ends the URL's run and defers it in the ledger.
-                if retry_after is not None and retry_after > settings.fetch_backoff_max_s:
-                    raise FetchFailure(
-                        "http_error",
-                        f"HTTP {code}, Retry-After {retry_after:.0f}s",
-                        http_status=code,
-                        retryable=True,
-                        retry_after_s=retry_after,
-                    )
-                raise TransientHTTPError(code, hop.url, retry_after)
-            if code != 200:
-                raise FetchFailure("http_error", f"HTTP {code}", http_status=code, retryable=code >= 500)
-            content_type = response.headers.get("Content-Type", "").strip() or None
-            media = content_type.split(";", 1)[0].strip().lower() if content_type else None
-            if media is not None and media not in HTML_TYPES:
-                raise FetchFailure("not_html", f"content type {content_type!r}", http_status=code)
-            encodings = {e.strip().lower() for e in response.headers.get("Content-Encoding", "").split(",")}
-            if not encodings <= DECODABLE_ENCODINGS:
-                encoding = response.headers["Content-Encoding"]
-                raise FetchFailure(
-                    "decode_error",
-                    f"unsupported Content-Encoding {encoding!r}",
-                    http_status=code,
-                    error_class="UnsupportedContentEncoding",
-                )
-            length = response.headers.get("Content-Length", "")
-            if length.isdigit() and int(length) > settings.fetch_max_bytes:
-                raise FetchFailure(
-                    "too_large", f"Content-Length {length} > {settings.fetch_max_bytes}", http_status=code
-                )
-
-            def sniff(head: bytes) -> None:
-                if media is None and not looks_like_html(head):
-                    raise FetchFailure(
-                        "not_html", "no content type, and the body does not look like HTML", http_status=code
-                    )
-
-            try:
-                body = read_capped(response, settings.fetch_max_bytes, deadline, on_head=sniff)
-            except BodyTooLarge as exc:
-                raise FetchFailure("too_large", str(exc), http_status=code) from exc
-            if not body:
-                raise FetchFailure("empty", "empty body", http_status=code)
-            return response, body, content_type
-
+    hop = Hop(url)
     body: bytes | None = None
     try:
         check_url(url, settings.fetch_allow_loopback, resolve=False)  # refused before any attempt
         response, body, content_type = with_retries(
-            attempt,
+            lambda: _attempt(session, url, settings, deadline, hop, robots, log),
             attempts=max(1, settings.fetch_attempts),
             backoff_base_s=settings.fetch_backoff_base_s,
             backoff_max_s=settings.fetch_backoff_max_s,
@@ -352,39 +139,110 @@ def fetch_article(
         outcome.status, outcome.http_status = "fetched", response.status_code
         outcome.content_type, outcome.bytes = content_type, len(body)
         outcome.fetched_at = datetime.now(UTC)
-    except UnsafeURL as exc:
-        reason = exc.reason if hop.url == url else f"redirect to {hop.url} refused: {exc.reason}"
-        _fail(outcome, "blocked_unsafe", exc, reason)
-    except FetchFailure as exc:
-        _fail(outcome, exc.status, exc, str(exc), retryable=exc.retryable, error_class=exc.error_class)
-        outcome.http_status = exc.http_status
-        outcome.retry_after_s = exc.retry_after_s
-    except DeadlineExceeded as exc:
-        _fail(outcome, "timeout", exc, f"deadline of {settings.fetch_deadline_s:g}s exceeded", retryable=True)
-    except TransientHTTPError as exc:
-        _fail(outcome, "http_error", exc, str(exc), retryable=True)
-        outcome.http_status = exc.status
-    except requests.Timeout as exc:
-        _fail(outcome, "timeout", exc, describe(exc), retryable=True)
-    except requests.exceptions.ContentDecodingError as exc:
-        _fail(outcome, "decode_error", exc, describe(exc))
-    except (requests.ConnectionError, requests.exceptions.ChunkedEncodingError) as exc:
-        _fail(outcome, "connection_error", exc, describe(exc), retryable=True)
-    except (
-        requests.exceptions.InvalidURL,
-        requests.exceptions.InvalidSchema,
-        requests.exceptions.MissingSchema,
-        u3.LocationParseError,
-    ) as exc:
-        _fail(outcome, "invalid_url", exc, describe(exc))
-    except Exception as exc:  # a bug or something unforeseen: recorded, and the batch goes on
-        _fail(outcome, "error", exc, describe(exc))
+    except Exception as exc:  # whatever it is, it is recorded: _record_failure says as what
+        _record_failure(outcome, exc, url, hop, settings)
     if outcome.status != "fetched" and outcome.http_status is None:
         outcome.http_status = hop.http_status if hop.http_status not in REDIRECT_CODES else None
     outcome.final_url = hop.url
     outcome.attempts = log.attempts
     outcome.elapsed_s = round(time.monotonic() - started, 3)
     return outcome, body
+
+
+def _attempt(
+    session: requests.Session,
+    url: str,
+    settings: Settings,
+    deadline: float,
+    hop: Hop,
+    robots: RobotsCache | None,
+    log: RetryLog,
+) -> tuple[requests.Response, bytes, str | None]:
+    """One try at an article: the response, its decoded body and its Content-Type. A verdict for
+    this run raises FetchFailure; a retryable status raises TransientHTTPError."""
+    response = get_following_redirects(session, url, settings, deadline, hop, robots)
+    with response:
+        code = response.status_code
+        log.last_status = code
+        if code in RETRYABLE_STATUS:
+            retry_after = parse_retry_after(response.headers.get("Retry-After"))
+            # By hand, not a tenacity wait: a longer wait ends the URL's run and defers it in the ledger.
+            if retry_after is not None and retry_after > settings.fetch_backoff_max_s:
+                raise FetchFailure(
+                    "http_error",
+                    f"HTTP {code}, Retry-After {retry_after:.0f}s",
+                    http_status=code,
+                    retryable=True,
+                    retry_after_s=retry_after,
+                )
+            raise TransientHTTPError(code, hop.url, retry_after)
+        if code != 200:
+            raise FetchFailure("http_error", f"HTTP {code}", http_status=code, retryable=code >= 500)
+        content_type = response.headers.get("Content-Type", "").strip() or None
+        media = content_type.split(";", 1)[0].strip().lower() if content_type else None
+        if media is not None and media not in HTML_TYPES:
+            raise FetchFailure("not_html", f"content type {content_type!r}", http_status=code)
+        encodings = {e.strip().lower() for e in response.headers.get("Content-Encoding", "").split(",")}
+        if not encodings <= DECODABLE_ENCODINGS:
+            encoding = response.headers["Content-Encoding"]
+            raise FetchFailure(
+                "decode_error",
+                f"unsupported Content-Encoding {encoding!r}",
+                http_status=code,
+                error_class="UnsupportedContentEncoding",
+            )
+        length = response.headers.get("Content-Length", "")
+        if length.isdigit() and int(length) > settings.fetch_max_bytes:
+            raise FetchFailure("too_large", f"Content-Length {length} > {settings.fetch_max_bytes}", http_status=code)
+
+        def sniff(head: bytes) -> None:
+            if media is None and not looks_like_html(head):
+                raise FetchFailure(
+                    "not_html", "no content type, and the body does not look like HTML", http_status=code
+                )
+
+        try:
+            body = read_capped(response, settings.fetch_max_bytes, deadline, on_head=sniff)
+        except BodyTooLarge as exc:
+            raise FetchFailure("too_large", str(exc), http_status=code) from exc
+        if not body:
+            raise FetchFailure("empty", "empty body", http_status=code)
+        return response, body, content_type
+
+
+def _record_failure(outcome: FetchOutcome, exc: Exception, url: str, hop: Hop, settings: Settings) -> None:
+    """Record why ``fetch_article`` failed. The kinds are tried in this order, as except clauses
+    would be: the first that matches decides the status."""
+    if isinstance(exc, UnsafeURL):
+        reason = exc.reason if hop.url == url else f"redirect to {hop.url} refused: {exc.reason}"
+        _fail(outcome, "blocked_unsafe", exc, reason)
+    elif isinstance(exc, FetchFailure):
+        _fail(outcome, exc.status, exc, str(exc), retryable=exc.retryable, error_class=exc.error_class)
+        outcome.http_status = exc.http_status
+        outcome.retry_after_s = exc.retry_after_s
+    elif isinstance(exc, DeadlineExceeded):
+        _fail(outcome, "timeout", exc, f"deadline of {settings.fetch_deadline_s:g}s exceeded", retryable=True)
+    elif isinstance(exc, TransientHTTPError):
+        _fail(outcome, "http_error", exc, str(exc), retryable=True)
+        outcome.http_status = exc.status
+    elif isinstance(exc, requests.Timeout):
+        _fail(outcome, "timeout", exc, describe(exc), retryable=True)
+    elif isinstance(exc, requests.exceptions.ContentDecodingError):
+        _fail(outcome, "decode_error", exc, describe(exc))
+    elif isinstance(exc, (requests.ConnectionError, requests.exceptions.ChunkedEncodingError)):
+        _fail(outcome, "connection_error", exc, describe(exc), retryable=True)
+    elif isinstance(
+        exc,
+        (
+            requests.exceptions.InvalidURL,
+            requests.exceptions.InvalidSchema,
+            requests.exceptions.MissingSchema,
+            u3.LocationParseError,
+        ),
+    ):
+        _fail(outcome, "invalid_url", exc, describe(exc))
+    else:  # a bug or something unforeseen: recorded, and the batch goes on
+        _fail(outcome, "error", exc, describe(exc))
 
 
 def _fail(
@@ -400,30 +258,6 @@ def _fail(
     outcome.error_class = error_class or type(exc).__name__
     outcome.error = message[:500]
     outcome.retryable = retryable
-
-
-def fetch_robots_txt(session: requests.Session, robots_url: str, settings: Settings) -> RobotsFetch:
-    """GET a robots.txt through the article path's safety (checked hops, ≤ 5 redirects, capped
-    size and time), one attempt; ``robots.interpret`` decides what the result means."""
-    deadline = time.monotonic() + min(ROBOTS_DEADLINE_S, settings.fetch_deadline_s)
-    hop = _Hop(robots_url)
-    try:
-        response = _get_following_redirects(session, robots_url, settings, deadline, hop, robots=None)
-        with response:
-            if not 200 <= response.status_code < 300:
-                return RobotsFetch(response.status_code)
-            body = read_capped(response, ROBOTS_MAX_BYTES, deadline, truncate=True)
-            return RobotsFetch(response.status_code, body.decode("utf-8", errors="replace"))
-    except FetchFailure as exc:
-        if exc.status in ("too_many_redirects", "redirect_loop"):
-            return RobotsFetch(None, error=str(exc), unavailable=True)
-        return RobotsFetch(None, error=f"{exc.status}: {exc}", failure_status=exc.status)
-    except UnsafeURL as exc:
-        return RobotsFetch(None, error=f"unsafe redirect: {exc.reason}", unavailable=True)
-    except (requests.Timeout, DeadlineExceeded) as exc:
-        return RobotsFetch(None, error=describe(exc), failure_status="timeout")
-    except Exception as exc:  # resets, refused connections, decode errors: unreachable
-        return RobotsFetch(None, error=describe(exc), failure_status="connection_error")
 
 
 def store_html(layout: DataLayout, md5: str, body: bytes) -> str:
@@ -458,6 +292,63 @@ class FetchBatch:
         return {o.url: o for o in self.outcomes}
 
 
+class _HostSchedule:
+    """Which URL goes next: round-robin over hosts, skipping a host with ``per_host`` URLs in
+    flight, so no worker ever blocks on a busy host while another host waits."""
+
+    def __init__(self, urls: Iterable[str], per_host: int):
+        self.queues: dict[str, deque[str]] = {}
+        for url in dict.fromkeys(normalize_url(u) for u in urls):
+            self.queues.setdefault(host_key(url), deque()).append(url)
+        self.ready: deque[str] = deque(self.queues)
+        self.active: dict[str, int] = dict.fromkeys(self.queues, 0)
+        self.per_host = per_host
+
+    def fill(self, running: dict[Future, str], concurrency: int, submit: Callable[[str], Future]) -> None:
+        """Submit URLs until ``concurrency`` are running or every host with URLs left is busy."""
+        ready, active, queues = self.ready, self.active, self.queues
+        while len(running) < concurrency and ready:
+            progressed = False
+            for _ in range(len(ready)):
+                if len(running) >= concurrency:
+                    break
+                host = ready.popleft()
+                if active[host] < self.per_host:
+                    active[host] += 1
+                    running[submit(queues[host].popleft())] = host
+                    progressed = True
+                if queues[host]:
+                    ready.append(host)
+            if not progressed:
+                return
+
+    def done(self, host: str) -> None:
+        self.active[host] -= 1
+
+
+class _ThreadSessions:
+    """One pooled session per worker thread (no shared pool, no lock on the request path), all
+    closed together at the end of the batch."""
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.local = threading.local()
+        self.sessions: list[requests.Session] = []
+        self.lock = threading.Lock()
+
+    def get(self) -> requests.Session:
+        s = getattr(self.local, "session", None)
+        if s is None:
+            s = self.local.session = make_safe_session(self.settings, pool_maxsize=1)
+            with self.lock:
+                self.sessions.append(s)
+        return s
+
+    def close(self) -> None:
+        for s in self.sessions:
+            s.close()
+
+
 def fetch_many(
     urls: Iterable[str],
     settings: Settings,
@@ -477,29 +368,12 @@ def fetch_many(
     layout = DataLayout(settings.data_dir)
     robots = RobotsCache(settings, fetcher=fetch_robots_txt) if settings.fetch_respect_robots else None
     concurrency = max(1, settings.fetch_concurrency)
-    per_host = max(1, settings.fetch_per_host)
-
-    queues: dict[str, deque[str]] = {}
-    for url in dict.fromkeys(normalize_url(u) for u in urls):
-        queues.setdefault(host_key(url), deque()).append(url)
-    ready: deque[str] = deque(queues)
-    active: dict[str, int] = dict.fromkeys(queues, 0)
-
-    local = threading.local()
-    sessions: list[requests.Session] = []
-    sessions_lock = threading.Lock()
-
-    def session() -> requests.Session:
-        s = getattr(local, "session", None)
-        if s is None:
-            s = local.session = make_safe_session(settings, pool_maxsize=1)
-            with sessions_lock:
-                sessions.append(s)
-        return s
+    schedule = _HostSchedule(urls, max(1, settings.fetch_per_host))
+    sessions = _ThreadSessions(settings)
 
     def work(url: str) -> FetchOutcome:
         try:
-            outcome, body = fetch_article(session(), url, settings, robots)
+            outcome, body = fetch_article(sessions.get(), url, settings, robots)
             if body is not None:
                 outcome.html_path = store_html(layout, outcome.url_md5, body)
             return outcome
@@ -513,37 +387,22 @@ def fetch_many(
     pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="fetch")
     try:
 
-        def fill() -> None:
-            while len(running) < concurrency and ready:
-                progressed = False
-                for _ in range(len(ready)):
-                    if len(running) >= concurrency:
-                        break
-                    host = ready.popleft()
-                    if active[host] < per_host:
-                        active[host] += 1
-                        running[pool.submit(work, queues[host].popleft())] = host
-                        progressed = True
-                    if queues[host]:
-                        ready.append(host)
-                if not progressed:
-                    return
+        def submit(url: str) -> Future:
+            return pool.submit(work, url)
 
-        fill()
+        schedule.fill(running, concurrency, submit)
         while running:
             done, _ = wait(list(running), return_when=FIRST_COMPLETED)
             for future in done:
-                host = running.pop(future)
-                active[host] -= 1
+                schedule.done(running.pop(future))
                 outcome = future.result()
                 outcomes.append(outcome)
                 if on_outcome is not None:
                     on_outcome(outcome)
-            fill()
+            schedule.fill(running, concurrency, submit)
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
-        for s in sessions:
-            s.close()
+        sessions.close()
     return FetchBatch(outcomes, started_at, round(time.monotonic() - clock, 3), robots.requests if robots else 0)
 
 

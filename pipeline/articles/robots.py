@@ -1,8 +1,8 @@
 """robots.txt, fetched once per origin and cached, with RFC 9309 error semantics.
 
-The file is requested through the same safe path as articles (``fetch.fetch_robots_txt``, which
-``fetch_many`` hands to ``RobotsCache`` as its ``fetcher``: address checks on every hop, at most 5
-redirects, a total deadline, and a size cap), and parsed and matched
+The file is requested through the same safe path as articles (``checked_get.fetch_robots_txt``,
+which ``fetch_many`` hands to ``RobotsCache`` as its ``fetcher``: address checks on every hop, at
+most 5 redirects, a total deadline, and a size cap), and parsed and matched
 by protego (https://github.com/scrapy/protego), which follows RFC 9309 where the stdlib's
 ``urllib.robotparser`` does not: the longest matching rule wins (§2.2.2; on a tie, Allow), ``*`` and
 a final ``$`` are wildcards (§2.2.3), groups naming the same product token are merged (§2.2.1), a
@@ -67,7 +67,7 @@ class RobotsFetch:
 
 
 # How a RobotsCache gets a robots.txt: (session, robots.txt URL, settings) -> RobotsFetch. Passed in
-# (fetch.fetch_robots_txt) rather than imported, since fetch imports this module.
+# (checked_get.fetch_robots_txt) rather than imported, since checked_get imports this module.
 RobotsFetcher = Callable[[requests.Session, str, Settings], RobotsFetch]
 
 

@@ -30,10 +30,10 @@ from pipeline.events.normalize import (
     INPUT_COLUMNS,
     History,
     Normalized,
-    daily_quads,
     normalize_with_report,
     url_hash,
 )
+from pipeline.events.quads import daily_quads
 from pipeline.gdelt.schema import EXPORT_SCHEMA
 from pipeline.storage import (
     DataLayout,

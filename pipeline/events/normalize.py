@@ -15,27 +15,22 @@ Rules (version ``RULES_VERSION``; recorded in every output's metadata):
    history ingested, computed before any other rule; its events are kept on that day only.
 
 Every excluded row is counted under the first rule it fails, in the order of ``EXCLUSIONS``.
+
+The code tables of rules 3 to 5, as integer lookups, are ``code_tables``'s; grouping the kept events
+into daily quads is ``quads``'s.
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
-from functools import cache, cached_property
 
 import numpy as np
 import polars as pl
 import polars_hash as plh
-import pyarrow as pa
 
-from pipeline.reference.tables import (
-    COUNTRY_TABLE_VERSION,
-    RELATION_TABLE_VERSION,
-    cameo_to_iso3,
-    country_table,
-    level2_codes,
-)
+from pipeline.events.code_tables import EXCLUDED, UNKNOWN, code_lookups
+from pipeline.reference.tables import COUNTRY_TABLE_VERSION, RELATION_TABLE_VERSION, country_table
 
 RULES_VERSION = "rules-v1"
 # Rule 6 and the stored history keys know a URL by its XXH3-64 hash with this seed: a published
@@ -136,113 +131,6 @@ class Normalized:
         }
 
 
-CODE_BYTES = 3
-EXCLUDED, UNKNOWN = 254, 255  # country ids of a code the table excludes / does not know
-
-
-@dataclass(frozen=True)
-class _CodeMap:
-    """One small table of rules 3 to 5: a value for each of some codes, ``values[-1]`` for any
-    other string and for null.
-
-    Every CAMEO country and relation code is 3 bytes, so a code can be its own index into an
-    array of 2**24 entries (16 MiB): looking up a batch is then one numpy gather instead of a hash
-    lookup per row (polars' Enum cast took 5x longer on the benchmark month). That needs each
-    value's bytes as an integer, read from the Arrow string views (``_code_keys``); where that
-    read is not known to work (``_string_views_readable``), the lookup goes through the Enum cast.
-    """
-
-    codes: pl.Series  # String, unique, each CODE_BYTES long
-    values: np.ndarray  # len(codes) + 1
-
-    @cached_property
-    def dense(self) -> np.ndarray:
-        table = np.full(1 << 8 * CODE_BYTES, self.values[-1], dtype=self.values.dtype)
-        table[_code_keys(self.codes)] = self.values[:-1]
-        return table
-
-    def lookup(self, column: pl.Series) -> np.ndarray:
-        if _string_views_readable():
-            return self.dense.take(_code_keys(column))
-        index = column.cast(pl.Enum(self.codes), strict=False).to_physical()
-        return self.values.take(index.fill_null(len(self.codes)).to_numpy())
-
-
-@dataclass(frozen=True)
-class _CodeLookups:
-    """The country and relation tables of rules 3 to 5.
-
-    ``country`` gives a code the position of its ISO alpha-3 in ``countries``, or ``EXCLUDED``
-    for a code the table excludes, or ``UNKNOWN`` for a code it does not know; two codes are the
-    same country exactly when their values are equal. ``relation`` is true for MIRAI's level-2
-    codes.
-    """
-
-    country: _CodeMap  # uint8 values
-    relation: _CodeMap  # bool values
-    countries: pl.Series  # ISO alpha-3 codes, sorted
-
-
-@cache
-def _code_lookups() -> _CodeLookups:
-    table = country_table()
-    iso = dict(cameo_to_iso3().iter_rows())
-    if None in iso.values():  # tests/test_reference.py: only excluded codes lack an ISO code
-        raise ValueError("the country table gives no ISO code for a code it does not exclude")
-    countries = sorted(set(iso.values()))
-    if len(countries) + 2 > 256:
-        raise ValueError(f"{len(countries)} countries do not fit the uint8 country ids")
-    position = {code: i for i, code in enumerate(countries)}
-    codes = table.get_column("cameo_code")
-    relations = pl.Series(sorted(level2_codes()), dtype=pl.String)
-    for name, column in (("country", codes), ("relation", relations)):
-        if not (column.str.len_bytes() == CODE_BYTES).all() or column.n_unique() != len(column):
-            raise ValueError(f"every {name} code must be {CODE_BYTES} bytes and listed once for the lookups")
-    country_ids = [position[iso[code]] if code in iso else EXCLUDED for code in codes]
-    return _CodeLookups(
-        _CodeMap(codes, np.array([*country_ids, UNKNOWN], dtype=np.uint8)),
-        _CodeMap(relations, np.append(np.ones(len(relations), dtype=bool), False)),
-        pl.Series(countries, dtype=pl.String),
-    )
-
-
-def _code_keys(column: pl.Series) -> np.ndarray:
-    """Each value's bytes as an integer when it is ``CODE_BYTES`` long, else 0 (which no code has).
-
-    Read from the Arrow string views themselves (Arrow columnar format, "Variable-size Binary
-    View Layout": 16 bytes a value, the length as an int32, then strings of up to 12 bytes
-    inline), so nothing is copied or hashed. This relies on polars exporting string views and on
-    the layout: callers check ``_string_views_readable()`` first. Null values get whatever their
-    view holds: callers decide nulls from the column's validity.
-    """
-    arr = column.to_arrow(compat_level=pl.CompatLevel.newest())
-    if isinstance(arr, pa.ChunkedArray):
-        arr = arr.combine_chunks()
-    if arr.type != pa.string_view():
-        arr = arr.cast(pa.string_view())
-    # Each view as four u32: the length, then the first 4 bytes (the whole of a short code).
-    views = np.frombuffer(arr.buffers()[1], dtype=np.uint32)[4 * arr.offset : 4 * (arr.offset + len(arr))]
-    keys = views[1::4] & np.uint32((1 << 8 * CODE_BYTES) - 1)
-    keys[views[::4] != CODE_BYTES] = 0
-    return keys
-
-
-@cache
-def _string_views_readable() -> bool:
-    """Whether ``_code_keys`` reads right here: a little-endian machine, polars 2 (whose
-    ``to_arrow(compat_level=newest)`` gives string views) and a probe of every case read back
-    as expected. Else the lookups take the public path; tests/test_normalize.py fails on it."""
-    if sys.byteorder != "little" or pl.__version__.split(".")[0] != "2":
-        return False
-    values = ["IRN", "US", "USAF", "", "Ü1", "a much longer string", "ISR", "0\x00A", "CHN"]
-    probe = pl.concat([pl.Series(values[:4]), pl.Series(values[4:])], rechunk=False).slice(1)
-    expected = [int.from_bytes(b, "little") if len(b) == CODE_BYTES else 0 for b in (v.encode() for v in values[1:])]
-    try:
-        return _code_keys(probe).tolist() == expected
-    except Exception:
-        return False
-
-
 _ACTORS = (("Actor1CountryCode", "s"), ("Actor2CountryCode", "o"))
 
 
@@ -338,7 +226,7 @@ def _row_keys(data: pl.DataFrame) -> pl.DataFrame:
     fails (``EXCLUSIONS[row_rule - 1]``; 0 = passes). A missing value fails its rule: a row
     without SQLDATE or DATEADDED is not aligned, one without EventBaseCode has no valid relation.
     """
-    lookups = _code_lookups()
+    lookups = code_lookups()
     s_id = lookups.country.lookup(data.get_column("Actor1CountryCode"))
     o_id = lookups.country.lookup(data.get_column("Actor2CountryCode"))
     relation_ok = lookups.relation.lookup(data.get_column("EventBaseCode"))
@@ -465,7 +353,7 @@ def normalize_with_report(rows: pl.DataFrame | pl.LazyFrame, history: History | 
     """
     read = _read(rows.lazy())
     exclusion, in_order = _exclusions(read.keys, history or History.empty())
-    countries = pl.lit(_code_lookups().countries)
+    countries = pl.lit(code_lookups().countries)
     events = read.candidates.filter(pl.lit(exclusion).gather(pl.col("_row")) == 0).select(
         pl.col("GLOBALEVENTID").alias("event_id"),
         pl.col("pub_day").alias("date"),
@@ -519,65 +407,4 @@ def unmapped_codes(rows: pl.DataFrame | pl.LazyFrame) -> pl.DataFrame:
         .agg(pl.len().cast(pl.Int64).alias("rows"))
         .sort("rows", "code", descending=[True, False])
         .collect()
-    )
-
-
-QUADS_SCHEMA = pl.Schema(
-    [
-        ("date", pl.Date),
-        ("s", pl.String),
-        ("r", pl.String),
-        ("o", pl.String),
-        ("r1", pl.String),
-        ("daily_mentions", pl.Int64),
-        ("n_events", pl.UInt32),
-        ("urls", pl.List(pl.String)),
-        ("n_urls", pl.UInt32),
-        ("web_mention_urls", pl.UInt32),
-    ]
-)
-
-
-def daily_quads(
-    events: pl.DataFrame | pl.LazyFrame, mentions: pl.DataFrame | pl.LazyFrame | None = None
-) -> pl.DataFrame:
-    """One row per (date, s, r, o): daily_mentions = sum of NumMentions over its events, the
-    event count, the sorted article URLs, and (from the mentions table) the number of distinct
-    WEB mention URLs seen on the event's own day, more sources per event than MIRAI used."""
-    ev = events.lazy()
-    quads = ev.group_by("date", "s", "r", "o").agg(
-        pl.col("r1").first(),
-        pl.col("num_mentions").sum().cast(pl.Int64).alias("daily_mentions"),
-        pl.len().alias("n_events"),
-        pl.col("url").drop_nulls().unique().sort().alias("urls"),
-    )
-    if mentions is None:
-        web = ev.select("date", "s", "r", "o").unique().with_columns(pl.lit(0, pl.UInt32).alias("web_mention_urls"))
-    else:
-        first_day_web = (
-            mentions.lazy()
-            .filter(pl.col("MentionType") == 1)
-            .select(
-                pl.col("GLOBALEVENTID").alias("event_id"),
-                pl.col("MentionTimeDate").dt.date().alias("mention_day"),
-                pl.col("MentionIdentifier").alias("mention_url"),
-            )
-        )
-        web = (
-            ev.select("event_id", "date", "s", "r", "o")
-            .join(first_day_web, on="event_id", how="inner")
-            .filter(pl.col("mention_day") == pl.col("date"))
-            .group_by("date", "s", "r", "o")
-            .agg(pl.col("mention_url").n_unique().cast(pl.UInt32).alias("web_mention_urls"))
-        )
-    return (
-        quads.join(web, on=["date", "s", "r", "o"], how="left")
-        .with_columns(
-            pl.col("urls").list.len().alias("n_urls"),
-            pl.col("web_mention_urls").fill_null(0),
-        )
-        .select(QUADS_SCHEMA.names())
-        .sort("date", "s", "r", "o")
-        .collect()
-        .match_to_schema(QUADS_SCHEMA)
     )

@@ -297,6 +297,70 @@ def _write_mirai_bundle(
     return {f"{MIRAI_BUNDLE_DIR}/{name}": entry for name, entry in files.items()}
 
 
+def _manifest(
+    month: date,
+    settings: Settings,
+    *,
+    closure: Closure,
+    override: Override | None,
+    db_meta: dict[str, str],
+    db_counts: dict,
+    events: pl.DataFrame,
+    queries: pl.DataFrame,
+    sample: pl.DataFrame,
+    files: dict[str, dict],
+) -> dict:
+    """manifest.json of a split: what it was built from and with, its counts, and every file's
+    digest; the dataset card is written from it."""
+    return {
+        "month": f"{month:%Y-%m}",
+        "dataset_version": f"{month:%Y-%m}",
+        "source": settings.source,
+        "split_version": SPLIT_VERSION,
+        "history_cutoff": (month - timedelta(days=1)).isoformat(),
+        "distance_days": settings.agent_distance_days,
+        "seed": settings.split_seed,
+        "sample_size": settings.split_sample_size,
+        "sampler_version": SAMPLER_VERSION,
+        "sampler": {"candidates_per_step": SAMPLER_CANDIDATES, "weights": SAMPLER_WEIGHTS},
+        "thresholds": {
+            "database_min_mentions": settings.article_min_mentions,
+            "test_min_mentions": settings.test_min_mentions,
+            "test_min_articles": settings.test_min_articles,
+        },
+        "versions": {
+            "rules": RULES_VERSION,
+            "country_table": COUNTRY_TABLE_VERSION,
+            "region_table": REGION_TABLE_VERSION,
+            "relation_table": RELATION_TABLE_VERSION,
+            "relation_descriptions": RELATION_DESCRIPTION_VERSION,
+            "articles": ARTICLES_VERSION,
+            "article_profile": db_meta.get("article_profile", ""),
+            "database": db_meta.get("database_version", ""),
+            "code": code_version(),
+        },
+        "counts": {
+            "queries": queries.height,
+            "sample": sample.height,
+            "test_grade_quads": events.filter(pl.col("daily_mentions") >= settings.test_min_mentions).height,
+            "database_events": events.height,
+            "database_articles": db_counts.get("news", 0),
+            "slots": closure.slots,
+            "articles": {
+                "selected": db_counts.get("articles_selected", 0),
+                "failed": db_counts.get("articles_failed", 0),
+                "stored": db_counts.get("articles_stored", 0),
+                "kept": db_counts.get("articles_kept", 0),
+                "linked": db_counts.get("news", 0),
+            },
+        },
+        "closure": {"closed": closure.closed, "reasons": list(closure.reasons)},
+        "override": override.as_dict() if override else None,
+        "deviations": list(DEVIATIONS),
+        "files": files,
+    }
+
+
 def build_split(month: date, settings: Settings, *, now: datetime, override: Override | None = None) -> Split:
     """Build and publish (atomically, as one directory) the month's test split."""
     # Imported here: the card needs matplotlib, which costs ~0.5 s that nothing else should pay.
@@ -328,53 +392,18 @@ def build_split(month: date, settings: Settings, *, now: datetime, override: Ove
         }
         files.update({path.name: _file_entry(path) for path in sorted(figures.values())})
         files.update(_write_mirai_bundle(layout, month, queries, sample, staging))
-        manifest = {
-            "month": f"{month:%Y-%m}",
-            "dataset_version": f"{month:%Y-%m}",
-            "source": settings.source,
-            "split_version": SPLIT_VERSION,
-            "history_cutoff": (month - timedelta(days=1)).isoformat(),
-            "distance_days": settings.agent_distance_days,
-            "seed": settings.split_seed,
-            "sample_size": settings.split_sample_size,
-            "sampler_version": SAMPLER_VERSION,
-            "sampler": {"candidates_per_step": SAMPLER_CANDIDATES, "weights": SAMPLER_WEIGHTS},
-            "thresholds": {
-                "database_min_mentions": settings.article_min_mentions,
-                "test_min_mentions": settings.test_min_mentions,
-                "test_min_articles": settings.test_min_articles,
-            },
-            "versions": {
-                "rules": RULES_VERSION,
-                "country_table": COUNTRY_TABLE_VERSION,
-                "region_table": REGION_TABLE_VERSION,
-                "relation_table": RELATION_TABLE_VERSION,
-                "relation_descriptions": RELATION_DESCRIPTION_VERSION,
-                "articles": ARTICLES_VERSION,
-                "article_profile": db_meta.get("article_profile", ""),
-                "database": db_meta.get("database_version", ""),
-                "code": code_version(),
-            },
-            "counts": {
-                "queries": queries.height,
-                "sample": sample.height,
-                "test_grade_quads": events.filter(pl.col("daily_mentions") >= settings.test_min_mentions).height,
-                "database_events": events.height,
-                "database_articles": db_counts.get("news", 0),
-                "slots": closure.slots,
-                "articles": {
-                    "selected": db_counts.get("articles_selected", 0),
-                    "failed": db_counts.get("articles_failed", 0),
-                    "stored": db_counts.get("articles_stored", 0),
-                    "kept": db_counts.get("articles_kept", 0),
-                    "linked": db_counts.get("news", 0),
-                },
-            },
-            "closure": {"closed": closure.closed, "reasons": list(closure.reasons)},
-            "override": override.as_dict() if override else None,
-            "deviations": list(DEVIATIONS),
-            "files": files,
-        }
+        manifest = _manifest(
+            month,
+            settings,
+            closure=closure,
+            override=override,
+            db_meta=db_meta,
+            db_counts=db_counts,
+            events=events,
+            queries=queries,
+            sample=sample,
+            files=files,
+        )
         atomic_write_bytes(staging / "README.md", dataset_card(manifest, queries, sample, figures).encode())
         atomic_write_bytes(staging / "manifest.json", (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode())
     return Split(month=month, directory=final, queries=queries, sample=sample, manifest=manifest)

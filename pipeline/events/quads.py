@@ -1,0 +1,68 @@
+"""Daily quads: the normalised events of a day grouped by (date, s, r, o), with their mentions,
+article URLs and the WEB sources the mentions table adds; the table the event database and the
+article selection read (``QUADS_SCHEMA``).
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+QUADS_SCHEMA = pl.Schema(
+    [
+        ("date", pl.Date),
+        ("s", pl.String),
+        ("r", pl.String),
+        ("o", pl.String),
+        ("r1", pl.String),
+        ("daily_mentions", pl.Int64),
+        ("n_events", pl.UInt32),
+        ("urls", pl.List(pl.String)),
+        ("n_urls", pl.UInt32),
+        ("web_mention_urls", pl.UInt32),
+    ]
+)
+
+
+def daily_quads(
+    events: pl.DataFrame | pl.LazyFrame, mentions: pl.DataFrame | pl.LazyFrame | None = None
+) -> pl.DataFrame:
+    """One row per (date, s, r, o): daily_mentions = sum of NumMentions over its events, the
+    event count, the sorted article URLs, and (from the mentions table) the number of distinct
+    WEB mention URLs seen on the event's own day, more sources per event than MIRAI used."""
+    ev = events.lazy()
+    quads = ev.group_by("date", "s", "r", "o").agg(
+        pl.col("r1").first(),
+        pl.col("num_mentions").sum().cast(pl.Int64).alias("daily_mentions"),
+        pl.len().alias("n_events"),
+        pl.col("url").drop_nulls().unique().sort().alias("urls"),
+    )
+    if mentions is None:
+        web = ev.select("date", "s", "r", "o").unique().with_columns(pl.lit(0, pl.UInt32).alias("web_mention_urls"))
+    else:
+        first_day_web = (
+            mentions.lazy()
+            .filter(pl.col("MentionType") == 1)
+            .select(
+                pl.col("GLOBALEVENTID").alias("event_id"),
+                pl.col("MentionTimeDate").dt.date().alias("mention_day"),
+                pl.col("MentionIdentifier").alias("mention_url"),
+            )
+        )
+        web = (
+            ev.select("event_id", "date", "s", "r", "o")
+            .join(first_day_web, on="event_id", how="inner")
+            .filter(pl.col("mention_day") == pl.col("date"))
+            .group_by("date", "s", "r", "o")
+            .agg(pl.col("mention_url").n_unique().cast(pl.UInt32).alias("web_mention_urls"))
+        )
+    return (
+        quads.join(web, on=["date", "s", "r", "o"], how="left")
+        .with_columns(
+            pl.col("urls").list.len().alias("n_urls"),
+            pl.col("web_mention_urls").fill_null(0),
+        )
+        .select(QUADS_SCHEMA.names())
+        .sort("date", "s", "r", "o")
+        .collect()
+        .match_to_schema(QUADS_SCHEMA)
+    )
