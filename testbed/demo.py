@@ -616,8 +616,9 @@ def summary(plan: DemoPlan, settings: Settings, release_where: str, say: Callabl
     for row in sample.head(3).select("query_code", "s_name", "o_name", "answer_list").iter_rows(named=True):
         say(f"              {row['query_code']}  {row['s_name']} -> {row['o_name']}: {', '.join(row['answer_list'])}")
     say(f"  release     {release_where}")
-    from pipeline.evaluation.board import BOARD_FILE, markdown_table
+    from pipeline.evaluation.board import markdown_table
     from pipeline.evaluation.board import summary as board_summary
+    from pipeline.evaluation.board_files import BOARD_FILE
     from pipeline.evaluation.run import RANK_RULE
 
     board = pl.read_parquet(settings.data_dir / "evaluations" / BOARD_FILE)
