@@ -17,15 +17,7 @@ import polars as pl
 
 from pipeline.agent_api import EventDatabase
 from pipeline.agent_api.sandbox import DEFAULT_MEMORY_MB, SPARES
-from pipeline.evaluation.agents import (
-    AgentSpec,
-    Query,
-    Trajectory,
-    code_libraries,
-    react_environment,
-    run_react,
-    run_single_turn,
-)
+from pipeline.evaluation.agents import code_libraries, react_environment, run_react, run_single_turn
 from pipeline.evaluation.llm import ChatClient, ModelUnavailable
 from pipeline.evaluation.registry import Agent
 from pipeline.evaluation.throughput import (
@@ -37,6 +29,7 @@ from pipeline.evaluation.throughput import (
     sandbox_cap,
     sandbox_start_mb,
 )
+from pipeline.evaluation.trajectory import AgentSpec, Query, Trajectory
 
 
 class _SpareDemand:
