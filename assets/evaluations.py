@@ -13,7 +13,8 @@ from assets.splits import test_split
 from assets.submissions import submission
 from pipeline.agent_api import EventDatabase
 from pipeline.evaluation.agent_config import agent_config_hash, endpoint_limits
-from pipeline.evaluation.board import INTERVAL_RULE, markdown_table, summary, write_leaderboard
+from pipeline.evaluation.board import INTERVAL_RULE, markdown_table, summary
+from pipeline.evaluation.board_files import write_leaderboard
 from pipeline.evaluation.clients import client_for
 from pipeline.evaluation.episodes import episode_concurrency
 from pipeline.evaluation.llm import ModelUnavailable

@@ -1,5 +1,5 @@
 """Live rounds (docs/live.md): the round of day D, published to MIRAI_RELEASE_URI under live/ with
-its baselines' submissions, by pipeline/live/rounds.py. Submissions to it are accepted by the
+its baselines' submissions, by pipeline/live/publication.py. Submissions to it are accepted by the
 `submission` asset (assets/submissions.py), like any other."""
 
 from datetime import UTC, date, datetime
@@ -8,7 +8,7 @@ import dagster as dg
 
 from assets.partitions import daily_partitions
 from assets.resources import Dataset, LiveRounds, ReleaseBucket, pipeline_settings
-from pipeline.live.rounds import ROUND_FORMAT, RoundRefused, publish_round
+from pipeline.live.publication import ROUND_FORMAT, RoundRefused, publish_round
 from pipeline.markdown import markdown_text
 from pipeline.release.layout import ReleaseError
 from pipeline.release.publish import ReleaseConflict

@@ -41,12 +41,13 @@ import polars as pl
 
 from common import machine as machine_summary
 from pipeline.agent_api import EventDatabase
-from pipeline.evaluation.agents import AgentSpec, Query, run_react
+from pipeline.evaluation.agents import run_react
 from pipeline.evaluation.baselines import default_top_k, forecast
 from pipeline.evaluation.llm import Reply
 from pipeline.evaluation.queries import load_history
 from pipeline.evaluation.registry import load_agents
 from pipeline.evaluation.run import evaluate_baseline
+from pipeline.evaluation.trajectory import AgentSpec, Query
 from pipeline.splits.split import queries_from_events
 from pipeline.storage import DataLayout
 from testbed.database import generate_event_database

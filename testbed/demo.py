@@ -466,7 +466,8 @@ def run_live_round(runner: Runner, plan: DemoPlan, settings: Settings, data_dir:
     from pipeline.cli import main as mirai
     from pipeline.evaluation.submissions import SubmissionError
     from pipeline.evaluation.submit import check_name_free
-    from pipeline.live.rounds import baseline_name, deadline, read_local_manifest
+    from pipeline.live.publication import baseline_name, read_local_manifest
+    from pipeline.live.rounds import deadline
     from pipeline.live.submissions import store_deadline
     from pipeline.release.layout import SUBMISSION_META, submission_key
     from pipeline.release.store import open_store
@@ -616,8 +617,9 @@ def summary(plan: DemoPlan, settings: Settings, release_where: str, say: Callabl
     for row in sample.head(3).select("query_code", "s_name", "o_name", "answer_list").iter_rows(named=True):
         say(f"              {row['query_code']}  {row['s_name']} -> {row['o_name']}: {', '.join(row['answer_list'])}")
     say(f"  release     {release_where}")
-    from pipeline.evaluation.board import BOARD_FILE, markdown_table
+    from pipeline.evaluation.board import markdown_table
     from pipeline.evaluation.board import summary as board_summary
+    from pipeline.evaluation.board_files import BOARD_FILE
     from pipeline.evaluation.run import RANK_RULE
 
     board = pl.read_parquet(settings.data_dir / "evaluations" / BOARD_FILE)

@@ -15,15 +15,7 @@ import pytest
 
 from pipeline.agent_api import EventDatabase
 from pipeline.agent_api.environment import API_FUNCTIONS
-from pipeline.evaluation.agents import (
-    CONSECUTIVE_LIMIT,
-    AgentSpec,
-    Query,
-    execution_error,
-    parse_action,
-    run_react,
-    run_single_turn,
-)
+from pipeline.evaluation.agents import run_react, run_single_turn
 from pipeline.evaluation.board import leaderboard
 from pipeline.evaluation.llm import (
     HttpSettings,
@@ -34,7 +26,9 @@ from pipeline.evaluation.llm import (
 )
 from pipeline.evaluation.prompts import api_description, system_prompt
 from pipeline.evaluation.registry import Agent
+from pipeline.evaluation.replies import execution_error, parse_action
 from pipeline.evaluation.run import evaluate_agent
+from pipeline.evaluation.trajectory import CONSECUTIVE_LIMIT, AgentSpec, Query
 from pipeline.storage import DataLayout
 from testbed.database import generate_event_database
 

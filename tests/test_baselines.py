@@ -253,7 +253,8 @@ def test_leaderboard_ranks_within_month_and_distance(tmp_path):
 def test_all_zero_runs_are_ranked_last_and_ties_fall_to_level1_f1_then_mrr(tmp_path):
     """A leaderboard led by runs that forecast nothing (issue 20): every run that scored 0 on
     all ranking metrics comes after every run that scored anything, and has no rank."""
-    from pipeline.evaluation.board import chart, markdown_table, summary
+    from pipeline.evaluation.board import markdown_table, summary
+    from pipeline.evaluation.board_files import chart
     from pipeline.evaluation.run import RANK_RULE
 
     write_database(tmp_path, PAIR_HISTORY)

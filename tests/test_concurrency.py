@@ -23,7 +23,7 @@ from pipeline.agent_api.sandbox import DEFAULT_MEMORY_MB
 from pipeline.agent_api.sandbox_spares import SPARES
 from pipeline.evaluation import throughput
 from pipeline.evaluation.agent_config import agent_config_hash, endpoint_limits
-from pipeline.evaluation.agents import AgentSpec, react_environment
+from pipeline.evaluation.agents import react_environment
 from pipeline.evaluation.episodes import episode_concurrency, sandbox_slots
 from pipeline.evaluation.llm import HttpSettings, ModelUnavailable, OpenAIChatClient, retry_after_s
 from pipeline.evaluation.registry import Agent, Endpoint, RegistryError, parse_agents
@@ -38,6 +38,7 @@ from pipeline.evaluation.throughput import (
     sandbox_cap,
     sandbox_start_mb,
 )
+from pipeline.evaluation.trajectory import AgentSpec
 from pipeline.storage import DataLayout
 from testbed.chat import ChatServer, api_calls_policy
 from testbed.database import generate_event_database

@@ -22,7 +22,7 @@ from assets.evaluations import evaluation, leaderboard
 from assets.resources import LlmRuntime, resources_for
 from assets.splits import test_split as split_asset
 from pipeline.config import Settings
-from pipeline.evaluation.board import chart
+from pipeline.evaluation.board_files import chart
 from pipeline.storage import DataLayout
 from sensors.evaluations import evaluation_job, evaluation_sensor, leaderboard_job
 from testbed.chat import ChatServer

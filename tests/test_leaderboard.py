@@ -17,16 +17,13 @@ import polars as pl
 import pytest
 
 from pipeline.evaluation.board import (
-    BOARD_FILE,
-    PAGE_FILE,
     RECORD_FORMAT,
     board_frame,
     leaderboard,
-    page,
     rank,
     run_intervals,
-    write_leaderboard,
 )
+from pipeline.evaluation.board_files import BOARD_FILE, PAGE_FILE, page, write_leaderboard
 from pipeline.evaluation.run import RANK_RULE, evaluate_baseline
 from pipeline.evaluation.scoring import METRICS, score_predictions
 from pipeline.release.layout import LEADERBOARD_KEYS

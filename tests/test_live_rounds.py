@@ -15,16 +15,14 @@ import pytest
 
 from pipeline.config import Settings
 from pipeline.live import rounds
+from pipeline.live.publication import RoundRefused, publish_round, write_live_index
 from pipeline.live.rounds import (
     QUESTIONS_SCHEMA,
     RoundNotReady,
-    RoundRefused,
     build_round,
     draw_sizes,
-    publish_round,
     read_window,
     round_seed,
-    write_live_index,
 )
 from pipeline.reference import country_names
 from pipeline.release.layout import UnsafeRelease, check_store_key

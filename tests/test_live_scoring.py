@@ -184,7 +184,7 @@ def test_a_published_round_with_accepted_submissions_ranks_its_baselines_above_e
     accepted before the deadline, then resolved, scored and boarded here."""
     from pipeline.live import submissions
     from pipeline.live.board import build_leaderboard
-    from pipeline.live.rounds import publish_round
+    from pipeline.live.publication import publish_round
     from pipeline.release.store import LocalStore
 
     settings = Settings(data_dir=tmp_path / "data", live_window_days=21, live_round_size=80)

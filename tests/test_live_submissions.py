@@ -19,7 +19,7 @@ import pytest
 from pipeline.cli import main
 from pipeline.evaluation.submissions import NotReady
 from pipeline.live import submissions as sub
-from pipeline.live.rounds import publish_round
+from pipeline.live.publication import publish_round
 from pipeline.release.layout import submission_key
 from pipeline.release.store import LocalStore, open_store
 

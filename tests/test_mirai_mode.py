@@ -18,20 +18,15 @@ import pytest
 from pipeline.agent_api import EventDatabase
 from pipeline.agent_api.environment import API_FUNCTIONS, EVENT_FUNCTIONS, NEWS_FUNCTIONS, TOOL_SUBSETS
 from pipeline.evaluation.agent_config import agent_config_hash
-from pipeline.evaluation.agents import (
-    AgentSpec,
-    Query,
-    mirai_answer,
-    parse_action,
-    react_environment,
-    run_react,
-    run_single_turn,
-)
+from pipeline.evaluation.agents import react_environment, run_react, run_single_turn
 from pipeline.evaluation.board import leaderboard
 from pipeline.evaluation.llm import LLMError
+from pipeline.evaluation.mirai_mode import mirai_answer
 from pipeline.evaluation.prompts import api_description, system_prompt
 from pipeline.evaluation.registry import Agent, RegistryError, parse_agents
+from pipeline.evaluation.replies import parse_action
 from pipeline.evaluation.run import evaluate_agent, evaluate_baseline
+from pipeline.evaluation.trajectory import AgentSpec, Query
 from testbed.database import generate_event_database
 from tests.test_agents import ScriptedClient
 

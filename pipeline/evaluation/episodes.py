@@ -18,15 +18,7 @@ import polars as pl
 from pipeline.agent_api import EventDatabase
 from pipeline.agent_api.sandbox import DEFAULT_MEMORY_MB
 from pipeline.agent_api.sandbox_spares import SPARES
-from pipeline.evaluation.agents import (
-    AgentSpec,
-    Query,
-    Trajectory,
-    code_libraries,
-    react_environment,
-    run_react,
-    run_single_turn,
-)
+from pipeline.evaluation.agents import code_libraries, react_environment, run_react, run_single_turn
 from pipeline.evaluation.llm import ChatClient, ModelUnavailable
 from pipeline.evaluation.registry import Agent
 from pipeline.evaluation.throughput import (
@@ -38,6 +30,7 @@ from pipeline.evaluation.throughput import (
     sandbox_cap,
     sandbox_start_mb,
 )
+from pipeline.evaluation.trajectory import AgentSpec, Query, Trajectory
 
 
 class _SpareDemand:

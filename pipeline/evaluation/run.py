@@ -44,7 +44,6 @@ from pipeline.evaluation.agent_config import (
     endpoint_limits,
     model_description,
 )
-from pipeline.evaluation.agents import AgentSpec, Query
 from pipeline.evaluation.baselines import FORECAST_SCHEMA, default_top_k, forecast
 from pipeline.evaluation.clients import client_for
 from pipeline.evaluation.episodes import episode_concurrency, gated_tables_mb, run_episodes, sandbox_slots
@@ -64,6 +63,7 @@ from pipeline.evaluation.prompts import PROMPT_VERSION
 from pipeline.evaluation.queries import load_history, load_queries, split_month
 from pipeline.evaluation.registry import Agent, eligibility
 from pipeline.evaluation.throughput import UNLIMITED, EpisodeLog, Progress, RateLimiter, RateLimits, SandboxSlots
+from pipeline.evaluation.trajectory import AgentSpec, Query
 from pipeline.storage import DataLayout, atomic_write_bytes, atomic_write_parquet, staged_directory
 from pipeline.version import code_version
 

@@ -325,7 +325,22 @@ def _process(store: ReleaseStore, upload: Upload, data_dir: Path, now: datetime,
     problems += _oversized(predictions)
     if problems or meta is None:
         return rejected(problems, fields)
-    item = predictions[0]
+    return _score_upload(store, upload, data_dir, meta, fields, submitted, rejected)
+
+
+def _score_upload(
+    store: ReleaseStore,
+    upload: Upload,
+    data_dir: Path,
+    meta: Metadata,
+    fields: dict,
+    submitted: datetime | None,
+    rejected: Callable[..., dict],
+) -> dict:
+    """_process's last step, once the listing and submission.json passed: the predictions read,
+    refused as a duplicate or scored against the split from a private copy, and recorded."""
+    name = upload.name
+    item = upload.predictions[0]
     filename = item.key.rsplit("/", 1)[1]
     with tempfile.TemporaryDirectory(prefix="mirai-submission-") as private:  # mode 0700
         data, problem = read_capped(store, item.key, MAX_SUBMISSION_BYTES)

@@ -61,7 +61,7 @@ INTERVAL_RULE = (
     f"intervals: 95% percentile bootstrap over resolved questions ({DEFAULT_RESAMPLES} resamples, seed "
     f"{BOOTSTRAP_SEED}); cumulative rows resample all resolved questions of every round the model took part in"
 )
-# As the monthly board's page (pipeline/evaluation/board.py page): no request leaves the page.
+# As the monthly board's page (pipeline/evaluation/board_files.py page): no request leaves the page.
 CSP = "default-src 'none'; style-src 'unsafe-inline'"
 STYLE = """
 body { font-family: sans-serif; margin: 1.5em; color: #222; }

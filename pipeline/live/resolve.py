@@ -11,7 +11,7 @@ date, so a closed date is always past it, and the check is kept as a guard again
 
 Answers are written once per date: live/<D>/answers/<t>.parquet locally, then
 live/rounds/<D>/answers-<t>.jsonl in the release store (if absent), and live/index.json is rebuilt
-(pipeline/live/rounds.py write_live_index) so that it lists the date. A resolved date is never
+(pipeline/live/publication.py write_live_index) so that it lists the date. A resolved date is never
 recomputed (a later change of t's files cannot change a published answer), and a store object with
 other bytes than ours is refused, never overwritten.
 """
@@ -27,7 +27,8 @@ import polars as pl
 
 from pipeline.config import Settings
 from pipeline.gdelt.ledger import read_ledger, summarize
-from pipeline.live.rounds import answers_file, round_dir, write_live_index
+from pipeline.live.publication import write_live_index
+from pipeline.live.rounds import answers_file, round_dir
 from pipeline.release.layout import is_day, live_answers_name, live_round_key
 from pipeline.release.publish import IMMUTABLE_CACHE, ReleaseConflict
 from pipeline.release.store import ReleaseStore

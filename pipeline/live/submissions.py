@@ -40,7 +40,8 @@ from pipeline.evaluation.submissions import (
     read_capped,
 )
 from pipeline.evaluation.submit import Prepared
-from pipeline.live.rounds import read_local_manifest, recorded_baselines, resolved_targets, round_dir
+from pipeline.live.publication import read_local_manifest, recorded_baselines
+from pipeline.live.rounds import resolved_targets, round_dir
 from pipeline.release.layout import (
     LIVE_QUESTIONS,
     MANIFEST_NAME,

@@ -42,7 +42,7 @@ CONTENT_TYPES = {
     ".jsonl": "application/jsonl",  # live rounds' questions and answers (docs/live.md)
     ".md": "text/markdown; charset=utf-8",
     ".png": "image/png",
-    ".html": "text/html; charset=utf-8",  # the leaderboard page (pipeline/evaluation/board.py)
+    ".html": "text/html; charset=utf-8",  # the leaderboard page (pipeline/evaluation/board_files.py)
     # MIRAI's files (mirai/data/, pipeline/splits/mirai_files.py): its ".csv" files are tab-separated.
     ".csv": "text/tab-separated-values; charset=utf-8",
     ".txt": "text/plain; charset=utf-8",
