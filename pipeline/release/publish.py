@@ -46,8 +46,8 @@ from pipeline.release.store import (
     Progress,
     ReleaseNotReady,
     ReleaseStore,
-    open_store,
 )
+from pipeline.release.store_uri import open_store
 from pipeline.storage import DataLayout, FileDigest, recorded_digest
 
 INDEX_FORMAT = "mirai-release-index-v1"

@@ -1,7 +1,7 @@
 """Release stores: where releases are published and read, a local directory (``LocalStore``, the
 embedded default) or S3 and any S3-compatible store (``S3Store``), behind one interface
 (``ReleaseStore``) that pipeline.release.publish, pipeline.release.download, live rounds and
-submissions use. ``open_store`` opens the one MIRAI_RELEASE_URI names.
+submissions use. pipeline.release.store_uri opens the one MIRAI_RELEASE_URI names.
 
 Nothing a store writes is unverified: a file goes up with the sha256 its plan holds (per part for
 a multipart upload), which S3 checks on receipt and the local store while copying, and a local
@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from urllib.parse import quote, urlparse
+from urllib.parse import quote
 
 from pipeline.config import Settings
 from pipeline.release.layout import (
@@ -634,21 +634,3 @@ def _explain(exc, where: str) -> ReleaseError:
             "(and MIRAI_RELEASE_SIGNED_DOWNLOAD=1 or --signed for `mirai download`)"
         )
     return ReleaseError(f"{where}: {code or _status(exc)}: {exc}")
-
-
-def open_store(settings: Settings, *, uri: str | None = None, signed: bool = True) -> ReleaseStore:
-    """The store MIRAI_RELEASE_URI names: s3://bucket/prefix, file:///path or a path; empty means
-    <data_dir>/releases-bucket."""
-    uri = uri if uri is not None else settings.release_uri
-    if not uri:
-        return LocalStore(settings.data_dir / "releases-bucket", settings.release_public_url)
-    parsed = urlparse(uri)
-    if parsed.scheme == "s3":
-        if not parsed.netloc:
-            raise ReleaseError(f"MIRAI_RELEASE_URI={uri!r}: expected s3://bucket/prefix")
-        return S3Store(parsed.netloc, parsed.path, settings, signed=signed)
-    if parsed.scheme == "file":
-        return LocalStore(Path(parsed.path), settings.release_public_url)
-    if parsed.scheme:
-        raise ReleaseError(f"MIRAI_RELEASE_URI={uri!r}: only s3://, file:// and plain paths are supported")
-    return LocalStore(Path(uri), settings.release_public_url)

@@ -103,7 +103,8 @@ def main(argv: list[str]) -> None:
         build_split(month, settings, now=datetime.fromisoformat(args[1]))
     elif stage == "release":
         from pipeline.release.publish import publish_release
-        from pipeline.release.store import LocalStore, open_store
+        from pipeline.release.store import LocalStore
+        from pipeline.release.store_uri import open_store
 
         month = date.fromisoformat(args[0])
         # A fixed public URL: the index's links must not depend on where the test put the store.
