@@ -11,7 +11,8 @@ from urllib.parse import urlparse
 
 from pipeline.config import Settings
 from pipeline.release.layout import ReleaseError
-from pipeline.release.store import LocalStore, ReleaseStore, S3Store
+from pipeline.release.s3_store import S3Store
+from pipeline.release.store import LocalStore, ReleaseStore
 
 
 def open_store(settings: Settings, *, uri: str | None = None, signed: bool = True) -> ReleaseStore:
