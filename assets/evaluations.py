@@ -23,7 +23,7 @@ from pipeline.evaluation.registry import Agent, RegistryError, eligibility, load
 from pipeline.evaluation.run import AGGREGATION_RULE, EVALUATION_VERSION, RANK_RULE, evaluate_agent, evaluate_baseline
 from pipeline.evaluation.throughput import RateLimiter
 from pipeline.release.publish import publish_leaderboard
-from pipeline.release.store import open_store
+from pipeline.release.store_uri import open_store
 from pipeline.splits.database import MonthNotReady
 from pipeline.storage import DataLayout
 

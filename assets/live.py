@@ -12,7 +12,7 @@ from pipeline.live.publication import ROUND_FORMAT, RoundRefused, publish_round
 from pipeline.markdown import markdown_text
 from pipeline.release.layout import ReleaseError
 from pipeline.release.publish import ReleaseConflict
-from pipeline.release.store import open_store
+from pipeline.release.store_uri import open_store
 
 
 class LiveRoundConfig(dg.Config):

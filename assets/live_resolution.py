@@ -16,7 +16,7 @@ from pipeline.live.score import score_round
 from pipeline.markdown import markdown_text
 from pipeline.release.layout import ReleaseError
 from pipeline.release.publish import ReleaseConflict
-from pipeline.release.store import open_store
+from pipeline.release.store_uri import open_store
 
 
 def _scores_table(card: dict) -> str:

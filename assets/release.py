@@ -10,7 +10,7 @@ from assets.resources import Dataset, GdeltFeed, ReleaseBucket, pipeline_setting
 from assets.splits import test_split
 from pipeline.release.layout import RELEASE_FORMAT, ReleaseError
 from pipeline.release.publish import ReleaseConflict, publish_release
-from pipeline.release.store import open_store
+from pipeline.release.store_uri import open_store
 
 
 @dg.asset(

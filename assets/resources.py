@@ -150,7 +150,7 @@ class ArticleFetcher(SettingsPart):
 
 class ReleaseBucket(SettingsPart):
     """Where monthly releases are published: S3, an S3-compatible store or a local directory
-    (pipeline/release/store.py, which keeps its own checksummed transfers). The S3 client is built when an
+    (pipeline/release/store_uri.py; the S3 store keeps its own checksummed transfers). The S3 client is built when an
     asset or the monthly schedule opens the store, never at load."""
 
     _RENAMED: ClassVar[Mapping[str, str]] = {

@@ -12,7 +12,7 @@ from pipeline.evaluation.submissions import RECORD_FORMAT, NotReady, SubmissionE
 from pipeline.live.submissions import LIVE_RECORD_FORMAT, live_record_path, process
 from pipeline.markdown import markdown_text
 from pipeline.release.layout import ReleaseError
-from pipeline.release.store import open_store
+from pipeline.release.store_uri import open_store
 from pipeline.storage import LockTimeout
 
 submission_partitions = dg.DynamicPartitionsDefinition(name="submissions")

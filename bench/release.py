@@ -53,7 +53,7 @@ from common import machine as machine_summary  # noqa: E402
 from pipeline.config import Settings  # noqa: E402
 from pipeline.release.download import download_release  # noqa: E402
 from pipeline.release.publish import plan_release, publish_release  # noqa: E402
-from pipeline.release.store import open_store  # noqa: E402
+from pipeline.release.store_uri import open_store  # noqa: E402
 from pipeline.storage import DataLayout, write_sealed_bytes  # noqa: E402
 from tests.s3_server import ACCESS_KEY, SECRET_KEY, SeaweedS3  # noqa: E402
 

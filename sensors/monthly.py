@@ -17,7 +17,7 @@ from assets.release import release
 from assets.resources import Dataset, GdeltFeed, ReleaseBucket, pipeline_settings
 from assets.splits import test_split
 from pipeline.release.layout import MANIFEST_NAME, release_key
-from pipeline.release.store import open_store
+from pipeline.release.store_uri import open_store
 from pipeline.splits.split import CLOSED_STATUSES, Closure, month_closure
 from sensors.run_health import max_runtime_tag
 

@@ -21,7 +21,7 @@ from assets.resources import Dataset, ReleaseBucket, pipeline_settings
 from assets.submissions import submission, submission_partitions
 from pipeline.evaluation.scoring import bounded
 from pipeline.live.submissions import triage
-from pipeline.release.store import open_store
+from pipeline.release.store_uri import open_store
 from sensors.evaluations import leaderboard_job, leaderboard_request
 
 submission_job = dg.define_asset_job("submission_scoring", selection=[submission], executor_def=dg.in_process_executor)

@@ -371,7 +371,7 @@ def run_submission(runner: Runner, plan: DemoPlan, settings: Settings, data_dir:
     from pipeline.cli import main as mirai
     from pipeline.evaluation.submissions import SubmissionError
     from pipeline.evaluation.submit import check_name_free
-    from pipeline.release.store import open_store
+    from pipeline.release.store_uri import open_store
 
     name = submission_name(plan)
     if name in runner.done("submission"):
@@ -470,7 +470,7 @@ def run_live_round(runner: Runner, plan: DemoPlan, settings: Settings, data_dir:
     from pipeline.live.rounds import deadline
     from pipeline.live.submissions import store_deadline
     from pipeline.release.layout import SUBMISSION_META, submission_key
-    from pipeline.release.store import open_store
+    from pipeline.release.store_uri import open_store
 
     day = live_round_day(plan, settings)
     key, store = day.isoformat(), open_store(settings)
@@ -732,7 +732,7 @@ def serve_release(data_dir: Path, port: int, say: Callable[[str], None] = _say) 
     import signal
 
     from pipeline.release.layout import INDEX_KEY, LATEST_KEY
-    from pipeline.release.store import open_store
+    from pipeline.release.store_uri import open_store
 
     endpoint = f"http://127.0.0.1:{port}"
     uri = f"s3://{BUCKET}/{RELEASE_PREFIX}"
@@ -767,7 +767,7 @@ def serve_release(data_dir: Path, port: int, say: Callable[[str], None] = _say) 
 
 def _release_location(settings: Settings, month: date) -> str:
     from pipeline.release.layout import MANIFEST_NAME, release_key
-    from pipeline.release.store import open_store
+    from pipeline.release.store_uri import open_store
 
     store = open_store(settings)
     key = release_key(f"{month:%Y-%m}", MANIFEST_NAME)

@@ -266,7 +266,7 @@ def test_serve_release_serves_the_demo_store_and_its_printed_commands_download_i
 
     from pipeline.config import Settings
     from pipeline.release.publish import publish_release
-    from pipeline.release.store import open_store
+    from pipeline.release.store_uri import open_store
     from pipeline.splits.database import build_event_database
     from pipeline.splits.split import build_split
     from testbed.demo import BUCKET, PUBLIC_PREFIXES, RELEASE_PREFIX, demo_lock

@@ -27,7 +27,7 @@ from pipeline.evaluation.registry import parse_agents
 from pipeline.evaluation.run import evaluate_agent
 from pipeline.evaluation.submit import prepare, score_locally
 from pipeline.release.publish import publish_release
-from pipeline.release.store import open_store
+from pipeline.release.store_uri import open_store
 from pipeline.splits.split import Override, build_split
 from testbed.chat import ChatServer, react_policy
 from testbed.database import generate_event_database

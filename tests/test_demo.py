@@ -237,7 +237,7 @@ def test_mirai_demo_runs_the_chain_through_dagster_and_twice_changes_nothing(tmp
 
     # The release is in the local S3: restart it on the same data and read it anonymously.
     from pipeline.release.layout import MANIFEST_NAME, release_key
-    from pipeline.release.store import open_store
+    from pipeline.release.store_uri import open_store
 
     with LocalS3(data / "s3", "mirai-releases") as s3:
         settings = Settings(s3_endpoint_url=s3.endpoint, s3_region="us-east-1", release_uri="s3://mirai-releases/mirai")

@@ -24,7 +24,8 @@ from pipeline.cli import main
 from pipeline.config import Settings
 from pipeline.release.layout import RELEASE_FORMAT, UnsafeRelease
 from pipeline.release.publish import ReleasePlan, plan_release, publish_release, update_pointers
-from pipeline.release.store import LocalStore, PlannedObject, S3Store
+from pipeline.release.s3_store import S3Store
+from pipeline.release.store import LocalStore, PlannedObject
 
 from .s3_server import ACCESS_KEY, SECRET_KEY, SeaweedS3, weed_binary
 

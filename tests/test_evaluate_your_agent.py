@@ -18,7 +18,7 @@ import pytest
 from pipeline.cli import main
 from pipeline.config import Settings
 from pipeline.release.publish import publish_release
-from pipeline.release.store import open_store
+from pipeline.release.store_uri import open_store
 from pipeline.splits.split import Override, build_split
 from testbed.database import generate_event_database
 

@@ -398,7 +398,7 @@ def test_the_page_is_published_beside_the_index_and_rewritten_only_when_it_chang
 
 def test_the_page_on_seaweedfs_is_served_as_html_and_written_once(built, tmp_path, monkeypatch):
     from pipeline.config import Settings
-    from pipeline.release.store import open_store
+    from pipeline.release.store_uri import open_store
 
     from .s3_server import ACCESS_KEY, SECRET_KEY, SeaweedS3, weed_binary
 

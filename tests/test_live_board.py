@@ -19,7 +19,8 @@ from pipeline.config import Settings
 from pipeline.live.board import build_leaderboard, page, publish_live_leaderboard, write_live_leaderboard
 from pipeline.live.resolve import resolve_round
 from pipeline.release.layout import LIVE_LEADERBOARD_KEYS
-from pipeline.release.store import LocalStore, open_store
+from pipeline.release.store import LocalStore
+from pipeline.release.store_uri import open_store
 
 from .live_builder import baseline_predictions, history, midnight, pairs, write_accepted, write_round, write_world
 

@@ -14,7 +14,8 @@ from pipeline.config import Settings
 from pipeline.live.resolve import ANSWERS_SCHEMA, answers_path, resolve_round
 from pipeline.release.layout import UnsafeRelease, check_store_key
 from pipeline.release.publish import ReleaseConflict
-from pipeline.release.store import LocalStore, open_store
+from pipeline.release.store import LocalStore
+from pipeline.release.store_uri import open_store
 from pipeline.storage import DataLayout
 
 from .live_builder import midnight, pairs, world, write_round

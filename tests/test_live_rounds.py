@@ -27,7 +27,8 @@ from pipeline.live.rounds import (
 from pipeline.reference import country_names
 from pipeline.release.layout import UnsafeRelease, check_store_key
 from pipeline.release.publish import ReleaseConflict
-from pipeline.release.store import LocalStore, open_store
+from pipeline.release.store import LocalStore
+from pipeline.release.store_uri import open_store
 from pipeline.storage import DataLayout
 
 from .month_builder import Quad, write_days

@@ -21,7 +21,8 @@ from pipeline.evaluation.submissions import NotReady
 from pipeline.live import submissions as sub
 from pipeline.live.publication import publish_round
 from pipeline.release.layout import submission_key
-from pipeline.release.store import LocalStore, open_store
+from pipeline.release.store import LocalStore
+from pipeline.release.store_uri import open_store
 
 from .month_builder import write_days
 from .test_live_rounds import DAY, PUBLISH, WINDOW, later_quads, live_settings, window_quads

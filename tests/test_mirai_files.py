@@ -21,7 +21,7 @@ from pipeline.reference import level1_codes, level2_codes
 from pipeline.release.download import download_release
 from pipeline.release.layout import MIRAI_BUNDLE_DIR, MIRAI_BUNDLE_FILES, name_problem
 from pipeline.release.publish import publish_release
-from pipeline.release.store import open_store
+from pipeline.release.store_uri import open_store
 from pipeline.splits import mirai_files
 from pipeline.splits.mirai_export import export_mirai
 from pipeline.splits.mirai_files import (

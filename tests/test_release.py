@@ -26,7 +26,9 @@ from pipeline.release import publish as release
 from pipeline.release.download import ChecksumMismatch, download_release
 from pipeline.release.layout import INDEX_KEY, LATEST_KEY, ReleaseError, release_key
 from pipeline.release.publish import ReleaseConflict, build_index, plan_release, publish_release, sha256_hex
-from pipeline.release.store import LocalStore, ReleaseNotReady, S3Store, open_store
+from pipeline.release.s3_store import S3Store
+from pipeline.release.store import LocalStore, ReleaseNotReady
+from pipeline.release.store_uri import open_store
 from pipeline.splits.database import build_event_database
 from pipeline.splits.split import build_split
 from pipeline.storage import DataLayout

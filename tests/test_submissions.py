@@ -21,7 +21,8 @@ from pipeline.config import Settings
 from pipeline.evaluation import submission_metadata
 from pipeline.evaluation import submissions as sub
 from pipeline.release.layout import UnsafeRelease
-from pipeline.release.store import LocalStore, open_store
+from pipeline.release.store import LocalStore
+from pipeline.release.store_uri import open_store
 from sensors.evaluations import leaderboard_job
 from sensors.submissions import submission_job, submission_sensor
 

@@ -59,7 +59,7 @@ def cmd_release(args: argparse.Namespace) -> int:
     """Publish a month's release outside Dagster (same code as the `release` asset)."""
     from pipeline.release.download import ProgressBar
     from pipeline.release.publish import publish_release, release_sources
-    from pipeline.release.store import open_store
+    from pipeline.release.store_uri import open_store
 
     settings = Settings.from_env()
     try:
@@ -99,7 +99,7 @@ def add_release(sub, debug: argparse.ArgumentParser) -> None:
 def cmd_download(args: argparse.Namespace) -> int:
     """Download and verify a published release (anonymous unless --signed or configured)."""
     from pipeline.release.download import ChecksumMismatch, download_release
-    from pipeline.release.store import open_store
+    from pipeline.release.store_uri import open_store
 
     settings = Settings.from_env()
     try:

@@ -81,7 +81,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     from pipeline.evaluation.submissions import SubmissionError
     from pipeline.evaluation.submit import check_name_free, prepare, score_locally
     from pipeline.live.submissions import check_live_locally
-    from pipeline.release.store import open_store
+    from pipeline.release.store_uri import open_store
 
     prepared, problems = prepare(args.name, args.predictions, args.meta)
     if prepared is None:

@@ -1,3 +1,4 @@
-"""Stage 5, publishing and fetching releases: the release stores (S3 or a directory, ``store``), the
-immutable upload with its manifest and index (``publish``), where each file sits in a release
-(``layout``), and `mirai download` (``download``). Imports splits/ and the root's cross-cutting modules."""
+"""Stage 5, publishing and fetching releases: the release stores (their interface and a directory,
+``store``; S3, ``s3_store``; the one MIRAI_RELEASE_URI names, ``store_uri``), the immutable upload
+with its manifest and index (``publish``), where each file sits in a release (``layout``), and
+`mirai download` (``download``). Imports splits/ and the root's cross-cutting modules."""

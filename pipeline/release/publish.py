@@ -1,6 +1,6 @@
 """Monthly releases: a closed month's split, event database snapshot, manifest and dataset card,
 published once and never changed, to S3 (any S3-compatible store) or a local directory (the
-stores: pipeline.release.store).
+stores: pipeline.release.store, pipeline.release.s3_store).
 
 One publish algorithm runs against both stores: plan (hashing only files without a recorded
 sha256), refuse if anything already at a release key differs (releases are immutable), upload what
@@ -46,8 +46,8 @@ from pipeline.release.store import (
     Progress,
     ReleaseNotReady,
     ReleaseStore,
-    open_store,
 )
+from pipeline.release.store_uri import open_store
 from pipeline.storage import DataLayout, FileDigest, recorded_digest
 
 INDEX_FORMAT = "mirai-release-index-v1"

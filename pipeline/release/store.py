@@ -1,7 +1,8 @@
-"""Release stores: where releases are published and read, a local directory (``LocalStore``, the
-embedded default) or S3 and any S3-compatible store (``S3Store``), behind one interface
-(``ReleaseStore``) that pipeline.release.publish, pipeline.release.download, live rounds and
-submissions use. ``open_store`` opens the one MIRAI_RELEASE_URI names.
+"""Release stores: where releases are published and read, behind one interface (``ReleaseStore``,
+with the objects it hands over) that pipeline.release.publish, pipeline.release.download, live
+rounds and submissions use, and the local directory store (``LocalStore``, the embedded default).
+S3 and any S3-compatible store: pipeline.release.s3_store; the one MIRAI_RELEASE_URI names:
+pipeline.release.store_uri.
 
 Nothing a store writes is unverified: a file goes up with the sha256 its plan holds (per part for
 a multipart upload), which S3 checks on receipt and the local store while copying, and a local
@@ -19,13 +20,11 @@ import os
 import stat as stat_mode
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from urllib.parse import quote, urlparse
+from urllib.parse import quote
 
-from pipeline.config import Settings
 from pipeline.release.layout import (
     RELEASES_DIR,
     ReleaseError,
@@ -50,7 +49,8 @@ CONTENT_TYPES = {
 CHUNK = 1 << 20
 
 Progress = Callable[[int], None]
-_CHANGED = (
+# Both stores' advice when a file's bytes no longer match the sha256 its plan holds.
+CHANGED_SINCE_HASHED = (
     "changed since it was hashed or its sha256 recorded (damaged or rewritten): rebuild it "
     "(materialise its partition again), then publish again"
 )
@@ -240,7 +240,9 @@ class LocalStore(ReleaseStore):
                     if progress:
                         progress(len(chunk))
             if digest.hexdigest() != sha256:
-                raise ReleaseNotReady(f"{path}: {_CHANGED} (its bytes' sha256 {digest.hexdigest()}, expected {sha256})")
+                raise ReleaseNotReady(
+                    f"{path}: {CHANGED_SINCE_HASHED} (its bytes' sha256 {digest.hexdigest()}, expected {sha256})"
+                )
             self._link(temp, target)
         finally:
             temp.unlink(missing_ok=True)
@@ -278,7 +280,7 @@ class LocalStore(ReleaseStore):
         if fh is None:
             return None
         with fh:
-            return _read_bounded(fh, key, limit, self.description)
+            return read_bounded(fh, key, limit, self.description)
 
     def read_from(self, key: str, offset: int) -> Iterator[bytes]:
         fh = self._open(key)
@@ -339,278 +341,7 @@ class LocalStore(ReleaseStore):
         return f"{self._public}/{quote(key, safe='/=')}" if self._public else self._path(key).as_uri()
 
 
-class S3Store(ReleaseStore):
-    """s3://bucket/prefix through boto3. Credentials come from the standard AWS chain (environment,
-    profile, instance role); ``signed=False`` reads a public bucket anonymously."""
-
-    def __init__(self, bucket: str, prefix: str, settings: Settings, *, signed: bool = True):
-        import boto3
-        from botocore import UNSIGNED
-        from botocore.config import Config
-
-        self.bucket = bucket
-        self.prefix = prefix.strip("/")
-        self.endpoint = settings.s3_endpoint_url.rstrip("/")
-        session = boto3.session.Session(region_name=settings.s3_region or None)
-        self.region = session.region_name or "us-east-1"
-        # S3-compatible stores (SeaweedFS, MinIO, Ceph) rarely have per-bucket DNS names.
-        s3 = {"addressing_style": "path"} if self.endpoint else {}
-        config = Config(
-            signature_version=UNSIGNED if not signed else None,
-            retries={"max_attempts": settings.s3_max_attempts, "mode": "standard"},
-            connect_timeout=settings.connect_timeout_s,
-            read_timeout=settings.read_timeout_s,
-            max_pool_connections=settings.release_concurrency + 2,
-            s3=s3,
-            # botocore would SHA-256 every downloaded file a second time (a single-PUT object has a
-            # full-object checksum); read_from's bytes are checked against the manifest instead,
-            # and get_bytes asks for botocore's check itself (ChecksumMode).
-            response_checksum_validation="when_required",
-        )
-        self.client = session.client("s3", region_name=self.region, endpoint_url=self.endpoint or None, config=config)
-        # For the PUTs whose body carries its x-amz-checksum-sha256 (a signed header the server
-        # verifies), SigV4 need not hash the payload as well: botocore already sends
-        # UNSIGNED-PAYLOAD for them over HTTPS, but over plain HTTP (a local endpoint) it would
-        # SHA-256 every byte once more, and the server too.
-        self._checksummed = session.client(
-            "s3",
-            region_name=self.region,
-            endpoint_url=self.endpoint or None,
-            config=config.merge(Config(s3={**s3, "payload_signing_enabled": False})),
-        )
-        self.concurrency = settings.release_concurrency
-        self._public = settings.release_public_url.rstrip("/")
-        where = f"endpoint {self.endpoint}" if self.endpoint else f"AWS {self.region}"
-        self.description = f"s3://{self.bucket}/{self.prefix} ({where}{'' if signed else ', anonymous'})"
-
-    def _key(self, key: str) -> str:
-        return f"{self.prefix}/{key}" if self.prefix else key
-
-    def stat(self, key: str) -> ObjectInfo | None:
-        from botocore.exceptions import ClientError
-
-        try:
-            head = self.client.head_object(Bucket=self.bucket, Key=self._key(key), ChecksumMode="ENABLED")
-        except ClientError as exc:
-            if _status(exc) == 404:
-                return None
-            raise _explain(exc, self.description) from exc
-        checksum = head.get("ChecksumSHA256") or ""
-        composite = checksum if "-" in checksum else None
-        # A single PUT carries the server-verified SHA-256 of the whole object; a multipart upload
-        # only a checksum of its parts' checksums, so it also carries our sha256 as metadata.
-        digest = (
-            base64.b64decode(checksum).hex() if checksum and not composite else head.get("Metadata", {}).get("sha256")
-        )
-        return ObjectInfo(size=head["ContentLength"], sha256=digest, modified=head["LastModified"], composite=composite)
-
-    def put_files(
-        self, files: Iterable[tuple[str, PlannedObject]], *, cache_control: str, progress: Progress | None
-    ) -> None:
-        """Every PUT and part of every file shares one pool of MIRAI_RELEASE_CONCURRENCY requests,
-        and a file's requests start as soon as ``files`` yields it (while later files are still
-        being hashed). Each request carries the plan's SHA-256 (of the object, recorded or computed,
-        or of the part), so the server verifies the bytes against the manifest itself and the
-        client hashes nothing twice (boto3's transfer manager would hash every byte again)."""
-        uploads: dict[str, str] = {}  # key -> multipart UploadId
-        pending: dict[str, list] = {}  # key -> the futures of its parts
-        try:
-            with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
-                try:
-                    for key, obj in files:
-                        pending[key] = [
-                            pool.submit(*task, progress) for task in self._tasks(key, obj, cache_control, uploads)
-                        ]
-                    for key, futures in pending.items():
-                        parts = [future.result() for future in futures]
-                        if key in uploads:
-                            self._call(
-                                "complete_multipart_upload",
-                                Bucket=self.bucket,
-                                Key=self._key(key),
-                                UploadId=uploads.pop(key),
-                                MultipartUpload={"Parts": parts},
-                            )
-                except BaseException:
-                    pool.shutdown(cancel_futures=True)  # a failed run sends nothing more
-                    raise
-        finally:
-            for key, upload_id in uploads.items():  # a failed run: free the parts already stored
-                try:
-                    self.client.abort_multipart_upload(Bucket=self.bucket, Key=self._key(key), UploadId=upload_id)
-                except Exception:
-                    pass
-
-    def _tasks(self, key: str, obj: PlannedObject, cache_control: str, uploads: dict[str, str]) -> list[tuple]:
-        """The requests that store one file: one PUT, or (after creating its multipart upload,
-        recorded in ``uploads``) one per part, in part order."""
-        head = {"ContentType": content_type(key), "CacheControl": cache_control, "Metadata": {"sha256": obj.sha256}}
-        if obj.part_size is None:
-            return [(self._put_whole, key, obj, head)]
-        created = self._call(
-            "create_multipart_upload", Bucket=self.bucket, Key=self._key(key), ChecksumAlgorithm="SHA256", **head
-        )
-        uploads[key] = created["UploadId"]
-        return [(self._put_part, key, obj, (uploads[key], n)) for n in range(len(obj.part_sha256))]
-
-    def _put_whole(self, key: str, obj: PlannedObject, head: dict, progress: Progress | None) -> None:
-        # Streamed from the file (up to the multipart threshold, times the concurrency, would
-        # otherwise sit in memory); botocore rewinds it for a retry.
-        with open(obj.path, "rb") as body:
-            self._call(
-                "put_object",
-                self._checksummed,
-                Bucket=self.bucket,
-                Key=self._key(key),
-                Body=body,
-                ChecksumSHA256=base64.b64encode(bytes.fromhex(obj.sha256)).decode(),
-                **head,
-            )
-        if progress:
-            progress(obj.size)
-
-    def _put_part(self, key: str, obj: PlannedObject, upload: tuple[str, int], progress: Progress | None) -> dict:
-        upload_id, n = upload
-        with open(obj.path, "rb") as fh:
-            body = os.pread(fh.fileno(), obj.part_size, n * obj.part_size)
-        checksum = base64.b64encode(obj.part_sha256[n]).decode()
-        response = self._call(
-            "upload_part",
-            self._checksummed,
-            Bucket=self.bucket,
-            Key=self._key(key),
-            UploadId=upload_id,
-            PartNumber=n + 1,
-            Body=body,
-            ChecksumSHA256=checksum,
-        )
-        if progress:
-            progress(len(body))
-        return {"PartNumber": n + 1, "ETag": response["ETag"], "ChecksumSHA256": checksum}
-
-    def _call(self, operation: str, client=None, **kwargs) -> dict:
-        from botocore.exceptions import ClientError
-
-        try:
-            return getattr(client or self.client, operation)(**kwargs)
-        except ClientError as exc:
-            code = exc.response.get("Error", {}).get("Code", "")
-            if code in ("BadDigest", "InvalidDigest", "XAmzContentSHA256Mismatch"):
-                raise ReleaseNotReady(
-                    f"{kwargs['Key']}: the store rejected the bytes sent as not matching their "
-                    f"sha256: the local file {_CHANGED}"
-                ) from exc
-            raise _explain(exc, self.description) from exc
-
-    def put_bytes(self, key: str, data: bytes, *, cache_control: str, if_absent: bool) -> bool:
-        from botocore.exceptions import ClientError
-
-        digest = hashlib.sha256(data)
-        args = {
-            "Bucket": self.bucket,
-            "Key": self._key(key),
-            "Body": data,
-            "ChecksumSHA256": base64.b64encode(digest.digest()).decode(),
-            "ContentType": content_type(key),
-            "CacheControl": cache_control,
-            "Metadata": {"sha256": digest.hexdigest()},
-        }
-        if if_absent:
-            args["IfNoneMatch"] = "*"  # conditional write: two publishers cannot both commit a month
-        try:
-            self._checksummed.put_object(**args)
-        except ClientError as exc:
-            if _status(exc) in (409, 412):
-                return False
-            raise _explain(exc, self.description) from exc
-        return True
-
-    def get_bytes(self, key: str, *, limit: int | None = None) -> bytes | None:
-        from botocore.exceptions import ClientError
-
-        try:
-            body = self.client.get_object(Bucket=self.bucket, Key=self._key(key), ChecksumMode="ENABLED")["Body"]
-        except ClientError as exc:
-            if _status(exc) == 404:
-                return None
-            raise _explain(exc, self.description) from exc
-        with body:
-            return _read_bounded(body, key, limit, self.description)
-
-    def read_from(self, key: str, offset: int) -> Iterator[bytes]:
-        from botocore.exceptions import ClientError
-
-        args = {"Bucket": self.bucket, "Key": self._key(key)}
-        if offset:
-            args["Range"] = f"bytes={offset}-"
-        try:
-            body = self.client.get_object(**args)["Body"]
-        except ClientError as exc:
-            raise _explain(exc, self.description) from exc
-        try:
-            yield from body.iter_chunks(CHUNK)
-        finally:
-            body.close()
-
-    def release_months(self) -> list[str]:
-        pages = self.client.get_paginator("list_objects_v2").paginate(
-            Bucket=self.bucket, Prefix=self._key(RELEASES_DIR) + "/", Delimiter="/"
-        )
-        names = (p["Prefix"].rstrip("/").rsplit("/", 1)[-1] for page in pages for p in page.get("CommonPrefixes", []))
-        return sorted(n for n in names if is_month(n))
-
-    def list_keys(self, prefix: str, *, max_keys: int, start_after: str = "") -> Listing:
-        from botocore.exceptions import ClientError
-
-        args = {"Bucket": self.bucket, "Prefix": self._key(prefix)}
-        if start_after:
-            args["StartAfter"] = self._key(start_after)
-        pages = self.client.get_paginator("list_objects_v2").paginate(
-            **args, PaginationConfig={"MaxItems": max_keys + 1, "PageSize": min(1000, max_keys + 1)}
-        )
-        strip = len(self._key(""))
-        try:
-            found = [
-                ListedKey(item["Key"][strip:], item["Size"], item["LastModified"])
-                for page in pages
-                for item in page.get("Contents", [])
-            ]
-        except ClientError as exc:
-            raise _explain(exc, self.description) from exc
-        return Listing(found[:max_keys], len(found) > max_keys)
-
-    def abort_unfinished_uploads(self, prefix: str) -> list[str]:
-        from botocore.exceptions import ClientError
-
-        aborted = []
-        try:
-            pages = self.client.get_paginator("list_multipart_uploads").paginate(
-                Bucket=self.bucket, Prefix=self._key(prefix)
-            )
-            for upload in (u for page in pages for u in page.get("Uploads", [])):
-                try:
-                    self.client.abort_multipart_upload(
-                        Bucket=self.bucket, Key=upload["Key"], UploadId=upload["UploadId"]
-                    )
-                except ClientError as exc:
-                    if _status(exc) != 404:  # NoSuchUpload: completed or aborted by another run meanwhile
-                        raise
-                aborted.append(upload["Key"].removeprefix(self._key("")))
-        except ClientError as exc:
-            raise _explain(exc, self.description) from exc
-        return aborted
-
-    def public_url(self, key: str) -> str:
-        if self._public:
-            base = self._public
-        elif self.endpoint:
-            base = f"{self.endpoint}/{self.bucket}" + (f"/{self.prefix}" if self.prefix else "")
-        else:
-            base = f"https://{self.bucket}.s3.{self.region}.amazonaws.com" + (f"/{self.prefix}" if self.prefix else "")
-        return f"{base}/{quote(key, safe='/=')}"
-
-
-def _read_bounded(fh, key: str, limit: int | None, where: str) -> bytes:
+def read_bounded(fh, key: str, limit: int | None, where: str) -> bytes:
     """fh's bytes up to the end, refused past ``limit``. Read to the empty read at the end, where
     botocore checks the object's checksum (ChecksumMode)."""
     chunks, size = [], 0
@@ -620,35 +351,3 @@ def _read_bounded(fh, key: str, limit: int | None, where: str) -> bytes:
             raise ObjectTooLarge(f"{key} at {where} is over {limit:,} bytes; refused, nothing was written")
         chunks.append(chunk)
     return b"".join(chunks)
-
-
-def _status(exc) -> int:
-    return int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
-
-
-def _explain(exc, where: str) -> ReleaseError:
-    code = exc.response.get("Error", {}).get("Code", "")
-    if _status(exc) == 403:
-        return ReleaseError(
-            f"access denied by {where} ({code}): a private bucket needs credentials from the AWS chain "
-            "(and MIRAI_RELEASE_SIGNED_DOWNLOAD=1 or --signed for `mirai download`)"
-        )
-    return ReleaseError(f"{where}: {code or _status(exc)}: {exc}")
-
-
-def open_store(settings: Settings, *, uri: str | None = None, signed: bool = True) -> ReleaseStore:
-    """The store MIRAI_RELEASE_URI names: s3://bucket/prefix, file:///path or a path; empty means
-    <data_dir>/releases-bucket."""
-    uri = uri if uri is not None else settings.release_uri
-    if not uri:
-        return LocalStore(settings.data_dir / "releases-bucket", settings.release_public_url)
-    parsed = urlparse(uri)
-    if parsed.scheme == "s3":
-        if not parsed.netloc:
-            raise ReleaseError(f"MIRAI_RELEASE_URI={uri!r}: expected s3://bucket/prefix")
-        return S3Store(parsed.netloc, parsed.path, settings, signed=signed)
-    if parsed.scheme == "file":
-        return LocalStore(Path(parsed.path), settings.release_public_url)
-    if parsed.scheme:
-        raise ReleaseError(f"MIRAI_RELEASE_URI={uri!r}: only s3://, file:// and plain paths are supported")
-    return LocalStore(Path(uri), settings.release_public_url)

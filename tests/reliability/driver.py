@@ -52,9 +52,9 @@ def _arm_kill(limit: int | None) -> None:
         setattr(os, name, counted(getattr(os, name)))
 
     # Uploads to S3 never touch the local filesystem: count each object sent instead.
-    from pipeline.release import store
+    from pipeline.release import s3_store
 
-    for cls in (store.S3Store,):
+    for cls in (s3_store.S3Store,):
         put_files, put_bytes = cls.put_files, cls.put_bytes
 
         def one_by_one(self, files, *, cache_control, progress, _orig=put_files):
@@ -103,7 +103,8 @@ def main(argv: list[str]) -> None:
         build_split(month, settings, now=datetime.fromisoformat(args[1]))
     elif stage == "release":
         from pipeline.release.publish import publish_release
-        from pipeline.release.store import LocalStore, open_store
+        from pipeline.release.store import LocalStore
+        from pipeline.release.store_uri import open_store
 
         month = date.fromisoformat(args[0])
         # A fixed public URL: the index's links must not depend on where the test put the store.
