@@ -516,3 +516,57 @@ def test_a_pool_thread_that_signals_sigcont_does_not_run_beside_another_cutoff(g
 
 
 _EXIT = {"x86_64": 60, "aarch64": 93}
+
+
+# kill(2)/tgkill(2) read the signal as an int: a filter comparing 64 bits would let 18 | 1 << 32
+# (SIGCONT) through (the second re-attack of the gate did). The stop signals are refused too.
+SIGNAL_ITSELF = """
+_nr = {'kill': NR_KILL, 'tgkill': NR_TGKILL}
+_pid, _tid = _libc.getpid(), _libc.syscall(_ctypes.c_long(NR_GETTID))
+for _sig in (18, 18 | 1 << 32, 18 | 1 << 63, 19, 20, 21, 22, 0):
+    for _name, _args in (('kill', (_pid, _sig)), ('tgkill', (_pid, _tid, _sig))):
+        _ctypes.set_errno(0)
+        _rc = _libc.syscall(_ctypes.c_long(_nr[_name]), *[_ctypes.c_long(a - (1 << 64) if a >= 1 << 63 else a) for a in _args])
+        print(_name, _sig, _rc, _ctypes.get_errno())
+"""
+_SYSCALLS = {
+    "x86_64": {"NR_KILL": 62, "NR_TGKILL": 234, "NR_GETTID": 186},
+    "aarch64": {"NR_KILL": 129, "NR_TGKILL": 131, "NR_GETTID": 178},
+}
+
+
+def test_a_sandbox_cannot_send_itself_sigcont_or_a_stop_signal_whatever_the_upper_bits(gated):
+    code = SIGNAL_ITSELF
+    for name, number in _SYSCALLS[lockdown.machine()].items():
+        code = code.replace(name, str(number))
+    results = [line.split() for line in gated[2].run_code(code, timeout_s=60).strip().splitlines()]
+    assert len(results) == 16, results
+    for name, sig, rc, err in results:
+        expected = ("0", "0") if sig == "0" else ("-1", str(errno.EPERM))  # signal 0 only asks "am I here"
+        assert (rc, err) == expected, (name, sig, rc, err)
+
+
+# A child that touches 200 MB and then breaks the protocol (closes its stdout): the kernel takes tens
+# of milliseconds to tear it down, at a moment the child chose, so the gate waits for that too.
+BREAK_AFTER_FILLING = """
+_filled = bytearray(200 * 2**20)
+for _i in range(0, len(_filled), 4096):
+    _filled[_i] = 1
+_libc.close(1)
+_sys.modules['time'].sleep(30)
+"""
+
+
+def test_a_killed_child_is_gone_before_another_cutoff_may_run(gated):
+    _, _, late = gated
+    pid = late._sandbox._child.sandbox.pid
+    ended = late.run_code(BREAK_AFTER_FILLING, timeout_s=60)
+    assert "ended the sandbox process" in ended, ended
+    try:
+        threads = [
+            (Path(f"/proc/{pid}/task") / task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            for task in os.listdir(f"/proc/{pid}/task")
+        ]
+    except (FileNotFoundError, ProcessLookupError):
+        threads = []
+    assert set(threads) <= {"Z", "X"}, threads

@@ -88,9 +88,12 @@ _FUTEX_PRIVATE_FLAG = 128
 # offlining a physical page (with CAP_SYS_ADMIN, which a root child without a user namespace holds).
 MADVICE_ALLOWED = (0, 1, 2, 3, 4, 8, 10, 11, 14, 15, 16, 17, 18, 19)
 # Between its blocks a sandbox child is stopped (SIGSTOP) so that it never runs beside a sandbox of
-# another cutoff (cutoff_gate.py); a SIGCONT of its own would cancel that stop, so a child may signal
-# itself with anything else. The same number on x86_64 and aarch64 (asm-generic/signal.h).
-_SIGCONT = 18
+# another cutoff (cutoff_gate.py); a SIGCONT of its own would cancel that stop, and the other job
+# control signals (SIGSTOP, SIGTSTP, SIGTTIN, SIGTTOU) have no honest use, so a child may signal
+# itself with every other number. Each one is matched exactly: the kernel reads the signal as an
+# int, so a "not SIGCONT" rule would let 18 | 1 << 32 through. The same numbers on x86_64 and
+# aarch64 (asm-generic/signal.h).
+_SIGNALS_TO_ITSELF = tuple(n for n in range(65) if n not in (18, 19, 20, 21, 22))
 _TCGETS = 0x5401
 _PR_SET_NAME, _PR_GET_NAME, _PR_SET_VMA = 15, 16, 0x53564D41
 
@@ -121,8 +124,9 @@ def seccomp_filter(pid: int):
     for advice in MADVICE_ALLOWED:
         rule(sc.ALLOW, "madvise", sc.Arg(2, sc.EQ, advice))
     rule(sc.ALLOW, "futex", sc.Arg(1, sc.MASKED_EQ, _FUTEX_PRIVATE_FLAG, _FUTEX_PRIVATE_FLAG))
-    rule(sc.ALLOW, "tgkill", sc.Arg(0, sc.EQ, pid), sc.Arg(2, sc.NE, _SIGCONT))
-    rule(sc.ALLOW, "kill", sc.Arg(0, sc.EQ, pid), sc.Arg(1, sc.NE, _SIGCONT))
+    for signum in _SIGNALS_TO_ITSELF:
+        rule(sc.ALLOW, "tgkill", sc.Arg(0, sc.EQ, pid), sc.Arg(2, sc.EQ, signum))
+        rule(sc.ALLOW, "kill", sc.Arg(0, sc.EQ, pid), sc.Arg(1, sc.EQ, signum))
     for self_pid in (0, pid):
         rule(sc.ALLOW, "prlimit64", sc.Arg(0, sc.EQ, self_pid), sc.Arg(2, sc.EQ, 0))
         rule(sc.ALLOW, "sched_getaffinity", sc.Arg(0, sc.EQ, self_pid))

@@ -156,6 +156,13 @@ class _SandboxProcess:
     def kill(self) -> None:
         self._signal(signal.SIGKILL)
 
+    def wait_ended(self) -> None:
+        """Until every thread has exited and its memory is freed (the pidfd turns readable then),
+        for at most STOP_TIMEOUT_S: the kernel's teardown of a large child takes tens of
+        milliseconds, and a sibling of another cutoff must not start meanwhile, since the child
+        chose when it would happen and how much there is to free (a re-attack timed it)."""
+        select.select([self._pidfd], [], [], STOP_TIMEOUT_S)
+
     def close(self) -> None:
         os.close(self._pidfd)
 
@@ -305,12 +312,13 @@ class _Child:
         """Kill the child; return how it ended and the tail of its stderr (for error messages).
         ``ended_s``: how long to wait first for a child that closed its pipe (it is ending: its
         waiter then reports its exit code, which a kill would replace)."""
-        if self.sandbox is not None:
+        sandbox, self.sandbox = self.sandbox, None
+        if sandbox is not None:
             if self.proc.poll() is None and (ended_s <= 0 or self.proc.wait(ended_s) is None):
-                self.sandbox.kill()
+                sandbox.kill()
                 ended_s = 0.0  # its waiter is killed at once too
-            self.sandbox.close()
-            self.sandbox = None
+            sandbox.wait_ended()
+            sandbox.close()
         return self._spare.stop(ended_s)
 
 
@@ -420,6 +428,9 @@ class Sandbox:
             raise
 
     def close(self) -> None:
+        # Not under the gate: close runs from Environment.__del__ too, maybe in a thread that holds
+        # the gate for another cutoff. The child is stopped and the evaluation, not the child,
+        # chooses this moment.
         self._restart()
 
 
