@@ -22,6 +22,7 @@ import json
 import mmap
 import os
 import shutil
+import signal
 import threading
 import time
 from datetime import date
@@ -519,11 +520,13 @@ _EXIT = {"x86_64": 60, "aarch64": 93}
 
 
 # kill(2)/tgkill(2) read the signal as an int: a filter comparing 64 bits would let 18 | 1 << 32
-# (SIGCONT) through (the second re-attack of the gate did). The stop signals are refused too.
+# (SIGCONT) through (the second re-attack of the gate did). The stop signals are refused too, and
+# the real-time ones (32-64), each of which queues against the host user's pending-signal count,
+# which the third re-attack read 32 bits through.
 SIGNAL_ITSELF = """
 _nr = {'kill': NR_KILL, 'tgkill': NR_TGKILL}
 _pid, _tid = _libc.getpid(), _libc.syscall(_ctypes.c_long(NR_GETTID))
-for _sig in (18, 18 | 1 << 32, 18 | 1 << 63, 19, 20, 21, 22, 0):
+for _sig in (18, 18 | 1 << 32, 18 | 1 << 63, 19, 20, 21, 22, 32, 40, 64, 0):
     for _name, _args in (('kill', (_pid, _sig)), ('tgkill', (_pid, _tid, _sig))):
         _ctypes.set_errno(0)
         _rc = _libc.syscall(_ctypes.c_long(_nr[_name]), *[_ctypes.c_long(a - (1 << 64) if a >= 1 << 63 else a) for a in _args])
@@ -540,7 +543,7 @@ def test_a_sandbox_cannot_send_itself_sigcont_or_a_stop_signal_whatever_the_uppe
     for name, number in _SYSCALLS[lockdown.machine()].items():
         code = code.replace(name, str(number))
     results = [line.split() for line in gated[2].run_code(code, timeout_s=60).strip().splitlines()]
-    assert len(results) == 16, results
+    assert len(results) == 22, results
     for name, sig, rc, err in results:
         expected = ("0", "0") if sig == "0" else ("-1", str(errno.EPERM))  # signal 0 only asks "am I here"
         assert (rc, err) == expected, (name, sig, rc, err)
@@ -570,3 +573,38 @@ def test_a_killed_child_is_gone_before_another_cutoff_may_run(gated):
     except (FileNotFoundError, ProcessLookupError):
         threads = []
     assert set(threads) <= {"Z", "X"}, threads
+
+
+# A clock id made from a pid reads that process's CPU time (clock_getcpuclockid(3)): (~pid << 3) | 2.
+READ_CLOCKS = """
+_ts = _ctypes.create_string_buffer(16)
+for _clock in (1, 2, 3, ~1 << 3 | 2, ~PARENT << 3 | 2, ~0 << 3 | 2, 12, 1 | 1 << 32):
+    _ctypes.set_errno(0)
+    _rc = _libc.syscall(_ctypes.c_long(NR_CLOCK_GETTIME), _ctypes.c_long(_clock), _ts)
+    print(_clock, _rc, _ctypes.get_errno())
+"""
+_CLOCK_GETTIME = {"x86_64": 228, "aarch64": 113}
+
+
+def test_a_sandbox_reads_its_own_clocks_and_no_other_process_cpu_time(gated):
+    code = READ_CLOCKS.replace("NR_CLOCK_GETTIME", str(_CLOCK_GETTIME[lockdown.machine()]))
+    code = code.replace("PARENT", str(os.getpid()))
+    results = [line.split() for line in gated[2].run_code(code, timeout_s=60).strip().splitlines()]
+    assert [(rc, err) for _, rc, err in results[:3]] == [("0", "0")] * 3, results  # monotonic, own CPU time
+    assert {(rc, err) for _, rc, err in results[3:]} == {("-1", str(errno.EPERM))}, results
+
+
+def test_a_sigcont_to_the_evaluation_process_group_does_not_resume_a_stopped_child(gated):
+    """A shell's fg or bg, GNU timeout and the kernel's orphaned-group rule signal the process
+    group: the sandbox children are in a session of their own."""
+    late = gated[2]
+    pid = late._sandbox._child.sandbox.pid
+    stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    assert int(stat[2]) != os.getpgrp() and int(stat[3]) != os.getsid(0), stat
+    os.killpg(os.getpgrp(), signal.SIGCONT)
+    time.sleep(0.2)
+    states = {
+        (Path(f"/proc/{pid}/task") / task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        for task in os.listdir(f"/proc/{pid}/task")
+    }
+    assert states == {"T"}, states

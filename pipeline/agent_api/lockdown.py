@@ -50,10 +50,7 @@ ALLOWED_SYSCALLS = (
     "rt_sigreturn",
     "sigaltstack",
     "restart_syscall",
-    "clock_gettime",
-    "clock_getres",
     "gettimeofday",
-    "clock_nanosleep",
     "nanosleep",
     "getpid",
     "gettid",
@@ -89,11 +86,18 @@ _FUTEX_PRIVATE_FLAG = 128
 MADVICE_ALLOWED = (0, 1, 2, 3, 4, 8, 10, 11, 14, 15, 16, 17, 18, 19)
 # Between its blocks a sandbox child is stopped (SIGSTOP) so that it never runs beside a sandbox of
 # another cutoff (cutoff_gate.py); a SIGCONT of its own would cancel that stop, and the other job
-# control signals (SIGSTOP, SIGTSTP, SIGTTIN, SIGTTOU) have no honest use, so a child may signal
-# itself with every other number. Each one is matched exactly: the kernel reads the signal as an
-# int, so a "not SIGCONT" rule would let 18 | 1 << 32 through. The same numbers on x86_64 and
-# aarch64 (asm-generic/signal.h).
-_SIGNALS_TO_ITSELF = tuple(n for n in range(65) if n not in (18, 19, 20, 21, 22))
+# control signals (SIGSTOP, SIGTSTP, SIGTTIN, SIGTTOU) have no honest use. Real-time signals (32-64)
+# queue one entry per send against the host user's RLIMIT_SIGPENDING, a count every sandbox shares
+# (a re-attack read 32 bits through it without an error), so a child may signal itself only with
+# the standard ones, which queue at most once each. Each number is matched exactly: the kernel
+# reads the signal as an int, so a "not SIGCONT" rule let 18 | 1 << 32 through. The same numbers on
+# x86_64 and aarch64 (asm-generic/signal.h).
+_SIGNALS_TO_ITSELF = tuple(n for n in range(32) if n not in (18, 19, 20, 21, 22))
+# The clocks a child may read, sleep on or ask the resolution of: the system-wide and its own
+# CPU-time ones (CLOCK_REALTIME .. CLOCK_TAI, linux/time.h). A clock id made from a pid (a negative
+# one, clock_getcpuclockid(3)) reads that process's CPU time, which another sandbox could encode
+# bits in where the child shares a PID namespace with others.
+_CLOCKS = tuple(range(12))
 _TCGETS = 0x5401
 _PR_SET_NAME, _PR_GET_NAME, _PR_SET_VMA = 15, 16, 0x53564D41
 
@@ -124,6 +128,9 @@ def seccomp_filter(pid: int):
     for advice in MADVICE_ALLOWED:
         rule(sc.ALLOW, "madvise", sc.Arg(2, sc.EQ, advice))
     rule(sc.ALLOW, "futex", sc.Arg(1, sc.MASKED_EQ, _FUTEX_PRIVATE_FLAG, _FUTEX_PRIVATE_FLAG))
+    for clock in _CLOCKS:
+        for name in ("clock_gettime", "clock_getres", "clock_nanosleep"):
+            rule(sc.ALLOW, name, sc.Arg(0, sc.EQ, clock))
     for signum in _SIGNALS_TO_ITSELF:
         rule(sc.ALLOW, "tgkill", sc.Arg(0, sc.EQ, pid), sc.Arg(2, sc.EQ, signum))
         rule(sc.ALLOW, "kill", sc.Arg(0, sc.EQ, pid), sc.Arg(1, sc.EQ, signum))

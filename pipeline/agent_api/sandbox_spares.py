@@ -75,6 +75,11 @@ class _Template:
                 close_fds=True,
                 pass_fds=(child_end.fileno(),),
                 env=CHILD_ENVIRONMENT,
+                # A session of its own, so of its spares and sandbox children too: a SIGCONT to this
+                # process's group (a shell's fg or bg, GNU timeout, the kernel's orphaned-group rule)
+                # must not resume children stopped between blocks (cutoff_gate.py). It ends when its
+                # control socket closes, so it needs no signal from the terminal.
+                start_new_session=True,
             )
         except OSError as exc:
             self.channel.close()
