@@ -358,7 +358,6 @@ class Sandbox:
         self._gate = gate if gate is not None else cutoff_gate.CUTOFF_GATE
         self._child: _Child | None = None
         self.last_report: dict | None = None
-        self.gate_wait_s = 0.0  # waited for the cutoff gate, all blocks together
 
     def _ensure(self, memory_mb: int) -> _Child:
         if self._child is not None and self._child.memory_mb != memory_mb:
@@ -392,8 +391,7 @@ class Sandbox:
         child = self._ensure(self._memory_mb)
         # The child runs only under the gate, and is stopped or dead before the gate is given back.
         try:
-            with self._gate.hold(self._env.cutoff) as waited:
-                self.gate_wait_s += waited
+            with self._gate.hold(self._env.cutoff):
                 return self._run_resumed(child, code, timeout)
         except GateError as exc:  # only taking the gate raises it
             raise SandboxError(f"code blocks are refused: {exc}") from exc
