@@ -74,8 +74,15 @@ _MAP_HUGETLB = 0x40000
 # part) could wait and wake each other, a channel between concurrent episodes of different cutoffs.
 # A private one is keyed by the process's own address space. glibc's locks, Python's, Rust's
 # (polars) and OpenBLAS's are private; futex_waitv (shared unless each waiter says otherwise) is
-# not allowed at all.
+# not allowed at all. One shared futex is honest: pthread_join(3) waits on the joined thread's tid
+# word as a shared futex (glibc nptl/pthread_join_common.c), which tokio's blocking pool in polars
+# does when an idle thread exits; refused with EPERM, glibc aborts the process. A shared wait
+# (FUTEX_WAIT, FUTEX_WAIT_BITSET, either clock) therefore fails with EAGAIN, "the word changed",
+# before the kernel looks at the word: glibc re-reads the tid and waits again until the exiting
+# thread has cleared it, and no wait on a shared key is ever made. Shared wakes stay refused.
 _FUTEX_PRIVATE_FLAG = 128
+_FUTEX_OP_MASK = 0x7F | _FUTEX_PRIVATE_FLAG  # the operation and the private flag, not the clock bit
+_FUTEX_SHARED_WAITS = (0, 9)  # FUTEX_WAIT, FUTEX_WAIT_BITSET (linux/futex.h)
 # madvise(2) advice the allocators and libraries use, and nothing else (linux/mman-common.h): NORMAL,
 # RANDOM, SEQUENTIAL, WILLNEED, DONTNEED, FREE, DONTFORK, DOFORK, HUGEPAGE, NOHUGEPAGE, DONTDUMP,
 # DODUMP, WIPEONFORK, KEEPONFORK. Refused: REMOVE (9), MERGEABLE/UNMERGEABLE (12, 13: KSM merges
@@ -128,6 +135,8 @@ def seccomp_filter(pid: int):
     for advice in MADVICE_ALLOWED:
         rule(sc.ALLOW, "madvise", sc.Arg(2, sc.EQ, advice))
     rule(sc.ALLOW, "futex", sc.Arg(1, sc.MASKED_EQ, _FUTEX_PRIVATE_FLAG, _FUTEX_PRIVATE_FLAG))
+    for wait in _FUTEX_SHARED_WAITS:
+        rule(sc.ERRNO(errno.EAGAIN), "futex", sc.Arg(1, sc.MASKED_EQ, _FUTEX_OP_MASK, wait))
     for clock in _CLOCKS:
         for name in ("clock_gettime", "clock_getres", "clock_nanosleep"):
             rule(sc.ALLOW, name, sc.Arg(0, sc.EQ, clock))

@@ -131,10 +131,12 @@ class _Template:
 
 def how_it_ended(code: int, stderr) -> str:
     """A process's exit code or signal and the tail of its stderr file (which is closed), for
-    error messages."""
-    stderr.seek(0)
-    tail = stderr.read()[-2000:].decode(errors="replace").strip()
-    stderr.close()
+    error messages. At interpreter exit the file may have been finalised first: no tail then."""
+    tail = ""
+    if not stderr.closed:
+        stderr.seek(0)
+        tail = stderr.read()[-2000:].decode(errors="replace").strip()
+        stderr.close()
     ended = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
     return ended + (f"; stderr: {tail}" if tail else "")
 
