@@ -430,7 +430,7 @@ def test_a_long_last_line_without_a_newline_is_caught_even_when_the_tabs_balance
 
 
 def test_the_reader_gives_one_row_per_line_blank_lines_included():
-    # The clean-file proof counts lines by the reader's rows (see parse._plan); a reader that
+    # The clean-file proof counts lines by the reader's rows (see lines.plan_read); a reader that
     # skipped blank lines would let one vanish from a file whose TABs otherwise add up.
     schema = {"a": pl.String, "b": pl.String}
     data = b"x\ty\n\n\r\n \nx\ty\n\n\r"
@@ -521,7 +521,7 @@ def test_the_utf8_check_agrees_with_python():
                 valid = True
             except UnicodeDecodeError:
                 valid = False
-            assert lines_module._is_utf8(data) is valid, data
+            assert lines_module.is_utf8(data) is valid, data
 
 
 def test_several_kinds_of_rejects_in_one_file_keep_their_line_numbers():

@@ -150,7 +150,7 @@ def _manifest_sha256(directory: Path, name: str) -> str | None:
 # --- reading predictions ----------------------------------------------------------------------------
 
 
-def _read_capped(path: Path) -> bytes:
+def read_capped(path: Path) -> bytes:
     """A regular file's bytes, reached without following a link, at most MAX_PREDICTIONS_BYTES."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
@@ -192,7 +192,7 @@ def read_jsonl(path: Path) -> tuple[list[Submitted], list[str]]:
     """Records of a JSONL file (one object per line; blank lines skipped) and the lines that are
     not records."""
     records, problems = [], []
-    for number, line in enumerate(_text(path, _read_capped(path)).splitlines(), 1):
+    for number, line in enumerate(_text(path, read_capped(path)).splitlines(), 1):
         if not line.strip():
             continue
         if len(records) >= MAX_RECORDS:
@@ -213,7 +213,7 @@ def read_jsonl(path: Path) -> tuple[list[Submitted], list[str]]:
 def read_csv(path: Path) -> tuple[list[Submitted], list[str]]:
     """Records of a CSV file with a header: ``query_id``, ``answer`` (JSON: an answer dict or a
     list of codes) and optionally ``ranked`` (a JSON list of codes) and ``p_event`` (a number)."""
-    reader = csv.reader(io.StringIO(_text(path, _read_capped(path)), newline=""))
+    reader = csv.reader(io.StringIO(_text(path, read_capped(path)), newline=""))
     try:
         header = next(reader, None)
         if header is None or "query_id" not in header or not {"answer", "ranked"} & set(header):
@@ -248,7 +248,7 @@ def read_parquet(path: Path) -> tuple[list[Submitted], list[str]]:
     """Records of a parquet file: ``query_id`` (string), ``answer`` (string: JSON, as in CSV) and
     optionally ``ranked`` (list of strings) and ``p_event`` (float). Its footer is checked before any data is read, so a
     file that would decompress past the caps is refused unread."""
-    data = _read_capped(path)
+    data = read_capped(path)
     try:
         check_footer(data)
         meta = pq.ParquetFile(io.BytesIO(data))

@@ -36,8 +36,8 @@ from pipeline.evaluation.score_inputs import (
     ScoringError,
     Split,
     Submitted,
-    _read_capped,
     load_split,
+    read_capped,
     read_submission,
     relation_query_file_ids,
 )
@@ -366,9 +366,9 @@ def _digest(path: Path) -> str:
             with os.scandir(path / f"round{n}") as entries:
                 files = sorted(e.name for e in entries if e.name.endswith(".json") and e.is_file(follow_symlinks=False))
             for name in files:
-                digest.update(f"round{n}/{name}".encode() + b"\0" + _read_capped(path / f"round{n}" / name))
+                digest.update(f"round{n}/{name}".encode() + b"\0" + read_capped(path / f"round{n}" / name))
     else:
-        digest.update(_read_capped(path))
+        digest.update(read_capped(path))
     return digest.hexdigest()
 
 

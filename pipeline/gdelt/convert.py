@@ -1,10 +1,10 @@
 """From the CSV bytes the reader gets to rows of ``schema.py``'s types, and the reason of each row
 whose value did not fit.
 
-One ``pl.read_csv`` per batch (:func:`_read`: numbers typed by the reader, dates as text, all text
-when the reader refuses a number), then one set of cached expressions per case (:func:`_convert`:
+One ``pl.read_csv`` per batch (:func:`read_csv_lines`: numbers typed by the reader, dates as text, all text
+when the reader refuses a number), then one set of cached expressions per case (:func:`convert_frame`:
 dates parsed with the exact-shape check only where a near miss is present), then the
-``bad_value:…`` / ``missing_value:…`` reasons (:func:`_value_reasons`). The names stay private:
+``bad_value:…`` / ``missing_value:…`` reasons (:func:`value_reasons`). The names stay private:
 pipeline/gdelt/parse.py is their only user (docs/data-layout.md, "Parsing GDELT files").
 """
 
@@ -14,7 +14,7 @@ import functools
 
 import polars as pl
 
-from pipeline.gdelt.lines import _is_utf8
+from pipeline.gdelt.lines import is_utf8
 from pipeline.gdelt.schema import SCHEMAS, SQL_DATE, TIMESTAMP
 
 _DATE_TYPES = (SQL_DATE, TIMESTAMP)
@@ -65,13 +65,13 @@ def _csv(csv: bytes, schema: pl.Schema) -> pl.DataFrame:
     )
 
 
-def _read(csv: bytes, kind: str, n_lines: int) -> tuple[pl.DataFrame, bool] | None:
+def read_csv_lines(csv: bytes, kind: str, n_lines: int) -> tuple[pl.DataFrame, bool] | None:
     """The ``n_lines`` lines of ``csv`` as one frame, and whether its numbers are typed yet; or
     None when a line is not well-formed: more fields than the schema, undecodable, or the row
     count is off.
 
     The numbers come typed by the reader, the dates and timestamps as text (for
-    :func:`_convert`). When the reader refuses a number, the file is read again as text with the
+    :func:`convert_frame`). When the reader refuses a number, the file is read again as text with the
     numeric columns prepared by :func:`_number_text`; their casts then find the bad values line
     by line.
     """
@@ -86,7 +86,7 @@ def _read(csv: bytes, kind: str, n_lines: int) -> tuple[pl.DataFrame, bool] | No
         # A number the reader refused, a line with too many fields, or bytes that are not UTF-8
         # (polars validates strings). Checking the UTF-8 first spares a second read of a file
         # whose trouble is there.
-        if not _is_utf8(csv):
+        if not is_utf8(csv):
             return None
         try:
             frame = _csv(csv, _TEXT_SCHEMAS[kind]).with_columns(_number_text(kind))
@@ -130,7 +130,7 @@ def _date(name: str, dtype: pl.DataType, *, check_shape: bool) -> pl.Expr:
 
 @functools.cache
 def _conversions(kind: str, numbers_typed: bool, checked: frozenset[str]) -> list[pl.Expr]:
-    """The expressions that take a frame from :func:`_read` to ``kind``'s schema, with the shape
+    """The expressions that take a frame from :func:`read_csv_lines` to ``kind``'s schema, with the shape
     check on the date columns in ``checked``. Built once per case: with 61 columns, building them
     costs as much as running them on a 15-minute file."""
     exprs = []
@@ -153,7 +153,7 @@ def _shape_flags(kind: str) -> tuple[list[str], list[pl.Expr]]:
     return names, flags
 
 
-def _convert(read: pl.DataFrame, numbers_typed: bool, kind: str) -> pl.DataFrame:
+def convert_frame(read: pl.DataFrame, numbers_typed: bool, kind: str) -> pl.DataFrame:
     """``read`` converted to ``kind``'s schema; a value that does not fit becomes null.
 
     chrono's near misses are rare, and a file holds a handful of distinct dates (usually a single
@@ -172,7 +172,7 @@ def _convert(read: pl.DataFrame, numbers_typed: bool, kind: str) -> pl.DataFrame
     return rows[:, : read.width]
 
 
-def _value_reasons(fields: pl.DataFrame, rows: pl.DataFrame, required: tuple[str, ...]) -> pl.Series | None:
+def value_reasons(fields: pl.DataFrame, rows: pl.DataFrame, required: tuple[str, ...]) -> pl.Series | None:
     """Per row, ``bad_value:…`` / ``missing_value:…`` or null; None when every row is fine.
 
     A conversion never turns null into a value, so equal null counts per column prove that

@@ -1,11 +1,11 @@
 """The lines of a GDELT file, found on its bytes: which go to the CSV reader, which are rejected
 and why.
 
-A chunk of whole lines becomes a :class:`_Plan`: all of it for the reader when its TAB total
-proves it clean (:func:`_plan`), else only its well-formed lines, the others listed as
+A chunk of whole lines becomes a :class:`ReadPlan`: all of it for the reader when its TAB total
+proves it clean (:func:`plan_read`), else only its well-formed lines, the others listed as
 ``invalid_utf8``, ``empty_line`` or ``field_count:N`` with their line numbers. The byte scans
 (TABs, line ends, UTF-8) run in polars and pyarrow on zero-copy views, and a member is cut into
-chunks of whole lines here (:func:`_line_chunks`). The names stay private: pipeline/gdelt/parse.py
+chunks of whole lines here (:func:`line_chunks`). The names stay private: pipeline/gdelt/parse.py
 and pipeline/gdelt/convert.py are their only users (docs/data-layout.md, "Parsing GDELT files").
 """
 
@@ -26,7 +26,7 @@ _BOM = b"\xef\xbb\xbf"
 
 
 @dataclass
-class _Plan:
+class ReadPlan:
     """One file, ready to be read: what goes to the CSV reader, and how its rows map to lines."""
 
     source: str
@@ -41,7 +41,7 @@ class _Plan:
     by_line: bool = False  # whether ``csv`` holds the lines found well-formed one by one
     first_line: int = 0  # lines of the file before ``data`` (``data`` is one of its chunks)
     # Whether a byte order mark starting ``csv`` is data: lines of the file before it went to the
-    # reader (see :func:`_join`).
+    # reader (see :func:`joined_csv`).
     bom_is_data: bool = False
 
     def raw_line(self, number: int) -> memoryview:
@@ -55,12 +55,12 @@ class _Plan:
         return memoryview(self.data)[start:end]
 
 
-def _plan(data: bytes, source: str, kind: str, first_line: int) -> _Plan:
+def plan_read(data: bytes, source: str, kind: str, first_line: int) -> ReadPlan:
     """What of a chunk of whole lines of a file (the lines after its first ``first_line``) goes to
     the reader: all of it if it passes the clean-file proof so far, else only its well-formed lines.
 
     The proof: a clean file holds ``fields - 1`` TABs per line, so its TAB total gives its line
-    count. The reader (:func:`_read`) raises on any line with more fields than the schema, so once
+    count. The reader (:func:`read_csv_lines`) raises on any line with more fields than the schema, so once
     it succeeds no line has more than ``fields - 1`` TABs, and the file has at least as many lines
     as its TABs make. The reader gives one row per line (a blank line too), so when its row count
     is the one the TABs make, there are exactly that many lines, none of them short. Undecodable
@@ -71,18 +71,18 @@ def _plan(data: bytes, source: str, kind: str, first_line: int) -> _Plan:
     # during an outage); an empty one makes no line and goes to the reader as nothing.
     tabs = _count_byte(data, b"\t")
     n_lines, odd = divmod(tabs, len(SCHEMAS[kind]) - 1)
-    plan = _Plan(source, data, n_lines, data, n_lines, [], first_line=first_line)
+    plan = ReadPlan(source, data, n_lines, data, n_lines, [], first_line=first_line)
     # Bytes that make no whole line cannot be a clean file. And the reader lets one line through
     # with a field too many: the last one, when no \n ends it and the extra field is empty.
     unended = data.rfind(b"\n") + 1 if not data.endswith(b"\n") else len(data)
     if odd or (data and not n_lines) or data.count(b"\t", unended) >= len(SCHEMAS[kind]):
-        return _line_by_line(plan, kind)
-    if not _is_utf8(data):
+        return line_by_line(plan, kind)
+    if not is_utf8(data):
         return _without_undecodable(plan, kind, tabs)
     return plan
 
 
-def _count_lines(data: bytes) -> int:
+def count_lines(data: bytes) -> int:
     return _count_byte(data, b"\n") + (1 if data and not data.endswith(b"\n") else 0)
 
 
@@ -129,7 +129,7 @@ def _line_tabs(view: pl.Series, data: bytes) -> pl.Series:
     return newlines - newlines.shift(1, fill_value=-1) - 1
 
 
-def _without_undecodable(plan: _Plan, kind: str, tabs: int) -> _Plan:
+def _without_undecodable(plan: ReadPlan, kind: str, tabs: int) -> ReadPlan:
     """``plan`` (a whole file, ``tabs`` TABs) without its undecodable lines.
 
     When the TABs of the other lines still make whole lines, the same proof holds for them, and
@@ -140,7 +140,7 @@ def _without_undecodable(plan: _Plan, kind: str, tabs: int) -> _Plan:
     tabs -= sum(data.count(b"\t", start, end) for _, start, end in undecodable)
     rest, odd = divmod(tabs, len(SCHEMAS[kind]) - 1)
     if odd:
-        return _line_by_line(plan, kind, undecodable)
+        return line_by_line(plan, kind, undecodable)
     return dataclasses.replace(
         plan,
         total_lines=rest + len(undecodable),
@@ -151,13 +151,13 @@ def _without_undecodable(plan: _Plan, kind: str, tabs: int) -> _Plan:
     )
 
 
-def _line_by_line(plan: _Plan, kind: str, undecodable: list[tuple[int, int, int]] | None = None) -> _Plan:
+def line_by_line(plan: ReadPlan, kind: str, undecodable: list[tuple[int, int, int]] | None = None) -> ReadPlan:
     """``plan`` with its malformed lines found and left out of what the reader gets."""
     data = plan.data
     view = _byte_view(data)
     ends = _line_ends(view, data)
     if undecodable is None:
-        undecodable = [] if _is_utf8(data) else _undecodable_lines(data)
+        undecodable = [] if is_utf8(data) else _undecodable_lines(data)
     found = _line_rejects(data, ends, _line_tabs(view, data), kind, [number for number, _, _ in undecodable])
     spans = [(_line_start(ends, number - 1), ends[number - 1]) for number, _ in found]
     return dataclasses.replace(
@@ -234,7 +234,7 @@ def _undecodable_lines(data: bytes) -> list[tuple[int, int, int]]:
             pos = end
 
 
-def _is_utf8(data: bytes) -> bool:
+def is_utf8(data: bytes) -> bool:
     """Whether ``data`` is valid UTF-8.
 
     pyarrow validates a zero-copy view of it as one string: faster than polars, which must copy
@@ -250,7 +250,7 @@ def _is_utf8(data: bytes) -> bool:
     return True
 
 
-def _line_chunks(pieces: Iterable[bytes], size: int) -> Iterator[bytes]:
+def line_chunks(pieces: Iterable[bytes], size: int) -> Iterator[bytes]:
     """The bytes of ``pieces`` one after the other, cut into chunks of whole lines: each but the
     last ends with a ``\\n`` and holds at least ``size`` bytes (more when a line runs past that
     point, up to the last line end of the piece that got there); the last holds the rest. At
@@ -270,8 +270,8 @@ def _line_chunks(pieces: Iterable[bytes], size: int) -> Iterator[bytes]:
         yield out.getvalue()
 
 
-def _byte_chunks(data: bytes, size: int) -> Iterator[bytes]:
-    """``data`` in chunks as :func:`_line_chunks` cuts them (``data`` itself when it is one)."""
+def byte_chunks(data: bytes, size: int) -> Iterator[bytes]:
+    """``data`` in chunks as :func:`line_chunks` cuts them (``data`` itself when it is one)."""
     start = 0
     while len(data) - start > size and (cut := data.find(b"\n", start + size - 1) + 1):
         yield data[start:cut]
@@ -280,7 +280,7 @@ def _byte_chunks(data: bytes, size: int) -> Iterator[bytes]:
         yield data[start:] if start else data
 
 
-def _join(plans: list[_Plan]) -> bytes:
+def joined_csv(plans: list[ReadPlan]) -> bytes:
     """What the reader gets for ``plans``: their CSVs one after the other.
 
     Each is read as polars would read its whole file: it ends with a ``\\n`` (so no line runs
@@ -305,7 +305,7 @@ def _join(plans: list[_Plan]) -> bytes:
     return b"".join(pieces)
 
 
-def _line_numbers(positions: list[int], skipped: list[int]) -> list[int]:
+def line_numbers(positions: list[int], skipped: list[int]) -> list[int]:
     """1-based line numbers of the rows at ``positions`` (sorted) among the lines that were left
     after leaving out the (sorted) line numbers ``skipped``."""
     numbers, gone = [], 0

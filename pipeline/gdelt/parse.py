@@ -31,24 +31,24 @@ from pipeline.gdelt.archive import (
     is_zip,
     stream_gdelt_zip,
 )
-from pipeline.gdelt.convert import _convert, _read, _value_reasons
+from pipeline.gdelt.convert import convert_frame, read_csv_lines, value_reasons
 from pipeline.gdelt.lines import (
-    _byte_chunks,
-    _count_lines,
-    _join,
-    _line_by_line,
-    _line_chunks,
-    _line_numbers,
-    _Plan,
-    _plan,
+    ReadPlan,
+    byte_chunks,
+    count_lines,
+    joined_csv,
+    line_by_line,
+    line_chunks,
+    line_numbers,
+    plan_read,
 )
 from pipeline.gdelt.refusals import (
     GdeltFormatError,
     ImplausibleLinesError,
     RefusedFileError,
-    _check_format,
-    _check_line_count,
-    _most_lines,
+    check_format,
+    check_line_count,
+    most_lines,
 )
 from pipeline.gdelt.schema import REJECTS_SCHEMA, SCHEMAS
 
@@ -267,7 +267,7 @@ class _File:
         if isinstance(self.failed, (CorruptArchiveError, ImplausibleLinesError)):
             return self.failed
         try:
-            _check_format({n: c for n, c in self.votes.items() if c}, kind, len(SCHEMAS[kind]), self.source)
+            check_format({n: c for n, c in self.votes.items() if c}, kind, len(SCHEMAS[kind]), self.source)
         except GdeltFormatError as exc:
             return exc
         if self.failed:
@@ -294,7 +294,7 @@ def _parse_batch(items: list[tuple[bytes, str]], kind: Kind, cap: int) -> list[P
     chunks add up to.
     """
     files: list[_File] = []
-    waiting: list[tuple[_File, _Plan]] = []
+    waiting: list[tuple[_File, ReadPlan]] = []
     for data, source in items:
         file = _File(source)
         files.append(file)
@@ -310,10 +310,10 @@ def _parse_batch(items: list[tuple[bytes, str]], kind: Kind, cap: int) -> list[P
     return [file.outcome(kind) for file in files]
 
 
-def _chunk_plans(data: bytes, source: str, kind: Kind, cap: int, file: _File) -> Iterator[_Plan]:
+def _chunk_plans(data: bytes, source: str, kind: Kind, cap: int, file: _File) -> Iterator[ReadPlan]:
     """The plan of each chunk of ``data`` (a zip's member up to ``cap`` bytes, or the CSV itself),
-    as :func:`_line_chunks` or :func:`_byte_chunks` cuts it; raises :class:`ImplausibleLinesError` after the last chunk when
-    the file has more lines than :func:`_most_lines` allows.
+    as :func:`line_chunks` or :func:`byte_chunks` cuts it; raises :class:`ImplausibleLinesError` after the last chunk when
+    the file has more lines than :func:`most_lines` allows.
 
     Once the lines counted so far are more than a file of the largest size it can have may hold,
     it will be refused whatever comes next: its parsed chunks are dropped and the rest is only
@@ -323,23 +323,23 @@ def _chunk_plans(data: bytes, source: str, kind: Kind, cap: int, file: _File) ->
     # has a lastupdate.txt saved as 20180326191500.export.CSV.zip) is a broken download, to be
     # reported as such rather than parsed as a CSV of the wrong format.
     if is_zip(data) or source.lower().endswith(".zip"):
-        chunks, largest = _line_chunks(stream_gdelt_zip(data, max_uncompressed_bytes=cap), CHUNK_BYTES), cap
+        chunks, largest = line_chunks(stream_gdelt_zip(data, max_uncompressed_bytes=cap), CHUNK_BYTES), cap
     else:
-        chunks, largest = _byte_chunks(data, CHUNK_BYTES), len(data)
-    most = _most_lines(largest, kind)
+        chunks, largest = byte_chunks(data, CHUNK_BYTES), len(data)
+    most = most_lines(largest, kind)
     lines = size = 0
     for chunk in chunks:
         first_line = lines
-        lines += _count_lines(chunk)
+        lines += count_lines(chunk)
         size += len(chunk)
         if lines <= most:
-            yield _plan(chunk, source, kind, first_line)
+            yield plan_read(chunk, source, kind, first_line)
         else:
             file.parts.clear()
-    _check_line_count(lines, size, source, kind)
+    check_line_count(lines, size, source, kind)
 
 
-def _read_into(plans: list[tuple[_File, _Plan]], kind: Kind) -> None:
+def _read_into(plans: list[tuple[_File, ReadPlan]], kind: Kind) -> None:
     """Read ``plans`` together and add each result to its file."""
     for file, plan in plans:
         plan.bom_is_data = file.votes[len(SCHEMAS[kind])] > 0
@@ -347,10 +347,10 @@ def _read_into(plans: list[tuple[_File, _Plan]], kind: Kind) -> None:
         file.add(part, kind)
 
 
-def _parse_plans(plans: list[_Plan], kind: Kind) -> list[ParsedFile | Exception]:
+def _parse_plans(plans: list[ReadPlan], kind: Kind) -> list[ParsedFile | Exception]:
     if not plans:
         return []
-    read = _read(_join(plans), kind, sum(plan.n_rows for plan in plans))
+    read = read_csv_lines(joined_csv(plans), kind, sum(plan.n_rows for plan in plans))
     if read is None:
         # A line the TAB total did not show: one too long balanced by one too short, or a blank
         # line (its file has a row more than its TABs make). Find the file, and its lines.
@@ -364,11 +364,11 @@ def _parse_plans(plans: list[_Plan], kind: Kind) -> list[ParsedFile | Exception]
                     "as many rows; the line splitter and the CSV reader disagree"
                 )
             ]
-        return _parse_plans([_line_by_line(plan, kind)], kind)
+        return _parse_plans([line_by_line(plan, kind)], kind)
 
     fields, numbers_typed = read
-    rows = _convert(fields, numbers_typed, kind)
-    reasons = _value_reasons(fields, rows, REQUIRED_COLUMNS[kind])
+    rows = convert_frame(fields, numbers_typed, kind)
+    reasons = value_reasons(fields, rows, REQUIRED_COLUMNS[kind])
     parsed: list[ParsedFile | Exception] = []
     offset = 0
     for plan in plans:
@@ -379,7 +379,7 @@ def _parse_plans(plans: list[_Plan], kind: Kind) -> list[ParsedFile | Exception]
             failed = file_reasons.is_not_null()
             if failed.any():
                 positions = failed.arg_true().to_list()
-                numbers = _line_numbers(positions, [number for number, _ in found])
+                numbers = line_numbers(positions, [number for number, _ in found])
                 found = sorted([*found, *zip(numbers, file_reasons.filter(failed).to_list())])
                 file_rows = file_rows.filter(~failed)
         offset += plan.n_rows
@@ -408,7 +408,7 @@ def _votes(part: ParsedFile, kind: str) -> Counter[int]:
 _NO_REJECTS = pl.DataFrame(schema=REJECTS_SCHEMA)
 
 
-def _shape_rejects(plan: _Plan, found: list[tuple[int, str]]) -> pl.DataFrame:
+def _shape_rejects(plan: ReadPlan, found: list[tuple[int, str]]) -> pl.DataFrame:
     """REJECTS_SCHEMA rows for ``found``, each with its line's first :data:`REJECT_LINE_BYTES`
     bytes exactly as received, its length and its sha256."""
     if not found:

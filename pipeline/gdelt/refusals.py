@@ -42,23 +42,23 @@ SHORTEST_ROW_BYTES: dict[str, int] = {
 _FEW_LINES = 1000
 
 
-def _most_lines(size: int, kind: str) -> int:
+def most_lines(size: int, kind: str) -> int:
     """The most lines a ``kind`` file of ``size`` bytes may have: as many as rows of the shortest
     possible length would make, and never fewer than a few."""
     return max(_FEW_LINES, size // SHORTEST_ROW_BYTES[kind])
 
 
-def _check_line_count(lines: int, size: int, source: str, kind: str) -> None:
+def check_line_count(lines: int, size: int, source: str, kind: str) -> None:
     """Raise :class:`ImplausibleLinesError` when a file of ``size`` bytes has ``lines`` lines,
-    more than :func:`_most_lines`."""
-    if lines > _most_lines(size, kind):
+    more than :func:`most_lines`."""
+    if lines > most_lines(size, kind):
         raise ImplausibleLinesError(
             f"{source}: {lines:,} lines in {size:,} bytes, {size / lines:.1f} bytes per line on average; "
             f"a GDELT 2.0 {kind} row is at least {SHORTEST_ROW_BYTES[kind]} bytes, so this is not a {kind} file"
         )
 
 
-def _check_format(votes: dict[int, int], kind: str, expected: int, source: str) -> None:
+def check_format(votes: dict[int, int], kind: str, expected: int, source: str) -> None:
     """Raise :class:`GdeltFormatError` unless ``expected`` is strictly the most common field
     count among the voters (``votes``: field count -> lines, see :func:`_votes`).
 

@@ -18,8 +18,8 @@ import polars as pl
 import yaml
 
 from pipeline.release.layout import PAIRS_FIGURE, RELATION_FIGURE  # names a release may hold
-from pipeline.splits.card_composition import _composition
-from pipeline.splits.card_format import _get, _num, _table
+from pipeline.splits.card_composition import composition_section
+from pipeline.splits.card_format import manifest_value, markdown_table, number_text
 
 # A line width PyYAML never reaches: the front matter's strings stay on one line each.
 UNWRAPPED = 2**31 - 1
@@ -60,7 +60,7 @@ def dataset_card(manifest: dict, queries: pl.DataFrame, sample: pl.DataFrame, fi
         _front_matter(manifest, queries),
         _intro(manifest),
         _motivation(manifest),
-        _composition(manifest, queries, sample),
+        composition_section(manifest, queries, sample),
         _collection(manifest),
         _preprocessing(manifest),
         _uses(manifest),
@@ -144,8 +144,8 @@ def _override_note(manifest: dict) -> str:
     if not override:
         return "Released without a manual override of the pipeline's release checks."
     return (
-        f"**Released with a manual override** of the pipeline's release checks by {_get(override, 'by')} "
-        f"at {_get(override, 'at')}. Reason: {_get(override, 'reason')}"
+        f"**Released with a manual override** of the pipeline's release checks by {manifest_value(override, 'by')} "
+        f"at {manifest_value(override, 'at')}. Reason: {manifest_value(override, 'reason')}"
     )
 
 
@@ -155,13 +155,13 @@ def _intro(manifest: dict) -> str:
     facts = [
         ("month", month),
         ("source", _source_line(manifest)),
-        ("dataset version", _get(manifest, "dataset_version")),
-        ("split version", _get(manifest, "split_version")),
-        ("history cutoff", _get(manifest, "history_cutoff")),
-        ("temporal distance (days)", _get(manifest, "distance_days")),
-        ("sampler", _get(manifest, "sampler_version")),
-        ("seed", _get(manifest, "seed")),
-        ("pipeline version", _get(manifest, "versions", "code")),
+        ("dataset version", manifest_value(manifest, "dataset_version")),
+        ("split version", manifest_value(manifest, "split_version")),
+        ("history cutoff", manifest_value(manifest, "history_cutoff")),
+        ("temporal distance (days)", manifest_value(manifest, "distance_days")),
+        ("sampler", manifest_value(manifest, "sampler_version")),
+        ("seed", manifest_value(manifest, "seed")),
+        ("pipeline version", manifest_value(manifest, "versions", "code")),
     ]
     override = f"\n> {_override_note(manifest)}\n" if manifest.get("override") else ""
     if generated:
@@ -187,7 +187,7 @@ def _intro(manifest: dict) -> str:
 on day `t`; an agent answers from the event and news database as it stood a few days earlier
 (the temporal distance below).
 {override}
-{_table(("", ""), facts)}
+{markdown_table(("", ""), facts)}
 """
 
 
@@ -210,10 +210,10 @@ institutions.
 
 
 def _slot_counts(manifest: dict) -> str:
-    slots = _get(manifest, "counts", "slots", default={})
+    slots = manifest_value(manifest, "counts", "slots", default={})
     if not slots:
         return "not recorded"
-    return ", ".join(f"{_num(n)} {status}" for status, n in slots.items())
+    return ", ".join(f"{number_text(n)} {status}" for status, n in slots.items())
 
 
 def _closure_note(manifest: dict) -> str:
@@ -234,8 +234,8 @@ def _acquired_from(manifest: dict) -> str:
 
 
 def _collection(manifest: dict) -> str:
-    articles = _get(manifest, "counts", "articles", default={})
-    article_rows = [(key, _num(n), ARTICLE_COUNT_DESCRIPTIONS.get(key, "")) for key, n in articles.items()]
+    articles = manifest_value(manifest, "counts", "articles", default={})
+    article_rows = [(key, number_text(n), ARTICLE_COUNT_DESCRIPTIONS.get(key, "")) for key, n in articles.items()]
     return f"""
 ## Collection process
 
@@ -252,7 +252,7 @@ every day gets a ledger row, so a gap is recorded rather than silently skipped.
 each URL once, failures retried), their text extracted with trafilatura and filtered with the
 OBELICS rules (see Preprocessing):
 
-{_table(("articles", "count", "meaning"), article_rows or [("–", "not recorded", "")])}
+{markdown_table(("articles", "count", "meaning"), article_rows or [("–", "not recorded", "")])}
 
 **Who was involved?** No people: the pipeline runs unattended on a schedule. **Does the dataset
 relate to people?** No; subjects and objects are countries.
@@ -264,7 +264,7 @@ def _preprocessing(manifest: dict) -> str:
     version_rows = [(f"`{key}`", f"`{value}`") for key, value in versions.items()] or [("–", "not recorded")]
     thresholds = manifest.get("thresholds") or {}
     threshold_rows = [
-        (f"`{key}`", _num(value), THRESHOLD_DESCRIPTIONS.get(key, "")) for key, value in thresholds.items()
+        (f"`{key}`", number_text(value), THRESHOLD_DESCRIPTIONS.get(key, "")) for key, value in thresholds.items()
     ] or [("–", "not recorded", "")]
     sampler = manifest.get("sampler") or {}
     weights = ", ".join(f"{key} {value:g}" for key, value in (sampler.get("weights") or {}).items())
@@ -277,25 +277,25 @@ def _preprocessing(manifest: dict) -> str:
     return f"""
 ## Preprocessing
 
-Events follow MIRAI's cleaning rules, made exact (rules version `{_get(versions, "rules")}`):
+Events follow MIRAI's cleaning rules, made exact (rules version `{manifest_value(versions, "rules")}`):
 each GDELT event id once; an event is kept only on the day it was first reported, and each article
 URL only on its first day; actor codes are mapped to ISO 3166-1 alpha-3 countries through a
 versioned table (regions and outdated codes excluded); domestic events are dropped; the relation is
 the event's CAMEO base code and must be one of MIRAI's level-2 codes. Daily `(date, s, r, o)` quads
 sum the events' mentions. Article texts pass the OBELICS paragraph and document filters (English
-only; threshold profile `{_get(versions, "article_profile")}`).
+only; threshold profile `{manifest_value(versions, "article_profile")}`).
 
 Versions (data built under different versions are not comparable):
 
-{_table(("component", "version"), version_rows)}
+{markdown_table(("component", "version"), version_rows)}
 
 Thresholds:
 
-{_table(("threshold", "value", "meaning"), threshold_rows)}
+{markdown_table(("threshold", "value", "meaning"), threshold_rows)}
 
 A query `(t, s, o)` comes from the test-grade quads of day `t`; its answer lists every level-2
 relation `s` took toward `o` on day `t` in the event database. The balanced sample
-(`{_get(manifest, "sampler_version")}`, seed {_get(manifest, "seed")}) is built greedily: each step
+(`{manifest_value(manifest, "sampler_version")}`, seed {manifest_value(manifest, "seed")}) is built greedily: each step
 draws candidate queries with a seeded RNG and adds the one that minimises the weighted variances of
 the counts over dates, level-1 codes, regions and countries (both actors).{sampler_note}
 """
@@ -336,7 +336,7 @@ needed: run your agent against the date-gated API over `database/` (`EventDataba
 `pipeline.agent_api`, or MIRAI's own module `pipeline.agent_api.mirai_api`), score its predictions
 with `mirai score predictions.jsonl --split mirai-releases/{month} [--sample]`, and submit them
 with `mirai submit`. A query on day `t` may use data up to `t` minus the temporal distance
-({_get(manifest, "distance_days")} day(s)). A model whose knowledge cutoff is not before
+({manifest_value(manifest, "distance_days")} day(s)). A model whose knowledge cutoff is not before
 {month}-01 is contaminated for this month: scored and shown, never ranked. Scores appear on the
 leaderboard, `releases/leaderboard.html` in the store this release came from. The whole path, with a
 worked example: `{EVALUATE_DOC}` in the mirai-pipeline repository.
@@ -364,7 +364,7 @@ The pipeline ingests GDELT every 15 minutes and builds one split per month, so n
 appearing after every model's training cutoff. A split is never rewritten in place: a correction
 (a fixed rule, a new reference table) produces a new dataset version, and older versions stay
 available with their manifests for reproducibility. This is dataset version
-`{_get(manifest, "dataset_version")}`, built by pipeline version `{_get(manifest, "versions", "code")}`.
+`{manifest_value(manifest, "dataset_version")}`, built by pipeline version `{manifest_value(manifest, "versions", "code")}`.
 Problems and contributions go to the pipeline's issue tracker.
 """
 
@@ -403,10 +403,17 @@ def _figures(figures: dict[str, Path]) -> str:
 def _files(manifest: dict) -> str:
     files = manifest.get("files") or {}
     rows = [
-        (f"`{name}`", _num(_get(meta, "rows", default="–")), _num(_get(meta, "bytes")), f"`{_get(meta, 'sha256')}`")
+        (
+            f"`{name}`",
+            number_text(manifest_value(meta, "rows", default="–")),
+            number_text(manifest_value(meta, "bytes")),
+            f"`{manifest_value(meta, 'sha256')}`",
+        )
         for name, meta in sorted(files.items())
     ]
-    return "## Files\n\n" + (_table(("file", "rows", "bytes", "sha256"), rows) if rows else "No files recorded.")
+    return "## Files\n\n" + (
+        markdown_table(("file", "rows", "bytes", "sha256"), rows) if rows else "No files recorded."
+    )
 
 
 def _citation() -> str:

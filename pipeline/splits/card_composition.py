@@ -12,7 +12,7 @@ import polars as pl
 
 from pipeline.reference.tables import relation_table
 from pipeline.splits.card_figures import QUAD_NAMES, quad_counts
-from pipeline.splits.card_format import _get, _num, _table
+from pipeline.splits.card_format import manifest_value, markdown_table, number_text
 
 LONG_ANSWER = 10
 
@@ -91,14 +91,14 @@ def _missing_note(queries: pl.DataFrame) -> str:
     nulls = queries.null_count().unpivot(variable_name="field", value_name="nulls").filter(pl.col("nulls") > 0)
     if nulls.is_empty():
         return "No field is null."
-    return "Null values: " + ", ".join(f"`{f}` {_num(n)}" for f, n in nulls.iter_rows()) + "."
+    return "Null values: " + ", ".join(f"`{f}` {number_text(n)}" for f, n in nulls.iter_rows()) + "."
 
 
-def _composition(manifest: dict, queries: pl.DataFrame, sample: pl.DataFrame) -> str:
+def composition_section(manifest: dict, queries: pl.DataFrame, sample: pl.DataFrame) -> str:
     full, sub = frame_stats(queries), frame_stats(sample)
     n_level2 = relation_table().height
     rows = [
-        ("queries", _num(full["queries"]), _num(sub["queries"])),
+        ("queries", number_text(full["queries"]), number_text(sub["queries"])),
         ("distinct countries (s or o)", full["countries"], sub["countries"]),
         ("distinct (s, o) pairs", full["pairs"], sub["pairs"]),
         ("level-1 relations in answers (of 20)", full["level1"], sub["level1"]),
@@ -109,9 +109,9 @@ def _composition(manifest: dict, queries: pl.DataFrame, sample: pl.DataFrame) ->
         ("level-2 relations per answer", _length_summary(queries), _length_summary(sample)),
     ]
     database = [
-        ("test-grade quads", _num(_get(manifest, "counts", "test_grade_quads"))),
-        ("event database rows (quads)", _num(_get(manifest, "counts", "database_events"))),
-        ("news database articles", _num(_get(manifest, "counts", "database_articles"))),
+        ("test-grade quads", number_text(manifest_value(manifest, "counts", "test_grade_quads"))),
+        ("event database rows (quads)", number_text(manifest_value(manifest, "counts", "database_events"))),
+        ("news database articles", number_text(manifest_value(manifest, "counts", "database_articles"))),
     ]
     lengths = answer_lengths(queries)
     quads = quad_counts(queries).with_columns(
@@ -128,34 +128,34 @@ recorded well-reported events that day. The label is the set of CAMEO level-2 re
 toward `o` on day `t` (MIRAI's multi-label answer), also given grouped by level-1 code.
 
 **How many instances are there?** `queries.parquet` holds every query of the month;
-`queries_sample.parquet` is MIRAI's balanced sample of {_num(_get(manifest, "sample_size"))} queries
-(sampler `{_get(manifest, "sampler_version")}`, seed {_get(manifest, "seed")}), spread over dates,
+`queries_sample.parquet` is MIRAI's balanced sample of {number_text(manifest_value(manifest, "sample_size"))} queries
+(sampler `{manifest_value(manifest, "sampler_version")}`, seed {manifest_value(manifest, "seed")}), spread over dates,
 countries and relation types, for evaluations that cannot afford the full set.
 
-{_table(("", "queries.parquet", "queries_sample.parquet"), rows)}
+{markdown_table(("", "queries.parquet", "queries_sample.parquet"), rows)}
 
 Agents query a database built from the same pipeline (not part of this split):
 
-{_table(("", "count"), database)}
+{markdown_table(("", "count"), database)}
 
 Queries by number of relations in the answer:
 
-{_table(("relations", "queries (level 2)", "queries (level 1)"), [tuple(r) for r in lengths.iter_rows()])}
+{markdown_table(("relations", "queries (level 2)", "queries (level 1)"), [tuple(r) for r in lengths.iter_rows()])}
 
 Queries whose answer includes each MIRAI quad class (a query can count in several):
 
-{_table(("quad class", "name", "queries"), [tuple(r) for r in quads.select("mirai_quad_class", "name", "queries").iter_rows()])}
+{markdown_table(("quad class", "name", "queries"), [tuple(r) for r in quads.select("mirai_quad_class", "name", "queries").iter_rows()])}
 
 Fields:
 
-{_table(("field", "type", "description"), fields)}
+{markdown_table(("field", "type", "description"), fields)}
 
 **Is any information missing?** {_missing_note(queries)} Article texts are not in the split (see
 Distribution); the news database links each event to its article URLs.
 
 **Recommended splits.** This is a test split. For a query on day `t`, an agent sees events and news
-dated up to `t` minus the temporal distance ({_get(manifest, "distance_days")} day(s), MIRAI's `l`).
-The history cutoff ({_get(manifest, "history_cutoff")}) is the last day before the test month: data up
+dated up to `t` minus the temporal distance ({manifest_value(manifest, "distance_days")} day(s), MIRAI's `l`).
+The history cutoff ({manifest_value(manifest, "history_cutoff")}) is the last day before the test month: data up
 to it precede every query and can be used freely for training or validation.
 
 **Errors, noise, redundancy.** GDELT codes events automatically from news text, so relations and

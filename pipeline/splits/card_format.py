@@ -6,7 +6,7 @@ card_composition.py, so it sits below both.
 from __future__ import annotations
 
 
-def _get(mapping: dict | None, *keys: str, default: str = "not recorded"):
+def manifest_value(mapping: dict | None, *keys: str, default: str = "not recorded"):
     """A nested optional manifest value, or a placeholder saying it was not recorded."""
     for key in keys:
         if not isinstance(mapping, dict) or mapping.get(key) is None:
@@ -15,11 +15,11 @@ def _get(mapping: dict | None, *keys: str, default: str = "not recorded"):
     return mapping
 
 
-def _num(value) -> str:
+def number_text(value) -> str:
     return f"{value:,}" if isinstance(value, int) else str(value)
 
 
-def _table(header: tuple[str, ...], rows: list[tuple]) -> str:
+def markdown_table(header: tuple[str, ...], rows: list[tuple]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
     return "\n".join(lines)

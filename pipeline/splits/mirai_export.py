@@ -39,13 +39,13 @@ from pipeline.splits.mirai_files import (
     SUBSET_FILE,
     TEST_FILE,
     ExportError,
-    _sha256,
     answer_dict_repr,
     country_dictionary,
     date_nlp,
     inert_cell,
     quad_code,
     relation_dictionary,
+    sha256_hex,
 )
 from pipeline.storage import DataLayout, atomic_write_bytes, staged_directory, verified
 
@@ -109,7 +109,7 @@ def read_split(layout: DataLayout, month: date) -> tuple[pl.DataFrame, pl.DataFr
     frames = []
     for name in ("queries.parquet", "queries_sample.parquet"):
         data = (split_dir / name).read_bytes()
-        if _sha256(data) != manifest["files"][name]["sha256"]:
+        if sha256_hex(data) != manifest["files"][name]["sha256"]:
             raise ExportError(f"{split_dir / name} no longer matches its split manifest; rebuild the split")
         frames.append(pl.read_parquet(split_dir / name))
     return frames[0], frames[1], manifest

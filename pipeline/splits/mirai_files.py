@@ -240,5 +240,5 @@ def restored_cell(text: str | None) -> str | None:
     return text[1:] if text and text.startswith("'") and _formula_like(text) else text
 
 
-def _sha256(data: bytes) -> str:
+def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()

@@ -39,10 +39,10 @@ from pipeline.splits.mirai_files import (
     TEST_FILE,
     ExportError,
     MiraiFormatError,
-    _sha256,
     quad_code,
     query_code,
     restored_cell,
+    sha256_hex,
 )
 from pipeline.splits.schema import QUERIES_SCHEMA, SPLIT_VERSION
 from pipeline.storage import (
@@ -386,7 +386,7 @@ def _write_split(
     atomic_write_parquet(sample, split_dir / "queries_sample.parquet", metadata=split_meta)
     files = {
         name: {
-            "sha256": _sha256((split_dir / name).read_bytes()),
+            "sha256": sha256_hex((split_dir / name).read_bytes()),
             "bytes": (split_dir / name).stat().st_size,
             "rows": rows,
         }
