@@ -236,9 +236,9 @@ def test_a_database_month_that_decodes_past_its_bound_is_refused_in_one_line(
     character (zstd: ~60 bytes apiece; or one dictionary value all rows share), under a bound of
     128 MiB for the test (4 GiB in use): decoded in the capped child, or measured on the column,
     and refused in one line before any request."""
-    from pipeline.agent_api import environment
+    from pipeline.agent_api import event_database
 
-    monkeypatch.setattr(environment, "MAX_UNTRUSTED_MONTH_BYTES", 128 * 2**20, raising=False)
+    monkeypatch.setattr(event_database, "MAX_UNTRUSTED_MONTH_BYTES", 128 * 2**20, raising=False)
     path = hostile / "database/news/month=2024-01.parquet"
     frame = pl.read_parquet(path)
     rows = 300
@@ -316,9 +316,9 @@ def test_rows_dated_after_their_month_never_pass_the_gate(hostile, tmp_path, cap
 def test_a_database_month_larger_than_its_bound_is_refused_before_it_is_read(hostile, tmp_path, capsys, monkeypatch):
     """A handed-over month is read whole to go to the capped decoder: its size on disk is the
     first bound (a sparse 1 GiB file here, with a real footer's schema)."""
-    from pipeline.agent_api import environment
+    from pipeline.agent_api import event_database
 
-    monkeypatch.setattr(environment, "MAX_UNTRUSTED_MONTH_BYTES", 64 * 2**20)
+    monkeypatch.setattr(event_database, "MAX_UNTRUSTED_MONTH_BYTES", 64 * 2**20)
     path = hostile / "database/news/month=2024-01.parquet"
     data = path.read_bytes()
     with open(path, "r+b") as f:  # the footer kept at the end, a hole before it

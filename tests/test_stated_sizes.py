@@ -307,7 +307,7 @@ def wide_parquet(path: Path) -> Path:
 
 
 def test_a_footer_longer_than_any_of_ours_is_refused_before_anything_parses_it(tmp_path):
-    from pipeline.agent_api.environment import DatabaseFileError, _read_month
+    from pipeline.agent_api.event_database import DatabaseFileError, _read_month
     from pipeline.evaluation.queries import InvalidQueries, read_queries
     from pipeline.evaluation.score_inputs import ScoringError, read_parquet
     from pipeline.untrusted_parquet import MAX_FOOTER_BYTES

@@ -15,8 +15,8 @@ import importlib
 _MODULE_OF = {
     "API_FUNCTIONS": "environment",
     "Environment": "environment",
-    "EventDatabase": "environment",
-    "open_environment": "environment",
+    "EventDatabase": "event_database",
+    "open_environment": "event_database",
     **dict.fromkeys(
         ("CAMEOCode", "Country", "Date", "DateGateError", "DateRange", "Event", "ISOCode", "NewsArticle", "Relation"),
         "types",

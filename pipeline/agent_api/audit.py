@@ -24,7 +24,7 @@ from datetime import date, timedelta
 
 import polars as pl
 
-from pipeline.agent_api.environment import EventDatabase
+from pipeline.agent_api.event_database import EventDatabase
 from pipeline.agent_api.types import Date, DateGateError, DateRange
 from pipeline.config import Settings
 from pipeline.splits.database import MonthNotReady, month_days

@@ -32,7 +32,8 @@ from pathlib import Path
 
 from pipeline.agent_api import lookup
 from pipeline.agent_api import types as gated
-from pipeline.agent_api.environment import Environment, EventDatabase
+from pipeline.agent_api.environment import Environment
+from pipeline.agent_api.event_database import EventDatabase
 from pipeline.reference.tables import iso3_codes, level1_codes, level2_codes
 
 __all__ = [

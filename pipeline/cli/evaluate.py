@@ -141,7 +141,7 @@ def _run_episodes(
     """Run (or resume) the agent's episodes on the release's queries; ``directory`` is where the
     harness stores the run under ``run_dir``. Returns the run's scores.json record."""
     from pipeline.agent_api import EventDatabase
-    from pipeline.agent_api.environment import DatabaseFileError
+    from pipeline.agent_api.event_database import DatabaseFileError
     from pipeline.evaluation.clients import client_for
     from pipeline.evaluation.llm import ModelUnavailable
     from pipeline.evaluation.run import checkpoint_path, evaluate_agent
