@@ -237,6 +237,21 @@ def test_strict_names_every_problem_and_lenient_scores_as_eval(release, tmp_path
     assert "forgiven: line 2: unknown query_id" in err
 
 
+def test_a_misspelt_key_is_refused_by_strict_scoring_and_forgiven_by_lenient(release, tmp_path, capsys):
+    """Issue 33: {"answers": …, "ranked": …} was scored as its ranked list, 0 problems forgiven."""
+    records = [
+        {"query_id": "2024-01-00001", "answers": {"04": ["042"]}, "ranked": ["042"]},
+        {"query_id": "2024-01-00002", "answer": {"01": ["010"]}, "p_events": 0.5, "Ranked": [], "x" * 200: 1, "y": 2},
+    ]
+    predictions = _jsonl(tmp_path / "misspelt.jsonl", records)
+    code, out, err = _run(capsys, predictions, "--split", release)
+    assert code == 1 and out == "", err
+    assert "line 1: unknown key(s) 'answers'; a record holds query_id, answer, ranked, p_event" in err
+    assert "line 2: unknown key(s) 'Ranked', 'p_events', 'xxxxxxx" in err and "… (200 characters) and 1 more" in err
+    code, _, err = _run(capsys, predictions, "--split", release, "--lenient", "--out", tmp_path / "lenient")
+    assert code == 0 and _card(tmp_path / "lenient")["forgiven"]["count"] == 2, err
+
+
 def test_a_trailing_newline_makes_neither_a_query_id_nor_a_code(release, tmp_path, capsys):
     """Ids and codes are matched whole: a regex's "$" also matches before a final newline."""
     records = [

@@ -204,6 +204,13 @@ def read_jsonl(path: Path) -> tuple[list[Submitted], list[str]]:
         if problem:
             problems.append(f"{where}: {problem}")
             continue
+        # A misspelt key ("answers") would otherwise leave its value unread and score the rest.
+        unknown = sorted(set(value) - set(PARQUET_COLUMNS))
+        if unknown:
+            names = ", ".join(shown(key) for key in unknown[:3]) + (
+                f" and {len(unknown) - 3} more" if len(unknown) > 3 else ""
+            )
+            problems.append(f"{where}: unknown key(s) {names}; a record holds {', '.join(PARQUET_COLUMNS)}")
         records.append(
             Submitted(where, value.get("query_id"), value.get("answer"), value.get("ranked"), value.get("p_event"))
         )
