@@ -149,7 +149,9 @@ def test_unparsable_prediction_is_empty(prediction):
 
 
 def test_odd_but_iterable_values_follow_eval_py():
-    # A string value iterates over its characters, none a 3-digit code; a nested list is skipped.
+    # A string value iterates over its characters, none a 3-digit code; a nested list is skipped;
+    # a dict value iterates over its keys (docs/evaluation.md says so).
+    assert clean_prediction({"04": {"042": 1, "190": 2}}) == clean_prediction({"04": ["042"]})
     assert clean_prediction({"04": "042"}).level2 == ()
     assert clean_prediction({"04": "042"}).level1 == ("04",)
     assert clean_prediction({"04": [["042"], "043"]}).level2 == ("043",)

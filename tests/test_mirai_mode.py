@@ -22,11 +22,13 @@ from pipeline.evaluation.agents import react_environment, run_react, run_single_
 from pipeline.evaluation.board import leaderboard
 from pipeline.evaluation.llm import LLMError
 from pipeline.evaluation.mirai_mode import mirai_answer
+from pipeline.evaluation.mirai_predictions import export_predictions
 from pipeline.evaluation.prompts import api_description, system_prompt
 from pipeline.evaluation.registry import Agent, RegistryError, parse_agents
 from pipeline.evaluation.replies import parse_action
 from pipeline.evaluation.run import evaluate_agent, evaluate_baseline
 from pipeline.evaluation.trajectory import AgentSpec, Query
+from pipeline.storage import DataLayout
 from testbed.database import generate_event_database
 from tests.test_agents import ScriptedClient
 
@@ -153,6 +155,11 @@ def test_mode_and_tools_are_recorded_on_every_run_and_the_leaderboard(data_dir, 
     _, record = evaluate_agent(_split(), data_dir, agent, 1, client=ScriptedClient(replies), database=database)
     assert (record["mode"], record["tools"]) == ("mirai", "kg")
     assert record["answer_sources"] == {"extraction": 1} and record["metrics"]["level2_f1"] == 100
+    # The exported file carries the extraction's reply as MIRAI's ext_request (issue 34, point 3).
+    run_dir = DataLayout(data_dir).evaluation_dir(date(2024, 2, 1), "mirai-kg", "queries", 1)
+    export_predictions(run_dir, data_dir / "exported")
+    [exported] = json.loads((data_dir / "exported/round1" / f"{QUERY.query_id}.json").read_text())
+    assert exported["ext_request"] == replies[1] and exported["end_state"] == "Final Answer"
     baseline = Agent(name="empty", kind="baseline", knowledge_cutoff=None, distances=(1,), rounds=1, baseline="empty")
     _, base_record = evaluate_baseline(_split(), data_dir, baseline, 1)
     assert (base_record["mode"], base_record["tools"]) == (None, None)

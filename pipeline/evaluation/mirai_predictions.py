@@ -141,7 +141,7 @@ def _answer_fields(prediction: str) -> dict[str, str]:
 
 
 def _episode_logs(trajectories: Path) -> dict[tuple[int, str], dict]:
-    """(round, query_id) → the json_log MIRAI writes and the final request, from trajectories.jsonl."""
+    """(round, query_id) → the json_log MIRAI writes and the extraction's reply, from trajectories.jsonl."""
     logs = {}
     if not trajectories.is_file():
         return logs
@@ -149,7 +149,9 @@ def _episode_logs(trajectories: Path) -> dict[tuple[int, str], dict]:
         for line in fh:
             record = json.loads(line)
             steps = [s for s in record["steps"] if s["kind"] == "react"]
-            final = [s["reply"] for s in record["steps"] if s["kind"] == "final_request"]
+            # MIRAI's ext_request is its extractor's reply (agents/react_agents.py, extract_answer):
+            # mode mirai's extraction step, or native mode's final-answer request.
+            final = [s["reply"] for s in record["steps"] if s["kind"] in ("extraction", "final_request")]
             logs[(record["round"], record["query_id"])] = {
                 "json_log": [
                     {
