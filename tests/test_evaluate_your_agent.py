@@ -193,3 +193,32 @@ def test_a_mirai_agent_s_round_files_on_the_release_s_own_bundle_are_scored(buck
     (tmp_path / "short.csv").write_text("\n".join(Path(relation_query).read_text().splitlines()[:-1]) + "\n")
     assert main(["score", "out", "--split", value, "--sample", "--relation-query", "short.csv"]) == 1
     assert "appears 0 times, not once" in capsys.readouterr().err
+
+
+def test_both_agents_run_on_a_release_whose_first_queries_have_no_history(tmp_path, monkeypatch, capsys):
+    """Issue 33, point 4: on a release of the database's first month (the demo's January), a query
+    on its first day sees no day at all; the MIRAI drop-in agent failed there ("Date must be on or
+    before the current date 2023-12-31, but received: 2024-01-01")."""
+    january = date(2024, 1, 1)
+    data_dir = tmp_path / "data"
+    generate_event_database(data_dir, january, 2, seed=11, quads_per_day=12)
+    settings = Settings(data_dir=data_dir, release_uri=str(tmp_path / "bucket"), split_sample_size=10_000)
+    build_split(january, settings, now=NOW, override=Override("test", "no ledgers in this test", NOW))
+    publish_release(january, settings, open_store(settings))
+    monkeypatch.chdir(tmp_path)
+    assert main(["download", "2024-01", "--from", str(tmp_path / "bucket"), "--dest", "mirai-releases"]) == 0
+    release = tmp_path / "mirai-releases" / "2024-01"
+    sample = pl.read_parquet(release / "queries_sample.parquet").sort("query_id")
+    assert sample["date"].min() == january  # the first queries' history is empty
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "HOME": str(tmp_path)}
+    written = {}
+    for marker in ("newcomer-agent", "newcomer-agent-mirai"):
+        (tmp_path / "agent.py").write_text(_block(marker))
+        argv = [sys.executable, "agent.py", str(release), "out.jsonl", "1"]
+        done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        written[marker] = (tmp_path / "out.jsonl").read_text()
+    assert written["newcomer-agent"] == written["newcomer-agent-mirai"]
+    records = {r["query_id"]: r for r in map(json.loads, written["newcomer-agent"].splitlines())}
+    first = sample.filter(pl.col("date") == january)["query_id"].to_list()
+    assert first and all(records[q]["ranked"] == [] and records[q]["answer"] == {} for q in first)

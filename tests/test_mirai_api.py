@@ -177,8 +177,13 @@ def test_dates_before_the_first_day_are_refused_as_mirai_refuses_them(capsys):
     # An end date before the database starts: an empty history (a query on its first day).
     set_default_end_date("2023-12-31")
     assert count_events() == 0 and get_events() == [] and get_relation_distribution() == {}
+    # A range with its defaults selects nothing, as MIRAI's functions without one (issue 33, point
+    # 4: the docs' drop-in agent failed on the first query of a release's first month).
+    assert str(DateRange()) == "DateRange(start_date=None, end_date=None)"
+    usa, chn = ISOCode("USA"), ISOCode("CHN")
+    assert get_relation_distribution(DateRange(), [usa], [chn]) == {} and get_events(DateRange()) == []
     with pytest.raises(ValueError, match=f"on or before the current date 2023-12-31, but received: {FIRST_DAY}"):
-        DateRange()
+        Date(FIRST_DAY)
     use_end_date()
     assert capsys.readouterr().out == "The DEFAULT_END_DATE is set to 2023-12-31.\n"
 

@@ -199,7 +199,8 @@ class Date:
 @dataclass(frozen=True)
 class DateRange:
     """Days from start_date to end_date, inclusive; a missing side is the database's first day or
-    the end date, filled in when the range is made (as in MIRAI)."""
+    the end date, filled in when the range is made (as in MIRAI), unless the database begins after
+    the end date: then both stay None, a range over no day."""
 
     start_date: Date | None = None
     end_date: Date | None = None
@@ -209,8 +210,14 @@ class DateRange:
             value = getattr(self, name)
             if value is not None:
                 _require(value, Date, f"DateRange.{name}")
-        if self.start_date is None and _state.database is not None:
-            object.__setattr__(self, "start_date", Date(_state.database.start.isoformat()))
+        first = _state.database.start.isoformat() if _state.database is not None else None
+        if first is not None and _state.end_date is not None and first > _state.end_date:
+            # The database begins after the end date (a query on the first day of a release's
+            # first month): no day is visible and no Date can be made, so the range stays open,
+            # over tables that hold nothing. MIRAI's own start date always precedes its queries.
+            return
+        if self.start_date is None and first is not None:
+            object.__setattr__(self, "start_date", Date(first))
         if self.end_date is None and _state.end_date is not None:
             object.__setattr__(self, "end_date", Date(_state.end_date))
         if self.start_date and self.end_date and self.start_date.date > self.end_date.date:
