@@ -3,7 +3,6 @@ ledger and its retry schedule, and real concurrency — all against real sockets
 
 from __future__ import annotations
 
-import dataclasses
 import gzip
 import socket
 import ssl
@@ -518,7 +517,7 @@ def test_robots_rules_match_as_rfc_9309_says(news, fs, case):
     robots_txt, allowed, refused = RFC9309_CASES[case]
     news.robots_txt = robots_txt
     # Rule matching only: a 1 s timeout on a loaded machine would read as "unreachable" (disallow all).
-    fs = dataclasses.replace(fs, fetch_connect_timeout_s=10.0, fetch_read_timeout_s=10.0, fetch_deadline_s=20.0)
+    fs = make_settings(fs, fetch_connect_timeout_s=10.0, fetch_read_timeout_s=10.0, fetch_deadline_s=20.0)
     robots = RobotsCache(fs, fetcher=fetch_robots_txt)
     session = make_safe_session(fs)
     verdicts = {p: robots.check(session, news.url_for(p)) for p in allowed + refused}
