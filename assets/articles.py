@@ -6,7 +6,7 @@ import dagster as dg
 
 from assets.events import daily_quads
 from assets.partitions import daily_partitions
-from assets.resources import ArticleFetcher, Dataset, pipeline_settings
+from assets.resources import ArticleFetcher, Dataset, Network, compose
 from pipeline.articles.day import ARTICLES_VERSION, build_articles
 from pipeline.articles.ledger import read_ledger, summarize
 from pipeline.storage import DataLayout
@@ -33,15 +33,21 @@ fetch_ledger = dg.AssetSpec(
     description="The day's selected articles (quads with daily_mentions ≥ MIRAI_ARTICLE_MIN_MENTIONS): "
     "title, filtered text, abstract, language, and the OBELICS decision with its first failing filter.",
 )
-def articles(context: dg.AssetExecutionContext, dataset: Dataset, fetcher: ArticleFetcher) -> dg.MaterializeResult:
-    settings = pipeline_settings(dataset, fetcher)
+def articles(
+    context: dg.AssetExecutionContext, dataset: Dataset, network: Network, fetcher: ArticleFetcher
+) -> dg.MaterializeResult:
+    settings = compose(dataset, network, fetcher)
     result = build_articles(date.fromisoformat(context.partition_key), settings)
-    ledger_counts = summarize(read_ledger(DataLayout(settings.data_dir)))
+    ledger_counts = summarize(read_ledger(DataLayout(settings.dataset.data_dir)))
     context.log_event(
         dg.AssetMaterialization(
             asset_key="fetch_ledger", metadata={f"urls_{k}" if k != "urls" else k: v for k, v in ledger_counts.items()}
         )
     )
     return dg.MaterializeResult(
-        metadata={"dagster/row_count": result.articles.height, "profile": settings.article_profile, **result.counts}
+        metadata={
+            "dagster/row_count": result.articles.height,
+            "profile": settings.articles.article_profile,
+            **result.counts,
+        }
     )

@@ -8,7 +8,7 @@ from pydantic import Field
 
 from assets.metadata import png_metadata
 from assets.partitions import monthly_partitions
-from assets.resources import Dataset, GdeltFeed, LlmRuntime, ReleaseBucket, pipeline_settings
+from assets.resources import Dataset, LlmRuntime, Network, ReleaseBucket, compose
 from assets.splits import test_split
 from assets.submissions import submission
 from pipeline.agent_api import EventDatabase
@@ -146,16 +146,16 @@ def _run(
     "knowledge cutoff is not before the month (docs/evaluation.md).",
 )
 def evaluation(
-    context: dg.AssetExecutionContext, config: EvaluationConfig, dataset: Dataset, llm: LlmRuntime
+    context: dg.AssetExecutionContext, config: EvaluationConfig, dataset: Dataset, network: Network, llm: LlmRuntime
 ) -> dg.MaterializeResult:
     if config.query_set not in QUERY_SETS:
         raise dg.Failure(description=f"query_set must be one of {QUERY_SETS}, got {config.query_set!r}")
     keys = context.partition_key.keys_by_dimension
-    month, settings = date.fromisoformat(keys["month"]), pipeline_settings(dataset)
-    agent = _agent(settings.agents_file, keys["agent"])
+    month, settings = date.fromisoformat(keys["month"]), compose(dataset, network)
+    agent = _agent(settings.dataset.agents_file, keys["agent"])
     eligible, reason = eligibility(agent, month)
     if not eligible and not config.force:
-        record = write_refusal(settings.data_dir, agent, month, config.query_set, reason)
+        record = write_refusal(settings.dataset.data_dir, agent, month, config.query_set, reason)
         context.log.warning(f"{agent.name} is not evaluated on {month:%Y-%m}: {reason}")
         return dg.MaterializeResult(
             metadata={
@@ -165,14 +165,14 @@ def evaluation(
                 "query_set": config.query_set,
             }
         )
-    split_file = DataLayout(settings.data_dir).split_dir(month) / f"{config.query_set}.parquet"
+    split_file = DataLayout(settings.dataset.data_dir).split_dir(month) / f"{config.query_set}.parquet"
     if not split_file.exists():
         raise dg.Failure(
             description=f"no split at {split_file}; materialise test_split for {month:%Y-%m} first", allow_retries=False
         )
-    clear_refusal(settings.data_dir, month, agent.name, config.query_set)
+    clear_refusal(settings.dataset.data_dir, month, agent.name, config.query_set)
     try:
-        records = _run(agent, split_file, settings.data_dir, config, llm, context, llm.sandbox_allow_unconfined)
+        records = _run(agent, split_file, settings.dataset.data_dir, config, llm, context, llm.allow_unconfined)
     except (MonthNotReady, ModelUnavailable) as exc:
         raise dg.Failure(description=str(exc), allow_retries=False) from exc
     metadata = {
@@ -184,7 +184,7 @@ def evaluation(
         "scores": dg.MetadataValue.md(_scores_table(records)),
         "path": dg.MetadataValue.path(
             str(
-                DataLayout(settings.data_dir)
+                DataLayout(settings.dataset.data_dir)
                 .evaluation_dir(month, agent.name, config.query_set, agent.distances[0])
                 .parent
             )
@@ -218,9 +218,9 @@ def evaluation(
         "evaluations/leaderboard.png and the self-contained evaluations/leaderboard.html."
     ),
 )
-def leaderboard(dataset: Dataset, gdelt: GdeltFeed, release_store: ReleaseBucket) -> dg.MaterializeResult:
-    settings = pipeline_settings(dataset, gdelt, release_store)
-    data_dir = settings.data_dir
+def leaderboard(dataset: Dataset, network: Network, release_store: ReleaseBucket) -> dg.MaterializeResult:
+    settings = compose(dataset, network, release_store)
+    data_dir = settings.dataset.data_dir
     written = write_leaderboard(data_dir)
     board = written.board
     refused = refusals(data_dir)

@@ -5,7 +5,7 @@ from datetime import date
 import dagster as dg
 
 from assets.partitions import daily_partitions
-from assets.resources import Dataset, GdeltFeed, pipeline_settings
+from assets.resources import Dataset, GdeltFeed, Network, compose
 from pipeline.gdelt.ingest import PARSED_FORMAT_VERSION, ingest_day, parse_day
 from pipeline.gdelt.ledger import LEDGER_VERSION, problems, to_markdown
 from pipeline.markdown import markdown_text
@@ -27,9 +27,11 @@ from pipeline.markdown import markdown_text
     "GDELT's size/md5 index, plus the slot ledger (landed, late, pending, missing, corrupt, failed, "
     "quarantined).",
 )
-def gdelt_files(context: dg.AssetExecutionContext, dataset: Dataset, gdelt: GdeltFeed) -> dg.MaterializeResult:
+def gdelt_files(
+    context: dg.AssetExecutionContext, dataset: Dataset, network: Network, gdelt: GdeltFeed
+) -> dg.MaterializeResult:
     day = date.fromisoformat(context.partition_key)
-    result = ingest_day(day, pipeline_settings(dataset, gdelt), log=context.log.info)
+    result = ingest_day(day, compose(dataset, network, gdelt), log=context.log.info)
     counts = result.counts
     context.log.info(f"{day}: {counts}")
     return dg.MaterializeResult(
@@ -56,8 +58,10 @@ def _parsed_asset(kind: str):
         "parsed again. A raw file that cannot be parsed as a whole (wrong column count, implausibly many "
         "lines) is quarantined and its slot marked so in the ledger; the day's other slots are written.",
     )
-    def parsed(context: dg.AssetExecutionContext, dataset: Dataset, gdelt: GdeltFeed) -> dg.MaterializeResult:
-        result = parse_day(date.fromisoformat(context.partition_key), kind, pipeline_settings(dataset, gdelt))
+    def parsed(
+        context: dg.AssetExecutionContext, dataset: Dataset, network: Network, gdelt: GdeltFeed
+    ) -> dg.MaterializeResult:
+        result = parse_day(date.fromisoformat(context.partition_key), kind, compose(dataset, network, gdelt))
         return dg.MaterializeResult(
             metadata={
                 "dagster/row_count": result.rows,

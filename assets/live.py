@@ -7,7 +7,7 @@ from datetime import UTC, date, datetime
 import dagster as dg
 
 from assets.partitions import daily_partitions
-from assets.resources import Dataset, LiveRounds, ReleaseBucket, pipeline_settings
+from assets.resources import Dataset, LiveRounds, Network, ReleaseBucket, compose
 from pipeline.live.publication import ROUND_FORMAT, RoundRefused, publish_round
 from pipeline.markdown import markdown_text
 from pipeline.release.layout import ReleaseError
@@ -37,11 +37,12 @@ def live_round(
     context: dg.AssetExecutionContext,
     config: LiveRoundConfig,
     dataset: Dataset,
+    network: Network,
     release_store: ReleaseBucket,
     live: LiveRounds,
 ) -> dg.MaterializeResult:
     day = date.fromisoformat(context.partition_key)
-    settings = pipeline_settings(dataset, release_store, live)
+    settings = compose(dataset, network, release_store, live)
     try:
         now = datetime.fromisoformat(config.replay_at) if config.replay_at else datetime.now(UTC)
     except ValueError as exc:

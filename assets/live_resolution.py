@@ -9,7 +9,7 @@ import dagster as dg
 
 from assets.live import live_round
 from assets.partitions import daily_partitions
-from assets.resources import Dataset, LiveRounds, ReleaseBucket, pipeline_settings
+from assets.resources import Dataset, LiveRounds, Network, ReleaseBucket, compose
 from pipeline.live.board import RANK_RULE, publish_live_leaderboard, write_live_leaderboard
 from pipeline.live.resolve import RESOLUTION_VERSION, RoundNotPublished, resolve_round
 from pipeline.live.score import score_round
@@ -54,9 +54,13 @@ def _scores_table(card: dict) -> str:
     ),
 )
 def live_resolution(
-    context: dg.AssetExecutionContext, dataset: Dataset, live: LiveRounds, release_store: ReleaseBucket
+    context: dg.AssetExecutionContext,
+    dataset: Dataset,
+    network: Network,
+    live: LiveRounds,
+    release_store: ReleaseBucket,
 ) -> dg.MaterializeResult:
-    settings = pipeline_settings(dataset, live, release_store)
+    settings = compose(dataset, network, live, release_store)
     round_day = date.fromisoformat(context.partition_key)
     store = open_store(settings)
     try:
@@ -81,7 +85,7 @@ def live_resolution(
             "submissions scored": sum(1 for e in card["submissions"].values() if e.get("scored")),
             "scores": dg.MetadataValue.md(_scores_table(card) if card["submissions"] else "no accepted submission"),
             "scores path": dg.MetadataValue.path(
-                str(settings.data_dir / "live" / context.partition_key / "scores.json")
+                str(settings.dataset.data_dir / "live" / context.partition_key / "scores.json")
             ),
         }
     )
@@ -95,8 +99,10 @@ def live_resolution(
     description=f"live/leaderboard.json and live/leaderboard.html, per round and cumulative ({RANK_RULE}); "
     "published to live/ in the release store when they change.",
 )
-def live_leaderboard(dataset: Dataset, live: LiveRounds, release_store: ReleaseBucket) -> dg.MaterializeResult:
-    settings = pipeline_settings(dataset, live, release_store)
+def live_leaderboard(
+    dataset: Dataset, network: Network, live: LiveRounds, release_store: ReleaseBucket
+) -> dg.MaterializeResult:
+    settings = compose(dataset, network, live, release_store)
     written = write_live_leaderboard(settings)
     published = publish_live_leaderboard(open_store(settings), written)
     board = written.board

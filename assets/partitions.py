@@ -13,10 +13,10 @@ from pipeline.config import Settings
 _settings = Settings.from_env()
 # MIRAI_END_DATE (inclusive) closes the range, as the demo does for its own days; Dagster's
 # end_date is exclusive.
-_after_end = _settings.end_date + timedelta(days=1) if _settings.end_date else None
+_after_end = _settings.calendar.end_date + timedelta(days=1) if _settings.calendar.end_date else None
 
 daily_partitions = dg.DailyPartitionsDefinition(
-    start_date=_settings.start_date.isoformat(),
+    start_date=_settings.calendar.start_date.isoformat(),
     timezone="UTC",
     end_offset=1,
     end_date=_after_end.isoformat() if _after_end else None,
@@ -27,7 +27,7 @@ daily_partitions = dg.DailyPartitionsDefinition(
 # slot ledger to settle and the grace period (pipeline.splits.split.month_closure). With an end date,
 # the last month is the last one that ended by then.
 monthly_partitions = dg.MonthlyPartitionsDefinition(
-    start_date=_settings.start_date.replace(day=1).isoformat(),
+    start_date=_settings.calendar.start_date.replace(day=1).isoformat(),
     timezone="UTC",
     end_offset=0,
     end_date=_after_end.replace(day=1).isoformat() if _after_end else None,

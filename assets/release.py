@@ -6,7 +6,7 @@ from datetime import date
 import dagster as dg
 
 from assets.partitions import monthly_partitions
-from assets.resources import Dataset, GdeltFeed, ReleaseBucket, pipeline_settings
+from assets.resources import Dataset, Network, ReleaseBucket, compose
 from assets.splits import test_split
 from pipeline.release.layout import RELEASE_FORMAT, ReleaseError
 from pipeline.release.publish import ReleaseConflict, publish_release
@@ -26,11 +26,10 @@ from pipeline.release.store_uri import open_store
     "Immutable: a re-run verifies the published objects and changes nothing.",
 )
 def release(
-    context: dg.AssetExecutionContext, dataset: Dataset, gdelt: GdeltFeed, release_store: ReleaseBucket
+    context: dg.AssetExecutionContext, dataset: Dataset, network: Network, release_store: ReleaseBucket
 ) -> dg.MaterializeResult:
     month = date.fromisoformat(context.partition_key)
-    # The store's HTTP timeouts are the GDELT feed's (one pair of connect/read timeouts).
-    settings = pipeline_settings(dataset, gdelt, release_store)
+    settings = compose(dataset, network, release_store)
     try:
         store = open_store(settings)
         result = publish_release(month, settings, store, log=context.log.info)

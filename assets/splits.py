@@ -7,7 +7,7 @@ import dagster as dg
 from assets.database import event_database
 from assets.metadata import png_metadata
 from assets.partitions import monthly_partitions
-from assets.resources import ArticleFetcher, Dataset, GdeltFeed, pipeline_settings
+from assets.resources import ArticleFetcher, Dataset, GdeltFeed, compose
 from pipeline.http import utc_now
 from pipeline.splits.database import MonthNotReady
 from pipeline.splits.schema import SPLIT_VERSION
@@ -43,7 +43,7 @@ def test_split(
             raise dg.Failure("an override needs both override_by and override_reason")
         override = Override(by=config.override_by, reason=config.override_reason, at=now)
     try:
-        split = build_split(month, pipeline_settings(dataset, gdelt, fetcher), now=now, override=override)
+        split = build_split(month, compose(dataset, gdelt, fetcher), now=now, override=override)
     except MonthNotReady as exc:
         raise dg.Failure(description=str(exc), allow_retries=False) from exc
     manifest = split.manifest

@@ -6,7 +6,7 @@ from datetime import date
 
 import dagster as dg
 
-from assets.resources import Dataset, ReleaseBucket, pipeline_settings
+from assets.resources import Dataset, Network, ReleaseBucket, compose
 from pipeline.evaluation.scoring import markdown
 from pipeline.evaluation.submissions import RECORD_FORMAT, NotReady, SubmissionError, record_path
 from pipeline.live.submissions import LIVE_RECORD_FORMAT, live_record_path, process
@@ -29,11 +29,11 @@ HEADLINE = ("level2_f1", "level1_f1", "mrr")
     "Recorded in <data_dir>/submissions/<name>/record.json; a re-run returns the record unchanged.",
 )
 def submission(
-    context: dg.AssetExecutionContext, dataset: Dataset, release_store: ReleaseBucket
+    context: dg.AssetExecutionContext, dataset: Dataset, network: Network, release_store: ReleaseBucket
 ) -> dg.MaterializeResult:
-    settings = pipeline_settings(dataset, release_store)
+    settings = compose(dataset, network, release_store)
     try:
-        record = process(open_store(settings), context.partition_key, settings.data_dir)
+        record = process(open_store(settings), context.partition_key, settings.dataset.data_dir)
     except (NotReady, LockTimeout) as exc:  # a later materialisation can succeed: nothing was written
         raise dg.Failure(description=str(exc)) from exc
     except SubmissionError as exc:
@@ -46,12 +46,12 @@ def submission(
         "reasons": dg.MetadataValue.md("\n".join(f"- {markdown_text(r)}" for r in record["reasons"]) or "none"),
         "model": record["model"] or "",
         "month": record.get("month") or "",
-        "record": dg.MetadataValue.path(str(record_path(settings.data_dir, context.partition_key))),
+        "record": dg.MetadataValue.path(str(record_path(settings.dataset.data_dir, context.partition_key))),
     }
     if record["format"] == LIVE_RECORD_FORMAT:  # a live round's: accepted or rejected, scored at resolution
         metadata.pop("month")
         metadata["record"] = dg.MetadataValue.path(
-            str(live_record_path(settings.data_dir, date.fromisoformat(record["round"]), context.partition_key))
+            str(live_record_path(settings.dataset.data_dir, date.fromisoformat(record["round"]), context.partition_key))
         )
         metadata.update(
             {

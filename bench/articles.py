@@ -151,7 +151,7 @@ class _ChildServer:
 
 def run_fetch(args: argparse.Namespace) -> dict:
     from pipeline.articles.fetch import fetch_many
-    from pipeline.config import Settings
+    from pipeline.config import ArticleSettings, DatasetSettings, Settings
 
     n, c, latency = args.pages, args.concurrency, args.latency
     server = (_InlineServer if args.server == "inline" else _ChildServer)(args.page_set, args.html, n, latency)
@@ -160,11 +160,10 @@ def run_fetch(args: argparse.Namespace) -> dict:
     try:
         with tempfile.TemporaryDirectory(prefix="mirai-bench-articles-") as data_dir:
             settings = Settings(
-                data_dir=Path(data_dir),
-                fetch_concurrency=c,
-                fetch_per_host=c,
-                fetch_allow_loopback=True,
-                fetch_respect_robots=True,
+                dataset=DatasetSettings(data_dir=Path(data_dir)),
+                articles=ArticleSettings(
+                    fetch_concurrency=c, fetch_per_host=c, fetch_allow_loopback=True, fetch_respect_robots=True
+                ),
             )
             before, cpu0 = own_peak_rss_mib(), cpu_seconds()
             batch = fetch_many(urls, settings, now=NOW)

@@ -31,7 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from common import machine, own_peak_rss_mib
-from pipeline.config import DEFAULT_MAX_UNCOMPRESSED_MB, Settings
+from pipeline.config import DEFAULT_MAX_UNCOMPRESSED_MB, DatasetSettings, GdeltSettings, Settings
 
 DAY = date(2024, 1, 1)
 # Spread over the day, away from the generator's outage and catch-up slots.
@@ -43,7 +43,8 @@ def worker(step: str, data_dir: Path, base_url: str, cap_mb: int) -> None:
     from pipeline.gdelt.ingest import ingest_day, parse_day
 
     settings = Settings(
-        data_dir=data_dir, gdelt_base_url=base_url, max_uncompressed_mb=cap_mb, backoff_base_s=0.01, backoff_max_s=0.05
+        dataset=DatasetSettings(data_dir=data_dir),
+        gdelt=GdeltSettings(base_url=base_url, max_uncompressed_mb=cap_mb, backoff_base_s=0.01, backoff_max_s=0.05),
     )
     before = own_peak_rss_mib()
     started = time.perf_counter()

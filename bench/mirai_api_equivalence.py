@@ -306,7 +306,7 @@ def main() -> int:
     if data is None:
         from datetime import UTC, datetime
 
-        from pipeline.config import Settings
+        from pipeline.config import DatasetSettings, Settings
         from pipeline.splits.split import Override, build_split
         from testbed.database import generate_event_database
 
@@ -314,7 +314,12 @@ def main() -> int:
         first = (month - timedelta(days=40)).replace(day=1)  # two months before, then the month
         generate_event_database(data, first, 3, seed=args.seed + 21, quads_per_day=60)
         now = datetime.now(UTC)
-        build_split(month, Settings(data_dir=data), now=now, override=Override("bench", "measurement", now))
+        build_split(
+            month,
+            Settings(dataset=DatasetSettings(data_dir=data)),
+            now=now,
+            override=Override("bench", "measurement", now),
+        )
     export_mirai(month, data, work / "export")
     scratch = work / "mirai"
     (scratch / "APIs").mkdir(parents=True)

@@ -139,10 +139,10 @@ def run_project_reversed(files: list[Path], **_) -> dict:
 
 
 def run_daily(files: list[Path], work: Path, start: date, end: date, **_) -> dict:
-    from pipeline.config import Settings
+    from pipeline.config import DatasetSettings, Settings
 
-    settings = Settings(data_dir=work / "data")
-    shutil.rmtree(DataLayout(settings.data_dir).event_keys_dir().parent, ignore_errors=True)  # a fresh backfill
+    settings = Settings(dataset=DatasetSettings(data_dir=work / "data"))
+    shutil.rmtree(DataLayout(settings.dataset.data_dir).event_keys_dir().parent, ignore_errors=True)  # a fresh backfill
     return build_days(settings, start, end)
 
 
@@ -349,7 +349,7 @@ def machine() -> str:
 
 def daily_only(args: argparse.Namespace) -> None:
     """The day-by-day line alone: ``--rounds`` fresh backfills of the range, then one re-run."""
-    from pipeline.config import Settings
+    from pipeline.config import DatasetSettings, Settings
 
     files = export_files(args.work, args.start, args.end)
     seconds, per_day = [], []
@@ -359,7 +359,7 @@ def daily_only(args: argparse.Namespace) -> None:
         seconds.append(time.perf_counter() - t0)
         per_day.append(result["day_seconds"])
     t0 = time.perf_counter()
-    build_days(Settings(data_dir=args.work / "data"), args.start, args.end)
+    build_days(Settings(dataset=DatasetSettings(data_dir=args.work / "data")), args.start, args.end)
     rerun = time.perf_counter() - t0
     days = len(per_day[0])
     # Each day's median over the rounds: a history read that grows with the days before shows

@@ -50,7 +50,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from common import machine as machine_summary  # noqa: E402
-from pipeline.config import Settings  # noqa: E402
+from pipeline.config import DatasetSettings, ReleaseSettings, Settings  # noqa: E402
 from pipeline.release.download import download_release  # noqa: E402
 from pipeline.release.publish import plan_release, publish_release  # noqa: E402
 from pipeline.release.store_uri import open_store  # noqa: E402
@@ -95,7 +95,7 @@ def ours_upload(settings: Settings, store) -> None:
 
 def ours_download(settings: Settings, store, dest: Path) -> None:
     # As `mirai download`: anonymous, MIRAI_RELEASE_CONCURRENCY files at a time.
-    download_release(store, "2024-02", dest, workers=settings.release_concurrency, bar=False)
+    download_release(store, "2024-02", dest, workers=settings.release.concurrency, bar=False)
 
 
 def defaults_upload(client, bucket: str, prefix: str, objects) -> None:
@@ -142,13 +142,13 @@ def main() -> int:
     try:
         data_dir = work / "data"
         build_release(data_dir, args.mb, sealed=not args.hash_all)
-        objects = plan_release(MONTH, Settings(data_dir=data_dir)).objects
+        objects = plan_release(MONTH, Settings(dataset=DatasetSettings(data_dir=data_dir))).objects
         total = sum(o.size for o in objects)
         print(f"release: {len(objects)} files, {total / 1e6:.1f} MB; load average before: {os.getloadavg()}")
         with SeaweedS3(work / "seaweedfs", volume_size_limit_mb=1024) as server:
             # Both sides retry alike (ours: MIRAI_S3_MAX_ATTEMPTS, "standard" mode).
             same = Config(
-                retries={"max_attempts": Settings().s3_max_attempts, "mode": "standard"},
+                retries={"max_attempts": ReleaseSettings().s3_max_attempts, "mode": "standard"},
                 s3={"addressing_style": "path"},
             )
             client = boto3.client("s3", endpoint_url=server.endpoint, region_name="us-east-1", config=same)
@@ -162,10 +162,10 @@ def main() -> int:
             times: dict[str, list[float]] = {k: [] for k in ("ours_up", "def_up", "ours_down", "def_down")}
             for r in range(args.rounds):
                 settings = Settings(
-                    data_dir=data_dir,
-                    release_uri=f"s3://bench/ours{r}",
-                    s3_endpoint_url=server.endpoint,
-                    s3_region="us-east-1",
+                    dataset=DatasetSettings(data_dir=data_dir),
+                    release=ReleaseSettings(
+                        uri=f"s3://bench/ours{r}", s3_endpoint_url=server.endpoint, s3_region="us-east-1"
+                    ),
                 )
                 dest = work / f"dl{r}"
                 # Clients are made before the clock starts, on both sides (a boto3 client costs

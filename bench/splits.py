@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import machine
 from pipeline.articles.day import ARTICLES_SCHEMA
-from pipeline.config import Settings
+from pipeline.config import DatasetSettings, Settings
 from pipeline.events.quads import QUADS_SCHEMA
 from pipeline.gdelt.ledger import LEDGER_SCHEMA, write_ledger
 from pipeline.splits.database import build_database_month, month_days, write_database_month
@@ -101,7 +101,7 @@ def main() -> None:
         source, data = Path(tmp) / "generated", Path(tmp) / "data"
         t = time.perf_counter()
         generate_event_database(source, MONTH, 1, seed=0, quads_per_day=args.quads_per_day)
-        settings = Settings(data_dir=data)
+        settings = Settings(dataset=DatasetSettings(data_dir=data))
         sizes = daily_inputs(source, settings)
         print(
             f"inputs: {sizes['quads']:,} quads ≥ 50 mentions, {sizes['articles']:,} kept articles "

@@ -38,6 +38,7 @@ asset checks, which are steps of the Dagster run (their durations are printed pe
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -56,7 +57,7 @@ import dagster as dg
 import polars as pl
 
 from common import machine as machine_summary
-from pipeline.config import Settings
+from pipeline.config import DatasetSettings, Settings
 from pipeline.events.daily import build_daily_quads, build_events
 from pipeline.gdelt.ingest import ingest_day, parse_day
 from pipeline.gdelt.ledger import GREEN, read_ledger
@@ -465,7 +466,7 @@ def main() -> None:
             )
         print("then copied for the plain side", flush=True)
         shutil.copytree(data, plain_data)
-        plain = settings.with_(data_dir=plain_data)
+        plain = dataclasses.replace(settings, dataset=DatasetSettings(data_dir=plain_data))
         layout = DataLayout(data)
 
         with dg.DagsterInstance.from_config(str(home)) as instance:

@@ -17,7 +17,7 @@ from datetime import UTC, date, datetime, timedelta
 import polars as pl
 import requests
 
-from pipeline.config import Settings
+from pipeline.config import AlertSettings
 from pipeline.gdelt.ledger import GREEN, read_ledger
 from pipeline.http import RetryLog, TransientHTTPError, raise_for_transient, with_retries
 from pipeline.storage import DataLayout
@@ -51,30 +51,32 @@ def scrub(text: str) -> str:
 
 
 def send_alert(
-    alert: Alert, settings: Settings, log: Callable[[str], None], sleep: Callable[[float], None] = time.sleep
+    alert: Alert,
+    alerts: AlertSettings,
+    user_agent: str,
+    log: Callable[[str], None],
+    sleep: Callable[[float], None] = time.sleep,
 ) -> str:
-    """POST the alert, retrying transient failures. Returns "sent"; "logged" when no webhook is
+    """POST the alert to ``alerts``' webhook as ``user_agent``, retrying transient failures. Returns "sent"; "logged" when no webhook is
     set (the log line is the alert); "failed" when every attempt failed (the caller may try again
     on a later tick)."""
     log(f"alert {alert.kind}: {scrub(alert.title)}")
-    if not settings.alert_webhook_url:
+    if not alerts.webhook_url:
         return "logged"
     retry_log = RetryLog()
 
     def post() -> None:
         response = requests.post(
-            settings.alert_webhook_url,
+            alerts.webhook_url,
             json=alert.payload(),
-            timeout=settings.alert_timeout_s,
-            headers={"User-Agent": settings.user_agent},
+            timeout=alerts.timeout_s,
+            headers={"User-Agent": user_agent},
         )
         raise_for_transient(response)
         response.raise_for_status()
 
     try:
-        with_retries(
-            post, attempts=settings.alert_attempts, backoff_base_s=1.0, backoff_max_s=10.0, log=retry_log, sleep=sleep
-        )
+        with_retries(post, attempts=alerts.attempts, backoff_base_s=1.0, backoff_max_s=10.0, log=retry_log, sleep=sleep)
     except TransientHTTPError as exc:
         reason = f"HTTP {exc.status}"
     except requests.RequestException as exc:
@@ -119,6 +121,6 @@ class Freshness:
         return f"newest landed GDELT slot {self.newest:%Y-%m-%d %H:%M} UTC is {hours:.1f} h old (limit {self.limit.total_seconds() / 3600:g} h)"
 
 
-def freshness(settings: Settings, now: datetime) -> Freshness:
-    newest = newest_landed_slot(DataLayout(settings.data_dir))
-    return Freshness(newest, None if newest is None else now - newest, timedelta(hours=settings.freshness_hours))
+def freshness(layout: DataLayout, alerts: AlertSettings, now: datetime) -> Freshness:
+    newest = newest_landed_slot(layout)
+    return Freshness(newest, None if newest is None else now - newest, timedelta(hours=alerts.freshness_hours))

@@ -45,9 +45,9 @@ class TransientHTTPError(Exception):
 
 def make_session(settings: Settings) -> requests.Session:
     session = requests.Session()
-    session.headers["User-Agent"] = settings.user_agent
+    session.headers["User-Agent"] = settings.network.user_agent
     # Pool as wide as the download pool so threads never wait on a connection slot.
-    adapter = HTTPAdapter(pool_connections=4, pool_maxsize=max(settings.download_concurrency, 4), max_retries=0)
+    adapter = HTTPAdapter(pool_connections=4, pool_maxsize=max(settings.gdelt.download_concurrency, 4), max_retries=0)
     session.mount("http://", adapter)
     session.mount("https://", adapter)
     return session

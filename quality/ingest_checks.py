@@ -9,7 +9,7 @@ import polars as pl
 
 from assets.ingest import gdelt_events, gdelt_files, gdelt_mentions
 from assets.partitions import daily_partitions
-from assets.resources import Dataset, pipeline_settings
+from assets.resources import Dataset, compose
 from pipeline.gdelt.integrity import verify_day
 from pipeline.gdelt.ledger import problems, read_ledger, to_markdown
 from pipeline.markdown import markdown_text
@@ -62,10 +62,10 @@ def _parsed_files_intact(asset: dg.AssetsDefinition, kind: str) -> dg.AssetCheck
         ERROR (blocking: the events are not built from it in this run) and the asset's next
         materialisation quarantines and re-parses it. A damaged raw zip only warns: the parsed
         files were built from its verified bytes."""
-        settings = pipeline_settings(dataset)
-        layout = DataLayout(settings.data_dir)
+        settings = compose(dataset)
+        layout = DataLayout(settings.dataset.data_dir)
         started = time.perf_counter()
-        found = verify_day(layout, kind, date.fromisoformat(context.partition_key), settings.day_lock_timeout_s)
+        found = verify_day(layout, kind, date.fromisoformat(context.partition_key), settings.dataset.day_lock_timeout_s)
         metadata = {
             "files_checked": found.files,
             "bytes_checked": found.bytes,

@@ -8,8 +8,9 @@ from datetime import UTC, datetime
 
 import dagster as dg
 
-from assets.resources import Alerts, Dataset, pipeline_settings
+from assets.resources import Alerts, Dataset, Network
 from pipeline.alerts import Alert, Freshness, freshness, send_alert
+from pipeline.storage import DataLayout
 
 FRESHNESS_INTERVAL_S = 300
 
@@ -29,7 +30,7 @@ class AlertNotDelivered(Exception):
     "no URL, a line in this sensor's tick log); launches no run. Running by default: it acts only on a failed "
     "run, and an alert nobody switched on is the one that is missed.",
 )
-def alert_on_run_failure(context: dg.RunFailureSensorContext, dataset: Dataset, alerts: Alerts) -> None:
+def alert_on_run_failure(context: dg.RunFailureSensorContext, network: Network, alerts: Alerts) -> None:
     run = context.dagster_run
     partition = run.tags.get("dagster/partition")
     error = _root_causes(context) or context.failure_event.message
@@ -38,7 +39,7 @@ def alert_on_run_failure(context: dg.RunFailureSensorContext, dataset: Dataset, 
         f"run of {run.job_name}{f' for {partition}' if partition else ''} failed: {error}",
         {"run_id": run.run_id, "job_name": run.job_name, "partition": partition, "error": error},
     )
-    if send_alert(alert, pipeline_settings(dataset, alerts), context.log.info) == "failed":
+    if send_alert(alert, alerts.settings(), network.user_agent, context.log.info) == "failed":
         raise AlertNotDelivered(f"run failure alert for {run.run_id} not delivered")
 
 
@@ -88,15 +89,17 @@ def _freshness_alert(state: Freshness, recovered: bool) -> Alert:
     "older than MIRAI_FRESHNESS_HOURS, and once when it is fresh again; launches no run. Stopped by default like "
     "gdelt_every_15_minutes, since on demo data the newest slot is always old: turn both on together.",
 )
-def gdelt_freshness(context: dg.SensorEvaluationContext, dataset: Dataset, alerts: Alerts) -> dg.SensorResult:
+def gdelt_freshness(
+    context: dg.SensorEvaluationContext, dataset: Dataset, network: Network, alerts: Alerts
+) -> dg.SensorResult:
     """The cursor remembers whether the breach was already announced, so a breach posts once, not
     on every tick. A failed delivery fails the tick, which keeps the cursor: the next tick retries."""
-    settings = pipeline_settings(dataset, alerts)
-    state = freshness(settings, datetime.now(UTC))
+    settings = alerts.settings()
+    state = freshness(DataLayout(dataset.settings().data_dir), settings, datetime.now(UTC))
     announced = json.loads(context.cursor)["breach_announced"] if context.cursor else False
     if state.stale == announced:
         return dg.SensorResult(skip_reason=_unchanged(state), cursor=json.dumps({"breach_announced": announced}))
     alert = _freshness_alert(state, recovered=announced)
-    if send_alert(alert, settings, context.log.info) == "failed":
+    if send_alert(alert, settings, network.user_agent, context.log.info) == "failed":
         raise AlertNotDelivered(f"{alert.kind} alert not delivered; the next tick tries again")
     return dg.SensorResult(skip_reason=alert.title, cursor=json.dumps({"breach_announced": state.stale}))

@@ -32,7 +32,7 @@ import json
 
 import dagster as dg
 
-from assets.resources import Alerts, Dataset, pipeline_settings
+from assets.resources import Alerts, Network
 from pipeline.alerts import Alert, send_alert
 from sensors.alerts import AlertNotDelivered
 
@@ -78,7 +78,7 @@ def fetch_failing_alert(partition: str | None, run_id: str, evaluation: dg.Asset
     "that is missed.",
 )
 def alert_on_articles_fetch_failing(
-    context: dg.SensorEvaluationContext, dataset: Dataset, alerts: Alerts
+    context: dg.SensorEvaluationContext, network: Network, alerts: Alerts
 ) -> dg.SensorResult:
     evaluations = _evaluations(context.instance)
     window = [execution_id for execution_id, *_ in evaluations]
@@ -89,7 +89,7 @@ def alert_on_articles_fetch_failing(
         )
     state = json.loads(context.cursor)
     seen, failing = set(state["seen"]), list(state["failing"])
-    settings = pipeline_settings(dataset, alerts)
+    settings = alerts.settings()
     said = []
     for execution_id, partition, run_id, evaluation in evaluations:
         if execution_id in seen:
@@ -98,7 +98,7 @@ def alert_on_articles_fetch_failing(
             failing = [day for day in failing if day != partition]  # re-armed: its next failure is news
         elif partition not in failing:
             alert = fetch_failing_alert(partition, run_id, evaluation)
-            if send_alert(alert, settings, context.log.info) == "failed":
+            if send_alert(alert, settings, network.user_agent, context.log.info) == "failed":
                 raise AlertNotDelivered(f"{alert.kind} alert for {partition} not delivered; the next tick tries again")
             failing.append(partition)
             said.append(alert.title)

@@ -26,9 +26,9 @@ import json
 import dagster as dg
 
 from assets.events import daily_quads, events
-from assets.resources import Alerts, Dataset, pipeline_settings
+from assets.resources import Alerts, Dataset, Network
 from pipeline.alerts import Alert, send_alert
-from pipeline.config import Settings
+from pipeline.config import AlertSettings
 from pipeline.events.daily import OutdatedDay, outdated_days
 from pipeline.storage import DataLayout
 from quality.event_checks import events_history_current
@@ -55,7 +55,7 @@ events_follow_job = dg.define_asset_job(
     "failed and alerts (events_outdated) when days become outdated. Running by default: a day built against "
     "an outdated history is wrong data that nothing else would fix.",
 )
-def events_follow_history(context: dg.SensorEvaluationContext, dataset: Dataset, alerts: Alerts):
+def events_follow_history(context: dg.SensorEvaluationContext, dataset: Dataset, network: Network, alerts: Alerts):
     active = context.instance.get_runs(
         filters=dg.RunsFilter(
             job_name=events_follow_job.name,
@@ -74,7 +74,7 @@ def events_follow_history(context: dg.SensorEvaluationContext, dataset: Dataset,
     # Announced once per day and history; the cursor keeps only the days still outdated.
     announced = set(json.loads(context.cursor)) if context.cursor else set()
     new = [o for o in outdated if _key(o) not in announced]
-    if new and _announce(new, outdated, pipeline_settings(dataset, alerts), context.log):
+    if new and _announce(new, outdated, alerts.settings(), network.user_agent, context.log):
         announced |= {_key(o) for o in new}
     oldest = outdated[0]
     return dg.SensorResult(
@@ -109,7 +109,7 @@ def _failed_history_check(outdated: OutdatedDay) -> dg.AssetCheckEvaluation:
     )
 
 
-def _announce(new: list[OutdatedDay], outdated: list[OutdatedDay], settings: Settings, log) -> bool:
+def _announce(new: list[OutdatedDay], outdated: list[OutdatedDay], alerts: AlertSettings, user_agent: str, log) -> bool:
     """Alert that days became outdated (a backfill or a day added out of order). A webhook that
     fails is retried on the next tick, and never holds back the rebuild."""
     days = [o.day.isoformat() for o in new]
@@ -120,7 +120,7 @@ def _announce(new: list[OutdatedDay], outdated: list[OutdatedDay], settings: Set
         f"them oldest first ({len(outdated)} outdated in all)",
         {"days": days[:MAX_DAYS_LISTED], "count": len(new), "outdated_in_all": len(outdated)},
     )
-    if send_alert(alert, settings, log.info) == "failed":
+    if send_alert(alert, alerts, user_agent, log.info) == "failed":
         log.warning("events_outdated alert not delivered; the next tick tries again")
         return False
     return True

@@ -15,7 +15,7 @@ from datetime import UTC, date, datetime
 import dagster as dg
 
 from assets.live_resolution import live_leaderboard, live_resolution
-from assets.resources import Dataset, LiveRounds, pipeline_settings
+from assets.resources import Dataset, LiveRounds, compose
 from pipeline.live.resolve import published_round_days, unresolved_dates
 from sensors.evaluations import IN_FLIGHT
 
@@ -37,7 +37,7 @@ live_leaderboard_job = dg.define_asset_job(
 )
 def live_resolution_sensor(context: dg.SensorEvaluationContext, dataset: Dataset, live: LiveRounds) -> dg.SensorResult:
     state = json.loads(context.cursor) if context.cursor else {"board": 0}
-    settings = pipeline_settings(dataset, live)
+    settings = compose(dataset, live)
     now = datetime.now(UTC)
     requests = []
     rounds = published_round_days(settings)

@@ -14,7 +14,7 @@ import dagster as dg
 from assets.database import event_database
 from assets.partitions import monthly_partitions
 from assets.release import release
-from assets.resources import Dataset, GdeltFeed, ReleaseBucket, pipeline_settings
+from assets.resources import Dataset, Network, ReleaseBucket, compose
 from assets.splits import test_split
 from pipeline.release.layout import MANIFEST_NAME, release_key
 from pipeline.release.store_uri import open_store
@@ -106,7 +106,7 @@ def open_months_summary(closures: list[Closure]) -> str:
     "schedule: turn it on once ingestion runs and the release store is configured.",
 )
 def monthly_release_daily(
-    context: dg.ScheduleEvaluationContext, dataset: Dataset, gdelt: GdeltFeed, release_store: ReleaseBucket
+    context: dg.ScheduleEvaluationContext, dataset: Dataset, network: Network, release_store: ReleaseBucket
 ):
     """Request every ended month that is not released yet and has closed; skip with the reasons
     otherwise (visible on the schedule's tick history in the UI). A month whose run failed is
@@ -116,7 +116,7 @@ def monthly_release_daily(
     if not keys:
         # Nothing to check: no store (no S3 client) is opened.
         return dg.SkipReason("no month has ended since MIRAI_START_DATE")
-    settings = pipeline_settings(dataset, gdelt, release_store)
+    settings = compose(dataset, network, release_store)
     store = open_store(settings, signed=True)
     started = set(store.release_months())
     requests: list[dg.RunRequest] = []

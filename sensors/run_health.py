@@ -24,7 +24,7 @@ from datetime import UTC, datetime
 
 import dagster as dg
 
-from assets.resources import Alerts, Dataset, pipeline_settings
+from assets.resources import Alerts, Network
 from pipeline.alerts import Alert, send_alert
 from pipeline.processes import still_running
 from sensors.alerts import AlertNotDelivered
@@ -117,7 +117,7 @@ def overdue_slot_holders(instance: dg.DagsterInstance, now: float) -> list[tuple
     "is gone (SIGKILL, out of memory), and alerts once when a run holds a pool slot past its job's budget. "
     "Running by default: without it, a killed run holds its pool and stalls every later run of it.",
 )
-def run_worker_watch(context: dg.SensorEvaluationContext, dataset: Dataset, alerts: Alerts) -> dg.SensorResult:
+def run_worker_watch(context: dg.SensorEvaluationContext, network: Network, alerts: Alerts) -> dg.SensorResult:
     instance = context.instance
     said = []
     if isinstance(instance.run_launcher, dg.DefaultRunLauncher):
@@ -126,7 +126,7 @@ def run_worker_watch(context: dg.SensorEvaluationContext, dataset: Dataset, aler
         said.append(f"workers are checked by {type(instance.run_launcher).__name__} and run monitoring")
     announced = set(json.loads(context.cursor)) if context.cursor else set()
     overdue = overdue_slot_holders(instance, time.time())
-    settings = pipeline_settings(dataset, alerts)
+    settings = alerts.settings()
     for pool, run_id, job, held in overdue:
         if run_id in announced:
             continue
@@ -135,7 +135,7 @@ def run_worker_watch(context: dg.SensorEvaluationContext, dataset: Dataset, aler
             f"run of {job} has held the {pool} pool for {held / 60:.0f} min, past its budget",
             {"run_id": run_id, "job_name": job, "pool": pool, "held_minutes": round(held / 60, 1)},
         )
-        if send_alert(alert, settings, context.log.info) == "failed":
+        if send_alert(alert, settings, network.user_agent, context.log.info) == "failed":
             raise AlertNotDelivered(f"pool slot alert for {run_id} not delivered; the next tick tries again")
         announced.add(run_id)
         said.append(alert.title)

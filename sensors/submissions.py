@@ -17,7 +17,7 @@ import json
 
 import dagster as dg
 
-from assets.resources import Dataset, ReleaseBucket, pipeline_settings
+from assets.resources import Dataset, Network, ReleaseBucket, compose
 from assets.submissions import submission, submission_partitions
 from pipeline.evaluation.scoring import bounded
 from pipeline.live.submissions import triage
@@ -36,12 +36,12 @@ submission_job = dg.define_asset_job("submission_scoring", selection=[submission
     "for submissions.",
 )
 def submission_sensor(
-    context: dg.SensorEvaluationContext, dataset: Dataset, release_store: ReleaseBucket
+    context: dg.SensorEvaluationContext, dataset: Dataset, network: Network, release_store: ReleaseBucket
 ) -> dg.SensorResult:
     """A store that cannot be listed fails the tick; a bad upload never does (its run refuses it)."""
     state = json.loads(context.cursor) if context.cursor else {"after": "", "board": 0}
-    settings = pipeline_settings(dataset, release_store)
-    found = triage(open_store(settings), settings.data_dir, start_after=state["after"])
+    settings = compose(dataset, network, release_store)
+    found = triage(open_store(settings), settings.dataset.data_dir, start_after=state["after"])
     for line in bounded(found.stray + found.waiting):  # at most 50 lines a tick
         context.log.info(line)
     known = set(context.instance.get_dynamic_partitions(submission_partitions.name))

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import polars as pl
 
-from pipeline.config import Settings
+from pipeline.config import ReleaseSettings, Settings
 from pipeline.splits.database import month_days
 from pipeline.storage import DataLayout, LockTimeout, file_lock
 from testbed.generate import MirrorOptions, generate_mirror, news_sites
@@ -299,7 +299,7 @@ def run_evaluations(runner: Runner, plan: DemoPlan) -> None:
     evaluation sensor requests)."""
     from pipeline.evaluation.registry import load_agents
 
-    agents = load_agents(Settings.from_env().agents_file)
+    agents = load_agents(Settings.from_env().dataset.agents_file)
     baselines = [a.name for a in agents]
     _say(
         "      "
@@ -329,7 +329,7 @@ def submission_name(plan: DemoPlan) -> str:
 def newcomer_files(plan: DemoPlan, settings: Settings, directory: Path) -> tuple[Path, Path]:
     """A baseline's stored forecasts of the month's sample as a newcomer's predictions.jsonl, and
     its submission.json (knowledge cutoff: the day before the month, so it is ranked)."""
-    run = DataLayout(settings.data_dir).evaluation_dir(
+    run = DataLayout(settings.dataset.data_dir).evaluation_dir(
         plan.month, SUBMITTED_BASELINE, "queries_sample", SUBMITTED_DISTANCE
     )
     results = pl.read_parquet(run / "results.parquet", columns=["query_id", "prediction", "ranked"])
@@ -379,7 +379,7 @@ def run_submission(runner: Runner, plan: DemoPlan, settings: Settings, data_dir:
         return
     directory = data_dir / "newcomer"
     predictions, metadata = newcomer_files(plan, settings, directory)
-    split = str(DataLayout(settings.data_dir).split_dir(plan.month))
+    split = str(DataLayout(settings.dataset.data_dir).split_dir(plan.month))
     score = ["score", str(predictions), "--split", split, "--sample", "--out", str(directory / "scorecard")]
     submit = ["submit", str(predictions), "--meta", str(metadata), "--name", name, "--split", split]
     steps = [(score, "score.log"), (submit, "submit.log")]
@@ -396,7 +396,7 @@ def run_submission(runner: Runner, plan: DemoPlan, settings: Settings, data_dir:
     tick = sensor_tick(runner, "submission_sensor")
     for request in tick.run_requests:
         runner.run(request.job_name, request.partition_key)
-    record = json.loads((settings.data_dir / "submissions" / name / "record.json").read_text())
+    record = json.loads((settings.dataset.data_dir / "submissions" / name / "record.json").read_text())
     _say(f"      submission_sensor tick: {len(tick.run_requests)} run(s); {name} {record['status']}")
     runner.run(LEADERBOARD_JOB)
 
@@ -419,7 +419,7 @@ def sensor_tick(runner: Runner, sensor: str, cursor: str | None = None):
 def live_round_day(plan: DemoPlan, settings: Settings) -> date:
     """The round whose farthest target date is the last generated day: every target date is a
     generated day, and the round's history (D − 1 and before) is too."""
-    return plan.days[-1] - timedelta(days=max(settings.live_horizon_days))
+    return plan.days[-1] - timedelta(days=max(settings.live.horizon_days))
 
 
 def late_name(day: date) -> str:
@@ -442,7 +442,7 @@ def _run_submissions(runner: Runner, names: list[str]) -> None:
 def _live_status(settings: Settings, day: date, name: str) -> str:
     from pipeline.live.submissions import live_record_path
 
-    path = live_record_path(settings.data_dir, day, name)
+    path = live_record_path(settings.dataset.data_dir, day, name)
     if not path.is_file():
         return f"{name}: no record"
     record = json.loads(path.read_text())
@@ -489,7 +489,7 @@ def run_live_round(runner: Runner, plan: DemoPlan, settings: Settings, data_dir:
             f"({meta['pairs_active']} active and {meta['pairs_quiet']} quiet pairs) for {meta['target_dates']}, "
             f"history through {day - timedelta(days=1)}"
         )
-    manifest = read_local_manifest(settings.data_dir, day)
+    manifest = read_local_manifest(settings.dataset.data_dir, day)
     due, how = store_deadline(store, manifest)
     _say(f"      deadline {manifest['deadline']} in the round's time = {_hms(due)} store time ({how})")
     if not all(name in runner.done("submission") for name in baselines):
@@ -533,7 +533,7 @@ def run_live_round(runner: Runner, plan: DemoPlan, settings: Settings, data_dir:
         _run_submissions(runner, [late])
     _say("      " + _live_status(settings, day, late))
     resolved = _resolve_live(runner)
-    card = json.loads((settings.data_dir / "live" / key / "scores.json").read_text())
+    card = json.loads((settings.dataset.data_dir / "live" / key / "scores.json").read_text())
     _say(
         f"      live_resolution {key}: {', '.join(resolved) or 'already resolved'}; "
         f"{card['resolved_questions']}/{card['questions']} questions resolved"
@@ -581,13 +581,14 @@ def summary(plan: DemoPlan, settings: Settings, release_where: str, say: Callabl
     from pipeline.articles.ledger import read_ledger as read_fetch_ledger
     from pipeline.gdelt.ledger import read_ledger
 
-    layout = DataLayout(settings.data_dir)
+    layout = DataLayout(settings.dataset.data_dir)
     slots = pl.concat([read_ledger(layout, d) for d in plan.days]).filter(pl.col("kind") == "export")
     by_status = dict(slots.group_by("status").len().iter_rows())
     quads = (
         pl.scan_parquet([layout.daily_quads_path(d) for d in plan.days])
         .select(
-            pl.len().alias("quads"), (pl.col("daily_mentions") >= settings.article_min_mentions).sum().alias("well")
+            pl.len().alias("quads"),
+            (pl.col("daily_mentions") >= settings.dataset.article_min_mentions).sum().alias("well"),
         )
         .collect()
         .row(0, named=True)
@@ -603,7 +604,7 @@ def summary(plan: DemoPlan, settings: Settings, release_where: str, say: Callabl
     say(f"  slots       {slots.height:,}: " + ", ".join(f"{k} {v:,}" for k, v in sorted(by_status.items())))
     say(
         f"  events      {_count([layout.events_path(d) for d in plan.days]):,} kept international events, "
-        f"{quads['quads']:,} daily quads ({quads['well']:,} with >= {settings.article_min_mentions} mentions)"
+        f"{quads['quads']:,} daily quads ({quads['well']:,} with >= {settings.dataset.article_min_mentions} mentions)"
     )
     say(
         f"  articles    {fetch.height:,} URLs in the fetch ledger: "
@@ -622,17 +623,17 @@ def summary(plan: DemoPlan, settings: Settings, release_where: str, say: Callabl
     from pipeline.evaluation.board_files import BOARD_FILE
     from pipeline.evaluation.run import RANK_RULE
 
-    board = pl.read_parquet(settings.data_dir / "evaluations" / BOARD_FILE)
+    board = pl.read_parquet(settings.dataset.data_dir / "evaluations" / BOARD_FILE)
     top = board_summary(board).select("rank", "agent", "source", "distance", "level2_f1", "level1_f1", "mrr").head(5)
     say(f"  leaderboard top 5 of {board.height} rows (F1 and MRR in %):")
     for line in markdown_table(top).splitlines():
         say("              " + line)
     say(f"              {RANK_RULE}")
-    record = json.loads((settings.data_dir / "submissions" / submission_name(plan) / "record.json").read_text())
+    record = json.loads((settings.dataset.data_dir / "submissions" / submission_name(plan) / "record.json").read_text())
     say(
         f"  submission  {record['submission']}: {record['status']}, level-2 F1 "
         f"{record['scorecard']['metrics']['level2_f1']['value']:.2f} (as the run it came from); "
-        f"page {settings.data_dir / 'evaluations' / 'leaderboard.html'}, published as releases/leaderboard.html"
+        f"page {settings.dataset.data_dir / 'evaluations' / 'leaderboard.html'}, published as releases/leaderboard.html"
     )
     live_summary(plan, settings, say)
 
@@ -641,22 +642,22 @@ def live_summary(plan: DemoPlan, settings: Settings, say: Callable[[str], None])
     from pipeline.live.submissions import live_record_path
 
     day = live_round_day(plan, settings)
-    directory = settings.data_dir / "live" / day.isoformat()
+    directory = settings.dataset.data_dir / "live" / day.isoformat()
     manifest = json.loads((directory / "manifest.json").read_text())
     card = json.loads((directory / "scores.json").read_text())
     records = [json.loads(p.read_text()) for p in sorted((directory / "submissions").glob("*/record.json"))]
     accepted = sum(r["status"] == "accepted" for r in records)
-    late = json.loads(live_record_path(settings.data_dir, day, late_name(day)).read_text())
+    late = json.loads(live_record_path(settings.dataset.data_dir, day, late_name(day)).read_text())
     say(
         f"  live round  {day}: {card['questions']} questions for {', '.join(manifest['target_dates'])}; "
         f"{accepted} submissions accepted, {late['submission']} {late['status']} (late); "
         f"{card['resolved_questions']} questions resolved"
     )
-    board = json.loads((settings.data_dir / "live" / "leaderboard.json").read_text())
+    board = json.loads((settings.dataset.data_dir / "live" / "leaderboard.json").read_text())
     say(
         "              live leaderboard: "
         + "; ".join(f"{r['rank']}. {r['name']} {r['live_score']:.2f}" for r in board["cumulative"][:3])
-        + f" (page {settings.data_dir / 'live' / 'leaderboard.html'}, published as live/leaderboard.html)"
+        + f" (page {settings.dataset.data_dir / 'live' / 'leaderboard.html'}, published as live/leaderboard.html)"
     )
 
 
@@ -740,7 +741,9 @@ def serve_release(data_dir: Path, port: int, say: Callable[[str], None] = _say) 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     with demo_lock(data_dir), LocalS3(data_dir / "s3", BUCKET, s3_port=port, public_prefixes=PUBLIC_PREFIXES) as s3:
         reader = open_store(
-            Settings(s3_endpoint_url=endpoint, s3_region="us-east-1", s3_max_attempts=1), uri=uri, signed=False
+            Settings(release=ReleaseSettings(s3_endpoint_url=endpoint, s3_region="us-east-1", s3_max_attempts=1)),
+            uri=uri,
+            signed=False,
         )
         latest = reader.get_bytes(LATEST_KEY)
         base = f"{endpoint}/{BUCKET}/{RELEASE_PREFIX}"

@@ -13,6 +13,7 @@ import pytest
 from pipeline.config import Settings
 
 from .s3_server import ACCESS_KEY, SECRET_KEY, SeaweedS3, weed_binary
+from .settings_builder import make_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
@@ -68,7 +69,7 @@ def mirror(mirror_dir: Path):
 @pytest.fixture
 def settings(tmp_path: Path, mirror) -> Settings:
     """Settings for a test run: temp data dir, the local mirror, fast retries and timeouts."""
-    return Settings(
+    return make_settings(
         data_dir=tmp_path / "data",
         gdelt_base_url=mirror.base_url,
         connect_timeout_s=2.0,

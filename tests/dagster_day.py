@@ -12,6 +12,7 @@ from assets.resources import resources_for
 from pipeline.storage import DataLayout
 
 from .conftest import MIRROR_DAY
+from .settings_builder import make_settings
 
 PARTITION = MIRROR_DAY.isoformat()
 
@@ -20,7 +21,7 @@ PARTITION = MIRROR_DAY.isoformat()
 def materialised_day(tmp_path: Path, mirror, definitions: list):
     """The mirror's day materialised with ``definitions`` (assets and checks) on a test instance;
     yields (layout, resources, instance, result)."""
-    resources = resources_for(data_dir=str(tmp_path / "data"), gdelt_base_url=mirror.base_url)
+    resources = resources_for(make_settings(data_dir=str(tmp_path / "data"), gdelt_base_url=mirror.base_url))
     with dg.instance_for_test() as instance:
         result = dg.materialize(definitions, partition_key=PARTITION, resources=resources, instance=instance)
         assert result.success

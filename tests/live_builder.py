@@ -112,7 +112,7 @@ def write_round(
             for n, (t, s, o, stratum) in enumerate(rows, 1)
         ]
     )
-    directory = round_dir(settings.data_dir, round_day)
+    directory = round_dir(settings.dataset.data_dir, round_day)
     atomic_write_parquet(questions, directory / "questions.parquet")
     targets = [round_day + timedelta(days=h) for h in horizons]
     manifest = {
@@ -149,7 +149,7 @@ def write_accepted(
 ) -> None:
     """An accepted (or rejected) submission as acceptance records it: predictions.parquet in the
     normalised columns (query_id, relations, p_event) and record.json."""
-    directory = round_dir(settings.data_dir, round_day) / "submissions" / name
+    directory = round_dir(settings.dataset.data_dir, round_day) / "submissions" / name
     frame = predictions.select(
         "query_id",
         pl.col("relations").cast(pl.List(pl.String)),

@@ -48,7 +48,7 @@ def write_month(settings: Settings, month: date, quads: list[Quad], *, slot_stat
 
 def write_days(settings: Settings, days: list[date], quads: list[Quad], *, slot_status: str = "landed") -> None:
     """Each day's slot ledger, daily quads and articles, from the quads dated that day."""
-    layout = DataLayout(settings.data_dir)
+    layout = DataLayout(settings.dataset.data_dir)
     for day in days:
         day_quads = [q for q in quads if q.day == day]
         _write_ledger(layout, day, slot_status)
@@ -72,7 +72,7 @@ def write_days(settings: Settings, days: list[date], quads: list[Quad], *, slot_
         )
         articles = {}
         for q in day_quads:
-            if q.mentions < settings.article_min_mentions:
+            if q.mentions < settings.dataset.article_min_mentions:
                 continue
             for url in (u for u in q.urls if "/failed-" not in u):
                 norm = normalize_url(url)

@@ -455,7 +455,7 @@ def test_code_blocks_are_refused_on_an_architecture_without_the_allowlist_unless
         assert set(allowed.sandbox_report) >= {"namespaces", "landlock", "seccomp", "audit_hook"}
     finally:
         allowed.close()
-    assert Settings.from_env({"MIRAI_SANDBOX_ALLOW_UNCONFINED": "true"}).sandbox_allow_unconfined
+    assert Settings.from_env({"MIRAI_SANDBOX_ALLOW_UNCONFINED": "true"}).sandbox.allow_unconfined
 
 
 def test_sandbox_namespace_has_every_api_function(env):

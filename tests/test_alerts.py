@@ -13,11 +13,12 @@ import pytest
 
 from assets.resources import resources_for, resources_from_env
 from pipeline.alerts import Alert, newest_landed_slot, send_alert
-from pipeline.config import Settings
+from pipeline.config import AlertSettings
 from pipeline.gdelt.ledger import LEDGER_SCHEMA, write_ledger
 from pipeline.storage import DataLayout
 from sensors.alerts import alert_on_run_failure, gdelt_freshness
 
+from .settings_builder import make_settings
 from .webhook import TOKEN, Receiver
 
 
@@ -34,13 +35,13 @@ def webhook(receiver):
 
 
 def test_an_alert_is_posted_as_json_retried_on_503_and_never_carries_the_token(receiver):
-    settings = Settings(alert_webhook_url=receiver.url, alert_attempts=3)
+    settings = make_settings(alert_webhook_url=receiver.url, alert_attempts=3)
     receiver.fail_next = 1
     lines: list[str] = []
     alert = Alert(
         "run_failure", "run of gdelt_ingest failed", {"error": "HTTP 403 for s3://AKIAX:topsecret@bucket/key"}
     )
-    assert send_alert(alert, settings, lines.append, sleep=lambda s: None) == "sent"
+    assert send_alert(alert, settings.alerts, settings.network.user_agent, lines.append, sleep=lambda s: None) == "sent"
     assert receiver.requests == 2
     [body] = receiver.bodies
     assert body["kind"] == "run_failure" and body["source"] == "mirai-pipeline"
@@ -52,7 +53,7 @@ def test_an_alert_is_posted_as_json_retried_on_503_and_never_carries_the_token(r
 
 def test_without_a_webhook_the_alert_is_only_logged(receiver):
     lines: list[str] = []
-    assert send_alert(Alert("freshness_breach", "stale"), Settings(), lines.append) == "logged"
+    assert send_alert(Alert("freshness_breach", "stale"), AlertSettings(), "ua", lines.append) == "logged"
     assert receiver.requests == 0 and lines == ["alert freshness_breach: stale"]
 
 
@@ -62,7 +63,8 @@ def test_an_undeliverable_alert_fails_without_quoting_the_url(receiver, status):
     lines: list[str] = []
     result = send_alert(
         Alert("run_failure", "x"),
-        Settings(alert_webhook_url=receiver.url, alert_attempts=3),
+        AlertSettings(webhook_url=receiver.url, attempts=3),
+        "ua",
         lines.append,
         sleep=lambda s: None,
     )
@@ -85,7 +87,9 @@ def doomed():
 def _tick(sensor, instance, webhook, cursor=None, **settings):
     """One tick of the sensor, with every resource as definitions.py binds them and the alert
     settings pointing at the webhook receiver."""
-    resources = resources_for(alert_webhook_url=webhook.url, alert_attempts=2, alert_timeout_s=5, **settings)
+    resources = resources_for(
+        make_settings(alert_webhook_url=webhook.url, alert_attempts=2, alert_timeout_s=5, **settings)
+    )
     context = dg.build_sensor_context(
         instance=instance,
         cursor=cursor,
@@ -199,7 +203,7 @@ def test_the_deployments_webhook_url_is_an_env_var_the_sensor_resolves(receiver,
     monkeypatch.setenv("MIRAI_ALERT_WEBHOOK_URL", receiver.url)
     alerts = resources_from_env()["alerts"]
     assert isinstance(alerts.webhook_url, dg.EnvVar)
-    resources = {**resources_for(data_dir=str(tmp_path)), "alerts": alerts}
+    resources = {**resources_for(make_settings(data_dir=str(tmp_path))), "alerts": alerts}
     stale = _quarter(datetime.now(UTC) - timedelta(hours=3))
     _write_slots(tmp_path, stale.date(), [stale])
     with dg.instance_for_test() as instance:

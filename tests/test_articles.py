@@ -18,6 +18,7 @@ from pipeline.storage import DataLayout, atomic_write_parquet
 from testbed.news import NewsServer
 
 from .conftest import FIXTURES
+from .settings_builder import make_settings
 
 DAY = date(2024, 1, 1)
 HTML = FIXTURES / "html"
@@ -56,7 +57,7 @@ def news():
 
 
 def _settings(tmp_path, **overrides) -> Settings:
-    return Settings(
+    return make_settings(
         data_dir=tmp_path, fetch_allow_loopback=True, fetch_backoff_base_s=0.01, extract_workers=1, **overrides
     )
 
@@ -208,7 +209,9 @@ def test_articles_asset_records_the_fetch_ledger(tmp_path, news):
             [articles],
             partition_key=DAY.isoformat(),
             instance=instance,
-            resources=resources_for(data_dir=str(tmp_path), fetch_allow_loopback=True, extract_workers=1),
+            resources=resources_for(
+                make_settings(data_dir=str(tmp_path), fetch_allow_loopback=True, extract_workers=1)
+            ),
         )
         assert result.success
         events = {m.asset_key.to_user_string(): m.metadata for m in result.asset_materializations_for_node("articles")}

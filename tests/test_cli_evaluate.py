@@ -22,7 +22,6 @@ import pytest
 from pipeline.agent_api import EventDatabase
 from pipeline.cli import build_parser, main
 from pipeline.cli.evaluate import evaluate_registry_entry
-from pipeline.config import Settings
 from pipeline.evaluation.registry import parse_agents
 from pipeline.evaluation.run import evaluate_agent
 from pipeline.evaluation.submit import prepare, score_locally
@@ -31,6 +30,8 @@ from pipeline.release.store_uri import open_store
 from pipeline.splits.split import Override, build_split
 from testbed.chat import ChatServer, react_policy
 from testbed.database import generate_event_database
+
+from .settings_builder import make_settings
 
 MIRAI = str(Path(sys.executable).with_name("mirai"))
 MONTH = date(2024, 2, 1)
@@ -46,7 +47,7 @@ def release(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("evaluate-release")
     data_dir = root / "data"
     generate_event_database(data_dir, date(2024, 1, 1), 2, seed=5, quads_per_day=12)
-    settings = Settings(data_dir=data_dir, release_uri=str(root / "bucket"), split_sample_size=SAMPLE)
+    settings = make_settings(data_dir=data_dir, release_uri=str(root / "bucket"), split_sample_size=SAMPLE)
     build_split(MONTH, settings, now=NOW, override=Override("test", "no ledgers in this test", NOW))
     publish_release(MONTH, settings, open_store(settings))
     assert main(["download", "2024-02", "--from", str(root / "bucket"), "--dest", str(root / "dl")]) == 0

@@ -16,6 +16,7 @@ from assets.resources import resources_for
 from pipeline.storage import read_parquet_metadata
 
 from .conftest import MIRROR_DAY
+from .settings_builder import make_settings
 from .test_cli import run
 
 FIRST, SECOND = date(2024, 1, 1), date(2024, 1, 2)
@@ -40,7 +41,7 @@ def _materialise_events(data: Path, days: list[date]) -> None:
             result = dg.materialize(
                 [events, daily_quads],
                 partition_key=day.isoformat(),
-                resources=resources_for(data_dir=str(data)),
+                resources=resources_for(make_settings(data_dir=str(data))),
                 instance=instance,
             )
             assert result.success

@@ -24,6 +24,7 @@ from pipeline.gdelt.ledger import read_ledger
 from pipeline.storage import DataLayout
 
 from .conftest import MIRROR_DAY, ROOT
+from .settings_builder import make_settings
 
 BIN = Path(sys.executable).parent
 
@@ -46,7 +47,7 @@ def _expected_rows(mirror_dir: Path, kind: str) -> int:
 
 
 def test_materialize_a_day_on_a_real_instance(tmp_path, mirror, mirror_dir):
-    resources = resources_for(data_dir=str(tmp_path / "data"), gdelt_base_url=mirror.base_url)
+    resources = resources_for(make_settings(data_dir=str(tmp_path / "data"), gdelt_base_url=mirror.base_url))
     with dg.instance_for_test() as instance:
         result = dg.materialize(
             [gdelt_files, gdelt_events, gdelt_mentions, events, daily_quads],
@@ -246,7 +247,9 @@ def test_ledger_check_warns_on_a_corrupt_file(tmp_path, mirror, monkeypatch):
     from quality.ingest_checks import gdelt_files_all_green
 
     mirror.faults.add(match="20240101101500.export", fault="wrong_bytes")
-    resources = resources_for(data_dir=str(tmp_path / "data"), gdelt_base_url=mirror.base_url, backoff_base_s=0.01)
+    resources = resources_for(
+        make_settings(data_dir=str(tmp_path / "data"), gdelt_base_url=mirror.base_url, backoff_base_s=0.01)
+    )
     with dg.instance_for_test() as instance:
         result = dg.materialize(
             [gdelt_files, gdelt_files_all_green],

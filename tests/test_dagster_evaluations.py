@@ -21,13 +21,13 @@ from assets.database import event_database
 from assets.evaluations import evaluation, leaderboard
 from assets.resources import LlmRuntime, resources_for
 from assets.splits import test_split as split_asset
-from pipeline.config import Settings
 from pipeline.evaluation.board_files import chart
 from pipeline.storage import DataLayout
 from sensors.evaluations import evaluation_job, evaluation_sensor, leaderboard_job
 from testbed.chat import ChatServer
 
 from .month_builder import Quad, write_month
+from .settings_builder import make_settings
 
 FEB, MAR = "2024-02-01", "2024-03-01"
 BASELINE = {"name": "recurrency", "kind": "baseline", "baseline": "recurrency", "distances": [1, 7]}
@@ -59,11 +59,11 @@ def split_quads(month: date) -> list[Quad]:
 
 def build_split(data_dir: Path, month: date, instance: dg.DagsterInstance) -> None:
     """The month's inputs, then event_database and test_split materialised for real."""
-    write_month(Settings(data_dir=data_dir), month, split_quads(month))
+    write_month(make_settings(data_dir=data_dir), month, split_quads(month))
     result = dg.materialize(
         [event_database, split_asset],
         partition_key=month.isoformat(),
-        resources=resources_for(data_dir=str(data_dir)),
+        resources=resources_for(make_settings(data_dir=str(data_dir))),
         instance=instance,
     )
     assert result.success
@@ -97,7 +97,7 @@ def agents_file(tmp_path) -> Path:
 def definitions(data_dir: Path, agents_file: Path, llm: LlmRuntime | None = None) -> dg.Definitions:
     """The evaluation assets and sensor bound to these resources (as definitions.py binds the
     deployment's)."""
-    resources = resources_for(data_dir=str(data_dir), agents_file=str(agents_file))
+    resources = resources_for(make_settings(data_dir=str(data_dir), agents_file=str(agents_file)))
     return dg.Definitions(
         assets=[evaluation, leaderboard],
         jobs=[evaluation_job, leaderboard_job],

@@ -18,6 +18,7 @@ from sensors.live_resolution import live_leaderboard_job, live_resolution_job, l
 
 from .live_builder import baseline_predictions, history, pairs, world, write_accepted, write_round
 from .month_builder import write_days
+from .settings_builder import make_settings
 from .test_markdown import active_markdown
 
 ROUND = date(2024, 3, 10)
@@ -27,9 +28,8 @@ WINDOW = [ROUND - timedelta(days=i) for i in range(14, 0, -1)]
 
 @pytest.fixture
 def live_data(tmp_path):
-    from pipeline.config import Settings
 
-    settings = Settings(data_dir=tmp_path / "data", release_uri=str(tmp_path / "bucket"))
+    settings = make_settings(data_dir=tmp_path / "data", release_uri=str(tmp_path / "bucket"))
     world_pairs = pairs(seed=31, active=16, quiet=6)
     quads = world(32, world_pairs, [*WINDOW, T1, T7])
     write_days(settings, [*WINDOW, T1], quads)
@@ -51,7 +51,7 @@ def tick(instance, defs, resources, cursor):
 
 def test_a_round_is_resolved_scored_and_boarded_through_dagster(live_data):
     settings, quads, _ = live_data
-    resources = resources_for(data_dir=str(settings.data_dir), release_uri=settings.release_uri)
+    resources = resources_for(make_settings(data_dir=str(settings.dataset.data_dir), release_uri=settings.release.uri))
     defs = dg.Definitions(
         assets=[live_resolution, live_leaderboard],
         jobs=[live_resolution_job, live_leaderboard_job],
@@ -59,7 +59,7 @@ def test_a_round_is_resolved_scored_and_boarded_through_dagster(live_data):
         resources=resources,
     )
     sensor_resources = {"dataset": resources["dataset"], "live": resources["live"]}
-    store = LocalStore(settings.release_uri)
+    store = LocalStore(settings.release.uri)
     with dg.instance_for_test() as instance:
         first = tick(instance, defs, sensor_resources, None)
         assert [(r.partition_key, r.run_key) for r in first.run_requests] == [
@@ -71,7 +71,7 @@ def test_a_round_is_resolved_scored_and_boarded_through_dagster(live_data):
         assert any(r.startswith("slots not settled") for r in meta["waiting"].value[str(T7)])
         assert meta["questions answered"].value == 22 and 0 < meta["share empty"].value < 1
         assert meta["submissions scored"].value == 2
-        scores = json.loads((settings.data_dir / "live" / str(ROUND) / "scores.json").read_text())
+        scores = json.loads((settings.dataset.data_dir / "live" / str(ROUND) / "scores.json").read_text())
         assert scores["resolved_questions"] == 22
         assert store.get_bytes(f"live/rounds/{ROUND}/answers-{T1}.jsonl") is not None
 
@@ -107,7 +107,7 @@ def test_a_round_is_resolved_scored_and_boarded_through_dagster(live_data):
 
 def test_an_unpublished_round_fails_its_run_with_the_reason(live_data, tmp_path):
     settings, *_ = live_data
-    resources = resources_for(data_dir=str(settings.data_dir), release_uri=settings.release_uri)
+    resources = resources_for(make_settings(data_dir=str(settings.dataset.data_dir), release_uri=settings.release.uri))
     with dg.instance_for_test() as instance:
         result = dg.materialize(
             [live_resolution], instance=instance, resources=resources, partition_key="2024-03-01", raise_on_error=False
@@ -130,7 +130,7 @@ def test_a_hostile_model_name_is_inert_in_every_live_asset_s_metadata(live_data)
     assets' materialisations, parsed by a CommonMark parser, now holds no image, link or HTML."""
     settings, _, predictions = live_data
     write_accepted(settings, ROUND, f"live-{ROUND}-outsider", predictions, model=HOSTILE_MODEL)
-    resources = resources_for(data_dir=str(settings.data_dir), release_uri=settings.release_uri)
+    resources = resources_for(make_settings(data_dir=str(settings.dataset.data_dir), release_uri=settings.release.uri))
     with dg.instance_for_test() as instance:
         resolved = dg.materialize([live_resolution], instance=instance, resources=resources, partition_key=str(ROUND))
         boarded = dg.materialize([live_leaderboard], instance=instance, resources=resources)

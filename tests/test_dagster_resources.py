@@ -5,6 +5,7 @@ its value), and accepts a launchpad override of any resource; a run with an over
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from contextlib import ExitStack
 from datetime import timedelta
@@ -20,17 +21,20 @@ from assets.resources import (
     GdeltFeed,
     LiveRounds,
     LlmRuntime,
+    Network,
     ReleaseBucket,
-    pipeline_settings,
+    compose,
     resources_for,
     resources_from_env,
 )
-from pipeline.config import Settings, env_names
+from pipeline.config import CalendarSettings, Settings, groups
 
 from .conftest import ROOT
+from .settings_builder import make_settings
 
 RESOURCES = {
     "dataset": Dataset,
+    "network": Network,
     "gdelt": GdeltFeed,
     "fetcher": ArticleFetcher,
     "release_store": ReleaseBucket,
@@ -95,10 +99,11 @@ def test_every_resource_and_config_field_is_listed_with_its_default(resources_pa
             assert not fields[field_name]["isRequired"], (name, field_name)
             assert json.loads(fields[field_name]["defaultValueAsJson"]) == info.default, (name, field_name)
         assert resources[name]["description"], name
-    # The fields cover every setting but the partitions' dates (fixed when the code location loads).
-    covered = {cls.settings_field(f) for cls in RESOURCES.values() if cls is not LlmRuntime for f in cls.model_fields}
-    covered |= {"sandbox_allow_unconfined"}
-    assert set(env_names()) - covered == {"start_date", "end_date"}
+        # Each field a group's is that group's, described with its environment variable.
+        for field_name, info in cls.group.model_fields.items():
+            assert fields[field_name]["description"] == f"{info.validation_alias}: {info.description}", field_name
+    # The resources cover every group but the partitions' dates (fixed when the code location loads).
+    assert set(groups().values()) - {cls.group for cls in RESOURCES.values()} == {CalendarSettings}
     assert {"gdelt_files", "articles", "release"} <= {k["path"][0] for k in resources["dataset"]["assetKeysUsing"]}
     assert "monthly_release_daily" in resources["release_store"]["schedulesUsing"]
     assert {"alert_on_run_failure", "gdelt_freshness"} <= set(resources["alerts"]["sensorsUsing"])
@@ -149,9 +154,9 @@ def test_a_run_config_override_reaches_the_pipeline_settings(tmp_path):
 
     @dg.asset
     def probe(dataset: Dataset, gdelt: GdeltFeed) -> None:
-        seen["settings"] = pipeline_settings(dataset, gdelt)
+        seen["settings"] = compose(dataset, gdelt)
 
-    resources = resources_for(data_dir=str(tmp_path / "bound"))
+    resources = resources_for(make_settings(data_dir=str(tmp_path / "bound")))
     config = {
         "resources": {
             "gdelt": {"config": {"download_attempts": 9}},
@@ -159,7 +164,7 @@ def test_a_run_config_override_reaches_the_pipeline_settings(tmp_path):
         }
     }
     assert dg.materialize([probe], resources=resources, run_config=config).success
-    assert (seen["settings"].data_dir, seen["settings"].download_attempts) == (tmp_path / "run", 9)
+    assert (seen["settings"].dataset.data_dir, seen["settings"].gdelt.download_attempts) == (tmp_path / "run", 9)
 
 
 def test_resources_from_the_environment_hold_the_same_settings():
@@ -172,11 +177,10 @@ def test_resources_from_the_environment_hold_the_same_settings():
         "MIRAI_SANDBOX_ALLOW_UNCONFINED": "1",
     }
     resources = resources_from_env(env)
-    parts = [resources[key] for key in ("gdelt", "fetcher", "release_store", "alerts")]
-    # The partitions' start date is not a resource field; the sandbox switch is the LLM runtime's.
-    expected = Settings.from_env(env).with_(start_date=Settings().start_date, sandbox_allow_unconfined=False)
-    assert pipeline_settings(resources["dataset"], *parts) == expected
-    assert resources["llm"].sandbox_allow_unconfined
+    # The partitions' start date is not a resource field.
+    expected = dataclasses.replace(Settings.from_env(env), calendar=CalendarSettings())
+    assert compose(*resources.values()) == expected
+    assert resources["llm"].allow_unconfined
     with pytest.raises(ValueError, match="MIRAI_FETCH_MAX_BYTES"):
         resources_from_env({"MIRAI_FETCH_MAX_BYTES": "5MB"})
 
@@ -188,7 +192,7 @@ def test_the_monthly_schedule_opens_the_store_only_once_a_month_has_ended(tmp_pa
     from pipeline.release.layout import ReleaseError
     from sensors.monthly import monthly_release_daily
 
-    resources = resources_for(data_dir=str(tmp_path), release_uri="gopher://nowhere")
+    resources = resources_for(make_settings(data_dir=str(tmp_path), release_uri="gopher://nowhere"))
     start = monthly_partitions.start
     with dg.build_schedule_context(scheduled_execution_time=start + timedelta(days=1), resources=resources) as context:
         result = monthly_release_daily(context)

@@ -15,13 +15,13 @@ from assets.partitions import monthly_partitions
 from assets.resources import resources_for
 from assets.splits import test_split as split_asset
 from pipeline.agent_api.audit import leakage_audit
-from pipeline.config import Settings
 from pipeline.splits.split import Closure
 from pipeline.storage import DataLayout
 from quality.split_checks import split_leakage_audit
 from sensors.monthly import SUMMARY_MAX_CHARS, monthly_release_daily, open_months_summary
 
 from .month_builder import Quad, write_month
+from .settings_builder import make_settings
 from .test_splits import QUADS
 
 FEB = date(2024, 2, 1)
@@ -29,16 +29,16 @@ FEB = date(2024, 2, 1)
 
 @pytest.fixture
 def month_dir(tmp_path):
-    settings = Settings(data_dir=tmp_path / "data")
+    settings = make_settings(data_dir=tmp_path / "data")
     write_month(settings, FEB, QUADS)
-    return settings.data_dir
+    return settings.dataset.data_dir
 
 
 def _materialize(data_dir, instance, run_config=None, raise_on_error=True):
     return dg.materialize(
         [event_database, split_asset, split_leakage_audit],
         partition_key="2024-02-01",
-        resources=resources_for(data_dir=str(data_dir)),
+        resources=resources_for(make_settings(data_dir=str(data_dir))),
         instance=instance,
         run_config=run_config,
         raise_on_error=raise_on_error,
@@ -61,29 +61,29 @@ def test_materialize_a_closed_month(month_dir):
 
 
 def test_an_open_month_fails_with_the_reason_and_an_override_is_recorded(tmp_path):
-    settings = Settings(data_dir=tmp_path / "data")
+    settings = make_settings(data_dir=tmp_path / "data")
     write_month(settings, FEB, QUADS, slot_status="pending")
     with dg.instance_for_test() as instance:
-        result = _materialize(settings.data_dir, instance, raise_on_error=False)
+        result = _materialize(settings.dataset.data_dir, instance, raise_on_error=False)
         assert not result.success
         failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
         assert "slots not settled: 5568 pending" in failure.step_failure_data.error.message
         forced = _materialize(
-            settings.data_dir,
+            settings.dataset.data_dir,
             instance,
             run_config={
                 "ops": {"test_split": {"config": {"override_by": "ops", "override_reason": "slots lost upstream"}}}
             },
         )
         assert forced.success
-    manifest = json.loads((DataLayout(settings.data_dir).split_dir(FEB) / "manifest.json").read_text())
+    manifest = json.loads((DataLayout(settings.dataset.data_dir).split_dir(FEB) / "manifest.json").read_text())
     assert manifest["override"]["by"] == "ops" and manifest["override"]["reason"] == "slots lost upstream"
 
 
 def test_schedule_waits_for_closure_then_requests_the_month_once(tmp_path):
-    settings = Settings(data_dir=tmp_path / "data", start_date=date(2024, 2, 1))
+    settings = make_settings(data_dir=tmp_path / "data", start_date=date(2024, 2, 1))
     write_month(settings, FEB, [Quad(date(2024, 2, 3), "FRA", "036", "DEU", 100, kept=5)], slot_status="pending")
-    resources = resources_for(data_dir=str(settings.data_dir))
+    resources = resources_for(make_settings(data_dir=str(settings.dataset.data_dir)))
 
     def tick(at: datetime):
         with dg.build_schedule_context(scheduled_execution_time=at, resources=resources) as context:
@@ -101,14 +101,14 @@ def test_schedule_waits_for_closure_then_requests_the_month_once(tmp_path):
 def test_schedule_sums_up_many_open_months_by_cause(tmp_path):
     """Years of open months make one bounded skip reason: per cause, how many months as ranges and
     the first thing to act on, not one clause per month."""
-    settings = Settings(data_dir=tmp_path / "data")
+    settings = make_settings(data_dir=tmp_path / "data")
     write_month(settings, date(2025, 9, 1), [], slot_status="pending")  # 96 slots × 2 files a day
     write_month(settings, date(2025, 10, 1), [])  # settled; in its grace period until Nov 4
     now = datetime(2025, 11, 2, 6, tzinfo=UTC)
     first = date.fromisoformat(monthly_partitions.get_partition_keys(current_time=now)[0])
     months = len(monthly_partitions.get_partition_keys(current_time=now))
     with dg.build_schedule_context(
-        scheduled_execution_time=now, resources=resources_for(data_dir=str(settings.data_dir))
+        scheduled_execution_time=now, resources=resources_for(make_settings(data_dir=str(settings.dataset.data_dir)))
     ) as context:
         skip = monthly_release_daily(context)
     assert isinstance(skip, dg.SkipReason) and len(skip.skip_message) <= SUMMARY_MAX_CHARS
@@ -142,5 +142,5 @@ def test_leakage_audit_fails_a_split_whose_month_is_not_after_its_history_cutoff
     manifest = json.loads(manifest_path.read_text())
     manifest["history_cutoff"] = "2024-02-10"  # as if the database had been built past the split's start
     manifest_path.write_text(json.dumps(manifest))
-    audit = leakage_audit(Settings(data_dir=month_dir), FEB)
+    audit = leakage_audit(make_settings(data_dir=month_dir), FEB)
     assert audit.violations == ("the split month 2024-02 does not start after the history cutoff 2024-02-10",)

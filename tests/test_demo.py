@@ -33,14 +33,16 @@ from testbed.generate import (
 from testbed.news import SITE_FAILURES, NewsServer, site_page
 from testbed.s3 import LocalS3, weed_binary
 
+from .settings_builder import make_settings
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # --- The host map: only reserved names, only to checked addresses -------------------------------
 
 
 def test_host_map_is_empty_by_default():
-    assert Settings().fetch_host_map == ""
-    assert HostMap.parse(Settings().fetch_host_map).entries == ()
+    assert Settings().articles.fetch_host_map == ""
+    assert HostMap.parse(Settings().articles.fetch_host_map).entries == ()
 
 
 @pytest.mark.parametrize(
@@ -79,7 +81,7 @@ def test_host_map_targets_and_the_address_check_still_applies():
 
 def test_a_mapped_site_is_fetched_with_its_own_host_header():
     with NewsServer(sites=news_sites()) as news:
-        settings = Settings(fetch_allow_loopback=True, fetch_host_map=f"*.example=127.0.0.1:{news.port}")
+        settings = make_settings(fetch_allow_loopback=True, fetch_host_map=f"*.example=127.0.0.1:{news.port}")
         session = make_safe_session(settings)
         url = "http://www.dailyherald.example/world/2024/01/02/talks-border-summit"
         response = session.get(url, timeout=5)
@@ -88,7 +90,7 @@ def test_a_mapped_site_is_fetched_with_its_own_host_header():
             == site_page("www.dailyherald.example", "/world/2024/01/02/talks-border-summit", news_sites()).status
         )
         assert news.requests[-1]["host"] == "www.dailyherald.example"
-        unmapped = make_safe_session(Settings(fetch_allow_loopback=True))
+        unmapped = make_safe_session(make_settings(fetch_allow_loopback=True))
         with pytest.raises(requests.ConnectionError):  # .example never resolves without the map
             unmapped.get(url, timeout=5)
 
@@ -240,7 +242,9 @@ def test_mirai_demo_runs_the_chain_through_dagster_and_twice_changes_nothing(tmp
     from pipeline.release.store_uri import open_store
 
     with LocalS3(data / "s3", "mirai-releases") as s3:
-        settings = Settings(s3_endpoint_url=s3.endpoint, s3_region="us-east-1", release_uri="s3://mirai-releases/mirai")
+        settings = make_settings(
+            s3_endpoint_url=s3.endpoint, s3_region="us-east-1", release_uri="s3://mirai-releases/mirai"
+        )
         store = open_store(settings, signed=False)
         released = json.loads(store.get_bytes(release_key("2023-02", MANIFEST_NAME)))
         index = store.get_bytes("releases/index.json")

@@ -21,13 +21,14 @@ from pathlib import Path
 import pytest
 
 from pipeline.cli import main
-from pipeline.config import Settings
+from pipeline.config import NetworkSettings, ReleaseSettings, Settings
 from pipeline.release.layout import RELEASE_FORMAT, UnsafeRelease
 from pipeline.release.publish import ReleasePlan, plan_release, publish_release, update_pointers
 from pipeline.release.s3_store import S3Store
 from pipeline.release.store import LocalStore, PlannedObject
 
 from .s3_server import ACCESS_KEY, SECRET_KEY, SeaweedS3, weed_binary
+from .settings_builder import make_settings
 
 MONTH = "2024-01"
 KEEP = b"the user's own file, outside --dest\n"
@@ -391,7 +392,7 @@ def _data_dir_with_split(root: Path, names: dict[str, bytes]) -> Settings:
     """A data directory holding a January split whose manifest lists ``names`` (and the database
     month a release needs), as a corrupt or hostile split directory would. Only queries.parquet
     is written: the others must be refused by name, before anyone looks for them."""
-    settings = Settings(data_dir=root / "data")
+    settings = make_settings(data_dir=root / "data")
     split = root / "data" / "splits" / MONTH
     split.mkdir(parents=True)
     (split / "README.md").write_bytes(b"# card\n")
@@ -424,9 +425,8 @@ def test_a_split_naming_a_file_outside_the_layout_is_refused_when_planned_and_pu
             ("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent"),
         ):
             monkeypatch.setenv(name, value)
-        store = S3Store(
-            bucket, "p", Settings(data_dir=settings.data_dir, s3_endpoint_url=server.endpoint, s3_region="us-east-1")
-        )
+        release = ReleaseSettings(s3_endpoint_url=server.endpoint, s3_region="us-east-1")
+        store = S3Store(bucket, "p", release, NetworkSettings())
     with pytest.raises(UnsafeRelease, match="refused") as refused:
         plan_release(date(2024, 1, 1), settings)
     assert repr(bad)[:20] in str(refused.value)
@@ -453,7 +453,7 @@ def test_a_plan_handed_to_publish_with_a_name_outside_the_layout_is_refused_befo
     plan = ReleasePlan(month=MONTH, objects=[bad], manifest=manifest, manifest_bytes=json.dumps(manifest).encode())
     with pytest.raises(UnsafeRelease, match=r"'\.\./\.\./outside/run\.sh' has a '\.\.' path segment"):
         publish_release(
-            date(2024, 1, 1), Settings(data_dir=tmp_path / "data"), LocalStore(tmp_path / "bucket"), plan=plan
+            date(2024, 1, 1), make_settings(data_dir=tmp_path / "data"), LocalStore(tmp_path / "bucket"), plan=plan
         )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["payload.sh"]
 

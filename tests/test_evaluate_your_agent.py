@@ -16,11 +16,12 @@ import polars as pl
 import pytest
 
 from pipeline.cli import main
-from pipeline.config import Settings
 from pipeline.release.publish import publish_release
 from pipeline.release.store_uri import open_store
 from pipeline.splits.split import Override, build_split
 from testbed.database import generate_event_database
+
+from .settings_builder import make_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "evaluate-your-agent.md"
@@ -50,7 +51,7 @@ def bucket(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("newcomer")
     data_dir = root / "data"
     generate_event_database(data_dir, date(2024, 1, 1), 3, seed=11, quads_per_day=12)
-    settings = Settings(data_dir=data_dir, release_uri=str(root / "bucket"), split_sample_size=20)
+    settings = make_settings(data_dir=data_dir, release_uri=str(root / "bucket"), split_sample_size=20)
     build_split(MONTH, settings, now=NOW, override=Override("test", "no ledgers in this test", NOW))
     publish_release(MONTH, settings, open_store(settings))
     return root / "bucket"

@@ -3,7 +3,6 @@ ledger and its retry schedule, and real concurrency — all against real sockets
 
 from __future__ import annotations
 
-import dataclasses
 import gzip
 import socket
 import ssl
@@ -37,6 +36,8 @@ from pipeline.config import Settings
 from pipeline.storage import DataLayout
 from testbed.news import NewsServer, page_html
 
+from .settings_builder import make_settings
+
 NOW = datetime(2024, 3, 1, 12, 0, tzinfo=UTC)
 PAGES = {f"/news/{i}.html": page_html(f"story {i}") for i in range(40)}
 
@@ -50,7 +51,7 @@ def news():
 @pytest.fixture
 def fs(tmp_path: Path) -> Settings:
     """Fast, loopback-allowed settings: every hostile case ends within a couple of seconds."""
-    return Settings(
+    return make_settings(
         data_dir=tmp_path / "data",
         fetch_allow_loopback=True,
         fetch_connect_timeout_s=1.0,
@@ -151,7 +152,7 @@ def test_hostname_resolving_to_loopback_needs_the_explicit_setting(news, fs):
     with pytest.raises(UnsafeURL, match="loopback"):
         check_url("http://2130706433/")  # 127.0.0.1 in decimal: caught after resolution
 
-    strict = fs.with_(fetch_allow_loopback=False)
+    strict = make_settings(fs, fetch_allow_loopback=False)
     outcome, body = fetch_article(make_safe_session(strict), f"http://localhost:{news.port}/news/1.html", strict)
     assert (outcome.status, body) == ("blocked_unsafe", None)
     assert news.requests == []  # refused before a single byte was sent
@@ -171,7 +172,7 @@ def test_connection_goes_to_the_checked_address(news, fs, monkeypatch):
     session = make_safe_session(fs)
     with pytest.raises(UnsafeURL, match="metadata"):
         session.get(f"http://evil.example:{news.port}/", timeout=1)
-    strict_session = make_safe_session(fs.with_(fetch_allow_loopback=False))
+    strict_session = make_safe_session(make_settings(fs, fetch_allow_loopback=False))
     with pytest.raises(UnsafeURL, match="loopback"):
         strict_session.get(f"http://pinned.example:{news.port}/news/2.html", timeout=1)
 
@@ -272,7 +273,7 @@ def test_tls_is_verified_against_the_host_name_not_the_checked_address(tls_site,
     ca, port, seen = tls_site
     ca_file = tmp_path / "ca.pem"
     ca.cert_pem.write_to_path(str(ca_file))
-    settings = fs.with_(fetch_host_map=f"secure.test=127.0.0.1:{port},other.test=127.0.0.1:{port}")
+    settings = make_settings(fs, fetch_host_map=f"secure.test=127.0.0.1:{port},other.test=127.0.0.1:{port}")
     session = make_safe_session(settings)
     session.verify = str(ca_file)
     response = session.get("https://secure.test/a", timeout=5)
@@ -294,7 +295,7 @@ def test_unresolvable_host_is_a_dns_error_not_a_robots_block(fs, monkeypatch):
         return real(host, port)
 
     monkeypatch.setattr(safety, "resolve_host", resolve)
-    for settings in (fs, fs.with_(fetch_respect_robots=False)):
+    for settings in (fs, make_settings(fs, fetch_respect_robots=False)):
         batch = fetch_many(["http://gone.example/story.html"], settings)
         outcome = batch.outcomes[0]
         assert (outcome.status, outcome.retryable, outcome.error_class) == ("dns_error", True, "NameResolutionError")
@@ -355,7 +356,7 @@ def test_hostile_servers_are_bounded_recorded_and_the_run_goes_on(news, fs):
     elapsed = time.monotonic() - started
     assert elapsed < 6.0, f"a hostile server held the run for {elapsed:.1f}s"
 
-    ledger = read_ledger(DataLayout(fs.data_dir))
+    ledger = read_ledger(DataLayout(fs.dataset.data_dir))
     rows = rows_by_url(ledger)
     assert run.due == len(urls) == ledger.height
     for outcome in run.batch.outcomes:
@@ -370,12 +371,14 @@ def test_hostile_servers_are_bounded_recorded_and_the_run_goes_on(news, fs):
         assert (row["next_retry_at"] is not None) is retried, path
 
     # the run went on: the good pages in the same batch were fetched and stored compressed
-    layout = DataLayout(fs.data_dir)
+    layout = DataLayout(fs.dataset.data_dir)
     for path in good:
         row = rows[news.url_for(path)]
         assert row["status"] == "fetched" and row["http_status"] == 200, row
         assert row["html_path"] == f"raw_html/{row['url_md5'][:2]}/{row['url_md5']}.html.gz"
-        assert gzip.decompress((fs.data_dir / row["html_path"]).read_bytes()) == read_html(layout, row["url_md5"])
+        assert gzip.decompress((fs.dataset.data_dir / row["html_path"]).read_bytes()) == read_html(
+            layout, row["url_md5"]
+        )
         assert row["bytes"] == len(read_html(layout, row["url_md5"])) and row["next_retry_at"] is None
     assert read_html(layout, url_md5(news.url_for("/news/1.html"))) == PAGES["/news/1.html"]
 
@@ -431,7 +434,7 @@ def test_robots_honoured_cached_once_per_host_and_checked_on_every_hop(news, fs)
             news.url_for(f"/redirect?to={other.url}/private/elsewhere.html"),
             news.url_for(f"/redirect?to={other.url}/news/5.html"),
         ]
-        batch = fetch_many(urls, fs.with_(fetch_per_host=8), now=NOW)
+        batch = fetch_many(urls, make_settings(fs, fetch_per_host=8), now=NOW)
         out = batch.by_url()
         assert news.count("/robots.txt") == 1 and other.count("/robots.txt") == 1  # cached per host
         assert batch.robots_requests == 2
@@ -443,9 +446,9 @@ def test_robots_honoured_cached_once_per_host_and_checked_on_every_hop(news, fs)
         assert other.count("/private/elsewhere.html") == 0
         assert out[news.url_for(f"/redirect?to={other.url}/news/5.html")].status == "fetched"
         assert sum(o.status == "fetched" for o in batch.outcomes) == 13
-        assert all(e["user_agent"] == fs.user_agent for e in news.requests)
+        assert all(e["user_agent"] == fs.network.user_agent for e in news.requests)
 
-        ignored = fetch_many([news.url_for("/private/other.html")], fs.with_(fetch_respect_robots=False))
+        ignored = fetch_many([news.url_for("/private/other.html")], make_settings(fs, fetch_respect_robots=False))
         assert ignored.outcomes[0].status == "fetched" and ignored.robots_requests == 0
 
 
@@ -461,7 +464,7 @@ def test_robots_unreachable_disallows_and_missing_allows(fs):
 
 def test_robots_cache_expires_after_its_ttl(news, fs):
     clock = [0.0]
-    robots = RobotsCache(fs.with_(fetch_robots_ttl_s=60), fetcher=fetch_robots_txt, clock=lambda: clock[0])
+    robots = RobotsCache(make_settings(fs, fetch_robots_ttl_s=60), fetcher=fetch_robots_txt, clock=lambda: clock[0])
     session = make_safe_session(fs)
     assert robots.allowed(session, news.url_for("/news/1.html"))
     assert not robots.allowed(session, news.url_for("/private/x"))
@@ -514,7 +517,7 @@ def test_robots_rules_match_as_rfc_9309_says(news, fs, case):
     robots_txt, allowed, refused = RFC9309_CASES[case]
     news.robots_txt = robots_txt
     # Rule matching only: a 1 s timeout on a loaded machine would read as "unreachable" (disallow all).
-    fs = dataclasses.replace(fs, fetch_connect_timeout_s=10.0, fetch_read_timeout_s=10.0, fetch_deadline_s=20.0)
+    fs = make_settings(fs, fetch_connect_timeout_s=10.0, fetch_read_timeout_s=10.0, fetch_deadline_s=20.0)
     robots = RobotsCache(fs, fetcher=fetch_robots_txt)
     session = make_safe_session(fs)
     verdicts = {p: robots.check(session, news.url_for(p)) for p in allowed + refused}
@@ -526,7 +529,9 @@ def test_robots_rules_match_as_rfc_9309_says(news, fs, case):
 def test_robots_groups_follow_a_configured_user_agent(news, fs):
     news.robots_txt = "\ufeffUser-agent: OtherBot\nDisallow: /news/\n\nUser-agent: *\nDisallow: /\n"
     session = make_safe_session(fs)
-    ours = RobotsCache(fs.with_(user_agent="otherbot/2.0 (+https://example.org/bot)"), fetcher=fetch_robots_txt)
+    ours = RobotsCache(
+        make_settings(fs, user_agent="otherbot/2.0 (+https://example.org/bot)"), fetcher=fetch_robots_txt
+    )
     assert ours.allowed(session, news.url_for("/sport/1.html"))  # its group, read past a BOM
     assert not ours.allowed(session, news.url_for("/news/1.html"))
     theirs = RobotsCache(fs, fetcher=fetch_robots_txt)  # mirai-pipeline: the * group
@@ -544,7 +549,7 @@ def failure(url: str, status: str = "timeout", retryable: bool = True, attempts:
 
 
 def test_retry_schedule_widens_then_gives_up():
-    schedule = Settings().fetch_retry_schedule
+    schedule = Settings().articles.fetch_retry_schedule
     assert schedule == (timedelta(hours=1), timedelta(hours=6), timedelta(hours=24))
     url = "http://news.example/a"
     ledger = record_outcomes(empty_ledger(), [failure(url)], NOW, schedule)
@@ -570,7 +575,7 @@ def test_retry_schedule_widens_then_gives_up():
 
 
 def test_final_statuses_give_up_at_once_and_fetched_stays_fetched():
-    schedule = Settings().fetch_retry_schedule
+    schedule = Settings().articles.fetch_retry_schedule
     final = failure("http://a.example/x", "not_html", retryable=False)
     ledger = record_outcomes(empty_ledger(), [final], NOW, schedule)
     assert rows_by_url(ledger)["http://a.example/x"]["gave_up"] is True
@@ -611,7 +616,7 @@ def test_fetched_once_ever_across_days_and_failures_wait_for_their_retry(news, f
 
     run3 = fetch_articles(day2, fs, now=NOW + timedelta(hours=1))
     assert run3.due == 1 and news.count("/hostile/500") == 4
-    row = rows_by_url(read_ledger(DataLayout(fs.data_dir)))[news.url_for("/hostile/500")]
+    row = rows_by_url(read_ledger(DataLayout(fs.dataset.data_dir)))[news.url_for("/hostile/500")]
     assert (row["tries"], row["attempts"], row["next_retry_at"]) == (2, 4, NOW + timedelta(hours=7))
 
 
@@ -622,7 +627,7 @@ def test_32_concurrent_requests_really_run_in_parallel(fs):
     with NewsServer(PAGES, latency_s=0.2) as slow:
         urls = [slow.url_for(p) for p in list(PAGES)[:32]]
         started = time.monotonic()
-        batch = fetch_many(urls, fs.with_(fetch_concurrency=32, fetch_per_host=32, fetch_deadline_s=10))
+        batch = fetch_many(urls, make_settings(fs, fetch_concurrency=32, fetch_per_host=32, fetch_deadline_s=10))
         elapsed = time.monotonic() - started
         assert batch.counts()["fetched"] == 32
         assert elapsed < 1.5, f"32 × 200 ms took {elapsed:.2f}s: requests were serialised"
@@ -636,7 +641,7 @@ def test_per_host_limit_holds_while_other_hosts_proceed(fs, monkeypatch):
         urls = [f"http://a.example:{a.port}{p}" for p in list(PAGES)[:6]]
         urls += [f"http://b.example:{b.port}{p}" for p in list(PAGES)[:6]]
         started = time.monotonic()
-        batch = fetch_many(urls, fs.with_(fetch_concurrency=16, fetch_per_host=2, fetch_respect_robots=False))
+        batch = fetch_many(urls, make_settings(fs, fetch_concurrency=16, fetch_per_host=2, fetch_respect_robots=False))
         elapsed = time.monotonic() - started
         assert batch.counts()["fetched"] == 12
         assert a.max_in_flight == 2 and b.max_in_flight == 2
@@ -655,12 +660,16 @@ def test_fetch_settings_from_env():
             "MIRAI_FETCH_MAX_BYTES": "1000",
         }
     )
-    assert (s.fetch_allow_loopback, s.fetch_respect_robots, s.fetch_max_bytes) == (True, False, 1000)
-    assert s.fetch_retry_schedule == (timedelta(minutes=30), timedelta(hours=2))
+    assert (s.articles.fetch_allow_loopback, s.articles.fetch_respect_robots, s.articles.fetch_max_bytes) == (
+        True,
+        False,
+        1000,
+    )
+    assert s.articles.fetch_retry_schedule == (timedelta(minutes=30), timedelta(hours=2))
     defaults = Settings()
-    assert (defaults.fetch_allow_loopback, defaults.fetch_respect_robots) == (False, True)
-    assert defaults.fetch_max_bytes == 5 * 2**20
+    assert (defaults.articles.fetch_allow_loopback, defaults.articles.fetch_respect_robots) == (False, True)
+    assert defaults.articles.fetch_max_bytes == 5 * 2**20
     with pytest.raises(ValueError, match="MIRAI_FETCH_ALLOW_LOOPBACK"):
         Settings.from_env({"MIRAI_FETCH_ALLOW_LOOPBACK": "maybe"})
     with pytest.raises(ValueError, match="MIRAI_FETCH_RETRY_SCHEDULE_H"):
-        _ = Settings(fetch_retry_schedule_h="1,soon").fetch_retry_schedule
+        _ = make_settings(fetch_retry_schedule_h="1,soon").articles.fetch_retry_schedule

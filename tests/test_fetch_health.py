@@ -25,6 +25,7 @@ from quality.event_checks import articles_fetch_health, articles_valid
 from sensors.fetch_health import alert_on_articles_fetch_failing
 from testbed.news import NewsServer, page_html
 
+from .settings_builder import make_settings
 from .webhook import Receiver
 
 DAY = date(2024, 1, 1)
@@ -57,14 +58,16 @@ def write_quads(data_dir, urls: list[str]) -> None:
 
 def resources(data_dir, webhook, **settings) -> dict:
     return resources_for(
-        data_dir=str(data_dir),
-        fetch_allow_loopback=True,
-        fetch_backoff_base_s=0.01,
-        extract_workers=1,
-        alert_webhook_url=webhook.url,
-        alert_attempts=2,
-        alert_timeout_s=5,
-        **settings,
+        make_settings(
+            data_dir=str(data_dir),
+            fetch_allow_loopback=True,
+            fetch_backoff_base_s=0.01,
+            extract_workers=1,
+            alert_webhook_url=webhook.url,
+            alert_attempts=2,
+            alert_timeout_s=5,
+            **settings,
+        )
     )
 
 

@@ -35,15 +35,19 @@ def test_settings_from_env_and_clear_errors():
     s = Settings.from_env(
         {"MIRAI_DATA_DIR": "/tmp/x", "MIRAI_START_DATE": "2024-02-01", "MIRAI_DOWNLOAD_ATTEMPTS": "7"}
     )
-    assert (s.data_dir, s.start_date, s.download_attempts) == (Path("/tmp/x"), date(2024, 2, 1), 7)
-    assert Settings.from_env({}).gdelt_base_url == "https://data.gdeltproject.org/gdeltv2"  # HTTPS by default
+    assert (s.dataset.data_dir, s.calendar.start_date, s.gdelt.download_attempts) == (
+        Path("/tmp/x"),
+        date(2024, 2, 1),
+        7,
+    )
+    assert Settings.from_env({}).gdelt.base_url == "https://data.gdeltproject.org/gdeltv2"  # HTTPS by default
     with pytest.raises(ValueError, match="MIRAI_START_DATE"):
         Settings.from_env({"MIRAI_START_DATE": "01/02/2024"})
 
 
 def test_every_setting_is_documented_in_the_readme():
     readme = (ROOT / "README.md").read_text()
-    assert [name for name in env_names().values() if f"`{name}`" not in readme] == []
+    assert [name for name in env_names() if f"`{name}`" not in readme] == []
 
 
 def test_atomic_parquet_write_keeps_metadata_and_leaves_no_temp(tmp_path):

@@ -11,7 +11,6 @@ from datetime import UTC, date, datetime, timedelta
 import polars as pl
 import pytest
 
-from pipeline.config import Settings
 from pipeline.events.daily import (
     BLOCK_DAYS,
     KEYS_FORMAT,
@@ -24,6 +23,8 @@ from pipeline.events.daily import (
 from pipeline.events.normalize import URL_HASH_SEED, normalize_with_report, url_hash
 from pipeline.gdelt.schema import EXPORT_SCHEMA
 from pipeline.storage import DataLayout, atomic_write_parquet, read_parquet_metadata
+
+from .settings_builder import make_settings
 
 UTC = UTC
 START = date(2024, 1, 1)
@@ -174,7 +175,7 @@ def test_a_half_written_block_is_rebuilt(tmp_path):
 
 
 def test_rerunning_rewrites_nothing_and_an_unreadable_old_key_file_is_read_alone(tmp_path):
-    settings = Settings(data_dir=tmp_path)
+    settings = make_settings(data_dir=tmp_path)
     layout = DataLayout(tmp_path)
     days = [START + timedelta(days=i) for i in range(12)]
     for day in days:
@@ -206,7 +207,7 @@ def test_keys_of_the_polars_bound_hash_migrate_once_and_the_events_stay_the_same
     import pipeline.events.daily as events_module
     import pipeline.events.normalize as normalize_module
 
-    settings, layout = Settings(data_dir=tmp_path), DataLayout(tmp_path)
+    settings, layout = make_settings(data_dir=tmp_path), DataLayout(tmp_path)
     days = [START + timedelta(days=i) for i in range(12)]
     for day in days:
         write_day(layout, day, day_rows(day, 6))
@@ -253,7 +254,7 @@ def test_events_are_the_same_whatever_order_days_are_built_in(tmp_path, order):
     days = [START + timedelta(days=i) for i in range(20)]
 
     def build(root, sequence):
-        settings, layout = Settings(data_dir=root), DataLayout(root)
+        settings, layout = make_settings(data_dir=root), DataLayout(root)
         for day in days:
             write_day(layout, day, day_rows(day, 6))
         for day in sequence:

@@ -35,6 +35,7 @@ from testbed.generate import MirrorOptions, generate_mirror
 from testbed.serve import MirrorServer
 
 from .conftest import ROOT
+from .settings_builder import make_settings
 from .webhook import Receiver
 
 DAYS = [date(2024, 1, 1) + timedelta(days=i) for i in range(6)]
@@ -53,7 +54,7 @@ def six_days(tmp_path_factory):
 
 
 def build(days, data, mirror, instance, assets=INGEST) -> None:
-    resources = resources_for(data_dir=str(data), gdelt_base_url=mirror.base_url)
+    resources = resources_for(make_settings(data_dir=str(data), gdelt_base_url=mirror.base_url))
     for day in days:
         result = dg.materialize(assets, partition_key=day.isoformat(), resources=resources, instance=instance)
         assert result.success
@@ -134,7 +135,9 @@ def test_outdated_days_names_the_days_built_before_an_earlier_one(tmp_path, six_
 
 
 def _follow_tick(data, webhook, cursor=None):
-    resources = resources_for(data_dir=str(data), alert_webhook_url=webhook.url, alert_attempts=2, alert_timeout_s=5)
+    resources = resources_for(
+        make_settings(data_dir=str(data), alert_webhook_url=webhook.url, alert_attempts=2, alert_timeout_s=5)
+    )
     with dg.instance_for_test() as instance:
         context = dg.build_sensor_context(
             instance=instance,

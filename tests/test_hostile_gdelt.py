@@ -33,6 +33,7 @@ from testbed.hostile import SHAPES, hostile_member, plant_hostile_day, relist, z
 
 from .conftest import MIRROR_DAY, ROOT
 from .dagster_day import PARTITION
+from .settings_builder import make_settings
 
 SLOTS = [datetime(2024, 1, 1, hour, 15, tzinfo=UTC) for hour in (1, 4, 7, 10, 13, 16, 19, 22)]
 SIXTY = datetime(2024, 1, 1, 5, 30, tzinfo=UTC)
@@ -86,16 +87,16 @@ def _parse_in_a_fresh_process(data_dir) -> dict:
 
 def test_an_eight_file_hostile_day_parses_in_bounded_memory(settings, mirror, mirror_dir, tmp_path):
     cap = CAP_MB * 2**20
-    settings = settings.with_(max_uncompressed_mb=CAP_MB)
-    ingest_day(MIRROR_DAY, settings.with_(data_dir=tmp_path / "baseline"))
+    settings = make_settings(settings, max_uncompressed_mb=CAP_MB)
+    ingest_day(MIRROR_DAY, make_settings(settings, data_dir=tmp_path / "baseline"))
     baseline = _parse_in_a_fresh_process(tmp_path / "baseline")
 
     members = {slot: _member(mirror_dir, slot) for slot in SLOTS}
     planted = plant_hostile_day(mirror_dir, SLOTS, cap)
     result = ingest_day(MIRROR_DAY, settings)
     assert {_row(result.ledger, slot)["status"] for slot in SLOTS} == {"landed"}  # md5s match, zips under the cap
-    layout = DataLayout(settings.data_dir)
-    report = _parse_in_a_fresh_process(settings.data_dir)
+    layout = DataLayout(settings.dataset.data_dir)
+    report = _parse_in_a_fresh_process(settings.dataset.data_dir)
     extra = (report["after"] - report["before"]) - (baseline["after"] - baseline["before"])
     assert extra < EXTRA_LIMIT_MIB, f"the hostile files added {extra:.0f} MiB to parse_day's peak (cap {CAP_MB} MiB)"
 
@@ -125,7 +126,7 @@ def test_an_eight_file_hostile_day_parses_in_bounded_memory(settings, mirror, mi
 
 
 def test_a_zip_inflating_past_the_cap_is_quarantined_once_and_fetched_again_when_relisted(settings, mirror, mirror_dir):
-    settings = settings.with_(max_uncompressed_mb=1)
+    settings = make_settings(settings, max_uncompressed_mb=1)
     name = raw_file_name(SIXTY, "export")
     good = (mirror_dir / "gdeltv2" / name).read_bytes()
     bomb = zip_member(name.removesuffix(".zip"), hostile_member("huge_line", _member(mirror_dir, SIXTY), 2**20 + 1))
@@ -203,7 +204,7 @@ def test_a_sixty_column_file_is_quarantined_and_its_day_flows_on_through_dagster
 def _resources(tmp_path, mirror):
     from assets.resources import resources_for
 
-    return resources_for(data_dir=str(tmp_path / "data"), gdelt_base_url=mirror.base_url)
+    return resources_for(make_settings(data_dir=str(tmp_path / "data"), gdelt_base_url=mirror.base_url))
 
 
 # (the 60-column file's re-runs are covered through Dagster above)
@@ -227,7 +228,7 @@ def test_parse_day_refuses_without_raising_and_is_idempotent(settings, mirror, m
 def test_a_landed_zip_damaged_on_disk_is_marked_corrupt_and_downloaded_again(settings, mirror, mirror_dir):
     name = raw_file_name(SIXTY, "export")
     ingest_day(MIRROR_DAY, settings)
-    layout = DataLayout(settings.data_dir)
+    layout = DataLayout(settings.dataset.data_dir)
     raw = layout.raw_path(SIXTY, "export")
     raw.write_bytes(raw.read_bytes()[:-200])  # bit rot after landing: the zip no longer opens
     parsed = parse_day(MIRROR_DAY, "export", settings)

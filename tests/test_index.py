@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config import Settings
 from pipeline.gdelt.index import GdeltIndex, day_region, parse_index, slot_gaps
 from pipeline.http import make_session
 from pipeline.storage import DataLayout
 
 from .conftest import shared_fixture
+from .settings_builder import make_settings
 
 UTC = UTC
 
@@ -61,8 +61,10 @@ def test_day_region_finds_every_line_of_a_day():
 
 
 def _index(tmp_path: Path, base_url: str) -> GdeltIndex:
-    settings = Settings(data_dir=tmp_path / "data", gdelt_base_url=base_url, backoff_base_s=0.01, backoff_max_s=0.05)
-    return GdeltIndex(DataLayout(settings.data_dir), settings, make_session(settings))
+    settings = make_settings(
+        data_dir=tmp_path / "data", gdelt_base_url=base_url, backoff_base_s=0.01, backoff_max_s=0.05
+    )
+    return GdeltIndex(DataLayout(settings.dataset.data_dir), settings, make_session(settings))
 
 
 def _line(i: int) -> str:

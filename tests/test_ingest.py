@@ -73,7 +73,7 @@ def test_happy_path_lands_every_listed_slot(settings, mirror, mirror_dir):
     # Slots the generator left out of the index are GDELT gaps: missing, never an error.
     assert set(ledger["status"].unique()) <= {"landed", "missing"}
     assert ledger.filter(pl.col("status") == "missing").height == 192 - len(listed)
-    layout = DataLayout(settings.data_dir)
+    layout = DataLayout(settings.dataset.data_dir)
     for r in landed.iter_rows(named=True):
         data = (layout.root / r["path"]).read_bytes()
         assert hashlib.md5(data).hexdigest() == r["expected_md5"]
@@ -85,13 +85,13 @@ def test_happy_path_lands_every_listed_slot(settings, mirror, mirror_dir):
         assert on_disk == expected
         malformed = sum(e["malformed_rows"] for (ts, k), e in listed.items() if k == kind)
         assert parsed.rejects == malformed
-    assert not list(settings.data_dir.rglob("*.part")), "temp files left behind"
+    assert not list(settings.dataset.data_dir.rglob("*.part")), "temp files left behind"
 
 
 def test_rerun_is_a_noop(settings, mirror):
     ingest_day(MIRROR_DAY, settings)
     first = {k: parse_day(MIRROR_DAY, k, settings) for k in ("export", "mentions")}
-    layout = DataLayout(settings.data_dir)
+    layout = DataLayout(settings.dataset.data_dir)
     before = {p: p.stat().st_mtime_ns for p in (layout.root / "parsed").rglob("*.parquet")}
     again = ingest_day(MIRROR_DAY, settings)
     assert again.downloaded == 0
@@ -146,15 +146,15 @@ def test_fault_is_recorded_then_cleared(settings, mirror, fault, params, status,
     assert r["status"] == status, r
     assert error_part.lower() in (r["last_error"] or "").lower(), r
     if fault != "404":
-        assert r["attempts"] == settings.download_attempts  # retried with backoff, then gave up
+        assert r["attempts"] == settings.gdelt.download_attempts  # retried with backoff, then gave up
     # The fault touched one file: the rest of the day landed.
     assert first.counts["landed"] == first.ledger.filter(pl.col("listed")).height - 1
-    layout = DataLayout(settings.data_dir)
+    layout = DataLayout(settings.dataset.data_dir)
     assert not layout.raw_path(SLOT, "export").exists()
     if status == "corrupt":
-        assert r["quarantined"] == settings.download_attempts
+        assert r["quarantined"] == settings.gdelt.download_attempts
         bad = sorted(layout.quarantine_dir(MIRROR_DAY).glob(f"{EXPORT}.*.bad"))
-        assert len(bad) == settings.download_attempts
+        assert len(bad) == settings.gdelt.download_attempts
         assert json.loads(Path(f"{bad[0]}.json").read_text())["url"].endswith(EXPORT)
     mirror.faults.clear()
     second = ingest_day(MIRROR_DAY, settings)
@@ -186,7 +186,7 @@ def test_zip_that_gdelt_itself_lists_but_is_corrupt(settings, mirror_dir, mirror
     parsed = parse_day(MIRROR_DAY, "export", settings)
     landed_exports = result.ledger.filter(pl.col("kind") == "export", pl.col("status") == "landed").height
     assert parsed.files == landed_exports  # the corrupt slot is never parsed
-    assert not DataLayout(settings.data_dir).parsed_path("export", SLOT).exists()
+    assert not DataLayout(settings.dataset.data_dir).parsed_path("export", SLOT).exists()
 
 
 def test_real_not_a_zip_is_quarantined(settings, mirror_dir, mirror):
@@ -195,7 +195,7 @@ def test_real_not_a_zip_is_quarantined(settings, mirror_dir, mirror):
     result = ingest_day(MIRROR_DAY, settings)
     r = row(result.ledger, SLOT, "export")
     assert r["status"] == "quarantined" and "zip" in r["last_error"]
-    bad = list(DataLayout(settings.data_dir).quarantine_dir(MIRROR_DAY).glob(f"{EXPORT}.*.bad"))
+    bad = list(DataLayout(settings.dataset.data_dir).quarantine_dir(MIRROR_DAY).glob(f"{EXPORT}.*.bad"))
     assert [p.read_bytes() for p in bad] == [fake]
 
 
@@ -216,7 +216,7 @@ def test_two_runs_of_the_same_day_at_once(settings, mirror):
     assert not errors
     # The per-day lock serialised them: the second found everything landed.
     assert sorted(r.downloaded for r in results)[0] == 0
-    final = read_ledger(DataLayout(settings.data_dir), MIRROR_DAY)
+    final = read_ledger(DataLayout(settings.dataset.data_dir), MIRROR_DAY)
     assert final.filter(pl.col("listed")).select(pl.col("status").eq("landed").all()).item()
     assert final.select(pl.struct("slot", "kind").is_unique().all()).item()
     requested = [r for r in mirror.requests if r["path"].endswith(".zip")]
@@ -225,7 +225,7 @@ def test_two_runs_of_the_same_day_at_once(settings, mirror):
 
 def test_file_on_disk_without_ledger_row_is_not_fetched_again(settings, mirror):
     ingest_day(MIRROR_DAY, settings)
-    layout = DataLayout(settings.data_dir)
+    layout = DataLayout(settings.dataset.data_dir)
     layout.slot_ledger_path(MIRROR_DAY).unlink()  # as if killed between rename and ledger write
     again = ingest_day(MIRROR_DAY, settings)
     assert again.downloaded == 0

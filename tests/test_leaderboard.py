@@ -31,6 +31,7 @@ from pipeline.release.publish import publish_leaderboard
 from pipeline.release.store import LocalStore
 from pipeline.storage import DataLayout, atomic_write_parquet
 
+from .settings_builder import make_settings
 from .test_baselines import PAIR_HISTORY, baseline, d, queries, write_database
 from .test_ui import CHROMEDRIVER, CHROMIUM, CHROMIUM_FLAGS
 
@@ -397,7 +398,6 @@ def test_the_page_is_published_beside_the_index_and_rewritten_only_when_it_chang
 
 
 def test_the_page_on_seaweedfs_is_served_as_html_and_written_once(built, tmp_path, monkeypatch):
-    from pipeline.config import Settings
     from pipeline.release.store_uri import open_store
 
     from .s3_server import ACCESS_KEY, SECRET_KEY, SeaweedS3, weed_binary
@@ -411,7 +411,7 @@ def test_the_page_on_seaweedfs_is_served_as_html_and_written_once(built, tmp_pat
     with SeaweedS3(tmp_path / "seaweedfs") as server:
         admin = server.client()
         admin.create_bucket(Bucket="board")
-        settings = Settings(
+        settings = make_settings(
             data_dir=built, release_uri="s3://board/mirai/v1", s3_endpoint_url=server.endpoint, s3_region="us-east-1"
         )
         written = write_leaderboard(built)
@@ -491,7 +491,9 @@ def test_the_leaderboard_asset_shows_runs_and_submissions_together(built):
     # An instance of its own for both runs: entering it sets Dagster's current state storage, so
     # the runs never pick up one an earlier test's instance left behind (seen in the full suite).
     with dg.instance_for_test() as instance:
-        result = dg.materialize([leaderboard_asset], instance=instance, resources=resources_for(data_dir=str(built)))
+        result = dg.materialize(
+            [leaderboard_asset], instance=instance, resources=resources_for(make_settings(data_dir=str(built)))
+        )
         assert result.success
         meta = result.asset_materializations_for_node("leaderboard")[0].metadata
         assert meta["published"].value == ", ".join(LEADERBOARD_KEYS.values())
@@ -505,7 +507,9 @@ def test_the_leaderboard_asset_shows_runs_and_submissions_together(built):
         assert "95% percentile bootstrap over queries" in table
         assert meta["page"].value == str(DataLayout(built).root / "evaluations" / PAGE_FILE)
         assert meta["skipped submission records"].value == []
-        again = dg.materialize([leaderboard_asset], instance=instance, resources=resources_for(data_dir=str(built)))
+        again = dg.materialize(
+            [leaderboard_asset], instance=instance, resources=resources_for(make_settings(data_dir=str(built)))
+        )
         assert again.asset_materializations_for_node("leaderboard")[0].metadata["published"].value == (
             "unchanged or no release yet"
         )

@@ -23,6 +23,7 @@ from pipeline.release.store import LocalStore
 from pipeline.release.store_uri import open_store
 
 from .live_builder import baseline_predictions, history, midnight, pairs, write_accepted, write_round, write_world
+from .settings_builder import make_settings
 
 ROUNDS = [date(2024, 3, 10), date(2024, 3, 11)]
 HOSTILE = '<script>alert("x")</script><img src=x onerror=alert(1)>'
@@ -41,7 +42,7 @@ def frame(ids: list[str], relations: list[str], p: float | None) -> pl.DataFrame
 
 @pytest.fixture(scope="module")
 def board_data(tmp_path_factory) -> Settings:
-    settings = Settings(data_dir=tmp_path_factory.mktemp("board") / "data")
+    settings = make_settings(data_dir=tmp_path_factory.mktemp("board") / "data")
     world_pairs = pairs(seed=21, active=24, quiet=8)
     days = [ROUNDS[0] - timedelta(days=i) for i in range(21, -9, -1)]
     write_world(settings, 22, world_pairs, days)
@@ -71,7 +72,7 @@ def board_data(tmp_path_factory) -> Settings:
     # A second file from the same model and contact in round 2, sent later: it replaces the first.
     later = frame(ids, ["042", "043"], 0.7)
     write_accepted(settings, ROUNDS[1], "x-again", later, model=f"  {HOSTILE} ", contact="a@b", owner_key=KEYS[2])
-    record_path = settings.data_dir / "live" / str(ROUNDS[1]) / "submissions" / "x-again" / "record.json"
+    record_path = settings.dataset.data_dir / "live" / str(ROUNDS[1]) / "submissions" / "x-again" / "record.json"
     record = json.loads(record_path.read_text())
     record["submitted_at"] = (midnight(ROUNDS[1] + timedelta(days=1)) - timedelta(minutes=5)).isoformat()
     record_path.write_text(json.dumps(record))
@@ -127,7 +128,9 @@ def test_published_to_live_once_per_change_locally_and_on_seaweedfs(board_data, 
     assert publish_live_leaderboard(store, written) == list(LIVE_LEADERBOARD_KEYS.values())
     assert store.get_bytes(LIVE_LEADERBOARD_KEYS["html"]) == written.html_path.read_bytes()
     assert publish_live_leaderboard(store, written) == []
-    remote = board_data.with_(release_uri=f"s3://{bucket}/m", s3_endpoint_url=s3_server.endpoint, s3_region="us-east-1")
+    remote = make_settings(
+        board_data, release_uri=f"s3://{bucket}/m", s3_endpoint_url=s3_server.endpoint, s3_region="us-east-1"
+    )
     assert len(publish_live_leaderboard(open_store(remote), written)) == 2
     head = s3_server.client().head_object(Bucket=bucket, Key=f"m/{LIVE_LEADERBOARD_KEYS['html']}")
     assert head["ContentType"] == "text/html; charset=utf-8" and head["CacheControl"] == "no-cache"
@@ -140,16 +143,18 @@ def test_a_stranger_declaring_someone_s_model_and_contact_cannot_take_their_row(
     replaced the victim's entry. Now the id is an HMAC under the data directory's secret, and a
     submission counts for a row only with that row's owner key: without it, or with another, the
     stranger gets a row of their own and the victim's keeps its scores."""
-    settings = Settings(data_dir=tmp_path / "data")
-    shutil.copytree(board_data.data_dir, settings.data_dir)
+    settings = make_settings(data_dir=tmp_path / "data")
+    shutil.copytree(board_data.dataset.data_dir, settings.dataset.data_dir)
     before = {r["id"]: r for r in build_leaderboard(settings)["cumulative"]}
     [victim] = [r for r in before.values() if r["name"] == HOSTILE]
-    ids = pl.read_parquet(settings.data_dir / "live" / str(ROUNDS[1]) / "questions.parquet").get_column("query_id")
+    ids = pl.read_parquet(settings.dataset.data_dir / "live" / str(ROUNDS[1]) / "questions.parquet").get_column(
+        "query_id"
+    )
     for name, key in (("thief-no-key", None), ("thief-own-key", "a-key-of-the-thief-own")):
         write_accepted(
             settings, ROUNDS[1], name, frame(ids.to_list(), ["190"], 0.1), model=HOSTILE, contact="a@b", owner_key=key
         )
-        path = settings.data_dir / "live" / str(ROUNDS[1]) / "submissions" / name / "record.json"
+        path = settings.dataset.data_dir / "live" / str(ROUNDS[1]) / "submissions" / name / "record.json"
         record = json.loads(path.read_text())
         record["submitted_at"] = (midnight(ROUNDS[1] + timedelta(days=1)) - timedelta(minutes=1)).isoformat()
         path.write_text(json.dumps(record))  # later than the victim's last file, still on time
@@ -164,11 +169,11 @@ def test_a_stranger_declaring_someone_s_model_and_contact_cannot_take_their_row(
 
 
 def test_row_ids_are_hmacs_under_a_private_key_made_once(board_data, tmp_path):
-    settings = Settings(data_dir=tmp_path / "data")
-    shutil.copytree(board_data.data_dir, settings.data_dir)
-    (settings.data_dir / "live" / "board-id.key").unlink(missing_ok=True)
+    settings = make_settings(data_dir=tmp_path / "data")
+    shutil.copytree(board_data.dataset.data_dir, settings.dataset.data_dir)
+    (settings.dataset.data_dir / "live" / "board-id.key").unlink(missing_ok=True)
     first = build_leaderboard(settings)
-    key_file = settings.data_dir / "live" / "board-id.key"
+    key_file = settings.dataset.data_dir / "live" / "board-id.key"
     assert key_file.stat().st_mode & 0o777 == 0o600 and len(key_file.read_bytes()) == 32
     assert build_leaderboard(settings) == first  # the same key: the same ids
     key_file.unlink()

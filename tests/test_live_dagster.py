@@ -13,12 +13,12 @@ import pytest
 from assets.live import live_round
 from assets.resources import resources_for
 from assets.submissions import submission
-from pipeline.config import Settings
 from pipeline.live.rounds import round_seed
 from pipeline.storage import DataLayout
 from sensors.live import live_round_daily, live_round_job
 
 from .month_builder import write_days
+from .settings_builder import make_settings
 from .test_live_rounds import DAY, WINDOW, later_quads, window_quads
 
 LIVE = {"live_window_days": 7, "live_round_size": 8, "live_seed": 3}
@@ -27,9 +27,11 @@ LIVE = {"live_window_days": 7, "live_round_size": 8, "live_seed": 3}
 def test_todays_round_is_published_through_dagster(tmp_path):
     today = datetime.now(UTC).date()
     window = [today - timedelta(days=n) for n in range(7, 0, -1)]
-    resources = resources_for(data_dir=str(tmp_path / "data"), release_uri=str(tmp_path / "bucket"), **LIVE)
+    resources = resources_for(
+        make_settings(data_dir=str(tmp_path / "data"), release_uri=str(tmp_path / "bucket"), **LIVE)
+    )
     settings_dir = tmp_path / "data"
-    write_days(Settings(data_dir=settings_dir), window, window_quads(window))
+    write_days(make_settings(data_dir=settings_dir), window, window_quads(window))
     with dg.instance_for_test() as instance:
         result = dg.materialize([live_round], instance=instance, resources=resources, partition_key=today.isoformat())
         assert result.success
@@ -45,8 +47,8 @@ def test_todays_round_is_published_through_dagster(tmp_path):
 
 def test_a_replayed_round_and_its_baseline_through_dagster(tmp_path):
     data = tmp_path / "data"
-    write_days(Settings(data_dir=data), [*WINDOW, DAY, DAY + timedelta(days=1)], window_quads() + later_quads())
-    resources = resources_for(data_dir=str(data), release_uri=str(tmp_path / "bucket"), **LIVE)
+    write_days(make_settings(data_dir=data), [*WINDOW, DAY, DAY + timedelta(days=1)], window_quads() + later_quads())
+    resources = resources_for(make_settings(data_dir=str(data), release_uri=str(tmp_path / "bucket"), **LIVE))
     replay = {"ops": {"live_round": {"config": {"replay_at": "2024-03-10T02:00:00+00:00"}}}}
     with dg.instance_for_test() as instance:
         result = dg.materialize(
@@ -80,7 +82,7 @@ def test_a_replayed_round_and_its_baseline_through_dagster(tmp_path):
 
 
 def test_the_schedule_waits_for_yesterdays_files_until_noon(tmp_path):
-    resources = resources_for(data_dir=str(tmp_path / "data"))
+    resources = resources_for(make_settings(data_dir=str(tmp_path / "data")))
 
     defs = dg.Definitions(assets=[live_round], jobs=[live_round_job], schedules=[live_round_daily], resources=resources)
 
@@ -101,7 +103,7 @@ def test_the_schedule_waits_for_yesterdays_files_until_noon(tmp_path):
         )
         noon = tick(datetime(2024, 3, 10, 12, tzinfo=UTC))
         assert [(r.run_key, r.partition_key) for r in noon.run_requests] == [("live-2024-03-10", "2024-03-10")]
-        write_days(Settings(data_dir=tmp_path / "data"), [day - timedelta(days=1)], [])
+        write_days(make_settings(data_dir=tmp_path / "data"), [day - timedelta(days=1)], [])
         ready = tick(datetime(2024, 3, 10, 2, tzinfo=UTC))
         assert [r.run_key for r in ready.run_requests] == ["live-2024-03-10"]
     assert live_round_daily.default_status == dg.DefaultScheduleStatus.STOPPED
@@ -112,10 +114,10 @@ def test_the_schedule_names_the_asset_it_waits_for(tmp_path, absent, stored):
     """Both assets store D − 1 as date=<D − 1>.parquet, so the reason names the asset, not the file."""
     data = tmp_path / "data"
     yesterday = date(2024, 3, 9)
-    write_days(Settings(data_dir=data), [yesterday], [])
+    write_days(make_settings(data_dir=data), [yesterday], [])
     layout = DataLayout(data)
     {"articles": layout.articles_path, "daily_quads": layout.daily_quads_path}[absent](yesterday).unlink()
-    resources = resources_for(data_dir=str(data))
+    resources = resources_for(make_settings(data_dir=str(data)))
     defs = dg.Definitions(assets=[live_round], jobs=[live_round_job], schedules=[live_round_daily], resources=resources)
     with dg.instance_for_test() as instance:
         context = dg.build_schedule_context(

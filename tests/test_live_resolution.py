@@ -20,6 +20,7 @@ from pipeline.storage import DataLayout
 
 from .live_builder import midnight, pairs, world, write_round
 from .month_builder import Quad, write_days
+from .settings_builder import make_settings
 
 ROUND = date(2024, 3, 10)
 T1, T7 = ROUND + timedelta(days=1), ROUND + timedelta(days=7)
@@ -28,7 +29,7 @@ WINDOW = [ROUND - timedelta(days=i) for i in range(14, 0, -1)]
 
 @pytest.fixture
 def settings(tmp_path) -> Settings:
-    return Settings(data_dir=tmp_path / "data")
+    return make_settings(data_dir=tmp_path / "data")
 
 
 def expected_answers(quads: list[Quad], questions: pl.DataFrame, target: date, min_mentions: int) -> dict[str, list]:
@@ -54,12 +55,12 @@ def test_resolution_waits_for_the_deadline_closure_and_grace_then_never_changes(
     # Boundary cases of the database rule on T1: under the threshold, and no kept article.
     s, o = world_pairs[0].s, world_pairs[0].o
     quads += [
-        Quad(T1, s, "190", o, mentions=settings.article_min_mentions - 1),
+        Quad(T1, s, "190", o, mentions=settings.dataset.article_min_mentions - 1),
         Quad(T1, s, "193", o, mentions=80, kept=0, dropped=1),
     ]
     write_days(settings, [T1], quads)
     write_days(settings, [T7], quads, slot_status="pending")
-    store = LocalStore(settings.data_dir / "bucket")
+    store = LocalStore(settings.dataset.data_dir / "bucket")
     questions = write_round(settings, ROUND, world_pairs, store=store)
 
     # Before the deadline nothing resolves, even though T1's files are all there and settled.
@@ -80,7 +81,7 @@ def test_resolution_waits_for_the_deadline_closure_and_grace_then_never_changes(
     assert first.resolved == [T1]
     assert any(r.startswith("slots not settled: 192 pending") for r in first.waiting[T7.isoformat()])
     answers = read_answers(settings, T1)
-    assert answers == expected_answers(quads, questions, T1, settings.article_min_mentions)
+    assert answers == expected_answers(quads, questions, T1, settings.dataset.article_min_mentions)
     assert "190" not in answers[questions.row(0, named=True)["query_id"]]
     empty = sum(1 for a in answers.values() if not a)
     assert 0 < empty < len(answers)  # quiet pairs give empty answers, active ones relations
@@ -121,7 +122,7 @@ def test_a_date_without_its_daily_files_or_ledger_waits_with_the_reason(settings
         f"not stored yet: daily_quads {T1}, articles {T1}",
     ]
     write_days(settings, [T1], world(4, world_pairs, [T1]))
-    DataLayout(settings.data_dir).articles_path(T1).unlink()
+    DataLayout(settings.dataset.data_dir).articles_path(T1).unlink()
     result = resolve_round(ROUND, settings, now=midnight(T7) + timedelta(days=10))
     assert result.waiting[T1.isoformat()] == [f"not stored yet: articles {T1}"]
 
@@ -130,7 +131,7 @@ def test_other_bytes_in_the_store_are_refused_and_left_alone(settings):
     world_pairs = pairs(seed=5)
     write_days(settings, [T1, T7], world(6, world_pairs, [T1, T7]))
     write_round(settings, ROUND, world_pairs)
-    store = LocalStore(settings.data_dir / "bucket")
+    store = LocalStore(settings.dataset.data_dir / "bucket")
     key = f"live/rounds/{ROUND}/answers-{T1}.jsonl"
     store.put_bytes(key, b'{"query_id": "forged"}\n', cache_control="no-cache", if_absent=True)
     with pytest.raises(ReleaseConflict, match="holds other bytes than the answers resolved here"):
@@ -161,8 +162,8 @@ def test_resolution_publishes_to_seaweedfs_once(settings, s3_server, bucket):
     world_pairs = pairs(seed=7)
     write_days(settings, [T1, T7], world(8, world_pairs, [T1, T7]))
     write_round(settings, ROUND, world_pairs)
-    remote = settings.with_(
-        release_uri=f"s3://{bucket}/mirai", s3_endpoint_url=s3_server.endpoint, s3_region="us-east-1"
+    remote = make_settings(
+        settings, release_uri=f"s3://{bucket}/mirai", s3_endpoint_url=s3_server.endpoint, s3_region="us-east-1"
     )
     now = midnight(T7) + timedelta(days=2)
     first = resolve_round(ROUND, remote, now=now, store=open_store(remote))

@@ -32,6 +32,7 @@ from pipeline.release.store_uri import open_store
 from pipeline.storage import DataLayout
 
 from .month_builder import Quad, write_days
+from .settings_builder import make_settings
 
 DAY = date(2024, 3, 10)
 WINDOW = [DAY - timedelta(days=n) for n in range(7, 0, -1)]  # 03-03 .. 03-09
@@ -72,7 +73,7 @@ def live_settings(data_dir, **overrides) -> Settings:
         "live_seed": 3,
         "release_uri": "",
     }
-    return Settings(**(values | overrides))
+    return make_settings(**(values | overrides))
 
 
 @pytest.fixture
@@ -132,7 +133,7 @@ def test_a_round_asks_each_drawn_pair_once_per_horizon(settings):
 
 def test_the_builder_reads_nothing_after_d_minus_1(settings):
     before = build_round(DAY, settings).jsonl()
-    layout = DataLayout(settings.data_dir)
+    layout = DataLayout(settings.dataset.data_dir)
     outside = [DAY + timedelta(days=n) for n in range(9)] + [WINDOW[0] - timedelta(days=n) for n in range(1, 4)]
     for day in outside:
         for path in (layout.daily_quads_path(day), layout.articles_path(day), layout.slot_ledger_path(day)):
@@ -217,7 +218,7 @@ def test_publication_writes_the_round_once_with_its_manifest_and_index(settings,
         "active": 6,
         "quiet": 4,
     }
-    local = settings.data_dir / "live" / "2024-03-10"
+    local = settings.dataset.data_dir / "live" / "2024-03-10"
     assert (local / "manifest.json").read_bytes() == manifest_raw
     assert pl.read_parquet(local / "questions.parquet").get_column("stratum").to_list().count("quiet") == 2
     index = json.loads((store.root / "live" / "index.json").read_bytes())
@@ -238,7 +239,7 @@ def test_publication_writes_the_round_once_with_its_manifest_and_index(settings,
     assert (base / "manifest.json").read_bytes() == manifest_raw
     # A different round for the same day is refused, and nothing is overwritten.
     with pytest.raises(ReleaseConflict, match="never rewritten"):
-        publish_round(DAY, live_settings(settings.data_dir, live_seed=4), store, now=PUBLISH)
+        publish_round(DAY, live_settings(settings.dataset.data_dir, live_seed=4), store, now=PUBLISH)
     assert (base / "questions.jsonl").read_bytes() == questions
     # Answers published by resolution show up in the index, newest round first.
     (base / "answers-2024-03-11.jsonl").write_bytes(b"")
@@ -263,7 +264,7 @@ def test_baselines_are_submitted_at_publication_from_the_window_only(settings, t
     store = LocalStore(tmp_path / "bucket")
     result = publish_round(DAY, settings, store, now=PUBLISH)
     assert result.baselines == {"live-2024-03-10-recurrency": "submitted", "live-2024-03-10-frequency": "submitted"}
-    questions = pl.read_parquet(settings.data_dir / "live" / "2024-03-10" / "questions.parquet")
+    questions = pl.read_parquet(settings.dataset.data_dir / "live" / "2024-03-10" / "questions.parquet")
     for method in ("recurrency", "frequency"):
         directory = store.root / "submissions" / f"live-2024-03-10-{method}"
         meta = json.loads((directory / "submission.json").read_bytes())
@@ -283,7 +284,7 @@ def test_baselines_are_submitted_at_publication_from_the_window_only(settings, t
                 assert record["ranked"] == (["036", "042"] if method == "recurrency" else ["036"])
             if (s, o) == ("MEX", "CAN"):  # 4 articles: not even a database event
                 assert record["p_event"] == 0.0 and record["ranked"] == []
-    recorded = json.loads((settings.data_dir / "live" / "2024-03-10" / "baselines.json").read_bytes())
+    recorded = json.loads((settings.dataset.data_dir / "live" / "2024-03-10" / "baselines.json").read_bytes())
     assert set(recorded) == set(result.baselines)
     # A re-run uploads nothing new; a squatted name is reported, not overwritten.
     assert publish_round(DAY, settings, store, now=PUBLISH).baselines == result.baselines
@@ -313,7 +314,7 @@ def test_a_hostile_manifest_stops_the_index(settings, tmp_path):
 @pytest.fixture
 def s3_settings(settings, s3_server, bucket) -> Settings:
     return live_settings(
-        settings.data_dir,
+        settings.dataset.data_dir,
         release_uri=f"s3://{bucket}/mirai",
         s3_endpoint_url=s3_server.endpoint,
         s3_region="us-east-1",
@@ -325,7 +326,7 @@ def test_publication_on_seaweedfs(s3_settings):
     result = publish_round(DAY, s3_settings, store, now=PUBLISH)
     assert result.published_now and result.index_written
     raw = store.get_bytes("live/rounds/2024-03-10/manifest.json")
-    assert raw == (s3_settings.data_dir / "live" / "2024-03-10" / "manifest.json").read_bytes()
+    assert raw == (s3_settings.dataset.data_dir / "live" / "2024-03-10" / "manifest.json").read_bytes()
     questions = store.get_bytes("live/rounds/2024-03-10/questions.jsonl")
     assert json.loads(raw)["files"]["questions.jsonl"]["sha256"] == hashlib.sha256(questions).hexdigest()
     assert [r["round"] for r in json.loads(store.get_bytes("live/index.json"))["rounds"]] == ["2024-03-10"]

@@ -19,6 +19,7 @@ from pipeline.live.score import LiveScoringError, check_predictions, question_sc
 from pipeline.reference.tables import level2_codes
 
 from .live_builder import baseline_predictions, history, midnight, pairs, write_accepted, write_round, write_world
+from .settings_builder import make_settings
 
 ROUND = date(2024, 3, 10)
 WINDOW = [ROUND - timedelta(days=i) for i in range(21, 0, -1)]
@@ -79,7 +80,7 @@ def test_bad_probabilities_and_repeated_questions_are_refused():
 def resolved(tmp_path_factory) -> tuple[Settings, pl.DataFrame, pl.DataFrame]:
     """A resolved round over a realistic world: 30 pairs that act most days with habitual
     relations, 10 that rarely act; questions on both target dates."""
-    settings = Settings(data_dir=tmp_path_factory.mktemp("live") / "data")
+    settings = make_settings(data_dir=tmp_path_factory.mktemp("live") / "data")
     world_pairs = pairs(seed=11, active=30, quiet=10)
     write_world(settings, 12, world_pairs, WINDOW + TARGETS)
     questions = write_round(settings, ROUND, world_pairs)
@@ -128,7 +129,7 @@ def test_no_degenerate_strategy_tops_the_baselines_on_a_realistic_round(resolved
     write_accepted(settings, ROUND, "frequency-with-p-event", skilled, model="skilled")
 
     card = score_round(settings, ROUND)
-    assert json.loads((settings.data_dir / "live" / str(ROUND) / "scores.json").read_text()) == card
+    assert json.loads((settings.dataset.data_dir / "live" / str(ROUND) / "scores.json").read_text()) == card
     live = {name: entry["metrics"]["live_score"]["value"] for name, entry in card["submissions"].items()}
     floor = min(live[f"live-{ROUND}-recurrency"], live[f"live-{ROUND}-frequency"])
     print("live scores:", json.dumps(live, indent=1), "base rate", base_rate)
@@ -153,7 +154,7 @@ def test_unscorable_submissions_are_listed_and_the_others_scored(resolved):
     ids = questions.get_column("query_id").to_list()
     write_accepted(settings, ROUND, "bad-p", frame([(q, [], 2.0) for q in ids]))
     write_accepted(settings, ROUND, "refused", frame([(q, ["042"], None) for q in ids]), status="rejected")
-    hostile = settings.data_dir / "live" / str(ROUND) / "submissions" / "hostile"
+    hostile = settings.dataset.data_dir / "live" / str(ROUND) / "submissions" / "hostile"
     hostile.mkdir(parents=True)
     (hostile / "record.json").write_bytes(b"\xff not json")
     card = score_round(settings, ROUND)
@@ -187,21 +188,21 @@ def test_a_published_round_with_accepted_submissions_ranks_its_baselines_above_e
     from pipeline.live.publication import publish_round
     from pipeline.release.store import LocalStore
 
-    settings = Settings(data_dir=tmp_path / "data", live_window_days=21, live_round_size=80)
+    settings = make_settings(data_dir=tmp_path / "data", live_window_days=21, live_round_size=80)
     write_world(settings, 42, pairs(seed=41, active=36, quiet=14), WINDOW + TARGETS)
     store = LocalStore(tmp_path / "bucket")
     publication = publish_round(ROUND, settings, store, now=midnight(ROUND) + timedelta(hours=1))
     assert publication.drawn == {"active": 30, "quiet": 10}
-    questions = pl.read_parquet(settings.data_dir / "live" / str(ROUND) / "questions.parquet")
+    questions = pl.read_parquet(settings.dataset.data_dir / "live" / str(ROUND) / "questions.parquet")
     # The base rate of the answers to come: a forecaster's best constant p_event (it cannot know it).
     base_rate = 0.6
     for name, predictions in degenerate(questions, base_rate).items():
         upload(store, name, predictions)
     processing = midnight(ROUND) + timedelta(hours=6)
-    found = submissions.triage(store, settings.data_dir, now=processing)
+    found = submissions.triage(store, settings.dataset.data_dir, now=processing)
     assert len(found.ready) == 2 + len(degenerate(questions, base_rate))
     for name in found.ready:
-        assert submissions.process(store, name, settings.data_dir, now=processing)["status"] == "accepted", name
+        assert submissions.process(store, name, settings.dataset.data_dir, now=processing)["status"] == "accepted", name
     assert (
         resolve_round(ROUND, settings, now=midnight(TARGETS[-1]) + timedelta(days=2), store=store).resolved == TARGETS
     )

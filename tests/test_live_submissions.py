@@ -41,7 +41,7 @@ def published(tmp_path):
 
 
 def question_ids(settings) -> list[str]:
-    path = settings.data_dir / "live" / "2024-03-10" / "questions.parquet"
+    path = settings.dataset.data_dir / "live" / "2024-03-10" / "questions.parquet"
     return pl.read_parquet(path).get_column("query_id").to_list()
 
 
@@ -70,25 +70,25 @@ def good_records(settings) -> list[dict]:
 
 def test_baselines_are_accepted_through_the_submission_path(published):
     settings, store = published
-    found = sub.triage(store, settings.data_dir, now=NOW)
+    found = sub.triage(store, settings.dataset.data_dir, now=NOW)
     assert sorted(found.ready) == ["live-2024-03-10-frequency", "live-2024-03-10-recurrency"]
     for name in found.ready:
-        record = sub.process(store, name, settings.data_dir, now=NOW)
+        record = sub.process(store, name, settings.dataset.data_dir, now=NOW)
         assert record["status"] == "accepted" and record["baseline"] is True and record["reasons"] == []
         assert record["format"] == "mirai-live-submission-v1" and record["round"] == "2024-03-10"
         assert record["deadline_published"] == "2024-03-11T00:00:00+00:00"
         frame = pl.read_parquet(
-            settings.data_dir / "live" / "2024-03-10" / "submissions" / name / "predictions.parquet"
+            settings.dataset.data_dir / "live" / "2024-03-10" / "submissions" / name / "predictions.parquet"
         )
         assert frame.schema == pl.Schema(sub.LIVE_PREDICTIONS_SCHEMA)
         assert frame.get_column("query_id").to_list() == question_ids(settings)
         assert frame.get_column("p_event").is_between(0, 1).all()
         assert all(r == sorted(set(r)) for r in frame.get_column("relations").to_list())
     # Processed once: the sensor's next look has nothing, and process returns the stored record.
-    assert sub.triage(store, settings.data_dir, now=NOW).ready == {}
-    assert sub.process(store, "live-2024-03-10-frequency", settings.data_dir, now=NOW)["baseline"] is True
+    assert sub.triage(store, settings.dataset.data_dir, now=NOW).ready == {}
+    assert sub.process(store, "live-2024-03-10-frequency", settings.dataset.data_dir, now=NOW)["baseline"] is True
     # The monthly leaderboard's records are untouched: no record.json in the monthly area.
-    assert not list((settings.data_dir / "submissions").glob("*/record.json"))
+    assert not list((settings.dataset.data_dir / "submissions").glob("*/record.json"))
 
 
 def test_an_on_time_submission_is_accepted_and_normalised(published):
@@ -100,9 +100,11 @@ def test_an_on_time_submission_is_accepted_and_normalised(published):
         {"query_id": ids[2], "answer": {}, "p_event": 0},
     ]
     upload(store, "mine", records, at=manifest_mtime(store) + 3600)
-    record = sub.process(store, "mine", settings.data_dir, now=NOW)
+    record = sub.process(store, "mine", settings.dataset.data_dir, now=NOW)
     assert record["status"] == "accepted" and record["baseline"] is False and record["answered"] == 3
-    frame = pl.read_parquet(settings.data_dir / "live" / "2024-03-10" / "submissions" / "mine" / "predictions.parquet")
+    frame = pl.read_parquet(
+        settings.dataset.data_dir / "live" / "2024-03-10" / "submissions" / "mine" / "predictions.parquet"
+    )
     rows = frame.head(4).to_dicts()
     assert rows[0] == {"query_id": ids[0], "relations": ["040", "042", "190"], "p_event": 0.9}
     assert rows[1] == {"query_id": ids[1], "relations": ["036", "190"], "p_event": None}
@@ -117,7 +119,7 @@ def test_a_late_submission_is_refused_naming_both_times(published):
     # The round was published at 05:00 for a 00:00 deadline: 19 h after its manifest reached the store.
     anchor = manifest_mtime(store)
     upload(store, "late", good_records(settings), at=anchor + 19 * 3600 + 1)
-    record = sub.process(store, "late", settings.data_dir, now=NOW)
+    record = sub.process(store, "late", settings.dataset.data_dir, now=NOW)
     assert record["status"] == "rejected"
     due = datetime.fromtimestamp(anchor, UTC) + timedelta(hours=19)
     submitted = datetime.fromtimestamp(anchor + 19 * 3600 + 1, UTC)
@@ -126,14 +128,16 @@ def test_a_late_submission_is_refused_naming_both_times(published):
         f"deadline {due.isoformat()} (19:00:00 after the round's manifest.json reached the store)"
     ]
     assert json.loads(store.get_bytes("submissions/late/rejection.json"))["reasons"] == record["reasons"]
-    assert not (settings.data_dir / "live" / "2024-03-10" / "submissions" / "late" / "predictions.parquet").exists()
+    assert not (
+        settings.dataset.data_dir / "live" / "2024-03-10" / "submissions" / "late" / "predictions.parquet"
+    ).exists()
     # The latest object counts: predictions on time, submission.json a second late.
     upload(store, "late-meta", good_records(settings)[:1], at=anchor + 60)
     os.utime(store.root / "submissions" / "late-meta" / "submission.json", (anchor + 19 * 3600 + 1,) * 2)
-    assert "late: " in sub.process(store, "late-meta", settings.data_dir, now=NOW)["reasons"][0]
+    assert "late: " in sub.process(store, "late-meta", settings.dataset.data_dir, now=NOW)["reasons"][0]
     # Exactly on the deadline is on time.
     upload(store, "just", good_records(settings)[:2], at=anchor + 19 * 3600)
-    assert sub.process(store, "just", settings.data_dir, now=NOW)["status"] == "accepted"
+    assert sub.process(store, "just", settings.dataset.data_dir, now=NOW)["status"] == "accepted"
 
 
 @pytest.mark.parametrize(
@@ -149,7 +153,7 @@ def test_a_late_submission_is_refused_naming_both_times(published):
 def test_predictions_are_matched_strictly(published, change, expected):
     settings, store = published
     upload(store, "bad", [good_records(settings)[0] | change], at=manifest_mtime(store) + 60)
-    record = sub.process(store, "bad", settings.data_dir, now=NOW)
+    record = sub.process(store, "bad", settings.dataset.data_dir, now=NOW)
     assert record["status"] == "rejected" and record["reasons"] == [f"predictions.jsonl: {expected}"]
 
 
@@ -162,7 +166,7 @@ def test_a_nan_p_event_in_parquet_is_refused(published, tmp_path):
     directory.mkdir(parents=True)
     frame.write_parquet(directory / "predictions.parquet")
     (directory / "submission.json").write_bytes(json.dumps(META).encode())
-    record = sub.process(store, "pq", settings.data_dir, now=NOW)
+    record = sub.process(store, "pq", settings.dataset.data_dir, now=NOW)
     assert record["reasons"] == ["predictions.parquet: record 2: p_event nan is not a probability from 0 to 1"]
 
 
@@ -171,7 +175,7 @@ def test_live_metadata_is_checked_field_by_field(published):
     meta = META | {"round": "2024-02-30", "month": "2024-03", "contact": ""}
     del meta["model"]
     upload(store, "meta", good_records(settings), meta)
-    record = sub.process(store, "meta", settings.data_dir, now=NOW)
+    record = sub.process(store, "meta", settings.dataset.data_dir, now=NOW)
     assert record["status"] == "rejected"
     assert record["reasons"] == [
         "submission.json: unknown field 'month' (a live round's fields are model, knowledge_cutoff, contact, round, "
@@ -185,16 +189,16 @@ def test_live_metadata_is_checked_field_by_field(published):
 def test_a_round_not_published_yet_is_awaited_then_refused(published):
     settings, store = published
     upload(store, "early", good_records(settings), META | {"round": "2024-03-12"})
-    found = sub.triage(store, settings.data_dir, now=datetime(2024, 3, 12, 23, tzinfo=UTC))
+    found = sub.triage(store, settings.dataset.data_dir, now=datetime(2024, 3, 12, 23, tzinfo=UTC))
     assert "early" not in found.ready
     assert (
         "early: round 2024-03-12 is not published yet: waits for live_round 2024-03-12 "
         "(awaited until 2024-03-13T00:00:00+00:00)" in found.waiting
     )
     with pytest.raises(NotReady, match="round 2024-03-12 is not published yet"):
-        sub.process(store, "early", settings.data_dir, now=datetime(2024, 3, 12, 23, tzinfo=UTC))
-    assert "early" in sub.triage(store, settings.data_dir, now=datetime(2024, 3, 13, tzinfo=UTC)).ready
-    record = sub.process(store, "early", settings.data_dir, now=datetime(2024, 3, 13, tzinfo=UTC))
+        sub.process(store, "early", settings.dataset.data_dir, now=datetime(2024, 3, 12, 23, tzinfo=UTC))
+    assert "early" in sub.triage(store, settings.dataset.data_dir, now=datetime(2024, 3, 13, tzinfo=UTC)).ready
+    record = sub.process(store, "early", settings.dataset.data_dir, now=datetime(2024, 3, 13, tzinfo=UTC))
     assert record["status"] == "rejected"
     assert record["reasons"] == ["round 2024-03-12 was never published (the published rounds are in live/index.json)"]
     assert store.stat("submissions/early/rejection.json") is not None
@@ -202,10 +206,10 @@ def test_a_round_not_published_yet_is_awaited_then_refused(published):
 
 def test_a_copy_of_an_accepted_submission_is_refused(published):
     settings, store = published
-    assert sub.process(store, "live-2024-03-10-frequency", settings.data_dir, now=NOW)["status"] == "accepted"
+    assert sub.process(store, "live-2024-03-10-frequency", settings.dataset.data_dir, now=NOW)["status"] == "accepted"
     copied = (store.root / "submissions" / "live-2024-03-10-frequency" / "predictions.jsonl").read_bytes()
     upload(store, "copycat", copied, at=manifest_mtime(store) + 60)
-    record = sub.process(store, "copycat", settings.data_dir, now=NOW)
+    record = sub.process(store, "copycat", settings.dataset.data_dir, now=NOW)
     assert (
         record["status"] == "rejected"
         and "already accepted for round 2024-03-10 as 'live-2024-03-10-frequency'" in (record["reasons"][0])
@@ -219,7 +223,7 @@ def test_a_squatted_baseline_name_is_not_a_baseline(published, tmp_path):
     other = tmp_path / "other"
     os.rename(store.root / "submissions" / "live-2024-03-10-recurrency", other)
     upload(store, "live-2024-03-10-recurrency", good_records(settings), at=manifest_mtime(store) + 60)
-    record = sub.process(store, "live-2024-03-10-recurrency", settings.data_dir, now=NOW)
+    record = sub.process(store, "live-2024-03-10-recurrency", settings.dataset.data_dir, now=NOW)
     assert record["status"] == "accepted" and record["baseline"] is False
 
 
@@ -237,7 +241,7 @@ def test_late_refused_and_on_time_accepted_on_seaweedfs(tmp_path, s3_server, buc
     admin = s3_server.client()
 
     def put(name: str, day: str) -> None:
-        ids = pl.read_parquet(settings.data_dir / "live" / day / "questions.parquet").get_column("query_id")
+        ids = pl.read_parquet(settings.dataset.data_dir / "live" / day / "questions.parquet").get_column("query_id")
         body = "".join(json.dumps({"query_id": q, "answer": ["042"], "p_event": 0.25}) + "\n" for q in ids).encode()
         admin.put_object(Bucket=bucket, Key=f"mirai/submissions/{name}/predictions.jsonl", Body=body)
         meta = json.dumps(META | {"round": day}).encode()
@@ -247,21 +251,21 @@ def test_late_refused_and_on_time_accepted_on_seaweedfs(tmp_path, s3_server, buc
     time.sleep(2.5)  # S3 times are whole seconds: two more make the upload late for round D
     put("tardy", "2024-03-10")
     put("prompt", "2024-03-11")
-    record = sub.process(store, "tardy", settings.data_dir, now=NOW)
+    record = sub.process(store, "tardy", settings.dataset.data_dir, now=NOW)
     assert record["status"] == "rejected" and record["reasons"][0].startswith("late: ")
     assert record["deadline"] == (manifest.modified + timedelta(seconds=1)).isoformat()
     assert json.loads(store.get_bytes("submissions/tardy/rejection.json"))["reasons"] == record["reasons"]
-    record = sub.process(store, "prompt", settings.data_dir, now=NOW)
+    record = sub.process(store, "prompt", settings.dataset.data_dir, now=NOW)
     assert record["status"] == "accepted" and record["round"] == "2024-03-11"
     assert store.stat("submissions/prompt/rejection.json") is None
 
 
 def test_the_record_of_a_live_submission_is_where_the_pointer_says(published):
     settings, store = published
-    sub.process(store, "live-2024-03-10-recurrency", settings.data_dir, now=NOW)
-    pointer = Path(settings.data_dir) / "submissions" / "live-2024-03-10-recurrency" / "live.json"
+    sub.process(store, "live-2024-03-10-recurrency", settings.dataset.data_dir, now=NOW)
+    pointer = Path(settings.dataset.data_dir) / "submissions" / "live-2024-03-10-recurrency" / "live.json"
     assert json.loads(pointer.read_bytes()) == {"round": "2024-03-10"}
-    assert sub.read_live_record(settings.data_dir, "live-2024-03-10-recurrency")["status"] == "accepted"
+    assert sub.read_live_record(settings.dataset.data_dir, "live-2024-03-10-recurrency")["status"] == "accepted"
 
 
 def test_mirai_submit_checks_a_live_submission_against_the_published_round(published, tmp_path, capsys):
@@ -277,7 +281,7 @@ def test_mirai_submit_checks_a_live_submission_against_the_published_round(publi
     out = capsys.readouterr().out
     assert "round 2024-03-10: accepted if the upload reaches the store before its deadline 2024-03-11T00:00:00" in out
     # The replayed round's deadline is 19 hours after its manifest reached the store (just now).
-    assert sub.process(store, "cli", settings.data_dir, now=NOW)["status"] == "accepted"
+    assert sub.process(store, "cli", settings.dataset.data_dir, now=NOW)["status"] == "accepted"
     meta.write_text(json.dumps(META | {"round": "2024-03-11"}))
     assert main(["submit", str(preds), "--meta", str(meta), "--name", "cli2", "--store", str(store.root)]) == 1
     assert "round 2024-03-11 is not published" in capsys.readouterr().err
@@ -287,9 +291,9 @@ def test_hostile_live_uploads_are_refused_without_reading_or_writing_outside(pub
     settings, store = published
     # A round that is a path: refused in one line, nothing created outside the data directory's areas.
     upload(store, "path", good_records(settings), META | {"round": "../../../etc"})
-    record = sub.process(store, "path", settings.data_dir, now=NOW)
+    record = sub.process(store, "path", settings.dataset.data_dir, now=NOW)
     assert record["reasons"] == ["submission.json: round must be a day YYYY-MM-DD, got '../../../etc'"]
-    assert sorted(p.name for p in (settings.data_dir / "live").iterdir()) == ["2024-03-10"]
+    assert sorted(p.name for p in (settings.dataset.data_dir / "live").iterdir()) == ["2024-03-10"]
     # Predictions over the cap: refused by their listed size, never read.
     monkeypatch.setattr(sub, "MAX_SUBMISSION_BYTES", 100)
     upload(store, "big", good_records(settings), at=manifest_mtime(store) + 60)
@@ -300,7 +304,7 @@ def test_hostile_live_uploads_are_refused_without_reading_or_writing_outside(pub
         return read(key, limit=limit)
 
     monkeypatch.setattr(store, "get_bytes", get_bytes)
-    record = sub.process(store, "big", settings.data_dir, now=NOW)
+    record = sub.process(store, "big", settings.dataset.data_dir, now=NOW)
     assert record["status"] == "rejected" and "over the 100 cap; not read" in record["reasons"][0]
 
 
@@ -312,10 +316,10 @@ def test_a_submission_processed_after_the_round_is_resolved_is_refused_whatever_
 
     settings, store = published
     upload(store, "in-time-by-its-stamp", good_records(settings), at=manifest_mtime(store) + 3600)
-    answers = answers_file(settings.data_dir, DAY, DAY + timedelta(days=1))
+    answers = answers_file(settings.dataset.data_dir, DAY, DAY + timedelta(days=1))
     answers.parent.mkdir(parents=True)
     answers.write_bytes(b"resolved")
-    record = sub.process(store, "in-time-by-its-stamp", settings.data_dir, now=NOW)
+    record = sub.process(store, "in-time-by-its-stamp", settings.dataset.data_dir, now=NOW)
     assert record["status"] == "rejected"
     assert record["reasons"] == [
         f"round {DAY} is already resolved (answers for {DAY + timedelta(days=1)} are out): a submission processed "
@@ -328,13 +332,13 @@ def test_an_owner_key_is_kept_only_as_its_sha256_and_a_bad_one_is_never_quoted(p
     settings, store = published
     key = "my-owner-key-0123456789"
     upload(store, "keyed", good_records(settings)[:2], META | {"owner_key": key}, at=manifest_mtime(store) + 60)
-    record = sub.process(store, "keyed", settings.data_dir, now=NOW)
+    record = sub.process(store, "keyed", settings.dataset.data_dir, now=NOW)
     assert record["status"] == "accepted" and record["owner_sha256"] == hashlib.sha256(key.encode()).hexdigest()
-    stored = (settings.data_dir / "live" / "2024-03-10" / "submissions" / "keyed" / "record.json").read_text()
+    stored = (settings.dataset.data_dir / "live" / "2024-03-10" / "submissions" / "keyed" / "record.json").read_text()
     assert key not in stored
     short = "short-secret"
     upload(store, "short-key", good_records(settings)[:2], META | {"owner_key": short}, at=manifest_mtime(store) + 60)
-    refused = sub.process(store, "short-key", settings.data_dir, now=NOW)
+    refused = sub.process(store, "short-key", settings.dataset.data_dir, now=NOW)
     assert refused["status"] == "rejected" and refused["reasons"] == [
         "submission.json: owner_key must be 16 to 256 printable characters (not shown)"
     ]

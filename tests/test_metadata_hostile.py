@@ -32,7 +32,6 @@ from assets.release import release
 from assets.resources import resources_for
 from assets.splits import test_split as split_asset
 from assets.submissions import submission
-from pipeline.config import Settings
 from pipeline.splits.database import month_days
 from pipeline.storage import DataLayout, raw_file_name
 from quality.event_checks import (
@@ -51,6 +50,7 @@ from testbed.news import NewsServer
 from testbed.serve import MirrorServer
 
 from .month_builder import write_days
+from .settings_builder import make_settings
 from .test_dagster_evaluations import split_quads
 from .test_live_dagster import LIVE
 from .test_live_rounds import DAY as ROUND
@@ -181,15 +181,16 @@ def event_log(tmp_path_factory):
     ):
         plant_hostile_gdelt(tmp / "mirror", news.url_for("/hostile.html"))
         resources = resources_for(
-            data_dir=str(data),
-            gdelt_base_url=mirror.base_url,
-            release_uri=str(bucket),
-            agents_file=str(agents_file),
-            fetch_allow_loopback=True,
-            # The generated day's other articles come from the news server's sites.
-            fetch_host_map=f"*.example=127.0.0.1:{news.port}",
-            extract_workers=1,
-            **LIVE,
+            make_settings(
+                data_dir=str(data),
+                gdelt_base_url=mirror.base_url,
+                release_uri=str(bucket),
+                agents_file=str(agents_file),
+                fetch_allow_loopback=True,
+                fetch_host_map=f"*.example=127.0.0.1:{news.port}",
+                extract_workers=1,
+                **LIVE,
+            )
         )
 
         def run(selection: list, partition_key: str | None = None, run_config: dict | None = None) -> None:
@@ -203,7 +204,7 @@ def event_log(tmp_path_factory):
         checks = [gdelt_files_all_green, gdelt_events_intact, gdelt_mentions_intact, gdelt_events_valid]
         checks += [events_valid, events_history_current, daily_quads_valid, articles_valid, articles_fetch_health]
         run(daily + checks, JAN.isoformat())
-        write_days(Settings(data_dir=data), month_days(JAN)[1:], split_quads(JAN))
+        write_days(make_settings(data_dir=data), month_days(JAN)[1:], split_quads(JAN))
         override = {"override_by": "operator", "override_reason": "GDELT served zips that are not GDELT files"}
         run(
             [event_database, split_asset, split_leakage_audit, release],
@@ -220,7 +221,9 @@ def event_log(tmp_path_factory):
         upload(bucket, "hostile-scored", MONTHLY | hostile, answers)
         upload(bucket, "hostile-files", MONTHLY | hostile, answers, extra=FILE_NAMED)
 
-        write_days(Settings(data_dir=data), [*WINDOW, ROUND, ROUND + timedelta(days=1)], window_quads() + later_quads())
+        write_days(
+            make_settings(data_dir=data), [*WINDOW, ROUND, ROUND + timedelta(days=1)], window_quads() + later_quads()
+        )
         run(
             [live_round],
             ROUND.isoformat(),

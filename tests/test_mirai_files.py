@@ -16,7 +16,6 @@ import polars as pl
 import pytest
 
 from pipeline.agent_api.lookup import map_cameo_to_relation, map_iso_to_country_name
-from pipeline.config import Settings
 from pipeline.reference import level1_codes, level2_codes
 from pipeline.release.download import download_release
 from pipeline.release.layout import MIRAI_BUNDLE_DIR, MIRAI_BUNDLE_FILES, name_problem
@@ -38,6 +37,7 @@ from pipeline.splits.split import Override, build_split
 from pipeline.storage import DataLayout, write_sealed_parquet
 from testbed.database import generate_event_database
 
+from .settings_builder import make_settings
 from .test_cli import run
 
 MONTH = date(2024, 1, 1)
@@ -49,7 +49,7 @@ def data_dir(tmp_path_factory) -> Path:
     """Three generated database months and January's split (forced: no slot ledgers here)."""
     root = tmp_path_factory.mktemp("mirai-files") / "data"
     generate_event_database(root, date(2023, 11, 1), 3, seed=5, quads_per_day=10)
-    build_split(MONTH, Settings(data_dir=root, split_sample_size=20), now=NOW, override=Override("t", "test", NOW))
+    build_split(MONTH, make_settings(data_dir=root, split_sample_size=20), now=NOW, override=Override("t", "test", NOW))
     return root
 
 
@@ -256,7 +256,7 @@ def test_a_release_carries_the_bundle_and_mirai_download_accepts_it(data_dir, ex
     split = data_dir / "splits/2024-01"
     for name in BUNDLE_FILES:  # the same bytes as `mirai export mirai` writes
         assert (split / MIRAI_BUNDLE_DIR / name).read_bytes() == (exported / name).read_bytes(), name
-    settings = Settings(data_dir=data_dir, release_uri=str(tmp_path / "bucket"))
+    settings = make_settings(data_dir=data_dir, release_uri=str(tmp_path / "bucket"))
     publish_release(MONTH, settings, open_store(settings))
     manifest = json.loads((tmp_path / "bucket/releases/2024-01/manifest.json").read_text())
     assert MIRAI_BUNDLE_FILES <= set(manifest["files"])

@@ -27,6 +27,7 @@ from pipeline.reference.tables import cameo_to_iso3, country_table, level2_codes
 from pipeline.storage import DataLayout, atomic_write_parquet
 
 from .conftest import shared_fixture
+from .settings_builder import make_settings
 
 UTC = UTC
 DAY1 = date(2024, 3, 1)
@@ -239,13 +240,13 @@ def test_url_hashes_are_pinned_so_a_library_change_cannot_silently_orphan_the_hi
 
 
 def _write_parsed(settings: Settings, day: date, rows: pl.DataFrame) -> None:
-    layout = DataLayout(settings.data_dir)
+    layout = DataLayout(settings.dataset.data_dir)
     slot = datetime(day.year, day.month, day.day, tzinfo=UTC)
     atomic_write_parquet(rows, layout.parsed_path("export", slot))
 
 
 def test_url_across_two_daily_partitions_keeps_day_one(tmp_path):
-    settings = Settings(data_dir=tmp_path)
+    settings = make_settings(data_dir=tmp_path)
     day2 = DAY1 + timedelta(days=1)
     _write_parsed(settings, DAY1, frame(event(DAY1, url="shared", o="RUS"), event(DAY1, url="only1")))
     _write_parsed(
@@ -265,7 +266,7 @@ def test_out_of_order_backfill_is_detected_and_a_rebuild_fixes_it(tmp_path):
     from pipeline.events.daily import history_fingerprint
     from pipeline.storage import read_parquet_metadata
 
-    settings = Settings(data_dir=tmp_path)
+    settings = make_settings(data_dir=tmp_path)
     layout = DataLayout(tmp_path)
     day2 = DAY1 + timedelta(days=1)
     _write_parsed(settings, DAY1, frame(event(DAY1, url="shared", o="RUS")))
@@ -280,7 +281,7 @@ def test_out_of_order_backfill_is_detected_and_a_rebuild_fixes_it(tmp_path):
 
 
 def test_event_replayed_on_a_later_day_adds_nothing(tmp_path):
-    settings = Settings(data_dir=tmp_path)
+    settings = make_settings(data_dir=tmp_path)
     day2 = DAY1 + timedelta(days=1)
     original = event(DAY1, event_id=7, url="a")
     _write_parsed(settings, DAY1, frame(original))
@@ -292,7 +293,7 @@ def test_event_replayed_on_a_later_day_adds_nothing(tmp_path):
 
 
 def test_daily_outputs_are_byte_identical_on_rerun(tmp_path):
-    settings = Settings(data_dir=tmp_path)
+    settings = make_settings(data_dir=tmp_path)
     _write_parsed(
         settings, DAY1, frame(*(event(o=o, url=f"u{i}", mentions=60) for i, o in enumerate(["CHN", "RUS", "CHN"])))
     )

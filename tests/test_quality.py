@@ -31,6 +31,7 @@ from quality.suites import (
 
 from .conftest import MIRROR_DAY, shared_fixture
 from .gx_helpers import assert_fails_only, failure, set_row
+from .settings_builder import make_settings
 from .test_markdown import unescaped
 
 UTC = UTC
@@ -381,7 +382,7 @@ def _run(data_dir: Path, instance, *, include_quads_check: bool = True):
             *([daily_quads_valid] if include_quads_check else []),
         ],
         partition_key=DAY.isoformat(),
-        resources=resources_for(data_dir=str(data_dir)),
+        resources=resources_for(make_settings(data_dir=str(data_dir))),
         instance=instance,
         raise_on_error=False,
     )
@@ -446,7 +447,7 @@ def test_failed_events_check_blocks_daily_quads(tmp_path, monkeypatch):
         """The real rules, then a bug: the first event becomes domestic (s == o). Written the way
         build_events writes (sealed), so the suite, not the digest, is what finds it."""
         built = real_build_events(day, settings)
-        layout = DataLayout(settings.data_dir)
+        layout = DataLayout(settings.dataset.data_dir)
         path = layout.events_path(day)
         write_sealed_parquet(layout, set_row(pl.read_parquet(path), 0, o="USA", s="USA"), path)
         return built
@@ -501,7 +502,7 @@ def test_checks_pass_on_a_real_pipeline_day(tmp_path, mirror):
     from assets.ingest import gdelt_events, gdelt_files, gdelt_mentions
     from quality.event_checks import daily_quads_valid, events_valid, gdelt_events_valid
 
-    resources = resources_for(data_dir=str(tmp_path / "data"), gdelt_base_url=mirror.base_url)
+    resources = resources_for(make_settings(data_dir=str(tmp_path / "data"), gdelt_base_url=mirror.base_url))
     with dg.instance_for_test() as instance:
         result = dg.materialize(
             [

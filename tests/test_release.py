@@ -21,7 +21,7 @@ import requests
 import yaml
 
 from pipeline.cli import main
-from pipeline.config import Settings
+from pipeline.config import NetworkSettings, ReleaseSettings, Settings
 from pipeline.release import publish as release
 from pipeline.release.download import ChecksumMismatch, download_release
 from pipeline.release.layout import INDEX_KEY, LATEST_KEY, ReleaseError, release_key
@@ -36,6 +36,7 @@ from testbed.s3 import LocalS3
 
 from .month_builder import Quad, write_month
 from .s3_server import ACCESS_KEY, SECRET_KEY, SeaweedS3
+from .settings_builder import make_settings
 from .test_splits import QUADS
 
 JAN, FEB = date(2024, 1, 1), date(2024, 2, 1)
@@ -57,18 +58,18 @@ def _build(settings: Settings, month: date, quads) -> None:
 def data_dir(tmp_path_factory) -> Path:
     """January and February built by the real pipeline, plus a December 2023 database month of
     random bytes large enough for a multipart upload. Tests publish from it, never write to it."""
-    settings = Settings(data_dir=tmp_path_factory.mktemp("release") / "data")
+    settings = make_settings(data_dir=tmp_path_factory.mktemp("release") / "data")
     _build(settings, JAN, JAN_QUADS)
     _build(settings, FEB, QUADS)
-    layout = DataLayout(settings.data_dir)
+    layout = DataLayout(settings.dataset.data_dir)
     dec = date(2023, 12, 1)
     layout.database_path("events", dec).write_bytes(os.urandom(BIG))
     layout.database_path("news", dec).write_bytes(os.urandom(1000))
-    return settings.data_dir
+    return settings.dataset.data_dir
 
 
 def _s3_settings(data_dir: Path, server: SeaweedS3, bucket: str, **overrides) -> Settings:
-    return Settings(
+    return make_settings(
         data_dir=data_dir,
         release_uri=f"s3://{bucket}/mirai/v1",
         s3_endpoint_url=server.endpoint,
@@ -83,7 +84,7 @@ def _s3_settings(data_dir: Path, server: SeaweedS3, bucket: str, **overrides) ->
 
 def _source_files(data_dir: Path, month: date) -> dict[str, Path]:
     """Release name → the local file it was published from."""
-    plan = plan_release(month, Settings(data_dir=data_dir))
+    plan = plan_release(month, make_settings(data_dir=data_dir))
     return {o.name: o.path for o in plan.objects}
 
 
@@ -105,7 +106,7 @@ def _a_different_february(tmp_path: Path, data_dir: Path) -> Settings:
     layout = DataLayout(copy)
     for table in ("events", "news"):
         layout.database_path(table, date(2023, 12, 1)).unlink()
-    settings = Settings(data_dir=copy, split_sample_size=1)
+    settings = make_settings(data_dir=copy, split_sample_size=1)
     build_split(FEB, settings, now=AFTER_GRACE)
     return settings
 
@@ -230,7 +231,7 @@ def test_s3_corrupted_object_makes_download_fail_loudly_and_keep_nothing(
     monkeypatch.setenv("MIRAI_S3_ENDPOINT_URL", s3_server.endpoint)
     monkeypatch.setenv("MIRAI_S3_REGION", "us-east-1")
     dest = tmp_path / "dl"
-    code = main(["download", "2024-02", "--dest", str(dest), "--from", settings.release_uri, "--only", "split"])
+    code = main(["download", "2024-02", "--dest", str(dest), "--from", settings.release.uri, "--only", "split"])
     err = capsys.readouterr().err
     assert code == 3
     assert "checksum mismatch" in err and "queries.parquet" in err and "nothing was kept" in err
@@ -248,7 +249,7 @@ def test_s3_bucket_holding_a_different_release_is_refused_and_not_overwritten(da
     before = {o["Key"]: (o["ETag"], o["LastModified"]) for o in admin.list_objects_v2(Bucket=bucket)["Contents"]}
 
     other = _a_different_february(tmp_path, data_dir)
-    other_s3 = _s3_settings(other.data_dir, s3_server, bucket)
+    other_s3 = _s3_settings(other.dataset.data_dir, s3_server, bucket)
     with pytest.raises(ReleaseConflict, match="already holds a different release 2024-02"):
         publish_release(FEB, other_s3, open_store(other_s3))
     assert {
@@ -316,8 +317,8 @@ def test_release_asset_publishes_once_and_never_shows_credentials(data_dir, s3_s
 
 
 def test_local_store_is_the_default_and_round_trips(data_dir, tmp_path):
-    assert open_store(Settings(data_dir=tmp_path)).root == (tmp_path / "releases-bucket").resolve()
-    settings = Settings(data_dir=data_dir, release_uri=str(tmp_path / "bucket"))
+    assert open_store(make_settings(data_dir=tmp_path)).root == (tmp_path / "releases-bucket").resolve()
+    settings = make_settings(data_dir=data_dir, release_uri=str(tmp_path / "bucket"))
     store = open_store(settings)
     assert isinstance(store, LocalStore)
     for month in (FEB, JAN):  # publishing an older month afterwards keeps latest at the newest
@@ -341,7 +342,7 @@ def test_local_store_is_the_default_and_round_trips(data_dir, tmp_path):
 
 
 def test_index_carries_absolute_urls_only_from_the_configured_public_url(data_dir, tmp_path):
-    settings = Settings(
+    settings = make_settings(
         data_dir=data_dir, release_uri=str(tmp_path / "bucket"), release_public_url="https://data.example.org/mirai/"
     )
     publish_release(FEB, settings)
@@ -357,7 +358,7 @@ def test_index_carries_absolute_urls_only_from_the_configured_public_url(data_di
 def test_manifests_and_cards_record_their_source(data_dir, tmp_path):
     """Issue 20: a demo release must not pass for a real one. A split built from GDELT records the
     base URL; one built from generated data says so in its manifests and its card's first lines."""
-    settings = Settings(data_dir=data_dir, release_uri=str(tmp_path / "bucket"))
+    settings = make_settings(data_dir=data_dir, release_uri=str(tmp_path / "bucket"))
     publish_release(FEB, settings)
     gdelt = json.loads((tmp_path / "bucket/releases/2024-02/manifest.json").read_text())
     assert (
@@ -365,17 +366,17 @@ def test_manifests_and_cards_record_their_source(data_dir, tmp_path):
         == gdelt["split"]["source"]
         == {
             "generated": False,
-            "gdelt_base_url": Settings().gdelt_base_url,
-            "description": f"GDELT 2.0 event feed at {Settings().gdelt_base_url}",
+            "gdelt_base_url": Settings().gdelt.base_url,
+            "description": f"GDELT 2.0 event feed at {Settings().gdelt.base_url}",
         }
     )
     card_text = (tmp_path / "bucket/releases/2024-02/README.md").read_text()
     assert (
         "GENERATED" not in card_text
-        and f"| source | GDELT 2.0 event feed at {Settings().gdelt_base_url} |" in card_text
+        and f"| source | GDELT 2.0 event feed at {Settings().gdelt.base_url} |" in card_text
     )
 
-    demo = Settings(
+    demo = make_settings(
         data_dir=tmp_path / "demo",
         release_uri=str(tmp_path / "demo-bucket"),
         generated_source="generated mirror, seed 7",
@@ -400,9 +401,9 @@ def test_manifests_and_cards_record_their_source(data_dir, tmp_path):
 
 def test_local_store_refuses_a_different_release(data_dir, tmp_path):
     bucket = tmp_path / "bucket"
-    publish_release(FEB, Settings(data_dir=data_dir, release_uri=str(bucket)))
+    publish_release(FEB, make_settings(data_dir=data_dir, release_uri=str(bucket)))
     manifest = (bucket / "releases/2024-02/manifest.json").read_bytes()
-    other = _a_different_february(tmp_path, data_dir).with_(release_uri=str(bucket))
+    other = make_settings(_a_different_february(tmp_path, data_dir), release_uri=str(bucket))
     with pytest.raises(ReleaseConflict):
         publish_release(FEB, other)
     assert (bucket / "releases/2024-02/manifest.json").read_bytes() == manifest
@@ -412,7 +413,7 @@ def test_local_store_refuses_a_different_release(data_dir, tmp_path):
 
 def test_local_download_detects_a_corrupted_file(data_dir, tmp_path):
     bucket = tmp_path / "bucket"
-    publish_release(FEB, Settings(data_dir=data_dir, release_uri=f"file://{bucket}"))
+    publish_release(FEB, make_settings(data_dir=data_dir, release_uri=f"file://{bucket}"))
     card = bucket / "releases/2024-02/README.md"
     card.write_text("tampered")
     with pytest.raises(ChecksumMismatch, match=r"README.md"):
@@ -436,18 +437,18 @@ def test_cli_release_and_download(data_dir, tmp_path, monkeypatch, capsys):
 
 def test_release_waits_for_the_split(tmp_path):
     with pytest.raises(ReleaseNotReady, match="materialise test_split first"):
-        plan_release(FEB, Settings(data_dir=tmp_path))
+        plan_release(FEB, make_settings(data_dir=tmp_path))
 
 
 def test_s3_store_description_and_urls_carry_no_credentials(monkeypatch):
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
-    aws = S3Store("mirai-bench", "/v1/", Settings(s3_region="eu-west-1"))
+    aws = S3Store("mirai-bench", "/v1/", ReleaseSettings(s3_region="eu-west-1"), NetworkSettings())
     assert aws.description == "s3://mirai-bench/v1 (AWS eu-west-1)"
     assert aws.public_url("releases/2024-02/database/events/month=2024-02.parquet") == (
         "https://mirai-bench.s3.eu-west-1.amazonaws.com/v1/releases/2024-02/database/events/month=2024-02.parquet"
     )
-    cdn = S3Store("b", "", Settings(release_public_url="https://data.example.org/mirai/"))
+    cdn = S3Store("b", "", ReleaseSettings(public_url="https://data.example.org/mirai/"), NetworkSettings())
     assert cdn.public_url(INDEX_KEY) == "https://data.example.org/mirai/releases/index.json"
 
 
@@ -597,7 +598,7 @@ def test_a_sealed_database_file_damaged_since_it_was_written_is_refused_by_the_s
         s3_server, bucket = request.getfixturevalue("s3_server"), request.getfixturevalue("bucket")
         settings = _s3_settings(copy, s3_server, bucket)
     else:
-        settings = Settings(data_dir=copy, release_uri=str(tmp_path / "bucket"))
+        settings = make_settings(data_dir=copy, release_uri=str(tmp_path / "bucket"))
     store = open_store(settings)
     with pytest.raises(ReleaseNotReady, match="changed since it was hashed or its sha256 recorded"):
         publish_release(FEB, settings, store)
@@ -612,7 +613,7 @@ def test_a_sealed_database_file_of_another_size_stops_the_publish_naming_its_dig
         fh.write(b"appended")
     bucket = tmp_path / "bucket"
     with pytest.raises(ReleaseNotReady, match=r"no longer matches its digest .*digests/database/news/month=2024-01"):
-        publish_release(FEB, Settings(data_dir=copy, release_uri=str(bucket)))
+        publish_release(FEB, make_settings(data_dir=copy, release_uri=str(bucket)))
     assert not (bucket / "releases/2024-02/manifest.json").exists()
 
 
@@ -622,7 +623,7 @@ def test_a_split_file_changed_since_its_manifest_stops_the_publish_before_the_ma
     (copy / "splits/2024-02/queries_sample.parquet").write_bytes(b"not the sample")
     bucket = tmp_path / "bucket"
     with pytest.raises(ReleaseNotReady, match="no longer matches its split manifest"):
-        publish_release(FEB, Settings(data_dir=copy, release_uri=str(bucket)))
+        publish_release(FEB, make_settings(data_dir=copy, release_uri=str(bucket)))
     assert not (bucket / "releases/2024-02/manifest.json").exists() and not (bucket / LATEST_KEY).exists()
     assert not list(bucket.rglob("database/*/*.parquet"))  # the split's files are checked first
 
@@ -633,7 +634,7 @@ def test_a_durable_download_starts_writing_each_file_to_disk_while_it_streams(da
     from pipeline.release import download
 
     bucket = tmp_path / "bucket"
-    publish_release(FEB, Settings(data_dir=data_dir, release_uri=str(bucket)))
+    publish_release(FEB, make_settings(data_dir=data_dir, release_uri=str(bucket)))
     asked = []
     monkeypatch.setattr(download, "WRITEBACK", 4 * 2**20)
     monkeypatch.setattr(download.os, "posix_fadvise", lambda fd, offset, length, advice: asked.append((offset, length)))
@@ -653,7 +654,7 @@ def test_a_durable_download_fsyncs_every_file_and_directory_before_the_manifest(
     from pipeline.release import download
 
     bucket = tmp_path / "bucket"
-    publish_release(FEB, Settings(data_dir=data_dir, release_uri=str(bucket)))
+    publish_release(FEB, make_settings(data_dir=data_dir, release_uri=str(bucket)))
     target = tmp_path / "dl/2024-02"
     synced, fsync = [], download._fsync
     monkeypatch.setattr(download, "_fsync", lambda path: (synced.append(path), fsync(path)))

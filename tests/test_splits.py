@@ -32,6 +32,7 @@ from pipeline.splits.split import (
 from pipeline.storage import DamagedFile, DataLayout, seal_problem
 
 from .month_builder import Quad, write_month
+from .settings_builder import make_settings
 
 FEB = date(2024, 2, 1)
 D1, D2 = date(2024, 2, 3), date(2024, 2, 29)
@@ -63,7 +64,7 @@ QUADS = [
 
 @pytest.fixture
 def month_settings(tmp_path) -> Settings:
-    settings = Settings(data_dir=tmp_path / "data")
+    settings = make_settings(data_dir=tmp_path / "data")
     write_month(settings, FEB, QUADS)
     return settings
 
@@ -88,26 +89,26 @@ def test_event_database_keeps_quads_at_50_mentions_with_a_surviving_article(mont
     # 3 source URLs were never stored (fetch failed): counted, and not in the database
     assert db.counts["articles_failed"] == 3
     assert db.counts["articles_selected"] == db.counts["articles_stored"] + 3
-    layout = DataLayout(month_settings.data_dir)
+    layout = DataLayout(month_settings.dataset.data_dir)
     assert pl.read_parquet(layout.database_path("events", FEB)).equals(db.events)
 
 
 def test_event_database_files_are_sealed_and_the_split_refuses_changed_bytes(month_settings):
     db = build_event_database(FEB, month_settings)
-    layout = DataLayout(month_settings.data_dir)
+    layout = DataLayout(month_settings.dataset.data_dir)
     events = layout.database_path("events", FEB)
     assert seal_problem(layout, events) is None and seal_problem(layout, layout.database_path("news", FEB)) is None
     # A valid parquet file with one mention count changed reads fine: only the digest tells.
     db.events.with_columns(pl.col("daily_mentions") + 1).write_parquet(events)
     with pytest.raises(DamagedFile, match=r"database/events/month=2024-02\.parquet"):
         build_split(FEB, month_settings, now=AFTER_GRACE)
-    assert not DataLayout(month_settings.data_dir).split_dir(FEB).exists()
+    assert not DataLayout(month_settings.dataset.data_dir).split_dir(FEB).exists()
     build_event_database(FEB, month_settings)  # rebuilding the month restores the sealed bytes
     assert build_split(FEB, month_settings, now=AFTER_GRACE).directory.exists()
 
 
 def test_event_database_refuses_a_month_with_missing_days(month_settings):
-    DataLayout(month_settings.data_dir).articles_path(date(2024, 2, 10)).unlink()
+    DataLayout(month_settings.dataset.data_dir).articles_path(date(2024, 2, 10)).unlink()
     with pytest.raises(MonthNotReady, match="2024-02-10: articles"):
         build_event_database(FEB, month_settings)
 
@@ -151,7 +152,7 @@ def test_open_month_is_refused_and_an_override_is_recorded(month_settings):
 
 
 def test_unsettled_slots_keep_a_month_open(tmp_path):
-    settings = Settings(data_dir=tmp_path / "data")
+    settings = make_settings(data_dir=tmp_path / "data")
     write_month(settings, FEB, QUADS, slot_status="pending")
     closure = month_closure(FEB, settings, AFTER_GRACE)
     assert not closure.closed and "5568 pending" in closure.describe()

@@ -24,7 +24,6 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from pipeline.config import Settings
 from pipeline.gdelt import index as index_module
 from pipeline.gdelt.index import GdeltIndex, IndexTooLarge
 from pipeline.gdelt.ingest import ingest_day
@@ -33,6 +32,7 @@ from pipeline.storage import DataLayout, raw_file_name
 from testbed.hostile import relist, zip_member
 
 from .conftest import MIRROR_DAY
+from .settings_builder import make_settings
 
 SLOT = datetime(2024, 1, 1, 5, 30, tzinfo=UTC)
 MIB = 2**20
@@ -63,8 +63,8 @@ def _fetches(mirror, name: str) -> int:
 
 
 def _index(data_dir: Path, mirror) -> GdeltIndex:
-    settings = Settings(data_dir=data_dir, gdelt_base_url=mirror.base_url, backoff_base_s=0.01, backoff_max_s=0.05)
-    return GdeltIndex(DataLayout(settings.data_dir), settings, make_session(settings))
+    settings = make_settings(data_dir=data_dir, gdelt_base_url=mirror.base_url, backoff_base_s=0.01, backoff_max_s=0.05)
+    return GdeltIndex(DataLayout(settings.dataset.data_dir), settings, make_session(settings))
 
 
 def test_a_gzip_bomb_served_as_lastupdate_is_refused_at_its_cap_and_the_cached_index_stays(tmp_path, mirror):
@@ -126,7 +126,7 @@ def test_a_zip_listed_larger_than_a_member_at_the_cap_can_make_is_quarantined_un
     and md5s: zipfile opens it (it takes the bytes before the archive for a self-extractor's
     stub) and its member verifies, so it used to land, and parsing read the raw zip whole. A zip
     of one member at the cap cannot be that large, so the listed size alone refuses it."""
-    settings = settings.with_(max_uncompressed_mb=1)
+    settings = make_settings(settings, max_uncompressed_mb=1)
     name = raw_file_name(SLOT, "export")
     padded = b"PK\x03\x04" + b"\0" * (4 * MIB) + zip_member(name.removesuffix(".zip"), b"tiny\n")
     relist(mirror_dir, name, padded)
@@ -134,7 +134,7 @@ def test_a_zip_listed_larger_than_a_member_at_the_cap_can_make_is_quarantined_un
     assert row["status"] == "quarantined", row
     assert f"listed at {len(padded):,} bytes" in row["last_error"] and "1,048,576" in row["last_error"]
     assert _fetches(mirror, name) == 0  # refused on the index's word: nothing downloaded
-    assert not DataLayout(settings.data_dir).raw_path(SLOT, "export").exists()
+    assert not DataLayout(settings.dataset.data_dir).raw_path(SLOT, "export").exists()
     again = ingest_day(MIRROR_DAY, settings).ledger  # the same listing is not tried again
     assert _row(again, SLOT)["status"] == "quarantined" and _fetches(mirror, name) == 0
     assert _row(again, SLOT, "mentions")["status"] == "landed"  # and the slot's other file is there
@@ -168,7 +168,7 @@ def test_a_huge_robots_txt_is_cut_at_its_cap_and_still_obeyed(tmp_path):
     from pipeline.articles.safety import make_safe_session
     from testbed.news import DEFAULT_ROBOTS, NewsServer, page_html
 
-    settings = Settings(data_dir=tmp_path / "data", fetch_allow_loopback=True, fetch_deadline_s=5.0)
+    settings = make_settings(data_dir=tmp_path / "data", fetch_allow_loopback=True, fetch_deadline_s=5.0)
     huge = DEFAULT_ROBOTS + "# " + "x" * (8 * MIB) + "\n"
     with NewsServer({"/a.html": page_html("a")}, robots_txt=huge) as news:
         session = make_safe_session(settings)

@@ -26,6 +26,8 @@ from pipeline.release.store_uri import open_store
 from sensors.evaluations import leaderboard_job
 from sensors.submissions import submission_job, submission_sensor
 
+from .settings_builder import make_settings
+
 GOLD = {
     "2024-01-00001": {"04": ["042"], "19": ["190"]},
     "2024-01-00002": {"01": ["010", "013"]},
@@ -501,7 +503,9 @@ def test_round_trip_on_seaweedfs_through_the_sensor(s3_server, bucket, data_dir,
     admin.put_object(Bucket=bucket, Key=f"{prefix}/bad name/submission.json", Body=b"{}")
     admin.put_object(Bucket=bucket, Key=f"{prefix}/a/b/c/submission.json", Body=b"{}")
 
-    resources = resources_for(data_dir=str(data_dir), release_uri=uri, s3_endpoint_url=s3_server.endpoint)
+    resources = resources_for(
+        make_settings(data_dir=str(data_dir), release_uri=uri, s3_endpoint_url=s3_server.endpoint)
+    )
     defs = dg.Definitions(
         assets=[submission, evaluation, leaderboard],
         jobs=[submission_job, leaderboard_job],
@@ -554,4 +558,4 @@ def test_round_trip_on_seaweedfs_through_the_sensor(s3_server, bucket, data_dir,
 
 
 def _settings(data_dir: Path, uri: str, server) -> Settings:
-    return Settings(data_dir=data_dir, release_uri=uri, s3_endpoint_url=server.endpoint, s3_region="us-east-1")
+    return make_settings(data_dir=data_dir, release_uri=uri, s3_endpoint_url=server.endpoint, s3_region="us-east-1")

@@ -17,11 +17,11 @@ import requests
 from assets.database import event_database
 from assets.resources import resources_for
 from assets.splits import test_split as split_asset
-from pipeline.config import Settings
 from quality.split_checks import split_leakage_audit
 from testbed.dagster_services import graphql, running_daemon, running_webserver
 
 from .month_builder import write_month
+from .settings_builder import make_settings
 from .test_splits import QUADS
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -72,13 +72,13 @@ def ui(tmp_path_factory):
     home.mkdir()
     # The onboarding dialog would cover the page in the screenshot; telemetry needs the network.
     (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\nnux:\n  enabled: false\n")
-    write_month(Settings(data_dir=data), date(2024, 2, 1), QUADS)
+    write_month(make_settings(data_dir=data), date(2024, 2, 1), QUADS)
     with dg.DagsterInstance.from_config(str(home)) as instance:
         result = dg.materialize(
             [event_database, split_asset, split_leakage_audit],
             partition_key="2024-02-01",
             instance=instance,
-            resources=resources_for(data_dir=str(data)),
+            resources=resources_for(make_settings(data_dir=str(data))),
         )
         assert result.success
     env = {**os.environ, "DAGSTER_HOME": str(home), "MIRAI_DATA_DIR": str(data)}

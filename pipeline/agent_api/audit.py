@@ -263,7 +263,7 @@ def leakage_audit(settings: Settings, month: date) -> LeakageAudit:
     manifest = read_manifest(settings, month)
     if manifest is None:
         raise MonthNotReady(f"{month:%Y-%m}: no split to audit")
-    queries = pl.read_parquet(DataLayout(settings.data_dir).split_dir(month) / "queries.parquet")
+    queries = pl.read_parquet(DataLayout(settings.dataset.data_dir).split_dir(month) / "queries.parquet")
     violations = []
     cutoff = date.fromisoformat(manifest["history_cutoff"])
     if month <= cutoff:
@@ -273,7 +273,7 @@ def leakage_audit(settings: Settings, month: date) -> LeakageAudit:
         violations.append(f"{outside.height} queries are dated outside {month:%Y-%m}, e.g. {outside.row(0)[:4]}")
     dates = sorted(set(queries.get_column("date")))
     sandboxed = tuple(sorted({dates[0], dates[-1]})) if dates else ()
-    database = EventDatabase(settings.data_dir)
+    database = EventDatabase(settings.dataset.data_dir)
     for day in dates:
         with database.environment(day, manifest["distance_days"]) as env:
             found = leakage_violations(env, rng=random.Random(f"{manifest['seed']}/{day}"), sandbox=day in sandboxed)

@@ -109,7 +109,7 @@ def _database() -> EventDatabase:
     if _state.database is None:
         from pipeline.config import Settings
 
-        open_database(Settings.from_env().data_dir)
+        open_database(Settings.from_env().dataset.data_dir)
     return _state.database
 
 

@@ -72,7 +72,7 @@ def _remaining(deadline: float) -> float:
 
 def _timeouts(settings: Settings, deadline: float) -> tuple[float, float]:
     left = _remaining(deadline)
-    return min(settings.fetch_connect_timeout_s, left), min(settings.fetch_read_timeout_s, left)
+    return min(settings.articles.fetch_connect_timeout_s, left), min(settings.articles.fetch_read_timeout_s, left)
 
 
 def read_capped(
@@ -133,9 +133,9 @@ def get_following_redirects(
     the final, non-redirect response (streaming, unread)."""
     visited = {url}
     current = url
-    for hops in range(settings.fetch_max_redirects + 1):
+    for hops in range(settings.articles.fetch_max_redirects + 1):
         hop.url, hop.http_status = current, None
-        check_url(current, settings.fetch_allow_loopback, resolve=False)  # the adapter resolves and checks
+        check_url(current, settings.articles.fetch_allow_loopback, resolve=False)  # the adapter resolves and checks
         if robots is not None:
             verdict = robots.check(session, current)
             if not verdict.allowed and verdict.failure_status == "dns_error":
@@ -176,7 +176,9 @@ def get_following_redirects(
         current = target
     hop.url = current
     raise FetchFailure(
-        "too_many_redirects", f"more than {settings.fetch_max_redirects} redirects", http_status=hop.http_status
+        "too_many_redirects",
+        f"more than {settings.articles.fetch_max_redirects} redirects",
+        http_status=hop.http_status,
     )
 
 
@@ -198,7 +200,7 @@ def _is_name_resolution_error(exc: BaseException) -> bool:
 def fetch_robots_txt(session: requests.Session, robots_url: str, settings: Settings) -> RobotsFetch:
     """GET a robots.txt through the article path's safety (checked hops, ≤ 5 redirects, capped
     size and time), one attempt; ``robots.interpret`` decides what the result means."""
-    deadline = time.monotonic() + min(ROBOTS_DEADLINE_S, settings.fetch_deadline_s)
+    deadline = time.monotonic() + min(ROBOTS_DEADLINE_S, settings.articles.fetch_deadline_s)
     hop = Hop(robots_url)
     try:
         response = get_following_redirects(session, robots_url, settings, deadline, hop, robots=None)

@@ -82,12 +82,12 @@ def abstract(title: str | None, text: str) -> str:
 def select_urls(day: date, settings: Settings) -> list[str]:
     """Normalised article URLs of the day's quads with daily_mentions ≥ the threshold (plus,
     optionally, the first-day WEB mention URLs of their events), sorted and unique."""
-    layout = DataLayout(settings.data_dir)
+    layout = DataLayout(settings.dataset.data_dir)
     quads = pl.scan_parquet(verified(layout, layout.daily_quads_path(day))).filter(
-        pl.col("daily_mentions") >= settings.article_min_mentions
+        pl.col("daily_mentions") >= settings.dataset.article_min_mentions
     )
     urls = quads.select(pl.col("urls").explode().alias("url"))
-    mentions = scan_parsed(layout, "mentions", day) if settings.article_include_mention_urls else None
+    mentions = scan_parsed(layout, "mentions", day) if settings.articles.article_include_mention_urls else None
     if mentions is not None:
         events = pl.scan_parquet(verified(layout, layout.events_path(day))).join(
             quads.select("date", "s", "r", "o"), on=["date", "s", "r", "o"], how="semi"
@@ -112,26 +112,30 @@ class DayArticles:
 
 
 def build_articles(day: date, settings: Settings, *, now: datetime | None = None) -> DayArticles:
-    if settings.article_profile not in PROFILES:
-        raise ValueError(f"MIRAI_ARTICLE_PROFILE={settings.article_profile!r}: expected one of {', '.join(PROFILES)}")
-    if settings.article_domain_dedup and not PROFILES[settings.article_profile].allows_domain_dedup:
-        raise ValueError(f"MIRAI_ARTICLE_DOMAIN_DEDUP needs the obelics profile, not {settings.article_profile!r}")
-    layout = DataLayout(settings.data_dir)
+    if settings.articles.article_profile not in PROFILES:
+        raise ValueError(
+            f"MIRAI_ARTICLE_PROFILE={settings.articles.article_profile!r}: expected one of {', '.join(PROFILES)}"
+        )
+    if settings.articles.article_domain_dedup and not PROFILES[settings.articles.article_profile].allows_domain_dedup:
+        raise ValueError(
+            f"MIRAI_ARTICLE_DOMAIN_DEDUP needs the obelics profile, not {settings.articles.article_profile!r}"
+        )
+    layout = DataLayout(settings.dataset.data_dir)
     selected = select_urls(day, settings)
     run = fetch_articles(selected, settings, now=now or utc_now())
     ledger = read_ledger(layout).filter(pl.col("url").is_in(pl.Series(selected, dtype=pl.String).implode()))
     stored = ledger.filter(pl.col("html_path").is_not_null()).sort("url")
     docs = ((read_html(layout, r["url_md5"]), r["final_url"] or r["url"]) for r in stored.iter_rows(named=True))
-    with ExtractionPool(settings.extract_workers, timeout_s=settings.extract_timeout_s) as pool:
+    with ExtractionPool(settings.articles.extract_workers, timeout_s=settings.articles.extract_timeout_s) as pool:
         judged = [
             (
                 r,
                 extracted,
-                filter_document(extracted.text, settings.article_profile) if extracted.error is None else None,
+                filter_document(extracted.text, settings.articles.article_profile) if extracted.error is None else None,
             )
             for r, extracted in zip(stored.iter_rows(named=True), pool.map(docs))
         ]
-    if settings.article_domain_dedup:
+    if settings.articles.article_domain_dedup:
         # OBELICS step 09 over the day's batch: paragraphs repeated within a domain are boilerplate.
         dedup = DomainParagraphDedup()
         domain = lambda r: urlsplit(r["final_url"] or r["url"]).netloc  # noqa: E731
@@ -166,7 +170,7 @@ def build_articles(day: date, settings: Settings, *, now: datetime | None = None
                 "paragraphs_in": decision.paragraphs_in if decision else 0,
                 "paragraphs_kept": decision.paragraphs_kept if decision else 0,
                 "paragraph_drops": json.dumps(decision.paragraph_drops, sort_keys=True) if decision else None,
-                "profile": settings.article_profile,
+                "profile": settings.articles.article_profile,
             }
         )
     articles = pl.DataFrame(rows, schema=ARTICLES_SCHEMA)
@@ -174,7 +178,7 @@ def build_articles(day: date, settings: Settings, *, now: datetime | None = None
         layout,
         articles,
         layout.articles_path(day),
-        metadata={"articles_version": ARTICLES_VERSION, "profile": settings.article_profile},
+        metadata={"articles_version": ARTICLES_VERSION, "profile": settings.articles.article_profile},
     )
     not_stored = ledger.filter(pl.col("html_path").is_null())
     counts = {

@@ -120,19 +120,19 @@ def fetch_article(
     """Fetch one article URL: (outcome, decoded HTML bytes or None). Never raises for anything a
     server or a URL can do; ``robots=None`` skips robots.txt."""
     started = time.monotonic()
-    deadline = started + settings.fetch_deadline_s
+    deadline = started + settings.articles.fetch_deadline_s
     url = normalize_url(url)
     outcome = FetchOutcome(url=url, url_md5=url_md5(url), status="error")
     log = RetryLog()
     hop = Hop(url)
     body: bytes | None = None
     try:
-        check_url(url, settings.fetch_allow_loopback, resolve=False)  # refused before any attempt
+        check_url(url, settings.articles.fetch_allow_loopback, resolve=False)  # refused before any attempt
         response, body, content_type = with_retries(
             lambda: _attempt(session, url, settings, deadline, hop, robots, log),
-            attempts=max(1, settings.fetch_attempts),
-            backoff_base_s=settings.fetch_backoff_base_s,
-            backoff_max_s=settings.fetch_backoff_max_s,
+            attempts=max(1, settings.articles.fetch_attempts),
+            backoff_base_s=settings.articles.fetch_backoff_base_s,
+            backoff_max_s=settings.articles.fetch_backoff_max_s,
             log=log,
             within_s=deadline - time.monotonic(),  # out of time for another attempt: report this one
         )
@@ -167,7 +167,7 @@ def _attempt(
         if code in RETRYABLE_STATUS:
             retry_after = parse_retry_after(response.headers.get("Retry-After"))
             # By hand, not a tenacity wait: a longer wait ends the URL's run and defers it in the ledger.
-            if retry_after is not None and retry_after > settings.fetch_backoff_max_s:
+            if retry_after is not None and retry_after > settings.articles.fetch_backoff_max_s:
                 raise FetchFailure(
                     "http_error",
                     f"HTTP {code}, Retry-After {retry_after:.0f}s",
@@ -192,8 +192,10 @@ def _attempt(
                 error_class="UnsupportedContentEncoding",
             )
         length = response.headers.get("Content-Length", "")
-        if length.isdigit() and int(length) > settings.fetch_max_bytes:
-            raise FetchFailure("too_large", f"Content-Length {length} > {settings.fetch_max_bytes}", http_status=code)
+        if length.isdigit() and int(length) > settings.articles.fetch_max_bytes:
+            raise FetchFailure(
+                "too_large", f"Content-Length {length} > {settings.articles.fetch_max_bytes}", http_status=code
+            )
 
         def sniff(head: bytes) -> None:
             if media is None and not looks_like_html(head):
@@ -202,7 +204,7 @@ def _attempt(
                 )
 
         try:
-            body = read_capped(response, settings.fetch_max_bytes, deadline, on_head=sniff)
+            body = read_capped(response, settings.articles.fetch_max_bytes, deadline, on_head=sniff)
         except BodyTooLarge as exc:
             raise FetchFailure("too_large", str(exc), http_status=code) from exc
         if not body:
@@ -221,7 +223,7 @@ def _record_failure(outcome: FetchOutcome, exc: Exception, url: str, hop: Hop, s
         outcome.http_status = exc.http_status
         outcome.retry_after_s = exc.retry_after_s
     elif isinstance(exc, DeadlineExceeded):
-        _fail(outcome, "timeout", exc, f"deadline of {settings.fetch_deadline_s:g}s exceeded", retryable=True)
+        _fail(outcome, "timeout", exc, f"deadline of {settings.articles.fetch_deadline_s:g}s exceeded", retryable=True)
     elif isinstance(exc, TransientHTTPError):
         _fail(outcome, "http_error", exc, str(exc), retryable=True)
         outcome.http_status = exc.status
@@ -365,10 +367,10 @@ def fetch_many(
     ``on_outcome`` is called in the calling thread as each URL finishes (ledger checkpoints)."""
     started_at = now or utc_now()
     clock = time.monotonic()
-    layout = DataLayout(settings.data_dir)
-    robots = RobotsCache(settings, fetcher=fetch_robots_txt) if settings.fetch_respect_robots else None
-    concurrency = max(1, settings.fetch_concurrency)
-    schedule = _HostSchedule(urls, max(1, settings.fetch_per_host))
+    layout = DataLayout(settings.dataset.data_dir)
+    robots = RobotsCache(settings, fetcher=fetch_robots_txt) if settings.articles.fetch_respect_robots else None
+    concurrency = max(1, settings.articles.fetch_concurrency)
+    schedule = _HostSchedule(urls, max(1, settings.articles.fetch_per_host))
     sessions = _ThreadSessions(settings)
 
     def work(url: str) -> FetchOutcome:
@@ -425,10 +427,10 @@ def fetch_articles(
     runs for other days lose nothing). The ledger is also written every ``checkpoint_s`` during a
     long run, so a crash loses at most that much bookkeeping (the HTML files are already stored)."""
     now = now or utc_now()
-    schedule = settings.fetch_retry_schedule  # fail early on a bad MIRAI_FETCH_RETRY_SCHEDULE_H
-    layout = DataLayout(settings.data_dir)
+    schedule = settings.articles.fetch_retry_schedule  # fail early on a bad MIRAI_FETCH_RETRY_SCHEDULE_H
+    layout = DataLayout(settings.dataset.data_dir)
     lock = layout.lock_path("fetch_ledger")
-    with file_lock(lock, settings.day_lock_timeout_s):
+    with file_lock(lock, settings.dataset.day_lock_timeout_s):
         ledger = read_ledger(layout)
         if not layout.fetch_ledger_path().exists():
             write_ledger(layout, ledger)  # the asset exists (empty) from the first run on
@@ -440,7 +442,7 @@ def fetch_articles(
     def flush() -> None:
         if not pending:
             return
-        with file_lock(lock, settings.day_lock_timeout_s):
+        with file_lock(lock, settings.dataset.day_lock_timeout_s):
             write_ledger(layout, record_outcomes(read_ledger(layout), pending, now, schedule))
         pending.clear()
         last_flush[0] = time.monotonic()

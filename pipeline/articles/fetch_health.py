@@ -118,6 +118,6 @@ def day_fetch_health(day: date, settings: Settings) -> FetchHealth:
     the fetch ledger."""
     from pipeline.articles.day import select_urls  # the fetcher and extractors come with it
 
-    layout = DataLayout(settings.data_dir)
+    layout = DataLayout(settings.dataset.data_dir)
     selected = select_urls(day, settings) if layout.daily_quads_path(day).exists() else []
     return fetch_health(read_ledger(layout), selected)

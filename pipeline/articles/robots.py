@@ -129,7 +129,7 @@ class RobotsCache:
         clock: Callable[[], float] = time.monotonic,
     ):
         self.settings = settings
-        self.product_token = product_token(settings.user_agent)
+        self.product_token = product_token(settings.network.user_agent)
         self._clock = clock
         self._fetcher = fetcher
         self._entries: dict[str, _Entry] = {}
@@ -154,7 +154,7 @@ class RobotsCache:
                 self.requests += 1
             fetched = self._fetch(session, robots_url)
             mode, parser, reason = interpret(fetched)
-            expires = self._clock() + self.settings.fetch_robots_ttl_s
+            expires = self._clock() + self.settings.articles.fetch_robots_ttl_s
             entry = _Entry(mode, parser, reason, expires, fetched.failure_status)
             self._entries[origin] = entry
             return entry

@@ -297,8 +297,8 @@ def make_safe_session(settings: Settings, pool_maxsize: int = 1) -> requests.Ses
         }
     )
     adapter = SafeHTTPAdapter(
-        allow_loopback=settings.fetch_allow_loopback,
-        host_map=HostMap.parse(settings.fetch_host_map),
+        allow_loopback=settings.articles.fetch_allow_loopback,
+        host_map=HostMap.parse(settings.articles.fetch_host_map),
         pool_connections=16,
         pool_maxsize=pool_maxsize,
         max_retries=0,

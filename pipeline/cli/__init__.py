@@ -40,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="mirai",
         description="mirai-pipeline: GDELT 2.0 ingestion for the MIRAI benchmark.",
-        epilog="Settings come from the environment: " + ", ".join(env_names().values()),
+        epilog="Settings come from the environment: " + ", ".join(env_names()),
     )
     parser.add_argument("--debug", action="store_true", help="show the full traceback of an error")
     # Also accepted after the command (`mirai gaps --debug`); SUPPRESS keeps a top-level --debug.

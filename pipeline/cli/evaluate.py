@@ -157,7 +157,7 @@ def _run_episodes(
     database = None
     if agent.strategy == "react":
         database = EventDatabase(
-            release, allow_unconfined_sandbox=Settings.from_env().sandbox_allow_unconfined, untrusted_files=True
+            release, allow_unconfined_sandbox=Settings.from_env().sandbox.allow_unconfined, untrusted_files=True
         )
         try:  # every month the run reads, loaded and checked now: a bad file refuses the run, not its episodes
             database.gated_tables(frame.get_column("date").max() - timedelta(days=distance))

@@ -27,9 +27,12 @@ def cmd_ledger(args: argparse.Namespace) -> int:
     from pipeline.gdelt.ledger import problems, read_ledger, summarize, to_markdown
 
     settings = Settings.from_env()
-    ledger = read_ledger(DataLayout(settings.data_dir), args.day)
+    ledger = read_ledger(DataLayout(settings.dataset.data_dir), args.day)
     if ledger.height == 0:
-        print(f"no ledger for {args.day} under {settings.data_dir} (the day has not been ingested)", file=sys.stderr)
+        print(
+            f"no ledger for {args.day} under {settings.dataset.data_dir} (the day has not been ingested)",
+            file=sys.stderr,
+        )
         return 1
     counts = summarize(ledger)
     print(f"ledger {args.day}: " + ", ".join(f"{k}={v}" for k, v in counts.items()))
@@ -94,7 +97,7 @@ def cmd_events(args: argparse.Namespace) -> int:
 
     _ordered(args.day, args.end, "--day", "--end")
     settings = Settings.from_env()
-    layout = DataLayout(settings.data_dir)
+    layout = DataLayout(settings.dataset.data_dir)
     days = _days(args.day, args.end or args.day)
     started = time.perf_counter()
     built: list[date] = []
@@ -151,7 +154,7 @@ def cmd_gaps(args: argparse.Namespace) -> int:
     from pipeline.gdelt.index import parse_index, slot_gaps
 
     _ordered(args.start, args.end, "--start", "--end")
-    path = args.index or DataLayout(Settings.from_env().data_dir).index_dir() / "masterfilelist.txt"
+    path = args.index or DataLayout(Settings.from_env().dataset.data_dir).index_dir() / "masterfilelist.txt"
     if not Path(path).is_file():
         hint = "" if args.index else " (no day has been ingested yet: pass --index FILE)"
         raise CommandError(f"no GDELT index file at {path}{hint}")

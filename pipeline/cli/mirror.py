@@ -77,7 +77,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     options = MirrorOptions(event_scale=args.scale, stories_per_day=args.stories, url_scheme="http")
     plan = DemoPlan(month=args.month, extra_days=args.extra_days, options=options, seed=args.seed)
-    return run_demo(plan, Settings.from_env().data_dir)
+    return run_demo(plan, Settings.from_env().dataset.data_dir)
 
 
 def add_demo(sub, debug: argparse.ArgumentParser) -> None:

@@ -103,9 +103,9 @@ def cmd_download(args: argparse.Namespace) -> int:
 
     settings = Settings.from_env()
     try:
-        store = open_store(settings, uri=args.source, signed=args.signed or settings.release_signed_download)
+        store = open_store(settings, uri=args.source, signed=args.signed or settings.release.signed_download)
         result = download_release(
-            store, args.release, args.dest, only=args.only, workers=settings.release_concurrency, durable=args.fsync
+            store, args.release, args.dest, only=args.only, workers=settings.release.concurrency, durable=args.fsync
         )
     except ChecksumMismatch as exc:
         print(f"checksum mismatch: {exc}", file=sys.stderr)
@@ -147,7 +147,7 @@ def cmd_export_mirai(args: argparse.Namespace) -> int:
     from pipeline.splits.mirai_files import ExportError
 
     try:
-        result = export_mirai(args.month, Settings.from_env().data_dir, args.out)
+        result = export_mirai(args.month, Settings.from_env().dataset.data_dir, args.out)
     except ExportError as exc:
         raise CommandError(str(exc)) from None
     print(
@@ -161,7 +161,7 @@ def cmd_export_predictions(args: argparse.Namespace) -> int:
     """A stored evaluation run's predictions in MIRAI's layout (OUT/round<N>/<QueryId>.json)."""
     from pipeline.evaluation.mirai_predictions import export_predictions, mirai_query_ids
 
-    directory = DataLayout(Settings.from_env().data_dir).evaluation_dir(
+    directory = DataLayout(Settings.from_env().dataset.data_dir).evaluation_dir(
         args.month, args.agent, args.query_set, args.distance
     )
     if not (directory / "results.parquet").is_file():
@@ -212,9 +212,9 @@ def cmd_import_mirai(args: argparse.Namespace) -> int:
     from pipeline.splits.mirai_import import import_mirai
 
     settings = Settings.from_env()
-    target = args.data or settings.data_dir / "imports" / "mirai"
+    target = args.data or settings.dataset.data_dir / "imports" / "mirai"
     try:
-        result = import_mirai(args.dir, target, distance_days=settings.agent_distance_days)
+        result = import_mirai(args.dir, target, distance_days=settings.dataset.agent_distance_days)
     except (MiraiFormatError, ExportError) as exc:
         raise CommandError(f"{exc}; nothing was written") from None
     print(
@@ -240,7 +240,7 @@ def cmd_serve_release(args: argparse.Namespace) -> int:
     _testbed when the command runs: testbed/ ships with the source checkout only)."""
     serve_release = _testbed("demo").serve_release
     port = args.port or _testbed("s3").SERVE_PORT
-    data_dir = Settings.from_env().data_dir.resolve()
+    data_dir = Settings.from_env().dataset.data_dir.resolve()
     if not (data_dir / "s3" / "data").is_dir():
         raise CommandError(
             f"no demo release store at {data_dir / 's3'}: run `mirai demo` first "

@@ -21,7 +21,7 @@ def cmd_score(args: argparse.Namespace) -> int:
     from pipeline.evaluation.scoring import InvalidPredictions, bounded, score_predictions
 
     try:
-        data_dir = None if Path(args.split).is_dir() else Settings.from_env().data_dir
+        data_dir = None if Path(args.split).is_dir() else Settings.from_env().dataset.data_dir
         directory = split_directory(args.split, data_dir)
         result = score_predictions(
             args.predictions,
@@ -105,7 +105,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         return _upload(store, prepared)
     month = prepared.meta.month
     try:
-        split = split_directory(str(args.split) if args.split else month, settings.data_dir)
+        split = split_directory(str(args.split) if args.split else month, settings.dataset.data_dir)
     except ScoringError as exc:
         if args.split:
             raise CommandError(str(exc)) from None

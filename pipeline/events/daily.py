@@ -25,7 +25,7 @@ from datetime import date
 
 import polars as pl
 
-from pipeline.config import Settings
+from pipeline.config import DatasetSettings, Settings
 from pipeline.events.normalize import (
     INPUT_COLUMNS,
     History,
@@ -55,7 +55,7 @@ BLOCK_DAYS = (512, 64, 8)
 # Blocks are written with statistics and sorted ids, so a filter on the id range of a day skips
 # the row groups (and blocks) holding only older ids: ids grow with time, replays aside.
 BLOCK_ROW_GROUP = 1 << 16
-DEFAULT_LOCK_TIMEOUT_S = Settings.day_lock_timeout_s
+DEFAULT_LOCK_TIMEOUT_S = DatasetSettings().day_lock_timeout_s
 
 
 def scan_parsed(layout: DataLayout, kind: str, day: date) -> pl.LazyFrame | None:
@@ -282,15 +282,15 @@ class DayEvents:
 def build_events(day: date, settings: Settings) -> DayEvents:
     """Normalise ``day`` against the days ingested before it; write the events and the
     unmapped-codes report. Re-running gives byte-identical files."""
-    layout = DataLayout(settings.data_dir)
+    layout = DataLayout(settings.dataset.data_dir)
     parsed = scan_parsed(layout, "export", day)
     # Read once, for the key file and for the rules. A day with no landed slot gets empty outputs.
     rows = (EXPORT_SCHEMA.to_frame().lazy() if parsed is None else parsed).select(INPUT_COLUMNS).collect()
     if parsed is None:
         keys = event_keys(rows.lazy())
     else:
-        keys = write_event_keys(layout, day, rows.lazy(), settings.day_lock_timeout_s)
-    history, days = history_before(layout, day, keys, settings.day_lock_timeout_s)
+        keys = write_event_keys(layout, day, rows.lazy(), settings.dataset.day_lock_timeout_s)
+    history, days = history_before(layout, day, keys, settings.dataset.day_lock_timeout_s)
     normalized = normalize_with_report(rows, history)
     meta = {
         **normalized.metadata,
@@ -310,7 +310,7 @@ def build_events(day: date, settings: Settings) -> DayEvents:
 
 def build_daily_quads(day: date, settings: Settings) -> pl.DataFrame:
     """Aggregate the day's events (and its mentions) into daily quads."""
-    layout = DataLayout(settings.data_dir)
+    layout = DataLayout(settings.dataset.data_dir)
     [events_path] = verified(layout, layout.events_path(day))
     events = pl.read_parquet(events_path)
     quads = daily_quads(events, scan_parsed(layout, "mentions", day))

@@ -76,21 +76,23 @@ def fetch_verified(
     settings: Settings,
     quarantine_dir: Path,
 ) -> FetchResult:
-    limit = max_zip_bytes(settings.max_uncompressed_bytes)
+    limit = max_zip_bytes(settings.gdelt.max_uncompressed_bytes)
     if expected_size > limit:  # the same bytes would be refused once downloaded (or parsed whole)
         return FetchResult(
             "quarantined",
             0,
             error=f"zip: listed at {expected_size:,} bytes, more than a zip of one member of at most "
-            f"{settings.max_uncompressed_bytes:,} bytes can take ({limit:,}); not downloaded",
+            f"{settings.gdelt.max_uncompressed_bytes:,} bytes can take ({limit:,}); not downloaded",
         )
     log = RetryLog()
     quarantined: list[str] = []
     target.parent.mkdir(parents=True, exist_ok=True)
 
     def attempt() -> FetchResult:
-        deadline = time.monotonic() + settings.download_deadline_s
-        resp = session.get(url, stream=True, timeout=(settings.connect_timeout_s, settings.read_timeout_s))
+        deadline = time.monotonic() + settings.gdelt.download_deadline_s
+        resp = session.get(
+            url, stream=True, timeout=(settings.network.connect_timeout_s, settings.network.read_timeout_s)
+        )
         with resp:
             raise_for_transient(resp)
             log.last_status = resp.status_code
@@ -100,7 +102,7 @@ def fetch_verified(
                 return FetchResult("failed", log.attempts, resp.status_code, f"HTTP {resp.status_code}")
             temp = temp_path_for(target, sweep=False)  # the caller swept the directory (ingest_day)
             try:
-                size, got_md5 = _receive(resp, temp, expected_size, deadline, settings.download_deadline_s)
+                size, got_md5 = _receive(resp, temp, expected_size, deadline, settings.gdelt.download_deadline_s)
                 refused = _refusal(temp, url, size, got_md5, expected_size, expected_md5, settings)
                 if refused is not None:
                     status, note = refused
@@ -116,9 +118,9 @@ def fetch_verified(
     try:
         result = with_retries(
             attempt,
-            attempts=settings.download_attempts,
-            backoff_base_s=settings.backoff_base_s,
-            backoff_max_s=settings.backoff_max_s,
+            attempts=settings.gdelt.download_attempts,
+            backoff_base_s=settings.gdelt.backoff_base_s,
+            backoff_max_s=settings.gdelt.backoff_max_s,
             log=log,
             retry_on=(CorruptDownload,),
         )
@@ -172,7 +174,7 @@ def _refusal(
         problem = f"md5 {got_md5} != listed {expected_md5}"
     if problem is None:
         try:
-            verify_gdelt_zip(temp, max_uncompressed_bytes=settings.max_uncompressed_bytes)
+            verify_gdelt_zip(temp, max_uncompressed_bytes=settings.gdelt.max_uncompressed_bytes)
         except CorruptArchiveError as exc:
             # The bytes are exactly what GDELT lists, so fetching again won't help.
             return "quarantined", {

@@ -165,14 +165,14 @@ class GdeltIndex:
         return self.dir / LAST_UPDATE
 
     def _url(self, name: str) -> str:
-        return f"{self.settings.gdelt_base_url.rstrip('/')}/{name}"
+        return f"{self.settings.gdelt.base_url.rstrip('/')}/{name}"
 
     def _retrying(self, operation):
         return with_retries(
             operation,
-            attempts=self.settings.download_attempts,
-            backoff_base_s=self.settings.backoff_base_s,
-            backoff_max_s=self.settings.backoff_max_s,
+            attempts=self.settings.gdelt.download_attempts,
+            backoff_base_s=self.settings.gdelt.backoff_base_s,
+            backoff_max_s=self.settings.gdelt.backoff_max_s,
         )
 
     def _get(self, name: str, cap: int, headers: dict[str, str] | None = None) -> tuple[requests.Response, bytes]:
@@ -183,7 +183,7 @@ class GdeltIndex:
                 self._url(name),
                 headers=headers or {},
                 stream=True,
-                timeout=(self.settings.connect_timeout_s, self.settings.read_timeout_s),
+                timeout=(self.settings.network.connect_timeout_s, self.settings.network.read_timeout_s),
             ) as resp:
                 raise_for_transient(resp)
                 return resp, _read_capped(resp, cap)
@@ -268,7 +268,7 @@ class GdeltIndex:
                 with self.session.get(
                     self._url(MASTER_LIST),
                     stream=True,
-                    timeout=(self.settings.connect_timeout_s, self.settings.read_timeout_s),
+                    timeout=(self.settings.network.connect_timeout_s, self.settings.network.read_timeout_s),
                 ) as resp:
                     raise_for_transient(resp)
                     resp.raise_for_status()

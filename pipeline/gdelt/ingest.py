@@ -72,13 +72,13 @@ def ingest_day(
     now: datetime | None = None,
     log: Callable[[str], None] = lambda msg: None,
 ) -> DayIngest:
-    layout = DataLayout(settings.data_dir)
+    layout = DataLayout(settings.dataset.data_dir)
     now = now or utc_now()
-    with file_lock(layout.lock_path(f"ingest-{day.isoformat()}"), settings.day_lock_timeout_s):
+    with file_lock(layout.lock_path(f"ingest-{day.isoformat()}"), settings.dataset.day_lock_timeout_s):
         session = make_session(settings)
         index = GdeltIndex(layout, settings, session)
         # The master list is shared by every day: one refresher at a time.
-        with file_lock(layout.lock_path("index"), settings.day_lock_timeout_s):
+        with file_lock(layout.lock_path("index"), settings.dataset.day_lock_timeout_s):
             refresh = index.refresh()
             listing = index.entries_for_day(day).entries
         if refresh.error:
@@ -115,7 +115,7 @@ def ingest_day(
                     continue
                 to_fetch.append((row, entry))
 
-        base = settings.gdelt_base_url.rstrip("/")
+        base = settings.gdelt.base_url.rstrip("/")
         local = threading.local()
 
         def fetch(item: tuple[dict, dict]) -> tuple[dict, FetchResult]:
@@ -130,11 +130,11 @@ def ingest_day(
             )
 
         if to_fetch:
-            log(f"{day}: fetching {len(to_fetch)} files with {settings.download_concurrency} workers")
+            log(f"{day}: fetching {len(to_fetch)} files with {settings.gdelt.download_concurrency} workers")
             # A killed run's temp files, in one listing per directory (not one per file fetched).
             for directory in {layout.raw_path(row["slot"], row["kind"]).parent for row, _ in to_fetch}:
                 remove_orphan_temps(directory)
-            with ThreadPoolExecutor(max_workers=settings.download_concurrency) as pool:
+            with ThreadPoolExecutor(max_workers=settings.gdelt.download_concurrency) as pool:
                 for row, result in pool.map(fetch, to_fetch):
                     _apply(row, result, layout, now, settings)
         session.close()
@@ -146,7 +146,7 @@ def ingest_day(
 
 def _mark_unavailable(row: dict, now: datetime, settings: Settings, reason: str) -> None:
     row["unavailable_since"] = row["unavailable_since"] or now
-    in_grace = now < row["slot"] + timedelta(hours=settings.missing_grace_hours)
+    in_grace = now < row["slot"] + timedelta(hours=settings.gdelt.missing_grace_hours)
     row["status"] = "pending" if in_grace else "missing"
     row["last_error"] = reason
 
@@ -156,7 +156,7 @@ def _mark_landed(row: dict, layout: DataLayout, target, size: int, now: datetime
     row["path"] = str(target.relative_to(layout.root))
     row["landed_at"] = now
     was_unavailable = row["unavailable_since"] is not None
-    is_late = now - row["slot"] > timedelta(hours=settings.late_after_hours)
+    is_late = now - row["slot"] > timedelta(hours=settings.gdelt.late_after_hours)
     row["status"] = "late" if (was_unavailable and is_late) else "landed"
 
 
@@ -206,21 +206,21 @@ def parse_day(day: date, kind: str, settings: Settings) -> DayParse:
     thread per core); then the digest table is written, then the slot files in slot order.
 
     A raw file that cannot be parsed as a whole (its zip inflates past
-    ``settings.max_uncompressed_mb``, it has the wrong column count, implausibly many lines: see
+    ``settings.gdelt.max_uncompressed_mb``, it has the wrong column count, implausibly many lines: see
     :class:`~pipeline.gdelt.refusals.RefusedFileError`) does not stop the day: its slot becomes
     ``quarantined`` in the ledger with the reason, its zip moves to ``quarantine/gdeltv2/`` with a
     note, and the other slots are written as usual (:func:`_quarantine_refused`).
     """
-    layout = DataLayout(settings.data_dir)
+    layout = DataLayout(settings.dataset.data_dir)
     ledger = read_ledger(layout, day).filter(pl.col("kind") == kind, pl.col("status").is_in(GREEN))
-    with parsed_day_lock(layout, kind, day, settings.day_lock_timeout_s):
+    with parsed_day_lock(layout, kind, day, settings.dataset.day_lock_timeout_s):
         quarantined: list[str] = []
         recorded, table_lost = _recorded_digests(layout, kind, day, quarantined)
         digests: dict[datetime, FileDigest] = {}
         stats: list[dict] = []
         to_parse = _slots_to_parse(layout, kind, ledger, recorded, table_lost, digests, stats, quarantined)
         refusals = _parse_slots(layout, kind, day, settings, to_parse, recorded, digests, stats)
-        refused = _quarantine_refused(layout, kind, day, refusals, settings.day_lock_timeout_s)
+        refused = _quarantine_refused(layout, kind, day, refusals, settings.dataset.day_lock_timeout_s)
     per_slot = pl.DataFrame(
         stats, schema={"slot": pl.Datetime("us", "UTC"), "rows": pl.Int64, "rejects": pl.Int64}
     ).sort("slot")
@@ -317,7 +317,7 @@ def _parse_slots(
     try:
         for row, parsed in zip(
             to_parse,
-            parse_files(raw_files, kind, max_member_bytes=settings.max_uncompressed_bytes, refused="yield"),
+            parse_files(raw_files, kind, max_member_bytes=settings.gdelt.max_uncompressed_bytes, refused="yield"),
         ):
             if isinstance(parsed, Exception):
                 refusals.append((row, parsed))

@@ -85,7 +85,7 @@ SHOWN_METRICS = (RANK_METRIC, "level2_f1", "level1_f1", "brier", "occurrence_acc
 
 
 def live_dir(settings: Settings) -> Path:
-    return DataLayout(settings.data_dir).root / "live"
+    return DataLayout(settings.dataset.data_dir).root / "live"
 
 
 def identity(sub: Accepted, round_day: str) -> tuple[str, str, bool]:

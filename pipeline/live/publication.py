@@ -72,17 +72,17 @@ def round_manifest(rnd: Round, settings: Settings, published_at: datetime) -> di
         "format": ROUND_FORMAT,
         "round": rnd.day.isoformat(),
         "history_cutoff": (rnd.day - timedelta(days=1)).isoformat(),
-        "horizons": list(settings.live_horizon_days),
+        "horizons": list(settings.live.horizon_days),
         "target_dates": [t.isoformat() for t in target_dates(rnd.day, settings)],
         "deadline": _iso(deadline(rnd.day, settings)),
         "published_at": _iso(published_at),
         "sampler": {
             "version": LIVE_SAMPLER_VERSION,
             "seed": rnd.seed,
-            "live_seed": settings.live_seed,
-            "window_days": settings.live_window_days,
-            "round_size": settings.live_round_size,
-            "quiet_share": settings.live_quiet_share,
+            "live_seed": settings.live.seed,
+            "window_days": settings.live.window_days,
+            "round_size": settings.live.round_size,
+            "quiet_share": settings.live.quiet_share,
             "candidates_per_step": SAMPLER_CANDIDATES,
             "weights": SAMPLER_WEIGHTS,
             "pools": rnd.pools,
@@ -95,9 +95,9 @@ def round_manifest(rnd: Round, settings: Settings, published_at: datetime) -> di
             "days_missing": [d.isoformat() for d in rnd.days_missing],
         },
         "thresholds": {
-            "database_min_mentions": settings.article_min_mentions,
-            "test_min_mentions": settings.test_min_mentions,
-            "test_min_articles": settings.test_min_articles,
+            "database_min_mentions": settings.dataset.article_min_mentions,
+            "test_min_mentions": settings.dataset.test_min_mentions,
+            "test_min_articles": settings.dataset.test_min_articles,
         },
         "files": {
             LIVE_QUESTIONS: {"sha256": sha256_hex(questions), "bytes": len(questions), "rows": rnd.questions.height}
@@ -197,7 +197,8 @@ def submit_baselines(rnd: Round, settings: Settings, store: ReleaseStore) -> dic
     predictions = baseline_predictions(rnd)
     recorded = {baseline_name(rnd.day, m): hashlib.sha256(data).hexdigest() for m, data in predictions.items()}
     atomic_write_bytes(
-        round_dir(settings.data_dir, rnd.day) / "baselines.json", (json.dumps(recorded, indent=2) + "\n").encode()
+        round_dir(settings.dataset.data_dir, rnd.day) / "baselines.json",
+        (json.dumps(recorded, indent=2) + "\n").encode(),
     )
     outcome = {}
     for method, data in predictions.items():
@@ -270,7 +271,7 @@ def publish_round(day: date, settings: Settings, store: ReleaseStore, *, now: da
             f"round {day}: {manifest_key} in {store.description} is not the round built now (its questions or "
             "sampler differ); a published round is never rewritten: look at what changed in the window's files"
         )
-    directory = round_dir(settings.data_dir, day)
+    directory = round_dir(settings.dataset.data_dir, day)
     atomic_write_parquet(rnd.questions, directory / "questions.parquet")
     atomic_write_bytes(directory / MANIFEST_NAME, published)
     baselines = submit_baselines(rnd, settings, store)

@@ -47,7 +47,7 @@ class RoundNotPublished(RuntimeError):
 
 
 def answers_path(settings: Settings, round_day: date, target: date) -> Path:
-    return answers_file(settings.data_dir, round_day, target)
+    return answers_file(settings.dataset.data_dir, round_day, target)
 
 
 @dataclass(frozen=True)
@@ -62,12 +62,12 @@ class DayClosure:
 
 def day_closure(day: date, settings: Settings, now: datetime) -> DayClosure:
     """month_closure's rule for one day, with the live grace period (in hours)."""
-    layout = DataLayout(settings.data_dir)
+    layout = DataLayout(settings.dataset.data_dir)
     ledger = read_ledger(layout, day)
     slots = summarize(ledger)
     reasons = []
     due = datetime.combine(day + timedelta(days=1), datetime.min.time(), UTC) + timedelta(
-        hours=settings.live_resolution_grace_hours
+        hours=settings.live.resolution_grace_hours
     )
     if now < due:
         reasons.append(f"grace period runs until {due.isoformat()}")
@@ -110,7 +110,7 @@ class RoundResolution:
 
 def read_round(settings: Settings, round_day: date) -> tuple[pl.DataFrame, dict]:
     """The round's private questions and its published manifest, as stored at publication."""
-    directory = round_dir(settings.data_dir, round_day)
+    directory = round_dir(settings.dataset.data_dir, round_day)
     questions, manifest = directory / "questions.parquet", directory / "manifest.json"
     if not questions.exists() or not manifest.exists():
         raise RoundNotPublished(f"round {round_day}: no published round under {directory}")
@@ -195,7 +195,7 @@ def resolve_round(
                     "resolution_version": RESOLUTION_VERSION,
                     "round": round_day.isoformat(),
                     "date": target.isoformat(),
-                    "min_mentions": str(settings.article_min_mentions),
+                    "min_mentions": str(settings.dataset.article_min_mentions),
                     "slots": json.dumps(closure.slots, sort_keys=True),
                 },
             )
@@ -212,7 +212,7 @@ def resolve_round(
 
 def resolved_answers(settings: Settings, round_day: date) -> pl.DataFrame:
     """Every resolved answer of the round so far (ANSWERS_SCHEMA), in query_id order."""
-    directory = round_dir(settings.data_dir, round_day) / "answers"
+    directory = round_dir(settings.dataset.data_dir, round_day) / "answers"
     paths = sorted(p for p in directory.glob("*.parquet") if is_day(p.stem)) if directory.is_dir() else []
     if not paths:
         return ANSWERS_SCHEMA.to_frame()
@@ -221,7 +221,7 @@ def resolved_answers(settings: Settings, round_day: date) -> pl.DataFrame:
 
 def published_round_days(settings: Settings) -> list[date]:
     """Rounds with a local manifest (published), newest first."""
-    base = DataLayout(settings.data_dir).root / "live"
+    base = DataLayout(settings.dataset.data_dir).root / "live"
     names = [p.name for p in base.iterdir() if is_day(p.name)] if base.is_dir() else []
     return sorted((date.fromisoformat(n) for n in names if (base / n / "manifest.json").exists()), reverse=True)
 
@@ -230,7 +230,7 @@ def unresolved_dates(settings: Settings, round_day: date, now: datetime) -> dict
     """The round's target dates that are not resolved yet, each with what it waits for (nothing:
     it would resolve now); reads the manifest and each such date's ledger only (a sensor asks this
     of every round on every tick), and before the deadline not even those."""
-    manifest = json.loads((round_dir(settings.data_dir, round_day) / "manifest.json").read_text())
+    manifest = json.loads((round_dir(settings.dataset.data_dir, round_day) / "manifest.json").read_text())
     deadline = deadline_of(manifest)
     targets = sorted({date.fromisoformat(t) for t in manifest["target_dates"]})
     unresolved = [t for t in targets if not answers_path(settings, round_day, t).exists()]

@@ -177,7 +177,7 @@ class Accepted:
 def accepted_submissions(settings, round_day: date) -> tuple[list[Accepted], list[str]]:
     """The round's accepted submissions in name order, and one line per record that could not be
     read (a record is ours, but its text fields come from submitters)."""
-    directory = round_dir(settings.data_dir, round_day) / "submissions"
+    directory = round_dir(settings.dataset.data_dir, round_day) / "submissions"
     found, problems = [], []
     for sub in sorted(directory.iterdir()) if directory.is_dir() else []:
         record_path, predictions = sub / "record.json", sub / "predictions.parquet"
@@ -238,7 +238,7 @@ def score_round(settings, round_day: date) -> dict:
         "problems": problems,
     }
     atomic_write_bytes(
-        round_dir(settings.data_dir, round_day) / "scores.json",
+        round_dir(settings.dataset.data_dir, round_day) / "scores.json",
         (json.dumps(card, indent=2, sort_keys=True) + "\n").encode(),
     )
     return card

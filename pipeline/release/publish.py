@@ -87,9 +87,9 @@ MIN_PART = 5 * 2**20  # S3's smallest part (but the last)
 def _part_size(settings: Settings, size: int) -> int | None:
     """The part size of a file's multipart upload (whole MiB, at least 5 MiB, at most 10,000
     parts), or None below the threshold: one PUT."""
-    if size < settings.release_multipart_threshold_mb * 2**20:
+    if size < settings.release.multipart_threshold_mb * 2**20:
         return None
-    wanted = max(settings.release_multipart_chunk_mb * 2**20, MIN_PART, -(-size // MAX_PARTS))
+    wanted = max(settings.release.multipart_chunk_mb * 2**20, MIN_PART, -(-size // MAX_PARTS))
     return -(-wanted // CHUNK) * CHUNK
 
 
@@ -168,7 +168,7 @@ class ReleaseSources:
 
 
 def release_sources(month: date, settings: Settings) -> ReleaseSources:
-    layout = DataLayout(settings.data_dir)
+    layout = DataLayout(settings.dataset.data_dir)
     month = month.replace(day=1)
     label = f"{month:%Y-%m}"
     split_dir = layout.split_dir(month)

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import quote
 
-from pipeline.config import Settings
+from pipeline.config import NetworkSettings, ReleaseSettings
 from pipeline.release.layout import RELEASES_DIR, ReleaseError, is_month
 from pipeline.release.store import (
     CHANGED_SINCE_HASHED,
@@ -35,24 +35,26 @@ class S3Store(ReleaseStore):
     """s3://bucket/prefix through boto3. Credentials come from the standard AWS chain (environment,
     profile, instance role); ``signed=False`` reads a public bucket anonymously."""
 
-    def __init__(self, bucket: str, prefix: str, settings: Settings, *, signed: bool = True):
+    def __init__(
+        self, bucket: str, prefix: str, release: ReleaseSettings, network: NetworkSettings, *, signed: bool = True
+    ):
         import boto3
         from botocore import UNSIGNED
         from botocore.config import Config
 
         self.bucket = bucket
         self.prefix = prefix.strip("/")
-        self.endpoint = settings.s3_endpoint_url.rstrip("/")
-        session = boto3.session.Session(region_name=settings.s3_region or None)
+        self.endpoint = release.s3_endpoint_url.rstrip("/")
+        session = boto3.session.Session(region_name=release.s3_region or None)
         self.region = session.region_name or "us-east-1"
         # S3-compatible stores (SeaweedFS, MinIO, Ceph) rarely have per-bucket DNS names.
         s3 = {"addressing_style": "path"} if self.endpoint else {}
         config = Config(
             signature_version=UNSIGNED if not signed else None,
-            retries={"max_attempts": settings.s3_max_attempts, "mode": "standard"},
-            connect_timeout=settings.connect_timeout_s,
-            read_timeout=settings.read_timeout_s,
-            max_pool_connections=settings.release_concurrency + 2,
+            retries={"max_attempts": release.s3_max_attempts, "mode": "standard"},
+            connect_timeout=network.connect_timeout_s,
+            read_timeout=network.read_timeout_s,
+            max_pool_connections=release.concurrency + 2,
             s3=s3,
             # botocore would SHA-256 every downloaded file a second time (a single-PUT object has a
             # full-object checksum); read_from's bytes are checked against the manifest instead,
@@ -70,8 +72,8 @@ class S3Store(ReleaseStore):
             endpoint_url=self.endpoint or None,
             config=config.merge(Config(s3={**s3, "payload_signing_enabled": False})),
         )
-        self.concurrency = settings.release_concurrency
-        self._public = settings.release_public_url.rstrip("/")
+        self.concurrency = release.concurrency
+        self._public = release.public_url.rstrip("/")
         where = f"endpoint {self.endpoint}" if self.endpoint else f"AWS {self.region}"
         self.description = f"s3://{self.bucket}/{self.prefix} ({where}{'' if signed else ', anonymous'})"
 

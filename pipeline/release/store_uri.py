@@ -18,16 +18,16 @@ from pipeline.release.store import LocalStore, ReleaseStore
 def open_store(settings: Settings, *, uri: str | None = None, signed: bool = True) -> ReleaseStore:
     """The store MIRAI_RELEASE_URI names: s3://bucket/prefix, file:///path or a path; empty means
     <data_dir>/releases-bucket."""
-    uri = uri if uri is not None else settings.release_uri
+    uri = uri if uri is not None else settings.release.uri
     if not uri:
-        return LocalStore(settings.data_dir / "releases-bucket", settings.release_public_url)
+        return LocalStore(settings.dataset.data_dir / "releases-bucket", settings.release.public_url)
     parsed = urlparse(uri)
     if parsed.scheme == "s3":
         if not parsed.netloc:
             raise ReleaseError(f"MIRAI_RELEASE_URI={uri!r}: expected s3://bucket/prefix")
-        return S3Store(parsed.netloc, parsed.path, settings, signed=signed)
+        return S3Store(parsed.netloc, parsed.path, settings.release, settings.network, signed=signed)
     if parsed.scheme == "file":
-        return LocalStore(Path(parsed.path), settings.release_public_url)
+        return LocalStore(Path(parsed.path), settings.release.public_url)
     if parsed.scheme:
         raise ReleaseError(f"MIRAI_RELEASE_URI={uri!r}: only s3://, file:// and plain paths are supported")
-    return LocalStore(Path(uri), settings.release_public_url)
+    return LocalStore(Path(uri), settings.release.public_url)

@@ -123,7 +123,7 @@ def linked_events(quads: pl.LazyFrame, articles: pl.LazyFrame) -> tuple[pl.DataF
 
 def day_inputs_missing(day: date, settings: Settings) -> list[str]:
     """Which of the day's daily inputs (daily_quads, articles) are not stored yet."""
-    layout = DataLayout(settings.data_dir)
+    layout = DataLayout(settings.dataset.data_dir)
     paths = (("daily_quads", layout.daily_quads_path(day)), ("articles", layout.articles_path(day)))
     return [what for what, path in paths if not path.exists()]
 
@@ -134,16 +134,16 @@ def day_events(day: date, settings: Settings) -> pl.DataFrame:
     missing = day_inputs_missing(day, settings)
     if missing:
         raise MonthNotReady(f"{day}: daily inputs missing: {', '.join(missing)}")
-    layout = DataLayout(settings.data_dir)
+    layout = DataLayout(settings.dataset.data_dir)
     quads = pl.scan_parquet(verified(layout, layout.daily_quads_path(day)))
     articles = pl.scan_parquet(verified(layout, layout.articles_path(day)))
-    events, _ = linked_events(quads.filter(pl.col("daily_mentions") >= settings.article_min_mentions), articles)
+    events, _ = linked_events(quads.filter(pl.col("daily_mentions") >= settings.dataset.article_min_mentions), articles)
     return events
 
 
 def build_database_month(month: date, settings: Settings) -> DatabaseMonth:
     """The month's event and news tables from its daily quads and articles (every day needed)."""
-    layout = DataLayout(settings.data_dir)
+    layout = DataLayout(settings.dataset.data_dir)
     days = month_days(month)
     missing = [
         f"{d}: {what}"
@@ -154,7 +154,7 @@ def build_database_month(month: date, settings: Settings) -> DatabaseMonth:
     if missing:
         raise MonthNotReady(f"{month:%Y-%m}: {len(missing)} daily inputs missing, e.g. {missing[:5]}")
     all_quads = pl.scan_parquet(verified(layout, *(layout.daily_quads_path(d) for d in days)))
-    quads = all_quads.filter(pl.col("daily_mentions") >= settings.article_min_mentions)
+    quads = all_quads.filter(pl.col("daily_mentions") >= settings.dataset.article_min_mentions)
     articles = pl.scan_parquet(verified(layout, *(layout.articles_path(d) for d in days)))
     kept = articles.filter("kept").select(
         pl.col("url_md5").alias("article_id"), pl.col("day").alias("date"), "url", "title", "text", "abstract"
@@ -190,12 +190,12 @@ def build_database_month(month: date, settings: Settings) -> DatabaseMonth:
 
 
 def write_database_month(db: DatabaseMonth, settings: Settings) -> dict[str, Path]:
-    layout = DataLayout(settings.data_dir)
+    layout = DataLayout(settings.dataset.data_dir)
     meta = {
         "database_version": DATABASE_VERSION,
         "month": f"{db.month:%Y-%m}",
-        "min_mentions": str(settings.article_min_mentions),
-        "article_profile": settings.article_profile,
+        "min_mentions": str(settings.dataset.article_min_mentions),
+        "article_profile": settings.articles.article_profile,
         "country_table_version": COUNTRY_TABLE_VERSION,
         "relation_table_version": RELATION_TABLE_VERSION,
         "counts": json.dumps(db.counts, sort_keys=True),

@@ -92,12 +92,12 @@ class Closure:
 
 
 def month_closure(month: date, settings: Settings, now: datetime) -> Closure:
-    layout = DataLayout(settings.data_dir)
+    layout = DataLayout(settings.dataset.data_dir)
     days = month_days(month)
     ledgers = [read_ledger(layout, d) for d in days]
     slots = summarize(pl.concat(ledgers))
     reasons = []
-    due = datetime.combine(days[-1] + timedelta(days=1 + settings.split_grace_days), datetime.min.time(), UTC)
+    due = datetime.combine(days[-1] + timedelta(days=1 + settings.dataset.split_grace_days), datetime.min.time(), UTC)
     if now < due:
         reasons.append(f"grace period runs until {due.isoformat()}")
     # Named by the asset that writes the ledger (gdelt_files) and its daily partitions, so the
@@ -128,7 +128,7 @@ def month_closure(month: date, settings: Settings, now: datetime) -> Closure:
 
 
 def _scan_month(settings: Settings, month: date) -> pl.DataFrame:
-    layout = DataLayout(settings.data_dir)
+    layout = DataLayout(settings.dataset.data_dir)
     path = layout.database_path("events", month)
     if not path.exists():
         raise MonthNotReady(f"{month:%Y-%m}: no event database at {path}; materialise event_database first")
@@ -318,15 +318,15 @@ def _manifest(
         "source": settings.source,
         "split_version": SPLIT_VERSION,
         "history_cutoff": (month - timedelta(days=1)).isoformat(),
-        "distance_days": settings.agent_distance_days,
-        "seed": settings.split_seed,
-        "sample_size": settings.split_sample_size,
+        "distance_days": settings.dataset.agent_distance_days,
+        "seed": settings.dataset.split_seed,
+        "sample_size": settings.dataset.split_sample_size,
         "sampler_version": SAMPLER_VERSION,
         "sampler": {"candidates_per_step": SAMPLER_CANDIDATES, "weights": SAMPLER_WEIGHTS},
         "thresholds": {
-            "database_min_mentions": settings.article_min_mentions,
-            "test_min_mentions": settings.test_min_mentions,
-            "test_min_articles": settings.test_min_articles,
+            "database_min_mentions": settings.dataset.article_min_mentions,
+            "test_min_mentions": settings.dataset.test_min_mentions,
+            "test_min_articles": settings.dataset.test_min_articles,
         },
         "versions": {
             "rules": RULES_VERSION,
@@ -342,7 +342,7 @@ def _manifest(
         "counts": {
             "queries": queries.height,
             "sample": sample.height,
-            "test_grade_quads": events.filter(pl.col("daily_mentions") >= settings.test_min_mentions).height,
+            "test_grade_quads": events.filter(pl.col("daily_mentions") >= settings.dataset.test_min_mentions).height,
             "database_events": events.height,
             "database_articles": db_counts.get("news", 0),
             "slots": closure.slots,
@@ -371,14 +371,14 @@ def build_split(month: date, settings: Settings, *, now: datetime, override: Ove
     closure = month_closure(month, settings, now)
     if not closure.closed and override is None:
         raise MonthNotReady(closure.describe() + " (an operator override with a reason can force it)")
-    layout = DataLayout(settings.data_dir)
+    layout = DataLayout(settings.dataset.data_dir)
     events = _scan_month(settings, month)
     db_meta = read_parquet_metadata(layout.database_path("events", month))
     db_counts = json.loads(db_meta.get("counts", "{}"))
     queries = queries_from_events(
-        events, month, min_mentions=settings.test_min_mentions, min_articles=settings.test_min_articles
+        events, month, min_mentions=settings.dataset.test_min_mentions, min_articles=settings.dataset.test_min_articles
     )
-    sample = balanced_sample(queries, settings.split_sample_size, settings.split_seed)
+    sample = balanced_sample(queries, settings.dataset.split_sample_size, settings.dataset.split_seed)
 
     final = layout.split_dir(month)
     with staged_directory(final) as staging:
@@ -410,5 +410,5 @@ def build_split(month: date, settings: Settings, *, now: datetime, override: Ove
 
 
 def read_manifest(settings: Settings, month: date) -> dict | None:
-    path = DataLayout(settings.data_dir).split_dir(month) / "manifest.json"
+    path = DataLayout(settings.dataset.data_dir).split_dir(month) / "manifest.json"
     return json.loads(path.read_text()) if path.exists() else None

