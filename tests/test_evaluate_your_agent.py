@@ -203,7 +203,7 @@ def test_both_agents_run_on_a_release_whose_first_queries_have_no_history(tmp_pa
     january = date(2024, 1, 1)
     data_dir = tmp_path / "data"
     generate_event_database(data_dir, january, 2, seed=11, quads_per_day=12)
-    settings = Settings(data_dir=data_dir, release_uri=str(tmp_path / "bucket"), split_sample_size=10_000)
+    settings = make_settings(data_dir=data_dir, release_uri=str(tmp_path / "bucket"), split_sample_size=10_000)
     build_split(january, settings, now=NOW, override=Override("test", "no ledgers in this test", NOW))
     publish_release(january, settings, open_store(settings))
     monkeypatch.chdir(tmp_path)
