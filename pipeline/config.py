@@ -97,36 +97,59 @@ class DatasetSettings(SettingsGroup):
     """Where the data live and what the dataset is: the data directory, MIRAI's thresholds and the
     split parameters, the agent registry."""
 
-    data_dir: EnvPath = setting(Path("./data"), "MIRAI_DATA_DIR", "root of every stored file (docs/data-layout.md)")
-    day_lock_timeout_s: Float = setting(1800.0, "MIRAI_DAY_LOCK_TIMEOUT_S", "wait for another run's lock on a day")
+    data_dir: EnvPath = setting(
+        Path("./data"), "MIRAI_DATA_DIR", "root of all stored data (layout in docs/data-layout.md)"
+    )
+    day_lock_timeout_s: Float = setting(
+        1800.0, "MIRAI_DAY_LOCK_TIMEOUT_S", "how long a run waits for another run's lock on the same day"
+    )
     article_min_mentions: Int = setting(
         50,
         "MIRAI_ARTICLE_MIN_MENTIONS",
-        "quads with at least this many daily mentions get articles (MIRAI paper, arXiv:2407.01231, §2)",
+        (
+            "articles are fetched for quads with at least this many daily mentions, and the event "
+            "database keeps those quads (MIRAI paper, arXiv:2407.01231, §2)"
+        ),
     )
     test_min_mentions: Int = setting(
-        100, "MIRAI_TEST_MIN_MENTIONS", "a monthly test query's quad needs this many daily mentions (MIRAI §2.3)"
+        100, "MIRAI_TEST_MIN_MENTIONS", "a quad is test-grade with at least this many daily mentions (MIRAI §2.3)"
     )
-    test_min_articles: Int = setting(5, "MIRAI_TEST_MIN_ARTICLES", "... and this many filtered articles (MIRAI §2.3)")
+    test_min_articles: Int = setting(
+        5,
+        "MIRAI_TEST_MIN_ARTICLES",
+        ("a query is kept only if each of its test-grade quads has at least this many kept articles (MIRAI §2.3)"),
+    )
     split_sample_size: Int = setting(
-        100, "MIRAI_SPLIT_SAMPLE_SIZE", "queries in a month's balanced sample (MIRAI §2.3: 100 sampled queries)"
+        100, "MIRAI_SPLIT_SAMPLE_SIZE", "queries in each month's balanced sample (MIRAI §2.3: 100)"
     )
-    split_seed: Int = setting(0, "MIRAI_SPLIT_SEED", "seed of the balanced sample")
-    split_grace_days: Int = setting(3, "MIRAI_SPLIT_GRACE_DAYS", "days after a month's end before its split is built")
+    split_seed: Int = setting(0, "MIRAI_SPLIT_SEED", "seed of the balanced sampler (recorded in the manifest)")
+    split_grace_days: Int = setting(
+        3,
+        "MIRAI_SPLIT_GRACE_DAYS",
+        ("days after a month ends before its split is built (if every slot landed or is confirmed missing)"),
+    )
     agent_distance_days: Int = setting(
-        1, "MIRAI_AGENT_DISTANCE_DAYS", "an agent answering for day t sees data up to t - distance"
+        1,
+        "MIRAI_AGENT_DISTANCE_DAYS",
+        "an agent answering a query for day t sees events and articles up to t − this many days",
     )
     agents_file: EnvPath = setting(
         Path("./agents.yaml"),
         "MIRAI_AGENTS_FILE",
-        "the agent registry the evaluation sensor and asset read (docs/evaluation.md)",
+        (
+            "the agent registry: the evaluation sensor evaluates every agent in it on each new split "
+            "(docs/evaluation.md)"
+        ),
     )
     generated_source: str = setting(
         "",
         "MIRAI_GENERATED_SOURCE",
-        'what the data are built from, recorded in every split and release manifest and card: "" means '
-        'GDELT\'s feed at GDELT_BASE_URL; anything else names generated data ("generated mirror, seed 0", set by '
-        "`mirai demo`), which every card then says in its first lines",
+        (
+            "set when the data are generated, not GDELT's (`mirai demo` sets `generated mirror, seed "
+            "N`): recorded as the source in every split and release manifest, and said in the first "
+            "lines of every dataset card. Empty: the source recorded is the GDELT feed at "
+            "`GDELT_BASE_URL`"
+        ),
     )
 
 
@@ -138,8 +161,10 @@ class CalendarSettings(SettingsGroup):
     end_date: OptionalDate = setting(
         None,
         "MIRAI_END_DATE",
-        "last daily partition, inclusive (ISO date); unset = open-ended (today's day is the newest partition). "
-        "The demo sets it so that its Dagster UI shows its own days, not every day since MIRAI_START_DATE",
+        (
+            "last daily partition, inclusive (ISO date; the monthly ones end with the last month ended "
+            "by then); empty: today's day is the newest. The demo sets both dates to its own days"
+        ),
     )
 
 
@@ -150,47 +175,61 @@ class NetworkSettings(SettingsGroup):
     user_agent: str = setting(
         "mirai-pipeline/0.1 (+https://github.com/mirai-pipeline; GDELT benchmark builder)",
         "MIRAI_USER_AGENT",
-        "User-Agent of every request (GDELT, news sites, the webhook)",
+        "User-Agent of every request (GDELT, news sites, the release store, the webhook)",
     )
     connect_timeout_s: Float = setting(
-        10.0, "MIRAI_HTTP_CONNECT_TIMEOUT_S", "connect timeout of GDELT and release store requests"
+        10.0, "MIRAI_HTTP_CONNECT_TIMEOUT_S", "connect timeout of a GDELT or release-store request"
     )
     read_timeout_s: Float = setting(
         60.0,
         "MIRAI_HTTP_READ_TIMEOUT_S",
-        "read timeout of GDELT and release store requests: GDELT files are small (~100-400 KB) but a catch-up "
-        "burst can be 10x that",
+        "read timeout (between bytes) of a GDELT or release-store request",
     )
 
 
 class GdeltSettings(SettingsGroup):
     """GDELT 2.0's 15-minute file feed and its index (pipeline/gdelt)."""
 
-    base_url: str = setting(DEFAULT_GDELT_BASE_URL, "GDELT_BASE_URL", "the feed or a mirror")
+    base_url: str = setting(
+        DEFAULT_GDELT_BASE_URL,
+        "GDELT_BASE_URL",
+        ("where the index and files are fetched from (a mirror works: files are fetched by name under this URL)"),
+    )
     download_deadline_s: Float = setting(
         600.0,
         "MIRAI_DOWNLOAD_DEADLINE_S",
-        "wall-clock cap per file: a server trickling bytes never trips the read timeout",
+        ("wall-clock cap for one file, so a trickling server cannot hold a run (it never trips the read timeout)"),
     )
-    download_concurrency: Int = setting(8, "MIRAI_DOWNLOAD_CONCURRENCY", "files downloaded at once")
-    download_attempts: Int = setting(4, "MIRAI_DOWNLOAD_ATTEMPTS", "attempts per file per run")
-    backoff_base_s: Float = setting(2.0, "MIRAI_BACKOFF_BASE_S", "first retry's backoff, doubling after")
-    backoff_max_s: Float = setting(120.0, "MIRAI_BACKOFF_MAX_S", "longest backoff between attempts")
+    download_concurrency: Int = setting(8, "MIRAI_DOWNLOAD_CONCURRENCY", "parallel GDELT downloads per day")
+    download_attempts: Int = setting(
+        4, "MIRAI_DOWNLOAD_ATTEMPTS", "attempts per file per run (timeouts, resets, 429, 5xx, size/md5 mismatch)"
+    )
+    backoff_base_s: Float = setting(
+        2.0, "MIRAI_BACKOFF_BASE_S", "first wait between download attempts, doubling after each (with jitter)"
+    )
+    backoff_max_s: Float = setting(
+        120.0, "MIRAI_BACKOFF_MAX_S", "longest wait between download attempts; `Retry-After` is honoured up to it"
+    )
     missing_grace_hours: Float = setting(
         24.0,
         "MIRAI_MISSING_GRACE_HOURS",
-        'a slot GDELT has not listed (or 404s) is "pending" until this many hours after its slot, then '
-        '"missing"; later runs keep retrying it either way',
+        (
+            "an unlisted or 404 slot is `pending` until this long after its slot, then `missing`; later"
+            " runs keep retrying it either way"
+        ),
     )
     late_after_hours: Float = setting(
         2.0,
         "MIRAI_LATE_AFTER_HOURS",
-        'a file that landed this many hours after its slot, having been unavailable before, is "late"',
+        "a file that was unavailable earlier and lands more than this after its slot is `late`",
     )
     max_uncompressed_mb: Int = setting(
         DEFAULT_MAX_UNCOMPRESSED_MB,
         "MIRAI_MAX_UNCOMPRESSED_MB",
-        'cap on one zip member unzipped, in MiB (docs/data-layout.md, "Hostile GDELT files")',
+        (
+            "cap in MiB on a GDELT zip member unzipped (zip-bomb guard; real files unpack to 0.6-12 MB,"
+            ' docs/data-layout.md "Hostile GDELT files")'
+        ),
     )
 
     @property
@@ -203,49 +242,83 @@ class ArticleSettings(SettingsGroup):
     the OBELICS filter (pipeline/articles)."""
 
     article_include_mention_urls: Bool = setting(
-        False, "MIRAI_ARTICLE_INCLUDE_MENTION_URLS", "also fetch the first-day WEB mention URLs of those quads"
+        False, "MIRAI_ARTICLE_INCLUDE_MENTION_URLS", "also fetch the first-day WEB mention URLs of those quads' events"
     )
-    article_profile: str = setting("mirai", "MIRAI_ARTICLE_PROFILE", "OBELICS filter profile: mirai | obelics")
+    article_profile: str = setting(
+        "mirai",
+        "MIRAI_ARTICLE_PROFILE",
+        ("OBELICS filter profile: `mirai` (MIRAI's thresholds) or `obelics` (the released OBELICS ones)"),
+    )
     article_domain_dedup: Bool = setting(
-        False, "MIRAI_ARTICLE_DOMAIN_DEDUP", "obelics profile only: OBELICS' per-domain paragraph dedup"
+        False,
+        "MIRAI_ARTICLE_DOMAIN_DEDUP",
+        ("with the `obelics` profile: drop paragraphs repeated within one domain over the day (OBELICS step 09)"),
     )
-    extract_workers: Int = setting(2, "MIRAI_EXTRACT_WORKERS", "text extraction processes")
-    extract_timeout_s: Float = setting(10.0, "MIRAI_EXTRACT_TIMEOUT_S", "cap on extracting one page")
-    fetch_concurrency: Int = setting(16, "MIRAI_FETCH_CONCURRENCY", "worker threads, each with its own pooled session")
-    fetch_per_host: Int = setting(2, "MIRAI_FETCH_PER_HOST", "requests in flight to one host at a time")
+    extract_workers: Int = setting(2, "MIRAI_EXTRACT_WORKERS", "text extraction worker processes")
+    extract_timeout_s: Float = setting(
+        10.0,
+        "MIRAI_EXTRACT_TIMEOUT_S",
+        "wall time per document; a worker over it is killed and the page recorded as `timeout`",
+    )
+    fetch_concurrency: Int = setting(
+        16, "MIRAI_FETCH_CONCURRENCY", "article fetch worker threads (each with its own pooled session)"
+    )
+    fetch_per_host: Int = setting(2, "MIRAI_FETCH_PER_HOST", "article requests in flight to one host at a time")
     fetch_max_bytes: Int = setting(
-        5 * 2**20, "MIRAI_FETCH_MAX_BYTES", "cap on a body *after* decompression (gzip-bomb guard)"
+        5 * 2**20, "MIRAI_FETCH_MAX_BYTES", "cap on an article body after decompression (gzip-bomb guard)"
     )
-    fetch_connect_timeout_s: Float = setting(5.0, "MIRAI_FETCH_CONNECT_TIMEOUT_S", "connect timeout per request")
-    fetch_read_timeout_s: Float = setting(15.0, "MIRAI_FETCH_READ_TIMEOUT_S", "read timeout per request")
+    fetch_connect_timeout_s: Float = setting(
+        5.0, "MIRAI_FETCH_CONNECT_TIMEOUT_S", "connect timeout of an article request"
+    )
+    fetch_read_timeout_s: Float = setting(15.0, "MIRAI_FETCH_READ_TIMEOUT_S", "read timeout of an article request")
     fetch_deadline_s: Float = setting(
         60.0,
         "MIRAI_FETCH_DEADLINE_S",
-        "wall-clock cap per URL over all attempts, redirects and backoff: a slow-drip body ends here",
+        "wall-clock cap per article URL over all attempts, redirects and waits (slow-drip guard)",
     )
-    fetch_attempts: Int = setting(3, "MIRAI_FETCH_ATTEMPTS", "per URL per run (timeouts, resets, 429, 5xx)")
-    fetch_backoff_base_s: Float = setting(1.0, "MIRAI_FETCH_BACKOFF_BASE_S", "first retry's backoff, doubling after")
+    fetch_attempts: Int = setting(
+        3, "MIRAI_FETCH_ATTEMPTS", "attempts per article URL per run (timeouts, resets, 429, 5xx)"
+    )
+    fetch_backoff_base_s: Float = setting(
+        1.0, "MIRAI_FETCH_BACKOFF_BASE_S", "first wait between article attempts, doubling after each"
+    )
     fetch_backoff_max_s: Float = setting(
         20.0,
         "MIRAI_FETCH_BACKOFF_MAX_S",
-        "longest in-run wait (also for Retry-After); a longer Retry-After defers the URL to a later run",
+        (
+            "longest in-run wait between article attempts (also for `Retry-After`); a longer "
+            "`Retry-After` defers the URL to a later run"
+        ),
     )
-    fetch_max_redirects: Int = setting(5, "MIRAI_FETCH_MAX_REDIRECTS", "redirects followed per URL")
-    fetch_allow_loopback: Bool = setting(False, "MIRAI_FETCH_ALLOW_LOOPBACK", "tests and the local demo only")
+    fetch_max_redirects: Int = setting(
+        5, "MIRAI_FETCH_MAX_REDIRECTS", "redirect hops followed per article URL (each hop re-checked for safety)"
+    )
+    fetch_allow_loopback: Bool = setting(
+        False,
+        "MIRAI_FETCH_ALLOW_LOOPBACK",
+        "allow 127.0.0.0/8 and ::1 as article hosts (tests and the local demo only)",
+    )
     fetch_host_map: str = setting(
         "",
         "MIRAI_FETCH_HOST_MAP",
-        '"*.example=127.0.0.1:8080,...": connect to these reserved-TLD names at a fixed address instead of '
-        "resolving them (the demo's news sites; pipeline/articles/safety.py HostMap). Empty in production",
+        (
+            "`*.example=127.0.0.1:PORT,...`: connect to these names at a fixed address instead of "
+            "resolving them; only names under the reserved `.example` / `.test` / `.invalid` / "
+            "`.localhost` TLDs (the demo's news sites). Empty in production"
+        ),
     )
-    fetch_respect_robots: Bool = setting(True, "MIRAI_FETCH_RESPECT_ROBOTS", "obey robots.txt (RFC 9309)")
+    fetch_respect_robots: Bool = setting(
+        True, "MIRAI_FETCH_RESPECT_ROBOTS", "honour robots.txt (RFC 9309) for article URLs"
+    )
     fetch_robots_ttl_s: Float = setting(
-        86400.0, "MIRAI_FETCH_ROBOTS_TTL_S", "RFC 9309 §2.4: a cached robots.txt is used for at most 24 h"
+        86400.0,
+        "MIRAI_FETCH_ROBOTS_TTL_S",
+        ("how long a host's robots.txt verdict is cached within a process (RFC 9309 §2.4: at most 24 h)"),
     )
     fetch_retry_schedule_h: str = setting(
         "1,6,24",
         "MIRAI_FETCH_RETRY_SCHEDULE_H",
-        "later runs retry a failed URL this many hours after each failure, then give up",
+        ("hours after each failed run before an article URL is retried; after the last step it is given up"),
     )
 
     @property
@@ -269,36 +342,59 @@ class ReleaseSettings(SettingsGroup):
     uri: str = setting(
         "",
         "MIRAI_RELEASE_URI",
-        's3://bucket/prefix or a path; "" = the embedded default, a local directory <data_dir>/releases-bucket '
-        "with the bucket's layout",
+        (
+            "where monthly releases are published and `mirai download` reads: `s3://bucket/prefix`, "
+            "`file:///path` or a path; empty: `$MIRAI_DATA_DIR/releases-bucket`, a local directory with"
+            " the bucket's layout (docs/releases.md)"
+        ),
     )
     public_url: str = setting(
         "",
         "MIRAI_RELEASE_PUBLIC_URL",
-        'base of the plain HTTPS URLs in releases/index.json; "" derives it from the bucket and endpoint',
+        (
+            "the public base URL of the store's root (e.g. "
+            "`https://<bucket>.s3.<region>.amazonaws.com/<prefix>` or a CDN): `releases/index.json` and"
+            " `latest.json` then carry absolute URLs beside the files' relative keys. Empty: they carry"
+            " keys only, never an endpoint's address"
+        ),
     )
     s3_endpoint_url: str = setting(
-        "", "MIRAI_S3_ENDPOINT_URL", '"" = AWS; any S3-compatible store otherwise (path-style addressing)'
+        "",
+        "MIRAI_S3_ENDPOINT_URL",
+        (
+            "an S3-compatible store (SeaweedFS, MinIO, Ceph, R2…), addressed path-style; empty: AWS. "
+            "Credentials always come from the standard AWS chain "
+            "(`AWS_ACCESS_KEY_ID`/`AWS_SECRET_ACCESS_KEY`, `AWS_PROFILE`, instance role), never from "
+            "these settings, and are never logged"
+        ),
     )
     s3_region: str = setting(
-        "", "MIRAI_S3_REGION", '"" = the AWS chain\'s region (AWS_REGION, ~/.aws/config), else us-east-1'
+        "",
+        "MIRAI_S3_REGION",
+        ("region of the release bucket; empty: the AWS chain's (`AWS_REGION`, ~/.aws/config), else us-east-1"),
     )
     s3_max_attempts: Int = setting(
-        5, "MIRAI_S3_MAX_ATTEMPTS", 'botocore "standard" retries per request (throttling, 5xx, resets)'
+        5, "MIRAI_S3_MAX_ATTEMPTS", "attempts per S3 request (botocore's standard retry mode: throttling, 5xx, resets)"
     )
     multipart_threshold_mb: Int = setting(
         64,
         "MIRAI_RELEASE_MULTIPART_THRESHOLD_MB",
-        "files from this size go up in parts. Below it, one PUT carrying the file's sha256 (the one recorded "
-        "when it was written, when there is one: the file is not read to plan it); a multipart file is read and "
-        "hashed part by part first, and 64 MiB keeps the database months (~30 MB) single PUTs",
+        (
+            "files from this size go up in parts, each SHA-256-checked by the server; smaller files are"
+            " one PUT carrying the file's SHA-256 (the one recorded when it was written, else hashed "
+            "once). 64 keeps the database months (~30 MB) single PUTs"
+        ),
     )
     multipart_chunk_mb: Int = setting(8, "MIRAI_RELEASE_MULTIPART_CHUNK_MB", "part size of a multipart upload")
     concurrency: Int = setting(
-        10, "MIRAI_RELEASE_CONCURRENCY", "requests in flight (parts and files) per upload or download"
+        10,
+        "MIRAI_RELEASE_CONCURRENCY",
+        ("requests in flight when publishing (parts and files), and files fetched at once by `mirai download`"),
     )
     signed_download: Bool = setting(
-        False, "MIRAI_RELEASE_SIGNED_DOWNLOAD", "`mirai download` signs requests (private buckets)"
+        False,
+        "MIRAI_RELEASE_SIGNED_DOWNLOAD",
+        ("`mirai download` signs its requests with AWS credentials (a private bucket); anonymous by default"),
     )
 
 
@@ -307,14 +403,24 @@ class AlertSettings(SettingsGroup):
     carry their token): it is never logged nor put in a payload, and the Dagster resource holds it
     as an EnvVar."""
 
-    webhook_url: str = setting("", "MIRAI_ALERT_WEBHOOK_URL", 'the webhook (a secret); "" = alerts are only logged')
+    webhook_url: str = setting(
+        "",
+        "MIRAI_ALERT_WEBHOOK_URL",
+        (
+            "alerts (a failed run, stale data) are POSTed here as JSON with a Slack-compatible `text` "
+            "field (docs/operations.md); empty: alerts are only logged. A secret: never logged or sent "
+            "in a payload, held by the Dagster resource as an EnvVar"
+        ),
+    )
     timeout_s: Float = setting(10.0, "MIRAI_ALERT_TIMEOUT_S", "timeout of one webhook request")
-    attempts: Int = setting(3, "MIRAI_ALERT_ATTEMPTS", "attempts per alert")
+    attempts: Int = setting(3, "MIRAI_ALERT_ATTEMPTS", "attempts per alert (timeouts, resets, 429, 5xx)")
     freshness_hours: Float = setting(
         1.0,
         "MIRAI_FRESHNESS_HOURS",
-        "the freshness alert fires when the newest landed slot is older than this (GDELT publishes every 15 "
-        "minutes, so an hour is four missed slots)",
+        (
+            "the freshness alert fires once when the newest landed GDELT slot is older than this (an "
+            "hour is four missed slots), and again after it has recovered"
+        ),
     )
 
 
@@ -323,15 +429,32 @@ class LiveSettings(SettingsGroup):
     horizons, about pairs sampled (seeded) from the window's test-grade activity, a share of them
     less active; a target date is resolved once its slots are settled and the grace has passed."""
 
-    horizons: str = setting("1,7", "MIRAI_LIVE_HORIZONS", "days after the publication day D, e.g. 1,7")
-    round_size: Int = setting(100, "MIRAI_LIVE_ROUND_SIZE", "questions per round, split evenly over the horizons")
-    window_days: Int = setting(28, "MIRAI_LIVE_WINDOW_DAYS", "history the sampler looks at: D - window .. D - 1")
-    quiet_share: Float = setting(
-        0.25, "MIRAI_LIVE_QUIET_SHARE", "share of pairs drawn from the window's less active pairs"
+    horizons: str = setting(
+        "1,7",
+        "MIRAI_LIVE_HORIZONS",
+        ("a live round published on day D asks about the target dates D + h for each h (docs/live.md)"),
     )
-    seed: Int = setting(0, "MIRAI_LIVE_SEED", "seed of the round's sample (with D)")
+    round_size: Int = setting(100, "MIRAI_LIVE_ROUND_SIZE", "questions per live round, split evenly over the horizons")
+    window_days: Int = setting(
+        28,
+        "MIRAI_LIVE_WINDOW_DAYS",
+        "a live round samples pairs from the test-grade activity of the days D − this .. D − 1",
+    )
+    quiet_share: Float = setting(
+        0.25,
+        "MIRAI_LIVE_QUIET_SHARE",
+        (
+            "share of a live round's pairs drawn from the window's less active pairs, so that \"nothing "
+            'happens" is a real answer'
+        ),
+    )
+    seed: Int = setting(
+        0, "MIRAI_LIVE_SEED", "seed of the live sampler (with the round's day; recorded in its manifest)"
+    )
     resolution_grace_hours: Float = setting(
-        24.0, "MIRAI_LIVE_RESOLUTION_GRACE_HOURS", "after a target date's slots settle, before it is resolved"
+        24.0,
+        "MIRAI_LIVE_RESOLUTION_GRACE_HOURS",
+        ("hours after a target date's slots are all landed or confirmed missing before its answers are resolved"),
     )
 
     @property
@@ -353,8 +476,12 @@ class SandboxSettings(SettingsGroup):
     allow_unconfined: Bool = setting(
         False,
         "MIRAI_SANDBOX_ALLOW_UNCONFINED",
-        "run agents' code blocks even where the sandbox's seccomp allowlist cannot be installed (an architecture "
-        "other than x86_64/aarch64, or no seccomp): an operator's explicit, recorded choice",
+        (
+            "run agents' code blocks even where the sandbox's seccomp allowlist cannot be installed (an"
+            " architecture other than x86_64 or aarch64, or a kernel without seccomp): an operator's "
+            "explicit, recorded choice; otherwise such episodes end in an error (docs/agent_api.md, "
+            '"Threat model")'
+        ),
     )
 
 
@@ -404,3 +531,28 @@ def groups() -> dict[str, type[SettingsGroup]]:
 def env_names() -> list[str]:
     """Every setting's environment variable, group by group (`mirai --help` lists them)."""
     return [name for group in groups().values() for name, _ in group.env_fields()]
+
+
+def _shown_default(value: object) -> str:
+    """A default as the environment would spell it, for the settings table."""
+    if value is None or value == "":
+        return "(empty)"
+    if isinstance(value, bool):
+        return "`1`" if value else "`0`"
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, Path) and not value.is_absolute():
+        value = f"./{value}"
+    return f"`{value}`"
+
+
+def settings_table() -> str:
+    """Every setting as a Markdown table (variable, Dagster resource, default, meaning), group by
+    group: README.md's table is this text (`mirai settings` prints it; tests/test_foundation.py
+    checks that they agree)."""
+    rows = ["| variable | group | default | meaning |", "|---|---|---|---|"]
+    for group_name, group in groups().items():
+        for env, info in group.env_fields():
+            meaning = info.description.replace("|", "\\|")
+            rows.append(f"| `{env}` | {group_name} | {_shown_default(info.default)} | {meaning} |")
+    return "\n".join(rows) + "\n"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import threading
 import time
 from datetime import date
@@ -13,7 +14,8 @@ import polars as pl
 import pytest
 import requests
 
-from pipeline.config import Settings, env_names
+from pipeline.cli import main
+from pipeline.config import Settings, env_names, settings_table
 from pipeline.http import RetryLog, TransientHTTPError, parse_retry_after, with_retries
 from pipeline.storage import (
     WRITE_PIECE,
@@ -45,9 +47,13 @@ def test_settings_from_env_and_clear_errors():
         Settings.from_env({"MIRAI_START_DATE": "01/02/2024"})
 
 
-def test_every_setting_is_documented_in_the_readme():
+def test_the_readme_s_settings_table_is_the_one_the_declarations_make(capsys):
     readme = (ROOT / "README.md").read_text()
-    assert [name for name in env_names() if f"`{name}`" not in readme] == []
+    found = re.search(r"<!-- settings-table: [^>]*-->\n\n(.*?)<!-- /settings-table -->", readme, re.DOTALL)
+    assert found, "README.md lost its settings table"
+    assert found.group(1) == settings_table(), "regenerate it: mirai settings"
+    assert main(["settings"]) == 0 and capsys.readouterr().out == settings_table()
+    assert len(found.group(1).splitlines()) == 2 + len(env_names())  # one row per setting
 
 
 def test_atomic_parquet_write_keeps_metadata_and_leaves_no_temp(tmp_path):

@@ -12,7 +12,7 @@ import sys
 
 from pipeline.cli import evaluate, ingest, mirror, releases, scoring
 from pipeline.cli.common import CommandError, _Parser, _problem
-from pipeline.config import env_names
+from pipeline.config import env_names, settings_table
 
 __all__ = ["build_parser", "main"]
 
@@ -36,11 +36,26 @@ _COMMANDS = (
 )
 
 
+def cmd_settings(args: argparse.Namespace) -> int:
+    print(settings_table(), end="")
+    return 0
+
+
+def add_settings(sub, debug: argparse.ArgumentParser) -> None:
+    p = sub.add_parser(
+        "settings",
+        parents=[debug],
+        help="every setting: its environment variable, group (Dagster resource), default and meaning",
+    )
+    p.set_defaults(func=cmd_settings)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="mirai",
         description="mirai-pipeline: GDELT 2.0 ingestion for the MIRAI benchmark.",
-        epilog="Settings come from the environment: " + ", ".join(env_names()),
+        epilog="Settings come from the environment (`mirai settings` lists each with its default and meaning): "
+        + ", ".join(env_names()),
     )
     parser.add_argument("--debug", action="store_true", help="show the full traceback of an error")
     # Also accepted after the command (`mirai gaps --debug`); SUPPRESS keeps a top-level --debug.
@@ -49,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--debug", action="store_true", default=argparse.SUPPRESS, help="show the full traceback of an error"
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    for add_parser in _COMMANDS:
+    for add_parser in (*_COMMANDS, add_settings):
         add_parser(sub, debug)
     return parser
 
