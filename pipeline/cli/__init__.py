@@ -11,7 +11,7 @@ import argparse
 import sys
 
 from pipeline.cli import evaluate, ingest, mirror, releases, scoring
-from pipeline.cli.common import CommandError, _Parser, _problem
+from pipeline.cli.common import CommandError, Parser, problem_line
 from pipeline.config import env_names, settings_table
 
 __all__ = ["build_parser", "main"]
@@ -51,7 +51,7 @@ def add_settings(sub, debug: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = Parser(
         prog="mirai",
         description="mirai-pipeline: GDELT 2.0 ingestion for the MIRAI benchmark.",
         epilog="Settings come from the environment (`mirai settings` lists each with its default and meaning): "
@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--debug", action="store_true", help="show the full traceback of an error")
     # Also accepted after the command (`mirai gaps --debug`); SUPPRESS keeps a top-level --debug.
-    debug = _Parser(add_help=False)
+    debug = Parser(add_help=False)
     debug.add_argument(
         "--debug", action="store_true", default=argparse.SUPPRESS, help="show the full traceback of an error"
     )
@@ -85,5 +85,5 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(exc, CommandError):
             print(f"{command}: error: {exc}", file=sys.stderr)
             return exc.status
-        print(f"{command}: error: {_problem(exc)} (--debug shows the traceback)", file=sys.stderr)
+        print(f"{command}: error: {problem_line(exc)} (--debug shows the traceback)", file=sys.stderr)
         return 1

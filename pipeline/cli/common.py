@@ -10,18 +10,18 @@ import importlib
 import re
 from datetime import date
 
-# _problem imports requests, botocore and pipeline.http when an error is reported, not at start:
+# problem_line imports requests, botocore and pipeline.http when an error is reported, not at start:
 # they would add ~45 ms to every `mirai --help`.
 
 
-def _day(text: str) -> date:
+def day_arg(text: str) -> date:
     try:
         return date.fromisoformat(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(f"expected YYYY-MM-DD, got {text!r}") from exc
 
 
-def _share(text: str) -> float:
+def share_arg(text: str) -> float:
     try:
         value = float(text)
     except ValueError as exc:
@@ -31,7 +31,7 @@ def _share(text: str) -> float:
     return value
 
 
-def _count(minimum: int, maximum: int | None = None):
+def count_arg(minimum: int, maximum: int | None = None):
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -45,23 +45,23 @@ def _count(minimum: int, maximum: int | None = None):
     return parse
 
 
-_port = _count(0, 65535)
+port_arg = count_arg(0, 65535)
 
 
-def _month(text: str) -> date:
+def month_arg(text: str) -> date:
     try:
         return date.fromisoformat(f"{text}-01" if len(text) == 7 else text).replace(day=1)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(f"invalid month {text!r}: expected YYYY-MM") from exc
 
 
-def _release_name(text: str) -> str:
+def release_name_arg(text: str) -> str:
     """``latest`` or a real month YYYY-MM (2024-13 is refused here, not reported as unpublished)."""
     if text == "latest":
         return text
     if len(text) != 7:
         raise argparse.ArgumentTypeError(f"invalid month {text!r}: expected latest or YYYY-MM")
-    return f"{_month(text):%Y-%m}"
+    return f"{month_arg(text):%Y-%m}"
 
 
 class CommandError(Exception):
@@ -72,7 +72,7 @@ class CommandError(Exception):
         self.status = status
 
 
-def _testbed(module: str):
+def testbed_module(module: str):
     """A module of testbed/, the demo's and tests' stand-ins (GDELT mirror, news sites, S3 server):
     it ships with the source checkout, not with the library (the Docker image has none)."""
     try:
@@ -86,12 +86,12 @@ def _testbed(module: str):
         ) from None
 
 
-def _ordered(start: date | None, end: date | None, start_flag: str, end_flag: str) -> None:
+def check_ordered(start: date | None, end: date | None, start_flag: str, end_flag: str) -> None:
     if start is not None and end is not None and end < start:
         raise CommandError(f"{end_flag} {end} is before {start_flag} {start}: nothing to do", status=2)
 
 
-class _Parser(argparse.ArgumentParser):
+class Parser(argparse.ArgumentParser):
     """argparse, but a bad argument is one line (what is wrong, where to read the usage), not the
     usage block followed by the error."""
 
@@ -99,7 +99,7 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (`{self.prog} --help` shows the usage)\n")
 
 
-def _problem(exc: Exception) -> str:
+def problem_line(exc: Exception) -> str:
     """One line naming what went wrong, for the errors a user meets (no network, no S3 server, no
     credentials, a missing file); anything else is named by its type and message."""
     import requests

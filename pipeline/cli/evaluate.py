@@ -14,7 +14,7 @@ from pathlib import Path
 
 import polars as pl
 
-from pipeline.cli.common import CommandError, _count
+from pipeline.cli.common import CommandError, count_arg
 from pipeline.config import Settings
 from pipeline.evaluation.throughput import RateLimiter
 from pipeline.release.layout import ReleaseError
@@ -260,7 +260,7 @@ def add_evaluate(sub, debug: argparse.ArgumentParser) -> None:
     p.add_argument("--sandbox-memory-mb", type=int, help="react: what each episode's code sandbox may allocate")
     p.add_argument("--price-per-million-input-tokens", type=float, help="USD, for the cost (with the output price)")
     p.add_argument("--price-per-million-output-tokens", type=float, help="USD, for the cost (with the input price)")
-    p.add_argument("--max-tokens", type=_count(1), help="per model reply (default 1024)")
+    p.add_argument("--max-tokens", type=count_arg(1), help="per model reply (default 1024)")
     p.add_argument("--seed", type=int, help="sent with every request (default 0)")
     p.add_argument(
         "--out",

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import polars as pl
 
-from pipeline.cli.common import CommandError, _day, _ordered, _problem
+from pipeline.cli.common import CommandError, check_ordered, day_arg, problem_line
 from pipeline.config import Settings
 from pipeline.storage import KINDS, DataLayout
 
@@ -47,7 +47,7 @@ def cmd_ledger(args: argparse.Namespace) -> int:
 
 def add_ledger(sub, debug: argparse.ArgumentParser) -> None:
     p = sub.add_parser("ledger", parents=[debug], help="print a day's slot ledger")
-    p.add_argument("--day", type=_day, required=True)
+    p.add_argument("--day", type=day_arg, required=True)
     p.add_argument("--all", action="store_true", help="every slot, not only the ones needing attention")
     p.set_defaults(func=cmd_ledger)
 
@@ -55,7 +55,7 @@ def add_ledger(sub, debug: argparse.ArgumentParser) -> None:
 def cmd_ingest(args: argparse.Namespace) -> int:
     from pipeline.gdelt.ingest import ingest_day, parse_day
 
-    _ordered(args.day, args.end, "--day", "--end")
+    check_ordered(args.day, args.end, "--day", "--end")
     settings = Settings.from_env()
     for day in _days(args.day, args.end or args.day):
         result = ingest_day(day, settings, log=print)
@@ -72,8 +72,8 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 
 def add_ingest(sub, debug: argparse.ArgumentParser) -> None:
     p = sub.add_parser("ingest", parents=[debug], help="land and parse a day (or range) without Dagster")
-    p.add_argument("--day", type=_day, required=True)
-    p.add_argument("--end", type=_day, help="last day (inclusive) of a range")
+    p.add_argument("--day", type=day_arg, required=True)
+    p.add_argument("--end", type=day_arg, help="last day (inclusive) of a range")
     p.set_defaults(func=cmd_ingest)
 
 
@@ -95,7 +95,7 @@ def cmd_events(args: argparse.Namespace) -> int:
     """
     from pipeline.events.daily import build_daily_quads, build_events, scan_parsed
 
-    _ordered(args.day, args.end, "--day", "--end")
+    check_ordered(args.day, args.end, "--day", "--end")
     settings = Settings.from_env()
     layout = DataLayout(settings.dataset.data_dir)
     days = _days(args.day, args.end or args.day)
@@ -114,7 +114,7 @@ def cmd_events(args: argparse.Namespace) -> int:
             result = build_events(day, settings)
             quads = build_daily_quads(day, settings)
         except Exception as exc:
-            why = str(exc) if isinstance(exc, CommandError) else f"{_problem(exc)} (--debug shows the traceback)"
+            why = str(exc) if isinstance(exc, CommandError) else f"{problem_line(exc)} (--debug shows the traceback)"
             not_built = days[len(built) :]
             raise CommandError(f"{day}: {why}; built {_span(built)}, not built {_span(not_built)}") from exc
         normalized = result.normalized
@@ -145,15 +145,15 @@ def add_events(sub, debug: argparse.ArgumentParser) -> None:
         "same files), oldest day first: each day's events depend on every earlier day's. Stops at the "
         "first day that fails.",
     )
-    p.add_argument("--day", type=_day, required=True, help="first day (YYYY-MM-DD); it must be ingested")
-    p.add_argument("--end", type=_day, help="last day (inclusive) of a range, built oldest first")
+    p.add_argument("--day", type=day_arg, required=True, help="first day (YYYY-MM-DD); it must be ingested")
+    p.add_argument("--end", type=day_arg, help="last day (inclusive) of a range, built oldest first")
     p.set_defaults(func=cmd_events)
 
 
 def cmd_gaps(args: argparse.Namespace) -> int:
     from pipeline.gdelt.index import parse_index, slot_gaps
 
-    _ordered(args.start, args.end, "--start", "--end")
+    check_ordered(args.start, args.end, "--start", "--end")
     path = args.index or DataLayout(Settings.from_env().dataset.data_dir).index_dir() / "masterfilelist.txt"
     if not Path(path).is_file():
         hint = "" if args.index else " (no day has been ingested yet: pass --index FILE)"
@@ -183,6 +183,6 @@ def cmd_gaps(args: argparse.Namespace) -> int:
 def add_gaps(sub, debug: argparse.ArgumentParser) -> None:
     p = sub.add_parser("gaps", parents=[debug], help="report slots missing from a GDELT index file")
     p.add_argument("--index", type=Path, help="a masterfilelist.txt (default: the cached copy)")
-    p.add_argument("--start", type=_day)
-    p.add_argument("--end", type=_day)
+    p.add_argument("--start", type=day_arg)
+    p.add_argument("--end", type=day_arg)
     p.set_defaults(func=cmd_gaps)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import polars as pl
 
-from pipeline.cli.common import CommandError, _count, _month, _port, _release_name, _testbed
+from pipeline.cli.common import CommandError, count_arg, month_arg, port_arg, release_name_arg, testbed_module
 from pipeline.config import Settings
 from pipeline.release.layout import ReleaseError
 from pipeline.storage import DataLayout
@@ -48,7 +48,7 @@ def cmd_split(args: argparse.Namespace) -> int:
 
 def add_split(sub, debug: argparse.ArgumentParser) -> None:
     p = sub.add_parser("split", parents=[debug], help="build a closed month's event database and test split")
-    p.add_argument("--month", type=_month, required=True, help="YYYY-MM")
+    p.add_argument("--month", type=month_arg, required=True, help="YYYY-MM")
     p.add_argument("--check", action="store_true", help="only say whether the month is closed (exit 1 if not)")
     p.add_argument("--override-by", default="", help="operator forcing an open month (recorded in the manifest)")
     p.add_argument("--override-reason", default="", help="why the month is forced (recorded in the manifest)")
@@ -92,7 +92,7 @@ def add_release(sub, debug: argparse.ArgumentParser) -> None:
     p = sub.add_parser(
         "release", parents=[debug], help="publish a month's release to MIRAI_RELEASE_URI (immutable; re-runs verify)"
     )
-    p.add_argument("--month", type=_month, required=True, help="YYYY-MM")
+    p.add_argument("--month", type=month_arg, required=True, help="YYYY-MM")
     p.set_defaults(func=cmd_release)
 
 
@@ -122,7 +122,7 @@ def cmd_download(args: argparse.Namespace) -> int:
 
 def add_download(sub, debug: argparse.ArgumentParser) -> None:
     p = sub.add_parser("download", parents=[debug], help="download and verify a published release")
-    p.add_argument("release", nargs="?", default="latest", type=_release_name, help="latest (default) or YYYY-MM")
+    p.add_argument("release", nargs="?", default="latest", type=release_name_arg, help="latest (default) or YYYY-MM")
     p.add_argument("--dest", type=Path, default=Path("mirai-releases"), help="files go to DEST/YYYY-MM/")
     p.add_argument(
         "--only",
@@ -190,17 +190,17 @@ def add_export(sub, debug: argparse.ArgumentParser) -> None:
         dest="format", required=True
     )
     p = export.add_parser("mirai", parents=[debug], help="a month's database and split as MIRAI's data/ files")
-    p.add_argument("--month", type=_month, required=True, help="YYYY-MM (the split's month)")
+    p.add_argument("--month", type=month_arg, required=True, help="YYYY-MM (the split's month)")
     p.add_argument("--out", type=Path, required=True, help="a new or empty directory (or an earlier export)")
     p.set_defaults(func=cmd_export_mirai)
 
     p = export.add_parser(
         "predictions", parents=[debug], help="a stored evaluation run's predictions as MIRAI writes them"
     )
-    p.add_argument("--month", type=_month, required=True, help="YYYY-MM")
+    p.add_argument("--month", type=month_arg, required=True, help="YYYY-MM")
     p.add_argument("--agent", required=True, help="the agent's name in the registry")
     p.add_argument("--query-set", default="queries", help="queries (default) or queries_sample")
-    p.add_argument("--distance", type=_count(1), default=1, help="days between the cutoff and the query (default 1)")
+    p.add_argument("--distance", type=count_arg(1), default=1, help="days between the cutoff and the query (default 1)")
     p.add_argument("--out", type=Path, required=True, help="files go to OUT/round<N>/<QueryId>.json")
     p.add_argument("--relation-query", type=Path, help="name files by the QueryIds of this MIRAI relation_query.csv")
     p.set_defaults(func=cmd_export_predictions)
@@ -237,9 +237,9 @@ def add_import(sub, debug: argparse.ArgumentParser) -> None:
 
 def cmd_serve_release(args: argparse.Namespace) -> int:
     """Serve the store `mirai demo` published to, on a stable port (testbed/demo.py, loaded by
-    _testbed when the command runs: testbed/ ships with the source checkout only)."""
-    serve_release = _testbed("demo").serve_release
-    port = args.port or _testbed("s3").SERVE_PORT
+    testbed_module when the command runs: testbed/ ships with the source checkout only)."""
+    serve_release = testbed_module("demo").serve_release
+    port = args.port or testbed_module("s3").SERVE_PORT
     data_dir = Settings.from_env().dataset.data_dir.resolve()
     if not (data_dir / "s3" / "data").is_dir():
         raise CommandError(
@@ -262,5 +262,5 @@ def add_serve_release(sub, debug: argparse.ArgumentParser) -> None:
         parents=[debug],
         help="serve the demo's release store on 127.0.0.1 and print the commands that download it",
     )
-    p.add_argument("--port", type=_port, help="the S3 port (default 8333, testbed/s3.py)")
+    p.add_argument("--port", type=port_arg, help="the S3 port (default 8333, testbed/s3.py)")
     p.set_defaults(func=cmd_serve_release)

@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from pipeline.cli.common import CommandError, _count
+from pipeline.cli.common import CommandError, count_arg
 from pipeline.config import Settings
 from pipeline.storage import atomic_write_bytes
 
@@ -59,9 +59,11 @@ def add_score(sub, debug: argparse.ArgumentParser) -> None:
         "--split", required=True, help="a release month's directory (from `mirai download`) or a month YYYY-MM"
     )
     p.add_argument("--sample", action="store_true", help="score against the balanced sample (queries_sample)")
-    p.add_argument("--distance", type=_count(1), default=1, help="days between cutoff and query (recorded; default 1)")
+    p.add_argument(
+        "--distance", type=count_arg(1), default=1, help="days between cutoff and query (recorded; default 1)"
+    )
     p.add_argument("--seed", type=int, default=0, help="the bootstrap's seed (default 0)")
-    p.add_argument("--resamples", type=_count(1, 100_000), default=1000, help="bootstrap resamples (default 1000)")
+    p.add_argument("--resamples", type=count_arg(1, 100_000), default=1000, help="bootstrap resamples (default 1000)")
     p.add_argument("--lenient", action="store_true", help="score invalid answers as empty, as MIRAI's eval.py does")
     p.add_argument(
         "--relation-query",
