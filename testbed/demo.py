@@ -729,7 +729,8 @@ def _mirai() -> str:
 def serve_release(data_dir: Path, port: int, say: Callable[[str], None] = _say) -> None:
     """Serve the demo's release store (``data_dir/s3``) on 127.0.0.1:``port`` until interrupted,
     as the public bucket of docs/releases.md would be: anonymous reads, no anonymous listing.
-    Prints the exact commands that download the newest release from it."""
+    Prints the exact commands that download the newest release from it. The caller holds
+    ``demo_lock(data_dir)``."""
     import signal
 
     from pipeline.release.layout import INDEX_KEY, LATEST_KEY
@@ -739,7 +740,7 @@ def serve_release(data_dir: Path, port: int, say: Callable[[str], None] = _say) 
     uri = f"s3://{BUCKET}/{RELEASE_PREFIX}"
     # SIGTERM (not only Ctrl-C) must stop weed too: it runs in its own session.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    with demo_lock(data_dir), LocalS3(data_dir / "s3", BUCKET, s3_port=port, public_prefixes=PUBLIC_PREFIXES) as s3:
+    with LocalS3(data_dir / "s3", BUCKET, s3_port=port, public_prefixes=PUBLIC_PREFIXES) as s3:
         reader = open_store(
             Settings(release=ReleaseSettings(s3_endpoint_url=endpoint, s3_region="us-east-1", s3_max_attempts=1)),
             uri=uri,
@@ -761,9 +762,16 @@ def serve_release(data_dir: Path, port: int, say: Callable[[str], None] = _say) 
             say(f"  curl -s {base}/{INDEX_KEY}")
             say(f"  curl -O {base}/releases/{month}/queries.parquet")
         sys.stdout.flush()
+        # Waited for in steps: Ctrl-C's SIGINT may be delivered to any thread (polars' and
+        # jemalloc's included), and Python raises KeyboardInterrupt only once the main thread runs
+        # bytecode again, never inside one long waitpid.
         try:
-            s3.process.wait()
+            while s3.process.poll() is None:
+                time.sleep(0.2)
         except KeyboardInterrupt:
+            # Read-only serving has nothing to drain (weed takes over 5 s to stop gracefully):
+            # stopped within 5 s of Ctrl-C, as its first line promises.
+            s3.stop(drain_s=1.0)
             return
         raise RuntimeError(f"weed exited with {s3.process.returncode}; see {data_dir / 's3' / 'weed.log'}")
 

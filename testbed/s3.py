@@ -311,15 +311,15 @@ class LocalS3:
                     ) from None
                 time.sleep(0.2)
 
-    def stop(self, *, kill: bool = False) -> None:
+    def stop(self, *, kill: bool = False, drain_s: float = 5.0) -> None:
         """SIGTERM (or SIGKILL: a crash) to the server's process group; SIGKILL if it is still
-        draining after 5 s."""
+        draining after ``drain_s``."""
         if self.process is None:
             return
         if self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGKILL if kill else signal.SIGTERM)
             try:
-                self.process.wait(timeout=5)
+                self.process.wait(timeout=drain_s)
             except subprocess.TimeoutExpired:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait(timeout=10)

@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from datetime import UTC
 from pathlib import Path
 
@@ -346,12 +347,35 @@ def test_serve_release_serves_the_demo_store_and_its_printed_commands_download_i
         with pytest.raises(RuntimeError, match="another `mirai demo` or `mirai serve-release` is using"):
             with demo_lock(data):
                 pass
+        # A second serve-release says what is in the way (issue 33): the first one, on its port or another.
+        for second_port in (port, _free_port()):
+            second = subprocess.run(
+                [MIRAI, "serve-release", "--port", str(second_port)],
+                capture_output=True, text=True, timeout=60, env={**clean_env, "MIRAI_DATA_DIR": str(data)},
+            )  # fmt: skip
+            assert second.returncode == 1 and "another `mirai demo` or `mirai serve-release` is using" in second.stderr
     finally:
-        server.send_signal(signal.SIGTERM)
+        # Ctrl-C (SIGINT) stops it, weed included, within 5 s (issue 33: it did not, 5 tries of 5).
+        server.send_signal(signal.SIGINT)
+        interrupted = time.monotonic()
         server.wait(timeout=30)
-    assert server.returncode == 0
+    assert server.returncode == 0 and time.monotonic() - interrupted < 5
     with pytest.raises(ConnectionRefusedError):  # weed stopped with the command
         socket.create_connection(("127.0.0.1", port), timeout=5).close()
+
+
+def test_serve_release_names_a_port_another_program_holds(tmp_path):
+    (tmp_path / "data" / "s3" / "data").mkdir(parents=True)
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        done = subprocess.run(
+            [MIRAI, "serve-release", "--port", str(port)],
+            capture_output=True, text=True, timeout=60, env={**os.environ, "MIRAI_DATA_DIR": str(tmp_path / "data")},
+        )  # fmt: skip
+    assert done.returncode == 1
+    assert f"port {port} on 127.0.0.1 is not free" in done.stderr and "another program holds it" in done.stderr
 
 
 def test_demo_commands_say_so_where_the_testbed_is_not_installed(tmp_path):

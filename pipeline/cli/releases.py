@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import socket
 import sys
+from contextlib import ExitStack
 from pathlib import Path
 
 import polars as pl
@@ -237,8 +238,10 @@ def add_import(sub, debug: argparse.ArgumentParser) -> None:
 
 def cmd_serve_release(args: argparse.Namespace) -> int:
     """Serve the store `mirai demo` published to, on a stable port (testbed/demo.py, loaded by
-    testbed_module when the command runs: testbed/ ships with the source checkout only)."""
-    serve_release = testbed_module("demo").serve_release
+    testbed_module when the command runs: testbed/ ships with the source checkout only). The demo's
+    lock is taken first: a second serve-release (or a running demo) is named as what is in the way,
+    not the port it holds."""
+    demo = testbed_module("demo")
     port = args.port or testbed_module("s3").SERVE_PORT
     data_dir = Settings.from_env().dataset.data_dir.resolve()
     if not (data_dir / "s3" / "data").is_dir():
@@ -246,13 +249,22 @@ def cmd_serve_release(args: argparse.Namespace) -> int:
             f"no demo release store at {data_dir / 's3'}: run `mirai demo` first "
             "(or set MIRAI_DATA_DIR to the demo's data directory)"
         )
-    with socket.socket() as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as weed's own listener: TIME_WAIT is no obstacle
+    with ExitStack() as held:
         try:
-            probe.bind(("127.0.0.1", port))
-        except OSError as exc:
-            raise CommandError(f"port {port} on 127.0.0.1 is not free ({exc.strerror}): pass --port N") from exc
-    serve_release(data_dir, port)
+            held.enter_context(demo.demo_lock(data_dir))
+        except RuntimeError as exc:
+            raise CommandError(str(exc)) from None
+        with socket.socket() as probe:
+            probe.setsockopt(
+                socket.SOL_SOCKET, socket.SO_REUSEADDR, 1
+            )  # as weed's own listener: TIME_WAIT is no obstacle
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError as exc:
+                raise CommandError(
+                    f"port {port} on 127.0.0.1 is not free ({exc.strerror}): another program holds it; pass --port N"
+                ) from None
+        demo.serve_release(data_dir, port)
     return 0
 
 
