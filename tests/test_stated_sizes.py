@@ -320,3 +320,61 @@ def test_a_footer_longer_than_any_of_ours_is_refused_before_anything_parses_it(t
             read(path)
     with pytest.raises(DatabaseFileError, match="footer is 1,8"):
         _read_month(path, "events", untrusted=True)
+
+
+def _rows_understated(table, claimed: int) -> bytes:
+    """``table`` as one parquet row group whose footer's FileMetaData.num_rows says ``claimed``
+    (the row group keeps the real count: readers decode what is there)."""
+    import io
+
+    import pyarrow.parquet as pq
+
+    out = io.BytesIO()
+    pq.write_table(table, out, row_group_size=table.num_rows, compression="zstd")
+    data = out.getvalue()
+    length = int.from_bytes(data[-8:-4], "little")
+    footer = data[-8 - length : -8]
+
+    def field_i64(n: int) -> bytes:  # thrift compact: field 3 (num_rows, i64) right after field 2
+        zigzag, out = (n << 1) ^ (n >> 63), bytearray(b"\x16")
+        while True:
+            byte, zigzag = zigzag & 0x7F, zigzag >> 7
+            out.append(byte | (0x80 if zigzag else 0))
+            if not zigzag:
+                return bytes(out)
+
+    assert footer.count(field_i64(table.num_rows)) >= 1
+    forged = footer.replace(field_i64(table.num_rows), field_i64(claimed), 1)
+    return data[: -8 - length] + forged + len(forged).to_bytes(4, "little") + b"PAR1"
+
+
+def test_a_row_count_the_footer_understates_is_counted_on_what_is_decoded(tmp_path):
+    """A re-attack of issue 30: predictions whose footer says 10 rows while its row group holds
+    MAX_RECORDS + 1 were all decoded and scored (2.5 times the cap at 500,000)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipeline.evaluation.score_inputs import MAX_RECORDS, ScoringError, read_parquet
+
+    rows = MAX_RECORDS + 1
+    table = pa.table({"query_id": pa.array(["q"] * rows), "answer": pa.array([None] * rows, pa.string())})
+    path = tmp_path / "predictions.parquet"
+    path.write_bytes(_rows_understated(table, 10))
+    assert pq.ParquetFile(path).metadata.num_rows == 10
+    with pytest.raises(ScoringError, match=f"more than {MAX_RECORDS} records"):
+        read_parquet(path)
+
+
+def test_a_queries_file_whose_footer_understates_its_rows_is_refused(tmp_path):
+    import pyarrow as pa
+
+    from pipeline.evaluation.queries import MAX_QUERIES, InvalidQueries, read_queries
+
+    rows = MAX_QUERIES + 1
+    frame = pl.DataFrame(
+        {"query_id": ["q"] * rows, "date": [date(2024, 1, 1)] * rows, "s": ["USA"] * rows, "o": ["CHN"] * rows}
+    ).with_columns(answer_dict=pl.lit("{}"))
+    path = tmp_path / "queries.parquet"
+    path.write_bytes(_rows_understated(pa.table(frame.to_arrow()), 10))
+    with pytest.raises(InvalidQueries, match=f"{rows:,} rows, more than the {MAX_QUERIES:,}"):
+        read_queries(path)

@@ -101,6 +101,8 @@ def read_queries(path: Path) -> pl.DataFrame:
         raise refused(f"not a parquet file ({type(exc).__name__})") from None
     except UntrustedParquetError as exc:
         raise refused(str(exc)) from None
+    if frame.height > MAX_QUERIES:  # the footer's num_rows is the file's word too
+        raise refused(f"{frame.height:,} rows, more than the {MAX_QUERIES:,} a split may hold")
     longest, total = text_bytes(frame)
     if longest > MAX_QUERY_CELL_BYTES:
         raise refused(f"a text cell longer than {MAX_QUERY_CELL_BYTES:,} bytes")

@@ -277,6 +277,8 @@ def read_parquet(path: Path) -> tuple[list[Submitted], list[str]]:
         raise ScoringError(f"{path}: refused: {exc}") from None
     except Exception as exc:  # pyarrow's errors for a damaged footer
         raise ScoringError(f"{path}: refused: not a readable parquet file ({type(exc).__name__})") from None
+    if table.height > MAX_RECORDS:  # the footer's num_rows is the file's word too
+        raise _too_many(path)
     expected = {"query_id": pl.String, "answer": pl.String, "ranked": pl.List(pl.String), "p_event": pl.Float64}
     wrong = [c for c in table.columns if table.schema[c] != expected[c]]
     if wrong:
