@@ -117,7 +117,7 @@ class DatasetSettings(SettingsGroup):
     test_min_articles: Int = setting(
         5,
         "MIRAI_TEST_MIN_ARTICLES",
-        ("a query is kept only if each of its test-grade quads has at least this many kept articles (MIRAI §2.3)"),
+        "a query is kept only if each of its test-grade quads has at least this many kept articles (MIRAI §2.3)",
     )
     split_sample_size: Int = setting(
         100, "MIRAI_SPLIT_SAMPLE_SIZE", "queries in each month's balanced sample (MIRAI §2.3: 100)"
@@ -126,7 +126,7 @@ class DatasetSettings(SettingsGroup):
     split_grace_days: Int = setting(
         3,
         "MIRAI_SPLIT_GRACE_DAYS",
-        ("days after a month ends before its split is built (if every slot landed or is confirmed missing)"),
+        "days after a month ends before its split is built (if every slot landed or is confirmed missing)",
     )
     agent_distance_days: Int = setting(
         1,
@@ -193,12 +193,12 @@ class GdeltSettings(SettingsGroup):
     base_url: str = setting(
         DEFAULT_GDELT_BASE_URL,
         "GDELT_BASE_URL",
-        ("where the index and files are fetched from (a mirror works: files are fetched by name under this URL)"),
+        "where the index and files are fetched from (a mirror works: files are fetched by name under this URL)",
     )
     download_deadline_s: Float = setting(
         600.0,
         "MIRAI_DOWNLOAD_DEADLINE_S",
-        ("wall-clock cap for one file, so a trickling server cannot hold a run (it never trips the read timeout)"),
+        "wall-clock cap for one file, so a trickling server cannot hold a run (it never trips the read timeout)",
     )
     download_concurrency: Int = setting(8, "MIRAI_DOWNLOAD_CONCURRENCY", "parallel GDELT downloads per day")
     download_attempts: Int = setting(
@@ -247,12 +247,12 @@ class ArticleSettings(SettingsGroup):
     article_profile: str = setting(
         "mirai",
         "MIRAI_ARTICLE_PROFILE",
-        ("OBELICS filter profile: `mirai` (MIRAI's thresholds) or `obelics` (the released OBELICS ones)"),
+        "OBELICS filter profile: `mirai` (MIRAI's thresholds) or `obelics` (the released OBELICS ones)",
     )
     article_domain_dedup: Bool = setting(
         False,
         "MIRAI_ARTICLE_DOMAIN_DEDUP",
-        ("with the `obelics` profile: drop paragraphs repeated within one domain over the day (OBELICS step 09)"),
+        "with the `obelics` profile: drop paragraphs repeated within one domain over the day (OBELICS step 09)",
     )
     extract_workers: Int = setting(2, "MIRAI_EXTRACT_WORKERS", "text extraction worker processes")
     extract_timeout_s: Float = setting(
@@ -313,12 +313,12 @@ class ArticleSettings(SettingsGroup):
     fetch_robots_ttl_s: Float = setting(
         86400.0,
         "MIRAI_FETCH_ROBOTS_TTL_S",
-        ("how long a host's robots.txt verdict is cached within a process (RFC 9309 §2.4: at most 24 h)"),
+        "how long a host's robots.txt verdict is cached within a process (RFC 9309 §2.4: at most 24 h)",
     )
     fetch_retry_schedule_h: str = setting(
         "1,6,24",
         "MIRAI_FETCH_RETRY_SCHEDULE_H",
-        ("hours after each failed run before an article URL is retried; after the last step it is given up"),
+        "hours after each failed run before an article URL is retried; after the last step it is given up",
     )
 
     @property
@@ -371,7 +371,7 @@ class ReleaseSettings(SettingsGroup):
     s3_region: str = setting(
         "",
         "MIRAI_S3_REGION",
-        ("region of the release bucket; empty: the AWS chain's (`AWS_REGION`, ~/.aws/config), else us-east-1"),
+        "region of the release bucket; empty: the AWS chain's (`AWS_REGION`, ~/.aws/config), else us-east-1",
     )
     s3_max_attempts: Int = setting(
         5, "MIRAI_S3_MAX_ATTEMPTS", "attempts per S3 request (botocore's standard retry mode: throttling, 5xx, resets)"
@@ -389,12 +389,12 @@ class ReleaseSettings(SettingsGroup):
     concurrency: Int = setting(
         10,
         "MIRAI_RELEASE_CONCURRENCY",
-        ("requests in flight when publishing (parts and files), and files fetched at once by `mirai download`"),
+        "requests in flight when publishing (parts and files), and files fetched at once by `mirai download`",
     )
     signed_download: Bool = setting(
         False,
         "MIRAI_RELEASE_SIGNED_DOWNLOAD",
-        ("`mirai download` signs its requests with AWS credentials (a private bucket); anonymous by default"),
+        "`mirai download` signs its requests with AWS credentials (a private bucket); anonymous by default",
     )
 
 
@@ -432,7 +432,7 @@ class LiveSettings(SettingsGroup):
     horizons: str = setting(
         "1,7",
         "MIRAI_LIVE_HORIZONS",
-        ("a live round published on day D asks about the target dates D + h for each h (docs/live.md)"),
+        "a live round published on day D asks about the target dates D + h for each h (docs/live.md)",
     )
     round_size: Int = setting(100, "MIRAI_LIVE_ROUND_SIZE", "questions per live round, split evenly over the horizons")
     window_days: Int = setting(
@@ -454,7 +454,7 @@ class LiveSettings(SettingsGroup):
     resolution_grace_hours: Float = setting(
         24.0,
         "MIRAI_LIVE_RESOLUTION_GRACE_HOURS",
-        ("hours after a target date's slots are all landed or confirmed missing before its answers are resolved"),
+        "hours after a target date's slots are all landed or confirmed missing before its answers are resolved",
     )
 
     @property
