@@ -64,9 +64,11 @@ from datetime import date
 from pathlib import Path
 sys.path.insert(0, str(Path(sys.argv[1]) / "bench"))
 from common import own_peak_rss_mib
-from pipeline.config import Settings
+from pipeline.config import DatasetSettings, GdeltSettings, Settings
 from pipeline.gdelt.ingest import parse_day
-settings = Settings(data_dir=Path(sys.argv[2]), max_uncompressed_mb=int(sys.argv[3]))
+settings = Settings(
+    dataset=DatasetSettings(data_dir=Path(sys.argv[2])), gdelt=GdeltSettings(max_uncompressed_mb=int(sys.argv[3]))
+)
 before = own_peak_rss_mib()
 parsed = parse_day(date(2024, 1, 1), "export", settings)
 print(json.dumps({"before": before, "after": own_peak_rss_mib(), "refused": parsed.refused,

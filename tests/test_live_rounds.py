@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import replace
 from datetime import UTC, date, datetime, timedelta
 from itertools import pairwise
 
@@ -332,5 +331,5 @@ def test_publication_on_seaweedfs(s3_settings):
     assert [r["round"] for r in json.loads(store.get_bytes("live/index.json"))["rounds"]] == ["2024-03-10"]
     assert not publish_round(DAY, s3_settings, store, now=PUBLISH).published_now
     with pytest.raises(ReleaseConflict):
-        publish_round(DAY, replace(s3_settings, live_seed=9), store, now=PUBLISH)
+        publish_round(DAY, make_settings(s3_settings, live_seed=9), store, now=PUBLISH)
     assert store.get_bytes("live/rounds/2024-03-10/manifest.json") == raw

@@ -476,7 +476,7 @@ def tick(defs: dg.Definitions, instance: dg.DagsterInstance, cursor: str | None)
         instance_ref=instance.get_ref(),
         cursor=cursor,
         definitions=defs,
-        resources={"dataset": defs.resources["dataset"], "release_store": defs.resources["release_store"]},
+        resources={key: defs.resources[key] for key in ("dataset", "network", "release_store")},
     ) as context:
         data = submission_sensor.evaluate_tick(context)
     for request in data.dynamic_partitions_requests or []:
