@@ -10,6 +10,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -228,3 +229,17 @@ def test_a_rejected_key_stops_the_run_in_one_line(release, tmp_path):
     assert refused.stderr.startswith("mirai evaluate: error: scripted at ") and "401" in refused.stderr
     assert not out.exists()
     _no_key_anywhere(tmp_path, refused.stdout, refused.stderr)
+
+
+def test_an_endpoint_that_is_not_running_is_one_line_before_any_episode(release, tmp_path):
+    """Issue 33, point 1: against a port nothing listens on, the run printed no error, exited 0
+    after 115 s with empty answers, and a re-run kept them."""
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    out, started = tmp_path / "predictions.jsonl", time.monotonic()
+    refused = _mirai("evaluate", str(release), *_flags(f"http://127.0.0.1:{port}/v1"), "--out", str(out))
+    assert refused.returncode == 1 and len(refused.stderr.splitlines()) == 1, refused.stderr
+    assert f"the endpoint http://127.0.0.1:{port}/v1 does not answer" in refused.stderr
+    assert time.monotonic() - started < 60 and not out.exists()
+    assert not any(path.is_file() for path in tmp_path.rglob("*.jsonl"))  # no episode was recorded

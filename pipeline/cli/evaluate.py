@@ -143,7 +143,7 @@ def _run_episodes(
     from pipeline.agent_api import EventDatabase
     from pipeline.agent_api.event_database import DatabaseFileError
     from pipeline.evaluation.clients import client_for
-    from pipeline.evaluation.llm import ModelUnavailable
+    from pipeline.evaluation.llm import ModelUnavailable, OpenAIChatClient
     from pipeline.evaluation.run import checkpoint_path, evaluate_agent
 
     release, distance = args.release, agent.distances[0]
@@ -165,6 +165,8 @@ def _run_episodes(
             raise CommandError(str(exc)) from None
     try:
         with contextlib.closing(client_for(agent, client_settings, limiter)) as client:
+            if isinstance(client, OpenAIChatClient):  # before any episode: a server that is not there
+                client.check_reachable()
             _, record = evaluate_agent(
                 release / f"{query_set}.parquet",
                 run_dir,

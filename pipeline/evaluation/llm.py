@@ -166,6 +166,20 @@ class OpenAIChatClient:
                 session.close()
             self._sessions.clear()
 
+    def check_reachable(self, timeout_s: float = 10.0) -> None:
+        """Raise ModelUnavailable unless the endpoint answers at all (``GET {base_url}/models``,
+        once, no retries): a run against a server that is not there says so before its first
+        episode. Any HTTP answer counts (a server without /models answers 404); 401 and 403 say
+        the key is refused."""
+        base = self.url.removesuffix("/chat/completions")
+        try:
+            response = self.session.get(base + "/models", headers=self._headers(), timeout=timeout_s)
+        except requests.RequestException as exc:
+            reason = type(exc).__name__ if not str(exc) else str(exc).splitlines()[0][:160]
+            raise ModelUnavailable(f"the endpoint {base} does not answer ({reason}); is the server running?") from None
+        if response.status_code in (401, 403):
+            raise ModelUnavailable(f"the endpoint {base} refused the key: HTTP {response.status_code}")
+
     def _headers(self) -> dict[str, str]:
         if self._api_key is not None:
             return {"Authorization": f"Bearer {self._api_key}"}
