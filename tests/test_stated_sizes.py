@@ -348,14 +348,18 @@ def _rows_understated(table, claimed: int) -> bytes:
     return data[: -8 - length] + forged + len(forged).to_bytes(4, "little") + b"PAR1"
 
 
-def test_a_row_count_the_footer_understates_is_counted_on_what_is_decoded(tmp_path):
+def test_a_row_count_the_footer_understates_is_counted_on_what_is_decoded(tmp_path, monkeypatch):
     """A re-attack of issue 30: predictions whose footer says 10 rows while its row group holds
-    MAX_RECORDS + 1 were all decoded and scored (2.5 times the cap at 500,000)."""
+    MAX_RECORDS + 1 were all decoded and scored (2.5 times the cap at 500,000). The cap is lowered
+    here, so that the decoded rows, not the decoder's memory bound, are what refuses the file."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from pipeline.evaluation.score_inputs import MAX_RECORDS, ScoringError, read_parquet
+    from pipeline.evaluation import score_inputs
+    from pipeline.evaluation.score_inputs import ScoringError, read_parquet
 
+    monkeypatch.setattr(score_inputs, "MAX_RECORDS", 1000)
+    MAX_RECORDS = score_inputs.MAX_RECORDS
     rows = MAX_RECORDS + 1
     table = pa.table({"query_id": pa.array(["q"] * rows), "answer": pa.array([None] * rows, pa.string())})
     path = tmp_path / "predictions.parquet"
@@ -365,11 +369,14 @@ def test_a_row_count_the_footer_understates_is_counted_on_what_is_decoded(tmp_pa
         read_parquet(path)
 
 
-def test_a_queries_file_whose_footer_understates_its_rows_is_refused(tmp_path):
+def test_a_queries_file_whose_footer_understates_its_rows_is_refused(tmp_path, monkeypatch):
     import pyarrow as pa
 
-    from pipeline.evaluation.queries import MAX_QUERIES, InvalidQueries, read_queries
+    from pipeline.evaluation import queries
+    from pipeline.evaluation.queries import InvalidQueries, read_queries
 
+    monkeypatch.setattr(queries, "MAX_QUERIES", 1000)  # the rows, not the decoder's memory bound, refuse it
+    MAX_QUERIES = queries.MAX_QUERIES
     rows = MAX_QUERIES + 1
     frame = pl.DataFrame(
         {"query_id": ["q"] * rows, "date": [date(2024, 1, 1)] * rows, "s": ["USA"] * rows, "o": ["CHN"] * rows}
