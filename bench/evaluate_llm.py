@@ -1,11 +1,13 @@
 """LLM evaluation throughput: concurrent episodes against a real OpenAI-compatible server.
 
     flock /tmp/mirai-bench.lock .venv/bin/python bench/evaluate_llm.py [--episodes N] [--steps S]
-        [--latency L] [--concurrency 16 32] [--policy null|calls] [--months M] [--work DIR] [--gate-baseline]
+        [--latency L] [--concurrency 16 32] [--policy null|calls] [--per-day K] [--months M] [--work DIR]
+        [--gate-baseline]
 
 Input. ``testbed.database.generate_event_database`` writes ``--months`` months (default 2, 400
 quads a day: a small database) under ``--work``; ``--episodes`` queries are drawn over the last
-month's days and a fixed list of country pairs. The endpoint is ``testbed.chat`` in its own
+month's days (one a day round and round, or ``--per-day`` K on each day in turn: episodes of one
+cutoff share the cutoff gate) and a fixed list of country pairs. The endpoint is ``testbed.chat`` in its own
 process on 127.0.0.1 (so its CPU is not counted as the harness's), answering every request after
 ``--latency`` seconds with a scripted reply:
 
@@ -71,11 +73,14 @@ def last_month(months: int) -> date:
     return date(FIRST_MONTH.year + year, month + 1, 1)
 
 
-def queries(n: int, month: date) -> pl.DataFrame:
+def queries(n: int, month: date, per_day: int = 0) -> pl.DataFrame:
+    """``n`` queries over the month's first 27 days: ``per_day`` on each day in turn, or (0) one a
+    day round and round."""
+    days = [i // per_day % 27 if per_day else i % 27 for i in range(n)]
     return pl.DataFrame(
         {
             "query_id": [f"{month:%Y-%m}-{i:05d}" for i in range(1, n + 1)],
-            "date": [month + timedelta(days=1 + i % 27) for i in range(n)],
+            "date": [month + timedelta(days=1 + day) for day in days],
             "s": [PAIRS[i % len(PAIRS)][0] for i in range(n)],
             "o": [PAIRS[i % len(PAIRS)][1] for i in range(n)],
             "answer_dict": [json.dumps({"04": ["042"]})] * n,
@@ -133,17 +138,24 @@ def run(
     }
 
 
-class _EveryBlockAtOnce(CutoffGate):
-    """The baseline of --gate-baseline: blocks of every cutoff run together, as before the gate."""
+class _NoLease:
+    waited = 0.0
 
-    @contextlib.contextmanager
-    def hold(self, cutoff: date) -> Iterator[float]:
-        yield 0.0
+    def release(self) -> None:
+        pass
+
+
+class _EveryEpisodeAtOnce(CutoffGate):
+    """The baseline of --gate-baseline: sandboxes of every cutoff exist and run together, as before
+    the gate."""
+
+    def lease(self, cutoff: date) -> _NoLease:
+        return _NoLease()
 
 
 @contextlib.contextmanager
 def ungated() -> Iterator[None]:
-    gate, cutoff_gate.CUTOFF_GATE = cutoff_gate.CUTOFF_GATE, _EveryBlockAtOnce()
+    gate, cutoff_gate.CUTOFF_GATE = cutoff_gate.CUTOFF_GATE, _EveryEpisodeAtOnce()
     try:
         yield
     finally:
@@ -157,6 +169,12 @@ def main() -> None:
     parser.add_argument("--latency", type=float, default=0.2)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[16, 32])
     parser.add_argument("--policy", choices=("null", "calls"), default="null")
+    parser.add_argument(
+        "--per-day",
+        type=int,
+        default=0,
+        help="queries on each day in turn (MIRAI's test split: 705 over 30 days, about 23); 0: one a day, round and round",
+    )
     parser.add_argument("--months", type=int, default=2)
     parser.add_argument("--quads-per-day", type=int, default=400)
     parser.add_argument("--work", type=Path, default=Path("/tmp/mirai-bench-evaluate-llm"))
@@ -170,7 +188,7 @@ def main() -> None:
     parser.add_argument(
         "--gate-baseline",
         action="store_true",
-        help="also run each concurrency with every block let through at once (no cutoff gate) and print the ratio",
+        help="also run each concurrency with every sandbox let through at once (no cutoff gate) and print the ratio",
     )
     args = parser.parse_args()
     print(machine_summary({"polars": pl.__version__}))
@@ -204,12 +222,12 @@ def main() -> None:
         rows = [(1, sequential)]
         for c in args.concurrency:
             if args.policy == "calls":
-                tables_mb = gated_tables_mb(db, queries(args.episodes, month), 1)
+                tables_mb = gated_tables_mb(db, queries(args.episodes, month, args.per_day), 1)
                 print(f"c = {c}: at most {sandbox_slots(c, tables_mb, memory).n} live sandboxes and as many spares")
             if args.gate_baseline:
                 with ungated():
-                    baseline = run(data_dir, queries(args.episodes, month), agent, c, db, memory)
-            rows.append((c, run(data_dir, queries(args.episodes, month), agent, c, db, memory)))
+                    baseline = run(data_dir, queries(args.episodes, month, args.per_day), agent, c, db, memory)
+            rows.append((c, run(data_dir, queries(args.episodes, month, args.per_day), agent, c, db, memory)))
             if args.gate_baseline:
                 print(
                     f"c = {c}: wall {rows[-1][1]['wall_s']:.2f} s under the cutoff gate, {baseline['wall_s']:.2f} s "

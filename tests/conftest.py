@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.agent_api import cutoff_gate
 from pipeline.config import Settings
 
 from .s3_server import ACCESS_KEY, SECRET_KEY, SeaweedS3, weed_binary
@@ -29,6 +30,16 @@ SLOWEST_FIRST = ("tests/test_demo.py", "tests/reliability/test_soak.py")
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: not item.nodeid.startswith(SLOWEST_FIRST))  # stable: the rest keep their order
+
+
+@pytest.fixture(autouse=True)
+def cutoff_gate_of_the_test(tmp_path_factory, monkeypatch) -> cutoff_gate.CutoffGate:
+    """Each test's sandboxes under a gate of the test's own: the machine's is shared by the xdist
+    workers, and an episode holds it until its sandbox closes (cutoff_gate.py), so a test's episode
+    of one cutoff would hold back the other worker's of another. Subprocesses keep the machine's."""
+    gate = cutoff_gate.CutoffGate(tmp_path_factory.mktemp("cutoff-gate"))
+    monkeypatch.setattr(cutoff_gate, "CUTOFF_GATE", gate)
+    return gate
 
 
 def shared_fixture(relative: str) -> Path:

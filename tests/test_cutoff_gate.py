@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.agent_api.cutoff_gate import SUFFIX, CutoffGate, GateError
+from pipeline.agent_api.cutoff_gate import SUFFIX, CutoffGate, GateError, HeldByThisThread
 
 A, B = date(2024, 1, 10), date(2024, 1, 20)
 
@@ -125,3 +125,35 @@ def test_a_directory_others_could_write_is_refused(tmp_path):
     fresh = CutoffGate(tmp_path / "fresh")
     with fresh.hold(A):
         assert (fresh.directory.stat().st_mode & 0o777) == 0o700
+
+
+def test_a_thread_that_holds_a_cutoff_joins_it_at_once_and_is_refused_another(tmp_path):
+    """An episode's lease lasts until its sandbox closes: a thread that holds one must not wait for
+    the turn (a waiter of another cutoff holds it until this thread's episode ends), nor for
+    another cutoff (it would wait for itself)."""
+    gate = CutoffGate(tmp_path / "gate")
+    first = gate.lease(A)
+    got_b = threading.Event()
+
+    def other_cutoff():
+        with gate.hold(B):
+            got_b.set()
+
+    waiting = threading.Thread(target=other_cutoff, daemon=True)
+    waiting.start()
+    time.sleep(0.3)  # B's waiter holds the turn now, waiting for A's file
+    asked = time.monotonic()
+    second = gate.lease(A)
+    assert time.monotonic() - asked < 0.5
+    with pytest.raises(HeldByThisThread, match="cutoff 2024-01-10"):
+        gate.lease(B)
+    first.release()
+    assert not got_b.wait(0.5), "B ran while a lease of A was held"
+    # Given back from another thread, as Environment.__del__ may.
+    releaser = threading.Thread(target=second.release)
+    releaser.start()
+    releaser.join(5)
+    assert got_b.wait(5), "B did not get the gate once every lease of A was given back"
+    waiting.join(5)
+    with gate.hold(B):  # this thread holds nothing now
+        pass

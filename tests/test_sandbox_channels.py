@@ -3,10 +3,12 @@ not be able to pass what it sees to one with an early cutoff through a kernel ob
 
 Each test switches the Python-level guards off in both sandboxes first (test_sandbox_attacks.py's
 BYPASS) and then does the attack with raw syscalls, as agent code that owns the interpreter would.
-The first layer is the cutoff gate (pipeline/agent_api/cutoff_gate.py): sandboxes of different
-cutoffs never run at the same moment, even one that answers its block early and tries to run on,
-so no contention channel (CPU time, a kernel lock through a mapped file) carries a bit. The other
-tests give each sandbox a gate of its own, to attack the kernel layers alone:
+The first layer is the cutoff gate (pipeline/agent_api/cutoff_gate.py): a sandbox of one cutoff
+does not exist, stopped or running, while one of another cutoff runs, so no contention channel (CPU
+time, a kernel lock through a mapped file) and no kernel state a sandbox keeps (its mappings in a
+shared file's tree) carries a bit. Between its blocks a sandbox is stopped, even one that answers its
+block early and tries to run on. The other tests give each sandbox a gate of its own, to attack the
+kernel layers alone:
 - a futex on a page both map from the same file (libc's text): a shared futex is keyed by (inode,
   offset), so the late sandbox's wake would reach the early one's wait;
 - the page cache of the table files every sandbox maps: MADV_PAGEOUT and MADV_COLD would drop a
@@ -69,15 +71,13 @@ def early_and_late(database, tmp_path):
 
 
 @pytest.fixture
-def gated(database, tmp_path):
-    """Two sandboxes of the early cutoff and one of the late, under one gate, as on a machine."""
-    gate = CutoffGate(tmp_path / "gate")
-    envs = [database.environment(cutoff) for cutoff in (EARLY, EARLY, LATE)]
+def late(database, tmp_path):
+    """One late sandbox under a gate of its own, for the tests of what it may do between blocks."""
+    env = database.environment(LATE)
     try:
-        yield [started(env, gate) for env in envs]
+        yield started(env, CutoffGate(tmp_path / "gate"))
     finally:
-        for env in envs:
-            env.close()
+        env.close()
 
 
 SLEEP_AND_SAY_WHEN = """
@@ -88,32 +88,84 @@ print(_start, _t.monotonic())
 """
 
 
-def test_sandboxes_of_different_cutoffs_never_run_at_once(gated):
-    """Whatever channel two running sandboxes could share (CPU time, a lock through a mapped file),
-    it carries nothing between cutoffs that never run at the same moment."""
-    intervals = {}
+def test_episodes_of_different_cutoffs_never_overlap(database, tmp_path):
+    """Two episodes of the early cutoff and one of the late start together under one gate, as on a
+    machine: from its first block until its sandbox is closed an episode never overlaps one of
+    another cutoff (each early one waits 0.5 s between its block and its close, where the late
+    one's block fitted while the gate was held for a block only), and the early ones overlap."""
+    gate, spans = CutoffGate(tmp_path / "gate"), {}
 
-    def run(i, env, seconds):
-        code = SLEEP_AND_SAY_WHEN.replace("0.6", str(seconds))
-        intervals[i] = tuple(map(float, env.run_code(code, timeout_s=60).split()))
+    def episode(i: int, cutoff: date) -> None:
+        env = started(database.environment(cutoff), gate)
+        try:
+            start, _ = map(float, env.run_code(SLEEP_AND_SAY_WHEN, timeout_s=60).split())
+            time.sleep(0.5)
+        finally:
+            env.close()
+        spans[i] = (cutoff, start, time.monotonic())
 
-    def at_once(envs, seconds):
-        threads = [threading.Thread(target=run, args=(i, env, seconds)) for i, env in envs]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(60)
+    threads = [threading.Thread(target=episode, args=(i, c)) for i, c in enumerate((EARLY, EARLY, LATE))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert len(spans) == 3, spans
 
     def overlap(a, b):
-        return intervals[a][0] < intervals[b][1] and intervals[b][0] < intervals[a][1]
+        return spans[a][1] < spans[b][2] and spans[b][1] < spans[a][2]
 
-    for _ in range(2):
-        at_once(enumerate(gated), 0.6)
-        assert not overlap(0, 2) and not overlap(1, 2), intervals
-    # Blocks of one cutoff run together (which of the three above got the turn first is the
-    # scheduler's choice, so this is asked of the two alone).
-    at_once(enumerate(gated[:2]), 1.5)
-    assert overlap(0, 1), intervals
+    assert not overlap(0, 2) and not overlap(1, 2), spans
+    # Which cutoff got the gate first is the scheduler's choice; the two early ones ran together
+    # unless the late one came between them.
+    if not spans[0][1] < spans[2][1] < spans[1][1] and not spans[1][1] < spans[2][1] < spans[0][1]:
+        assert overlap(0, 1), spans
+
+
+# The sender of the fourth re-attack of issue 30: it splits its mapping of a table part (a file an
+# early sandbox maps too) into one mapping a page, which stays in the file's tree of mappings while
+# the sandbox is stopped and would make the early sandbox's own splits slower.
+SPLIT_A_SHARED_FILE = """
+_gc = _B['__import__']('gc')
+_pa = _sys.modules['pyarrow']
+_m = max((m for m in _gc.get_objects() if type(m).__name__ == 'mmap'), key=len)
+_address, _splits = _pa.py_buffer(_m).address, 0
+for _page in range(0, len(_m) // 4096, 2):
+    _splits += _libc.syscall(_ctypes.c_long(MADVISE), _ctypes.c_long(_address + 4096 * _page), _ctypes.c_long(4096), _ctypes.c_long(1)) == 0
+print(_splits)
+"""
+
+
+def mappings(pid: int) -> int:
+    return len(Path(f"/proc/{pid}/maps").read_text().splitlines())
+
+
+def test_an_early_episode_runs_only_once_a_late_sandbox_and_its_mappings_are_gone(database, tmp_path):
+    gate = CutoffGate(tmp_path / "gate")
+    late = started(database.environment(LATE), gate)
+    early = database.environment(EARLY)
+    try:
+        pid = late._sandbox._child.sandbox.pid
+        before = mappings(pid)
+        splits = int(late.run_code(f"MADVISE = {_nr('madvise')}\n" + SPLIT_A_SHARED_FILE, timeout_s=60))
+        assert splits >= 20 and mappings(pid) >= before + splits, (before, splits, mappings(pid))
+        early_block = {}
+
+        def run_early() -> None:
+            started(early, gate)
+            early_block["start"] = float(early.run_code(SLEEP_AND_SAY_WHEN, timeout_s=60).split()[0])
+
+        thread = threading.Thread(target=run_early)
+        thread.start()
+        time.sleep(1.0)
+        assert "start" not in early_block, "the early episode ran beside a stopped late sandbox"
+        late.close()
+        closed = time.monotonic()
+        assert not Path(f"/proc/{pid}").exists()  # its mappings went with it, before the gate opened
+        thread.join(60)
+        assert early_block["start"] > closed, (early_block, closed)
+    finally:
+        late.close()
+        early.close()
 
 
 def frame(obj: str) -> str:
@@ -155,13 +207,14 @@ _id = _sys.modules['json'].loads(_body.raw)['id']
 )
 
 
-def test_a_sandbox_that_runs_on_after_its_reply_is_stopped_while_another_cutoff_runs(gated):
-    early, _, late = gated
-    assert early.run_code(RUN_ON_AFTER_REPLY, timeout_s=60) == "answered early"
-    late_start, late_end = map(float, late.run_code(SLEEP_AND_SAY_WHEN, timeout_s=60).split())
-    gaps = json.loads(early.run_code("", timeout_s=60))
-    # It did not run from its forged reply until its next block, the late block's time included.
-    assert any(start <= late_start and late_end <= end for start, end in gaps), (gaps, late_start, late_end)
+def test_a_sandbox_that_runs_on_after_its_reply_is_stopped_until_its_next_block(late):
+    assert late.run_code(RUN_ON_AFTER_REPLY, timeout_s=60) == "answered early"
+    between = time.monotonic()
+    time.sleep(0.6)
+    until = time.monotonic()
+    gaps = json.loads(late.run_code("", timeout_s=60))
+    # It did not run from its forged reply until its next block.
+    assert any(start <= between and until <= end for start, end in gaps), (gaps, between, until)
 
 
 # Both sides find the same byte of libc's text (the same file, so the same futex key if shared).
@@ -536,17 +589,17 @@ MAIN_THREAD = {
 
 
 @pytest.mark.parametrize("main_thread", list(MAIN_THREAD))
-def test_a_pool_thread_that_signals_sigcont_does_not_run_beside_another_cutoff(gated, main_thread):
-    early, _, late = gated
+def test_a_pool_thread_that_signals_sigcont_does_not_run_between_blocks(late, main_thread):
     code = (POOL_THREAD_RUNS_ON + MAIN_THREAD[main_thread]).replace("EXIT", str(_EXIT[lockdown.machine()]))
     assert late.run_code(code, timeout_s=60) == "answered early"
-    early_block = early.run_code(SLEEP_AND_SAY_WHEN, timeout_s=60)
-    early_start, early_end = map(float, early_block.split())
+    between = time.monotonic()
+    time.sleep(0.6)
+    until = time.monotonic()
     report = json.loads(late.run_code("", timeout_s=60))
-    # It ran, its own SIGCONT was refused every time, and it did not run while the early block did.
+    # It ran, its own SIGCONT was refused every time, and it did not run between its blocks.
     assert report["stretches"] and report["refused"] == [[-1, errno.EPERM]], report
-    ran = [(s, e) for s, e in report["stretches"] if s < early_end and early_start < e]
-    assert ran == [], (ran, early_block)
+    ran = [(s, e) for s, e in report["stretches"] if s < until and between < e]
+    assert ran == [], (ran, between, until)
 
 
 _EXIT = {"x86_64": 60, "aarch64": 93}
@@ -571,11 +624,11 @@ _SYSCALLS = {
 }
 
 
-def test_a_sandbox_cannot_send_itself_sigcont_or_a_stop_signal_whatever_the_upper_bits(gated):
+def test_a_sandbox_cannot_send_itself_sigcont_or_a_stop_signal_whatever_the_upper_bits(late):
     code = SIGNAL_ITSELF
     for name, number in _SYSCALLS[lockdown.machine()].items():
         code = code.replace(name, str(number))
-    results = [line.split() for line in gated[2].run_code(code, timeout_s=60).strip().splitlines()]
+    results = [line.split() for line in late.run_code(code, timeout_s=60).strip().splitlines()]
     assert len(results) == 22, results
     for name, sig, rc, err in results:
         expected = ("0", "0") if sig == "0" else ("-1", str(errno.EPERM))  # signal 0 only asks "am I here"
@@ -583,7 +636,7 @@ def test_a_sandbox_cannot_send_itself_sigcont_or_a_stop_signal_whatever_the_uppe
 
 
 # A child that touches 200 MB and then breaks the protocol (closes its stdout): the kernel takes tens
-# of milliseconds to tear it down, at a moment the child chose, so the gate waits for that too.
+# of milliseconds to tear it down, at a moment the child chose, so its block waits for that too.
 BREAK_AFTER_FILLING = """
 _filled = bytearray(200 * 2**20)
 for _i in range(0, len(_filled), 4096):
@@ -593,8 +646,7 @@ _sys.modules['time'].sleep(30)
 """
 
 
-def test_a_killed_child_is_gone_before_another_cutoff_may_run(gated):
-    _, _, late = gated
+def test_a_killed_child_is_gone_before_its_block_returns(late):
     pid = late._sandbox._child.sandbox.pid
     ended = late.run_code(BREAK_AFTER_FILLING, timeout_s=60)
     assert "ended the sandbox process" in ended, ended
@@ -619,18 +671,17 @@ for _clock in (1, 2, 3, ~1 << 3 | 2, ~PARENT << 3 | 2, ~0 << 3 | 2, 12, 1 | 1 <<
 _CLOCK_GETTIME = {"x86_64": 228, "aarch64": 113}
 
 
-def test_a_sandbox_reads_its_own_clocks_and_no_other_process_cpu_time(gated):
+def test_a_sandbox_reads_its_own_clocks_and_no_other_process_cpu_time(late):
     code = READ_CLOCKS.replace("NR_CLOCK_GETTIME", str(_CLOCK_GETTIME[lockdown.machine()]))
     code = code.replace("PARENT", str(os.getpid()))
-    results = [line.split() for line in gated[2].run_code(code, timeout_s=60).strip().splitlines()]
+    results = [line.split() for line in late.run_code(code, timeout_s=60).strip().splitlines()]
     assert [(rc, err) for _, rc, err in results[:3]] == [("0", "0")] * 3, results  # monotonic, own CPU time
     assert {(rc, err) for _, rc, err in results[3:]} == {("-1", str(errno.EPERM))}, results
 
 
-def test_a_sigcont_to_the_evaluation_process_group_does_not_resume_a_stopped_child(gated):
+def test_a_sigcont_to_the_evaluation_process_group_does_not_resume_a_stopped_child(late):
     """A shell's fg or bg, GNU timeout and the kernel's orphaned-group rule signal the process
     group: the sandbox children are in a session of their own."""
-    late = gated[2]
     pid = late._sandbox._child.sandbox.pid
     stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     assert int(stat[2]) != os.getpgrp() and int(stat[3]) != os.getsid(0), stat

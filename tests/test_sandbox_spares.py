@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.agent_api import EventDatabase
+from pipeline.agent_api import EventDatabase, cutoff_gate
 from pipeline.agent_api.lockdown import SECCOMP_ARCHES, machine
 from pipeline.agent_api.sandbox_spares import SPARES
 from testbed.database import generate_event_database
@@ -100,11 +100,15 @@ def test_a_waiting_spare_holds_no_table_and_is_handed_only_its_episodes_files(db
     later.close()
 
 
-def test_agent_code_reaches_neither_the_spare_nor_a_sibling_nor_the_parent(db):
+def test_agent_code_reaches_neither_the_spare_nor_a_sibling_nor_the_parent(db, tmp_path, monkeypatch):
     """Signals (SIGKILL to the spare and the sibling, signal 0 to probe everyone else), ptrace,
-    process_vm_readv, pidfd_open and /proc of each: all refused, and every target lives on."""
+    process_vm_readv, pidfd_open and /proc of each: all refused, and every target lives on. The
+    sibling, of another cutoff, is under a gate of its own (one gate would not let it exist beside
+    the attacker), so that the kernel layers alone are attacked."""
     attacker, sibling = db.environment(QUERY), db.environment(QUERY + timedelta(days=5))
-    assert sibling.run_code("x = 41").strip() == ""
+    with monkeypatch.context() as patch:  # a Sandbox takes the module's gate when it is made
+        patch.setattr(cutoff_gate, "CUTOFF_GATE", cutoff_gate.CutoffGate(tmp_path / "sibling-gate"))
+        assert sibling.run_code("x = 41").strip() == ""
     assert attacker.run_code(BYPASS).strip() == "guards off"
     [spare] = _warm_pool((), 1)
     targets = {

@@ -1,21 +1,26 @@
-"""Sandboxes of different cutoffs never run at the same moment (docs/agent_api.md, "Concurrent
+"""Sandboxes of different cutoffs never exist at the same moment (docs/agent_api.md, "Concurrent
 episodes").
 
 Two sandboxes that run at once share the machine: its CPUs and caches, and every kernel lock their
 mappings share (a file's i_mmap lock, which mprotect takes when it splits a mapping of libpython;
-the anon_vma of memory inherited from the template). Contention on any of them is a timing channel
-from an episode with a late cutoff to one with an early cutoff, and seccomp cannot tell such calls
-from an allocator's own. The gate closes them all at once: a sandbox child runs only while its
-parent holds the gate for the child's cutoff (sandbox.py stops it with SIGSTOP, which it can neither
-catch nor block, between blocks). Sandboxes of one cutoff see the same tables and may run together.
+the anon_vma of memory inherited from the template). A stopped sandbox shares them too: the
+kernel's tree of a file's mappings (i_mmap; anon_vma for memory inherited from the template) keeps
+its mappings, and an early sandbox times its own splits of the same file slower in a larger tree
+(a re-attack of issue 30). Any of them is a channel from an episode with a late cutoff to one with
+an early cutoff, and seccomp cannot tell such calls from an allocator's own. The gate closes them
+all at once: an episode's sandbox holds a lease of the gate for its cutoff from its first code
+block until it is closed and its child is gone (sandbox.py), and runs only while it does. Episodes
+of one cutoff see the same tables and may hold leases together.
 
 Machine-wide for one user: one lock file per cutoff in a directory of that user's, held shared
-(flock(2)) by every running block of that cutoff. A block takes the directory's turn lock, waits
-until no other cutoff's file is held, takes its own and gives the turn back; a block of another
-cutoff waiting for its turn therefore holds back new blocks of the running cutoff, so no cutoff
-starves. flock locks belong to an open file, so threads of one evaluation exclude each other as
-processes do, and the kernel drops every lock of a process that dies: a killed evaluation never
-holds the gate.
+(flock(2)) by every lease of that cutoff. A lease takes the directory's turn lock, waits until no
+other cutoff's file is held, takes its own and gives the turn back; a lease of another cutoff
+waiting for its turn therefore holds back new leases of the running cutoff, so no cutoff starves.
+A thread that holds a lease may take more of the same cutoff at once (it must not wait for the
+turn, which a waiter holds until that thread's episode ends), and none of another cutoff: it would
+wait for itself (HeldByThisThread). flock locks belong to an open file, so threads of one
+evaluation exclude each other as processes do, and the kernel drops every lock of a process that
+dies: a killed evaluation never holds the gate.
 """
 
 from __future__ import annotations
@@ -24,7 +29,9 @@ import fcntl
 import os
 import stat
 import tempfile
+import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import date
@@ -35,7 +42,12 @@ SUFFIX = ".cutoff.lock"
 
 
 class GateError(RuntimeError):
-    """The gate's directory is not one this user alone can write."""
+    """The gate's directory is not one this user alone can write, or a thread asked for a second
+    cutoff while it holds one."""
+
+
+class HeldByThisThread(GateError):
+    """This thread holds a lease of another cutoff: waiting would wait for itself."""
 
 
 def default_directory() -> Path:
@@ -43,9 +55,27 @@ def default_directory() -> Path:
     return Path(tempfile.gettempdir()) / f"mirai-sandbox-gate-{os.geteuid()}"
 
 
+class Lease:
+    """The gate held for one episode of ``cutoff`` (CutoffGate.lease); ``waited``: the seconds it
+    waited for its turn. ``release`` gives it back, once, from any thread."""
+
+    def __init__(self, gate: CutoffGate, cutoff: date, thread: int, descriptor: int, waited: float):
+        self._gate, self.cutoff, self._thread, self._descriptor = gate, cutoff, thread, descriptor
+        self.waited = waited
+        self._released = False
+
+    def release(self) -> None:
+        if not self._released:
+            self._released = True
+            self._gate._forget(self.cutoff, self._thread)
+            os.close(self._descriptor)  # closing a lock file's descriptor unlocks it
+
+
 class CutoffGate:
     def __init__(self, directory: Path | None = None):
         self.directory = Path(directory) if directory is not None else default_directory()
+        self._lock = threading.Lock()
+        self._by_thread: dict[int, Counter[date]] = {}  # the cutoffs each thread holds leases of
 
     def _checked_directory(self) -> int:
         """A descriptor of the directory, made 0700 if missing. Another user's directory, or one
@@ -67,10 +97,60 @@ class CutoffGate:
             )
         return fd
 
+    def lease(self, cutoff: date) -> Lease:
+        """Held from an episode's first code block until its sandbox is gone: waits until no other
+        cutoff holds the gate. HeldByThisThread if the calling thread holds another cutoff's lease
+        (it would wait for itself); a thread that holds this cutoff's joins at once, for the same
+        reason."""
+        started, thread = time.monotonic(), threading.get_ident()
+        with self._lock:
+            mine = self._by_thread.setdefault(thread, Counter())
+            other = next((held for held in mine if held != cutoff), None)
+            if other is not None:
+                raise HeldByThisThread(
+                    f"this thread still runs an episode of cutoff {other}: close that environment "
+                    f"(Environment.close() or a with-block) before a code block of cutoff {cutoff}"
+                )
+            rejoin = cutoff in mine
+            mine[cutoff] += 1
+        try:
+            descriptor = self._rejoin(cutoff) if rejoin else self._take_turn(cutoff)
+        except BaseException:
+            self._forget(cutoff, thread)
+            raise
+        return Lease(self, cutoff, thread, descriptor, time.monotonic() - started)
+
+    def _forget(self, cutoff: date, thread: int) -> None:
+        with self._lock:
+            mine = self._by_thread[thread]
+            mine[cutoff] -= 1
+            if not mine[cutoff]:
+                del mine[cutoff]
+            if not mine:
+                del self._by_thread[thread]
+
     @contextmanager
     def hold(self, cutoff: date) -> Iterator[float]:
-        """Held while a block of ``cutoff`` runs; yields the seconds it waited for its turn."""
-        started = time.monotonic()
+        """A lease for the duration of a with-block; yields the seconds it waited for its turn."""
+        lease = self.lease(cutoff)
+        try:
+            yield lease.waited
+        finally:
+            lease.release()
+
+    def _rejoin(self, cutoff: date) -> int:
+        """Another shared lock on the cutoff's file, which this thread holds already: no one can
+        lock it exclusively, or remove it, meanwhile, so no turn is needed."""
+        directory = self._checked_directory()
+        try:
+            own = _open_lock(directory, cutoff.isoformat() + SUFFIX)
+            fcntl.flock(own, fcntl.LOCK_SH)
+            return own
+        finally:
+            os.close(directory)
+
+    def _take_turn(self, cutoff: date) -> int:
+        """A descriptor of ``cutoff``'s lock file, locked shared, once no other cutoff holds one."""
         directory = self._checked_directory()
         try:
             turn = _open_lock(directory, TURN_FILE)
@@ -82,14 +162,11 @@ class CutoffGate:
                         _wait_free_and_remove(directory, name)
                 own = _open_lock(directory, own_name)
                 fcntl.flock(own, fcntl.LOCK_SH)
+                return own
             finally:
                 os.close(turn)  # closing the only descriptor of the turn lock releases it
         finally:
             os.close(directory)
-        try:
-            yield time.monotonic() - started
-        finally:
-            os.close(own)
 
 
 def _open_lock(directory: int, name: str) -> int:
@@ -97,8 +174,8 @@ def _open_lock(directory: int, name: str) -> int:
 
 
 def _wait_free_and_remove(directory: int, name: str) -> None:
-    """Until no block of that cutoff runs. With the turn held no one can take the file anew, so once
-    free it is removed: the directory holds the running cutoffs' files only."""
+    """Until no lease of that cutoff is held. With the turn held no one can take the file anew, so
+    once free it is removed: the directory holds the running cutoffs' files only."""
     try:
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=directory)
     except FileNotFoundError:

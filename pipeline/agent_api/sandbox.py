@@ -11,13 +11,14 @@ itself down (lockdown.py) before any agent code runs. Without the seccomp allowl
 unless the operator allows them (``allow_unconfined``, MIRAI_SANDBOX_ALLOW_UNCONFINED). The parent
 trusts nothing the child writes: a reply is length-prefixed, capped, read under the block's
 deadline and checked against its request; a timeout, crash or protocol violation kills the child
-and a fresh one serves the next block. It runs only under the cutoff gate (cutoff_gate.py) and is
-stopped between blocks. Threat model, layers and what is not defended:
+and a fresh one serves the next block. It exists only while its episode holds the cutoff gate
+(cutoff_gate.py), from the first block until close, and is stopped between blocks. Threat model, layers and what is not defended:
 docs/agent_api.md, "Threat model: agent code".
 """
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import json
 import os
@@ -28,7 +29,7 @@ import sys
 import time
 
 from pipeline.agent_api import cutoff_gate
-from pipeline.agent_api.cutoff_gate import CutoffGate, GateError
+from pipeline.agent_api.cutoff_gate import CutoffGate, GateError, HeldByThisThread, Lease
 from pipeline.agent_api.lockdown import SECCOMP_ARCHES, machine
 from pipeline.agent_api.sandbox_protocol import LIBRARIES, MAX_OBSERVATION_CHARS, TRUNCATION_NOTE
 from pipeline.agent_api.sandbox_spares import SPARES, START_TIMEOUT_S, ProtocolError, SandboxError, Spare
@@ -45,7 +46,7 @@ DEFAULT_CPU_BUDGET_S = 600
 # How long a child whose pipe broke may take to end by itself, so that its exit code is reported.
 ENDED_GRACE_S = 2.0
 # How long a sandbox child may take to stop after SIGSTOP (measured: well under a millisecond); one
-# that is not stopped by then is killed before the cutoff gate is given back.
+# that is not stopped by then is killed before its block returns.
 STOP_TIMEOUT_S = 2.0
 # The largest reply a well-behaved child can send: a capped observation, every character escaped
 # by json.dumps to at most 12 bytes (a surrogate pair, "\\udXXX\\udXXX"), plus the envelope.
@@ -109,7 +110,7 @@ def _parent_of(pid: int) -> int:
 class _SandboxProcess:
     """The sandbox child itself (the spare's waiter forks it), held by a pidfd so that stopping,
     continuing and killing it never reach a process that reused its pid. Between blocks it is
-    stopped: it runs only while its parent holds the cutoff gate (cutoff_gate.py)."""
+    stopped: it runs only during its blocks."""
 
     def __init__(self, waiter_pid: int):
         children = process_tree(waiter_pid)[1:2]
@@ -221,7 +222,7 @@ class _Child:
             # share no page-cache state to signal through (shared_pages.py).
             SHARED_PAGES.keep_mapped_by(self.proc.pid)
             self.report["shared_pages"] = SHARED_PAGES.status()
-            # Stopped until its first block: from now on it runs only under the cutoff gate.
+            # Stopped until its block: from now on it runs only during blocks.
             self.sandbox = _SandboxProcess(self.proc.pid)
             self.sandbox.pause()
         except (OSError, EOFError, TimeoutError, ProtocolError) as exc:
@@ -335,7 +336,8 @@ class Sandbox:
     (an operator's explicit choice; the report says so). ``libraries``: names from
     sandbox_protocol.LIBRARIES (numpy, pandas, networkx, sklearn) the child loads before lockdown, if
     installed, so that agent code may import them; each costs start time, so none by default.
-    ``gate``: the cutoff gate its blocks run under (cutoff_gate.py; the machine's by default)."""
+    ``gate``: the cutoff gate the episode holds from its first block until close (cutoff_gate.py;
+    the machine's by default)."""
 
     def __init__(
         self,
@@ -357,6 +359,7 @@ class Sandbox:
         self._allow_unconfined = allow_unconfined
         self._gate = gate if gate is not None else cutoff_gate.CUTOFF_GATE
         self._child: _Child | None = None
+        self._lease: Lease | None = None
         self.last_report: dict | None = None
 
     def _ensure(self, memory_mb: int) -> _Child:
@@ -383,17 +386,35 @@ class Sandbox:
     def run(self, code: str, *, timeout_s: float | None = None, memory_mb: int | None = None) -> str:
         """The observation for ``code``. ``memory_mb`` is the child's memory budget: a different
         value than the running child's restarts it (losing variables). Whatever the child does,
-        this returns an observation; only a child that cannot start raises SandboxError."""
+        this returns an observation; only a child that cannot start, or a gate that refuses the
+        episode its lease, raises SandboxError."""
         if not isinstance(code, str):
             raise TypeError(f"code must be a string, got {type(code).__name__}")
         timeout = DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
         self._memory_mb = self._memory_mb if memory_mb is None else memory_mb
-        child = self._ensure(self._memory_mb)
-        # The child runs only under the gate, and is stopped or dead before the gate is given back.
+        if self._lease is None:
+            self._lease = self._leased()
         try:
-            with self._gate.hold(self._env.cutoff):
-                return self._run_resumed(child, code, timeout)
-        except GateError as exc:  # only taking the gate raises it
+            child = self._ensure(self._memory_mb)
+        except BaseException:
+            if self._child is None:  # no child to wait for: give the lease back at once
+                self._lease, lease = None, self._lease
+                lease.release()
+            raise
+        return self._run_resumed(child, code, timeout)
+
+    def _leased(self) -> Lease:
+        """The episode's lease of the gate, taken at its first block and held until close: no child
+        of this sandbox exists without it (cutoff_gate.py)."""
+        try:
+            try:
+                return self._gate.lease(self._env.cutoff)
+            except HeldByThisThread:
+                # An environment this thread no longer references but a reference cycle keeps
+                # alive closes its sandbox, and gives its lease back, when it is collected.
+                gc.collect()
+                return self._gate.lease(self._env.cutoff)
+        except GateError as exc:
             raise SandboxError(f"code blocks are refused: {exc}") from exc
 
     def _run_resumed(self, child: _Child, code: str, timeout: float) -> str:
@@ -421,15 +442,19 @@ class Sandbox:
                 "e.g. by exceeding its memory or CPU limit; the sandbox was restarted, so variables "
                 "defined earlier are gone"
             )
-        except BaseException:  # never leave a child running once the gate is given back
+        except BaseException:  # never leave a child running that the evaluation no longer drives
             self._restart()
             raise
 
     def close(self) -> None:
-        # Not under the gate: close runs from Environment.__del__ too, maybe in a thread that holds
-        # the gate for another cutoff. The child is stopped and the evaluation, not the child,
-        # chooses this moment.
-        self._restart()
+        """Kill the child and wait until it is gone, then give the episode's lease back (from any
+        thread: close runs from Environment.__del__ too)."""
+        try:
+            self._restart()
+        finally:
+            lease, self._lease = self._lease, None
+            if lease is not None:
+                lease.release()
 
 
 def layers(report: dict | None) -> dict | None:

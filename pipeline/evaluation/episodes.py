@@ -159,7 +159,7 @@ def run_episodes(
     sandboxes: SandboxSlots | None = None,
 ) -> list[list[dict]]:
     """Every (round, query) episode's trajectory record, in round then query order whatever the
-    order they finished in; episodes in ``log`` are not run again, and each one run is appended to
+    order they ran in (in cutoff order when concurrent) or finished in; episodes in ``log`` are not run again, and each one run is appended to
     it as it finishes. ModelUnavailable stops the run (after the episodes in flight finish).
     ``sandboxes`` bounds the live sandboxes (default: one per episode in flight)."""
     lock = threading.Lock()
@@ -170,6 +170,10 @@ def run_episodes(
         progress.tokens_in += record["tokens_in"]
         progress.tokens_out += record["tokens_out"]
     pending = [(r, q) for r in range(rounds) for q in queries if (r, q.query_id) not in records]
+    if concurrency > 1:
+        # In cutoff order (the distance is the run's): an episode's sandbox holds the cutoff gate
+        # from its first block to its end, so episodes in flight together should share a cutoff.
+        pending.sort(key=lambda episode: episode[1].date)
     spares = (
         _SpareDemand(code_libraries(spec), sandboxes.n, len(pending))
         if spec.strategy == "react" and concurrency > 1 and pending
