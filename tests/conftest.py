@@ -22,10 +22,10 @@ FIXTURES = SHARED / "fixtures"
 MIRROR_DAY = date(2024, 1, 1)
 
 
-# The two longest tests (the demo end to end and the 200-tick soak, minutes each) go first: under
-# `make test`'s `pytest -n 2 --dist loadfile` each of the two workers starts with one of them while
-# the other file's tests wait, instead of one of them starting last and running alone at the end.
-SLOWEST_FIRST = ("tests/test_demo.py", "tests/reliability/test_soak.py")
+# The longest files (the demo end to end, the 200-tick soak, the backfill and follow-up of the history
+# order: minutes each) go first: under `make test`'s `pytest -n 2 --dist loadfile` each worker starts
+# with one of them while the other files wait, instead of one starting last and running alone at the end.
+SLOWEST_FIRST = ("tests/test_demo.py", "tests/reliability/test_soak.py", "tests/test_history_order.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
