@@ -50,7 +50,14 @@ def live_round(
     if now.tzinfo is None:
         raise dg.Failure(description=f"replay_at {config.replay_at!r} has no time zone", allow_retries=False)
     try:
-        result = publish_round(day, settings, open_store(settings), now=now)
+        result = publish_round(
+            day,
+            settings.dataset,
+            settings.gdelt,
+            settings.live,
+            open_store(settings.dataset, settings.network, settings.release),
+            now=now,
+        )
     except (RoundRefused, ReleaseConflict) as exc:  # a retry cannot help: the timeline or the store decides
         raise dg.Failure(description=str(exc), allow_retries=False) from exc
     except ReleaseError as exc:  # the store is unreachable, or no window file yet
