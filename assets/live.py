@@ -7,7 +7,7 @@ from datetime import UTC, date, datetime
 import dagster as dg
 
 from assets.partitions import daily_partitions
-from assets.resources import Dataset, LiveRounds, Network, ReleaseBucket, compose
+from assets.resources import Dataset, GdeltFeed, LiveRounds, Network, ReleaseBucket, compose
 from pipeline.live.publication import ROUND_FORMAT, RoundRefused, publish_round
 from pipeline.markdown import markdown_text
 from pipeline.release.layout import ReleaseError
@@ -38,11 +38,13 @@ def live_round(
     config: LiveRoundConfig,
     dataset: Dataset,
     network: Network,
+    gdelt: GdeltFeed,
     release_store: ReleaseBucket,
     live: LiveRounds,
 ) -> dg.MaterializeResult:
     day = date.fromisoformat(context.partition_key)
-    settings = compose(dataset, network, release_store, live)
+    # The GDELT feed's URL is the round's recorded source, as it is a split's.
+    settings = compose(dataset, network, gdelt, release_store, live)
     try:
         now = datetime.fromisoformat(config.replay_at) if config.replay_at else datetime.now(UTC)
     except ValueError as exc:
