@@ -37,7 +37,9 @@ def articles(
     context: dg.AssetExecutionContext, dataset: Dataset, network: Network, fetcher: ArticleFetcher
 ) -> dg.MaterializeResult:
     settings = compose(dataset, network, fetcher)
-    result = build_articles(date.fromisoformat(context.partition_key), settings)
+    result = build_articles(
+        date.fromisoformat(context.partition_key), settings.dataset, settings.network, settings.articles
+    )
     ledger_counts = summarize(read_ledger(DataLayout(settings.dataset.data_dir)))
     context.log_event(
         dg.AssetMaterialization(

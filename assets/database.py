@@ -7,7 +7,7 @@ import dagster as dg
 from assets.articles import articles
 from assets.events import daily_quads
 from assets.partitions import monthly_partitions
-from assets.resources import ArticleFetcher, Dataset, compose
+from assets.resources import ArticleFetcher, Dataset
 from pipeline.splits.database import DATABASE_VERSION, MonthNotReady, build_event_database
 
 
@@ -26,7 +26,7 @@ def event_database(
 ) -> dg.MaterializeResult:
     month = date.fromisoformat(context.partition_key)
     try:
-        db = build_event_database(month, compose(dataset, fetcher))
+        db = build_event_database(month, dataset.settings(), fetcher.settings())
     except MonthNotReady as exc:
         raise dg.Failure(description=str(exc), allow_retries=False) from exc
     return dg.MaterializeResult(metadata={"dagster/row_count": db.events.height, **db.counts})

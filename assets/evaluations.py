@@ -226,7 +226,7 @@ def leaderboard(dataset: Dataset, network: Network, release_store: ReleaseBucket
     refused = refusals(data_dir)
     # Published beside the releases (issue 7: the leaderboard goes out with the releases), once
     # there is at least one release to sit beside.
-    store = open_store(settings)
+    store = open_store(settings.dataset, settings.network, settings.release)
     published = publish_leaderboard(store, written.table, written.chart, written.page) if store.release_months() else []
     return dg.MaterializeResult(
         metadata={

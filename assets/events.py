@@ -6,7 +6,7 @@ import dagster as dg
 
 from assets.ingest import gdelt_events, gdelt_mentions
 from assets.partitions import daily_partitions
-from assets.resources import Dataset, compose
+from assets.resources import Dataset
 from pipeline.events.daily import build_daily_quads, build_events
 from pipeline.events.normalize import RULES_VERSION
 from pipeline.gdelt.ledger import to_markdown
@@ -41,7 +41,7 @@ PREVIOUS_DAY = dg.TimeWindowPartitionMapping(start_offset=-1, end_offset=-1)
 )
 def events(context: dg.AssetExecutionContext, dataset: Dataset):
     day = date.fromisoformat(context.partition_key)
-    result = build_events(day, compose(dataset))
+    result = build_events(day, dataset.settings())
     n = result.normalized
     yield dg.MaterializeResult(
         asset_key="events",
@@ -72,7 +72,7 @@ def events(context: dg.AssetExecutionContext, dataset: Dataset):
     "number of distinct first-day WEB mention URLs.",
 )
 def daily_quads(context: dg.AssetExecutionContext, dataset: Dataset) -> dg.MaterializeResult:
-    quads = build_daily_quads(date.fromisoformat(context.partition_key), compose(dataset))
+    quads = build_daily_quads(date.fromisoformat(context.partition_key), dataset.settings())
     return dg.MaterializeResult(
         metadata={
             "dagster/row_count": quads.height,

@@ -5,7 +5,7 @@ from datetime import date
 import dagster as dg
 
 from assets.partitions import daily_partitions
-from assets.resources import Dataset, GdeltFeed, Network, compose
+from assets.resources import Dataset, GdeltFeed, Network
 from pipeline.gdelt.ingest import PARSED_FORMAT_VERSION, ingest_day, parse_day
 from pipeline.gdelt.ledger import LEDGER_VERSION, problems, to_markdown
 from pipeline.markdown import markdown_text
@@ -31,7 +31,7 @@ def gdelt_files(
     context: dg.AssetExecutionContext, dataset: Dataset, network: Network, gdelt: GdeltFeed
 ) -> dg.MaterializeResult:
     day = date.fromisoformat(context.partition_key)
-    result = ingest_day(day, compose(dataset, network, gdelt), log=context.log.info)
+    result = ingest_day(day, dataset.settings(), network.settings(), gdelt.settings(), log=context.log.info)
     counts = result.counts
     context.log.info(f"{day}: {counts}")
     return dg.MaterializeResult(
@@ -58,10 +58,8 @@ def _parsed_asset(kind: str):
         "parsed again. A raw file that cannot be parsed as a whole (wrong column count, implausibly many "
         "lines) is quarantined and its slot marked so in the ledger; the day's other slots are written.",
     )
-    def parsed(
-        context: dg.AssetExecutionContext, dataset: Dataset, network: Network, gdelt: GdeltFeed
-    ) -> dg.MaterializeResult:
-        result = parse_day(date.fromisoformat(context.partition_key), kind, compose(dataset, network, gdelt))
+    def parsed(context: dg.AssetExecutionContext, dataset: Dataset, gdelt: GdeltFeed) -> dg.MaterializeResult:
+        result = parse_day(date.fromisoformat(context.partition_key), kind, dataset.settings(), gdelt.settings())
         return dg.MaterializeResult(
             metadata={
                 "dagster/row_count": result.rows,

@@ -7,7 +7,7 @@ from datetime import UTC, date, datetime
 import dagster as dg
 
 from assets.partitions import daily_partitions
-from assets.resources import Dataset, LiveRounds, Network, ReleaseBucket, compose
+from assets.resources import Dataset, GdeltFeed, LiveRounds, Network, ReleaseBucket, compose
 from pipeline.live.publication import ROUND_FORMAT, RoundRefused, publish_round
 from pipeline.markdown import markdown_text
 from pipeline.release.layout import ReleaseError
@@ -38,11 +38,13 @@ def live_round(
     config: LiveRoundConfig,
     dataset: Dataset,
     network: Network,
+    gdelt: GdeltFeed,
     release_store: ReleaseBucket,
     live: LiveRounds,
 ) -> dg.MaterializeResult:
     day = date.fromisoformat(context.partition_key)
-    settings = compose(dataset, network, release_store, live)
+    # The GDELT feed's URL is the round's recorded source, as it is a split's.
+    settings = compose(dataset, network, gdelt, release_store, live)
     try:
         now = datetime.fromisoformat(config.replay_at) if config.replay_at else datetime.now(UTC)
     except ValueError as exc:
@@ -50,7 +52,14 @@ def live_round(
     if now.tzinfo is None:
         raise dg.Failure(description=f"replay_at {config.replay_at!r} has no time zone", allow_retries=False)
     try:
-        result = publish_round(day, settings, open_store(settings), now=now)
+        result = publish_round(
+            day,
+            settings.dataset,
+            settings.gdelt,
+            settings.live,
+            open_store(settings.dataset, settings.network, settings.release),
+            now=now,
+        )
     except (RoundRefused, ReleaseConflict) as exc:  # a retry cannot help: the timeline or the store decides
         raise dg.Failure(description=str(exc), allow_retries=False) from exc
     except ReleaseError as exc:  # the store is unreachable, or no window file yet

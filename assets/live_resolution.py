@@ -62,16 +62,16 @@ def live_resolution(
 ) -> dg.MaterializeResult:
     settings = compose(dataset, network, live, release_store)
     round_day = date.fromisoformat(context.partition_key)
-    store = open_store(settings)
+    store = open_store(settings.dataset, settings.network, settings.release)
     try:
-        result = resolve_round(round_day, settings, now=datetime.now(UTC), store=store)
+        result = resolve_round(round_day, settings.dataset, settings.live, now=datetime.now(UTC), store=store)
     except RoundNotPublished as exc:
         raise dg.Failure(description=str(exc), allow_retries=False) from exc
     except ReleaseConflict as exc:  # another writer's answers in the store: an operator must look
         raise dg.Failure(description=str(exc), allow_retries=False) from exc
     except ReleaseError as exc:  # the store is unreachable or refused a request: a retry may pass
         raise dg.Failure(description=str(exc)) from exc
-    card = score_round(settings, round_day)
+    card = score_round(settings.dataset, round_day)
     answered = sum(d.questions for d in result.dates if d.resolved)
     empty = sum(d.empty for d in result.dates if d.resolved)
     return dg.MaterializeResult(
@@ -103,8 +103,8 @@ def live_leaderboard(
     dataset: Dataset, network: Network, live: LiveRounds, release_store: ReleaseBucket
 ) -> dg.MaterializeResult:
     settings = compose(dataset, network, live, release_store)
-    written = write_live_leaderboard(settings)
-    published = publish_live_leaderboard(open_store(settings), written)
+    written = write_live_leaderboard(settings.dataset)
+    published = publish_live_leaderboard(open_store(settings.dataset, settings.network, settings.release), written)
     board = written.board
     top = "\n".join(
         f"{r['rank']}. {markdown_text(r['name'][:80])}: {r['live_score']:.2f} "

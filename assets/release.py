@@ -31,8 +31,8 @@ def release(
     month = date.fromisoformat(context.partition_key)
     settings = compose(dataset, network, release_store)
     try:
-        store = open_store(settings)
-        result = publish_release(month, settings, store, log=context.log.info)
+        store = open_store(settings.dataset, settings.network, settings.release)
+        result = publish_release(month, settings.dataset, settings.release, store, log=context.log.info)
     except ReleaseConflict as exc:
         # Retrying cannot help: an operator must decide what the bucket should hold.
         raise dg.Failure(description=str(exc), allow_retries=False) from exc

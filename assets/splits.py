@@ -7,7 +7,7 @@ import dagster as dg
 from assets.database import event_database
 from assets.metadata import png_metadata
 from assets.partitions import monthly_partitions
-from assets.resources import ArticleFetcher, Dataset, GdeltFeed, compose
+from assets.resources import Dataset, GdeltFeed
 from pipeline.http import utc_now
 from pipeline.splits.database import MonthNotReady
 from pipeline.splits.schema import SPLIT_VERSION
@@ -32,9 +32,9 @@ class SplitConfig(dg.Config):
     "every file), README.md dataset card and its figures. Built only for a closed month.",
 )
 def test_split(
-    context: dg.AssetExecutionContext, config: SplitConfig, dataset: Dataset, gdelt: GdeltFeed, fetcher: ArticleFetcher
+    context: dg.AssetExecutionContext, config: SplitConfig, dataset: Dataset, gdelt: GdeltFeed
 ) -> dg.MaterializeResult:
-    # The GDELT feed's URL is the split's recorded source; the fetcher's profile names its articles.
+    # The GDELT feed's URL is the split's recorded source (the article profile comes from the database month).
     month = date.fromisoformat(context.partition_key)
     now = utc_now()
     override = None
@@ -43,7 +43,7 @@ def test_split(
             raise dg.Failure("an override needs both override_by and override_reason")
         override = Override(by=config.override_by, reason=config.override_reason, at=now)
     try:
-        split = build_split(month, compose(dataset, gdelt, fetcher), now=now, override=override)
+        split = build_split(month, dataset.settings(), gdelt.settings(), now=now, override=override)
     except MonthNotReady as exc:
         raise dg.Failure(description=str(exc), allow_retries=False) from exc
     manifest = split.manifest

@@ -33,7 +33,11 @@ def submission(
 ) -> dg.MaterializeResult:
     settings = compose(dataset, network, release_store)
     try:
-        record = process(open_store(settings), context.partition_key, settings.dataset.data_dir)
+        record = process(
+            open_store(settings.dataset, settings.network, settings.release),
+            context.partition_key,
+            settings.dataset.data_dir,
+        )
     except (NotReady, LockTimeout) as exc:  # a later materialisation can succeed: nothing was written
         raise dg.Failure(description=str(exc)) from exc
     except SubmissionError as exc:

@@ -166,7 +166,7 @@ def run_fetch(args: argparse.Namespace) -> dict:
                 ),
             )
             before, cpu0 = own_peak_rss_mib(), cpu_seconds()
-            batch = fetch_many(urls, settings, now=NOW)
+            batch = fetch_many(urls, settings.dataset, settings.network, settings.articles, now=NOW)
             cpu = cpu_seconds() - cpu0
             after = own_peak_rss_mib()
             stored = sum(f.stat().st_size for f in Path(data_dir, "raw_html").rglob("*.gz"))

@@ -49,10 +49,10 @@ def worker(step: str, data_dir: Path, base_url: str, cap_mb: int) -> None:
     before = own_peak_rss_mib()
     started = time.perf_counter()
     if step == "ingest":
-        result = ingest_day(DAY, settings)
+        result = ingest_day(DAY, settings.dataset, settings.network, settings.gdelt)
         outcome = {k: v for k, v in result.counts.items() if v}
     else:
-        parsed = parse_day(DAY, "export", settings)
+        parsed = parse_day(DAY, "export", settings.dataset, settings.gdelt)
         outcome = {
             "rows": parsed.rows,
             "rejects": parsed.rejects,

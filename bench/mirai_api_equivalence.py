@@ -306,7 +306,7 @@ def main() -> int:
     if data is None:
         from datetime import UTC, datetime
 
-        from pipeline.config import DatasetSettings, Settings
+        from pipeline.config import DatasetSettings, GdeltSettings
         from pipeline.splits.split import Override, build_split
         from testbed.database import generate_event_database
 
@@ -316,7 +316,8 @@ def main() -> int:
         now = datetime.now(UTC)
         build_split(
             month,
-            Settings(dataset=DatasetSettings(data_dir=data)),
+            DatasetSettings(data_dir=data),
+            GdeltSettings(),
             now=now,
             override=Override("bench", "measurement", now),
         )

@@ -153,7 +153,7 @@ def build_days(settings, start: date, end: date) -> dict:
     exclusions = dict.fromkeys(EXCLUSIONS, 0)
     for day in days_of(start, end):
         t0 = time.perf_counter()
-        out = build_events(day, settings).normalized
+        out = build_events(day, settings.dataset).normalized
         seconds.append(time.perf_counter() - t0)
         rows += out.input_rows
         kept += out.events.height

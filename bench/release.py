@@ -90,7 +90,7 @@ def build_release(data_dir: Path, total_mb: int, *, sealed: bool = True) -> None
 
 
 def ours_upload(settings: Settings, store) -> None:
-    publish_release(MONTH, settings, store)
+    publish_release(MONTH, settings.dataset, settings.release, store)
 
 
 def ours_download(settings: Settings, store, dest: Path) -> None:
@@ -142,7 +142,7 @@ def main() -> int:
     try:
         data_dir = work / "data"
         build_release(data_dir, args.mb, sealed=not args.hash_all)
-        objects = plan_release(MONTH, Settings(dataset=DatasetSettings(data_dir=data_dir))).objects
+        objects = plan_release(MONTH, DatasetSettings(data_dir=data_dir), ReleaseSettings()).objects
         total = sum(o.size for o in objects)
         print(f"release: {len(objects)} files, {total / 1e6:.1f} MB; load average before: {os.getloadavg()}")
         with SeaweedS3(work / "seaweedfs", volume_size_limit_mb=1024) as server:
@@ -170,7 +170,10 @@ def main() -> int:
                 dest = work / f"dl{r}"
                 # Clients are made before the clock starts, on both sides (a boto3 client costs
                 # 5-80 ms to create): the transfers are what is compared.
-                store, anonymous_store = open_store(settings), open_store(settings, signed=False)
+                store, anonymous_store = (
+                    open_store(settings.dataset, settings.network, settings.release),
+                    open_store(settings.dataset, settings.network, settings.release, signed=False),
+                )
                 steps = {
                     "ours_up": partial(ours_upload, settings, store),
                     "def_up": partial(defaults_upload, client, "bench", f"defaults{r}/releases/2024-02", objects),

@@ -111,11 +111,13 @@ def main() -> None:
         database_s, split_s = [], []
         for _ in range(args.rounds):
             t = time.perf_counter()
-            db = build_database_month(MONTH, settings)
-            write_database_month(db, settings)
+            db = build_database_month(MONTH, settings.dataset)
+            write_database_month(db, settings.dataset, settings.articles)
             database_s.append(time.perf_counter() - t)
             t = time.perf_counter()
-            split = build_split(MONTH, settings, now=datetime(2024, 2, 4, tzinfo=UTC), override=override)
+            split = build_split(
+                MONTH, settings.dataset, settings.gdelt, now=datetime(2024, 2, 4, tzinfo=UTC), override=override
+            )
             split_s.append(time.perf_counter() - t)
         print(f"event database: {db.events.height:,} quads, {db.news.height:,} articles")
         print(f"split: {split.queries.height:,} queries, sample {split.sample.height}")

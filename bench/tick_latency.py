@@ -153,17 +153,17 @@ def plain_day(day: date, settings: Settings) -> dict[str, float]:
     """The day's work without Dagster, as ``mirai ingest`` and ``mirai events`` do it; seconds per call."""
     took: dict[str, float] = {}
     start = time.perf_counter()
-    ingest_day(day, settings)
+    ingest_day(day, settings.dataset, settings.network, settings.gdelt)
     took["ingest_day"] = time.perf_counter() - start
     for kind in KINDS:
         start = time.perf_counter()
-        parse_day(day, kind, settings)
+        parse_day(day, kind, settings.dataset, settings.gdelt)
         took[f"parse_day {kind}"] = time.perf_counter() - start
     start = time.perf_counter()
-    build_events(day, settings)
+    build_events(day, settings.dataset)
     took["build_events"] = time.perf_counter() - start
     start = time.perf_counter()
-    build_daily_quads(day, settings)
+    build_daily_quads(day, settings.dataset)
     took["build_daily_quads"] = time.perf_counter() - start
     return took
 

@@ -488,7 +488,8 @@ class SandboxSettings(SettingsGroup):
 
 @dataclass(frozen=True)
 class Settings:
-    """Every group; a function that reads several groups takes this."""
+    """Every group: what the environment, the CLI and the tests assemble; a library function takes
+    only the groups it reads (docs/architecture.md, "Settings")."""
 
     dataset: DatasetSettings = field(default_factory=DatasetSettings)
     calendar: CalendarSettings = field(default_factory=CalendarSettings)
@@ -512,16 +513,16 @@ class Settings:
             message = str(error.get("ctx", {}).get("error") or error["msg"])
             raise ValueError(f"{name}={error['input']!r}: {message}") from None
 
-    @property
-    def source(self) -> dict[str, object]:
-        """Where the data come from, as manifests record it (docs/splits.md)."""
-        if self.dataset.generated_source:
-            return {"generated": True, "description": self.dataset.generated_source}
-        return {
-            "generated": False,
-            "description": f"GDELT 2.0 event feed at {self.gdelt.base_url}",
-            "gdelt_base_url": self.gdelt.base_url,
-        }
+
+def data_source(dataset: DatasetSettings, gdelt: GdeltSettings) -> dict[str, object]:
+    """Where the data come from, as split and live-round manifests record it (docs/splits.md)."""
+    if dataset.generated_source:
+        return {"generated": True, "description": dataset.generated_source}
+    return {
+        "generated": False,
+        "description": f"GDELT 2.0 event feed at {gdelt.base_url}",
+        "gdelt_base_url": gdelt.base_url,
+    }
 
 
 def groups() -> dict[str, type[SettingsGroup]]:

@@ -22,7 +22,7 @@ from tenacity import (
     wait_random_exponential,
 )
 
-from pipeline.config import Settings
+from pipeline.config import NetworkSettings
 
 T = TypeVar("T")
 
@@ -43,11 +43,12 @@ class TransientHTTPError(Exception):
         self.retry_after_s = retry_after_s
 
 
-def make_session(settings: Settings) -> requests.Session:
+def make_session(network: NetworkSettings, concurrency: int = 4) -> requests.Session:
+    """A session with our User-Agent whose pool holds ``concurrency`` connections (at least 4)."""
     session = requests.Session()
-    session.headers["User-Agent"] = settings.network.user_agent
-    # Pool as wide as the download pool so threads never wait on a connection slot.
-    adapter = HTTPAdapter(pool_connections=4, pool_maxsize=max(settings.gdelt.download_concurrency, 4), max_retries=0)
+    session.headers["User-Agent"] = network.user_agent
+    # Pool as wide as the caller's download pool so threads never wait on a connection slot.
+    adapter = HTTPAdapter(pool_connections=4, pool_maxsize=max(concurrency, 4), max_retries=0)
     session.mount("http://", adapter)
     session.mount("https://", adapter)
     return session

@@ -31,7 +31,7 @@ import polars as pl
 
 from assets.ingest import gdelt_events
 from assets.partitions import daily_partitions
-from assets.resources import ArticleFetcher, Dataset, compose
+from assets.resources import ArticleFetcher, Dataset
 from pipeline.articles.fetch_health import day_fetch_health
 from pipeline.storage import DataLayout, seal_problem
 from quality.suites import (
@@ -165,7 +165,7 @@ def articles_fetch_health(
     naming the dominant failure (dns_error, http_404, timeout, ...). Metadata: selected, attempted,
     failed, failure_rate and the failures by reason. Non-blocking: the articles that were fetched
     are kept, and later runs retry the rest on the ledger's schedule."""
-    health = day_fetch_health(date.fromisoformat(context.partition_key), compose(dataset, fetcher))
+    health = day_fetch_health(date.fromisoformat(context.partition_key), dataset.settings(), fetcher.settings())
     return dg.AssetCheckResult(
         passed=health.healthy,
         severity=dg.AssetCheckSeverity.WARN,

@@ -10,7 +10,7 @@ from datetime import date
 import dagster as dg
 
 from assets.partitions import monthly_partitions
-from assets.resources import Dataset, compose
+from assets.resources import Dataset
 from assets.splits import test_split
 from pipeline.agent_api.audit import leakage_audit
 from pipeline.markdown import markdown_text
@@ -28,7 +28,7 @@ SHOWN_VIOLATIONS = 20
 )
 def split_leakage_audit(context: dg.AssetCheckExecutionContext, dataset: Dataset) -> dg.AssetCheckResult:
     month = date.fromisoformat(context.partition_key)
-    audit = leakage_audit(compose(dataset), month)
+    audit = leakage_audit(dataset.settings(), month)
     return dg.AssetCheckResult(
         passed=not audit.violations,
         severity=dg.AssetCheckSeverity.ERROR,

@@ -13,7 +13,7 @@ from datetime import UTC, timedelta
 import dagster as dg
 
 from assets.live import live_round
-from assets.resources import Dataset, compose
+from assets.resources import Dataset
 from pipeline.splits.database import day_inputs_missing
 
 FIRST_HOUR, LAST_HOUR = 2, 12
@@ -38,7 +38,7 @@ def live_round_daily(context: dg.ScheduleEvaluationContext, dataset: Dataset):
     day = tick.date()
     last = day - timedelta(days=1)
     # Asset names, not file names: both assets store D − 1 as date=<D − 1>.parquet.
-    missing = day_inputs_missing(last, compose(dataset))
+    missing = day_inputs_missing(last, dataset.settings())
     if missing and tick.hour < LAST_HOUR:
         waits = " and ".join(f"{name} {last}" for name in missing)
         stored = "".join(f" ({name} {last} is in)" for name in ("daily_quads", "articles") if name not in missing)

@@ -40,10 +40,10 @@ def live_resolution_sensor(context: dg.SensorEvaluationContext, dataset: Dataset
     settings = compose(dataset, live)
     now = datetime.now(UTC)
     requests = []
-    rounds = published_round_days(settings)
+    rounds = published_round_days(settings.dataset)
     waits: dict[tuple[date, date], tuple[str, ...]] = {}  # (target date, round) -> what it waits for
     for round_day in rounds:
-        unresolved = unresolved_dates(settings, round_day, now)
+        unresolved = unresolved_dates(settings.dataset, settings.live, round_day, now)
         waits.update({(target, round_day): reasons for target, reasons in unresolved.items() if reasons})
         dates = [target for target, reasons in unresolved.items() if not reasons]
         if dates:

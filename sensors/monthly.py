@@ -117,7 +117,7 @@ def monthly_release_daily(
         # Nothing to check: no store (no S3 client) is opened.
         return dg.SkipReason("no month has ended since MIRAI_START_DATE")
     settings = compose(dataset, network, release_store)
-    store = open_store(settings, signed=True)
+    store = open_store(settings.dataset, settings.network, settings.release, signed=True)
     started = set(store.release_months())
     requests: list[dg.RunRequest] = []
     waiting: list[Closure] = []
@@ -126,7 +126,7 @@ def monthly_release_daily(
         # Published = its manifest is there (written last); a directory alone is an interrupted run.
         if month in started and store.stat(release_key(month, MANIFEST_NAME)) is not None:
             continue
-        closure = month_closure(date.fromisoformat(key), settings, now)
+        closure = month_closure(date.fromisoformat(key), settings.dataset, now)
         if closure.closed:
             requests.append(dg.RunRequest(run_key=f"release-{key}@{now:%Y-%m-%d}", partition_key=key))
         else:

@@ -41,7 +41,11 @@ def submission_sensor(
     """A store that cannot be listed fails the tick; a bad upload never does (its run refuses it)."""
     state = json.loads(context.cursor) if context.cursor else {"after": "", "board": 0}
     settings = compose(dataset, network, release_store)
-    found = triage(open_store(settings), settings.dataset.data_dir, start_after=state["after"])
+    found = triage(
+        open_store(settings.dataset, settings.network, settings.release),
+        settings.dataset.data_dir,
+        start_after=state["after"],
+    )
     for line in bounded(found.stray + found.waiting):  # at most 50 lines a tick
         context.log.info(line)
     known = set(context.instance.get_dynamic_partitions(submission_partitions.name))

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import polars as pl
 
-from pipeline.config import ReleaseSettings, Settings
+from pipeline.config import DatasetSettings, NetworkSettings, ReleaseSettings, Settings
 from pipeline.splits.database import month_days
 from pipeline.storage import DataLayout, LockTimeout, file_lock
 from testbed.generate import MirrorOptions, generate_mirror, news_sites
@@ -384,7 +384,7 @@ def run_submission(runner: Runner, plan: DemoPlan, settings: Settings, data_dir:
     submit = ["submit", str(predictions), "--meta", str(metadata), "--name", name, "--split", split]
     steps = [(score, "score.log"), (submit, "submit.log")]
     try:
-        check_name_free(open_store(settings), name)
+        check_name_free(open_store(settings.dataset, settings.network, settings.release), name)
     except SubmissionError:  # uploaded by a demo killed before its sensor tick: the tick still scores it
         steps.pop()
         _say(f"      {name} was uploaded by an earlier, interrupted demo")
@@ -473,13 +473,13 @@ def run_live_round(runner: Runner, plan: DemoPlan, settings: Settings, data_dir:
     from pipeline.release.store_uri import open_store
 
     day = live_round_day(plan, settings)
-    key, store = day.isoformat(), open_store(settings)
+    key, store = day.isoformat(), open_store(settings.dataset, settings.network, settings.release)
     baselines = [baseline_name(day, method) for method in ("recurrency", "frequency")]
     late = late_name(day)
     if key in runner.done("live_round"):
         _say(f"      round {key} already published: skipped (a round is immutable)")
     else:
-        replay_at = deadline(day, settings) - LIVE_LEAD
+        replay_at = deadline(day, settings.live) - LIVE_LEAD
         meta = _metadata(
             runner.run("live_round_publication", key, {"live_round": {"config": {"replay_at": replay_at.isoformat()}}}),
             "live_round",
@@ -742,7 +742,9 @@ def serve_release(data_dir: Path, port: int, say: Callable[[str], None] = _say) 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     with LocalS3(data_dir / "s3", BUCKET, s3_port=port, public_prefixes=PUBLIC_PREFIXES) as s3:
         reader = open_store(
-            Settings(release=ReleaseSettings(s3_endpoint_url=endpoint, s3_region="us-east-1", s3_max_attempts=1)),
+            DatasetSettings(),
+            NetworkSettings(),
+            ReleaseSettings(s3_endpoint_url=endpoint, s3_region="us-east-1", s3_max_attempts=1),
             uri=uri,
             signed=False,
         )
@@ -780,7 +782,7 @@ def _release_location(settings: Settings, month: date) -> str:
     from pipeline.release.layout import MANIFEST_NAME, release_key
     from pipeline.release.store_uri import open_store
 
-    store = open_store(settings)
+    store = open_store(settings.dataset, settings.network, settings.release)
     key = release_key(f"{month:%Y-%m}", MANIFEST_NAME)
     info = store.stat(key)
     state = f"manifest {info.size:,} bytes" if info else "NO MANIFEST"

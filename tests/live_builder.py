@@ -15,7 +15,7 @@ from datetime import UTC, date, datetime, time, timedelta
 
 import polars as pl
 
-from pipeline.config import Settings
+from pipeline.config import Settings, data_source
 from pipeline.evaluation import baselines
 from pipeline.live.rounds import round_dir
 from pipeline.live.submissions import owner_sha256
@@ -125,7 +125,7 @@ def write_round(
         "published_at": (published_at or midnight(round_day) + timedelta(hours=1)).isoformat(),
         "sampler": {"version": "test", "seed": 0, "window_days": 28, "round_size": questions.height},
         "files": {},
-        "source": settings.source,
+        "source": data_source(settings.dataset, settings.gdelt),
         "code_version": "test",
     }
     data = json.dumps(manifest, indent=2).encode()
@@ -179,7 +179,7 @@ def write_accepted(
 
 
 def history(settings: Settings, days: list[date]) -> pl.DataFrame:
-    return pl.concat([day_events(d, settings) for d in days]).select("date", "s", "r", "o")
+    return pl.concat([day_events(d, settings.dataset) for d in days]).select("date", "s", "r", "o")
 
 
 def baseline_predictions(questions: pl.DataFrame, past: pl.DataFrame, method: str) -> pl.DataFrame:

@@ -72,9 +72,13 @@ def test_a_day_of_articles(tmp_path, news):
         _quads([("042", 80, [reuters, zeit]), ("043", 120, [missing, reuters]), ("010", 49, [quiet])]),
         DataLayout(tmp_path).daily_quads_path(DAY),
     )
-    assert select_urls(DAY, settings) == sorted(normalize_url(u) for u in (reuters, zeit, missing))
+    assert select_urls(DAY, settings.dataset, settings.articles) == sorted(
+        normalize_url(u) for u in (reuters, zeit, missing)
+    )
 
-    first = build_articles(DAY, settings, now=datetime(2024, 1, 2, tzinfo=UTC))
+    first = build_articles(
+        DAY, settings.dataset, settings.network, settings.articles, now=datetime(2024, 1, 2, tzinfo=UTC)
+    )
     assert first.counts["selected"] == 3 and first.counts["stored"] == 2 and first.counts["failed_http_error"] == 1
     assert news.count("/quiet.html") == 0  # below the mention threshold: never fetched
     arts = first.articles.sort("url")
@@ -93,7 +97,9 @@ def test_a_day_of_articles(tmp_path, news):
 
     # Fetched once ever: a re-run re-extracts from the stored HTML and fetches nothing.
     requests_before = news.count("/reuters.com.parasite.html")
-    again = build_articles(DAY, settings, now=datetime(2024, 1, 2, 0, 5, tzinfo=UTC))
+    again = build_articles(
+        DAY, settings.dataset, settings.network, settings.articles, now=datetime(2024, 1, 2, 0, 5, tzinfo=UTC)
+    )
     assert again.counts["fetched_this_run"] == 0 and news.count("/reuters.com.parasite.html") == requests_before
     assert again.articles.equals(first.articles)
 
@@ -103,7 +109,7 @@ def test_obelics_profile_is_applied_when_chosen(tmp_path, news):
     atomic_write_parquet(
         _quads([("042", 80, [news.url_for("/zeit.de.zugverkehr.html")])]), DataLayout(tmp_path).daily_quads_path(DAY)
     )
-    result = build_articles(DAY, settings)
+    result = build_articles(DAY, settings.dataset, settings.network, settings.articles)
     assert result.articles["profile"].to_list() == ["obelics"]
     assert result.articles["kept"].to_list() == [False]
 
@@ -138,15 +144,18 @@ def test_domain_dedup_removes_boilerplate_repeated_across_a_sites_pages(tmp_path
     with NewsServer(pages) as server:
         urls = [server.url_for(p) for p in pages]
         atomic_write_parquet(_quads([("042", 80, urls)]), DataLayout(tmp_path).daily_quads_path(DAY))
-        plain = build_articles(DAY, _settings(tmp_path, article_profile="obelics"))
-        deduped = build_articles(DAY, _settings(tmp_path, article_profile="obelics", article_domain_dedup=True))
+        obelics = _settings(tmp_path, article_profile="obelics")
+        plain = build_articles(DAY, obelics.dataset, obelics.network, obelics.articles)
+        with_dedup = _settings(tmp_path, article_profile="obelics", article_domain_dedup=True)
+        deduped = build_articles(DAY, with_dedup.dataset, with_dedup.network, with_dedup.articles)
     assert plain.articles["kept"].to_list() == [True, True, True]
     assert all(shared in t for t in plain.articles["text"])
     assert not any(shared in t for t in deduped.articles["text"])
     assert deduped.articles["kept"].to_list() == [True, True, True]
     assert [json.loads(d)["domain_dedup"] for d in deduped.articles["paragraph_drops"]] == [1, 1, 1]
     with pytest.raises(ValueError, match="obelics profile"):
-        build_articles(DAY, _settings(tmp_path, article_domain_dedup=True))
+        no_obelics = _settings(tmp_path, article_domain_dedup=True)
+        build_articles(DAY, no_obelics.dataset, no_obelics.network, no_obelics.articles)
 
 
 def test_abstract_follows_mirai():

@@ -275,7 +275,7 @@ def test_articles_pass_on_the_pipeline_output(tmp_path, news):
     server, names = news
     _write_quads(tmp_path, [server.url_for(f"/{n}") for n in names] + [server.url_for("/hostile/404")])
     settings = make_settings(data_dir=tmp_path, fetch_allow_loopback=True, fetch_backoff_base_s=0.01, extract_workers=1)
-    built = build_articles(DAY, settings)
+    built = build_articles(DAY, settings.dataset, settings.network, settings.articles)
     res = validate_articles(pl.read_parquet(DataLayout(tmp_path).articles_path(DAY)))
     assert res.passed, res.failures
     assert res.statistics["rows"] == built.counts["stored"] == 4
@@ -291,11 +291,11 @@ def _materialize(tmp_path, monkeypatch, frame: pl.DataFrame | None):
     import assets.articles as article_assets
     from quality.event_checks import articles_valid
 
-    def fake_build_articles(day, settings, now=None):
+    def fake_build_articles(day, dataset, network, articles, now=None):
         from pipeline.articles.day import DayArticles
 
         if frame is not None:
-            layout = DataLayout(settings.dataset.data_dir)
+            layout = DataLayout(dataset.data_dir)
             write_sealed_parquet(layout, frame, layout.articles_path(day))  # as build_articles writes
         return DayArticles(day, 0, None, frame if frame is not None else ARTICLES_SCHEMA.to_frame(), {"selected": 0})
 

@@ -119,8 +119,8 @@ def test_release_command_publishes_once_then_verifies_and_refuses_a_missing_file
     data, bucket = tmp_path / "data", tmp_path / "bucket"
     settings = make_settings(data_dir=data)
     write_month(settings, date(2024, 2, 1), QUADS)
-    build_event_database(date(2024, 2, 1), settings)
-    build_split(date(2024, 2, 1), settings, now=datetime(2024, 3, 4, tzinfo=UTC))
+    build_event_database(date(2024, 2, 1), settings.dataset, settings.articles)
+    build_split(date(2024, 2, 1), settings.dataset, settings.gdelt, now=datetime(2024, 3, 4, tzinfo=UTC))
     env = {"MIRAI_DATA_DIR": str(data), "MIRAI_RELEASE_URI": str(bucket)}
 
     first = run("release", "--month", "2024-02", env=env)
@@ -278,8 +278,8 @@ def test_serve_release_serves_the_demo_store_and_its_printed_commands_download_i
     data = tmp_path / "data"
     settings = make_settings(data_dir=data)
     write_month(settings, date(2024, 2, 1), QUADS)
-    build_event_database(date(2024, 2, 1), settings)
-    build_split(date(2024, 2, 1), settings, now=datetime(2024, 3, 4, tzinfo=UTC))
+    build_event_database(date(2024, 2, 1), settings.dataset, settings.articles)
+    build_split(date(2024, 2, 1), settings.dataset, settings.gdelt, now=datetime(2024, 3, 4, tzinfo=UTC))
     # As `mirai demo` publishes: a temporary port.
     with LocalS3(data / "s3", BUCKET, public_prefixes=PUBLIC_PREFIXES) as s3:
         for name, value in s3.env().items():
@@ -287,7 +287,12 @@ def test_serve_release_serves_the_demo_store_and_its_printed_commands_download_i
         published = make_settings(
             settings, release_uri=f"s3://{BUCKET}/{RELEASE_PREFIX}", s3_endpoint_url=s3.endpoint, s3_region="us-east-1"
         )
-        publish_release(date(2024, 2, 1), published, open_store(published))
+        publish_release(
+            date(2024, 2, 1),
+            published.dataset,
+            published.release,
+            open_store(published.dataset, published.network, published.release),
+        )
         # A submission's metadata holds its contact address: never public.
         submission_key = f"{RELEASE_PREFIX}/submissions/a-model/submission.json"
         s3.client().put_object(Bucket=BUCKET, Key=submission_key, Body=b'{"contact": "me@example.org"}')

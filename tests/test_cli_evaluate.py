@@ -49,8 +49,12 @@ def release(tmp_path_factory) -> Path:
     data_dir = root / "data"
     generate_event_database(data_dir, date(2024, 1, 1), 2, seed=5, quads_per_day=12)
     settings = make_settings(data_dir=data_dir, release_uri=str(root / "bucket"), split_sample_size=SAMPLE)
-    build_split(MONTH, settings, now=NOW, override=Override("test", "no ledgers in this test", NOW))
-    publish_release(MONTH, settings, open_store(settings))
+    build_split(
+        MONTH, settings.dataset, settings.gdelt, now=NOW, override=Override("test", "no ledgers in this test", NOW)
+    )
+    publish_release(
+        MONTH, settings.dataset, settings.release, open_store(settings.dataset, settings.network, settings.release)
+    )
     assert main(["download", "2024-02", "--from", str(root / "bucket"), "--dest", str(root / "dl")]) == 0
     return root / "dl" / "2024-02"
 

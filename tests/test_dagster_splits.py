@@ -142,5 +142,5 @@ def test_leakage_audit_fails_a_split_whose_month_is_not_after_its_history_cutoff
     manifest = json.loads(manifest_path.read_text())
     manifest["history_cutoff"] = "2024-02-10"  # as if the database had been built past the split's start
     manifest_path.write_text(json.dumps(manifest))
-    audit = leakage_audit(make_settings(data_dir=month_dir), FEB)
+    audit = leakage_audit(make_settings(data_dir=month_dir).dataset, FEB)
     assert audit.violations == ("the split month 2024-02 does not start after the history cutoff 2024-02-10",)

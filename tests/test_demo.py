@@ -82,7 +82,7 @@ def test_host_map_targets_and_the_address_check_still_applies():
 def test_a_mapped_site_is_fetched_with_its_own_host_header():
     with NewsServer(sites=news_sites()) as news:
         settings = make_settings(fetch_allow_loopback=True, fetch_host_map=f"*.example=127.0.0.1:{news.port}")
-        session = make_safe_session(settings)
+        session = make_safe_session(settings.network, settings.articles)
         url = "http://www.dailyherald.example/world/2024/01/02/talks-border-summit"
         response = session.get(url, timeout=5)
         assert (
@@ -90,7 +90,8 @@ def test_a_mapped_site_is_fetched_with_its_own_host_header():
             == site_page("www.dailyherald.example", "/world/2024/01/02/talks-border-summit", news_sites()).status
         )
         assert news.requests[-1]["host"] == "www.dailyherald.example"
-        unmapped = make_safe_session(make_settings(fetch_allow_loopback=True))
+        no_map = make_settings(fetch_allow_loopback=True)
+        unmapped = make_safe_session(no_map.network, no_map.articles)
         with pytest.raises(requests.ConnectionError):  # .example never resolves without the map
             unmapped.get(url, timeout=5)
 
@@ -245,7 +246,7 @@ def test_mirai_demo_runs_the_chain_through_dagster_and_twice_changes_nothing(tmp
         settings = make_settings(
             s3_endpoint_url=s3.endpoint, s3_region="us-east-1", release_uri="s3://mirai-releases/mirai"
         )
-        store = open_store(settings, signed=False)
+        store = open_store(settings.dataset, settings.network, settings.release, signed=False)
         released = json.loads(store.get_bytes(release_key("2023-02", MANIFEST_NAME)))
         index = store.get_bytes("releases/index.json")
         card = store.get_bytes(release_key("2023-02", "README.md")).decode()

@@ -428,10 +428,10 @@ def test_a_split_naming_a_file_outside_the_layout_is_refused_when_planned_and_pu
         release = ReleaseSettings(s3_endpoint_url=server.endpoint, s3_region="us-east-1")
         store = S3Store(bucket, "p", release, NetworkSettings())
     with pytest.raises(UnsafeRelease, match="refused") as refused:
-        plan_release(date(2024, 1, 1), settings)
+        plan_release(date(2024, 1, 1), settings.dataset, settings.release)
     assert repr(bad)[:20] in str(refused.value)
     with pytest.raises(UnsafeRelease):
-        publish_release(date(2024, 1, 1), settings, store)
+        publish_release(date(2024, 1, 1), settings.dataset, settings.release, store)
     if where == "local":
         assert not (tmp_path / "bucket").exists() or not any((tmp_path / "bucket").rglob("*"))
     else:
@@ -453,7 +453,11 @@ def test_a_plan_handed_to_publish_with_a_name_outside_the_layout_is_refused_befo
     plan = ReleasePlan(month=MONTH, objects=[bad], manifest=manifest, manifest_bytes=json.dumps(manifest).encode())
     with pytest.raises(UnsafeRelease, match=r"'\.\./\.\./outside/run\.sh' has a '\.\.' path segment"):
         publish_release(
-            date(2024, 1, 1), make_settings(data_dir=tmp_path / "data"), LocalStore(tmp_path / "bucket"), plan=plan
+            date(2024, 1, 1),
+            make_settings(data_dir=tmp_path / "data").dataset,
+            ReleaseSettings(),
+            LocalStore(tmp_path / "bucket"),
+            plan=plan,
         )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["payload.sh"]
 

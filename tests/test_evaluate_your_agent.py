@@ -52,8 +52,12 @@ def bucket(tmp_path_factory) -> Path:
     data_dir = root / "data"
     generate_event_database(data_dir, date(2024, 1, 1), 3, seed=11, quads_per_day=12)
     settings = make_settings(data_dir=data_dir, release_uri=str(root / "bucket"), split_sample_size=20)
-    build_split(MONTH, settings, now=NOW, override=Override("test", "no ledgers in this test", NOW))
-    publish_release(MONTH, settings, open_store(settings))
+    build_split(
+        MONTH, settings.dataset, settings.gdelt, now=NOW, override=Override("test", "no ledgers in this test", NOW)
+    )
+    publish_release(
+        MONTH, settings.dataset, settings.release, open_store(settings.dataset, settings.network, settings.release)
+    )
     return root / "bucket"
 
 
@@ -204,8 +208,12 @@ def test_both_agents_run_on_a_release_whose_first_queries_have_no_history(tmp_pa
     data_dir = tmp_path / "data"
     generate_event_database(data_dir, january, 2, seed=11, quads_per_day=12)
     settings = make_settings(data_dir=data_dir, release_uri=str(tmp_path / "bucket"), split_sample_size=10_000)
-    build_split(january, settings, now=NOW, override=Override("test", "no ledgers in this test", NOW))
-    publish_release(january, settings, open_store(settings))
+    build_split(
+        january, settings.dataset, settings.gdelt, now=NOW, override=Override("test", "no ledgers in this test", NOW)
+    )
+    publish_release(
+        january, settings.dataset, settings.release, open_store(settings.dataset, settings.network, settings.release)
+    )
     monkeypatch.chdir(tmp_path)
     assert main(["download", "2024-01", "--from", str(tmp_path / "bucket"), "--dest", "mirai-releases"]) == 0
     release = tmp_path / "mirai-releases" / "2024-01"

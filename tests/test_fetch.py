@@ -153,7 +153,9 @@ def test_hostname_resolving_to_loopback_needs_the_explicit_setting(news, fs):
         check_url("http://2130706433/")  # 127.0.0.1 in decimal: caught after resolution
 
     strict = make_settings(fs, fetch_allow_loopback=False)
-    outcome, body = fetch_article(make_safe_session(strict), f"http://localhost:{news.port}/news/1.html", strict)
+    outcome, body = fetch_article(
+        make_safe_session(strict.network, strict.articles), f"http://localhost:{news.port}/news/1.html", strict.articles
+    )
     assert (outcome.status, body) == ("blocked_unsafe", None)
     assert news.requests == []  # refused before a single byte was sent
 
@@ -163,16 +165,19 @@ def test_connection_goes_to_the_checked_address(news, fs, monkeypatch):
     rebinding DNS server could answer differently); Host header and URL keep the name."""
     calls: list[str] = []
     fake_dns(monkeypatch, {"pinned.example": ["127.0.0.1"], "evil.example": ["169.254.169.254"]}, calls)
-    outcome, body = fetch_article(make_safe_session(fs), f"http://pinned.example:{news.port}/news/2.html", fs)
+    outcome, body = fetch_article(
+        make_safe_session(fs.network, fs.articles), f"http://pinned.example:{news.port}/news/2.html", fs.articles
+    )
     assert outcome.status == "fetched" and body == PAGES["/news/2.html"]
     assert news.requests[-1]["host"] == f"pinned.example:{news.port}"
     assert calls.count("pinned.example") == 1  # one keep-alive connection, one lookup
 
     # The connection layer refuses on its own, even when the URL check was skipped.
-    session = make_safe_session(fs)
+    session = make_safe_session(fs.network, fs.articles)
     with pytest.raises(UnsafeURL, match="metadata"):
         session.get(f"http://evil.example:{news.port}/", timeout=1)
-    strict_session = make_safe_session(make_settings(fs, fetch_allow_loopback=False))
+    strict = make_settings(fs, fetch_allow_loopback=False)
+    strict_session = make_safe_session(strict.network, strict.articles)
     with pytest.raises(UnsafeURL, match="loopback"):
         strict_session.get(f"http://pinned.example:{news.port}/news/2.html", timeout=1)
 
@@ -187,7 +192,7 @@ def test_a_new_answer_is_checked_again_when_the_old_one_expires(news, fs, monkey
         lambda host, port: [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (ip, port)) for ip in next(answers)],
     )
     monkeypatch.setattr(safety, "ADDRESS_TTL_S", 0.0)
-    session = make_safe_session(fs)
+    session = make_safe_session(fs.network, fs.articles)
     url = f"http://rebind.example:{news.port}/news/5.html"
     assert session.get(url, timeout=2).content == PAGES["/news/5.html"]
     with pytest.raises(UnsafeURL, match="metadata"):
@@ -205,7 +210,7 @@ def test_an_address_that_refuses_gives_way_to_the_next_checked_one(news, fs, mon
         {"multi.example": ["::1", "127.0.0.2", "127.0.0.1"], "mixed.example": ["127.0.0.1", "10.1.2.3"]},
         calls,
     )
-    session = make_safe_session(fs)
+    session = make_safe_session(fs.network, fs.articles)
     url = f"http://multi.example:{news.port}/news/6.html"
     for _ in range(2):
         assert session.get(url, timeout=2).content == PAGES["/news/6.html"]
@@ -225,10 +230,14 @@ def test_proxy_settings_are_never_used(news, fs, monkeypatch):
             monkeypatch.setenv(var, proxy.url)
         for var in ("NO_PROXY", "no_proxy"):
             monkeypatch.delenv(var, raising=False)
-        outcome, body = fetch_article(make_safe_session(fs), news.url_for("/news/7.html"), fs)
+        outcome, body = fetch_article(
+            make_safe_session(fs.network, fs.articles), news.url_for("/news/7.html"), fs.articles
+        )
         assert (outcome.status, body) == ("fetched", PAGES["/news/7.html"])
         with pytest.raises(UnsafeURL, match="proxies"):
-            make_safe_session(fs).get(news.url_for("/news/7.html"), proxies={"http": proxy.url}, timeout=2)
+            make_safe_session(fs.network, fs.articles).get(
+                news.url_for("/news/7.html"), proxies={"http": proxy.url}, timeout=2
+            )
         assert proxy.requests == []
 
 
@@ -274,7 +283,7 @@ def test_tls_is_verified_against_the_host_name_not_the_checked_address(tls_site,
     ca_file = tmp_path / "ca.pem"
     ca.cert_pem.write_to_path(str(ca_file))
     settings = make_settings(fs, fetch_host_map=f"secure.test=127.0.0.1:{port},other.test=127.0.0.1:{port}")
-    session = make_safe_session(settings)
+    session = make_safe_session(settings.network, settings.articles)
     session.verify = str(ca_file)
     response = session.get("https://secure.test/a", timeout=5)
     assert response.status_code == 200 and b"over tls" in response.content
@@ -282,7 +291,7 @@ def test_tls_is_verified_against_the_host_name_not_the_checked_address(tls_site,
     with pytest.raises(requests.exceptions.SSLError, match=r"secure.test|other.test|hostname"):
         session.get("https://other.test/a", timeout=5)
     with pytest.raises(requests.exceptions.SSLError, match="certificate verify failed"):
-        make_safe_session(settings).get("https://secure.test/a", timeout=5)
+        make_safe_session(settings.network, settings.articles).get("https://secure.test/a", timeout=5)
     assert [entry for entry in seen if entry[0] == "host"] == [("host", "secure.test")]
 
 
@@ -296,7 +305,7 @@ def test_unresolvable_host_is_a_dns_error_not_a_robots_block(fs, monkeypatch):
 
     monkeypatch.setattr(safety, "resolve_host", resolve)
     for settings in (fs, make_settings(fs, fetch_respect_robots=False)):
-        batch = fetch_many(["http://gone.example/story.html"], settings)
+        batch = fetch_many(["http://gone.example/story.html"], settings.dataset, settings.network, settings.articles)
         outcome = batch.outcomes[0]
         assert (outcome.status, outcome.retryable, outcome.error_class) == ("dns_error", True, "NameResolutionError")
         assert outcome.attempts <= 1  # a dead domain is not hammered within the run
@@ -352,7 +361,7 @@ def test_hostile_servers_are_bounded_recorded_and_the_run_goes_on(news, fs):
     ]
     urls = [news.url_for(p) for p in [*HOSTILE, *good]] + foreign
     started = time.monotonic()
-    run = fetch_articles(urls, fs, now=NOW)
+    run = fetch_articles(urls, fs.dataset, fs.network, fs.articles, now=NOW)
     elapsed = time.monotonic() - started
     assert elapsed < 6.0, f"a hostile server held the run for {elapsed:.1f}s"
 
@@ -419,7 +428,9 @@ def test_hostile_servers_are_bounded_recorded_and_the_run_goes_on(news, fs):
 
 def test_retry_after_is_honoured_then_the_page_arrives(news, fs):
     started = time.monotonic()
-    outcome, body = fetch_article(make_safe_session(fs), news.url_for("/hostile/retry-after/solo"), fs)
+    outcome, body = fetch_article(
+        make_safe_session(fs.network, fs.articles), news.url_for("/hostile/retry-after/solo"), fs.articles
+    )
     assert outcome.status == "fetched" and outcome.attempts == 2 and body
     assert 0.9 <= time.monotonic() - started < 2.0
 
@@ -434,7 +445,8 @@ def test_robots_honoured_cached_once_per_host_and_checked_on_every_hop(news, fs)
             news.url_for(f"/redirect?to={other.url}/private/elsewhere.html"),
             news.url_for(f"/redirect?to={other.url}/news/5.html"),
         ]
-        batch = fetch_many(urls, make_settings(fs, fetch_per_host=8), now=NOW)
+        wide = make_settings(fs, fetch_per_host=8)
+        batch = fetch_many(urls, wide.dataset, wide.network, wide.articles, now=NOW)
         out = batch.by_url()
         assert news.count("/robots.txt") == 1 and other.count("/robots.txt") == 1  # cached per host
         assert batch.robots_requests == 2
@@ -448,13 +460,16 @@ def test_robots_honoured_cached_once_per_host_and_checked_on_every_hop(news, fs)
         assert sum(o.status == "fetched" for o in batch.outcomes) == 13
         assert all(e["user_agent"] == fs.network.user_agent for e in news.requests)
 
-        ignored = fetch_many([news.url_for("/private/other.html")], make_settings(fs, fetch_respect_robots=False))
+        rude = make_settings(fs, fetch_respect_robots=False)
+        ignored = fetch_many([news.url_for("/private/other.html")], rude.dataset, rude.network, rude.articles)
         assert ignored.outcomes[0].status == "fetched" and ignored.robots_requests == 0
 
 
 def test_robots_unreachable_disallows_and_missing_allows(fs):
     with NewsServer(PAGES, robots_status=503) as down, NewsServer(PAGES, robots_txt=None) as missing:
-        batch = fetch_many([down.url_for("/news/1.html"), missing.url_for("/news/1.html")], fs)
+        batch = fetch_many(
+            [down.url_for("/news/1.html"), missing.url_for("/news/1.html")], fs.dataset, fs.network, fs.articles
+        )
         out = batch.by_url()
         refused = out[down.url_for("/news/1.html")]
         assert (refused.status, refused.error_class, refused.retryable) == ("blocked_robots", "RobotsUnavailable", True)
@@ -464,8 +479,9 @@ def test_robots_unreachable_disallows_and_missing_allows(fs):
 
 def test_robots_cache_expires_after_its_ttl(news, fs):
     clock = [0.0]
-    robots = RobotsCache(make_settings(fs, fetch_robots_ttl_s=60), fetcher=fetch_robots_txt, clock=lambda: clock[0])
-    session = make_safe_session(fs)
+    short = make_settings(fs, fetch_robots_ttl_s=60)
+    robots = RobotsCache(short.network, short.articles, fetcher=fetch_robots_txt, clock=lambda: clock[0])
+    session = make_safe_session(fs.network, fs.articles)
     assert robots.allowed(session, news.url_for("/news/1.html"))
     assert not robots.allowed(session, news.url_for("/private/x"))
     clock[0] = 59
@@ -518,8 +534,8 @@ def test_robots_rules_match_as_rfc_9309_says(news, fs, case):
     news.robots_txt = robots_txt
     # Rule matching only: a 1 s timeout on a loaded machine would read as "unreachable" (disallow all).
     fs = make_settings(fs, fetch_connect_timeout_s=10.0, fetch_read_timeout_s=10.0, fetch_deadline_s=20.0)
-    robots = RobotsCache(fs, fetcher=fetch_robots_txt)
-    session = make_safe_session(fs)
+    robots = RobotsCache(fs.network, fs.articles, fetcher=fetch_robots_txt)
+    session = make_safe_session(fs.network, fs.articles)
     verdicts = {p: robots.check(session, news.url_for(p)) for p in allowed + refused}
     assert not any(v.unreachable for v in verdicts.values()), verdicts
     assert {p: v.allowed for p, v in verdicts.items()} == dict.fromkeys(allowed, True) | dict.fromkeys(refused, False)
@@ -528,13 +544,12 @@ def test_robots_rules_match_as_rfc_9309_says(news, fs, case):
 
 def test_robots_groups_follow_a_configured_user_agent(news, fs):
     news.robots_txt = "\ufeffUser-agent: OtherBot\nDisallow: /news/\n\nUser-agent: *\nDisallow: /\n"
-    session = make_safe_session(fs)
-    ours = RobotsCache(
-        make_settings(fs, user_agent="otherbot/2.0 (+https://example.org/bot)"), fetcher=fetch_robots_txt
-    )
+    session = make_safe_session(fs.network, fs.articles)
+    other_bot = make_settings(fs, user_agent="otherbot/2.0 (+https://example.org/bot)")
+    ours = RobotsCache(other_bot.network, other_bot.articles, fetcher=fetch_robots_txt)
     assert ours.allowed(session, news.url_for("/sport/1.html"))  # its group, read past a BOM
     assert not ours.allowed(session, news.url_for("/news/1.html"))
-    theirs = RobotsCache(fs, fetcher=fetch_robots_txt)  # mirai-pipeline: the * group
+    theirs = RobotsCache(fs.network, fs.articles, fetcher=fetch_robots_txt)  # mirai-pipeline: the * group
     assert not theirs.allowed(session, news.url_for("/sport/1.html"))
 
 
@@ -600,7 +615,7 @@ def test_final_statuses_give_up_at_once_and_fetched_stays_fetched():
 
 def test_fetched_once_ever_across_days_and_failures_wait_for_their_retry(news, fs):
     day1 = [news.url_for("/news/1.html?utm_source=gdelt"), news.url_for("/news/2.html"), news.url_for("/hostile/500")]
-    run1 = fetch_articles(day1, fs, now=NOW)
+    run1 = fetch_articles(day1, fs.dataset, fs.network, fs.articles, now=NOW)
     assert (run1.due, run1.batch.counts()["fetched"]) == (3, 2)
 
     day2 = [
@@ -609,12 +624,12 @@ def test_fetched_once_ever_across_days_and_failures_wait_for_their_retry(news, f
         news.url_for("/hostile/500"),
         news.url_for("/news/3.html"),
     ]
-    run2 = fetch_articles(day2, fs, now=NOW + timedelta(minutes=10))
+    run2 = fetch_articles(day2, fs.dataset, fs.network, fs.articles, now=NOW + timedelta(minutes=10))
     assert (run2.due, run2.already_fetched, run2.waiting) == (1, 2, 1)
     assert news.count("/news/1.html") == 1 and news.count("/news/2.html") == 1  # fetched once ever
     assert news.count("/hostile/500") == 2  # day 1's two attempts only: not due yet
 
-    run3 = fetch_articles(day2, fs, now=NOW + timedelta(hours=1))
+    run3 = fetch_articles(day2, fs.dataset, fs.network, fs.articles, now=NOW + timedelta(hours=1))
     assert run3.due == 1 and news.count("/hostile/500") == 4
     row = rows_by_url(read_ledger(DataLayout(fs.dataset.data_dir)))[news.url_for("/hostile/500")]
     assert (row["tries"], row["attempts"], row["next_retry_at"]) == (2, 4, NOW + timedelta(hours=7))
@@ -627,7 +642,8 @@ def test_32_concurrent_requests_really_run_in_parallel(fs):
     with NewsServer(PAGES, latency_s=0.2) as slow:
         urls = [slow.url_for(p) for p in list(PAGES)[:32]]
         started = time.monotonic()
-        batch = fetch_many(urls, make_settings(fs, fetch_concurrency=32, fetch_per_host=32, fetch_deadline_s=10))
+        wide = make_settings(fs, fetch_concurrency=32, fetch_per_host=32, fetch_deadline_s=10)
+        batch = fetch_many(urls, wide.dataset, wide.network, wide.articles)
         elapsed = time.monotonic() - started
         assert batch.counts()["fetched"] == 32
         assert elapsed < 1.5, f"32 × 200 ms took {elapsed:.2f}s: requests were serialised"
@@ -641,7 +657,8 @@ def test_per_host_limit_holds_while_other_hosts_proceed(fs, monkeypatch):
         urls = [f"http://a.example:{a.port}{p}" for p in list(PAGES)[:6]]
         urls += [f"http://b.example:{b.port}{p}" for p in list(PAGES)[:6]]
         started = time.monotonic()
-        batch = fetch_many(urls, make_settings(fs, fetch_concurrency=16, fetch_per_host=2, fetch_respect_robots=False))
+        capped = make_settings(fs, fetch_concurrency=16, fetch_per_host=2, fetch_respect_robots=False)
+        batch = fetch_many(urls, capped.dataset, capped.network, capped.articles)
         elapsed = time.monotonic() - started
         assert batch.counts()["fetched"] == 12
         assert a.max_in_flight == 2 and b.max_in_flight == 2

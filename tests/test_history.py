@@ -181,11 +181,11 @@ def test_rerunning_rewrites_nothing_and_an_unreadable_old_key_file_is_read_alone
     for day in days:
         write_day(layout, day, day_rows(day))
     for day in days:
-        build_events(day, settings)
+        build_events(day, settings.dataset)
     files = {**block_files(layout), **{p.name: p.stat().st_mtime_ns for p in layout.event_keys_dir().iterdir()}}
     events = [layout.events_path(d).read_bytes() for d in days]
     for day in days:
-        build_events(day, settings)
+        build_events(day, settings.dataset)
     assert {**block_files(layout), **{p.name: p.stat().st_mtime_ns for p in layout.event_keys_dir().iterdir()}} == files
     assert [layout.events_path(d).read_bytes() for d in days] == events
     # A key file in another format is rebuilt from the parsed rows; without them it is kept and read
@@ -221,14 +221,14 @@ def test_keys_of_the_polars_bound_hash_migrate_once_and_the_events_stay_the_same
         patch.setattr(events_module, "url_hash", old_hash)
         patch.setattr(normalize_module, "url_hash", old_hash)
         for day in days:
-            build_events(day, settings)
+            build_events(day, settings.dataset)
     key_paths = [layout.event_keys_path(d) for d in days]
     assert {read_parquet_metadata(p)["keys_format"] for p in key_paths} == {old_format}
     assert block_files(layout)
     old_hashes = pl.read_parquet(key_paths).get_column("url_hash")
     events = [layout.events_path(d).read_bytes() for d in days]
 
-    build_events(days[-1], settings)  # the first run after the change
+    build_events(days[-1], settings.dataset)  # the first run after the change
     migrated = {**block_files(layout), **{p.name: p.stat().st_mtime_ns for p in layout.event_keys_dir().iterdir()}}
     block_paths = [layout.root / "keys" / "history" / name for name in block_files(layout)]
     assert {read_parquet_metadata(p)["keys_format"] for p in key_paths + block_paths} == {KEYS_FORMAT}
@@ -239,7 +239,7 @@ def test_keys_of_the_polars_bound_hash_migrate_once_and_the_events_stay_the_same
     assert history_frames(layout, days[-1] + timedelta(days=1)) == every_key_file(layout, days[-1] + timedelta(days=1))
 
     for day in days:  # later runs rewrite no key file and no block, and the events are unchanged
-        build_events(day, settings)
+        build_events(day, settings.dataset)
     assert {
         **block_files(layout),
         **{p.name: p.stat().st_mtime_ns for p in layout.event_keys_dir().iterdir()},
@@ -258,12 +258,12 @@ def test_events_are_the_same_whatever_order_days_are_built_in(tmp_path, order):
         for day in days:
             write_day(layout, day, day_rows(day, 6))
         for day in sequence:
-            build_events(day, settings)
+            build_events(day, settings.dataset)
         for day in days:
             if read_parquet_metadata(layout.events_path(day))["history_fingerprint"] != history_fingerprint(
                 layout, day
             ):
-                build_events(day, settings)
+                build_events(day, settings.dataset)
         return [layout.events_path(d).read_bytes() for d in days]
 
     sequence = {"forward": days, "reverse": days[::-1], "shuffled": random.Random(2).sample(days, len(days))}[order]

@@ -70,7 +70,7 @@ settings = Settings(
     dataset=DatasetSettings(data_dir=Path(sys.argv[2])), gdelt=GdeltSettings(max_uncompressed_mb=int(sys.argv[3]))
 )
 before = own_peak_rss_mib()
-parsed = parse_day(date(2024, 1, 1), "export", settings)
+parsed = parse_day(date(2024, 1, 1), "export", settings.dataset, settings.gdelt)
 print(json.dumps({"before": before, "after": own_peak_rss_mib(), "refused": parsed.refused,
                   "parsed": parsed.parsed, "rejects": parsed.rejects}))
 """
@@ -90,12 +90,13 @@ def _parse_in_a_fresh_process(data_dir) -> dict:
 def test_an_eight_file_hostile_day_parses_in_bounded_memory(settings, mirror, mirror_dir, tmp_path):
     cap = CAP_MB * 2**20
     settings = make_settings(settings, max_uncompressed_mb=CAP_MB)
-    ingest_day(MIRROR_DAY, make_settings(settings, data_dir=tmp_path / "baseline"))
+    baseline_settings = make_settings(settings, data_dir=tmp_path / "baseline")
+    ingest_day(MIRROR_DAY, baseline_settings.dataset, baseline_settings.network, baseline_settings.gdelt)
     baseline = _parse_in_a_fresh_process(tmp_path / "baseline")
 
     members = {slot: _member(mirror_dir, slot) for slot in SLOTS}
     planted = plant_hostile_day(mirror_dir, SLOTS, cap)
-    result = ingest_day(MIRROR_DAY, settings)
+    result = ingest_day(MIRROR_DAY, settings.dataset, settings.network, settings.gdelt)
     assert {_row(result.ledger, slot)["status"] for slot in SLOTS} == {"landed"}  # md5s match, zips under the cap
     layout = DataLayout(settings.dataset.data_dir)
     report = _parse_in_a_fresh_process(settings.dataset.data_dir)
@@ -133,18 +134,21 @@ def test_a_zip_inflating_past_the_cap_is_quarantined_once_and_fetched_again_when
     good = (mirror_dir / "gdeltv2" / name).read_bytes()
     bomb = zip_member(name.removesuffix(".zip"), hostile_member("huge_line", _member(mirror_dir, SIXTY), 2**20 + 1))
     relist(mirror_dir, name, bomb)
-    first = _row(ingest_day(MIRROR_DAY, settings).ledger, SIXTY)
+    first = _row(ingest_day(MIRROR_DAY, settings.dataset, settings.network, settings.gdelt).ledger, SIXTY)
     assert first["status"] == "quarantined" and "above the cap of 1,048,576" in first["last_error"]
     assert _fetches(mirror, name) == 1
 
-    again = _row(ingest_day(MIRROR_DAY, settings).ledger, SIXTY)
+    again = _row(ingest_day(MIRROR_DAY, settings.dataset, settings.network, settings.gdelt).ledger, SIXTY)
     assert _fetches(mirror, name) == 1  # the index still vouches for the same bytes: left alone
     assert {k: again[k] for k in ("status", "attempts", "quarantined", "last_error")} == {
         k: first[k] for k in ("status", "attempts", "quarantined", "last_error")
     }
 
     relist(mirror_dir, name, good)  # GDELT publishes other bytes for the slot
-    assert _row(ingest_day(MIRROR_DAY, settings).ledger, SIXTY)["status"] == "landed"
+    assert (
+        _row(ingest_day(MIRROR_DAY, settings.dataset, settings.network, settings.gdelt).ledger, SIXTY)["status"]
+        == "landed"
+    )
     assert _fetches(mirror, name) == 2
 
 
@@ -218,29 +222,32 @@ def test_parse_day_refuses_without_raising_and_is_idempotent(settings, mirror, m
         name,
         zip_member(name.removesuffix(".zip"), hostile_member(shape, _member(mirror_dir, SIXTY), 2**20)),
     )
-    ingest_day(MIRROR_DAY, settings)
-    first = parse_day(MIRROR_DAY, "export", settings)
+    ingest_day(MIRROR_DAY, settings.dataset, settings.network, settings.gdelt)
+    first = parse_day(MIRROR_DAY, "export", settings.dataset, settings.gdelt)
     [(where, why)] = first.refused.items()
     assert where.startswith(f"quarantine/gdeltv2/2024/01/01/{name}.") and f"/{name}: " in why
-    second = parse_day(MIRROR_DAY, "export", settings)
+    second = parse_day(MIRROR_DAY, "export", settings.dataset, settings.gdelt)
     assert (second.refused, second.parsed, second.quarantined) == ({}, 0, [])
     assert second.files == first.files - 1 and second.rows == first.rows
 
 
 def test_a_landed_zip_damaged_on_disk_is_marked_corrupt_and_downloaded_again(settings, mirror, mirror_dir):
     name = raw_file_name(SIXTY, "export")
-    ingest_day(MIRROR_DAY, settings)
+    ingest_day(MIRROR_DAY, settings.dataset, settings.network, settings.gdelt)
     layout = DataLayout(settings.dataset.data_dir)
     raw = layout.raw_path(SIXTY, "export")
     raw.write_bytes(raw.read_bytes()[:-200])  # bit rot after landing: the zip no longer opens
-    parsed = parse_day(MIRROR_DAY, "export", settings)
+    parsed = parse_day(MIRROR_DAY, "export", settings.dataset, settings.gdelt)
     assert next(iter(parsed.refused.values())).startswith("truncated or damaged zip archive")
     row = _row(read_ledger(layout, MIRROR_DAY), SIXTY)
     assert row["status"] == "corrupt" and row["last_error"].startswith("raw zip damaged on disk")
     fetched = _fetches(mirror, name)
-    assert _row(ingest_day(MIRROR_DAY, settings).ledger, SIXTY)["status"] == "landed"
+    assert (
+        _row(ingest_day(MIRROR_DAY, settings.dataset, settings.network, settings.gdelt).ledger, SIXTY)["status"]
+        == "landed"
+    )
     assert _fetches(mirror, name) == fetched + 1
-    parse_day(MIRROR_DAY, "export", settings)
+    parse_day(MIRROR_DAY, "export", settings.dataset, settings.gdelt)
     assert layout.parsed_path("export", SIXTY).exists()
 
 

@@ -64,7 +64,9 @@ def _index(tmp_path: Path, base_url: str) -> GdeltIndex:
     settings = make_settings(
         data_dir=tmp_path / "data", gdelt_base_url=base_url, backoff_base_s=0.01, backoff_max_s=0.05
     )
-    return GdeltIndex(DataLayout(settings.dataset.data_dir), settings, make_session(settings))
+    return GdeltIndex(
+        DataLayout(settings.dataset.data_dir), settings.network, settings.gdelt, make_session(settings.network)
+    )
 
 
 def _line(i: int) -> str:

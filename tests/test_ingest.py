@@ -64,7 +64,7 @@ def listed_slots(mirror_dir: Path) -> dict[tuple[str, str], dict]:
 
 
 def test_happy_path_lands_every_listed_slot(settings, mirror, mirror_dir):
-    result = ingest_day(MIRROR_DAY, settings)
+    result = ingest_day(MIRROR_DAY, settings.dataset, settings.network, settings.gdelt)
     listed = listed_slots(mirror_dir)
     ledger = result.ledger
     assert ledger.height == 96 * 2
@@ -78,7 +78,7 @@ def test_happy_path_lands_every_listed_slot(settings, mirror, mirror_dir):
         data = (layout.root / r["path"]).read_bytes()
         assert hashlib.md5(data).hexdigest() == r["expected_md5"]
     for kind in ("export", "mentions"):
-        parsed = parse_day(MIRROR_DAY, kind, settings)
+        parsed = parse_day(MIRROR_DAY, kind, settings.dataset, settings.gdelt)
         expected = sum(e["valid_rows"] for (ts, k), e in listed.items() if k == kind)
         assert parsed.rows == expected
         on_disk = pl.scan_parquet(layout.parsed_dir(kind, MIRROR_DAY) / "*.parquet").select(pl.len()).collect().item()
@@ -89,14 +89,14 @@ def test_happy_path_lands_every_listed_slot(settings, mirror, mirror_dir):
 
 
 def test_rerun_is_a_noop(settings, mirror):
-    ingest_day(MIRROR_DAY, settings)
-    first = {k: parse_day(MIRROR_DAY, k, settings) for k in ("export", "mentions")}
+    ingest_day(MIRROR_DAY, settings.dataset, settings.network, settings.gdelt)
+    first = {k: parse_day(MIRROR_DAY, k, settings.dataset, settings.gdelt) for k in ("export", "mentions")}
     layout = DataLayout(settings.dataset.data_dir)
     before = {p: p.stat().st_mtime_ns for p in (layout.root / "parsed").rglob("*.parquet")}
-    again = ingest_day(MIRROR_DAY, settings)
+    again = ingest_day(MIRROR_DAY, settings.dataset, settings.network, settings.gdelt)
     assert again.downloaded == 0
     for kind in ("export", "mentions"):
-        second = parse_day(MIRROR_DAY, kind, settings)
+        second = parse_day(MIRROR_DAY, kind, settings.dataset, settings.gdelt)
         assert second.parsed == 0 and second.rows == first[kind].rows
     assert {p: p.stat().st_mtime_ns for p in (layout.root / "parsed").rglob("*.parquet")} == before
 
@@ -104,22 +104,22 @@ def test_rerun_is_a_noop(settings, mirror):
 def test_pending_inside_grace_then_missing(settings, mirror_dir, mirror):
     lines = index_lines(mirror_dir)
     write_index(mirror_dir, [line for line in lines if EXPORT not in line])
-    early = ingest_day(MIRROR_DAY, settings, now=SLOT + timedelta(hours=1))
+    early = ingest_day(MIRROR_DAY, settings.dataset, settings.network, settings.gdelt, now=SLOT + timedelta(hours=1))
     assert row(early.ledger, SLOT, "export")["status"] == "pending"
     # Slots after "now" are not due yet, and nothing was fetched for them.
     assert row(early.ledger, SLOT + timedelta(hours=2), "export")["status"] == "not_due"
-    later = ingest_day(MIRROR_DAY, settings, now=SLOT + timedelta(hours=30))
+    later = ingest_day(MIRROR_DAY, settings.dataset, settings.network, settings.gdelt, now=SLOT + timedelta(hours=30))
     assert row(later.ledger, SLOT, "export")["status"] == "missing"
 
 
 def test_slot_listed_late_lands_as_late(settings, mirror_dir, mirror):
     lines = index_lines(mirror_dir)
     write_index(mirror_dir, [line for line in lines if EXPORT not in line])
-    first = ingest_day(MIRROR_DAY, settings)
+    first = ingest_day(MIRROR_DAY, settings.dataset, settings.network, settings.gdelt)
     assert row(first.ledger, SLOT, "export")["status"] == "missing"
     assert row(first.ledger, SLOT, "export")["listed"] is False
     write_index(mirror_dir, lines)  # GDELT catches up
-    second = ingest_day(MIRROR_DAY, settings)
+    second = ingest_day(MIRROR_DAY, settings.dataset, settings.network, settings.gdelt)
     r = row(second.ledger, SLOT, "export")
     assert r["status"] == "late" and r["listed"] is True
     assert second.downloaded == 1
@@ -141,7 +141,7 @@ def test_slot_listed_late_lands_as_late(settings, mirror_dir, mirror):
 )
 def test_fault_is_recorded_then_cleared(settings, mirror, fault, params, status, error_part):
     mirror.faults.add(match=EXPORT, fault=fault, **params)
-    first = ingest_day(MIRROR_DAY, settings)
+    first = ingest_day(MIRROR_DAY, settings.dataset, settings.network, settings.gdelt)
     r = row(first.ledger, SLOT, "export")
     assert r["status"] == status, r
     assert error_part.lower() in (r["last_error"] or "").lower(), r
@@ -157,7 +157,7 @@ def test_fault_is_recorded_then_cleared(settings, mirror, fault, params, status,
         assert len(bad) == settings.gdelt.download_attempts
         assert json.loads(Path(f"{bad[0]}.json").read_text())["url"].endswith(EXPORT)
     mirror.faults.clear()
-    second = ingest_day(MIRROR_DAY, settings)
+    second = ingest_day(MIRROR_DAY, settings.dataset, settings.network, settings.gdelt)
     r2 = row(second.ledger, SLOT, "export")
     assert r2["status"] == "late", r2  # unavailable earlier, landed long after its slot
     assert r2["attempts"] == r["attempts"] + 1
@@ -167,7 +167,7 @@ def test_fault_is_recorded_then_cleared(settings, mirror, fault, params, status,
 def test_transient_500_then_success_lands_in_one_run(settings, mirror):
     mirror.faults.add(match=EXPORT, fault="500", times=1)
     mirror.faults.add(match=MENTIONS, fault="429", times=1, retry_after=0)
-    result = ingest_day(MIRROR_DAY, settings)
+    result = ingest_day(MIRROR_DAY, settings.dataset, settings.network, settings.gdelt)
     for kind in ("export", "mentions"):
         r = row(result.ledger, SLOT, kind)
         assert r["status"] == "landed" and r["attempts"] == 2
@@ -177,13 +177,13 @@ def test_transient_500_then_success_lands_in_one_run(settings, mirror):
 def test_zip_that_gdelt_itself_lists_but_is_corrupt(settings, mirror_dir, mirror):
     good = (mirror_dir / "gdeltv2" / EXPORT).read_bytes()
     relist_with(mirror_dir, EXPORT, good[: len(good) // 2])  # a truncated zip, md5 "matching"
-    result = ingest_day(MIRROR_DAY, settings)
+    result = ingest_day(MIRROR_DAY, settings.dataset, settings.network, settings.gdelt)
     r = row(result.ledger, SLOT, "export")
     # GDELT's index vouches for these very bytes: refetching cannot help, in this run or the next.
     assert r["status"] == "quarantined" and r["last_error"].startswith("zip:")
     # Retrying identical bytes in the same run cannot help: one attempt, one quarantined copy.
     assert r["attempts"] == 1 and r["quarantined"] == 1
-    parsed = parse_day(MIRROR_DAY, "export", settings)
+    parsed = parse_day(MIRROR_DAY, "export", settings.dataset, settings.gdelt)
     landed_exports = result.ledger.filter(pl.col("kind") == "export", pl.col("status") == "landed").height
     assert parsed.files == landed_exports  # the corrupt slot is never parsed
     assert not DataLayout(settings.dataset.data_dir).parsed_path("export", SLOT).exists()
@@ -192,7 +192,7 @@ def test_zip_that_gdelt_itself_lists_but_is_corrupt(settings, mirror_dir, mirror
 def test_real_not_a_zip_is_quarantined(settings, mirror_dir, mirror):
     fake = shared_fixture("gdelt/epournaras-DIAS-GDELT/b61e972/20180326191500.export.CSV.zip").read_bytes()
     relist_with(mirror_dir, EXPORT, fake)
-    result = ingest_day(MIRROR_DAY, settings)
+    result = ingest_day(MIRROR_DAY, settings.dataset, settings.network, settings.gdelt)
     r = row(result.ledger, SLOT, "export")
     assert r["status"] == "quarantined" and "zip" in r["last_error"]
     bad = list(DataLayout(settings.dataset.data_dir).quarantine_dir(MIRROR_DAY).glob(f"{EXPORT}.*.bad"))
@@ -204,7 +204,7 @@ def test_two_runs_of_the_same_day_at_once(settings, mirror):
 
     def run():
         try:
-            results.append(ingest_day(MIRROR_DAY, settings))
+            results.append(ingest_day(MIRROR_DAY, settings.dataset, settings.network, settings.gdelt))
         except Exception as exc:  # surfaced below
             errors.append(exc)
 
@@ -224,9 +224,9 @@ def test_two_runs_of_the_same_day_at_once(settings, mirror):
 
 
 def test_file_on_disk_without_ledger_row_is_not_fetched_again(settings, mirror):
-    ingest_day(MIRROR_DAY, settings)
+    ingest_day(MIRROR_DAY, settings.dataset, settings.network, settings.gdelt)
     layout = DataLayout(settings.dataset.data_dir)
     layout.slot_ledger_path(MIRROR_DAY).unlink()  # as if killed between rename and ledger write
-    again = ingest_day(MIRROR_DAY, settings)
+    again = ingest_day(MIRROR_DAY, settings.dataset, settings.network, settings.gdelt)
     assert again.downloaded == 0
     assert again.counts["landed"] == again.ledger.filter(pl.col("listed")).height

@@ -415,12 +415,30 @@ def test_the_page_on_seaweedfs_is_served_as_html_and_written_once(built, tmp_pat
             data_dir=built, release_uri="s3://board/mirai/v1", s3_endpoint_url=server.endpoint, s3_region="us-east-1"
         )
         written = write_leaderboard(built)
-        assert len(publish_leaderboard(open_store(settings), written.table, written.chart, written.page)) == 3
+        assert (
+            len(
+                publish_leaderboard(
+                    open_store(settings.dataset, settings.network, settings.release),
+                    written.table,
+                    written.chart,
+                    written.page,
+                )
+            )
+            == 3
+        )
         head = admin.head_object(Bucket="board", Key=f"mirai/v1/{LEADERBOARD_KEYS['html']}")
         assert head["ContentType"] == "text/html; charset=utf-8" and head["CacheControl"] == "no-cache"
         before = {o["Key"]: o["LastModified"] for o in admin.list_objects_v2(Bucket="board")["Contents"]}
         written = write_leaderboard(built)
-        assert publish_leaderboard(open_store(settings), written.table, written.chart, written.page) == []
+        assert (
+            publish_leaderboard(
+                open_store(settings.dataset, settings.network, settings.release),
+                written.table,
+                written.chart,
+                written.page,
+            )
+            == []
+        )
         assert {o["Key"]: o["LastModified"] for o in admin.list_objects_v2(Bucket="board")["Contents"]} == before
 
 

@@ -68,7 +68,7 @@ def board_data(tmp_path_factory) -> Settings:
             contact="a@b",
             owner_key=KEYS[2],
         )
-        resolve_round(round_day, settings, now=midnight(round_day) + timedelta(days=9))
+        resolve_round(round_day, settings.dataset, settings.live, now=midnight(round_day) + timedelta(days=9))
     # A second file from the same model and contact in round 2, sent later: it replaces the first.
     later = frame(ids, ["042", "043"], 0.7)
     write_accepted(settings, ROUNDS[1], "x-again", later, model=f"  {HOSTILE} ", contact="a@b", owner_key=KEYS[2])
@@ -80,7 +80,7 @@ def board_data(tmp_path_factory) -> Settings:
 
 
 def test_rounds_and_the_cumulative_board_rank_baselines_above_degenerate_strategies(board_data):
-    board = build_leaderboard(board_data)
+    board = build_leaderboard(board_data.dataset)
     assert [r["round"] for r in board["rounds"]] == ["2024-03-11", "2024-03-10"]
     cumulative = {r["name"]: r for r in board["cumulative"]}
     assert set(cumulative) == {"recurrency baseline", "frequency baseline", "always empty", "p_event 1", HOSTILE}
@@ -100,12 +100,12 @@ def test_rounds_and_the_cumulative_board_rank_baselines_above_degenerate_strateg
 
 
 def test_the_page_escapes_hostile_names_and_is_the_same_bytes_for_the_same_inputs(board_data):
-    first = write_live_leaderboard(board_data)
+    first = write_live_leaderboard(board_data.dataset)
     page = first.html_path.read_bytes()
     assert b"<script>" not in page and b"<img" not in page
     assert html.escape(HOSTILE).encode() in page
     assert json.loads(first.json_path.read_text())["cumulative"] == first.board["cumulative"]
-    again = write_live_leaderboard(board_data)
+    again = write_live_leaderboard(board_data.dataset)
     assert again.html_path.read_bytes() == page and again.json_path.read_bytes() == first.json_path.read_bytes()
 
 
@@ -114,7 +114,7 @@ def test_bidi_controls_and_invisible_characters_in_model_names_are_shown_on_the_
     one named "always" ZWSP "empty" as a baseline's look-alike. Shown as <U+XXXX>; other scripts
     and emoji as they are."""
     names = {HOSTILE: "gpt\u202eevil", "always empty": "always\u200bempty", "p_event 1": "模型 نموذج 👩🏽\u200d💻"}
-    board = build_leaderboard(board_data)
+    board = build_leaderboard(board_data.dataset)
     board["cumulative"] = [r | {"name": names.get(r["name"], r["name"])} for r in board["cumulative"]]
     text = page(board).decode()
     assert "<td>gpt&lt;U+202E&gt;evil</td>" in text and "<td>always&lt;U+200B&gt;empty</td>" in text
@@ -123,7 +123,7 @@ def test_bidi_controls_and_invisible_characters_in_model_names_are_shown_on_the_
 
 
 def test_published_to_live_once_per_change_locally_and_on_seaweedfs(board_data, tmp_path, s3_server, bucket):
-    written = write_live_leaderboard(board_data)
+    written = write_live_leaderboard(board_data.dataset)
     store = LocalStore(tmp_path / "bucket")
     assert publish_live_leaderboard(store, written) == list(LIVE_LEADERBOARD_KEYS.values())
     assert store.get_bytes(LIVE_LEADERBOARD_KEYS["html"]) == written.html_path.read_bytes()
@@ -131,10 +131,10 @@ def test_published_to_live_once_per_change_locally_and_on_seaweedfs(board_data, 
     remote = make_settings(
         board_data, release_uri=f"s3://{bucket}/m", s3_endpoint_url=s3_server.endpoint, s3_region="us-east-1"
     )
-    assert len(publish_live_leaderboard(open_store(remote), written)) == 2
+    assert len(publish_live_leaderboard(open_store(remote.dataset, remote.network, remote.release), written)) == 2
     head = s3_server.client().head_object(Bucket=bucket, Key=f"m/{LIVE_LEADERBOARD_KEYS['html']}")
     assert head["ContentType"] == "text/html; charset=utf-8" and head["CacheControl"] == "no-cache"
-    assert publish_live_leaderboard(open_store(remote), written) == []
+    assert publish_live_leaderboard(open_store(remote.dataset, remote.network, remote.release), written) == []
 
 
 def test_a_stranger_declaring_someone_s_model_and_contact_cannot_take_their_row(board_data, tmp_path):
@@ -145,7 +145,7 @@ def test_a_stranger_declaring_someone_s_model_and_contact_cannot_take_their_row(
     stranger gets a row of their own and the victim's keeps its scores."""
     settings = make_settings(data_dir=tmp_path / "data")
     shutil.copytree(board_data.dataset.data_dir, settings.dataset.data_dir)
-    before = {r["id"]: r for r in build_leaderboard(settings)["cumulative"]}
+    before = {r["id"]: r for r in build_leaderboard(settings.dataset)["cumulative"]}
     [victim] = [r for r in before.values() if r["name"] == HOSTILE]
     ids = pl.read_parquet(settings.dataset.data_dir / "live" / str(ROUNDS[1]) / "questions.parquet").get_column(
         "query_id"
@@ -158,12 +158,12 @@ def test_a_stranger_declaring_someone_s_model_and_contact_cannot_take_their_row(
         record = json.loads(path.read_text())
         record["submitted_at"] = (midnight(ROUNDS[1] + timedelta(days=1)) - timedelta(minutes=1)).isoformat()
         path.write_text(json.dumps(record))  # later than the victim's last file, still on time
-    after = {r["id"]: r for r in build_leaderboard(settings)["cumulative"]}
+    after = {r["id"]: r for r in build_leaderboard(settings.dataset)["cumulative"]}
     assert after[victim["id"]] == victim  # same id, same submissions, same scores
     thieves = [r for r in after.values() if r["name"] == HOSTILE and r["id"] != victim["id"]]
     assert sorted(r["submissions"] for r in thieves) == [["thief-no-key"], ["thief-own-key"]]
     # Neither the contact nor a plain hash of the declared identity appears on the board.
-    published = json.dumps(build_leaderboard(settings))
+    published = json.dumps(build_leaderboard(settings.dataset))
     naive = hashlib.sha256(("model:" + json.dumps([HOSTILE, "a@b"])).encode()).hexdigest()[:12]
     assert "a@b" not in published and naive not in published and victim["id"] != naive
 
@@ -172,12 +172,12 @@ def test_row_ids_are_hmacs_under_a_private_key_made_once(board_data, tmp_path):
     settings = make_settings(data_dir=tmp_path / "data")
     shutil.copytree(board_data.dataset.data_dir, settings.dataset.data_dir)
     (settings.dataset.data_dir / "live" / "board-id.key").unlink(missing_ok=True)
-    first = build_leaderboard(settings)
+    first = build_leaderboard(settings.dataset)
     key_file = settings.dataset.data_dir / "live" / "board-id.key"
     assert key_file.stat().st_mode & 0o777 == 0o600 and len(key_file.read_bytes()) == 32
-    assert build_leaderboard(settings) == first  # the same key: the same ids
+    assert build_leaderboard(settings.dataset) == first  # the same key: the same ids
     key_file.unlink()
-    other = build_leaderboard(settings)  # a new key: every id changes, nothing else
+    other = build_leaderboard(settings.dataset)  # a new key: every id changes, nothing else
     assert {r["id"] for r in other["cumulative"]}.isdisjoint(r["id"] for r in first["cumulative"])
     strip = lambda board: [{k: v for k, v in r.items() if k != "id"} for r in board["cumulative"]]  # noqa: E731
     assert strip(other) == strip(first)

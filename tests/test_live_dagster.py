@@ -27,8 +27,11 @@ LIVE = {"live_window_days": 7, "live_round_size": 8, "live_seed": 3}
 def test_todays_round_is_published_through_dagster(tmp_path):
     today = datetime.now(UTC).date()
     window = [today - timedelta(days=n) for n in range(7, 0, -1)]
+    mirror = "http://mirror.test/gdeltv2"
     resources = resources_for(
-        make_settings(data_dir=str(tmp_path / "data"), release_uri=str(tmp_path / "bucket"), **LIVE)
+        make_settings(
+            data_dir=str(tmp_path / "data"), release_uri=str(tmp_path / "bucket"), gdelt_base_url=mirror, **LIVE
+        )
     )
     settings_dir = tmp_path / "data"
     write_days(make_settings(data_dir=settings_dir), window, window_quads(window))
@@ -43,6 +46,9 @@ def test_todays_round_is_published_through_dagster(tmp_path):
         assert meta["manifest_key"].value == f"live/rounds/{today}/manifest.json"
     index = json.loads((tmp_path / "bucket" / "live" / "index.json").read_bytes())
     assert [r["round"] for r in index["rounds"]] == [today.isoformat()]
+    # The round records the deployment's GDELT feed as its source, as a split does.
+    manifest = json.loads((tmp_path / "bucket" / "live" / "rounds" / today.isoformat() / "manifest.json").read_bytes())
+    assert manifest["source"]["gdelt_base_url"] == mirror
 
 
 def test_a_replayed_round_and_its_baseline_through_dagster(tmp_path):

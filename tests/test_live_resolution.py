@@ -44,7 +44,7 @@ def expected_answers(quads: list[Quad], questions: pl.DataFrame, target: date, m
 
 
 def read_answers(settings: Settings, target: date) -> dict[str, list]:
-    frame = pl.read_parquet(answers_path(settings, ROUND, target))
+    frame = pl.read_parquet(answers_path(settings.dataset, ROUND, target))
     assert frame.schema == ANSWERS_SCHEMA
     return dict(frame.iter_rows())
 
@@ -64,20 +64,22 @@ def test_resolution_waits_for_the_deadline_closure_and_grace_then_never_changes(
     questions = write_round(settings, ROUND, world_pairs, store=store)
 
     # Before the deadline nothing resolves, even though T1's files are all there and settled.
-    early = resolve_round(ROUND, settings, now=midnight(ROUND) + timedelta(hours=12), store=store)
+    early = resolve_round(
+        ROUND, settings.dataset, settings.live, now=midnight(ROUND) + timedelta(hours=12), store=store
+    )
     assert early.resolved == []
     assert early.waiting[T1.isoformat()][0].startswith("submissions are open until 2024-03-11T00:00:00")
     # At the deadline, and until t + 1 day + 24 h of grace, T1 still waits.
     for now in (midnight(T1), midnight(T1) + timedelta(hours=47, minutes=59)):
-        result = resolve_round(ROUND, settings, now=now, store=store)
+        result = resolve_round(ROUND, settings.dataset, settings.live, now=now, store=store)
         assert (
             result.resolved == []
             and "grace period runs until 2024-03-13T00:00:00+00:00" in result.waiting[T1.isoformat()]
         )
-    assert not answers_path(settings, ROUND, T1).exists()
+    assert not answers_path(settings.dataset, ROUND, T1).exists()
 
     now = midnight(T1) + timedelta(hours=48)
-    first = resolve_round(ROUND, settings, now=now, store=store)
+    first = resolve_round(ROUND, settings.dataset, settings.live, now=now, store=store)
     assert first.resolved == [T1]
     assert any(r.startswith("slots not settled: 192 pending") for r in first.waiting[T7.isoformat()])
     answers = read_answers(settings, T1)
@@ -97,24 +99,24 @@ def test_resolution_waits_for_the_deadline_closure_and_grace_then_never_changes(
 
     # A re-run (and a later change of T1's files) never recomputes or republishes a resolved date.
     write_days(settings, [T1], world(99, world_pairs, [T1]))
-    before = answers_path(settings, ROUND, T1).stat().st_mtime_ns
-    again = resolve_round(ROUND, settings, now=now + timedelta(days=30), store=store)
+    before = answers_path(settings.dataset, ROUND, T1).stat().st_mtime_ns
+    again = resolve_round(ROUND, settings.dataset, settings.live, now=now + timedelta(days=30), store=store)
     (state_again,) = [d for d in again.dates if d.target == T1]
     assert not state_again.newly and read_answers(settings, T1) == answers
-    assert answers_path(settings, ROUND, T1).stat().st_mtime_ns == before
+    assert answers_path(settings.dataset, ROUND, T1).stat().st_mtime_ns == before
     assert store.get_bytes(state.store_key) == published
 
     # T7 resolves once its slots settle.
     assert T7.isoformat() in again.waiting
     write_days(settings, [T7], quads)
-    last = resolve_round(ROUND, settings, now=midnight(T7) + timedelta(hours=48), store=store)
+    last = resolve_round(ROUND, settings.dataset, settings.live, now=midnight(T7) + timedelta(hours=48), store=store)
     assert last.resolved == [T1, T7] and read_answers(settings, T7) == expected_answers(quads, questions, T7, 50)
 
 
 def test_a_date_without_its_daily_files_or_ledger_waits_with_the_reason(settings):
     world_pairs = pairs(seed=3)
     write_round(settings, ROUND, world_pairs)
-    result = resolve_round(ROUND, settings, now=midnight(T7) + timedelta(days=10))
+    result = resolve_round(ROUND, settings.dataset, settings.live, now=midnight(T7) + timedelta(days=10))
     assert result.resolved == []
     # Named by asset and partition: quads and articles both store T1 as date=<T1>.parquet.
     assert result.waiting[T1.isoformat()] == [
@@ -123,7 +125,7 @@ def test_a_date_without_its_daily_files_or_ledger_waits_with_the_reason(settings
     ]
     write_days(settings, [T1], world(4, world_pairs, [T1]))
     DataLayout(settings.dataset.data_dir).articles_path(T1).unlink()
-    result = resolve_round(ROUND, settings, now=midnight(T7) + timedelta(days=10))
+    result = resolve_round(ROUND, settings.dataset, settings.live, now=midnight(T7) + timedelta(days=10))
     assert result.waiting[T1.isoformat()] == [f"not stored yet: articles {T1}"]
 
 
@@ -135,12 +137,12 @@ def test_other_bytes_in_the_store_are_refused_and_left_alone(settings):
     key = f"live/rounds/{ROUND}/answers-{T1}.jsonl"
     store.put_bytes(key, b'{"query_id": "forged"}\n', cache_control="no-cache", if_absent=True)
     with pytest.raises(ReleaseConflict, match="holds other bytes than the answers resolved here"):
-        resolve_round(ROUND, settings, now=midnight(T7) + timedelta(days=2), store=store)
+        resolve_round(ROUND, settings.dataset, settings.live, now=midnight(T7) + timedelta(days=2), store=store)
     assert store.get_bytes(key) == b'{"query_id": "forged"}\n'
     # The local answers were written first, so they are kept; the refusal repeats on every run.
-    assert answers_path(settings, ROUND, T1).exists()
+    assert answers_path(settings.dataset, ROUND, T1).exists()
     with pytest.raises(ReleaseConflict):
-        resolve_round(ROUND, settings, now=midnight(T7) + timedelta(days=2), store=store)
+        resolve_round(ROUND, settings.dataset, settings.live, now=midnight(T7) + timedelta(days=2), store=store)
 
 
 @pytest.mark.parametrize(
@@ -166,7 +168,9 @@ def test_resolution_publishes_to_seaweedfs_once(settings, s3_server, bucket):
         settings, release_uri=f"s3://{bucket}/mirai", s3_endpoint_url=s3_server.endpoint, s3_region="us-east-1"
     )
     now = midnight(T7) + timedelta(days=2)
-    first = resolve_round(ROUND, remote, now=now, store=open_store(remote))
+    first = resolve_round(
+        ROUND, remote.dataset, remote.live, now=now, store=open_store(remote.dataset, remote.network, remote.release)
+    )
     assert first.resolved == [T1, T7]
     client = s3_server.client()
     keys = {o["Key"]: o["LastModified"] for o in client.list_objects_v2(Bucket=bucket)["Contents"]}
@@ -174,6 +178,8 @@ def test_resolution_publishes_to_seaweedfs_once(settings, s3_server, bucket):
     assert set(keys) == answers | {"mirai/live/index.json"}
     head = client.head_object(Bucket=bucket, Key=f"mirai/live/rounds/{ROUND}/answers-{T1}.jsonl")
     assert head["CacheControl"] == "public, max-age=31536000, immutable"
-    again = resolve_round(ROUND, remote, now=now, store=open_store(remote))
+    again = resolve_round(
+        ROUND, remote.dataset, remote.live, now=now, store=open_store(remote.dataset, remote.network, remote.release)
+    )
     assert [d.newly for d in again.dates] == [False, False]
     assert {o["Key"]: o["LastModified"] for o in client.list_objects_v2(Bucket=bucket)["Contents"]} == keys

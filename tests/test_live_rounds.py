@@ -91,9 +91,9 @@ def pairs(frame: pl.DataFrame) -> set[tuple[str, str]]:
 
 
 def test_pools_follow_the_split_rules_within_the_window(settings):
-    events, activity, read, missing = read_window(DAY, settings)
+    events, activity, read, missing = read_window(DAY, settings.dataset, settings.live)
     assert read == WINDOW and missing == []
-    pool = rounds.pools(DAY, events, activity, settings)
+    pool = rounds.pools(DAY, events, activity, settings.dataset)
     assert pairs(pool["active"]) == set(ACTIVE)
     assert pairs(pool["quiet"]) == {*QUIET, ("MEX", "CAN")}
     usa = pool["active"].filter(pl.col("s") == "USA").row(0, named=True)
@@ -101,7 +101,7 @@ def test_pools_follow_the_split_rules_within_the_window(settings):
 
 
 def test_a_round_asks_each_drawn_pair_once_per_horizon(settings):
-    rnd = build_round(DAY, settings)
+    rnd = build_round(DAY, settings.dataset, settings.live)
     q = rnd.questions
     assert q.schema == QUESTIONS_SCHEMA
     assert rnd.drawn == {"active": 3, "quiet": 1} and rnd.pools == {"active": 6, "quiet": 4}
@@ -131,25 +131,28 @@ def test_a_round_asks_each_drawn_pair_once_per_horizon(settings):
 
 
 def test_the_builder_reads_nothing_after_d_minus_1(settings):
-    before = build_round(DAY, settings).jsonl()
+    before = build_round(DAY, settings.dataset, settings.live).jsonl()
     layout = DataLayout(settings.dataset.data_dir)
     outside = [DAY + timedelta(days=n) for n in range(9)] + [WINDOW[0] - timedelta(days=n) for n in range(1, 4)]
     for day in outside:
         for path in (layout.daily_quads_path(day), layout.articles_path(day), layout.slot_ledger_path(day)):
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(b"garbage, not parquet")
-    assert build_round(DAY, settings).jsonl() == before
+    assert build_round(DAY, settings.dataset, settings.live).jsonl() == before
     # The same garbage inside the window stops the build: the files above would have been noticed.
     layout.articles_path(WINDOW[-1]).write_bytes(b"garbage, not parquet")
     with pytest.raises(Exception, match=r"parquet|magic|Parquet"):
-        build_round(DAY, settings)
+        build_round(DAY, settings.dataset, settings.live)
 
 
 def test_same_inputs_same_bytes_and_each_day_its_own_seed(settings):
-    assert build_round(DAY, settings).jsonl() == build_round(DAY, settings).jsonl()
+    assert (
+        build_round(DAY, settings.dataset, settings.live).jsonl()
+        == build_round(DAY, settings.dataset, settings.live).jsonl()
+    )
     assert round_seed(3, DAY) == round_seed(3, DAY) != round_seed(3, DAY + timedelta(days=1))
     assert round_seed(3, DAY) != round_seed(4, DAY)
-    assert build_round(DAY, settings).seed == round_seed(3, DAY)
+    assert build_round(DAY, settings.dataset, settings.live).seed == round_seed(3, DAY)
 
 
 def test_the_seed_moves_the_draw_of_a_pool_larger_than_the_samplers_candidates(tmp_path):
@@ -158,7 +161,10 @@ def test_the_seed_moves_the_draw_of_a_pool_larger_than_the_samplers_candidates(t
     quads = [Quad(WINDOW[i % 7], s, "042", o, 100, kept=5) for i, (s, o) in enumerate(pairwise(codes))]
     settings = live_settings(tmp_path / "data", live_round_size=40)
     write_days(settings, [*WINDOW, DAY + timedelta(days=1)], quads)
-    draws = {tuple(sorted(pairs(build_round(day, settings).questions))) for day in (DAY, DAY + timedelta(days=1))}
+    draws = {
+        tuple(sorted(pairs(build_round(day, settings.dataset, settings.live).questions)))
+        for day in (DAY, DAY + timedelta(days=1))
+    }
     assert len(draws) == 2 and all(len(d) == 20 for d in draws)
 
 
@@ -171,7 +177,8 @@ def test_a_short_pool_gives_its_places_to_the_other():
 
 def test_a_window_with_no_files_is_not_ready(tmp_path):
     with pytest.raises(RoundNotReady, match=r"no day of its window 2024-03-03 \.\. 2024-03-09"):
-        build_round(DAY, live_settings(tmp_path / "empty"))
+        empty = live_settings(tmp_path / "empty")
+        build_round(DAY, empty.dataset, empty.live)
 
 
 # --- publication ------------------------------------------------------------------------------
@@ -198,7 +205,7 @@ def test_store_keys_of_live_rounds_are_checked():
 
 def test_publication_writes_the_round_once_with_its_manifest_and_index(settings, tmp_path):
     store = LocalStore(tmp_path / "bucket")
-    result = publish_round(DAY, settings, store, now=PUBLISH)
+    result = publish_round(DAY, settings.dataset, settings.gdelt, settings.live, store, now=PUBLISH)
     assert result.published_now and result.questions == 8
     base = store.root / "live" / "rounds" / "2024-03-10"
     questions, manifest_raw = (base / "questions.jsonl").read_bytes(), (base / "manifest.json").read_bytes()
@@ -233,12 +240,13 @@ def test_publication_writes_the_round_once_with_its_manifest_and_index(settings,
         }
     ]
     # A re-run (even after the deadline) builds the same round: nothing changes.
-    again = publish_round(DAY, settings, store, now=PUBLISH + timedelta(days=3))
+    again = publish_round(DAY, settings.dataset, settings.gdelt, settings.live, store, now=PUBLISH + timedelta(days=3))
     assert not again.published_now and not again.index_written
     assert (base / "manifest.json").read_bytes() == manifest_raw
     # A different round for the same day is refused, and nothing is overwritten.
     with pytest.raises(ReleaseConflict, match="never rewritten"):
-        publish_round(DAY, live_settings(settings.dataset.data_dir, live_seed=4), store, now=PUBLISH)
+        other = live_settings(settings.dataset.data_dir, live_seed=4)
+        publish_round(DAY, other.dataset, other.gdelt, other.live, store, now=PUBLISH)
     assert (base / "questions.jsonl").read_bytes() == questions
     # Answers published by resolution show up in the index, newest round first.
     (base / "answers-2024-03-11.jsonl").write_bytes(b"")
@@ -252,16 +260,20 @@ def test_publication_precedes_the_deadline(settings, tmp_path):
     store = LocalStore(tmp_path / "bucket")
     for late in (datetime(2024, 3, 11, tzinfo=UTC), datetime(2024, 3, 12, 9, tzinfo=UTC)):
         with pytest.raises(RoundRefused, match="not before its deadline 2024-03-11T00:00:00"):
-            publish_round(DAY, settings, store, now=late)
+            publish_round(DAY, settings.dataset, settings.gdelt, settings.live, store, now=late)
     with pytest.raises(RoundRefused, match="history runs through 2024-03-09"):
-        publish_round(DAY, settings, store, now=datetime(2024, 3, 9, 23, 59, tzinfo=UTC))
+        publish_round(
+            DAY, settings.dataset, settings.gdelt, settings.live, store, now=datetime(2024, 3, 9, 23, 59, tzinfo=UTC)
+        )
     assert store.list_keys("live/", max_keys=10).keys == []
-    assert publish_round(DAY, settings, store, now=datetime(2024, 3, 10, 23, 59, 59, tzinfo=UTC)).published_now
+    assert publish_round(
+        DAY, settings.dataset, settings.gdelt, settings.live, store, now=datetime(2024, 3, 10, 23, 59, 59, tzinfo=UTC)
+    ).published_now
 
 
 def test_baselines_are_submitted_at_publication_from_the_window_only(settings, tmp_path):
     store = LocalStore(tmp_path / "bucket")
-    result = publish_round(DAY, settings, store, now=PUBLISH)
+    result = publish_round(DAY, settings.dataset, settings.gdelt, settings.live, store, now=PUBLISH)
     assert result.baselines == {"live-2024-03-10-recurrency": "submitted", "live-2024-03-10-frequency": "submitted"}
     questions = pl.read_parquet(settings.dataset.data_dir / "live" / "2024-03-10" / "questions.parquet")
     for method in ("recurrency", "frequency"):
@@ -286,7 +298,10 @@ def test_baselines_are_submitted_at_publication_from_the_window_only(settings, t
     recorded = json.loads((settings.dataset.data_dir / "live" / "2024-03-10" / "baselines.json").read_bytes())
     assert set(recorded) == set(result.baselines)
     # A re-run uploads nothing new; a squatted name is reported, not overwritten.
-    assert publish_round(DAY, settings, store, now=PUBLISH).baselines == result.baselines
+    assert (
+        publish_round(DAY, settings.dataset, settings.gdelt, settings.live, store, now=PUBLISH).baselines
+        == result.baselines
+    )
 
 
 def test_a_squatted_baseline_name_is_reported(settings, tmp_path):
@@ -294,7 +309,7 @@ def test_a_squatted_baseline_name_is_reported(settings, tmp_path):
     squatted = store.root / "submissions" / "live-2024-03-10-frequency"
     squatted.mkdir(parents=True)
     (squatted / "predictions.jsonl").write_bytes(b"{}\n")
-    result = publish_round(DAY, settings, store, now=PUBLISH)
+    result = publish_round(DAY, settings.dataset, settings.gdelt, settings.live, store, now=PUBLISH)
     assert "holds other bytes" in result.baselines["live-2024-03-10-frequency"]
     assert result.baselines["live-2024-03-10-recurrency"] == "submitted"
     assert (squatted / "predictions.jsonl").read_bytes() == b"{}\n"
@@ -302,7 +317,7 @@ def test_a_squatted_baseline_name_is_reported(settings, tmp_path):
 
 def test_a_hostile_manifest_stops_the_index(settings, tmp_path):
     store = LocalStore(tmp_path / "bucket")
-    publish_round(DAY, settings, store, now=PUBLISH)
+    publish_round(DAY, settings.dataset, settings.gdelt, settings.live, store, now=PUBLISH)
     other = store.root / "live" / "rounds" / "2024-03-11"
     other.mkdir()
     (other / "manifest.json").write_bytes(json.dumps({"format": "mirai-live-round-v1", "round": "2024-03-12"}).encode())
@@ -321,15 +336,18 @@ def s3_settings(settings, s3_server, bucket) -> Settings:
 
 
 def test_publication_on_seaweedfs(s3_settings):
-    store = open_store(s3_settings)
-    result = publish_round(DAY, s3_settings, store, now=PUBLISH)
+    store = open_store(s3_settings.dataset, s3_settings.network, s3_settings.release)
+    result = publish_round(DAY, s3_settings.dataset, s3_settings.gdelt, s3_settings.live, store, now=PUBLISH)
     assert result.published_now and result.index_written
     raw = store.get_bytes("live/rounds/2024-03-10/manifest.json")
     assert raw == (s3_settings.dataset.data_dir / "live" / "2024-03-10" / "manifest.json").read_bytes()
     questions = store.get_bytes("live/rounds/2024-03-10/questions.jsonl")
     assert json.loads(raw)["files"]["questions.jsonl"]["sha256"] == hashlib.sha256(questions).hexdigest()
     assert [r["round"] for r in json.loads(store.get_bytes("live/index.json"))["rounds"]] == ["2024-03-10"]
-    assert not publish_round(DAY, s3_settings, store, now=PUBLISH).published_now
+    assert not publish_round(
+        DAY, s3_settings.dataset, s3_settings.gdelt, s3_settings.live, store, now=PUBLISH
+    ).published_now
     with pytest.raises(ReleaseConflict):
-        publish_round(DAY, make_settings(s3_settings, live_seed=9), store, now=PUBLISH)
+        other = make_settings(s3_settings, live_seed=9)
+        publish_round(DAY, other.dataset, other.gdelt, other.live, store, now=PUBLISH)
     assert store.get_bytes("live/rounds/2024-03-10/manifest.json") == raw

@@ -84,7 +84,7 @@ def resolved(tmp_path_factory) -> tuple[Settings, pl.DataFrame, pl.DataFrame]:
     world_pairs = pairs(seed=11, active=30, quiet=10)
     write_world(settings, 12, world_pairs, WINDOW + TARGETS)
     questions = write_round(settings, ROUND, world_pairs)
-    result = resolve_round(ROUND, settings, now=midnight(TARGETS[-1]) + timedelta(days=2))
+    result = resolve_round(ROUND, settings.dataset, settings.live, now=midnight(TARGETS[-1]) + timedelta(days=2))
     assert result.resolved == TARGETS
     return settings, questions, history(settings, WINDOW)
 
@@ -109,7 +109,7 @@ def degenerate(questions: pl.DataFrame, base_rate: float) -> dict[str, pl.DataFr
 
 def test_no_degenerate_strategy_tops_the_baselines_on_a_realistic_round(resolved):
     settings, questions, past = resolved
-    answers = resolved_answers(settings, ROUND)
+    answers = resolved_answers(settings.dataset, ROUND)
     base_rate = answers.select((pl.col("answer_list").list.len() > 0).mean()).item()
     assert 0.4 < base_rate < 0.9  # quiet questions are a real share, and so are active ones
     rec = baseline_predictions(questions, past, "recurrency")
@@ -128,7 +128,7 @@ def test_no_degenerate_strategy_tops_the_baselines_on_a_realistic_round(resolved
     )
     write_accepted(settings, ROUND, "frequency-with-p-event", skilled, model="skilled")
 
-    card = score_round(settings, ROUND)
+    card = score_round(settings.dataset, ROUND)
     assert json.loads((settings.dataset.data_dir / "live" / str(ROUND) / "scores.json").read_text()) == card
     live = {name: entry["metrics"]["live_score"]["value"] for name, entry in card["submissions"].items()}
     floor = min(live[f"live-{ROUND}-recurrency"], live[f"live-{ROUND}-frequency"])
@@ -157,7 +157,7 @@ def test_unscorable_submissions_are_listed_and_the_others_scored(resolved):
     hostile = settings.dataset.data_dir / "live" / str(ROUND) / "submissions" / "hostile"
     hostile.mkdir(parents=True)
     (hostile / "record.json").write_bytes(b"\xff not json")
-    card = score_round(settings, ROUND)
+    card = score_round(settings.dataset, ROUND)
     assert card["submissions"]["bad-p"]["scored"] is False
     assert "p_event outside [0, 1]" in card["submissions"]["bad-p"]["reason"]
     assert "refused" not in card["submissions"]
@@ -191,7 +191,9 @@ def test_a_published_round_with_accepted_submissions_ranks_its_baselines_above_e
     settings = make_settings(data_dir=tmp_path / "data", live_window_days=21, live_round_size=80)
     write_world(settings, 42, pairs(seed=41, active=36, quiet=14), WINDOW + TARGETS)
     store = LocalStore(tmp_path / "bucket")
-    publication = publish_round(ROUND, settings, store, now=midnight(ROUND) + timedelta(hours=1))
+    publication = publish_round(
+        ROUND, settings.dataset, settings.gdelt, settings.live, store, now=midnight(ROUND) + timedelta(hours=1)
+    )
     assert publication.drawn == {"active": 30, "quiet": 10}
     questions = pl.read_parquet(settings.dataset.data_dir / "live" / str(ROUND) / "questions.parquet")
     # The base rate of the answers to come: a forecaster's best constant p_event (it cannot know it).
@@ -204,16 +206,19 @@ def test_a_published_round_with_accepted_submissions_ranks_its_baselines_above_e
     for name in found.ready:
         assert submissions.process(store, name, settings.dataset.data_dir, now=processing)["status"] == "accepted", name
     assert (
-        resolve_round(ROUND, settings, now=midnight(TARGETS[-1]) + timedelta(days=2), store=store).resolved == TARGETS
+        resolve_round(
+            ROUND, settings.dataset, settings.live, now=midnight(TARGETS[-1]) + timedelta(days=2), store=store
+        ).resolved
+        == TARGETS
     )
-    answers = resolved_answers(settings, ROUND)
+    answers = resolved_answers(settings.dataset, ROUND)
     assert answers.select((pl.col("answer_list").list.len() > 0).mean()).item() == pytest.approx(base_rate)
-    card = score_round(settings, ROUND)
+    card = score_round(settings.dataset, ROUND)
     live = {name: entry["metrics"]["live_score"]["value"] for name, entry in card["submissions"].items()}
     print("published round, live scores:", json.dumps(live, indent=1))
     assert card["submissions"][f"live-{ROUND}-frequency"]["occurrence_forecast"] == "probability"
     floor = min(live[f"live-{ROUND}-recurrency"], live[f"live-{ROUND}-frequency"])
     assert all(live[name] < floor for name in degenerate(questions, base_rate)), live
-    ranks = {row["name"]: row["rank"] for row in build_leaderboard(settings)["rounds"][0]["rows"]}
+    ranks = {row["name"]: row["rank"] for row in build_leaderboard(settings.dataset)["rounds"][0]["rows"]}
     worst_baseline = max(ranks["recurrency baseline"], ranks["frequency baseline"])
     assert all(ranks[name] > worst_baseline for name in degenerate(questions, base_rate)), ranks

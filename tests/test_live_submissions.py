@@ -36,7 +36,7 @@ def published(tmp_path):
     settings = live_settings(tmp_path / "data")
     write_days(settings, [*WINDOW, DAY, DAY + timedelta(days=1)], window_quads() + later_quads())
     store = LocalStore(tmp_path / "bucket")
-    publish_round(DAY, settings, store, now=PUBLISH)
+    publish_round(DAY, settings.dataset, settings.gdelt, settings.live, store, now=PUBLISH)
     return settings, store
 
 
@@ -233,11 +233,20 @@ def test_late_refused_and_on_time_accepted_on_seaweedfs(tmp_path, s3_server, buc
         tmp_path / "data", release_uri=f"s3://{bucket}/mirai", s3_endpoint_url=s3_server.endpoint, s3_region="us-east-1"
     )
     write_days(settings, [*WINDOW, DAY, DAY + timedelta(days=1)], window_quads() + later_quads())
-    store = open_store(settings)
+    store = open_store(settings.dataset, settings.network, settings.release)
     # Round D published one second before its deadline: on the store's clock, its deadline is one
     # second after its manifest landed. Round D + 1 published at 02:00: 22 hours after.
-    publish_round(DAY, settings, store, now=datetime(2024, 3, 10, 23, 59, 59, tzinfo=UTC))
-    publish_round(DAY + timedelta(days=1), settings, store, now=datetime(2024, 3, 11, 2, tzinfo=UTC))
+    publish_round(
+        DAY, settings.dataset, settings.gdelt, settings.live, store, now=datetime(2024, 3, 10, 23, 59, 59, tzinfo=UTC)
+    )
+    publish_round(
+        DAY + timedelta(days=1),
+        settings.dataset,
+        settings.gdelt,
+        settings.live,
+        store,
+        now=datetime(2024, 3, 11, 2, tzinfo=UTC),
+    )
     admin = s3_server.client()
 
     def put(name: str, day: str) -> None:

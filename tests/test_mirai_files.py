@@ -49,7 +49,8 @@ def data_dir(tmp_path_factory) -> Path:
     """Three generated database months and January's split (forced: no slot ledgers here)."""
     root = tmp_path_factory.mktemp("mirai-files") / "data"
     generate_event_database(root, date(2023, 11, 1), 3, seed=5, quads_per_day=10)
-    build_split(MONTH, make_settings(data_dir=root, split_sample_size=20), now=NOW, override=Override("t", "test", NOW))
+    settings = make_settings(data_dir=root, split_sample_size=20)
+    build_split(MONTH, settings.dataset, settings.gdelt, now=NOW, override=Override("t", "test", NOW))
     return root
 
 
@@ -257,10 +258,18 @@ def test_a_release_carries_the_bundle_and_mirai_download_accepts_it(data_dir, ex
     for name in BUNDLE_FILES:  # the same bytes as `mirai export mirai` writes
         assert (split / MIRAI_BUNDLE_DIR / name).read_bytes() == (exported / name).read_bytes(), name
     settings = make_settings(data_dir=data_dir, release_uri=str(tmp_path / "bucket"))
-    publish_release(MONTH, settings, open_store(settings))
+    publish_release(
+        MONTH, settings.dataset, settings.release, open_store(settings.dataset, settings.network, settings.release)
+    )
     manifest = json.loads((tmp_path / "bucket/releases/2024-01/manifest.json").read_text())
     assert MIRAI_BUNDLE_FILES <= set(manifest["files"])
-    result = download_release(open_store(settings), "2024-01", tmp_path / "dl", only="mirai", bar=False)
+    result = download_release(
+        open_store(settings.dataset, settings.network, settings.release),
+        "2024-01",
+        tmp_path / "dl",
+        only="mirai",
+        bar=False,
+    )
     assert set(result.downloaded) == MIRAI_BUNDLE_FILES
     for name in BUNDLE_FILES:
         assert (tmp_path / "dl/2024-01/mirai" / name).read_bytes() == (exported / name).read_bytes(), name

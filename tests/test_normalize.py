@@ -254,8 +254,8 @@ def test_url_across_two_daily_partitions_keeps_day_one(tmp_path):
         day2,
         frame(event(day2, url="shared", o="IND"), event(day2, url="only2"), event(day2, url="x", event_id=None)),
     )
-    first = build_events(DAY1, settings)
-    second = build_events(day2, settings)
+    first = build_events(DAY1, settings.dataset)
+    second = build_events(day2, settings.dataset)
     assert first.history_days == 0 and second.history_days == 1
     assert sorted(first.normalized.events["url"]) == ["only1", "shared"]
     assert sorted(second.normalized.events["url"]) == ["only2", "x"]
@@ -271,13 +271,13 @@ def test_out_of_order_backfill_is_detected_and_a_rebuild_fixes_it(tmp_path):
     day2 = DAY1 + timedelta(days=1)
     _write_parsed(settings, DAY1, frame(event(DAY1, url="shared", o="RUS")))
     _write_parsed(settings, day2, frame(event(day2, url="shared", o="IND")))
-    early = build_events(day2, settings)  # day 2 first: it cannot know day 1 yet
+    early = build_events(day2, settings.dataset)  # day 2 first: it cannot know day 1 yet
     assert early.normalized.events.height == 1
     built = read_parquet_metadata(layout.events_path(day2))["history_fingerprint"]
     assert built == history_fingerprint(layout, day2)
-    build_events(DAY1, settings)
+    build_events(DAY1, settings.dataset)
     assert history_fingerprint(layout, day2) != built  # what events_history_current reports
-    assert build_events(day2, settings).normalized.events.height == 0
+    assert build_events(day2, settings.dataset).normalized.events.height == 0
 
 
 def test_event_replayed_on_a_later_day_adds_nothing(tmp_path):
@@ -288,8 +288,8 @@ def test_event_replayed_on_a_later_day_adds_nothing(tmp_path):
     _write_parsed(
         settings, day2, frame(dict(original, DATEADDED=original["DATEADDED"] + timedelta(days=1), SQLDATE=day2))
     )
-    build_events(DAY1, settings)
-    assert build_events(day2, settings).normalized.exclusions["duplicate_event_id"] == 1
+    build_events(DAY1, settings.dataset)
+    assert build_events(day2, settings.dataset).normalized.exclusions["duplicate_event_id"] == 1
 
 
 def test_daily_outputs_are_byte_identical_on_rerun(tmp_path):
@@ -300,8 +300,8 @@ def test_daily_outputs_are_byte_identical_on_rerun(tmp_path):
     layout = DataLayout(tmp_path)
 
     def digest() -> tuple[str, str]:
-        build_events(DAY1, settings)
-        build_daily_quads(DAY1, settings)
+        build_events(DAY1, settings.dataset)
+        build_daily_quads(DAY1, settings.dataset)
         return tuple(
             hashlib.sha256(p.read_bytes()).hexdigest()
             for p in (layout.events_path(DAY1), layout.daily_quads_path(DAY1))

@@ -443,11 +443,11 @@ def test_failed_events_check_blocks_daily_quads(tmp_path, monkeypatch):
     import assets.events as event_assets
     from pipeline.events.daily import build_events as real_build_events
 
-    def build_domestic_events(day, settings):
+    def build_domestic_events(day, dataset):
         """The real rules, then a bug: the first event becomes domestic (s == o). Written the way
         build_events writes (sealed), so the suite, not the digest, is what finds it."""
-        built = real_build_events(day, settings)
-        layout = DataLayout(settings.dataset.data_dir)
+        built = real_build_events(day, dataset)
+        layout = DataLayout(dataset.data_dir)
         path = layout.events_path(day)
         write_sealed_parquet(layout, set_row(pl.read_parquet(path), 0, o="USA", s="USA"), path)
         return built

@@ -25,7 +25,14 @@ from pipeline.config import NetworkSettings, ReleaseSettings, Settings
 from pipeline.release import publish as release
 from pipeline.release.download import ChecksumMismatch, download_release
 from pipeline.release.layout import INDEX_KEY, LATEST_KEY, ReleaseError, release_key
-from pipeline.release.publish import ReleaseConflict, build_index, plan_release, publish_release, sha256_hex
+from pipeline.release.publish import (
+    PublishResult,
+    ReleaseConflict,
+    build_index,
+    plan_release,
+    publish_release,
+    sha256_hex,
+)
 from pipeline.release.s3_store import S3Store
 from pipeline.release.store import LocalStore, ReleaseNotReady
 from pipeline.release.store_uri import open_store
@@ -50,8 +57,8 @@ BIG = 12 * 2**20  # over the 5 MiB multipart threshold the S3 tests use: a 3-par
 
 def _build(settings: Settings, month: date, quads) -> None:
     write_month(settings, month, quads)
-    build_event_database(month, settings)
-    build_split(month, settings, now=AFTER_GRACE)
+    build_event_database(month, settings.dataset, settings.articles)
+    build_split(month, settings.dataset, settings.gdelt, now=AFTER_GRACE)
 
 
 @pytest.fixture(scope="module")
@@ -82,9 +89,15 @@ def _s3_settings(data_dir: Path, server: SeaweedS3, bucket: str, **overrides) ->
     )
 
 
+def _publish(month: date, settings: Settings) -> PublishResult:
+    """Publish to the store the settings name (MIRAI_RELEASE_URI), as `mirai publish` does."""
+    store = open_store(settings.dataset, settings.network, settings.release)
+    return publish_release(month, settings.dataset, settings.release, store)
+
+
 def _source_files(data_dir: Path, month: date) -> dict[str, Path]:
     """Release name → the local file it was published from."""
-    plan = plan_release(month, make_settings(data_dir=data_dir))
+    plan = plan_release(month, make_settings(data_dir=data_dir).dataset, ReleaseSettings())
     return {o.name: o.path for o in plan.objects}
 
 
@@ -107,7 +120,7 @@ def _a_different_february(tmp_path: Path, data_dir: Path) -> Settings:
     for table in ("events", "news"):
         layout.database_path(table, date(2023, 12, 1)).unlink()
     settings = make_settings(data_dir=copy, split_sample_size=1)
-    build_split(FEB, settings, now=AFTER_GRACE)
+    build_split(FEB, settings.dataset, settings.gdelt, now=AFTER_GRACE)
     return settings
 
 
@@ -118,9 +131,9 @@ def test_s3_publish_then_download_round_trip_is_byte_identical_and_republish_is_
     data_dir, s3_server, bucket, tmp_path
 ):
     settings = _s3_settings(data_dir, s3_server, bucket)
-    store = open_store(settings)
-    first = publish_release(JAN, settings, store)
-    second = publish_release(FEB, settings, store)
+    store = open_store(settings.dataset, settings.network, settings.release)
+    first = publish_release(JAN, settings.dataset, settings.release, store)
+    second = publish_release(FEB, settings.dataset, settings.release, store)
     assert first.manifest_written and second.manifest_written and second.index_written and second.latest_written
     assert set(second.uploaded) == set(_source_files(data_dir, FEB))
 
@@ -143,12 +156,14 @@ def test_s3_publish_then_download_round_trip_is_byte_identical_and_republish_is_
     }
 
     before = {o["Key"]: o["LastModified"] for o in admin.list_objects_v2(Bucket=bucket)["Contents"]}
-    again = publish_release(FEB, settings, open_store(settings))
+    again = publish_release(
+        FEB, settings.dataset, settings.release, open_store(settings.dataset, settings.network, settings.release)
+    )
     assert not again.changed and again.uploaded == [] and len(again.verified) == len(second.uploaded)
     assert {o["Key"]: o["LastModified"] for o in admin.list_objects_v2(Bucket=bucket)["Contents"]} == before
 
     # Anonymous (unsigned) download of latest: byte-identical to what was published.
-    anonymous = open_store(settings, signed=False)
+    anonymous = open_store(settings.dataset, settings.network, settings.release, signed=False)
     result = download_release(anonymous, "latest", tmp_path / "dl")
     assert result.release == "2024-02" and set(result.downloaded) == set(second.uploaded)
     _assert_identical(tmp_path / "dl" / "2024-02", data_dir, FEB)
@@ -179,7 +194,9 @@ def test_s3_publish_then_download_round_trip_is_byte_identical_and_republish_is_
 
 def test_s3_server_killed_mid_upload_then_the_next_run_completes_the_release(data_dir, s3_server, bucket, tmp_path):
     settings = _s3_settings(data_dir, s3_server, bucket)
-    publish_release(JAN, settings, open_store(settings))
+    publish_release(
+        JAN, settings.dataset, settings.release, open_store(settings.dataset, settings.network, settings.release)
+    )
     admin = s3_server.client()
     latest_key = f"mirai/v1/{LATEST_KEY}"
 
@@ -195,7 +212,13 @@ def test_s3_server_killed_mid_upload_then_the_next_run_completes_the_release(dat
 
     try:
         with pytest.raises(Exception):  # noqa: B017 - whatever a server killed mid-upload makes boto3 raise
-            publish_release(FEB, settings, open_store(settings), progress=crash_mid_multipart)
+            publish_release(
+                FEB,
+                settings.dataset,
+                settings.release,
+                open_store(settings.dataset, settings.network, settings.release),
+                progress=crash_mid_multipart,
+            )
     finally:
         s3_server.start()
 
@@ -204,16 +227,26 @@ def test_s3_server_killed_mid_upload_then_the_next_run_completes_the_release(dat
     assert f"{feb}database/events/month=2023-12.parquet" not in left  # it did stop mid-upload
     assert f"{feb}manifest.json" not in left  # at most half a release, not committed
     assert json.loads(admin.get_object(Bucket=bucket, Key=latest_key)["Body"].read())["release"] == "2024-01"
-    assert [e["release"] for e in build_index(open_store(settings))["releases"]] == ["2024-01"]
+    assert [
+        e["release"] for e in build_index(open_store(settings.dataset, settings.network, settings.release))["releases"]
+    ] == ["2024-01"]
     with pytest.raises(Exception, match="not published"):
-        download_release(open_store(settings, signed=False), "2024-02", tmp_path / "early")
+        download_release(
+            open_store(settings.dataset, settings.network, settings.release, signed=False),
+            "2024-02",
+            tmp_path / "early",
+        )
 
-    done = publish_release(FEB, settings, open_store(settings))
+    done = publish_release(
+        FEB, settings.dataset, settings.release, open_store(settings.dataset, settings.network, settings.release)
+    )
     assert done.manifest_written
     assert set(done.verified) == {k.removeprefix(feb) for k in left}  # what landed is verified, not re-sent
     assert set(done.uploaded) | set(done.verified) == set(_source_files(data_dir, FEB))
     assert json.loads(admin.get_object(Bucket=bucket, Key=latest_key)["Body"].read())["release"] == "2024-02"
-    download_release(open_store(settings, signed=False), "latest", tmp_path / "dl")
+    download_release(
+        open_store(settings.dataset, settings.network, settings.release, signed=False), "latest", tmp_path / "dl"
+    )
     _assert_identical(tmp_path / "dl" / "2024-02", data_dir, FEB)
 
 
@@ -221,7 +254,9 @@ def test_s3_corrupted_object_makes_download_fail_loudly_and_keep_nothing(
     data_dir, s3_server, bucket, tmp_path, monkeypatch, capsys
 ):
     settings = _s3_settings(data_dir, s3_server, bucket)
-    publish_release(FEB, settings, open_store(settings))
+    publish_release(
+        FEB, settings.dataset, settings.release, open_store(settings.dataset, settings.network, settings.release)
+    )
     # Bit rot (or tampering) behind the publisher's back: other bytes, the same sha256 metadata.
     key = "mirai/v1/releases/2024-02/queries.parquet"
     admin = s3_server.client()
@@ -239,19 +274,25 @@ def test_s3_corrupted_object_makes_download_fail_loudly_and_keep_nothing(
     assert not (month_dir / "queries.parquet").exists() and not (month_dir / "manifest.json").exists()
     assert not list(month_dir.glob(".*.part"))
     with pytest.raises(ChecksumMismatch):
-        download_release(open_store(settings, signed=False), "latest", tmp_path / "again")
+        download_release(
+            open_store(settings.dataset, settings.network, settings.release, signed=False), "latest", tmp_path / "again"
+        )
 
 
 def test_s3_bucket_holding_a_different_release_is_refused_and_not_overwritten(data_dir, s3_server, bucket, tmp_path):
     settings = _s3_settings(data_dir, s3_server, bucket)
-    publish_release(FEB, settings, open_store(settings))
+    publish_release(
+        FEB, settings.dataset, settings.release, open_store(settings.dataset, settings.network, settings.release)
+    )
     admin = s3_server.client()
     before = {o["Key"]: (o["ETag"], o["LastModified"]) for o in admin.list_objects_v2(Bucket=bucket)["Contents"]}
 
     other = _a_different_february(tmp_path, data_dir)
     other_s3 = _s3_settings(other.dataset.data_dir, s3_server, bucket)
     with pytest.raises(ReleaseConflict, match="already holds a different release 2024-02"):
-        publish_release(FEB, other_s3, open_store(other_s3))
+        publish_release(
+            FEB, other_s3.dataset, other_s3.release, open_store(other_s3.dataset, other_s3.network, other_s3.release)
+        )
     assert {
         o["Key"]: (o["ETag"], o["LastModified"]) for o in admin.list_objects_v2(Bucket=bucket)["Contents"]
     } == before
@@ -263,13 +304,17 @@ def test_s3_an_unpublished_key_with_other_bytes_is_refused_before_anything_is_wr
     key = "mirai/v1/releases/2024-02/queries.parquet"
     admin.put_object(Bucket=bucket, Key=key, Body=b"someone else's queries")
     with pytest.raises(ReleaseConflict, match=r"queries.parquet"):
-        publish_release(FEB, settings, open_store(settings))
+        publish_release(
+            FEB, settings.dataset, settings.release, open_store(settings.dataset, settings.network, settings.release)
+        )
     assert [o["Key"] for o in admin.list_objects_v2(Bucket=bucket)["Contents"]] == [key]
 
 
 def test_s3_download_resumes_a_partial_file_with_a_range_request(data_dir, s3_server, bucket, tmp_path):
     settings = _s3_settings(data_dir, s3_server, bucket)
-    publish_release(FEB, settings, open_store(settings))
+    publish_release(
+        FEB, settings.dataset, settings.release, open_store(settings.dataset, settings.network, settings.release)
+    )
     name = "database/events/month=2023-12.parquet"
     source = (DataLayout(data_dir).database_path("events", date(2023, 12, 1))).read_bytes()
     target = tmp_path / "dl" / "2024-02" / name
@@ -277,7 +322,7 @@ def test_s3_download_resumes_a_partial_file_with_a_range_request(data_dir, s3_se
     part = target.with_name(f".{target.name}.part")
     part.write_bytes(source[: BIG // 3])  # an interrupted earlier run
 
-    store = open_store(settings, signed=False)
+    store = open_store(settings.dataset, settings.network, settings.release, signed=False)
     result = download_release(store, "2024-02", tmp_path / "dl", only="database")
     assert target.read_bytes() == source and not part.exists()
     small = sum(
@@ -317,19 +362,22 @@ def test_release_asset_publishes_once_and_never_shows_credentials(data_dir, s3_s
 
 
 def test_local_store_is_the_default_and_round_trips(data_dir, tmp_path):
-    assert open_store(make_settings(data_dir=tmp_path)).root == (tmp_path / "releases-bucket").resolve()
+    assert (
+        open_store(make_settings(data_dir=tmp_path).dataset, NetworkSettings(), ReleaseSettings()).root
+        == (tmp_path / "releases-bucket").resolve()
+    )
     settings = make_settings(data_dir=data_dir, release_uri=str(tmp_path / "bucket"))
-    store = open_store(settings)
+    store = open_store(settings.dataset, settings.network, settings.release)
     assert isinstance(store, LocalStore)
     for month in (FEB, JAN):  # publishing an older month afterwards keeps latest at the newest
-        publish_release(month, settings, store)
+        publish_release(month, settings.dataset, settings.release, store)
     root = tmp_path / "bucket" / "releases"
     assert json.loads((root / "latest.json").read_text())["release"] == "2024-02"
     assert (root / "2024-02" / "queries.parquet").read_bytes() == (
         data_dir / "splits/2024-02/queries.parquet"
     ).read_bytes()
     mtimes = {p: p.stat().st_mtime_ns for p in root.rglob("*")}
-    assert not publish_release(FEB, settings, store).changed
+    assert not publish_release(FEB, settings.dataset, settings.release, store).changed
     assert {p: p.stat().st_mtime_ns for p in root.rglob("*")} == mtimes
     assert not list(root.rglob("*.part"))
 
@@ -345,7 +393,7 @@ def test_index_carries_absolute_urls_only_from_the_configured_public_url(data_di
     settings = make_settings(
         data_dir=data_dir, release_uri=str(tmp_path / "bucket"), release_public_url="https://data.example.org/mirai/"
     )
-    publish_release(FEB, settings)
+    _publish(FEB, settings)
     index = json.loads((tmp_path / "bucket" / INDEX_KEY).read_text())
     entry = index["releases"][0]
     assert entry["files"]["queries.parquet"] == "releases/2024-02/queries.parquet"
@@ -359,7 +407,7 @@ def test_manifests_and_cards_record_their_source(data_dir, tmp_path):
     """Issue 20: a demo release must not pass for a real one. A split built from GDELT records the
     base URL; one built from generated data says so in its manifests and its card's first lines."""
     settings = make_settings(data_dir=data_dir, release_uri=str(tmp_path / "bucket"))
-    publish_release(FEB, settings)
+    _publish(FEB, settings)
     gdelt = json.loads((tmp_path / "bucket/releases/2024-02/manifest.json").read_text())
     assert (
         gdelt["source"]
@@ -382,7 +430,7 @@ def test_manifests_and_cards_record_their_source(data_dir, tmp_path):
         generated_source="generated mirror, seed 7",
     )
     _build(demo, FEB, QUADS)
-    publish_release(FEB, demo)
+    _publish(FEB, demo)
     manifest = json.loads((tmp_path / "demo-bucket/releases/2024-02/manifest.json").read_text())
     assert (
         manifest["source"]
@@ -401,11 +449,11 @@ def test_manifests_and_cards_record_their_source(data_dir, tmp_path):
 
 def test_local_store_refuses_a_different_release(data_dir, tmp_path):
     bucket = tmp_path / "bucket"
-    publish_release(FEB, make_settings(data_dir=data_dir, release_uri=str(bucket)))
+    _publish(FEB, make_settings(data_dir=data_dir, release_uri=str(bucket)))
     manifest = (bucket / "releases/2024-02/manifest.json").read_bytes()
     other = make_settings(_a_different_february(tmp_path, data_dir), release_uri=str(bucket))
     with pytest.raises(ReleaseConflict):
-        publish_release(FEB, other)
+        _publish(FEB, other)
     assert (bucket / "releases/2024-02/manifest.json").read_bytes() == manifest
     sample = (bucket / "releases/2024-02/queries_sample.parquet").read_bytes()
     assert sample == (data_dir / "splits/2024-02/queries_sample.parquet").read_bytes()
@@ -413,7 +461,7 @@ def test_local_store_refuses_a_different_release(data_dir, tmp_path):
 
 def test_local_download_detects_a_corrupted_file(data_dir, tmp_path):
     bucket = tmp_path / "bucket"
-    publish_release(FEB, make_settings(data_dir=data_dir, release_uri=f"file://{bucket}"))
+    _publish(FEB, make_settings(data_dir=data_dir, release_uri=f"file://{bucket}"))
     card = bucket / "releases/2024-02/README.md"
     card.write_text("tampered")
     with pytest.raises(ChecksumMismatch, match=r"README.md"):
@@ -437,7 +485,7 @@ def test_cli_release_and_download(data_dir, tmp_path, monkeypatch, capsys):
 
 def test_release_waits_for_the_split(tmp_path):
     with pytest.raises(ReleaseNotReady, match="materialise test_split first"):
-        plan_release(FEB, make_settings(data_dir=tmp_path))
+        plan_release(FEB, make_settings(data_dir=tmp_path).dataset, ReleaseSettings())
 
 
 def test_s3_store_description_and_urls_carry_no_credentials(monkeypatch):
@@ -456,11 +504,17 @@ def test_s3_rejects_bytes_that_changed_after_planning(data_dir, s3_server, bucke
     copy = tmp_path / "data"
     shutil.copytree(data_dir, copy)
     settings = _s3_settings(copy, s3_server, bucket)
-    plan = plan_release(FEB, settings)
+    plan = plan_release(FEB, settings.dataset, settings.release)
     big = DataLayout(copy).database_path("events", date(2023, 12, 1))
     big.write_bytes(os.urandom(BIG))  # same size, other bytes: only the checksums can tell
     with pytest.raises(ReleaseError, match="changed since it was hashed or its sha256 recorded"):
-        publish_release(FEB, settings, open_store(settings), plan=plan)
+        publish_release(
+            FEB,
+            settings.dataset,
+            settings.release,
+            open_store(settings.dataset, settings.network, settings.release),
+            plan=plan,
+        )
     listed = s3_server.client().list_objects_v2(Bucket=bucket).get("Contents", [])
     assert not [o for o in listed if "events/month=2023-12" in o["Key"] or o["Key"].endswith("manifest.json")]
 
@@ -486,7 +540,7 @@ def test_s3_uploads_send_unsigned_payload_only_with_their_sha256_checksum(data_d
     """Over plain HTTP botocore would SHA-256 every uploaded body for SigV4 on top of its
     x-amz-checksum-sha256; only bodies that carry that checksum may skip payload signing."""
     settings = _s3_settings(data_dir, s3_server, bucket)
-    store = open_store(settings)
+    store = open_store(settings.dataset, settings.network, settings.release)
     sent = []
 
     def record(request, **kwargs):
@@ -501,7 +555,7 @@ def test_s3_uploads_send_unsigned_payload_only_with_their_sha256_checksum(data_d
 
     for client in (store.client, store._checksummed):
         client.meta.events.register("before-send.s3", record)
-    publish_release(FEB, settings, store)
+    publish_release(FEB, settings.dataset, settings.release, store)
     puts = [s for s in sent if s[0] == "PUT"]
     assert len(puts) >= len(_source_files(data_dir, FEB)) + 2  # every file (a part each), manifest, pointers
     assert all(payload == "UNSIGNED-PAYLOAD" for _, payload, checksum in puts if checksum)
@@ -516,22 +570,22 @@ def test_s3_first_publish_uploads_files_while_later_ones_are_still_being_planned
     """The last file's planning waits until a request of an earlier file has been sent: a publish
     that planned the whole release before uploading would never send it (and the wait fails)."""
     settings = _s3_settings(data_dir, s3_server, bucket)
-    store = open_store(settings)
-    last = release.release_sources(FEB, settings).files[-1].name
+    store = open_store(settings.dataset, settings.network, settings.release)
+    last = release.release_sources(FEB, settings.dataset).files[-1].name
     uploading = threading.Event()
     store._checksummed.meta.events.register("before-send.s3.PutObject", lambda **kwargs: uploading.set())
     store._checksummed.meta.events.register("before-send.s3.UploadPart", lambda **kwargs: uploading.set())
     planned = release._planned
 
-    def plan_last_after_an_upload(source, settings):
+    def plan_last_after_an_upload(source, release_settings):
         if source.name == last:
             assert uploading.wait(timeout=60), "nothing was uploaded before the last file was planned"
-        return planned(source, settings)
+        return planned(source, release_settings)
 
     monkeypatch.setattr(release, "_planned", plan_last_after_an_upload)
-    result = publish_release(FEB, settings, store)
+    result = publish_release(FEB, settings.dataset, settings.release, store)
     assert result.manifest_written and set(result.uploaded) == set(_source_files(data_dir, FEB))
-    assert result.manifest_sha256 == sha256_hex(plan_release(FEB, settings).manifest_bytes)
+    assert result.manifest_sha256 == sha256_hex(plan_release(FEB, settings.dataset, settings.release).manifest_bytes)
 
 
 def test_s3_a_file_changed_right_after_it_was_hashed_is_rejected_by_its_part_checksums(
@@ -543,15 +597,17 @@ def test_s3_a_file_changed_right_after_it_was_hashed_is_rejected_by_its_part_che
     big = DataLayout(copy).database_path("events", date(2023, 12, 1))
     planned = release._planned
 
-    def rewrite_after_hashing(source, settings):
-        obj = planned(source, settings)
+    def rewrite_after_hashing(source, release_settings):
+        obj = planned(source, release_settings)
         if source.path == big:
             big.write_bytes(os.urandom(BIG))  # same size, other bytes: only the part checksums can tell
         return obj
 
     monkeypatch.setattr(release, "_planned", rewrite_after_hashing)
     with pytest.raises(ReleaseError, match="changed since it was hashed or its sha256 recorded"):
-        publish_release(FEB, settings, open_store(settings))
+        publish_release(
+            FEB, settings.dataset, settings.release, open_store(settings.dataset, settings.network, settings.release)
+        )
     listed = [o["Key"] for o in s3_server.client().list_objects_v2(Bucket=bucket).get("Contents", [])]
     assert not [k for k in listed if "events/month=2023-12" in k or k.endswith(("manifest.json", LATEST_KEY))]
     uploads = s3_server.client().list_multipart_uploads(Bucket=bucket).get("Uploads", [])
@@ -568,7 +624,9 @@ def test_a_publish_reads_only_the_files_whose_sha256_was_not_recorded(
     hashed = []
     digest = release._digest
     monkeypatch.setattr(release, "_digest", lambda path, part_size: hashed.append(path) or digest(path, part_size))
-    result = publish_release(FEB, settings, open_store(settings))
+    result = publish_release(
+        FEB, settings.dataset, settings.release, open_store(settings.dataset, settings.network, settings.release)
+    )
     layout = DataLayout(data_dir)
     assert sorted(hashed) == sorted(
         [
@@ -578,7 +636,9 @@ def test_a_publish_reads_only_the_files_whose_sha256_was_not_recorded(
         ]
     )
     assert result.manifest_written and set(result.uploaded) == set(_source_files(data_dir, FEB))
-    downloaded = download_release(open_store(settings), "2024-02", tmp_path / "dl", bar=False)
+    downloaded = download_release(
+        open_store(settings.dataset, settings.network, settings.release), "2024-02", tmp_path / "dl", bar=False
+    )
     _assert_identical(downloaded.directory, data_dir, FEB)
 
 
@@ -599,9 +659,9 @@ def test_a_sealed_database_file_damaged_since_it_was_written_is_refused_by_the_s
         settings = _s3_settings(copy, s3_server, bucket)
     else:
         settings = make_settings(data_dir=copy, release_uri=str(tmp_path / "bucket"))
-    store = open_store(settings)
+    store = open_store(settings.dataset, settings.network, settings.release)
     with pytest.raises(ReleaseNotReady, match="changed since it was hashed or its sha256 recorded"):
-        publish_release(FEB, settings, store)
+        publish_release(FEB, settings.dataset, settings.release, store)
     assert store.get_bytes(release_key("2024-02", "manifest.json")) is None and store.get_bytes(LATEST_KEY) is None
     assert store.stat(release_key("2024-02", "database/events/month=2024-01.parquet")) is None
 
@@ -613,7 +673,7 @@ def test_a_sealed_database_file_of_another_size_stops_the_publish_naming_its_dig
         fh.write(b"appended")
     bucket = tmp_path / "bucket"
     with pytest.raises(ReleaseNotReady, match=r"no longer matches its digest .*digests/database/news/month=2024-01"):
-        publish_release(FEB, make_settings(data_dir=copy, release_uri=str(bucket)))
+        _publish(FEB, make_settings(data_dir=copy, release_uri=str(bucket)))
     assert not (bucket / "releases/2024-02/manifest.json").exists()
 
 
@@ -623,7 +683,7 @@ def test_a_split_file_changed_since_its_manifest_stops_the_publish_before_the_ma
     (copy / "splits/2024-02/queries_sample.parquet").write_bytes(b"not the sample")
     bucket = tmp_path / "bucket"
     with pytest.raises(ReleaseNotReady, match="no longer matches its split manifest"):
-        publish_release(FEB, make_settings(data_dir=copy, release_uri=str(bucket)))
+        _publish(FEB, make_settings(data_dir=copy, release_uri=str(bucket)))
     assert not (bucket / "releases/2024-02/manifest.json").exists() and not (bucket / LATEST_KEY).exists()
     assert not list(bucket.rglob("database/*/*.parquet"))  # the split's files are checked first
 
@@ -634,7 +694,7 @@ def test_a_durable_download_starts_writing_each_file_to_disk_while_it_streams(da
     from pipeline.release import download
 
     bucket = tmp_path / "bucket"
-    publish_release(FEB, make_settings(data_dir=data_dir, release_uri=str(bucket)))
+    _publish(FEB, make_settings(data_dir=data_dir, release_uri=str(bucket)))
     asked = []
     monkeypatch.setattr(download, "WRITEBACK", 4 * 2**20)
     monkeypatch.setattr(download.os, "posix_fadvise", lambda fd, offset, length, advice: asked.append((offset, length)))
@@ -654,7 +714,7 @@ def test_a_durable_download_fsyncs_every_file_and_directory_before_the_manifest(
     from pipeline.release import download
 
     bucket = tmp_path / "bucket"
-    publish_release(FEB, make_settings(data_dir=data_dir, release_uri=str(bucket)))
+    _publish(FEB, make_settings(data_dir=data_dir, release_uri=str(bucket)))
     target = tmp_path / "dl/2024-02"
     synced, fsync = [], download._fsync
     monkeypatch.setattr(download, "_fsync", lambda path: (synced.append(path), fsync(path)))

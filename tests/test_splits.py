@@ -70,7 +70,7 @@ def month_settings(tmp_path) -> Settings:
 
 
 def test_event_database_keeps_quads_at_50_mentions_with_a_surviving_article(month_settings):
-    db = build_event_database(FEB, month_settings)
+    db = build_event_database(FEB, month_settings.dataset, month_settings.articles)
     assert db.events.schema == EVENT_DB_SCHEMA and db.news.schema == NEWS_DB_SCHEMA
     usa = db.events.filter(pl.col("s") == "USA")
     assert usa.get_column("r").to_list() == ["043"]
@@ -94,27 +94,29 @@ def test_event_database_keeps_quads_at_50_mentions_with_a_surviving_article(mont
 
 
 def test_event_database_files_are_sealed_and_the_split_refuses_changed_bytes(month_settings):
-    db = build_event_database(FEB, month_settings)
+    db = build_event_database(FEB, month_settings.dataset, month_settings.articles)
     layout = DataLayout(month_settings.dataset.data_dir)
     events = layout.database_path("events", FEB)
     assert seal_problem(layout, events) is None and seal_problem(layout, layout.database_path("news", FEB)) is None
     # A valid parquet file with one mention count changed reads fine: only the digest tells.
     db.events.with_columns(pl.col("daily_mentions") + 1).write_parquet(events)
     with pytest.raises(DamagedFile, match=r"database/events/month=2024-02\.parquet"):
-        build_split(FEB, month_settings, now=AFTER_GRACE)
+        build_split(FEB, month_settings.dataset, month_settings.gdelt, now=AFTER_GRACE)
     assert not DataLayout(month_settings.dataset.data_dir).split_dir(FEB).exists()
-    build_event_database(FEB, month_settings)  # rebuilding the month restores the sealed bytes
-    assert build_split(FEB, month_settings, now=AFTER_GRACE).directory.exists()
+    build_event_database(
+        FEB, month_settings.dataset, month_settings.articles
+    )  # rebuilding the month restores the sealed bytes
+    assert build_split(FEB, month_settings.dataset, month_settings.gdelt, now=AFTER_GRACE).directory.exists()
 
 
 def test_event_database_refuses_a_month_with_missing_days(month_settings):
     DataLayout(month_settings.dataset.data_dir).articles_path(date(2024, 2, 10)).unlink()
     with pytest.raises(MonthNotReady, match="2024-02-10: articles"):
-        build_event_database(FEB, month_settings)
+        build_event_database(FEB, month_settings.dataset, month_settings.articles)
 
 
 def test_queries_thresholds_and_answers(month_settings):
-    events = build_event_database(FEB, month_settings).events
+    events = build_event_database(FEB, month_settings.dataset, month_settings.articles).events
     queries = queries_from_events(events, FEB, min_mentions=100, min_articles=5)
     assert queries.schema == QUERIES_SCHEMA
     assert queries.select("date", "s", "o").rows() == [(D1, "FRA", "DEU"), (D2, "UKR", "RUS")]
@@ -134,14 +136,14 @@ def test_queries_thresholds_and_answers(month_settings):
 
 
 def test_open_month_is_refused_and_an_override_is_recorded(month_settings):
-    build_event_database(FEB, month_settings)
+    build_event_database(FEB, month_settings.dataset, month_settings.articles)
     before_grace = datetime(2024, 3, 3, 23, 59, tzinfo=UTC)
-    closure = month_closure(FEB, month_settings, before_grace)
+    closure = month_closure(FEB, month_settings.dataset, before_grace)
     assert not closure.closed and "grace period" in closure.describe()
     with pytest.raises(MonthNotReady, match="grace period"):
-        build_split(FEB, month_settings, now=before_grace)
+        build_split(FEB, month_settings.dataset, month_settings.gdelt, now=before_grace)
     override = Override(by="maintainer", reason="testing the override", at=before_grace)
-    split = build_split(FEB, month_settings, now=before_grace, override=override)
+    split = build_split(FEB, month_settings.dataset, month_settings.gdelt, now=before_grace, override=override)
     manifest = json.loads((split.directory / "manifest.json").read_text())
     assert manifest["override"] == {
         "by": "maintainer",
@@ -154,15 +156,15 @@ def test_open_month_is_refused_and_an_override_is_recorded(month_settings):
 def test_unsettled_slots_keep_a_month_open(tmp_path):
     settings = make_settings(data_dir=tmp_path / "data")
     write_month(settings, FEB, QUADS, slot_status="pending")
-    closure = month_closure(FEB, settings, AFTER_GRACE)
+    closure = month_closure(FEB, settings.dataset, AFTER_GRACE)
     assert not closure.closed and "5568 pending" in closure.describe()
     write_month(settings, FEB, QUADS, slot_status="missing")  # GDELT never published them: settled
-    assert month_closure(FEB, settings, AFTER_GRACE).closed
+    assert month_closure(FEB, settings.dataset, AFTER_GRACE).closed
 
 
 def test_split_files_manifest_and_determinism(month_settings):
-    build_event_database(FEB, month_settings)
-    split = build_split(FEB, month_settings, now=AFTER_GRACE)
+    build_event_database(FEB, month_settings.dataset, month_settings.articles)
+    split = build_split(FEB, month_settings.dataset, month_settings.gdelt, now=AFTER_GRACE)
     names = sorted(p.name for p in split.directory.iterdir())
     assert {"queries.parquet", "queries_sample.parquet", "manifest.json", "README.md"} <= set(names)
     manifest = json.loads((split.directory / "manifest.json").read_text())
@@ -176,7 +178,7 @@ def test_split_files_manifest_and_determinism(month_settings):
     assert manifest["versions"]["relation_descriptions"] == RELATION_DESCRIPTION_VERSION
     first = {p.relative_to(split.directory): p.read_bytes() for p in split.directory.rglob("*") if p.is_file()}
     assert {str(p) for p in first} == {*manifest["files"], "manifest.json", "README.md"}
-    again = build_split(FEB, month_settings, now=AFTER_GRACE)
+    again = build_split(FEB, month_settings.dataset, month_settings.gdelt, now=AFTER_GRACE)
     assert {p.relative_to(again.directory): p.read_bytes() for p in again.directory.rglob("*") if p.is_file()} == first
     assert not [p for p in split.directory.parent.iterdir() if p.name.startswith(".")]  # no staging left
 

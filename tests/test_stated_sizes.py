@@ -64,7 +64,9 @@ def _fetches(mirror, name: str) -> int:
 
 def _index(data_dir: Path, mirror) -> GdeltIndex:
     settings = make_settings(data_dir=data_dir, gdelt_base_url=mirror.base_url, backoff_base_s=0.01, backoff_max_s=0.05)
-    return GdeltIndex(DataLayout(settings.dataset.data_dir), settings, make_session(settings))
+    return GdeltIndex(
+        DataLayout(settings.dataset.data_dir), settings.network, settings.gdelt, make_session(settings.network)
+    )
 
 
 def test_a_gzip_bomb_served_as_lastupdate_is_refused_at_its_cap_and_the_cached_index_stays(tmp_path, mirror):
@@ -130,12 +132,14 @@ def test_a_zip_listed_larger_than_a_member_at_the_cap_can_make_is_quarantined_un
     name = raw_file_name(SLOT, "export")
     padded = b"PK\x03\x04" + b"\0" * (4 * MIB) + zip_member(name.removesuffix(".zip"), b"tiny\n")
     relist(mirror_dir, name, padded)
-    row = _row(ingest_day(MIRROR_DAY, settings).ledger, SLOT)
+    row = _row(ingest_day(MIRROR_DAY, settings.dataset, settings.network, settings.gdelt).ledger, SLOT)
     assert row["status"] == "quarantined", row
     assert f"listed at {len(padded):,} bytes" in row["last_error"] and "1,048,576" in row["last_error"]
     assert _fetches(mirror, name) == 0  # refused on the index's word: nothing downloaded
     assert not DataLayout(settings.dataset.data_dir).raw_path(SLOT, "export").exists()
-    again = ingest_day(MIRROR_DAY, settings).ledger  # the same listing is not tried again
+    again = ingest_day(
+        MIRROR_DAY, settings.dataset, settings.network, settings.gdelt
+    ).ledger  # the same listing is not tried again
     assert _row(again, SLOT)["status"] == "quarantined" and _fetches(mirror, name) == 0
     assert _row(again, SLOT, "mentions")["status"] == "landed"  # and the slot's other file is there
 
@@ -152,7 +156,7 @@ def test_a_zip_bomb_whose_headers_state_a_small_size_is_quarantined_after_that_s
     central = bomb.index(b"PK\x01\x02")
     bomb[central + 24 : central + 28] = struct.pack("<I", 1000)  # the central directory's
     relist(mirror_dir, name, bytes(bomb))
-    row = _row(ingest_day(MIRROR_DAY, settings).ledger, SLOT)
+    row = _row(ingest_day(MIRROR_DAY, settings.dataset, settings.network, settings.gdelt).ledger, SLOT)
     assert row["status"] == "quarantined" and "Bad CRC-32" in row["last_error"], row
     assert _fetches(mirror, name) == 1
 
@@ -171,10 +175,10 @@ def test_a_huge_robots_txt_is_cut_at_its_cap_and_still_obeyed(tmp_path):
     settings = make_settings(data_dir=tmp_path / "data", fetch_allow_loopback=True, fetch_deadline_s=5.0)
     huge = DEFAULT_ROBOTS + "# " + "x" * (8 * MIB) + "\n"
     with NewsServer({"/a.html": page_html("a")}, robots_txt=huge) as news:
-        session = make_safe_session(settings)
-        fetched = fetch_robots_txt(session, news.url_for("/robots.txt"), settings)
+        session = make_safe_session(settings.network, settings.articles)
+        fetched = fetch_robots_txt(session, news.url_for("/robots.txt"), settings.articles)
         assert fetched.status == 200 and len(fetched.text.encode()) == ROBOTS_MAX_BYTES
-        robots = RobotsCache(settings, fetcher=fetch_robots_txt)
+        robots = RobotsCache(settings.network, settings.articles, fetcher=fetch_robots_txt)
         assert robots.allowed(session, news.url_for("/a.html"))
         assert not robots.allowed(session, news.url_for("/private/x.html"))
 

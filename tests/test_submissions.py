@@ -533,7 +533,8 @@ def test_round_trip_on_seaweedfs_through_the_sensor(s3_server, bucket, data_dir,
             "predictions.csv is 2,097,152 bytes, over the 1,048,576 cap; not read" in meta_of["huge"]["reasons"].value
         )
         assert "unexpected object 'b/c/submission.json'" in meta_of["a"]["reasons"].value
-        store = open_store(_settings(data_dir, uri, s3_server))
+        settings = _settings(data_dir, uri, s3_server)
+        store = open_store(settings.dataset, settings.network, settings.release)
         for name in ("deep", "huge", "a"):
             assert json.loads(store.get_bytes(f"submissions/{name}/rejection.json"))["submission"] == name
         assert store.stat("submissions/good/rejection.json") is None

@@ -26,7 +26,7 @@ import polars as pl
 
 from pipeline.agent_api.event_database import EventDatabase
 from pipeline.agent_api.types import Date, DateGateError, DateRange
-from pipeline.config import Settings
+from pipeline.config import DatasetSettings
 from pipeline.splits.database import MonthNotReady, month_days
 from pipeline.splits.split import read_manifest
 from pipeline.storage import DataLayout
@@ -253,17 +253,17 @@ class LeakageAudit:
     violations: tuple[str, ...]
 
 
-def leakage_audit(settings: Settings, month: date) -> LeakageAudit:
+def leakage_audit(dataset: DatasetSettings, month: date) -> LeakageAudit:
     """Audit a built split for leakage: the split month must start after the manifest's history
     cutoff, every query must fall in the month, and for every query date the date-gated agent API
     must show nothing dated after t − distance through any function (leakage_violations, above).
     Queries on one date share an environment, so each distinct date is audited once; the code-
     block sandbox (a child process per environment) is probed on the first and last dates."""
     month = month.replace(day=1)
-    manifest = read_manifest(settings, month)
+    manifest = read_manifest(dataset, month)
     if manifest is None:
         raise MonthNotReady(f"{month:%Y-%m}: no split to audit")
-    queries = pl.read_parquet(DataLayout(settings.dataset.data_dir).split_dir(month) / "queries.parquet")
+    queries = pl.read_parquet(DataLayout(dataset.data_dir).split_dir(month) / "queries.parquet")
     violations = []
     cutoff = date.fromisoformat(manifest["history_cutoff"])
     if month <= cutoff:
@@ -273,7 +273,7 @@ def leakage_audit(settings: Settings, month: date) -> LeakageAudit:
         violations.append(f"{outside.height} queries are dated outside {month:%Y-%m}, e.g. {outside.row(0)[:4]}")
     dates = sorted(set(queries.get_column("date")))
     sandboxed = tuple(sorted({dates[0], dates[-1]})) if dates else ()
-    database = EventDatabase(settings.dataset.data_dir)
+    database = EventDatabase(dataset.data_dir)
     for day in dates:
         with database.environment(day, manifest["distance_days"]) as env:
             found = leakage_violations(env, rng=random.Random(f"{manifest['seed']}/{day}"), sandbox=day in sandboxed)

@@ -20,7 +20,7 @@ import urllib3.exceptions as u3
 
 from pipeline.articles.robots import ROBOTS_DEADLINE_S, ROBOTS_MAX_BYTES, RobotsCache, RobotsFetch
 from pipeline.articles.safety import UnsafeURL, check_url
-from pipeline.config import Settings
+from pipeline.config import ArticleSettings
 from pipeline.http import describe
 
 CHUNK = 64 * 1024
@@ -70,9 +70,9 @@ def _remaining(deadline: float) -> float:
     return left
 
 
-def _timeouts(settings: Settings, deadline: float) -> tuple[float, float]:
+def _timeouts(articles: ArticleSettings, deadline: float) -> tuple[float, float]:
     left = _remaining(deadline)
-    return min(settings.articles.fetch_connect_timeout_s, left), min(settings.articles.fetch_read_timeout_s, left)
+    return min(articles.fetch_connect_timeout_s, left), min(articles.fetch_read_timeout_s, left)
 
 
 def read_capped(
@@ -124,7 +124,7 @@ def read_capped(
 def get_following_redirects(
     session: requests.Session,
     url: str,
-    settings: Settings,
+    articles: ArticleSettings,
     deadline: float,
     hop: Hop,
     robots: RobotsCache | None = None,
@@ -133,9 +133,9 @@ def get_following_redirects(
     the final, non-redirect response (streaming, unread)."""
     visited = {url}
     current = url
-    for hops in range(settings.articles.fetch_max_redirects + 1):
+    for hops in range(articles.fetch_max_redirects + 1):
         hop.url, hop.http_status = current, None
-        check_url(current, settings.articles.fetch_allow_loopback, resolve=False)  # the adapter resolves and checks
+        check_url(current, articles.fetch_allow_loopback, resolve=False)  # the adapter resolves and checks
         if robots is not None:
             verdict = robots.check(session, current)
             if not verdict.allowed and verdict.failure_status == "dns_error":
@@ -148,7 +148,7 @@ def get_following_redirects(
                     error_class="RobotsUnavailable" if verdict.unreachable else "RobotsDisallowed",
                 )
         try:
-            response = session.get(current, stream=True, allow_redirects=False, timeout=_timeouts(settings, deadline))
+            response = session.get(current, stream=True, allow_redirects=False, timeout=_timeouts(articles, deadline))
         except requests.ConnectionError as exc:
             if _is_name_resolution_error(exc):
                 raise FetchFailure(
@@ -177,7 +177,7 @@ def get_following_redirects(
     hop.url = current
     raise FetchFailure(
         "too_many_redirects",
-        f"more than {settings.articles.fetch_max_redirects} redirects",
+        f"more than {articles.fetch_max_redirects} redirects",
         http_status=hop.http_status,
     )
 
@@ -197,13 +197,13 @@ def _is_name_resolution_error(exc: BaseException) -> bool:
     return False
 
 
-def fetch_robots_txt(session: requests.Session, robots_url: str, settings: Settings) -> RobotsFetch:
+def fetch_robots_txt(session: requests.Session, robots_url: str, articles: ArticleSettings) -> RobotsFetch:
     """GET a robots.txt through the article path's safety (checked hops, ≤ 5 redirects, capped
     size and time), one attempt; ``robots.interpret`` decides what the result means."""
-    deadline = time.monotonic() + min(ROBOTS_DEADLINE_S, settings.articles.fetch_deadline_s)
+    deadline = time.monotonic() + min(ROBOTS_DEADLINE_S, articles.fetch_deadline_s)
     hop = Hop(robots_url)
     try:
-        response = get_following_redirects(session, robots_url, settings, deadline, hop, robots=None)
+        response = get_following_redirects(session, robots_url, articles, deadline, hop, robots=None)
         with response:
             if not 200 <= response.status_code < 300:
                 return RobotsFetch(response.status_code)

@@ -19,7 +19,7 @@ from pipeline.articles.fetch import FetchRun, fetch_articles, read_html
 from pipeline.articles.ledger import read_ledger
 from pipeline.articles.obelics import PROFILES, DomainParagraphDedup, filter_document
 from pipeline.articles.urls import normalize_url
-from pipeline.config import Settings
+from pipeline.config import ArticleSettings, DatasetSettings, NetworkSettings
 from pipeline.events.daily import scan_parsed
 from pipeline.http import utc_now
 from pipeline.storage import DataLayout, verified, write_sealed_parquet
@@ -79,15 +79,15 @@ def abstract(title: str | None, text: str) -> str:
     return "\n".join(parts).strip()
 
 
-def select_urls(day: date, settings: Settings) -> list[str]:
+def select_urls(day: date, dataset: DatasetSettings, articles: ArticleSettings) -> list[str]:
     """Normalised article URLs of the day's quads with daily_mentions ≥ the threshold (plus,
     optionally, the first-day WEB mention URLs of their events), sorted and unique."""
-    layout = DataLayout(settings.dataset.data_dir)
+    layout = DataLayout(dataset.data_dir)
     quads = pl.scan_parquet(verified(layout, layout.daily_quads_path(day))).filter(
-        pl.col("daily_mentions") >= settings.dataset.article_min_mentions
+        pl.col("daily_mentions") >= dataset.article_min_mentions
     )
     urls = quads.select(pl.col("urls").explode().alias("url"))
-    mentions = scan_parsed(layout, "mentions", day) if settings.articles.article_include_mention_urls else None
+    mentions = scan_parsed(layout, "mentions", day) if articles.article_include_mention_urls else None
     if mentions is not None:
         events = pl.scan_parquet(verified(layout, layout.events_path(day))).join(
             quads.select("date", "s", "r", "o"), on=["date", "s", "r", "o"], how="semi"
@@ -111,31 +111,34 @@ class DayArticles:
     counts: dict[str, int]
 
 
-def build_articles(day: date, settings: Settings, *, now: datetime | None = None) -> DayArticles:
-    if settings.articles.article_profile not in PROFILES:
-        raise ValueError(
-            f"MIRAI_ARTICLE_PROFILE={settings.articles.article_profile!r}: expected one of {', '.join(PROFILES)}"
-        )
-    if settings.articles.article_domain_dedup and not PROFILES[settings.articles.article_profile].allows_domain_dedup:
-        raise ValueError(
-            f"MIRAI_ARTICLE_DOMAIN_DEDUP needs the obelics profile, not {settings.articles.article_profile!r}"
-        )
-    layout = DataLayout(settings.dataset.data_dir)
-    selected = select_urls(day, settings)
-    run = fetch_articles(selected, settings, now=now or utc_now())
+def build_articles(
+    day: date,
+    dataset: DatasetSettings,
+    network: NetworkSettings,
+    articles: ArticleSettings,
+    *,
+    now: datetime | None = None,
+) -> DayArticles:
+    if articles.article_profile not in PROFILES:
+        raise ValueError(f"MIRAI_ARTICLE_PROFILE={articles.article_profile!r}: expected one of {', '.join(PROFILES)}")
+    if articles.article_domain_dedup and not PROFILES[articles.article_profile].allows_domain_dedup:
+        raise ValueError(f"MIRAI_ARTICLE_DOMAIN_DEDUP needs the obelics profile, not {articles.article_profile!r}")
+    layout = DataLayout(dataset.data_dir)
+    selected = select_urls(day, dataset, articles)
+    run = fetch_articles(selected, dataset, network, articles, now=now or utc_now())
     ledger = read_ledger(layout).filter(pl.col("url").is_in(pl.Series(selected, dtype=pl.String).implode()))
     stored = ledger.filter(pl.col("html_path").is_not_null()).sort("url")
     docs = ((read_html(layout, r["url_md5"]), r["final_url"] or r["url"]) for r in stored.iter_rows(named=True))
-    with ExtractionPool(settings.articles.extract_workers, timeout_s=settings.articles.extract_timeout_s) as pool:
+    with ExtractionPool(articles.extract_workers, timeout_s=articles.extract_timeout_s) as pool:
         judged = [
             (
                 r,
                 extracted,
-                filter_document(extracted.text, settings.articles.article_profile) if extracted.error is None else None,
+                filter_document(extracted.text, articles.article_profile) if extracted.error is None else None,
             )
             for r, extracted in zip(stored.iter_rows(named=True), pool.map(docs))
         ]
-    if settings.articles.article_domain_dedup:
+    if articles.article_domain_dedup:
         # OBELICS step 09 over the day's batch: paragraphs repeated within a domain are boilerplate.
         dedup = DomainParagraphDedup()
         domain = lambda r: urlsplit(r["final_url"] or r["url"]).netloc  # noqa: E731
@@ -170,15 +173,15 @@ def build_articles(day: date, settings: Settings, *, now: datetime | None = None
                 "paragraphs_in": decision.paragraphs_in if decision else 0,
                 "paragraphs_kept": decision.paragraphs_kept if decision else 0,
                 "paragraph_drops": json.dumps(decision.paragraph_drops, sort_keys=True) if decision else None,
-                "profile": settings.articles.article_profile,
+                "profile": articles.article_profile,
             }
         )
-    articles = pl.DataFrame(rows, schema=ARTICLES_SCHEMA)
+    table = pl.DataFrame(rows, schema=ARTICLES_SCHEMA)
     write_sealed_parquet(
         layout,
-        articles,
+        table,
         layout.articles_path(day),
-        metadata={"articles_version": ARTICLES_VERSION, "profile": settings.articles.article_profile},
+        metadata={"articles_version": ARTICLES_VERSION, "profile": articles.article_profile},
     )
     not_stored = ledger.filter(pl.col("html_path").is_null())
     counts = {
@@ -187,11 +190,11 @@ def build_articles(day: date, settings: Settings, *, now: datetime | None = None
         "already_fetched": run.already_fetched,
         "stored": stored.height,
         "failed": not_stored.height,
-        "extracted": articles.filter(pl.col("extraction_error").is_null()).height,
-        "kept": articles.filter("kept").height,
+        "extracted": table.filter(pl.col("extraction_error").is_null()).height,
+        "kept": table.filter("kept").height,
     }
     counts.update({f"failed_{k}": v for k, v in not_stored.group_by("status").len().iter_rows()})
     counts.update(
-        {f"dropped_{k}": v for k, v in articles.filter(~pl.col("kept")).group_by("failing_filter").len().iter_rows()}
+        {f"dropped_{k}": v for k, v in table.filter(~pl.col("kept")).group_by("failing_filter").len().iter_rows()}
     )
-    return DayArticles(day, len(selected), run, articles, counts)
+    return DayArticles(day, len(selected), run, table, counts)

@@ -60,7 +60,7 @@ from pipeline.articles.outcome import STATUSES, FetchOutcome
 from pipeline.articles.robots import RobotsCache
 from pipeline.articles.safety import UnsafeURL, check_url, make_safe_session
 from pipeline.articles.urls import host_key, normalize_url, url_md5
-from pipeline.config import Settings
+from pipeline.config import ArticleSettings, DatasetSettings, NetworkSettings
 from pipeline.http import (
     RETRYABLE_STATUS,
     RetryLog,
@@ -115,24 +115,24 @@ def looks_like_html(head: bytes) -> bool:
 
 
 def fetch_article(
-    session: requests.Session, url: str, settings: Settings, robots: RobotsCache | None = None
+    session: requests.Session, url: str, articles: ArticleSettings, robots: RobotsCache | None = None
 ) -> tuple[FetchOutcome, bytes | None]:
     """Fetch one article URL: (outcome, decoded HTML bytes or None). Never raises for anything a
     server or a URL can do; ``robots=None`` skips robots.txt."""
     started = time.monotonic()
-    deadline = started + settings.articles.fetch_deadline_s
+    deadline = started + articles.fetch_deadline_s
     url = normalize_url(url)
     outcome = FetchOutcome(url=url, url_md5=url_md5(url), status="error")
     log = RetryLog()
     hop = Hop(url)
     body: bytes | None = None
     try:
-        check_url(url, settings.articles.fetch_allow_loopback, resolve=False)  # refused before any attempt
+        check_url(url, articles.fetch_allow_loopback, resolve=False)  # refused before any attempt
         response, body, content_type = with_retries(
-            lambda: _attempt(session, url, settings, deadline, hop, robots, log),
-            attempts=max(1, settings.articles.fetch_attempts),
-            backoff_base_s=settings.articles.fetch_backoff_base_s,
-            backoff_max_s=settings.articles.fetch_backoff_max_s,
+            lambda: _attempt(session, url, articles, deadline, hop, robots, log),
+            attempts=max(1, articles.fetch_attempts),
+            backoff_base_s=articles.fetch_backoff_base_s,
+            backoff_max_s=articles.fetch_backoff_max_s,
             log=log,
             within_s=deadline - time.monotonic(),  # out of time for another attempt: report this one
         )
@@ -140,7 +140,7 @@ def fetch_article(
         outcome.content_type, outcome.bytes = content_type, len(body)
         outcome.fetched_at = datetime.now(UTC)
     except Exception as exc:  # whatever it is, it is recorded: _record_failure says as what
-        _record_failure(outcome, exc, url, hop, settings)
+        _record_failure(outcome, exc, url, hop, articles)
     if outcome.status != "fetched" and outcome.http_status is None:
         outcome.http_status = hop.http_status if hop.http_status not in REDIRECT_CODES else None
     outcome.final_url = hop.url
@@ -152,7 +152,7 @@ def fetch_article(
 def _attempt(
     session: requests.Session,
     url: str,
-    settings: Settings,
+    articles: ArticleSettings,
     deadline: float,
     hop: Hop,
     robots: RobotsCache | None,
@@ -160,14 +160,14 @@ def _attempt(
 ) -> tuple[requests.Response, bytes, str | None]:
     """One try at an article: the response, its decoded body and its Content-Type. A verdict for
     this run raises FetchFailure; a retryable status raises TransientHTTPError."""
-    response = get_following_redirects(session, url, settings, deadline, hop, robots)
+    response = get_following_redirects(session, url, articles, deadline, hop, robots)
     with response:
         code = response.status_code
         log.last_status = code
         if code in RETRYABLE_STATUS:
             retry_after = parse_retry_after(response.headers.get("Retry-After"))
             # By hand, not a tenacity wait: a longer wait ends the URL's run and defers it in the ledger.
-            if retry_after is not None and retry_after > settings.articles.fetch_backoff_max_s:
+            if retry_after is not None and retry_after > articles.fetch_backoff_max_s:
                 raise FetchFailure(
                     "http_error",
                     f"HTTP {code}, Retry-After {retry_after:.0f}s",
@@ -192,10 +192,8 @@ def _attempt(
                 error_class="UnsupportedContentEncoding",
             )
         length = response.headers.get("Content-Length", "")
-        if length.isdigit() and int(length) > settings.articles.fetch_max_bytes:
-            raise FetchFailure(
-                "too_large", f"Content-Length {length} > {settings.articles.fetch_max_bytes}", http_status=code
-            )
+        if length.isdigit() and int(length) > articles.fetch_max_bytes:
+            raise FetchFailure("too_large", f"Content-Length {length} > {articles.fetch_max_bytes}", http_status=code)
 
         def sniff(head: bytes) -> None:
             if media is None and not looks_like_html(head):
@@ -204,7 +202,7 @@ def _attempt(
                 )
 
         try:
-            body = read_capped(response, settings.articles.fetch_max_bytes, deadline, on_head=sniff)
+            body = read_capped(response, articles.fetch_max_bytes, deadline, on_head=sniff)
         except BodyTooLarge as exc:
             raise FetchFailure("too_large", str(exc), http_status=code) from exc
         if not body:
@@ -212,7 +210,7 @@ def _attempt(
         return response, body, content_type
 
 
-def _record_failure(outcome: FetchOutcome, exc: Exception, url: str, hop: Hop, settings: Settings) -> None:
+def _record_failure(outcome: FetchOutcome, exc: Exception, url: str, hop: Hop, articles: ArticleSettings) -> None:
     """Record why ``fetch_article`` failed. The kinds are tried in this order, as except clauses
     would be: the first that matches decides the status."""
     if isinstance(exc, UnsafeURL):
@@ -223,7 +221,7 @@ def _record_failure(outcome: FetchOutcome, exc: Exception, url: str, hop: Hop, s
         outcome.http_status = exc.http_status
         outcome.retry_after_s = exc.retry_after_s
     elif isinstance(exc, DeadlineExceeded):
-        _fail(outcome, "timeout", exc, f"deadline of {settings.articles.fetch_deadline_s:g}s exceeded", retryable=True)
+        _fail(outcome, "timeout", exc, f"deadline of {articles.fetch_deadline_s:g}s exceeded", retryable=True)
     elif isinstance(exc, TransientHTTPError):
         _fail(outcome, "http_error", exc, str(exc), retryable=True)
         outcome.http_status = exc.status
@@ -332,8 +330,8 @@ class _ThreadSessions:
     """One pooled session per worker thread (no shared pool, no lock on the request path), all
     closed together at the end of the batch."""
 
-    def __init__(self, settings: Settings):
-        self.settings = settings
+    def __init__(self, network: NetworkSettings, articles: ArticleSettings):
+        self.network, self.articles = network, articles
         self.local = threading.local()
         self.sessions: list[requests.Session] = []
         self.lock = threading.Lock()
@@ -341,7 +339,7 @@ class _ThreadSessions:
     def get(self) -> requests.Session:
         s = getattr(self.local, "session", None)
         if s is None:
-            s = self.local.session = make_safe_session(self.settings, pool_maxsize=1)
+            s = self.local.session = make_safe_session(self.network, self.articles, pool_maxsize=1)
             with self.lock:
                 self.sessions.append(s)
         return s
@@ -353,7 +351,9 @@ class _ThreadSessions:
 
 def fetch_many(
     urls: Iterable[str],
-    settings: Settings,
+    dataset: DatasetSettings,
+    network: NetworkSettings,
+    articles: ArticleSettings,
     *,
     now: datetime | None = None,
     on_outcome: Callable[[FetchOutcome], None] | None = None,
@@ -367,15 +367,15 @@ def fetch_many(
     ``on_outcome`` is called in the calling thread as each URL finishes (ledger checkpoints)."""
     started_at = now or utc_now()
     clock = time.monotonic()
-    layout = DataLayout(settings.dataset.data_dir)
-    robots = RobotsCache(settings, fetcher=fetch_robots_txt) if settings.articles.fetch_respect_robots else None
-    concurrency = max(1, settings.articles.fetch_concurrency)
-    schedule = _HostSchedule(urls, max(1, settings.articles.fetch_per_host))
-    sessions = _ThreadSessions(settings)
+    layout = DataLayout(dataset.data_dir)
+    robots = RobotsCache(network, articles, fetcher=fetch_robots_txt) if articles.fetch_respect_robots else None
+    concurrency = max(1, articles.fetch_concurrency)
+    schedule = _HostSchedule(urls, max(1, articles.fetch_per_host))
+    sessions = _ThreadSessions(network, articles)
 
     def work(url: str) -> FetchOutcome:
         try:
-            outcome, body = fetch_article(sessions.get(), url, settings, robots)
+            outcome, body = fetch_article(sessions.get(), url, articles, robots)
             if body is not None:
                 outcome.html_path = store_html(layout, outcome.url_md5, body)
             return outcome
@@ -420,17 +420,23 @@ class FetchRun:
 
 
 def fetch_articles(
-    candidate_urls: Iterable[str], settings: Settings, *, now: datetime | None = None, checkpoint_s: float = 30.0
+    candidate_urls: Iterable[str],
+    dataset: DatasetSettings,
+    network: NetworkSettings,
+    articles: ArticleSettings,
+    *,
+    now: datetime | None = None,
+    checkpoint_s: float = 30.0,
 ) -> FetchRun:
     """One fetch run: the due URLs among the candidates are fetched and every outcome is merged
     into the global fetch ledger (under its file lock, re-read before each write so concurrent
     runs for other days lose nothing). The ledger is also written every ``checkpoint_s`` during a
     long run, so a crash loses at most that much bookkeeping (the HTML files are already stored)."""
     now = now or utc_now()
-    schedule = settings.articles.fetch_retry_schedule  # fail early on a bad MIRAI_FETCH_RETRY_SCHEDULE_H
-    layout = DataLayout(settings.dataset.data_dir)
+    schedule = articles.fetch_retry_schedule  # fail early on a bad MIRAI_FETCH_RETRY_SCHEDULE_H
+    layout = DataLayout(dataset.data_dir)
     lock = layout.lock_path("fetch_ledger")
-    with file_lock(lock, settings.dataset.day_lock_timeout_s):
+    with file_lock(lock, dataset.day_lock_timeout_s):
         ledger = read_ledger(layout)
         if not layout.fetch_ledger_path().exists():
             write_ledger(layout, ledger)  # the asset exists (empty) from the first run on
@@ -442,7 +448,7 @@ def fetch_articles(
     def flush() -> None:
         if not pending:
             return
-        with file_lock(lock, settings.dataset.day_lock_timeout_s):
+        with file_lock(lock, dataset.day_lock_timeout_s):
             write_ledger(layout, record_outcomes(read_ledger(layout), pending, now, schedule))
         pending.clear()
         last_flush[0] = time.monotonic()
@@ -452,7 +458,7 @@ def fetch_articles(
         if time.monotonic() - last_flush[0] >= checkpoint_s:
             flush()
 
-    batch = fetch_many(plan.due, settings, now=now, on_outcome=on_outcome)
+    batch = fetch_many(plan.due, dataset, network, articles, now=now, on_outcome=on_outcome)
     flush()
     return FetchRun(
         plan.candidates,

@@ -22,7 +22,7 @@ from datetime import date
 import polars as pl
 
 from pipeline.articles.ledger import read_ledger
-from pipeline.config import Settings
+from pipeline.config import ArticleSettings, DatasetSettings
 from pipeline.markdown import markdown_text
 from pipeline.storage import DataLayout
 
@@ -113,11 +113,11 @@ def fetch_health(
     return FetchHealth(selected.len(), tried.height, failed.height, by_reason, min_fetches, max_failure_rate)
 
 
-def day_fetch_health(day: date, settings: Settings) -> FetchHealth:
+def day_fetch_health(day: date, dataset: DatasetSettings, articles: ArticleSettings) -> FetchHealth:
     """The health of ``day``'s fetches: its selection (none when its quads were never built) in
     the fetch ledger."""
     from pipeline.articles.day import select_urls  # the fetcher and extractors come with it
 
-    layout = DataLayout(settings.dataset.data_dir)
-    selected = select_urls(day, settings) if layout.daily_quads_path(day).exists() else []
+    layout = DataLayout(dataset.data_dir)
+    selected = select_urls(day, dataset, articles) if layout.daily_quads_path(day).exists() else []
     return fetch_health(read_ledger(layout), selected)

@@ -39,7 +39,7 @@ from urllib.parse import urlsplit
 import requests
 from protego import Protego
 
-from pipeline.config import Settings
+from pipeline.config import ArticleSettings, NetworkSettings
 
 ROBOTS_MAX_BYTES = 512 * 1024
 ROBOTS_DEADLINE_S = 10.0
@@ -66,9 +66,9 @@ class RobotsFetch:
     failure_status: str | None = None  # the fetch status of a network failure (timeout, dns_error…)
 
 
-# How a RobotsCache gets a robots.txt: (session, robots.txt URL, settings) -> RobotsFetch. Passed in
+# How a RobotsCache gets a robots.txt: (session, robots.txt URL, article settings) -> RobotsFetch. Passed in
 # (checked_get.fetch_robots_txt) rather than imported, since checked_get imports this module.
-RobotsFetcher = Callable[[requests.Session, str, Settings], RobotsFetch]
+RobotsFetcher = Callable[[requests.Session, str, ArticleSettings], RobotsFetch]
 
 
 @dataclass
@@ -123,13 +123,14 @@ class RobotsCache:
 
     def __init__(
         self,
-        settings: Settings,
+        network: NetworkSettings,
+        articles: ArticleSettings,
         *,
         fetcher: RobotsFetcher,
         clock: Callable[[], float] = time.monotonic,
     ):
-        self.settings = settings
-        self.product_token = product_token(settings.network.user_agent)
+        self.articles = articles
+        self.product_token = product_token(network.user_agent)
         self._clock = clock
         self._fetcher = fetcher
         self._entries: dict[str, _Entry] = {}
@@ -138,7 +139,7 @@ class RobotsCache:
         self.requests = 0  # robots.txt fetches made (one per origin unless the TTL expired)
 
     def _fetch(self, session: requests.Session, robots_url: str) -> RobotsFetch:
-        return self._fetcher(session, robots_url, self.settings)
+        return self._fetcher(session, robots_url, self.articles)
 
     def _entry(self, session: requests.Session, origin: str, robots_url: str) -> _Entry:
         entry = self._entries.get(origin)  # fast path, no lock: every request of a run asks
@@ -154,7 +155,7 @@ class RobotsCache:
                 self.requests += 1
             fetched = self._fetch(session, robots_url)
             mode, parser, reason = interpret(fetched)
-            expires = self._clock() + self.settings.articles.fetch_robots_ttl_s
+            expires = self._clock() + self.articles.fetch_robots_ttl_s
             entry = _Entry(mode, parser, reason, expires, fetched.failure_status)
             self._entries[origin] = entry
             return entry

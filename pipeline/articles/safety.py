@@ -47,7 +47,7 @@ import requests
 from requests.adapters import HTTPAdapter
 from urllib3.exceptions import NewConnectionError
 
-from pipeline.config import Settings
+from pipeline.config import ArticleSettings, NetworkSettings
 from pipeline.http import make_session
 
 ALLOWED_SCHEMES = ("http", "https")
@@ -285,10 +285,10 @@ class SafeHTTPAdapter(HTTPAdapter):
     __attrs__: ClassVar[list[str]] = [*HTTPAdapter.__attrs__, "allow_loopback", "host_map"]  # pickling keeps the policy
 
 
-def make_safe_session(settings: Settings, pool_maxsize: int = 1) -> requests.Session:
+def make_safe_session(network: NetworkSettings, articles: ArticleSettings, pool_maxsize: int = 1) -> requests.Session:
     """A session for untrusted URLs: safe adapter on http and https, no proxies or .netrc from the
     environment, our User-Agent, and only the encodings the fetcher decodes itself."""
-    session = make_session(settings)  # our User-Agent; its plain adapters are replaced below
+    session = make_session(network)  # our User-Agent; its plain adapters are replaced below
     session.trust_env = False
     session.headers.update(
         {
@@ -297,8 +297,8 @@ def make_safe_session(settings: Settings, pool_maxsize: int = 1) -> requests.Ses
         }
     )
     adapter = SafeHTTPAdapter(
-        allow_loopback=settings.articles.fetch_allow_loopback,
-        host_map=HostMap.parse(settings.articles.fetch_host_map),
+        allow_loopback=articles.fetch_allow_loopback,
+        host_map=HostMap.parse(articles.fetch_host_map),
         pool_connections=16,
         pool_maxsize=pool_maxsize,
         max_retries=0,

@@ -2,17 +2,18 @@
 
 Each command's code and parser live together in a module by topic: ``ingest`` (ledger, ingest,
 events, gaps), ``mirror`` (mirror generate/serve, demo: testbed/'s code), ``releases`` (split,
-release, download, export, import, serve-release), ``scoring`` (score, submit) and ``evaluate``;
-``common`` holds the argument types, the parser class and the error reporting they share."""
+release, download, export, import, serve-release), ``scoring`` (score, submit), ``evaluate`` and
+``settings``; ``common`` holds the argument types, the parser class and the error reporting they
+share."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from pipeline.cli import evaluate, ingest, mirror, releases, scoring
+from pipeline.cli import evaluate, ingest, mirror, releases, scoring, settings
 from pipeline.cli.common import CommandError, Parser, problem_line
-from pipeline.config import env_names, settings_table
+from pipeline.config import env_names
 
 __all__ = ["build_parser", "main"]
 
@@ -33,21 +34,8 @@ _COMMANDS = (
     scoring.add_submit,
     releases.add_serve_release,
     mirror.add_demo,
+    settings.add_settings,
 )
-
-
-def cmd_settings(args: argparse.Namespace) -> int:
-    print(settings_table(), end="")
-    return 0
-
-
-def add_settings(sub, debug: argparse.ArgumentParser) -> None:
-    p = sub.add_parser(
-        "settings",
-        parents=[debug],
-        help="every setting: its environment variable, group (Dagster resource), default and meaning",
-    )
-    p.set_defaults(func=cmd_settings)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -64,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--debug", action="store_true", default=argparse.SUPPRESS, help="show the full traceback of an error"
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    for add_parser in (*_COMMANDS, add_settings):
+    for add_parser in _COMMANDS:
         add_parser(sub, debug)
     return parser
 

@@ -58,10 +58,10 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     check_ordered(args.day, args.end, "--day", "--end")
     settings = Settings.from_env()
     for day in _days(args.day, args.end or args.day):
-        result = ingest_day(day, settings, log=print)
+        result = ingest_day(day, settings.dataset, settings.network, settings.gdelt, log=print)
         print(f"{day}: files " + ", ".join(f"{k}={v}" for k, v in result.counts.items() if v))
         for kind in ("export", "mentions"):
-            parsed = parse_day(day, kind, settings)
+            parsed = parse_day(day, kind, settings.dataset, settings.gdelt)
             print(f"{day}: {kind} rows={parsed.rows} rejects={parsed.rejects} parsed_now={parsed.parsed}")
             for path in parsed.quarantined:
                 print(f"{day}: {kind} damaged, moved to {path} and parsed again")
@@ -111,8 +111,8 @@ def cmd_events(args: argparse.Namespace) -> int:
                     f"no parsed {' or '.join(missing)} files under {layout.root / 'parsed'}: "
                     f"run `mirai ingest --day {day}` first"
                 )
-            result = build_events(day, settings)
-            quads = build_daily_quads(day, settings)
+            result = build_events(day, settings.dataset)
+            quads = build_daily_quads(day, settings.dataset)
         except Exception as exc:
             why = str(exc) if isinstance(exc, CommandError) else f"{problem_line(exc)} (--debug shows the traceback)"
             not_built = days[len(built) :]

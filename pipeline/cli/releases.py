@@ -29,7 +29,7 @@ def cmd_split(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
     now = utc_now()
     if args.check:
-        closure = month_closure(args.month, settings, now)
+        closure = month_closure(args.month, settings.dataset, now)
         print(closure.describe())
         return 0 if closure.closed else 1
     if bool(args.override_by) != bool(args.override_reason):
@@ -37,8 +37,8 @@ def cmd_split(args: argparse.Namespace) -> int:
         return 2
     override = Override(args.override_by, args.override_reason, now) if args.override_by else None
     try:
-        db = build_event_database(args.month, settings)
-        split = build_split(args.month, settings, now=now, override=override)
+        db = build_event_database(args.month, settings.dataset, settings.articles)
+        split = build_split(args.month, settings.dataset, settings.gdelt, now=now, override=override)
     except MonthNotReady as exc:
         print(f"not built: {exc}", file=sys.stderr)
         return 1
@@ -64,14 +64,15 @@ def cmd_release(args: argparse.Namespace) -> int:
 
     settings = Settings.from_env()
     try:
-        store = open_store(settings)
+        store = open_store(settings.dataset, settings.network, settings.release)
         # Sized from the files, not from a plan: planning may hash files, and publish_release
         # uploads a new month's files as they are planned.
-        bar = ProgressBar(sum(f.path.stat().st_size for f in release_sources(args.month, settings).files))
+        bar = ProgressBar(sum(f.path.stat().st_size for f in release_sources(args.month, settings.dataset).files))
         try:
             result = publish_release(
                 args.month,
-                settings,
+                settings.dataset,
+                settings.release,
                 store,
                 progress=bar,
                 log=bar.file if bar.enabled else (lambda message: print(message, file=sys.stderr)),
@@ -104,7 +105,13 @@ def cmd_download(args: argparse.Namespace) -> int:
 
     settings = Settings.from_env()
     try:
-        store = open_store(settings, uri=args.source, signed=args.signed or settings.release.signed_download)
+        store = open_store(
+            settings.dataset,
+            settings.network,
+            settings.release,
+            uri=args.source,
+            signed=args.signed or settings.release.signed_download,
+        )
         result = download_release(
             store, args.release, args.dest, only=args.only, workers=settings.release.concurrency, durable=args.fsync
         )

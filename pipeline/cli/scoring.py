@@ -91,7 +91,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
             print(line, file=sys.stderr)
         raise CommandError(f"{len(problems)} problem(s); nothing was uploaded")
     settings = Settings.from_env()
-    store = open_store(settings, uri=args.store)
+    store = open_store(settings.dataset, settings.network, settings.release, uri=args.store)
     try:
         check_name_free(store, prepared.name)
     except SubmissionError as exc:

@@ -222,22 +222,25 @@ def _refuse(path: Path, reason: str) -> PredictionFileError:
     return PredictionFileError(f"{path}: refused: {reason}")
 
 
-def _read_capped(path: Path) -> bytes:
-    """The file's bytes: a regular file reached without following a link, at most MAX_FILE_BYTES."""
+def read_capped_file(path: Path, limit: int, error: type[ValueError], *, missing: str | None = None) -> bytes:
+    """A submitted file's bytes: a regular file reached without following a link, at most
+    ``limit`` bytes; otherwise ``error("<path>: refused: <reason>")``, ``missing`` being the reason
+    for a file that is not there (default: the system's words). score_inputs reads predictions
+    files with it too."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except FileNotFoundError:
-        raise _refuse(path, "missing (every query needs a prediction file in every round)") from None
     except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise _refuse(path, "a symbolic link") from None
-        raise _refuse(path, exc.strerror or str(exc)) from None
+        if missing is not None and exc.errno == errno.ENOENT:
+            reason = missing
+        else:
+            reason = "a symbolic link" if exc.errno == errno.ELOOP else exc.strerror or str(exc)
+        raise error(f"{path}: refused: {reason}") from None
     with os.fdopen(fd, "rb") as fh:
         if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
-            raise _refuse(path, "not a regular file")
-        data = fh.read(MAX_FILE_BYTES + 1)
-    if len(data) > MAX_FILE_BYTES:
-        raise _refuse(path, f"larger than {MAX_FILE_BYTES} bytes")
+            raise error(f"{path}: refused: not a regular file")
+        data = fh.read(limit + 1)
+    if len(data) > limit:
+        raise error(f"{path}: refused: larger than {limit} bytes")
     return data
 
 
@@ -253,7 +256,12 @@ def parse_answer_text(text: str) -> object:
 
 def read_prediction_file(path: Path, query_id: str) -> Prediction:
     """One file of MIRAI's shape, or PredictionFileError naming it."""
-    data = _read_capped(path)
+    data = read_capped_file(
+        path,
+        MAX_FILE_BYTES,
+        PredictionFileError,
+        missing="missing (every query needs a prediction file in every round)",
+    )
     try:
         content = json.loads(data.decode("utf-8"))
     except UnicodeDecodeError:

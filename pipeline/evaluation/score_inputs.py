@@ -11,7 +11,6 @@ scoring.py, which checks and scores what these return, so that neither passes ~5
 from __future__ import annotations
 
 import csv
-import errno
 import hashlib
 import io
 import json
@@ -31,6 +30,7 @@ from pipeline.evaluation.mirai_predictions import (
     count_rounds,
     is_query_id,
     mirai_query_ids,
+    read_capped_file,
     read_prediction_file,
 )
 from pipeline.release.layout import MANIFEST_NAME, MAX_JSON_BYTES, SPLIT_FILES, is_month, shown
@@ -151,19 +151,8 @@ def _manifest_sha256(directory: Path, name: str) -> str | None:
 
 
 def read_capped(path: Path) -> bytes:
-    """A regular file's bytes, reached without following a link, at most MAX_PREDICTIONS_BYTES."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError as exc:
-        reason = "a symbolic link" if exc.errno == errno.ELOOP else exc.strerror or str(exc)
-        raise ScoringError(f"{path}: refused: {reason}") from None
-    with os.fdopen(fd, "rb") as fh:
-        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
-            raise ScoringError(f"{path}: refused: not a regular file")
-        data = fh.read(MAX_PREDICTIONS_BYTES + 1)
-    if len(data) > MAX_PREDICTIONS_BYTES:
-        raise ScoringError(f"{path}: refused: larger than {MAX_PREDICTIONS_BYTES} bytes")
-    return data
+    """A predictions file's bytes, at most MAX_PREDICTIONS_BYTES (``read_capped_file``'s checks)."""
+    return read_capped_file(path, MAX_PREDICTIONS_BYTES, ScoringError)
 
 
 def _text(path: Path, data: bytes) -> str:

@@ -25,7 +25,7 @@ from datetime import date
 
 import polars as pl
 
-from pipeline.config import DatasetSettings, Settings
+from pipeline.config import DatasetSettings
 from pipeline.events.normalize import (
     INPUT_COLUMNS,
     History,
@@ -279,18 +279,18 @@ class DayEvents:
     history_days: int
 
 
-def build_events(day: date, settings: Settings) -> DayEvents:
+def build_events(day: date, dataset: DatasetSettings) -> DayEvents:
     """Normalise ``day`` against the days ingested before it; write the events and the
     unmapped-codes report. Re-running gives byte-identical files."""
-    layout = DataLayout(settings.dataset.data_dir)
+    layout = DataLayout(dataset.data_dir)
     parsed = scan_parsed(layout, "export", day)
     # Read once, for the key file and for the rules. A day with no landed slot gets empty outputs.
     rows = (EXPORT_SCHEMA.to_frame().lazy() if parsed is None else parsed).select(INPUT_COLUMNS).collect()
     if parsed is None:
         keys = event_keys(rows.lazy())
     else:
-        keys = write_event_keys(layout, day, rows.lazy(), settings.dataset.day_lock_timeout_s)
-    history, days = history_before(layout, day, keys, settings.dataset.day_lock_timeout_s)
+        keys = write_event_keys(layout, day, rows.lazy(), dataset.day_lock_timeout_s)
+    history, days = history_before(layout, day, keys, dataset.day_lock_timeout_s)
     normalized = normalize_with_report(rows, history)
     meta = {
         **normalized.metadata,
@@ -308,9 +308,9 @@ def build_events(day: date, settings: Settings) -> DayEvents:
     return DayEvents(day, normalized, len(days))
 
 
-def build_daily_quads(day: date, settings: Settings) -> pl.DataFrame:
+def build_daily_quads(day: date, dataset: DatasetSettings) -> pl.DataFrame:
     """Aggregate the day's events (and its mentions) into daily quads."""
-    layout = DataLayout(settings.dataset.data_dir)
+    layout = DataLayout(dataset.data_dir)
     [events_path] = verified(layout, layout.events_path(day))
     events = pl.read_parquet(events_path)
     quads = daily_quads(events, scan_parsed(layout, "mentions", day))

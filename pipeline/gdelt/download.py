@@ -22,7 +22,7 @@ from pathlib import Path
 
 import requests
 
-from pipeline.config import Settings
+from pipeline.config import GdeltSettings, NetworkSettings
 from pipeline.gdelt.archive import CorruptArchiveError, max_zip_bytes, verify_gdelt_zip
 from pipeline.http import (
     RETRYABLE_EXCEPTIONS,
@@ -73,26 +73,25 @@ def fetch_verified(
     target: Path,
     expected_size: int,
     expected_md5: str,
-    settings: Settings,
+    network: NetworkSettings,
+    gdelt: GdeltSettings,
     quarantine_dir: Path,
 ) -> FetchResult:
-    limit = max_zip_bytes(settings.gdelt.max_uncompressed_bytes)
+    limit = max_zip_bytes(gdelt.max_uncompressed_bytes)
     if expected_size > limit:  # the same bytes would be refused once downloaded (or parsed whole)
         return FetchResult(
             "quarantined",
             0,
             error=f"zip: listed at {expected_size:,} bytes, more than a zip of one member of at most "
-            f"{settings.gdelt.max_uncompressed_bytes:,} bytes can take ({limit:,}); not downloaded",
+            f"{gdelt.max_uncompressed_bytes:,} bytes can take ({limit:,}); not downloaded",
         )
     log = RetryLog()
     quarantined: list[str] = []
     target.parent.mkdir(parents=True, exist_ok=True)
 
     def attempt() -> FetchResult:
-        deadline = time.monotonic() + settings.gdelt.download_deadline_s
-        resp = session.get(
-            url, stream=True, timeout=(settings.network.connect_timeout_s, settings.network.read_timeout_s)
-        )
+        deadline = time.monotonic() + gdelt.download_deadline_s
+        resp = session.get(url, stream=True, timeout=(network.connect_timeout_s, network.read_timeout_s))
         with resp:
             raise_for_transient(resp)
             log.last_status = resp.status_code
@@ -102,8 +101,8 @@ def fetch_verified(
                 return FetchResult("failed", log.attempts, resp.status_code, f"HTTP {resp.status_code}")
             temp = temp_path_for(target, sweep=False)  # the caller swept the directory (ingest_day)
             try:
-                size, got_md5 = _receive(resp, temp, expected_size, deadline, settings.gdelt.download_deadline_s)
-                refused = _refusal(temp, url, size, got_md5, expected_size, expected_md5, settings)
+                size, got_md5 = _receive(resp, temp, expected_size, deadline, gdelt.download_deadline_s)
+                refused = _refusal(temp, url, size, got_md5, expected_size, expected_md5, gdelt)
                 if refused is not None:
                     status, note = refused
                     quarantined.append(str(quarantine_file(temp, quarantine_dir, target.name, note)))
@@ -118,9 +117,9 @@ def fetch_verified(
     try:
         result = with_retries(
             attempt,
-            attempts=settings.gdelt.download_attempts,
-            backoff_base_s=settings.gdelt.backoff_base_s,
-            backoff_max_s=settings.gdelt.backoff_max_s,
+            attempts=gdelt.download_attempts,
+            backoff_base_s=gdelt.backoff_base_s,
+            backoff_max_s=gdelt.backoff_max_s,
             log=log,
             retry_on=(CorruptDownload,),
         )
@@ -162,7 +161,7 @@ def _receive(
 
 
 def _refusal(
-    temp: Path, url: str, size: int, got_md5: str, expected_size: int, expected_md5: str, settings: Settings
+    temp: Path, url: str, size: int, got_md5: str, expected_size: int, expected_md5: str, gdelt: GdeltSettings
 ) -> tuple[str, dict] | None:
     """None when the bytes in ``temp`` may land; else the slot's status and the note to quarantine
     them with: ``corrupt`` when they are not what the index lists (fetched again), ``quarantined``
@@ -174,7 +173,7 @@ def _refusal(
         problem = f"md5 {got_md5} != listed {expected_md5}"
     if problem is None:
         try:
-            verify_gdelt_zip(temp, max_uncompressed_bytes=settings.gdelt.max_uncompressed_bytes)
+            verify_gdelt_zip(temp, max_uncompressed_bytes=gdelt.max_uncompressed_bytes)
         except CorruptArchiveError as exc:
             # The bytes are exactly what GDELT lists, so fetching again won't help.
             return "quarantined", {

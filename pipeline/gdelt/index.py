@@ -21,7 +21,7 @@ from pathlib import Path
 import polars as pl
 import requests
 
-from pipeline.config import Settings
+from pipeline.config import GdeltSettings, NetworkSettings
 from pipeline.http import TransientHTTPError, raise_for_transient, with_retries
 from pipeline.storage import DataLayout, atomic_write_bytes, commit_temp, temp_path_for
 
@@ -151,9 +151,9 @@ class GdeltIndex:
     # with our copy before we append to it (if GDELT ever rewrites the list, we re-download).
     OVERLAP = 4096
 
-    def __init__(self, layout: DataLayout, settings: Settings, session: requests.Session):
+    def __init__(self, layout: DataLayout, network: NetworkSettings, gdelt: GdeltSettings, session: requests.Session):
         self.dir = layout.index_dir()
-        self.settings = settings
+        self.network, self.gdelt = network, gdelt
         self.session = session
 
     @property
@@ -165,14 +165,14 @@ class GdeltIndex:
         return self.dir / LAST_UPDATE
 
     def _url(self, name: str) -> str:
-        return f"{self.settings.gdelt.base_url.rstrip('/')}/{name}"
+        return f"{self.gdelt.base_url.rstrip('/')}/{name}"
 
     def _retrying(self, operation):
         return with_retries(
             operation,
-            attempts=self.settings.gdelt.download_attempts,
-            backoff_base_s=self.settings.gdelt.backoff_base_s,
-            backoff_max_s=self.settings.gdelt.backoff_max_s,
+            attempts=self.gdelt.download_attempts,
+            backoff_base_s=self.gdelt.backoff_base_s,
+            backoff_max_s=self.gdelt.backoff_max_s,
         )
 
     def _get(self, name: str, cap: int, headers: dict[str, str] | None = None) -> tuple[requests.Response, bytes]:
@@ -183,7 +183,7 @@ class GdeltIndex:
                 self._url(name),
                 headers=headers or {},
                 stream=True,
-                timeout=(self.settings.network.connect_timeout_s, self.settings.network.read_timeout_s),
+                timeout=(self.network.connect_timeout_s, self.network.read_timeout_s),
             ) as resp:
                 raise_for_transient(resp)
                 return resp, _read_capped(resp, cap)
@@ -268,7 +268,7 @@ class GdeltIndex:
                 with self.session.get(
                     self._url(MASTER_LIST),
                     stream=True,
-                    timeout=(self.settings.network.connect_timeout_s, self.settings.network.read_timeout_s),
+                    timeout=(self.network.connect_timeout_s, self.network.read_timeout_s),
                 ) as resp:
                     raise_for_transient(resp)
                     resp.raise_for_status()

@@ -15,7 +15,7 @@ from datetime import date, datetime, timedelta
 
 import polars as pl
 
-from pipeline.config import Settings
+from pipeline.config import DatasetSettings, GdeltSettings, NetworkSettings
 from pipeline.gdelt.download import FetchResult, already_landed, fetch_verified, md5_of_file
 from pipeline.gdelt.index import GdeltIndex, RefreshResult, day_slots
 from pipeline.gdelt.integrity import UnreadableDigests, parsed_day_lock, read_digests, write_digests
@@ -67,18 +67,20 @@ def _plan_row(previous: dict | None, day: date, slot: datetime, kind: str, now: 
 
 def ingest_day(
     day: date,
-    settings: Settings,
+    dataset: DatasetSettings,
+    network: NetworkSettings,
+    gdelt: GdeltSettings,
     *,
     now: datetime | None = None,
     log: Callable[[str], None] = lambda msg: None,
 ) -> DayIngest:
-    layout = DataLayout(settings.dataset.data_dir)
+    layout = DataLayout(dataset.data_dir)
     now = now or utc_now()
-    with file_lock(layout.lock_path(f"ingest-{day.isoformat()}"), settings.dataset.day_lock_timeout_s):
-        session = make_session(settings)
-        index = GdeltIndex(layout, settings, session)
+    with file_lock(layout.lock_path(f"ingest-{day.isoformat()}"), dataset.day_lock_timeout_s):
+        session = make_session(network, gdelt.download_concurrency)
+        index = GdeltIndex(layout, network, gdelt, session)
         # The master list is shared by every day: one refresher at a time.
-        with file_lock(layout.lock_path("index"), settings.dataset.day_lock_timeout_s):
+        with file_lock(layout.lock_path("index"), dataset.day_lock_timeout_s):
             refresh = index.refresh()
             listing = index.entries_for_day(day).entries
         if refresh.error:
@@ -106,37 +108,39 @@ def ingest_day(
                     row["status"] = "not_due"
                     continue
                 if entry is None:
-                    _mark_unavailable(row, now, settings, "not listed in the GDELT index")
+                    _mark_unavailable(row, now, gdelt, "not listed in the GDELT index")
                     continue
                 row["expected_size"], row["expected_md5"] = entry["size"], entry["md5"]
                 target = layout.raw_path(slot, kind)
                 if already_landed(target, entry["size"], entry["md5"]):
-                    _mark_landed(row, layout, target, entry["size"], now, settings)
+                    _mark_landed(row, layout, target, entry["size"], now, gdelt)
                     continue
                 to_fetch.append((row, entry))
 
-        base = settings.gdelt.base_url.rstrip("/")
+        base = gdelt.base_url.rstrip("/")
         local = threading.local()
 
         def fetch(item: tuple[dict, dict]) -> tuple[dict, FetchResult]:
             row, entry = item
             if not hasattr(local, "session"):
-                local.session = make_session(settings)  # one pooled session per worker thread
+                local.session = make_session(
+                    network, gdelt.download_concurrency
+                )  # one pooled session per worker thread
             # Fetch by name from the configured base so a mirror works with GDELT's own index.
             url = f"{base}/{raw_file_name(row['slot'], row['kind'])}"
             target = layout.raw_path(row["slot"], row["kind"])
             return row, fetch_verified(
-                local.session, url, target, entry["size"], entry["md5"], settings, layout.quarantine_dir(day)
+                local.session, url, target, entry["size"], entry["md5"], network, gdelt, layout.quarantine_dir(day)
             )
 
         if to_fetch:
-            log(f"{day}: fetching {len(to_fetch)} files with {settings.gdelt.download_concurrency} workers")
+            log(f"{day}: fetching {len(to_fetch)} files with {gdelt.download_concurrency} workers")
             # A killed run's temp files, in one listing per directory (not one per file fetched).
             for directory in {layout.raw_path(row["slot"], row["kind"]).parent for row, _ in to_fetch}:
                 remove_orphan_temps(directory)
-            with ThreadPoolExecutor(max_workers=settings.gdelt.download_concurrency) as pool:
+            with ThreadPoolExecutor(max_workers=gdelt.download_concurrency) as pool:
                 for row, result in pool.map(fetch, to_fetch):
-                    _apply(row, result, layout, now, settings)
+                    _apply(row, result, layout, now, gdelt)
         session.close()
 
         ledger = pl.DataFrame(rows, schema=LEDGER_SCHEMA)
@@ -144,31 +148,31 @@ def ingest_day(
     return DayIngest(day, ledger, refresh, downloaded=len(to_fetch), counts=summarize(ledger))
 
 
-def _mark_unavailable(row: dict, now: datetime, settings: Settings, reason: str) -> None:
+def _mark_unavailable(row: dict, now: datetime, gdelt: GdeltSettings, reason: str) -> None:
     row["unavailable_since"] = row["unavailable_since"] or now
-    in_grace = now < row["slot"] + timedelta(hours=settings.gdelt.missing_grace_hours)
+    in_grace = now < row["slot"] + timedelta(hours=gdelt.missing_grace_hours)
     row["status"] = "pending" if in_grace else "missing"
     row["last_error"] = reason
 
 
-def _mark_landed(row: dict, layout: DataLayout, target, size: int, now: datetime, settings: Settings) -> None:
+def _mark_landed(row: dict, layout: DataLayout, target, size: int, now: datetime, gdelt: GdeltSettings) -> None:
     row["size"] = size
     row["path"] = str(target.relative_to(layout.root))
     row["landed_at"] = now
     was_unavailable = row["unavailable_since"] is not None
-    is_late = now - row["slot"] > timedelta(hours=settings.gdelt.late_after_hours)
+    is_late = now - row["slot"] > timedelta(hours=gdelt.late_after_hours)
     row["status"] = "late" if (was_unavailable and is_late) else "landed"
 
 
-def _apply(row: dict, result: FetchResult, layout: DataLayout, now: datetime, settings: Settings) -> None:
+def _apply(row: dict, result: FetchResult, layout: DataLayout, now: datetime, gdelt: GdeltSettings) -> None:
     row["attempts"] += result.attempts
     row["http_status"] = result.http_status
     row["quarantined"] += len(result.quarantined)
     row["last_error"] = result.error
     if result.status == "landed":
-        _mark_landed(row, layout, layout.raw_path(row["slot"], row["kind"]), result.size, now, settings)
+        _mark_landed(row, layout, layout.raw_path(row["slot"], row["kind"]), result.size, now, gdelt)
     elif result.status == "not_found":
-        _mark_unavailable(row, now, settings, result.error or "HTTP 404")
+        _mark_unavailable(row, now, gdelt, result.error or "HTTP 404")
     elif result.status == "quarantined":  # not retried while the index lists the same bytes
         row["status"] = "quarantined"
     else:  # corrupt | failed: retried by the next run
@@ -192,7 +196,7 @@ class DayParse:
 PARSERS = {"export": parse_export, "mentions": parse_mentions}
 
 
-def parse_day(day: date, kind: str, settings: Settings) -> DayParse:
+def parse_day(day: date, kind: str, dataset: DatasetSettings, gdelt: GdeltSettings) -> DayParse:
     """Parse every landed ``kind`` file of ``day`` into ``parsed/<kind>/date=…/<ts>.parquet``.
 
     A slot is skipped when its parquet was built from the same raw md5 by the same format version
@@ -206,21 +210,21 @@ def parse_day(day: date, kind: str, settings: Settings) -> DayParse:
     thread per core); then the digest table is written, then the slot files in slot order.
 
     A raw file that cannot be parsed as a whole (its zip inflates past
-    ``settings.gdelt.max_uncompressed_mb``, it has the wrong column count, implausibly many lines: see
+    ``gdelt.max_uncompressed_mb``, it has the wrong column count, implausibly many lines: see
     :class:`~pipeline.gdelt.refusals.RefusedFileError`) does not stop the day: its slot becomes
     ``quarantined`` in the ledger with the reason, its zip moves to ``quarantine/gdeltv2/`` with a
     note, and the other slots are written as usual (:func:`_quarantine_refused`).
     """
-    layout = DataLayout(settings.dataset.data_dir)
+    layout = DataLayout(dataset.data_dir)
     ledger = read_ledger(layout, day).filter(pl.col("kind") == kind, pl.col("status").is_in(GREEN))
-    with parsed_day_lock(layout, kind, day, settings.dataset.day_lock_timeout_s):
+    with parsed_day_lock(layout, kind, day, dataset.day_lock_timeout_s):
         quarantined: list[str] = []
         recorded, table_lost = _recorded_digests(layout, kind, day, quarantined)
         digests: dict[datetime, FileDigest] = {}
         stats: list[dict] = []
         to_parse = _slots_to_parse(layout, kind, ledger, recorded, table_lost, digests, stats, quarantined)
-        refusals = _parse_slots(layout, kind, day, settings, to_parse, recorded, digests, stats)
-        refused = _quarantine_refused(layout, kind, day, refusals, settings.dataset.day_lock_timeout_s)
+        refusals = _parse_slots(layout, kind, day, gdelt, to_parse, recorded, digests, stats)
+        refused = _quarantine_refused(layout, kind, day, refusals, dataset.day_lock_timeout_s)
     per_slot = pl.DataFrame(
         stats, schema={"slot": pl.Datetime("us", "UTC"), "rows": pl.Int64, "rejects": pl.Int64}
     ).sort("slot")
@@ -301,7 +305,7 @@ def _parse_slots(
     layout: DataLayout,
     kind: str,
     day: date,
-    settings: Settings,
+    gdelt: GdeltSettings,
     to_parse: list[dict],
     recorded: dict[datetime, FileDigest] | None,
     digests: dict[datetime, FileDigest],
@@ -317,7 +321,7 @@ def _parse_slots(
     try:
         for row, parsed in zip(
             to_parse,
-            parse_files(raw_files, kind, max_member_bytes=settings.gdelt.max_uncompressed_bytes, refused="yield"),
+            parse_files(raw_files, kind, max_member_bytes=gdelt.max_uncompressed_bytes, refused="yield"),
         ):
             if isinstance(parsed, Exception):
                 refusals.append((row, parsed))

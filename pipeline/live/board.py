@@ -31,7 +31,7 @@ from pathlib import Path
 
 import polars as pl
 
-from pipeline.config import Settings
+from pipeline.config import DatasetSettings
 from pipeline.evaluation.scoring import DEFAULT_RESAMPLES
 from pipeline.live.resolve import RoundNotPublished, read_round, resolved_answers
 from pipeline.live.score import (
@@ -84,8 +84,8 @@ class LiveBoardError(RuntimeError):
 SHOWN_METRICS = (RANK_METRIC, "level2_f1", "level1_f1", "brier", "occurrence_accuracy")
 
 
-def live_dir(settings: Settings) -> Path:
-    return DataLayout(settings.dataset.data_dir).root / "live"
+def live_dir(dataset: DatasetSettings) -> Path:
+    return DataLayout(dataset.data_dir).root / "live"
 
 
 def identity(sub: Accepted, round_day: str) -> tuple[str, str, bool]:
@@ -100,10 +100,10 @@ def identity(sub: Accepted, round_day: str) -> tuple[str, str, bool]:
     return "model:" + json.dumps([model, contact, owner]), model, False
 
 
-def board_id_key(settings: Settings) -> bytes:
+def board_id_key(dataset: DatasetSettings) -> bytes:
     """The secret the board's ids are HMACs under: 32 random bytes made on first use (mode 0600),
     the same for every later board, so a row keeps its id."""
-    path = live_dir(settings) / BOARD_ID_KEY
+    path = live_dir(dataset) / BOARD_ID_KEY
     path.parent.mkdir(parents=True, exist_ok=True)
     if not path.exists():
         # Written whole under a temporary name, then linked into place: a concurrent build or a
@@ -140,11 +140,11 @@ class Entry:
     scores: pl.DataFrame
 
 
-def round_entries(settings: Settings, round_day: str) -> tuple[list[Entry], list[str]]:
+def round_entries(dataset: DatasetSettings, round_day: str) -> tuple[list[Entry], list[str]]:
     """The round's scored entries (one per identity: its latest accepted submission) and one line
     per submission that could not be scored."""
-    answers = resolved_answers(settings, date.fromisoformat(round_day))
-    accepted, problems = accepted_submissions(settings, date.fromisoformat(round_day))
+    answers = resolved_answers(dataset, date.fromisoformat(round_day))
+    accepted, problems = accepted_submissions(dataset, date.fromisoformat(round_day))
     skipped = [f"{round_day}/{p}" for p in problems]
     if answers.is_empty():
         return [], skipped
@@ -206,8 +206,8 @@ def rank(rows: list[dict]) -> list[dict]:
     return out
 
 
-def published_rounds(settings: Settings) -> list[str]:
-    directory = live_dir(settings)
+def published_rounds(dataset: DatasetSettings) -> list[str]:
+    directory = live_dir(dataset)
     days = (
         sorted((p.name for p in directory.iterdir() if p.is_dir() and is_day(p.name)), reverse=True)
         if directory.is_dir()
@@ -216,23 +216,23 @@ def published_rounds(settings: Settings) -> list[str]:
     out = []
     for day in days:
         try:
-            read_round(settings, date.fromisoformat(day))
+            read_round(dataset, date.fromisoformat(day))
         except RoundNotPublished:
             continue
         out.append(day)
     return out
 
 
-def build_leaderboard(settings: Settings) -> dict:
+def build_leaderboard(dataset: DatasetSettings) -> dict:
     """Every round's board (newest first) and the cumulative board, as one JSON-ready dict."""
     rounds, skipped = [], []
     by_identity: dict[str, list[Entry]] = {}
-    days = published_rounds(settings)
-    secret = board_id_key(settings) if days else b""
+    days = published_rounds(dataset)
+    secret = board_id_key(dataset) if days else b""
     for day in days:
-        entries, problems = round_entries(settings, day)
+        entries, problems = round_entries(dataset, day)
         skipped += problems
-        answers = resolved_answers(settings, date.fromisoformat(day))
+        answers = resolved_answers(dataset, date.fromisoformat(day))
         rows = [_row(row_id(secret, e.key), e.name, e.baseline, [e.submission], [day], e.scores) for e in entries]
         rounds.append(
             {
@@ -353,9 +353,9 @@ class Written:
     html_path: Path
 
 
-def write_live_leaderboard(settings: Settings) -> Written:
-    board = build_leaderboard(settings)
-    directory = live_dir(settings)
+def write_live_leaderboard(dataset: DatasetSettings) -> Written:
+    board = build_leaderboard(dataset)
+    directory = live_dir(dataset)
     json_path, html_path = directory / "leaderboard.json", directory / "leaderboard.html"
     atomic_write_bytes(json_path, (json.dumps(board, indent=2, sort_keys=True) + "\n").encode())
     atomic_write_bytes(html_path, page(board))

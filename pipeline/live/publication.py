@@ -15,7 +15,7 @@ from pathlib import Path
 
 import polars as pl
 
-from pipeline.config import Settings
+from pipeline.config import DatasetSettings, GdeltSettings, LiveSettings, data_source
 from pipeline.evaluation.baselines import forecast
 from pipeline.live.rounds import (
     LIVE_SAMPLER_VERSION,
@@ -66,43 +66,45 @@ def _iso(moment: datetime) -> str:
 # --- the manifest -----------------------------------------------------------------------------
 
 
-def round_manifest(rnd: Round, settings: Settings, published_at: datetime) -> dict:
+def round_manifest(
+    rnd: Round, dataset: DatasetSettings, gdelt: GdeltSettings, live: LiveSettings, published_at: datetime
+) -> dict:
     questions = rnd.jsonl()
     return {
         "format": ROUND_FORMAT,
         "round": rnd.day.isoformat(),
         "history_cutoff": (rnd.day - timedelta(days=1)).isoformat(),
-        "horizons": list(settings.live.horizon_days),
-        "target_dates": [t.isoformat() for t in target_dates(rnd.day, settings)],
-        "deadline": _iso(deadline(rnd.day, settings)),
+        "horizons": list(live.horizon_days),
+        "target_dates": [t.isoformat() for t in target_dates(rnd.day, live)],
+        "deadline": _iso(deadline(rnd.day, live)),
         "published_at": _iso(published_at),
         "sampler": {
             "version": LIVE_SAMPLER_VERSION,
             "seed": rnd.seed,
-            "live_seed": settings.live.seed,
-            "window_days": settings.live.window_days,
-            "round_size": settings.live.round_size,
-            "quiet_share": settings.live.quiet_share,
+            "live_seed": live.seed,
+            "window_days": live.window_days,
+            "round_size": live.round_size,
+            "quiet_share": live.quiet_share,
             "candidates_per_step": SAMPLER_CANDIDATES,
             "weights": SAMPLER_WEIGHTS,
             "pools": rnd.pools,
             "pairs": sum(rnd.drawn.values()),
         },
         "window": {
-            "first": window_days(rnd.day, settings)[0].isoformat(),
-            "last": window_days(rnd.day, settings)[-1].isoformat(),
+            "first": window_days(rnd.day, live)[0].isoformat(),
+            "last": window_days(rnd.day, live)[-1].isoformat(),
             "days_read": len(rnd.days_read),
             "days_missing": [d.isoformat() for d in rnd.days_missing],
         },
         "thresholds": {
-            "database_min_mentions": settings.dataset.article_min_mentions,
-            "test_min_mentions": settings.dataset.test_min_mentions,
-            "test_min_articles": settings.dataset.test_min_articles,
+            "database_min_mentions": dataset.article_min_mentions,
+            "test_min_mentions": dataset.test_min_mentions,
+            "test_min_articles": dataset.test_min_articles,
         },
         "files": {
             LIVE_QUESTIONS: {"sha256": sha256_hex(questions), "bytes": len(questions), "rows": rnd.questions.height}
         },
-        "source": settings.source,
+        "source": data_source(dataset, gdelt),
         "code_version": code_version(),
     }
 
@@ -189,7 +191,7 @@ def _put_once(store: ReleaseStore, key: str, data: bytes, cache_control: str) ->
     return None if found == data else f"{key} in {store.description} holds other bytes ({len(found or b'')} bytes)"
 
 
-def submit_baselines(rnd: Round, settings: Settings, store: ReleaseStore) -> dict[str, str]:
+def submit_baselines(rnd: Round, dataset: DatasetSettings, store: ReleaseStore) -> dict[str, str]:
     """Upload each baseline as a submission (predictions first, submission.json last), through the
     same acceptance path as anyone's. Their names and predictions' sha256 go to the round's private
     baselines.json first, which is how acceptance knows a baseline from a stranger's upload under
@@ -197,7 +199,7 @@ def submit_baselines(rnd: Round, settings: Settings, store: ReleaseStore) -> dic
     predictions = baseline_predictions(rnd)
     recorded = {baseline_name(rnd.day, m): hashlib.sha256(data).hexdigest() for m, data in predictions.items()}
     atomic_write_bytes(
-        round_dir(settings.dataset.data_dir, rnd.day) / "baselines.json",
+        round_dir(dataset.data_dir, rnd.day) / "baselines.json",
         (json.dumps(recorded, indent=2) + "\n").encode(),
     )
     outcome = {}
@@ -238,19 +240,21 @@ def read_local_manifest(data_dir: Path | str, day: date) -> dict | None:
     return json.loads(path.read_bytes()) if path.is_file() else None
 
 
-def publish_round(day: date, settings: Settings, store: ReleaseStore, *, now: datetime) -> Publication:
+def publish_round(
+    day: date, dataset: DatasetSettings, gdelt: GdeltSettings, live: LiveSettings, store: ReleaseStore, *, now: datetime
+) -> Publication:
     """Build the round of ``day`` and publish it: questions.jsonl, then manifest.json (its presence
     means the round is published), each written once; then the baselines' submissions and
     live/index.json. A re-run that builds the same round is a no-op; one that builds a different
     round refuses (ReleaseConflict): a round is immutable. A new round is refused (RoundRefused)
     before the day D starts (the window's last day is not over) and from its deadline on."""
-    rnd = build_round(day, settings)
+    rnd = build_round(day, dataset, live)
     manifest_key = live_round_key(day.isoformat(), MANIFEST_NAME)
     questions = rnd.jsonl()
-    ours = round_manifest(rnd, settings, now)
+    ours = round_manifest(rnd, dataset, gdelt, live, now)
     published = store.get_bytes(manifest_key, limit=MAX_JSON_BYTES)
     if published is None:
-        start, due = datetime.combine(day, time.min, UTC), deadline(day, settings)
+        start, due = datetime.combine(day, time.min, UTC), deadline(day, live)
         if now < start:
             raise RoundRefused(f"round {day}: not before {_iso(start)} (its history runs through {day - timedelta(1)})")
         if now >= due:
@@ -271,10 +275,10 @@ def publish_round(day: date, settings: Settings, store: ReleaseStore, *, now: da
             f"round {day}: {manifest_key} in {store.description} is not the round built now (its questions or "
             "sampler differ); a published round is never rewritten: look at what changed in the window's files"
         )
-    directory = round_dir(settings.dataset.data_dir, day)
+    directory = round_dir(dataset.data_dir, day)
     atomic_write_parquet(rnd.questions, directory / "questions.parquet")
     atomic_write_bytes(directory / MANIFEST_NAME, published)
-    baselines = submit_baselines(rnd, settings, store)
+    baselines = submit_baselines(rnd, dataset, store)
     return Publication(
         day=day,
         manifest=theirs,

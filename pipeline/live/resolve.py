@@ -25,7 +25,7 @@ from pathlib import Path
 
 import polars as pl
 
-from pipeline.config import Settings
+from pipeline.config import DatasetSettings, LiveSettings
 from pipeline.gdelt.ledger import read_ledger, summarize
 from pipeline.live.publication import write_live_index
 from pipeline.live.rounds import answers_file, round_dir
@@ -46,8 +46,8 @@ class RoundNotPublished(RuntimeError):
     """The round has no local questions or manifest: nothing to resolve."""
 
 
-def answers_path(settings: Settings, round_day: date, target: date) -> Path:
-    return answers_file(settings.dataset.data_dir, round_day, target)
+def answers_path(dataset: DatasetSettings, round_day: date, target: date) -> Path:
+    return answers_file(dataset.data_dir, round_day, target)
 
 
 @dataclass(frozen=True)
@@ -60,14 +60,14 @@ class DayClosure:
     slots: dict[str, int]
 
 
-def day_closure(day: date, settings: Settings, now: datetime) -> DayClosure:
+def day_closure(day: date, dataset: DatasetSettings, live: LiveSettings, now: datetime) -> DayClosure:
     """month_closure's rule for one day, with the live grace period (in hours)."""
-    layout = DataLayout(settings.dataset.data_dir)
+    layout = DataLayout(dataset.data_dir)
     ledger = read_ledger(layout, day)
     slots = summarize(ledger)
     reasons = []
     due = datetime.combine(day + timedelta(days=1), datetime.min.time(), UTC) + timedelta(
-        hours=settings.live.resolution_grace_hours
+        hours=live.resolution_grace_hours
     )
     if now < due:
         reasons.append(f"grace period runs until {due.isoformat()}")
@@ -77,7 +77,7 @@ def day_closure(day: date, settings: Settings, now: datetime) -> DayClosure:
     if unsettled:
         counts = ", ".join(f"{v} {k}" for k, v in sorted(unsettled.items()))
         reasons.append(f"slots not settled: {counts} in gdelt_files {day}")
-    missing = day_inputs_missing(day, settings)
+    missing = day_inputs_missing(day, dataset)
     if missing:
         reasons.append(f"not stored yet: {', '.join(f'{name} {day}' for name in missing)}")
     return DayClosure(day=day, closed=not reasons, reasons=tuple(reasons), slots=slots)
@@ -108,20 +108,20 @@ class RoundResolution:
         return {d.target.isoformat(): list(d.reasons) for d in self.dates if not d.resolved}
 
 
-def read_round(settings: Settings, round_day: date) -> tuple[pl.DataFrame, dict]:
+def read_round(dataset: DatasetSettings, round_day: date) -> tuple[pl.DataFrame, dict]:
     """The round's private questions and its published manifest, as stored at publication."""
-    directory = round_dir(settings.dataset.data_dir, round_day)
+    directory = round_dir(dataset.data_dir, round_day)
     questions, manifest = directory / "questions.parquet", directory / "manifest.json"
     if not questions.exists() or not manifest.exists():
         raise RoundNotPublished(f"round {round_day}: no published round under {directory}")
     return pl.read_parquet(questions), json.loads(manifest.read_text())
 
 
-def compute_answers(questions: pl.DataFrame, target: date, settings: Settings) -> pl.DataFrame:
+def compute_answers(questions: pl.DataFrame, target: date, dataset: DatasetSettings) -> pl.DataFrame:
     """ANSWERS_SCHEMA rows, one per question on ``target``, in query_id order: the sorted distinct
     level-2 relations of (t, s, o) in the day's event-database rows, empty when there are none."""
     asked = questions.filter(pl.col("date") == target).select("query_id", "s", "o")
-    relations = day_events(target, settings).group_by("s", "o").agg(pl.col("r").unique().sort().alias("answer_list"))
+    relations = day_events(target, dataset).group_by("s", "o").agg(pl.col("r").unique().sort().alias("answer_list"))
     return (
         asked.join(relations, on=["s", "o"], how="left")
         .with_columns(pl.col("answer_list").fill_null(pl.lit([], dtype=pl.List(pl.String))))
@@ -163,23 +163,23 @@ def deadline_of(manifest: dict) -> datetime:
 
 
 def resolve_round(
-    round_day: date, settings: Settings, *, now: datetime, store: ReleaseStore | None = None
+    round_day: date, dataset: DatasetSettings, live: LiveSettings, *, now: datetime, store: ReleaseStore | None = None
 ) -> RoundResolution:
     """Resolve every target date of the round that has closed (DayClosure) and is not resolved yet;
     read back the ones already resolved. With a store, publish each resolved date's answers there
     (again when a previous run stopped between the local write and the upload), then rebuild
     live/index.json, whose resolved_dates come from the answers in the store."""
-    questions, manifest = read_round(settings, round_day)
+    questions, manifest = read_round(dataset, round_day)
     deadline = deadline_of(manifest)
     targets = sorted({date.fromisoformat(t) for t in manifest["target_dates"]})
     out = []
     for target in targets:
-        path = answers_path(settings, round_day, target)
+        path = answers_path(dataset, round_day, target)
         newly = False
         if path.exists():
             answers = pl.read_parquet(path)
         else:
-            closure = day_closure(target, settings, now)
+            closure = day_closure(target, dataset, live, now)
             reasons = list(closure.reasons)
             if now < deadline:
                 reasons.insert(0, f"submissions are open until {deadline.isoformat()}")
@@ -187,7 +187,7 @@ def resolve_round(
                 n = questions.filter(pl.col("date") == target).height
                 out.append(DateResolution(target, False, tuple(reasons), n, 0, False))
                 continue
-            answers = compute_answers(questions, target, settings)
+            answers = compute_answers(questions, target, dataset)
             atomic_write_parquet(
                 answers,
                 path,
@@ -195,7 +195,7 @@ def resolve_round(
                     "resolution_version": RESOLUTION_VERSION,
                     "round": round_day.isoformat(),
                     "date": target.isoformat(),
-                    "min_mentions": str(settings.dataset.article_min_mentions),
+                    "min_mentions": str(dataset.article_min_mentions),
                     "slots": json.dumps(closure.slots, sort_keys=True),
                 },
             )
@@ -210,35 +210,37 @@ def resolve_round(
     return RoundResolution(round_day, out)
 
 
-def resolved_answers(settings: Settings, round_day: date) -> pl.DataFrame:
+def resolved_answers(dataset: DatasetSettings, round_day: date) -> pl.DataFrame:
     """Every resolved answer of the round so far (ANSWERS_SCHEMA), in query_id order."""
-    directory = round_dir(settings.dataset.data_dir, round_day) / "answers"
+    directory = round_dir(dataset.data_dir, round_day) / "answers"
     paths = sorted(p for p in directory.glob("*.parquet") if is_day(p.stem)) if directory.is_dir() else []
     if not paths:
         return ANSWERS_SCHEMA.to_frame()
     return pl.concat([pl.read_parquet(p).match_to_schema(ANSWERS_SCHEMA) for p in paths]).sort("query_id")
 
 
-def published_round_days(settings: Settings) -> list[date]:
+def published_round_days(dataset: DatasetSettings) -> list[date]:
     """Rounds with a local manifest (published), newest first."""
-    base = DataLayout(settings.dataset.data_dir).root / "live"
+    base = DataLayout(dataset.data_dir).root / "live"
     names = [p.name for p in base.iterdir() if is_day(p.name)] if base.is_dir() else []
     return sorted((date.fromisoformat(n) for n in names if (base / n / "manifest.json").exists()), reverse=True)
 
 
-def unresolved_dates(settings: Settings, round_day: date, now: datetime) -> dict[date, tuple[str, ...]]:
+def unresolved_dates(
+    dataset: DatasetSettings, live: LiveSettings, round_day: date, now: datetime
+) -> dict[date, tuple[str, ...]]:
     """The round's target dates that are not resolved yet, each with what it waits for (nothing:
     it would resolve now); reads the manifest and each such date's ledger only (a sensor asks this
     of every round on every tick), and before the deadline not even those."""
-    manifest = json.loads((round_dir(settings.dataset.data_dir, round_day) / "manifest.json").read_text())
+    manifest = json.loads((round_dir(dataset.data_dir, round_day) / "manifest.json").read_text())
     deadline = deadline_of(manifest)
     targets = sorted({date.fromisoformat(t) for t in manifest["target_dates"]})
-    unresolved = [t for t in targets if not answers_path(settings, round_day, t).exists()]
+    unresolved = [t for t in targets if not answers_path(dataset, round_day, t).exists()]
     if now < deadline:
         return dict.fromkeys(unresolved, (f"submissions are open until {deadline.isoformat()}",))
-    return {t: day_closure(t, settings, now).reasons for t in unresolved}
+    return {t: day_closure(t, dataset, live, now).reasons for t in unresolved}
 
 
-def resolvable_dates(settings: Settings, round_day: date, now: datetime) -> list[date]:
+def resolvable_dates(dataset: DatasetSettings, live: LiveSettings, round_day: date, now: datetime) -> list[date]:
     """The round's target dates that are not resolved yet and would resolve now."""
-    return [t for t, reasons in unresolved_dates(settings, round_day, now).items() if not reasons]
+    return [t for t, reasons in unresolved_dates(dataset, live, round_day, now).items() if not reasons]

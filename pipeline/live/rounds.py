@@ -1,7 +1,7 @@
 """Live rounds: the questions of day D built, and where a round's files are (docs/live.md); the
 round is published and listed by pipeline/live/publication.py.
 
-A round asks (t, s, o) for t = D + h, h in settings.live.horizon_days, about pairs drawn from the
+A round asks (t, s, o) for t = D + h, h in live.horizon_days, about pairs drawn from the
 daily files of the window D − live_window_days .. D − 1 and nothing else: the builder opens only
 those days' daily quads and articles (tests/test_live_rounds.py makes every other day's files
 garbage and gets the same bytes). Two pools, both built with the event database's and the monthly
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import polars as pl
 
-from pipeline.config import Settings
+from pipeline.config import DatasetSettings, LiveSettings
 from pipeline.reference import country_names, region_table
 from pipeline.release.layout import ReleaseError
 from pipeline.splits.database import linked_events
@@ -81,18 +81,18 @@ def resolved_targets(data_dir: Path | str, day: date, targets: list[date]) -> li
     return [t for t in targets if answers_file(data_dir, day, t).exists()]
 
 
-def window_days(day: date, settings: Settings) -> list[date]:
+def window_days(day: date, live: LiveSettings) -> list[date]:
     """D − live_window_days .. D − 1: the only days whose files the round reads."""
-    return [day - timedelta(days=n) for n in range(settings.live.window_days, 0, -1)]
+    return [day - timedelta(days=n) for n in range(live.window_days, 0, -1)]
 
 
-def target_dates(day: date, settings: Settings) -> list[date]:
-    return [day + timedelta(days=h) for h in settings.live.horizon_days]
+def target_dates(day: date, live: LiveSettings) -> list[date]:
+    return [day + timedelta(days=h) for h in live.horizon_days]
 
 
-def deadline(day: date, settings: Settings) -> datetime:
+def deadline(day: date, live: LiveSettings) -> datetime:
     """00:00 UTC of the earliest target date: after it, the first answers start to happen."""
-    return datetime.combine(min(target_dates(day, settings)), time.min, UTC)
+    return datetime.combine(min(target_dates(day, live)), time.min, UTC)
 
 
 def round_seed(live_seed: int, day: date) -> int:
@@ -122,12 +122,14 @@ class Round:
         return published.write_ndjson().encode()
 
 
-def read_window(day: date, settings: Settings) -> tuple[pl.DataFrame, pl.DataFrame, list[date], list[date]]:
+def read_window(
+    day: date, dataset: DatasetSettings, live: LiveSettings
+) -> tuple[pl.DataFrame, pl.DataFrame, list[date], list[date]]:
     """(the window's event-database rows, its (date, s, o, r1) quads over the database's mentions
     threshold, the days read, the days skipped). A day is read when both its daily quads and its
     articles exist; nothing of any other day is opened."""
-    layout = DataLayout(settings.dataset.data_dir)
-    days = window_days(day, settings)
+    layout = DataLayout(dataset.data_dir)
+    days = window_days(day, live)
     read = [d for d in days if layout.daily_quads_path(d).is_file() and layout.articles_path(d).is_file()]
     missing = [d for d in days if d not in read]
     if not read:
@@ -135,7 +137,7 @@ def read_window(day: date, settings: Settings) -> tuple[pl.DataFrame, pl.DataFra
             f"round {day}: no day of its window {days[0]} .. {days[-1]} has daily quads and articles yet"
         )
     quads = pl.scan_parquet(verified(layout, *(layout.daily_quads_path(d) for d in read))).filter(
-        pl.col("daily_mentions") >= settings.dataset.article_min_mentions
+        pl.col("daily_mentions") >= dataset.article_min_mentions
     )
     articles = pl.scan_parquet(verified(layout, *(layout.articles_path(d) for d in read)))
     events, _ = linked_events(quads, articles)
@@ -143,11 +145,11 @@ def read_window(day: date, settings: Settings) -> tuple[pl.DataFrame, pl.DataFra
     return events, activity, read, missing
 
 
-def pools(day: date, events: pl.DataFrame, activity: pl.DataFrame, settings: Settings) -> dict[str, pl.DataFrame]:
+def pools(day: date, events: pl.DataFrame, activity: pl.DataFrame, dataset: DatasetSettings) -> dict[str, pl.DataFrame]:
     """The active and quiet pools: one row per pair (s, o), sorted, with what the sampler balances
     (answer_level1: the level-1 codes the pair took in the window; both actors' regions)."""
     grade = queries_from_events(
-        events, day, min_mentions=settings.dataset.test_min_mentions, min_articles=settings.dataset.test_min_articles
+        events, day, min_mentions=dataset.test_min_mentions, min_articles=dataset.test_min_articles
     ).select("s", "o")
     regions = region_table().select("iso3", "region")
     pairs = (
@@ -174,20 +176,20 @@ def draw_sizes(pairs: int, quiet_share: float, available: dict[str, int]) -> dic
     return {"active": active, "quiet": quiet}
 
 
-def build_round(day: date, settings: Settings) -> Round:
+def build_round(day: date, dataset: DatasetSettings, live: LiveSettings) -> Round:
     """The round of ``day`` from the window's daily files; the same files and settings give the
     same questions, byte for byte."""
-    horizons = settings.live.horizon_days
-    events, activity, read, missing = read_window(day, settings)
-    pool = pools(day, events, activity, settings)
+    horizons = live.horizon_days
+    events, activity, read, missing = read_window(day, dataset, live)
+    pool = pools(day, events, activity, dataset)
     sizes = draw_sizes(
-        settings.live.round_size // len(horizons),
-        settings.live.quiet_share,
+        live.round_size // len(horizons),
+        live.quiet_share,
         {k: v.height for k, v in pool.items()},
     )
     if not sum(sizes.values()):
         raise RoundNotReady(f"round {day}: no pair had any activity in {read[0]} .. {read[-1]}")
-    seed = round_seed(settings.live.seed, day)
+    seed = round_seed(live.seed, day)
     # One seed per pool: the quiet draw does not move when the active pool changes size.
     drawn = pl.concat(
         [

@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from pipeline.config import DatasetSettings
 from pipeline.evaluation.metrics import SET_METRICS, query_scores, to_answer_dict
 from pipeline.evaluation.scoring import DEFAULT_RESAMPLES, bootstrap_intervals, bootstrap_means
 from pipeline.live.resolve import read_round, resolved_answers, round_dir
@@ -174,10 +175,10 @@ class Accepted:
     predictions: Path
 
 
-def accepted_submissions(settings, round_day: date) -> tuple[list[Accepted], list[str]]:
+def accepted_submissions(dataset: DatasetSettings, round_day: date) -> tuple[list[Accepted], list[str]]:
     """The round's accepted submissions in name order, and one line per record that could not be
     read (a record is ours, but its text fields come from submitters)."""
-    directory = round_dir(settings.dataset.data_dir, round_day) / "submissions"
+    directory = round_dir(dataset.data_dir, round_day) / "submissions"
     found, problems = [], []
     for sub in sorted(directory.iterdir()) if directory.is_dir() else []:
         record_path, predictions = sub / "record.json", sub / "predictions.parquet"
@@ -206,13 +207,13 @@ def score_accepted(accepted: Accepted, answers: pl.DataFrame) -> pl.DataFrame:
     return question_scores(predictions, answers)
 
 
-def score_round(settings, round_day: date) -> dict:
+def score_round(dataset: DatasetSettings, round_day: date) -> dict:
     """Score every accepted submission of the round against the answers resolved so far, and write
     live/<D>/scores.json (rewritten as more dates resolve). A submission whose predictions cannot
     be scored is listed with its reason; the others are scored."""
-    questions, _ = read_round(settings, round_day)
-    answers = resolved_answers(settings, round_day)
-    accepted, problems = accepted_submissions(settings, round_day)
+    questions, _ = read_round(dataset, round_day)
+    answers = resolved_answers(dataset, round_day)
+    accepted, problems = accepted_submissions(dataset, round_day)
     results: dict[str, dict] = {}
     for sub in accepted:
         entry = {
@@ -238,7 +239,7 @@ def score_round(settings, round_day: date) -> dict:
         "problems": problems,
     }
     atomic_write_bytes(
-        round_dir(settings.dataset.data_dir, round_day) / "scores.json",
+        round_dir(dataset.data_dir, round_day) / "scores.json",
         (json.dumps(card, indent=2, sort_keys=True) + "\n").encode(),
     )
     return card

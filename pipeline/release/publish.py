@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, date
 from pathlib import Path
 
-from pipeline.config import Settings
+from pipeline.config import DatasetSettings, ReleaseSettings
 from pipeline.release.layout import (
     CARD_NAME,
     INDEX_KEY,
@@ -47,7 +47,6 @@ from pipeline.release.store import (
     ReleaseNotReady,
     ReleaseStore,
 )
-from pipeline.release.store_uri import open_store
 from pipeline.storage import DataLayout, FileDigest, recorded_digest
 
 INDEX_FORMAT = "mirai-release-index-v1"
@@ -84,12 +83,12 @@ MAX_PARTS = 10_000  # S3's limit per multipart upload
 MIN_PART = 5 * 2**20  # S3's smallest part (but the last)
 
 
-def _part_size(settings: Settings, size: int) -> int | None:
+def _part_size(release: ReleaseSettings, size: int) -> int | None:
     """The part size of a file's multipart upload (whole MiB, at least 5 MiB, at most 10,000
     parts), or None below the threshold: one PUT."""
-    if size < settings.release.multipart_threshold_mb * 2**20:
+    if size < release.multipart_threshold_mb * 2**20:
         return None
-    wanted = max(settings.release.multipart_chunk_mb * 2**20, MIN_PART, -(-size // MAX_PARTS))
+    wanted = max(release.multipart_chunk_mb * 2**20, MIN_PART, -(-size // MAX_PARTS))
     return -(-wanted // CHUNK) * CHUNK
 
 
@@ -134,7 +133,7 @@ class SourceFile:
         )
 
 
-def _planned(source: SourceFile, settings: Settings) -> PlannedObject:
+def _planned(source: SourceFile, release: ReleaseSettings) -> PlannedObject:
     """The file's upload plan. A file of one PUT with a recorded sha256 is not read: the PUT
     carries that sha256, so the store itself refuses bytes that changed since (S3 answers
     BadDigest, the local store compares while copying), and a publish does not re-read a
@@ -144,7 +143,7 @@ def _planned(source: SourceFile, settings: Settings) -> PlannedObject:
     size = path.stat().st_size
     if recorded is not None and recorded.bytes != size:
         raise source.not_as_recorded(f"{size} bytes", f"{recorded.bytes}")
-    part_size = _part_size(settings, size)
+    part_size = _part_size(release, size)
     if recorded is not None and part_size is None:
         return PlannedObject(
             name=name, path=path, sha256=recorded.sha256, size=size, part_size=None, part_sha256=(), rows=source.rows
@@ -167,8 +166,8 @@ class ReleaseSources:
     files: list[SourceFile]  # the split's files first
 
 
-def release_sources(month: date, settings: Settings) -> ReleaseSources:
-    layout = DataLayout(settings.dataset.data_dir)
+def release_sources(month: date, dataset: DatasetSettings) -> ReleaseSources:
+    layout = DataLayout(dataset.data_dir)
     month = month.replace(day=1)
     label = f"{month:%Y-%m}"
     split_dir = layout.split_dir(month)
@@ -204,13 +203,13 @@ def release_sources(month: date, settings: Settings) -> ReleaseSources:
     return ReleaseSources(month=label, split_manifest=split_manifest, database_months=months, files=files)
 
 
-def plan_files(sources: ReleaseSources, settings: Settings) -> Iterator[PlannedObject]:
+def plan_files(sources: ReleaseSources, release: ReleaseSettings) -> Iterator[PlannedObject]:
     """Each file planned (see _planned), in the sources' order, as soon as it is (so uploads can
     start while later files are still read); raises when a file no longer matches its recorded
     sha256 or size."""
     # Hashing is most of a publish's own CPU time; hashlib and file reads release the GIL.
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        yield from pool.map(lambda source: _planned(source, settings), sources.files)
+        yield from pool.map(lambda source: _planned(source, release), sources.files)
 
 
 def build_plan(sources: ReleaseSources, objects: list[PlannedObject]) -> ReleasePlan:
@@ -230,10 +229,10 @@ def build_plan(sources: ReleaseSources, objects: list[PlannedObject]) -> Release
     return ReleasePlan(month=sources.month, objects=objects, manifest=manifest, manifest_bytes=data)
 
 
-def plan_release(month: date, settings: Settings) -> ReleasePlan:
+def plan_release(month: date, dataset: DatasetSettings, release: ReleaseSettings) -> ReleasePlan:
     """Plan every file of the month's release (see _planned) and build its manifest."""
-    sources = release_sources(month, settings)
-    return build_plan(sources, list(plan_files(sources, settings)))
+    sources = release_sources(month, dataset)
+    return build_plan(sources, list(plan_files(sources, release)))
 
 
 def _database_months(layout: DataLayout, month: date) -> list[str]:
@@ -286,37 +285,38 @@ def _matches(info: ObjectInfo, obj: PlannedObject) -> bool:
 
 def publish_release(
     month: date,
-    settings: Settings,
-    store: ReleaseStore | None = None,
+    dataset: DatasetSettings,
+    release: ReleaseSettings,
+    store: ReleaseStore,
     *,
     plan: ReleasePlan | None = None,
     log: Callable[[str], None] = lambda message: None,
     progress: Progress | None = None,
 ) -> PublishResult:
-    """Publish the month's release, or verify an existing one and change nothing.
+    """Publish the month's release to ``store`` (``store_uri.open_store``), or verify an existing
+    one and change nothing.
 
     ``plan`` is plan_release's result when the caller already made it (planning may read the
     files); without one, a month the store holds nothing of is uploaded while it is planned.
     Raises ReleaseConflict, before writing anything, when the store already holds a different
     release for the month (or different bytes at any of its keys).
     """
-    store = store or open_store(settings)
     if plan:  # a plan made by the caller: the same layout check as plan_release's, before any write
         where = f"the plan of release {plan.month}"
         check_manifest(plan.month, plan.manifest, where)
         for obj in plan.objects:
             check_name(plan.month, obj.name, where)
-    sources = None if plan else release_sources(month, settings)
+    sources = None if plan else release_sources(month, dataset)
     label = plan.month if plan else sources.month
     manifest_key = release_key(label, MANIFEST_NAME)
     published = store.get_bytes(manifest_key, limit=MAX_JSON_BYTES)
     if sources and published is None and not _any_stored(store, label, sources.files):
         # A month new to the store (every first publish) has nothing to compare against, so each
         # file goes up as soon as it is planned instead of after a hashing pass over the release.
-        plan = _upload_while_planning(store, sources, settings, log, progress)
+        plan = _upload_while_planning(store, sources, release, log, progress)
         uploaded, verified = plan.objects, []
     else:
-        plan = plan or build_plan(sources, list(plan_files(sources, settings)))
+        plan = plan or build_plan(sources, list(plan_files(sources, release)))
         uploaded, verified = _check_then_upload(store, plan, published, log, progress)
     result = PublishResult(
         month=plan.month,
@@ -357,7 +357,7 @@ def _any_stored(store: ReleaseStore, month: str, files: list[SourceFile]) -> boo
 
 
 def _upload_while_planning(
-    store: ReleaseStore, sources: ReleaseSources, settings: Settings, log, progress
+    store: ReleaseStore, sources: ReleaseSources, release: ReleaseSettings, log, progress
 ) -> ReleasePlan:
     """Upload every file of a release the store holds nothing of, each as soon as it is planned;
     the plan (hence the manifest) is complete only once every upload is verified."""
@@ -369,7 +369,7 @@ def _upload_while_planning(
     objects: list[PlannedObject] = []
 
     def planned() -> Iterator[tuple[str, PlannedObject]]:
-        for obj in plan_files(sources, settings):
+        for obj in plan_files(sources, release):
             objects.append(obj)
             yield release_key(sources.month, obj.name), obj
 

@@ -9,25 +9,32 @@ from __future__ import annotations
 from pathlib import Path
 from urllib.parse import urlparse
 
-from pipeline.config import Settings
+from pipeline.config import DatasetSettings, NetworkSettings, ReleaseSettings
 from pipeline.release.layout import ReleaseError
 from pipeline.release.s3_store import S3Store
 from pipeline.release.store import LocalStore, ReleaseStore
 
 
-def open_store(settings: Settings, *, uri: str | None = None, signed: bool = True) -> ReleaseStore:
+def open_store(
+    dataset: DatasetSettings,
+    network: NetworkSettings,
+    release: ReleaseSettings,
+    *,
+    uri: str | None = None,
+    signed: bool = True,
+) -> ReleaseStore:
     """The store MIRAI_RELEASE_URI names: s3://bucket/prefix, file:///path or a path; empty means
     <data_dir>/releases-bucket."""
-    uri = uri if uri is not None else settings.release.uri
+    uri = uri if uri is not None else release.uri
     if not uri:
-        return LocalStore(settings.dataset.data_dir / "releases-bucket", settings.release.public_url)
+        return LocalStore(dataset.data_dir / "releases-bucket", release.public_url)
     parsed = urlparse(uri)
     if parsed.scheme == "s3":
         if not parsed.netloc:
             raise ReleaseError(f"MIRAI_RELEASE_URI={uri!r}: expected s3://bucket/prefix")
-        return S3Store(parsed.netloc, parsed.path, settings.release, settings.network, signed=signed)
+        return S3Store(parsed.netloc, parsed.path, release, network, signed=signed)
     if parsed.scheme == "file":
-        return LocalStore(Path(parsed.path), settings.release.public_url)
+        return LocalStore(Path(parsed.path), release.public_url)
     if parsed.scheme:
         raise ReleaseError(f"MIRAI_RELEASE_URI={uri!r}: only s3://, file:// and plain paths are supported")
-    return LocalStore(Path(uri), settings.release.public_url)
+    return LocalStore(Path(uri), release.public_url)

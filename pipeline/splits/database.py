@@ -24,7 +24,7 @@ from pathlib import Path
 import polars as pl
 
 from pipeline.articles.urls import normalize_url, url_md5
-from pipeline.config import Settings
+from pipeline.config import ArticleSettings, DatasetSettings
 from pipeline.reference import (
     COUNTRY_TABLE_VERSION,
     RELATION_TABLE_VERSION,
@@ -121,29 +121,29 @@ def linked_events(quads: pl.LazyFrame, articles: pl.LazyFrame) -> tuple[pl.DataF
     return events, sources
 
 
-def day_inputs_missing(day: date, settings: Settings) -> list[str]:
+def day_inputs_missing(day: date, dataset: DatasetSettings) -> list[str]:
     """Which of the day's daily inputs (daily_quads, articles) are not stored yet."""
-    layout = DataLayout(settings.dataset.data_dir)
+    layout = DataLayout(dataset.data_dir)
     paths = (("daily_quads", layout.daily_quads_path(day)), ("articles", layout.articles_path(day)))
     return [what for what, path in paths if not path.exists()]
 
 
-def day_events(day: date, settings: Settings) -> pl.DataFrame:
+def day_events(day: date, dataset: DatasetSettings) -> pl.DataFrame:
     """The event database's rows of one day (EVENT_DB_SCHEMA), by the month build's own rule and
     code (linked_events): the live rounds resolve a day long before its month is built."""
-    missing = day_inputs_missing(day, settings)
+    missing = day_inputs_missing(day, dataset)
     if missing:
         raise MonthNotReady(f"{day}: daily inputs missing: {', '.join(missing)}")
-    layout = DataLayout(settings.dataset.data_dir)
+    layout = DataLayout(dataset.data_dir)
     quads = pl.scan_parquet(verified(layout, layout.daily_quads_path(day)))
     articles = pl.scan_parquet(verified(layout, layout.articles_path(day)))
-    events, _ = linked_events(quads.filter(pl.col("daily_mentions") >= settings.dataset.article_min_mentions), articles)
+    events, _ = linked_events(quads.filter(pl.col("daily_mentions") >= dataset.article_min_mentions), articles)
     return events
 
 
-def build_database_month(month: date, settings: Settings) -> DatabaseMonth:
+def build_database_month(month: date, dataset: DatasetSettings) -> DatabaseMonth:
     """The month's event and news tables from its daily quads and articles (every day needed)."""
-    layout = DataLayout(settings.dataset.data_dir)
+    layout = DataLayout(dataset.data_dir)
     days = month_days(month)
     missing = [
         f"{d}: {what}"
@@ -154,7 +154,7 @@ def build_database_month(month: date, settings: Settings) -> DatabaseMonth:
     if missing:
         raise MonthNotReady(f"{month:%Y-%m}: {len(missing)} daily inputs missing, e.g. {missing[:5]}")
     all_quads = pl.scan_parquet(verified(layout, *(layout.daily_quads_path(d) for d in days)))
-    quads = all_quads.filter(pl.col("daily_mentions") >= settings.dataset.article_min_mentions)
+    quads = all_quads.filter(pl.col("daily_mentions") >= dataset.article_min_mentions)
     articles = pl.scan_parquet(verified(layout, *(layout.articles_path(d) for d in days)))
     kept = articles.filter("kept").select(
         pl.col("url_md5").alias("article_id"), pl.col("day").alias("date"), "url", "title", "text", "abstract"
@@ -189,13 +189,13 @@ def build_database_month(month: date, settings: Settings) -> DatabaseMonth:
     return DatabaseMonth(month=month.replace(day=1), events=events, news=news, counts=counts)
 
 
-def write_database_month(db: DatabaseMonth, settings: Settings) -> dict[str, Path]:
-    layout = DataLayout(settings.dataset.data_dir)
+def write_database_month(db: DatabaseMonth, dataset: DatasetSettings, articles: ArticleSettings) -> dict[str, Path]:
+    layout = DataLayout(dataset.data_dir)
     meta = {
         "database_version": DATABASE_VERSION,
         "month": f"{db.month:%Y-%m}",
-        "min_mentions": str(settings.dataset.article_min_mentions),
-        "article_profile": settings.articles.article_profile,
+        "min_mentions": str(dataset.article_min_mentions),
+        "article_profile": articles.article_profile,
         "country_table_version": COUNTRY_TABLE_VERSION,
         "relation_table_version": RELATION_TABLE_VERSION,
         "counts": json.dumps(db.counts, sort_keys=True),
@@ -208,7 +208,7 @@ def write_database_month(db: DatabaseMonth, settings: Settings) -> dict[str, Pat
     return paths
 
 
-def build_event_database(month: date, settings: Settings) -> DatabaseMonth:
-    db = build_database_month(month, settings)
-    write_database_month(db, settings)
+def build_event_database(month: date, dataset: DatasetSettings, articles: ArticleSettings) -> DatabaseMonth:
+    db = build_database_month(month, dataset)
+    write_database_month(db, dataset, articles)
     return db

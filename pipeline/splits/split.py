@@ -20,7 +20,7 @@ from pathlib import Path
 import polars as pl
 
 from pipeline.articles.day import ARTICLES_VERSION
-from pipeline.config import Settings
+from pipeline.config import DatasetSettings, GdeltSettings, data_source
 from pipeline.events.normalize import RULES_VERSION
 from pipeline.gdelt.ledger import read_ledger, summarize
 from pipeline.reference import (
@@ -91,13 +91,13 @@ class Closure:
         return f"{self.month:%Y-%m} is {state}" + ("" if self.closed else ": " + "; ".join(self.reasons))
 
 
-def month_closure(month: date, settings: Settings, now: datetime) -> Closure:
-    layout = DataLayout(settings.dataset.data_dir)
+def month_closure(month: date, dataset: DatasetSettings, now: datetime) -> Closure:
+    layout = DataLayout(dataset.data_dir)
     days = month_days(month)
     ledgers = [read_ledger(layout, d) for d in days]
     slots = summarize(pl.concat(ledgers))
     reasons = []
-    due = datetime.combine(days[-1] + timedelta(days=1 + settings.dataset.split_grace_days), datetime.min.time(), UTC)
+    due = datetime.combine(days[-1] + timedelta(days=1 + dataset.split_grace_days), datetime.min.time(), UTC)
     if now < due:
         reasons.append(f"grace period runs until {due.isoformat()}")
     # Named by the asset that writes the ledger (gdelt_files) and its daily partitions, so the
@@ -127,8 +127,8 @@ def month_closure(month: date, settings: Settings, now: datetime) -> Closure:
     )
 
 
-def _scan_month(settings: Settings, month: date) -> pl.DataFrame:
-    layout = DataLayout(settings.dataset.data_dir)
+def _scan_month(dataset: DatasetSettings, month: date) -> pl.DataFrame:
+    layout = DataLayout(dataset.data_dir)
     path = layout.database_path("events", month)
     if not path.exists():
         raise MonthNotReady(f"{month:%Y-%m}: no event database at {path}; materialise event_database first")
@@ -299,7 +299,8 @@ def _write_mirai_bundle(
 
 def _manifest(
     month: date,
-    settings: Settings,
+    dataset: DatasetSettings,
+    gdelt: GdeltSettings,
     *,
     closure: Closure,
     override: Override | None,
@@ -315,18 +316,18 @@ def _manifest(
     return {
         "month": f"{month:%Y-%m}",
         "dataset_version": f"{month:%Y-%m}",
-        "source": settings.source,
+        "source": data_source(dataset, gdelt),
         "split_version": SPLIT_VERSION,
         "history_cutoff": (month - timedelta(days=1)).isoformat(),
-        "distance_days": settings.dataset.agent_distance_days,
-        "seed": settings.dataset.split_seed,
-        "sample_size": settings.dataset.split_sample_size,
+        "distance_days": dataset.agent_distance_days,
+        "seed": dataset.split_seed,
+        "sample_size": dataset.split_sample_size,
         "sampler_version": SAMPLER_VERSION,
         "sampler": {"candidates_per_step": SAMPLER_CANDIDATES, "weights": SAMPLER_WEIGHTS},
         "thresholds": {
-            "database_min_mentions": settings.dataset.article_min_mentions,
-            "test_min_mentions": settings.dataset.test_min_mentions,
-            "test_min_articles": settings.dataset.test_min_articles,
+            "database_min_mentions": dataset.article_min_mentions,
+            "test_min_mentions": dataset.test_min_mentions,
+            "test_min_articles": dataset.test_min_articles,
         },
         "versions": {
             "rules": RULES_VERSION,
@@ -342,7 +343,7 @@ def _manifest(
         "counts": {
             "queries": queries.height,
             "sample": sample.height,
-            "test_grade_quads": events.filter(pl.col("daily_mentions") >= settings.dataset.test_min_mentions).height,
+            "test_grade_quads": events.filter(pl.col("daily_mentions") >= dataset.test_min_mentions).height,
             "database_events": events.height,
             "database_articles": db_counts.get("news", 0),
             "slots": closure.slots,
@@ -361,24 +362,26 @@ def _manifest(
     }
 
 
-def build_split(month: date, settings: Settings, *, now: datetime, override: Override | None = None) -> Split:
+def build_split(
+    month: date, dataset: DatasetSettings, gdelt: GdeltSettings, *, now: datetime, override: Override | None = None
+) -> Split:
     """Build and publish (atomically, as one directory) the month's test split."""
     # Imported here: the card needs matplotlib, which costs ~0.5 s that nothing else should pay.
     from pipeline.splits.card import dataset_card
     from pipeline.splits.card_figures import render_figures
 
     month = month.replace(day=1)
-    closure = month_closure(month, settings, now)
+    closure = month_closure(month, dataset, now)
     if not closure.closed and override is None:
         raise MonthNotReady(closure.describe() + " (an operator override with a reason can force it)")
-    layout = DataLayout(settings.dataset.data_dir)
-    events = _scan_month(settings, month)
+    layout = DataLayout(dataset.data_dir)
+    events = _scan_month(dataset, month)
     db_meta = read_parquet_metadata(layout.database_path("events", month))
     db_counts = json.loads(db_meta.get("counts", "{}"))
     queries = queries_from_events(
-        events, month, min_mentions=settings.dataset.test_min_mentions, min_articles=settings.dataset.test_min_articles
+        events, month, min_mentions=dataset.test_min_mentions, min_articles=dataset.test_min_articles
     )
-    sample = balanced_sample(queries, settings.dataset.split_sample_size, settings.dataset.split_seed)
+    sample = balanced_sample(queries, dataset.split_sample_size, dataset.split_seed)
 
     final = layout.split_dir(month)
     with staged_directory(final) as staging:
@@ -394,7 +397,8 @@ def build_split(month: date, settings: Settings, *, now: datetime, override: Ove
         files.update(_write_mirai_bundle(layout, month, queries, sample, staging))
         manifest = _manifest(
             month,
-            settings,
+            dataset,
+            gdelt,
             closure=closure,
             override=override,
             db_meta=db_meta,
@@ -409,6 +413,6 @@ def build_split(month: date, settings: Settings, *, now: datetime, override: Ove
     return Split(month=month, directory=final, queries=queries, sample=sample, manifest=manifest)
 
 
-def read_manifest(settings: Settings, month: date) -> dict | None:
-    path = DataLayout(settings.dataset.data_dir).split_dir(month) / "manifest.json"
+def read_manifest(dataset: DatasetSettings, month: date) -> dict | None:
+    path = DataLayout(dataset.data_dir).split_dir(month) / "manifest.json"
     return json.loads(path.read_text()) if path.exists() else None

@@ -81,26 +81,32 @@ def main(argv: list[str]) -> None:
         from pipeline.gdelt.ingest import ingest_day, parse_day
 
         day, now = date.fromisoformat(args[0]), datetime.fromisoformat(args[1])
-        ingest_day(day, settings, now=now)
+        ingest_day(day, settings.dataset, settings.network, settings.gdelt, now=now)
         for kind in ("export", "mentions"):
-            parse_day(day, kind, settings)
+            parse_day(day, kind, settings.dataset, settings.gdelt)
     elif stage == "normalise":
         from pipeline.events.daily import build_daily_quads, build_events
 
         for arg in args:
-            build_events(date.fromisoformat(arg), settings)
-            build_daily_quads(date.fromisoformat(arg), settings)
+            build_events(date.fromisoformat(arg), settings.dataset)
+            build_daily_quads(date.fromisoformat(arg), settings.dataset)
     elif stage == "articles":
         from pipeline.articles.day import build_articles
 
-        build_articles(date.fromisoformat(args[0]), settings, now=datetime.fromisoformat(args[1]))
+        build_articles(
+            date.fromisoformat(args[0]),
+            settings.dataset,
+            settings.network,
+            settings.articles,
+            now=datetime.fromisoformat(args[1]),
+        )
     elif stage == "split":
         from pipeline.splits.database import build_event_database
         from pipeline.splits.split import build_split
 
         month = date.fromisoformat(args[0])
-        build_event_database(month, settings)
-        build_split(month, settings, now=datetime.fromisoformat(args[1]))
+        build_event_database(month, settings.dataset, settings.articles)
+        build_split(month, settings.dataset, settings.gdelt, now=datetime.fromisoformat(args[1]))
     elif stage == "release":
         from pipeline.release.publish import publish_release
         from pipeline.release.store import LocalStore
@@ -108,8 +114,12 @@ def main(argv: list[str]) -> None:
 
         month = date.fromisoformat(args[0])
         # A fixed public URL: the index's links must not depend on where the test put the store.
-        store = open_store(settings) if args[1] == "s3" else LocalStore(Path(args[1]), "https://releases.test/mirai")
-        publish_release(month, settings, store)
+        store = (
+            open_store(settings.dataset, settings.network, settings.release)
+            if args[1] == "s3"
+            else LocalStore(Path(args[1]), "https://releases.test/mirai")
+        )
+        publish_release(month, settings.dataset, settings.release, store)
     else:
         raise SystemExit(f"unknown stage {stage!r}")
     print(f"done commits={COMMITS[0]}", flush=True)

@@ -35,12 +35,12 @@ DAYS = (D1, D2)
 def run_days(settings: Settings, now: datetime = NOW) -> None:
     """What the schedule runs for a day (the gdelt_ingest job's steps), for each day in order."""
     for day in DAYS:
-        ingest_day(day, settings, now=now)
+        ingest_day(day, settings.dataset, settings.network, settings.gdelt, now=now)
         for kind in ("export", "mentions"):
-            parse_day(day, kind, settings)
+            parse_day(day, kind, settings.dataset, settings.gdelt)
     for day in DAYS:
-        build_events(day, settings)
-        build_daily_quads(day, settings)
+        build_events(day, settings.dataset)
+        build_daily_quads(day, settings.dataset)
 
 
 @pytest.fixture(scope="module")
@@ -163,9 +163,9 @@ def test_a_damaged_derived_file_is_refused_by_its_reader_and_the_next_run_rebuil
     # it was written, and the next consumer (the quads build, the article selection) checks it.
     with pytest.raises(DamagedFile, match=re.escape(str(path.relative_to(data)))):
         if table == "events":
-            build_daily_quads(D2, settings)
+            build_daily_quads(D2, settings.dataset)
         else:
-            select_urls(D2, settings)
+            select_urls(D2, settings.dataset, settings.articles)
     # The schedule's next run of the day rewrites both files from the parsed slots.
     run_days(settings)
     assert file_digests(data) == file_digests(store[0])
@@ -208,14 +208,14 @@ def test_a_corrupted_parsed_slot_is_never_silently_read(copy, store, damage):
     if damage is _flip_bytes:
         # Without the parse step the damage is at least loud: decoding fails, the events stay as they were.
         with pytest.raises(Exception, match=r"(?i)corrupt|parquet|zstd"):
-            build_events(D2, settings)
+            build_events(D2, settings.dataset)
         assert layout.events_path(D2).read_bytes() == before
     else:
         # This damage is silent to a reader: without the parse step it would reach the events.
         assert not pl.read_parquet(path).equals(clean_rows)
-    parse_day(D2, "export", settings)
+    parse_day(D2, "export", settings.dataset, settings.gdelt)
     assert pl.read_parquet(path).equals(clean_rows)
-    build_events(D2, settings)
+    build_events(D2, settings.dataset)
     assert layout.events_path(D2).read_bytes() == (store[0] / layout.events_path(D2).relative_to(data)).read_bytes()
 
 
@@ -230,7 +230,7 @@ def test_a_day_parsed_before_digests_were_recorded_gets_its_table_without_being_
     }
     for day in DAYS:
         for kind in ("export", "mentions"):
-            assert parse_day(day, kind, settings).parsed == 0
+            assert parse_day(day, kind, settings.dataset, settings.gdelt).parsed == 0
     assert {p: p.stat().st_mtime_ns for p in slot_files} == slot_files
     assert file_digests(data) == file_digests(store[0])
 
@@ -273,7 +273,7 @@ def test_a_run_that_dies_between_the_digest_table_and_its_slot_files_leaves_noth
 
     monkeypatch.setattr(ingest, "atomic_write_many", dies_at_the_second_slot_file)
     with pytest.raises(Died):
-        parse_day(D2, "export", settings)
+        parse_day(D2, "export", settings.dataset, settings.gdelt)
     monkeypatch.undo()
     assert written == [layout.parsed_path("export", added[0])]
     run_days(settings)
