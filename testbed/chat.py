@@ -56,12 +56,12 @@ class ChatServer:
         *,
         latency_s: float = 0.0,
         failures: list[tuple[int, dict[str, str]]] | None = None,
-        fail_when: Callable[[list[dict]], int | None] | None = None,
+        fail_when: Callable[[list[dict]], int | tuple[int, dict[str, str]] | None] | None = None,
         hold_after: int | None = None,
     ):
         self.policy, self.latency_s = policy, latency_s
         self.failures = list(failures or [])  # (status, headers) answered to the first requests
-        self.fail_when = fail_when  # a status for a conversation, e.g. 400 for one query
+        self.fail_when = fail_when  # a status (or status and headers) for a conversation, e.g. 400 for one query
         self.hold_after = hold_after
         self._gather_until = self._gather = 0
         self.requests = 0
@@ -114,7 +114,8 @@ class ChatServer:
                 status, headers = failure
                 self._send(handler, status, {"error": "scripted failure"}, headers)
             elif status is not None:
-                self._send(handler, status, {"error": "scripted failure"}, {})
+                status, headers = status if isinstance(status, tuple) else (status, {})
+                self._send(handler, status, {"error": "scripted failure"}, headers)
             else:
                 text = self.policy(messages)
                 usage = {

@@ -6,18 +6,24 @@ redoing an episode; the API key shows nowhere."""
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import json
 import os
+import pty
 import re
 import signal
 import socket
+import struct
 import subprocess
 import sys
+import termios
 import threading
 import time
 from datetime import UTC, date, datetime
 from pathlib import Path
 
+import polars as pl
 import pytest
 
 from pipeline.agent_api import EventDatabase
@@ -247,3 +253,152 @@ def test_an_endpoint_that_is_not_running_is_one_line_before_any_episode(release,
     assert f"the endpoint http://127.0.0.1:{port}/v1 does not answer" in refused.stderr
     assert time.monotonic() - started < 60 and not out.exists()
     assert not any(path.is_file() for path in tmp_path.rglob("*.jsonl"))  # no episode was recorded
+
+
+def _first_query_fails(status: int, headers: dict[str, str]):
+    """A fail_when for ChatServer: every request of the first query it sees answered ``status``
+    (with ``headers``) while ``failing[0]``; the others answered."""
+    seen: list[str] = []
+    failing = [True]
+
+    def fail_when(messages: list[dict]):
+        query = next(m["content"] for m in messages if m["role"] == "user")
+        seen[:] = seen or [query]
+        return (status, headers) if failing[0] and query == seen[0] else None
+
+    return fail_when, failing
+
+
+def test_an_episode_that_failed_on_transport_is_run_again_by_the_same_command(release, tmp_path):
+    """Issue 33, point 1: an episode whose endpoint answered 503 through every retry is stored as
+    failed on transport, the run exits 3 saying so, and the same command, once the endpoint is
+    well, runs that episode and no other again (today: exit 0, and "no episode re-run")."""
+    out = tmp_path / "predictions.jsonl"
+    fail_when, failing = _first_query_fails(503, {"Retry-After": "0"})
+    recorder = Recorder()
+    with ChatServer(recorder, fail_when=fail_when) as server:
+        command = ["evaluate", str(release), *_flags(server.base_url), "--concurrency", "1", "--out", str(out)]
+        first = _mirai(*command)
+        assert first.returncode == 3, (first.stdout, first.stderr)
+        assert f"failed episodes: 1 of {SAMPLE} (transport 1)" in first.stdout
+        assert len(first.stderr.splitlines()) == 1 and "1 episode(s) failed on transport" in first.stderr
+        assert "next: mirai score" not in first.stdout and len(_lines(out)) == SAMPLE
+        (scores,) = (tmp_path / "predictions.jsonl.run").rglob("scores.json")
+        assert json.loads(scores.read_text())["failures"] == {"transport": 1}
+
+        failing[0] = False
+        recorder.queries.clear()
+        second = _mirai(*command)
+        assert second.returncode == 0, second.stderr
+        assert "1 failed episode(s) of the run in" in second.stdout and "failed episodes" not in second.stdout
+        assert len(set(recorder.queries)) == 1  # that episode only
+        assert {line["answer"] == json.loads(FINAL_ANSWER) for line in _lines(out)} == {True}
+        assert json.loads(scores.read_text())["failures"] == {}
+
+        recorder.queries.clear()
+        third = _mirai(*command)
+        assert third.returncode == 0 and "no episode re-run" in third.stdout and recorder.queries == []
+
+
+def test_retry_failed_runs_episodes_that_failed_otherwise_again(release, tmp_path):
+    """An episode whose request the endpoint refused (400) is done: a re-run keeps it, and exits 0;
+    --retry-failed runs it, and only it, again."""
+    out = tmp_path / "predictions.jsonl"
+    fail_when, failing = _first_query_fails(400, {})
+    recorder = Recorder()
+    with ChatServer(recorder, fail_when=fail_when) as server:
+        command = ["evaluate", str(release), *_flags(server.base_url), "--concurrency", "1", "--out", str(out)]
+        first = _mirai(*command)
+        assert first.returncode == 0, first.stderr
+        assert f"failed episodes: 1 of {SAMPLE} (request 1)" in first.stdout and "next: mirai score" in first.stdout
+
+        failing[0] = False
+        recorder.queries.clear()
+        kept = _mirai(*command)
+        assert kept.returncode == 0 and "no episode re-run" in kept.stdout and recorder.queries == []
+        assert f"failed episodes: 1 of {SAMPLE} (request 1)" in kept.stdout
+
+        retried = _mirai(*command, "--retry-failed")
+        assert retried.returncode == 0, retried.stderr
+        assert "1 failed episode(s) of the run in" in retried.stdout and len(set(recorder.queries)) == 1
+        assert "failed episodes" not in retried.stdout
+        assert {line["answer"] == json.loads(FINAL_ANSWER) for line in _lines(out)} == {True}
+
+
+def _subset_rule(query_ids: list[str], n: int) -> list[str]:
+    """docs/evaluate-your-agent.md's rule for --limit N, written out apart from the code."""
+    picked = set(sorted(query_ids, key=lambda q: hashlib.sha256(f"mirai-limit-v1:{q}".encode()).hexdigest())[:n])
+    return [q for q in query_ids if q in picked]
+
+
+def test_limit_runs_a_reproducible_subset_that_score_and_submit_understand(release, tmp_path):
+    """Issue 33, point 1 (and 7): `--limit 3` runs the 3 queries the documented rule picks; its
+    printed `mirai score` command scores them as a subset of 3 of 5 (the release's files and
+    their sha256 untouched); `mirai submit` scores the same subset and refuses to upload it."""
+    out = tmp_path / "predictions.jsonl"
+    all_ids = pl.read_parquet(release / "queries_sample.parquet").get_column("query_id").to_list()
+    with ChatServer(Recorder()) as server:
+        evaluated = _mirai("evaluate", str(release), *_flags(server.base_url), "--limit", "3", "--out", str(out))
+    assert evaluated.returncode == 0, evaluated.stderr
+    assert f"3 queries (the --limit subset of {SAMPLE})" in evaluated.stdout and "3/3 episodes" in evaluated.stdout
+    assert [line["query_id"] for line in _lines(out)] == _subset_rule(all_ids, 3)
+    (scores,) = (tmp_path / "predictions.jsonl.run").rglob("scores.json")
+    assert json.loads(scores.read_text())["subset"]["limit"] == 3
+    hint = next(line for line in evaluated.stdout.splitlines() if line.startswith("next: mirai score "))
+    assert "--limit 3" in hint
+
+    scored = _mirai(*hint.removeprefix("next: mirai ").split(), "--out", str(tmp_path / "card"))
+    assert scored.returncode == 0, scored.stderr
+    assert f"a subset: 3 of {SAMPLE} queries (--limit 3" in scored.stdout and "0 missing" in scored.stdout
+    card = json.loads((tmp_path / "card" / "scorecard.json").read_text())
+    assert card["queries"] == 3 and card["subset"]["of"] == SAMPLE and card["split"]["manifest_checked"]
+
+    meta = {
+        "model": "scripted", "knowledge_cutoff": "2023-06-30", "contact": "me@example.org", "month": "2024-02",
+        "query_set": "queries_sample", "distance": 1, "rounds": 1, "api_mode": "native",
+        "action_type": "single_function", "tokens_in": None, "tokens_out": None, "cost_usd": None,
+    }  # fmt: skip
+    (tmp_path / "submission.json").write_text(json.dumps(meta))
+    store = tmp_path / "store"
+    submitted = _mirai(
+        "submit", str(out), "--meta", str(tmp_path / "submission.json"), "--name", "try-3",
+        "--split", str(release), "--store", str(store),
+    )  # fmt: skip
+    assert submitted.returncode == 1, submitted.stdout
+    assert f"a subset: 3 of {SAMPLE} queries" in submitted.stdout
+    assert "--limit 3 subset" in submitted.stderr and "nothing was uploaded" in submitted.stderr
+    assert not any(path.is_file() for path in store.rglob("*"))
+
+
+def test_a_terminal_gets_a_progress_bar_with_the_time_left(release, tmp_path):
+    """Issue 33, point 1: on a terminal (stderr a pseudo-terminal) tqdm's bar with the episodes'
+    rate and the time left; not the periodic lines, which remain for logs (the other tests)."""
+    out = tmp_path / "predictions.jsonl"
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))  # a terminal's 120 columns
+    with ChatServer(Recorder()) as server:
+        run = subprocess.Popen(
+            [MIRAI, "evaluate", str(release), *_flags(server.base_url), "--concurrency", "1", "--out", str(out)],
+            stdout=subprocess.PIPE,
+            stderr=follower,
+            text=True,
+            env=os.environ | {KEY_ENV: KEY},
+        )
+        os.close(follower)
+        shown = b""
+        while True:  # until the child closes the terminal (EIO on Linux)
+            try:
+                chunk = os.read(leader, 4096)
+            except OSError:
+                break
+            if not chunk:
+                break
+            shown += chunk
+        stdout, _ = run.communicate(timeout=300)
+    os.close(leader)
+    assert run.returncode == 0, shown
+    bar = shown.decode(errors="replace")
+    assert re.search(rf"{SAMPLE}/{SAMPLE} \[\d\d:\d\d<00:00, +[\d.]+(?:s/episode|episode/s)", bar), bar
+    assert re.search(rf"[1-4]/{SAMPLE} \[\d\d:\d\d<\d\d:\d\d", bar), bar  # the time left, while it ran
+    assert "tokens in/out" in bar
+    assert "episodes, tokens in/out" not in stdout and f"{SAMPLE} predictions in {out}" in stdout

@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -25,7 +26,7 @@ from pipeline.evaluation import throughput
 from pipeline.evaluation.agent_config import agent_config_hash, endpoint_limits
 from pipeline.evaluation.agents import react_environment
 from pipeline.evaluation.episodes import episode_concurrency, sandbox_slots
-from pipeline.evaluation.llm import HttpSettings, ModelUnavailable, OpenAIChatClient, retry_after_s
+from pipeline.evaluation.llm import HttpSettings, LLMError, ModelUnavailable, OpenAIChatClient, retry_after_s
 from pipeline.evaluation.registry import Agent, Endpoint, RegistryError, parse_agents
 from pipeline.evaluation.run import checkpoint_path, evaluate_agent
 from pipeline.evaluation.throughput import (
@@ -310,6 +311,29 @@ def test_the_client_honours_429_and_retry_after_from_a_real_server():
     assert reply.text.startswith("Thought:")
     # The retry waited for the server's 3 s (on the limiter's clock) before its second request.
     assert clock.sleeps == [3.0] and limiter.throttles == 1
+
+
+def test_a_failed_reply_says_whether_it_failed_on_transport():
+    """Issue 33: the kind of failure is data on the error (LLMError.transport), which decides
+    whether an episode is run again, never its message text: a refused connection and a 503 after
+    the retries are transport; a 400 is the endpoint refusing the request."""
+    http = HttpSettings(connect_timeout_s=2, read_timeout_s=5, attempts=2, backoff_base_s=0.01, backoff_max_s=0.01)
+    messages = [{"role": "user", "content": "q"}]
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    with pytest.raises(LLMError) as refused:
+        OpenAIChatClient(f"http://127.0.0.1:{port}/v1", "m", None, http=http).chat(
+            messages, temperature=0.0, max_tokens=8, stop=[]
+        )
+    assert refused.value.transport and refused.value.unanswered == "connection"
+    for status, transport in ((503, True), (400, False)):
+        with ChatServer(fail_when=lambda messages, status=status: status) as server:
+            with pytest.raises(LLMError) as failed:
+                OpenAIChatClient(server.base_url, "m", None, http=http).chat(
+                    messages, temperature=0.0, max_tokens=8, stop=[]
+                )
+        assert failed.value.transport is transport and f"HTTP {status}" in str(failed.value)
 
 
 def test_the_client_keeps_requests_per_minute_against_a_real_server():

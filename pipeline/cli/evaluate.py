@@ -45,6 +45,9 @@ def _agent_flags() -> list[str]:
 
 
 EVALUATE_AGENT_NAME = "agent"  # names the stored run's directory under --run-dir
+# The exit status of a run stored and its predictions written, with episodes that failed on
+# transport left to run again (1: nothing ran; 2: bad flags; docs/evaluate-your-agent.md).
+TRANSPORT_FAILED_STATUS = 3
 
 
 def _as_flags(message: str) -> str:
@@ -64,9 +67,9 @@ def evaluate_registry_entry(args: argparse.Namespace) -> dict:
     return {"name": EVALUATE_AGENT_NAME, "kind": "llm"} | {k: v for k, v in entry.items() if v is not None}
 
 
-def _stored_run_matches(directory: Path, agent, client_settings, query_ids: list[str]) -> bool:
-    """Whether ``directory`` holds a finished run of this agent entry and harness on these queries,
-    so a re-run writes its predictions again instead of redoing its episodes."""
+def _stored_run(directory: Path, agent, client_settings, query_ids: list[str]) -> dict | None:
+    """The scores.json record of the run ``directory`` holds when it is a finished run of this
+    agent entry and harness on these queries, so that a re-run need not redo its episodes; else None."""
     from pipeline.evaluation.agent_config import agent_config_hash
     from pipeline.evaluation.prompts import PROMPT_VERSION
 
@@ -74,15 +77,56 @@ def _stored_run_matches(directory: Path, agent, client_settings, query_ids: list
         record = json.loads((directory / "scores.json").read_text())
         stored_ids = pl.read_parquet(directory / "results.parquet", columns=["query_id"]).get_column("query_id")
     except (OSError, ValueError, pl.exceptions.PolarsError):
-        return False
+        return None
     harness = record.get("harness") or {}
-    return (
+    matches = (
         record.get("agent_config_hash") == agent_config_hash(agent)
         and harness.get("prompt_version") == PROMPT_VERSION
         and harness.get("max_tokens") == client_settings.max_tokens
         and harness.get("seed") == client_settings.seed
         and sorted(stored_ids.unique().to_list()) == sorted(query_ids)
     )
+    return record if matches else None
+
+
+def _to_run_again(record: dict, retry_failed: bool) -> int:
+    """How many of a stored run's episodes a re-run runs again: those that failed on transport,
+    with ``retry_failed`` every failed one (end state "error" in a run stored before failures were
+    counted)."""
+    failures = record.get("failures")
+    if failures is None:
+        return record.get("end_states", {}).get("error", 0) if retry_failed else 0
+    return sum(failures.values()) if retry_failed else failures.get("transport", 0)
+
+
+def _failures_line(record: dict) -> str | None:
+    """The run's failed episodes, by kind (trajectory.FAILURES), or None when none failed."""
+    failures = record.get("failures") or {}
+    if not failures:
+        return None
+    kinds = ", ".join(f"{kind} {n}" for kind, n in failures.items())
+    episodes = record["n"] * record["rounds"]
+    return f"failed episodes: {sum(failures.values())} of {episodes} ({kinds}); their trajectories say why"
+
+
+class _TerminalBar:
+    """`mirai evaluate`'s progress on a terminal (throughput.EpisodeBar): tqdm's bar on stderr with
+    the episodes' rate and the time left, reckoned from the episodes run now (not resumed ones),
+    and the tokens so far."""
+
+    def start(self, done: int, total: int) -> None:
+        from tqdm import tqdm
+
+        self._shown = done
+        self._bar = tqdm(total=total, initial=done, unit="episode", dynamic_ncols=True, file=sys.stderr)
+
+    def update(self, progress) -> None:
+        self._bar.set_postfix_str(f"tokens in/out {progress.tokens_in}/{progress.tokens_out}", refresh=False)
+        self._bar.update(progress.done - self._shown)
+        self._shown = progress.done
+
+    def close(self) -> None:
+        self._bar.close()
 
 
 def _write_predictions(directory: Path, out: Path) -> int:
@@ -145,12 +189,15 @@ def _run_episodes(
     from pipeline.evaluation.clients import client_for
     from pipeline.evaluation.llm import ModelUnavailable, OpenAIChatClient
     from pipeline.evaluation.run import checkpoint_path, evaluate_agent
+    from pipeline.evaluation.subsets import limit_queries
 
     release, distance = args.release, agent.distances[0]
     resumed = checkpoint_path(directory).is_file()
+    queries = limit_queries(frame, args.limit).height
+    subset = f" (the --limit subset of {frame.height})" if queries < frame.height else ""
     print(
-        f"{release.name} {query_set}: {frame.height} queries x {agent.rounds} round(s) = "
-        f"{agent.rounds * frame.height} episodes of {agent.endpoint.model} at {agent.endpoint.base_url}, "
+        f"{release.name} {query_set}: {queries} queries{subset} x {agent.rounds} round(s) = "
+        f"{agent.rounds * queries} episodes of {agent.endpoint.model} at {agent.endpoint.base_url}, "
         f"distance {distance}" + (f"; resuming from {checkpoint_path(directory)}" if resumed else ""),
         flush=True,
     )
@@ -167,17 +214,24 @@ def _run_episodes(
         with contextlib.closing(client_for(agent, client_settings, limiter)) as client:
             if isinstance(client, OpenAIChatClient):  # before any episode: a server that is not there
                 client.check_reachable()
+            # On a terminal a bar; elsewhere (CI, a Dagster run's log, a file) a line now and then.
+            bar = _TerminalBar() if sys.stderr.isatty() else None
             _, record = evaluate_agent(
-                release / f"{query_set}.parquet",
+                frame,
                 run_dir,
                 agent,
                 distance,
+                query_set=query_set,
                 force=True,  # a contaminated run is still scored; said below, and on the leaderboard
                 client=client,
                 client_settings=client_settings,
                 database=database,
-                progress=lambda line: print(line, flush=True),
+                progress=None if bar else lambda line: print(line, flush=True),
                 progress_interval_s=args.progress_every,
+                limit=args.limit,
+                reuse_stored=True,  # its failed episodes only are run again (cmd_evaluate says which)
+                retry_failed=args.retry_failed,
+                bar=bar,
             )
     except ModelUnavailable as exc:
         kept = checkpoint_path(directory)
@@ -191,6 +245,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from pipeline.evaluation.agent_config import endpoint_limits
     from pipeline.evaluation.llm import ClientSettings
     from pipeline.evaluation.queries import InvalidQueries, release_queries
+    from pipeline.evaluation.subsets import limit_ids
 
     release, out = args.release, args.out
     query_set = {"sample": "queries_sample", "all": "queries"}[args.queries]
@@ -207,10 +262,15 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         frame.get_column("date").min().replace(day=1), agent.name, query_set, distance
     )
     limiter = RateLimiter(endpoint_limits(agent))  # here, not in the harness, so the run can say what it waited
-    if _stored_run_matches(directory, agent, client_settings, frame.get_column("query_id").to_list()):
-        record = json.loads((directory / "scores.json").read_text())
+    query_ids = limit_ids(frame.get_column("query_id").to_list(), args.limit)
+    stored = _stored_run(directory, agent, client_settings, query_ids)
+    again = _to_run_again(stored, args.retry_failed) if stored is not None else 0
+    if stored is not None and not again:
+        record = stored
         print(f"{release.name} {query_set}: already evaluated with these settings in {directory}; no episode re-run")
     else:
+        if again:
+            print(f"{release.name} {query_set}: {again} failed episode(s) of the run in {directory} are run again")
         record = _run_episodes(args, agent, query_set, frame, run_dir, directory, client_settings, limiter)
     written = _write_predictions(directory, out)
     if record["contaminated"]:
@@ -224,8 +284,20 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         print(
             f"rate limits: waited {limiter.waited_s:.1f} s in all, {limiter.throttles} 429 response(s) from the endpoint"
         )
+    failed = _failures_line(record)
+    if failed:
+        print(failed)
+    transport = (record.get("failures") or {}).get("transport", 0)
+    if transport:
+        raise CommandError(
+            f"{transport} episode(s) failed on transport (no completion came through: the endpoint refused or "
+            "dropped the connection, timed out, or answered 429/5xx after the retries); they are not recorded as "
+            "done: run the same command again to run them (and only them) again",
+            status=TRANSPORT_FAILED_STATUS,
+        )
     sample = " --sample" if query_set == "queries_sample" else ""
-    print(f"next: mirai score {out} --split {release}{sample} --distance {distance}")
+    limit = f" --limit {len(query_ids)}" if record.get("subset") else ""
+    print(f"next: mirai score {out} --split {release}{sample}{limit} --distance {distance}")
     return 0
 
 
@@ -273,5 +345,20 @@ def add_evaluate(sub, debug: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--run-dir", type=Path, help="the checkpoint, trajectories and scores.json (default: OUT.run beside OUT)"
     )
-    p.add_argument("--progress-every", type=float, default=10.0, help="seconds between progress lines (default 10)")
+    p.add_argument(
+        "--limit",
+        type=count_arg(1),
+        help="only N of the queries, the same N on every machine (by a hash of their ids; `mirai score --limit N`)",
+    )
+    p.add_argument(
+        "--retry-failed",
+        action="store_true",
+        help="run every failed episode of the stored run again (those that failed on transport always are)",
+    )
+    p.add_argument(
+        "--progress-every",
+        type=float,
+        default=10.0,
+        help="seconds between progress lines when stderr is not a terminal (a bar when it is; default 10)",
+    )
     p.set_defaults(func=cmd_evaluate)

@@ -32,6 +32,7 @@ def cmd_score(args: argparse.Namespace) -> int:
             resamples=args.resamples,
             lenient=args.lenient,
             relation_query=args.relation_query,
+            limit=args.limit,
         )
     except InvalidPredictions as exc:
         for line in bounded(exc.problems):
@@ -69,6 +70,11 @@ def add_score(sub, debug: argparse.ArgumentParser) -> None:
         "--relation-query",
         type=Path,
         help="a round directory's files are named by the QueryIds of this MIRAI relation_query.csv",
+    )
+    p.add_argument(
+        "--limit",
+        type=count_arg(1),
+        help="score only the N queries of `mirai evaluate --limit N` (the scorecard says it is a subset)",
     )
     p.add_argument("--out", type=Path, help="write scorecard.json and scorecard.md here")
     p.set_defaults(func=cmd_score)
@@ -122,6 +128,13 @@ def cmd_submit(args: argparse.Namespace) -> int:
         except ScoringError as exc:
             raise CommandError(f"{exc}; nothing was uploaded") from None
         print(result.markdown(), end="")
+        subset = result.card.get("subset")
+        if subset:  # leaderboard rows are compared over whole query sets (docs/evaluate-your-agent.md)
+            raise CommandError(
+                f"these predictions answer the --limit {subset['limit']} subset of the {subset['of']} queries "
+                f"(scored above): the leaderboard ranks runs over the whole {month} {prepared.meta.query_set}; "
+                "evaluate every query (no --limit) to submit; nothing was uploaded"
+            )
     eligible, why = cutoff_rule(prepared.meta)
     if not eligible:
         print(why, file=sys.stderr)

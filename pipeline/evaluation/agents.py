@@ -32,6 +32,7 @@ from pipeline.evaluation.trajectory import (
     Step,
     Trajectory,
     call_model,
+    llm_failure,
     record_reply,
 )
 
@@ -92,6 +93,7 @@ def _final_request(client: ChatClient, spec: AgentSpec, system: str, query_text:
         record_reply(step, call_model(client, messages, spec))
     except LLMError as exc:
         step.error = str(exc)
+        trajectory.failed(llm_failure(exc))
         return
     answer = read_answer(step.reply)
     if answer is not None:
@@ -180,6 +182,7 @@ def run_react(
     except (LLMError, SandboxError, DateGateError) as exc:
         # DateGateError: the query's cutoff is before the database starts, so no environment.
         trajectory.end_state, trajectory.error = "error", f"{type(exc).__name__}: {exc}"
+        trajectory.failed(llm_failure(exc) if isinstance(exc, LLMError) else "environment")
         if trajectory.steps and trajectory.steps[-1].error is None:
             trajectory.steps[-1].error = trajectory.error
     _finish(client, spec, system, text, trajectory, first_day)
@@ -202,6 +205,7 @@ def run_single_turn(client: ChatClient, spec: AgentSpec, query: Query, cutoff: d
     except LLMError as exc:
         step.error = trajectory.error = f"{type(exc).__name__}: {exc}"
         trajectory.end_state = "error"
+        trajectory.failed(llm_failure(exc))
     else:
         step.thought, _ = split_reply(step.reply)
         answer = read_answer(step.reply)

@@ -117,6 +117,7 @@ def _failed_episode(spec: AgentSpec, query: Query, exc: Exception) -> Trajectory
     failure, so that the other episodes' results are kept."""
     trajectory = Trajectory(query.query_id, spec.strategy, spec.action_type if spec.strategy == "react" else None)
     trajectory.end_state, trajectory.error = "error", f"{type(exc).__name__}: {exc}"
+    trajectory.failed("harness")
     return trajectory
 
 

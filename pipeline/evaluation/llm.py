@@ -35,11 +35,15 @@ class LLMError(RuntimeError):
     """The model could not produce this reply (after retries); the message never holds the key.
     The episode ends in state "error" and the evaluation goes on. ``unanswered`` says why no
     answer came, when none did: "timeout" or "connection" (refused or cut); None when the server
-    answered with an error."""
+    answered with an error. ``transport``: no completion came through (no answer, a status the
+    client retries, such as 429 and 5xx, until its attempts ran out, or a body that is not a
+    completion), so asking again later may well succeed; False when the endpoint refused this
+    request (another 4xx, e.g. a prompt over its context). Default: whether no answer came."""
 
-    def __init__(self, message: str, *, unanswered: str | None = None):
+    def __init__(self, message: str, *, unanswered: str | None = None, transport: bool | None = None):
         super().__init__(message)
         self.unanswered = unanswered
+        self.transport = unanswered is not None if transport is None else transport
 
 
 class _Failure(Exception):
@@ -245,7 +249,9 @@ class OpenAIChatClient:
             return retrying(attempt)
         except _Failure as exc:
             raise LLMError(
-                f"{self.model} at {self.url}: {exc} (after {attempts} attempt(s))", unanswered=exc.unanswered
+                f"{self.model} at {self.url}: {exc} (after {attempts} attempt(s))",
+                unanswered=exc.unanswered,
+                transport=exc.retryable,
             ) from None
 
     def _reply(self, response: requests.Response, started: float) -> Reply:
@@ -253,7 +259,9 @@ class OpenAIChatClient:
             body = response.json()
             text = body["choices"][0]["message"]["content"] or ""
         except (ValueError, KeyError, IndexError, TypeError) as exc:
-            raise LLMError(f"{self.model}: malformed completion ({type(exc).__name__}): {response.text[:300]}") from exc
+            raise LLMError(
+                f"{self.model}: malformed completion ({type(exc).__name__}): {response.text[:300]}", transport=True
+            ) from exc
         usage = body.get("usage") or {}
         return Reply(
             text,

@@ -15,7 +15,15 @@ from collections import Counter
 from pipeline.evaluation.llm import ChatClient, LLMError
 from pipeline.evaluation.prompts import extraction_messages
 from pipeline.evaluation.replies import execution_error, split_reply
-from pipeline.evaluation.trajectory import CONSECUTIVE_LIMIT, AgentSpec, Step, Trajectory, call_model, record_reply
+from pipeline.evaluation.trajectory import (
+    CONSECUTIVE_LIMIT,
+    AgentSpec,
+    Step,
+    Trajectory,
+    call_model,
+    llm_failure,
+    record_reply,
+)
 
 # Mode mirai (MIRAI's agents/react_agents.py): its extractor model ran at temperature 0.2; an action
 # that starts with a fence runs the fence's content, any other action runs whole; the answer is the
@@ -83,6 +91,7 @@ def mirai_extraction(client: ChatClient, spec: AgentSpec, text: str, trajectory:
         reply = client.chat(messages, temperature=EXTRACTION_TEMPERATURE, max_tokens=spec.max_tokens, stop=[])
     except LLMError as exc:
         step.error = str(exc)
+        trajectory.failed(llm_failure(exc))
         trajectory.answer, trajectory.answer_source = {}, "none"  # the answer is only ever the extracted one
         return
     record_reply(step, reply)

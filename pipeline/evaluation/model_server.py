@@ -301,7 +301,9 @@ class LlamaServerClient:
             if exc.unanswered is None:
                 raise  # the server answered: it refused this request (e.g. a context overflow)
             if self._closed:
-                raise LLMError(f"the model server for {self.gguf.name} was stopped: the evaluation ended") from None
+                raise LLMError(
+                    f"the model server for {self.gguf.name} was stopped: the evaluation ended", transport=True
+                ) from None
             if exc.unanswered == "timeout" and server.ended() is None:
                 # A hung server, or one still computing the abandoned reply, which would hold every
                 # later request behind it (llama-cpp-python checks for a gone client only before it
@@ -318,7 +320,8 @@ class LlamaServerClient:
                     raise
             after = "it is started again for the next reply" if self.restarts_left > 0 else "it is not started again"
             raise LLMError(
-                f"the model server for {self.gguf.name} {ended} during this reply{self._words(server)}; {after}"
+                f"the model server for {self.gguf.name} {ended} during this reply{self._words(server)}; {after}",
+                transport=True,
             ) from None
 
     @staticmethod

@@ -11,7 +11,9 @@ stored as a directory ``evaluations/YYYY-MM/<agent>/<query_set>/distance=<d>/`` 
 
 While an LLM run is in progress its finished episodes are checkpointed in
 ``distance=<d>.episodes.jsonl`` beside that directory, so a killed run resumes (docs/evaluation.md,
-"Concurrency, rate limits and resume"); the file goes once the run is stored.
+"Concurrency, rate limits and resume"); the file goes once the run is stored. An episode that
+failed on transport is never taken as done from it (trajectory.FAILURES): a resumed run, or one
+asked to reuse the stored run (``reuse_stored``, `mirai evaluate`), runs it again.
 
 An agent refused on a month (its knowledge cutoff is not before it) leaves ``refusal.json`` in
 ``evaluations/YYYY-MM/<agent>/<query_set>/`` instead (pipeline/evaluation/refusals.py). What a run
@@ -62,8 +64,17 @@ from pipeline.evaluation.metrics import (
 from pipeline.evaluation.prompts import PROMPT_VERSION
 from pipeline.evaluation.queries import load_history, load_queries, split_month
 from pipeline.evaluation.registry import Agent, eligibility
-from pipeline.evaluation.throughput import UNLIMITED, EpisodeLog, Progress, RateLimiter, RateLimits, SandboxSlots
-from pipeline.evaluation.trajectory import AgentSpec, Query
+from pipeline.evaluation.subsets import limit_queries, subset_record
+from pipeline.evaluation.throughput import (
+    UNLIMITED,
+    EpisodeBar,
+    EpisodeLog,
+    Progress,
+    RateLimiter,
+    RateLimits,
+    SandboxSlots,
+)
+from pipeline.evaluation.trajectory import FAILURES, AgentSpec, Query, run_again
 from pipeline.storage import DataLayout, atomic_write_bytes, atomic_write_parquet, staged_directory
 from pipeline.version import code_version
 
@@ -291,6 +302,10 @@ def evaluate_agent(
     progress_interval_s: float = 30.0,
     sandboxes: SandboxSlots | None = None,
     sandbox_memory_mb: int = DEFAULT_MEMORY_MB,
+    limit: int | None = None,
+    reuse_stored: bool = False,
+    retry_failed: bool = False,
+    bar: EpisodeBar | None = None,
 ) -> tuple[pl.DataFrame, dict]:
     """Run an LLM agent on every query, ``agent.rounds`` times, score each round and store the
     run with its trajectories (see the module doc). ``client`` defaults to the one the registry
@@ -300,11 +315,17 @@ def evaluate_agent(
     (default ``sandbox_slots``), each allowed the agent's ``sandbox_memory_mb``, else
     ``sandbox_memory_mb``, and as many warm spares kept ready; each finished one is checkpointed beside the
     run's directory, so a killed run resumes where it stopped. ``progress`` gets a line (episodes
-    done, tokens) at most every ``progress_interval_s``. Returns the per-query results of every
+    done, tokens) at most every ``progress_interval_s``; ``bar`` (a terminal's progress bar) is
+    told of every episode. ``limit``: only the queries subsets.SUBSET_RULE picks, recorded as the
+    run's ``subset``. An episode that failed on transport (trajectory.FAILURES) is never reused from
+    the checkpoint, nor with ``reuse_stored`` from the run stored in the directory, so it is run
+    again; ``retry_failed`` runs every failed one again. Returns the per-query results of every
     round and the scores record."""
     if agent.kind != "llm":
         raise ValueError(f"{agent.name} is a {agent.kind} agent, not an llm agent")
     frame, query_set = load_queries(queries, query_set)
+    subset = subset_record(limit, frame.height)
+    frame = limit_queries(frame, limit)
     month = split_month(frame)
     contaminated, reason = admit(agent, month, force)
     client_settings = client_settings or ClientSettings()
@@ -319,7 +340,15 @@ def evaluate_agent(
     if sandboxes is None and spec.strategy == "react" and concurrency > 1:
         sandboxes = sandbox_slots(concurrency, gated_tables_mb(database, frame, distance), spec.memory_mb)
     directory = DataLayout(data_dir).evaluation_dir(month, agent.name, query_set, distance)
-    log = EpisodeLog(checkpoint_path(directory), _checkpoint_key(agent, harness, frame, distance))
+    key = _checkpoint_key(agent, harness, frame, distance)
+    log = EpisodeLog(checkpoint_path(directory), key, lambda trajectory: run_again(trajectory, retry_failed))
+    if reuse_stored:
+        log.adopt(_stored_episodes(directory, key))
+    progress_state = Progress(
+        agent.rounds * len(items), progress, progress_interval_s, watch=bar.update if bar else None
+    )
+    if bar is not None:
+        bar.start(len(log.done), progress_state.total)
     try:
         episodes = run_episodes(
             client,
@@ -330,22 +359,43 @@ def evaluate_agent(
             database,
             concurrency=concurrency,
             log=log,
-            progress=Progress(agent.rounds * len(items), progress, progress_interval_s),
+            progress=progress_state,
             sandboxes=sandboxes,
         )
     finally:
+        if bar is not None:
+            bar.close()
         if owned_client:  # a client handed in is its caller's to close (it may serve every distance)
             client.close()
     results, per_round, trajectories_jsonl, layers = _scored_rounds(frame, episodes)
     record = _record(agent, month, query_set, distance, aggregate_rounds(per_round), contaminated, reason)
     record |= _llm_fields(agent, harness, results, trajectories_jsonl, layers)
     record |= round_aggregates(frame, results, steps=agent.strategy == "react")
+    record |= {"failures": _failures(episodes), "episodes_key": key, "subset": subset}
     stored = write_evaluation(directory, results, record, {"trajectories.jsonl": trajectories_jsonl})
     log.remove()
     return results, stored
 
 
 # evaluate_agent's steps, apart so that the run reads as one page (the issue's ~80-line rule).
+
+
+def _stored_episodes(directory: Path, key: str) -> dict[tuple[int, str], dict]:
+    """The episodes of the run stored in ``directory`` when it was run with checkpoint key ``key``
+    (its scores.json's ``episodes_key``), by (round, query id); else none."""
+    try:
+        stored = json.loads((directory / "scores.json").read_text()).get("episodes_key")
+        lines = (directory / "trajectories.jsonl").read_text().splitlines() if stored == key else []
+        records = [json.loads(line) for line in lines]
+        return {(r.pop("round"), r["query_id"]): r for r in records}
+    except (OSError, ValueError, AttributeError, KeyError, TypeError):
+        return {}
+
+
+def _failures(episodes: list[list[dict]]) -> dict[str, int]:
+    """How many episodes (of every round) met each of trajectory.FAILURES, those met only."""
+    kinds = [r.get("failure") for records in episodes for r in records]
+    return {kind: kinds.count(kind) for kind in FAILURES if kind in kinds}
 
 
 def _agent_spec(agent: Agent, client_settings: ClientSettings, sandbox_memory_mb: int) -> AgentSpec:

@@ -23,8 +23,8 @@ import json
 import math
 import os
 import re
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +41,7 @@ from pipeline.evaluation.score_inputs import (
     read_submission,
     relation_query_file_ids,
 )
+from pipeline.evaluation.subsets import limit_ids, subset_record
 from pipeline.reference.tables import level1_codes, level2_codes
 from pipeline.release.layout import shown
 
@@ -150,11 +151,12 @@ def _as_scored(record: Submitted) -> tuple[object, list]:
 
 
 def match_queries(
-    rounds: Sequence[Sequence[Submitted]], gold: Mapping[str, object]
+    rounds: Sequence[Sequence[Submitted]], gold: Mapping[str, object], left_out: Collection[str] = ()
 ) -> tuple[list[dict[str, tuple[object, list]]], list[str], list[str]]:
     """Per round, query_id → (answer, ranking) as scored; the problems, each naming its record
     (malformed, unknown or duplicate query ids; invalid answers, a duplicate's too); and the
-    queries with no prediction in some round. Of duplicates the first record is scored."""
+    queries with no prediction in some round. Of duplicates the first record is scored.
+    ``left_out``: the split's queries that a --limit subset leaves out (said so when answered)."""
     matched, problems, missing = [], [], set()
     for records in rounds:
         found: dict[str, tuple[object, list]] = {}
@@ -164,7 +166,8 @@ def match_queries(
                 problems.append(f"{record.where}: query_id {shown(query_id)} is not a query id")
                 continue
             if query_id not in gold:
-                problems.append(f"{record.where}: unknown query_id {query_id!r} (not in the split)")
+                where = "the --limit subset" if query_id in left_out else "the split"
+                problems.append(f"{record.where}: unknown query_id {query_id!r} (not in {where})")
                 continue
             problems += [f"{record.where}: {p}" for p in answer_problems(record.answer, record.ranked)]
             problem = p_event_problem(record.p_event)
@@ -235,10 +238,12 @@ def scorecard(
     lenient: bool,
     missing: Sequence[str],
     forgiven: Sequence[str],
+    subset: dict | None = None,
 ) -> dict:
     """The JSON scorecard: every metric's mean and 95% interval, the per-level-1 breakdown (the
     queries whose gold answer holds that level-1 code: means, no intervals) and what was missing
-    or forgiven (at most MAX_PROBLEMS_SHOWN lines of each)."""
+    or forgiven (at most MAX_PROBLEMS_SHOWN lines of each); ``subset``: the --limit subset scored
+    (subsets.subset_record), None for the whole query set."""
     low, high = bootstrap_intervals(scores, seed, resamples)
     means = scores.mean(axis=0)
     metrics = {m: {"value": _round(means[i]), "ci95": [_round(low[i]), _round(high[i])]} for i, m in enumerate(METRICS)}
@@ -260,6 +265,7 @@ def scorecard(
         "distance_days": distance,
         "rounds": rounds,
         "queries": len(split.gold),
+        **({"subset": subset} if subset else {}),  # a whole query set's card is as it always was
         "mode": "lenient" if lenient else "strict",
         "bootstrap": {"seed": seed, "resamples": resamples, "interval": "percentile, 95%", "unit": "query"},
         "metrics": metrics,
@@ -271,11 +277,14 @@ def scorecard(
 
 def markdown(card: Mapping) -> str:
     """The scorecard as Markdown: a metric table with intervals, then the per-level-1 table."""
-    split = card["split"]
+    split, subset = card["split"], card.get("subset")
+    queries = f"{card['queries']} queries"
+    if subset:
+        queries = f"a subset: {subset['limit']} of {subset['of']} queries (--limit {subset['limit']}: {subset['rule']})"
     lines = [
         f"# Scorecard: {split['month']} {split['query_set']}, distance {card['distance_days']}",
         "",
-        f"{card['queries']} queries, {card['rounds']} round(s), {card['mode']} mode; "
+        f"{queries}, {card['rounds']} round(s), {card['mode']} mode; "
         f"{card['missing']['count']} missing (scored as empty), {card['forgiven']['count']} problems forgiven. "
         f"95% percentile bootstrap over queries, {card['bootstrap']['resamples']} resamples, seed {card['bootstrap']['seed']}.",
         "",
@@ -298,6 +307,7 @@ class ScoreResult:
     card: dict
     missing: list[str]
     forgiven: list[str]
+    queries: list[str]  # the query ids scored, in the split's order
 
     def json_bytes(self) -> bytes:
         return (json.dumps(self.card, indent=2, sort_keys=False) + "\n").encode()
@@ -316,16 +326,22 @@ def score_predictions(
     resamples: int = DEFAULT_RESAMPLES,
     lenient: bool = False,
     relation_query: Path | None = None,
+    limit: int | None = None,
 ) -> ScoreResult:
     """Score ``predictions`` against the split in ``split_dir``; InvalidPredictions (strict) or
     ScoringError when they cannot be scored. ``relation_query``: a round directory's files are
-    named by that MIRAI relation_query.csv's QueryIds (relation_query_file_ids)."""
+    named by that MIRAI relation_query.csv's QueryIds (relation_query_file_ids). ``limit``: only
+    the queries of `mirai evaluate --limit` (subsets.SUBSET_RULE), the split file unchanged."""
     if not 1 <= resamples <= MAX_RESAMPLES:
         raise ScoringError(f"resamples must be from 1 to {MAX_RESAMPLES}, got {resamples}")
     split = load_split(split_dir, sample)
+    whole = list(split.gold)
+    subset = subset_record(limit, len(whole))
+    if subset:
+        split = replace(split, gold={query_id: split.gold[query_id] for query_id in limit_ids(whole, limit)})
     file_ids = None if relation_query is None else relation_query_file_ids(split_dir, sample, relation_query)
     rounds, problems = read_submission(predictions, list(split.gold), file_ids)
-    matched, found_problems, missing = match_queries(rounds, split.gold)
+    matched, found_problems, missing = match_queries(rounds, split.gold, set(whole) - set(split.gold))
     problems = sorted(problems + found_problems, key=_position)
     if problems and not lenient:
         raise InvalidPredictions(str(predictions), problems)
@@ -341,8 +357,9 @@ def score_predictions(
         lenient=lenient,
         missing=missing,
         forgiven=problems,
+        subset=subset,
     )
-    return ScoreResult(card, missing, problems)
+    return ScoreResult(card, missing, problems, list(split.gold))
 
 
 _RECORD_PREFIX = re.compile(r"^(?:line|row|record) ([0-9]+):")

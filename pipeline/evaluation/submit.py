@@ -21,6 +21,7 @@ from pipeline.evaluation.submission_metadata import (
     parse_metadata,
 )
 from pipeline.evaluation.submissions import MAX_SUBMISSION_BYTES, SubmissionError
+from pipeline.evaluation.subsets import is_subset
 from pipeline.release.layout import (
     PREDICTION_NAMES,
     SUBMISSION_META,
@@ -89,13 +90,18 @@ def prepare(name: str, predictions: Path, metadata: Path) -> tuple[Prepared | No
 
 
 def score_locally(prepared: Prepared, split_dir: Path):
-    """Strict scoring as the pipeline's (InvalidPredictions / ScoringError when it would refuse)."""
+    """Strict scoring as the pipeline's (InvalidPredictions / ScoringError when it would refuse).
+    Predictions that answer exactly a `mirai evaluate --limit` subset are scored over that subset,
+    which their card's ``subset`` says (and `mirai submit` then refuses to upload)."""
     with tempfile.TemporaryDirectory(prefix="mirai-submit-") as private:
         path = Path(private) / prepared.filename
         path.write_bytes(prepared.predictions)
-        return score_predictions(
-            path, split_dir, sample=prepared.meta.query_set == "queries_sample", distance=prepared.meta.distance
-        )
+        sample, distance = prepared.meta.query_set == "queries_sample", prepared.meta.distance
+        result = score_predictions(path, split_dir, sample=sample, distance=distance)
+        answered = set(result.queries) - set(result.missing)
+        if is_subset(answered, result.queries):
+            result = score_predictions(path, split_dir, sample=sample, distance=distance, limit=len(answered))
+        return result
 
 
 def check_name_free(store: ReleaseStore, name: str) -> None:

@@ -23,6 +23,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 WINDOW_S = 60.0  # requests_per_minute and tokens_per_minute count over this sliding window
 # A prompt's tokens before the server has counted them: ~4 characters per token, OpenAI's rule of
@@ -207,10 +208,12 @@ class EpisodeLog:
     """Finished episodes of one run, one JSON line each ({"run", "round", "query_id",
     "trajectory"}), appended and fsynced as each finishes. ``run`` keys what the episode's result
     depends on (agent config, harness, queries); lines of another key are ignored. A line cut
-    short by a kill is dropped on open (the file is truncated to the last whole line)."""
+    short by a kill is dropped on open (the file is truncated to the last whole line). ``done``
+    holds the episodes a resumed run reuses: an episode's last line, unless ``run_again`` says
+    that episode is to be run again (a failed one, trajectory.run_again)."""
 
-    def __init__(self, path: Path, run: str):
-        self.path, self.run = path, run
+    def __init__(self, path: Path, run: str, run_again: Callable[[dict], bool] = lambda trajectory: False):
+        self.path, self.run, self._run_again = path, run, run_again
         self._lock = threading.Lock()
         self.done: dict[tuple[int, str], dict] = {}
         good = 0
@@ -229,6 +232,15 @@ class EpisodeLog:
             if good < len(data):
                 with open(path, "r+b") as fh:
                     fh.truncate(good)
+        self._seen = set(self.done)
+        self.done = {key: trajectory for key, trajectory in self.done.items() if not self._run_again(trajectory)}
+
+    def adopt(self, earlier: dict[tuple[int, str], dict]) -> None:
+        """Reuse ``earlier`` episodes of this run (a stored run's, run.py) where the log holds none,
+        by the same rule as its own lines; the log's own lines are newer."""
+        for key, trajectory in earlier.items():
+            if key not in self._seen and not self._run_again(trajectory):
+                self.done[key] = trajectory
 
     def append(self, round_no: int, query_id: str, trajectory: dict) -> None:
         line = json.dumps({"run": self.run, "round": round_no, "query_id": query_id, "trajectory": trajectory})
@@ -251,7 +263,8 @@ class EpisodeLog:
 @dataclass
 class Progress:
     """Episodes done of total and tokens so far; ``report`` is called with a line at most once
-    every ``interval_s`` (and for the last episode), so a long run's log stays short."""
+    every ``interval_s`` (and for the last episode), so a long run's log stays short; ``watch``
+    (an EpisodeBar's update) after every episode."""
 
     total: int
     report: Callable[[str], None] | None = None
@@ -260,6 +273,7 @@ class Progress:
     tokens_in: int = 0
     tokens_out: int = 0
     clock: Callable[[], float] = time.monotonic
+    watch: Callable[[Progress], None] | None = None
 
     def __post_init__(self):
         self._lock = threading.Lock()
@@ -270,6 +284,8 @@ class Progress:
             self.done += 1
             self.tokens_in += tokens_in
             self.tokens_out += tokens_out
+            if self.watch is not None:
+                self.watch(self)
             now = self.clock()
             if self.report is None or (now - self._last < self.interval_s and self.done < self.total):
                 return
@@ -279,3 +295,15 @@ class Progress:
 
     def line(self) -> str:
         return f"{self.done}/{self.total} episodes, tokens in/out {self.tokens_in}/{self.tokens_out}"
+
+
+class EpisodeBar(Protocol):
+    """A progress display of a run's episodes (`mirai evaluate`'s bar on a terminal): ``start``
+    with the episodes already done (resumed) and the total, ``update`` after each episode (under
+    Progress's lock, so calls never overlap), ``close`` once the episodes end."""
+
+    def start(self, done: int, total: int) -> None: ...
+
+    def update(self, progress: Progress) -> None: ...
+
+    def close(self) -> None: ...

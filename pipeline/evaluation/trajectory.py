@@ -10,8 +10,14 @@ from dataclasses import asdict, dataclass, field
 from datetime import date
 
 from pipeline.agent_api.sandbox import DEFAULT_MEMORY_MB
-from pipeline.evaluation.llm import ChatClient, Reply
+from pipeline.evaluation.llm import ChatClient, LLMError, Reply
 
+# What cost an episode (part of) its work, its ``failure`` (docs/evaluate-your-agent.md, "Failed
+# episodes"): "transport", no completion came through (LLMError.transport: connection refused or
+# reset, a timeout, 429 or 5xx after the retries), which every later run of the same command runs
+# again; "request", the endpoint refused a request (another 4xx); "environment", the code sandbox
+# failed or the query's cutoff has no database; "harness", an exception in the harness itself.
+FAILURES = ("transport", "request", "environment", "harness")
 CONSECUTIVE_LIMIT = 3  # MIRAI D.1: three consecutive invalid (or repeated) actions end an episode
 STOP = ["Observation:"]  # the model must not write the environment's reply itself
 
@@ -59,6 +65,11 @@ class Trajectory:
     error: str | None = None  # what ended an episode in state "error"
     wall_s: float = 0.0
     sandbox: dict | None = None  # the confinement layers of the episode's sandbox; None: no code ran
+    failure: str | None = None  # the first of FAILURES the episode met; None: none
+
+    def failed(self, kind: str) -> None:
+        """Note a failure of FAILURES; the first one met is the episode's."""
+        self.failure = self.failure or kind
 
     @property
     def n_actions(self) -> int:
@@ -102,3 +113,16 @@ def record_reply(step: Step, reply: Reply) -> None:
         reply.tokens_out,
         reply.latency_s,
     )
+
+
+def llm_failure(exc: LLMError) -> str:
+    """The FAILURES kind of a model call that failed."""
+    return "transport" if exc.transport else "request"
+
+
+def run_again(record: dict, retry_failed: bool) -> bool:
+    """Whether an episode's stored record is run again rather than reused: a transport failure
+    always; any failure with ``retry_failed`` (end state "error" in records from before
+    ``failure`` was recorded)."""
+    failure = record.get("failure")
+    return failure == "transport" or (retry_failed and (failure is not None or record.get("end_state") == "error"))
