@@ -402,3 +402,31 @@ def test_a_terminal_gets_a_progress_bar_with_the_time_left(release, tmp_path):
     assert re.search(rf"[1-4]/{SAMPLE} \[\d\d:\d\d<\d\d:\d\d", bar), bar  # the time left, while it ran
     assert "tokens in/out" in bar
     assert "episodes, tokens in/out" not in stdout and f"{SAMPLE} predictions in {out}" in stdout
+
+
+def test_an_endpoint_that_stops_answering_stops_the_run_after_a_few_episodes(release, tmp_path):
+    """An endpoint that answers its models list but 503 to every completion: the run stops after
+    TRANSPORT_FAILURES_TO_STOP episodes in a row failed on transport, in one line, instead of
+    spending every remaining episode's retries; the next run of the same command runs them all."""
+    out = tmp_path / "predictions.jsonl"
+    recorder, down, refused = Recorder(), [True], set()
+
+    def fail_when(messages: list[dict]):
+        if down[0]:
+            refused.add(next(m["content"] for m in messages if m["role"] == "user").splitlines()[0])  # the question
+            return 503, {"Retry-After": "0"}
+        return None
+
+    with ChatServer(recorder, fail_when=fail_when) as server:
+        command = ["evaluate", str(release), *_flags(server.base_url), "--concurrency", "1", "--out", str(out)]
+        first = _mirai(*command)
+        assert first.returncode == 1, (first.stdout, first.stderr)
+        assert "the endpoint stopped answering: 3 episodes in a row failed on transport" in first.stderr
+        assert len(first.stderr.strip().splitlines()) == 1, first.stderr
+        assert len(refused) == 3  # the other SAMPLE - 3 episodes were not tried
+
+        down[0] = False
+        recorder.queries.clear()
+        second = _mirai(*command)
+        assert second.returncode == 0, second.stderr
+        assert len(set(recorder.queries)) == SAMPLE and len(_lines(out)) == SAMPLE

@@ -32,6 +32,11 @@ from pipeline.evaluation.throughput import (
 )
 from pipeline.evaluation.trajectory import AgentSpec, Query, Trajectory
 
+# Episodes in a row that failed on transport (every retry of a request spent: trajectory.FAILURES)
+# before the run stops: an endpoint that went away would otherwise cost every remaining episode its
+# retries (15-30 s each) only to record it for the next run to do again.
+TRANSPORT_FAILURES_TO_STOP = 3
+
 
 class _SpareDemand:
     """The warm spares a concurrent ReAct run keeps (sandbox_spares.SparePool): one per live sandbox
@@ -160,10 +165,13 @@ def run_episodes(
     sandboxes: SandboxSlots | None = None,
 ) -> list[list[dict]]:
     """Every (round, query) episode's trajectory record, in round then query order whatever the
-    order they ran in (in cutoff order when concurrent) or finished in; episodes in ``log`` are not run again, and each one run is appended to
-    it as it finishes. ModelUnavailable stops the run (after the episodes in flight finish).
+    order they ran in (cutoff order when concurrent) or finished in; episodes in ``log`` are not
+    run again, and each one run is appended to it as it finishes. ModelUnavailable stops the run
+    (after the episodes in flight finish), and so do TRANSPORT_FAILURES_TO_STOP episodes in a row
+    that failed on transport: the rest are left to the next run.
     ``sandboxes`` bounds the live sandboxes (default: one per episode in flight)."""
     lock = threading.Lock()
+    transport_failures, transport_lock = [0], threading.Lock()  # in a row, in the order episodes finish
     sandboxes = sandboxes or SandboxSlots(concurrency)
     records: dict[tuple[int, str], dict] = dict(log.done)
     for record in records.values():
@@ -201,6 +209,13 @@ def run_episodes(
         log.append(round_no, query.query_id, record)
         records[(round_no, query.query_id)] = record
         progress.add(record["tokens_in"], record["tokens_out"])
+        with transport_lock:
+            transport_failures[0] = transport_failures[0] + 1 if record.get("failure") == "transport" else 0
+            if transport_failures[0] == TRANSPORT_FAILURES_TO_STOP:
+                raise ModelUnavailable(
+                    f"the endpoint stopped answering: {TRANSPORT_FAILURES_TO_STOP} episodes in a row failed on "
+                    f"transport (the last: {record.get('error')}); the episodes not run are left to the next run"
+                )
 
     if concurrency <= 1:
         for round_no, query in pending:
