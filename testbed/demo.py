@@ -684,6 +684,7 @@ def _run_demo(plan: DemoPlan, data_dir: Path) -> int:
             s3 = servers.enter_context(LocalS3(data_dir / "s3", BUCKET, public_prefixes=PUBLIC_PREFIXES))
             agents = demo_agents(plan, data_dir / "demo_agents.yaml")
             os.environ.update(demo_env(plan, data_dir, mirror, news, s3, agents))
+            store_env = served_store_env(s3, f"http://127.0.0.1:{SERVE_PORT}")
             _say(f"      mirror {mirror.base_url}, news sites {news.url} (*{SITE_SUFFIX}), S3 {s3.endpoint}")
             runner, settings = Runner(), Settings.from_env()
             for run in runner.release_interrupted_runs():
@@ -707,17 +708,32 @@ def _run_demo(plan: DemoPlan, data_dir: Path) -> int:
             run_live_round(runner, plan, settings, data_dir)
     _say(f"[{total}/{total}] summary (servers stopped; {time.perf_counter() - started:.0f}s in all)")
     summary(plan, settings, release_where, _say)
-    _say("\nOpen the same instance and data in the Dagster UI (http://127.0.0.1:3000):")
     _say(
-        f"  cd {ROOT} && DAGSTER_HOME={dagster_home} MIRAI_DATA_DIR={data_dir} MIRAI_AGENTS_FILE={agents} "
-        f"MIRAI_START_DATE={plan.days[0]} MIRAI_END_DATE={plan.days[-1]} .venv/bin/dagster dev -w workspace.yaml"
-    )
-    _say(
-        f"The local S3 server is stopped; its data stays in {data_dir / 's3'}. To download the release, serve it "
-        f"on http://127.0.0.1:{SERVE_PORT} (the command prints the download commands):"
+        f"\nThe local S3 server is stopped; its data stays in {data_dir / 's3'}. To download the release or "
+        f"submit to it, serve it on http://127.0.0.1:{SERVE_PORT} (the command prints the commands for both):"
     )
     _say(f"  cd {ROOT} && MIRAI_DATA_DIR={data_dir} {_mirai()} serve-release")
+    _say(
+        "Open the same instance and data in the Dagster UI (http://127.0.0.1:3000); its sensors read that "
+        "store, so keep serve-release running:"
+    )
+    _say(
+        f"  cd {ROOT} && DAGSTER_HOME={dagster_home} MIRAI_DATA_DIR={data_dir} MIRAI_AGENTS_FILE={agents} "
+        f"MIRAI_START_DATE={plan.days[0]} MIRAI_END_DATE={plan.days[-1]} {shell_assignments(store_env)} "
+        ".venv/bin/dagster dev -w workspace.yaml"
+    )
     return 0
+
+
+def served_store_env(s3: LocalS3, endpoint: str) -> dict[str, str]:
+    """The settings with which ``mirai submit`` and the Dagster UI's sensors reach the demo's store
+    served at ``endpoint`` (``serve-release``) as the demo's identity (a named profile: no key in
+    a command line)."""
+    return {"MIRAI_RELEASE_URI": f"s3://{BUCKET}/{RELEASE_PREFIX}", **s3.profile_env(endpoint)}
+
+
+def shell_assignments(env: dict[str, str]) -> str:
+    return " ".join(f"{name}={shlex.quote(value)}" for name, value in env.items())
 
 
 def _mirai() -> str:
@@ -763,6 +779,18 @@ def serve_release(data_dir: Path, port: int, say: Callable[[str], None] = _say) 
             say("or fetch single files with curl (keys in index.json are relative to the store's root):")
             say(f"  curl -s {base}/{INDEX_KEY}")
             say(f"  curl -O {base}/releases/{month}/queries.parquet")
+            say(
+                "Submit to it as the demo's own identity (the named profile of a credentials file: no key "
+                'printed; docs/evaluate-your-agent.md, "6. The whole path on the demo"):'
+            )
+            say(f"  export {shell_assignments(served_store_env(s3, endpoint))}")
+            say(
+                f"  {_mirai()} submit predictions.jsonl --meta submission.json --name NAME "
+                f"--split mirai-releases/{month}"
+            )
+            say(
+                "The Dagster UI (the command `mirai demo` printed last) picks submissions up from here while this runs."
+            )
         sys.stdout.flush()
         # Waited for in steps: Ctrl-C's SIGINT may be delivered to any thread (polars' and
         # jemalloc's included), and Python raises KeyboardInterrupt only once the main thread runs

@@ -63,6 +63,10 @@ PORTS = (
     "s3_behind_relay",
 )
 REGION = "us-east-1"
+# The demo's identity as a named profile of a shared credentials file under the server's data
+# (LocalS3.profile_env), for S3 clients outside the demo's own process.
+PROFILE = "mirai-demo"
+CREDENTIALS_FILE = "aws-credentials"
 # Starts tried when an internal port chosen free is taken before the relay holds it.
 PORT_ATTEMPTS = 3
 # `mirai serve-release` serves the demo's store on this S3 port (SeaweedFS's own default), so the
@@ -136,6 +140,26 @@ class LocalS3:
             "MIRAI_S3_REGION": REGION,
             "AWS_ACCESS_KEY_ID": self.access_key,
             "AWS_SECRET_ACCESS_KEY": self.secret_key,
+        }
+
+    def profile_env(self, endpoint: str | None = None) -> dict[str, str]:
+        """What any S3 client (``mirai submit``, the Dagster UI's sensors, the AWS CLI) needs to write
+        here as the demo's own identity: the endpoint and the named profile PROFILE of a shared
+        credentials file beside the server's data (AWS's format, mode 0600), so that no key is
+        printed. ``endpoint``: another address of this store (``serve-release``'s port)."""
+        path = self.root / CREDENTIALS_FILE
+        text = f"[{PROFILE}]\naws_access_key_id = {self.access_key}\naws_secret_access_key = {self.secret_key}\n"
+        if not path.exists() or path.read_text() != text:
+            staged = path.with_name(path.name + ".tmp")
+            staged.unlink(missing_ok=True)
+            with os.fdopen(os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+                f.write(text)
+            staged.replace(path)
+        return {
+            "MIRAI_S3_ENDPOINT_URL": endpoint or self.endpoint,
+            "MIRAI_S3_REGION": REGION,
+            "AWS_SHARED_CREDENTIALS_FILE": str(path),
+            "AWS_PROFILE": PROFILE,
         }
 
     def _credentials(self) -> tuple[str, str]:

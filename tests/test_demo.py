@@ -7,6 +7,8 @@ import collections
 import json
 import os
 import re
+import shlex
+import socket
 import subprocess
 import sys
 import time
@@ -280,6 +282,100 @@ def test_mirai_demo_runs_the_chain_through_dagster_and_twice_changes_nothing(tmp
         b"127.0.0.1" not in index
         and json.loads(index)["releases"][0]["files"]["queries.parquet"] == "releases/2023-02/queries.parquet"
     )
+
+    _follow_the_doc_s_path_on_the_demo(data, out, tmp_path)
+
+
+DOC = ROOT / "docs" / "evaluate-your-agent.md"
+DOC_PORT, DOC_CREDENTIALS = "8333", "data/s3/aws-credentials"  # as the doc writes them (from the repo's root)
+PATH_SUBMISSION = "my-first-2023-02"
+
+
+def _doc_block(marker: str, language: str) -> str:
+    found = re.search(rf"<!-- {marker}: [^>]*-->\n```{language}\n(.*?)```", DOC.read_text(), re.DOTALL)
+    assert found, f"docs/evaluate-your-agent.md lost its {marker} block"
+    return found.group(1)
+
+
+def _follow_the_doc_s_path_on_the_demo(data: Path, out: str, tmp_path: Path) -> None:
+    """Issue 33, point 2: docs/evaluate-your-agent.md, "6. The whole path on the demo", as written:
+    `mirai serve-release` prints the doc's export line (its port and data directory aside), the
+    doc's block downloads, forecasts, scores and submits with it, and the sensors configured by
+    the UI command the demo printed pick the submission up and rank it."""
+    port = str(_free_port())
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("MIRAI_", "DAGSTER_", "AWS_", "GDELT_"))}
+    clean["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{clean.get('PATH', '')}"
+    mirai = str(Path(sys.executable).with_name("mirai"))
+    server = subprocess.Popen(
+        [mirai, "serve-release", "--port", port],
+        cwd=ROOT,
+        env={**clean, "MIRAI_DATA_DIR": str(data)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        printed = []
+        while not printed or not printed[-1].startswith("The Dagster UI"):
+            line = server.stdout.readline()
+            assert line, "".join(printed)
+            printed.append(line.strip())
+        block = _doc_block("demo-path", "bash")
+        credentials = str(data / "s3" / "aws-credentials")
+        doc_export = block.splitlines()[0].replace(DOC_PORT, port).replace(DOC_CREDENTIALS, credentials)
+        assert doc_export in printed, printed
+        work = tmp_path / "newcomer-path"
+        work.mkdir()
+        (work / "forecast.py").write_text(_doc_block("newcomer-agent", "python"))
+        script = "set -euo pipefail\n" + block.replace(DOC_PORT, port).replace(DOC_CREDENTIALS, credentials)
+        done = subprocess.run(["bash", "-c", script], cwd=work, env=clean, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        assert f"submitted '{PATH_SUBMISSION}' to " in done.stdout, done.stdout[-2000:]
+
+        # What the UI's daemon does once submission_sensor is on, with the settings of the UI
+        # command the demo printed: two ticks and the runs they request.
+        (ui,) = [line for line in out.splitlines() if "dagster dev -w workspace.yaml" in line]
+        words = shlex.split(ui.split("&&", 1)[1])
+        ui_env = dict(word.split("=", 1) for word in words[: words.index(".venv/bin/dagster")])
+        ui_env = {k: v.replace(DOC_PORT, port) for k, v in ui_env.items()}
+        daemon = subprocess.run(
+            [sys.executable, "-c", DAEMON_TICKS],
+            cwd=ROOT,
+            env={**clean, **ui_env},
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert daemon.returncode == 0, daemon.stdout[-3000:] + daemon.stderr[-3000:]
+        ran = json.loads(daemon.stdout.splitlines()[-1])
+    finally:
+        server.terminate()
+        server.wait(30)
+    assert ran == [["submission_scoring", PATH_SUBMISSION], ["leaderboard_refresh", None]], ran
+    record = json.loads((data / "submissions" / PATH_SUBMISSION / "record.json").read_text())
+    assert record["status"] == "scored", record
+    board = pl.read_parquet(data / "evaluations" / "leaderboard.parquet")
+    assert PATH_SUBMISSION in board.get_column("agent").to_list()
+
+
+DAEMON_TICKS = """
+import json
+from testbed.demo import Runner, sensor_tick
+runner, ran, cursor = Runner(), [], None
+for _ in range(2):
+    tick = sensor_tick(runner, "submission_sensor", cursor)
+    cursor = tick.cursor
+    for request in tick.run_requests:
+        runner.run(request.job_name, request.partition_key)
+        ran.append([request.job_name, request.partition_key])
+print(json.dumps(ran))
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def _check_live_round(data: Path, out: str) -> dict:
