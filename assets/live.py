@@ -34,7 +34,7 @@ class LiveRoundConfig(dg.Config):
     group_name="live",
     kinds={"s3"},
     code_version=ROUND_FORMAT,
-    description="live/rounds/<D>/ in MIRAI_RELEASE_URI: questions (t, s, o) for t = D + each horizon, drawn from "
+    description="`live/rounds/<D>/` in MIRAI_RELEASE_URI: questions (t, s, o) for t = D + each horizon, drawn from "
     "the daily files of D - window .. D - 1 only, and manifest.json (written once, last); the recurrency and "
     "frequency baselines' submissions; live/index.json. Refused from the round's deadline on; a re-run that builds "
     "the same round changes nothing.",

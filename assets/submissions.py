@@ -33,10 +33,10 @@ HEADLINE = ("level2_f1", "level1_f1", "mrr")
     ],
     group_name="evaluation",
     code_version=RECORD_FORMAT,
-    description="A submission from the release store's submissions/<name>/: scored (strict), contaminated "
+    description="A submission from the release store's `submissions/<name>/`: scored (strict), contaminated "
     "(scored, never ranked: cutoff not before the month) or rejected (rejection.json written beside it); "
     "one for a live round is accepted (by its deadline, on the store's clock) or rejected. "
-    "Recorded in <data_dir>/submissions/<name>/record.json; a re-run returns the record unchanged.",
+    "Recorded in `<data_dir>/submissions/<name>/record.json`; a re-run returns the record unchanged.",
 )
 def submission(
     context: dg.AssetExecutionContext, dataset: Dataset, network: Network, release_store: ReleaseBucket
