@@ -199,6 +199,8 @@ def test_every_schedule_and_sensor_says_what_it_does():
     assert INSTIGATORS <= set(instigators)
     assert [name for name, i in instigators.items() if not (i.description or "").strip()] == []
     assert [name for name in sorted(INSTIGATORS) if "by default" not in instigators[name].description] == []
+    # And every job they launch, on its page and in the Jobs list.
+    assert [job.name for job in defs.jobs if not (job.description or "").strip()] == []
 
 
 def _free_port() -> int:
