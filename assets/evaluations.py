@@ -216,7 +216,9 @@ def evaluation(
     code_version=EVALUATION_VERSION,
     description=(
         f"evaluations/leaderboard.parquet (every stored run and scored submission; {RANK_RULE}), "
-        "evaluations/leaderboard.png and the self-contained evaluations/leaderboard.html."
+        "evaluations/leaderboard.png and the self-contained evaluations/leaderboard.html. Live rounds' "
+        "submissions are partitions of `submission` too: the board does not read them, but shows Unsynced after "
+        "one until the leaderboard_refresh that submission_sensor requests next (its rows unchanged)."
     ),
 )
 def leaderboard(dataset: Dataset, network: Network, release_store: ReleaseBucket) -> dg.MaterializeResult:
