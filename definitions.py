@@ -23,6 +23,7 @@ from quality.event_checks import (
 )
 from quality.ingest_checks import gdelt_events_intact, gdelt_files_all_green, gdelt_mentions_intact
 from quality.split_checks import split_leakage_audit
+from quality.submission_checks import submission_accepted
 from sensors.alerts import alert_on_run_failure, gdelt_freshness
 from sensors.evaluations import evaluation_job, evaluation_sensor, leaderboard_job
 from sensors.fetch_health import alert_on_articles_fetch_failing
@@ -64,6 +65,7 @@ defs = dg.Definitions(
         articles_valid,
         articles_fetch_health,
         split_leakage_audit,
+        submission_accepted,
     ],
     jobs=[
         gdelt_ingest_job,

@@ -22,6 +22,7 @@ from pipeline.evaluation.refusals import clear_refusal, refusals, write_refusal
 from pipeline.evaluation.registry import Agent, RegistryError, eligibility, load_agents
 from pipeline.evaluation.run import AGGREGATION_RULE, EVALUATION_VERSION, RANK_RULE, evaluate_agent, evaluate_baseline
 from pipeline.evaluation.throughput import RateLimiter
+from pipeline.markdown import markdown_text
 from pipeline.release.publish import publish_leaderboard
 from pipeline.release.store_uri import open_store
 from pipeline.splits.database import MonthNotReady
@@ -141,7 +142,7 @@ def _run(
     group_name="evaluation",
     kinds={"python", "parquet"},
     code_version=EVALUATION_VERSION,
-    description="evaluations/YYYY-MM/<agent>/<query_set>/distance=<d>/: results.parquet, scores.json and, for "
+    description="`evaluations/YYYY-MM/<agent>/<query_set>/distance=<d>/`: results.parquet, scores.json and, for "
     "LLM agents, trajectories.jsonl, for each of the agent's distances; or refusal.json when the agent's "
     "knowledge cutoff is not before the month (docs/evaluation.md).",
 )
@@ -215,7 +216,9 @@ def evaluation(
     code_version=EVALUATION_VERSION,
     description=(
         f"evaluations/leaderboard.parquet (every stored run and scored submission; {RANK_RULE}), "
-        "evaluations/leaderboard.png and the self-contained evaluations/leaderboard.html."
+        "evaluations/leaderboard.png and the self-contained evaluations/leaderboard.html. Live rounds' "
+        "submissions are partitions of `submission` too: the board does not read them, but shows Unsynced after "
+        "one until the leaderboard_refresh that submission_sensor requests next (its rows unchanged)."
     ),
 )
 def leaderboard(dataset: Dataset, network: Network, release_store: ReleaseBucket) -> dg.MaterializeResult:
@@ -228,6 +231,8 @@ def leaderboard(dataset: Dataset, network: Network, release_store: ReleaseBucket
     # there is at least one release to sit beside.
     store = open_store(settings.dataset, settings.network, settings.release)
     published = publish_leaderboard(store, written.table, written.chart, written.page) if store.release_months() else []
+    # Shown as written: raw, "max_at_k_*: ... repeated_*" would be emphasis between the stars.
+    rules = markdown_text(f"{RANK_RULE}; {INTERVAL_RULE}; {AGGREGATION_RULE}.")
     return dg.MaterializeResult(
         metadata={
             "dagster/row_count": board.height,
@@ -235,7 +240,7 @@ def leaderboard(dataset: Dataset, network: Network, release_store: ReleaseBucket
             "page": dg.MetadataValue.path(str(written.page)),
             "submissions": int((board.get_column("source") == "submission").sum()),
             "leaderboard": dg.MetadataValue.md(
-                f"{markdown_table(summary(board))}\n\n{RANK_RULE}; {INTERVAL_RULE}; {AGGREGATION_RULE}."
+                f"{markdown_table(summary(board))}\n\n{rules}"
                 if board.height
                 else "no evaluation runs or submissions yet"
             ),

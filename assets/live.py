@@ -6,7 +6,9 @@ from datetime import UTC, date, datetime
 
 import dagster as dg
 
-from assets.partitions import daily_partitions
+from assets.articles import articles
+from assets.events import daily_quads
+from assets.partitions import LIVE_WINDOW, daily_partitions
 from assets.resources import Dataset, GdeltFeed, LiveRounds, Network, ReleaseBucket, compose
 from pipeline.live.publication import ROUND_FORMAT, RoundRefused, publish_round
 from pipeline.markdown import markdown_text
@@ -25,10 +27,14 @@ class LiveRoundConfig(dg.Config):
 
 @dg.asset(
     partitions_def=daily_partitions,
+    deps=[
+        dg.AssetDep(daily_quads, partition_mapping=LIVE_WINDOW),
+        dg.AssetDep(articles, partition_mapping=LIVE_WINDOW),
+    ],
     group_name="live",
     kinds={"s3"},
     code_version=ROUND_FORMAT,
-    description="live/rounds/<D>/ in MIRAI_RELEASE_URI: questions (t, s, o) for t = D + each horizon, drawn from "
+    description="`live/rounds/<D>/` in MIRAI_RELEASE_URI: questions (t, s, o) for t = D + each horizon, drawn from "
     "the daily files of D - window .. D - 1 only, and manifest.json (written once, last); the recurrency and "
     "frequency baselines' submissions; live/index.json. Refused from the round's deadline on; a re-run that builds "
     "the same round changes nothing.",

@@ -48,9 +48,9 @@ def _scores_table(card: dict) -> str:
     kinds={"polars", "parquet"},
     description=(
         "The live round published on the partition's day D: each target date's answers once it has closed "
-        "(ledger settled, files stored, grace over), written once to live/<D>/answers/<t>.parquet and "
-        "live/rounds/<D>/answers-<t>.jsonl in the release store; then every accepted submission scored "
-        "(live/<D>/scores.json). Idempotent: a resolved date is never recomputed."
+        "(ledger settled, files stored, grace over), written once to `live/<D>/answers/<t>.parquet` and "
+        "`live/rounds/<D>/answers-<t>.jsonl` in the release store; then every accepted submission scored "
+        "(`live/<D>/scores.json`). Idempotent: a resolved date is never recomputed."
     ),
 )
 def live_resolution(

@@ -32,3 +32,7 @@ monthly_partitions = dg.MonthlyPartitionsDefinition(
     end_offset=0,
     end_date=_after_end.replace(day=1).isoformat() if _after_end else None,
 )
+
+# A live round of day D reads the daily files of D − MIRAI_LIVE_WINDOW_DAYS .. D − 1 (pipeline/live/rounds.py,
+# window_days): its lineage, per partition.
+LIVE_WINDOW = dg.TimeWindowPartitionMapping(start_offset=-_settings.live.window_days, end_offset=-1)

@@ -8,7 +8,7 @@ import dagster as dg
 from assets.partitions import monthly_partitions
 from assets.resources import Dataset, Network, ReleaseBucket, compose
 from assets.splits import test_split
-from pipeline.release.layout import RELEASE_FORMAT, ReleaseError
+from pipeline.release.layout import MANIFEST_NAME, RELEASE_FORMAT, ReleaseError, release_key
 from pipeline.release.publish import ReleaseConflict, publish_release
 from pipeline.release.store_uri import open_store
 
@@ -38,18 +38,23 @@ def release(
         raise dg.Failure(description=str(exc), allow_retries=False) from exc
     except ReleaseError as exc:
         raise dg.Failure(description=str(exc)) from exc
-    return dg.MaterializeResult(
-        metadata={
-            # Where only: the store's description never carries credentials.
-            "store": result.store,
-            "manifest_url": dg.MetadataValue.url(result.manifest_url),
-            "manifest_sha256": result.manifest_sha256,
-            "uploaded": len(result.uploaded),
-            "verified": len(result.verified),
-            "bytes_uploaded": result.bytes_uploaded,
-            "published_now": result.manifest_written,
-            "index_updated": result.index_written,
-            "latest_updated": result.latest_written,
-            "aborted_uploads": len(result.aborted_uploads),  # left open by an interrupted run
-        }
-    )
+    manifest_key = release_key(result.month, MANIFEST_NAME)
+    metadata = {
+        # Where only: the store's description never carries credentials.
+        "store": result.store,
+        "manifest_key": manifest_key,
+        "manifest_sha256": result.manifest_sha256,
+        "uploaded": len(result.uploaded),
+        "verified": len(result.verified),
+        "bytes_uploaded": result.bytes_uploaded,
+        "published_now": result.manifest_written,
+        "index_updated": result.index_written,
+        "latest_updated": result.latest_written,
+        "aborted_uploads": len(result.aborted_uploads),  # left open by an interrupted run
+    }
+    # A link only under MIRAI_RELEASE_PUBLIC_URL: the store's own address may be gone tomorrow (the
+    # demo's S3 server listens on a new port each run), the key stays valid.
+    public = store.configured_url(manifest_key)
+    if public is not None:
+        metadata["manifest_url"] = dg.MetadataValue.url(public)
+    return dg.MaterializeResult(metadata=metadata)

@@ -6,7 +6,9 @@ from datetime import date
 
 import dagster as dg
 
+from assets.live import live_round
 from assets.resources import Dataset, Network, ReleaseBucket, compose
+from assets.splits import test_split
 from pipeline.evaluation.scoring import markdown
 from pipeline.evaluation.submissions import RECORD_FORMAT, NotReady, SubmissionError, record_path
 from pipeline.live.submissions import LIVE_RECORD_FORMAT, live_record_path, process
@@ -21,12 +23,20 @@ HEADLINE = ("level2_f1", "level1_f1", "mrr")
 
 @dg.asset(
     partitions_def=submission_partitions,
+    # A monthly submission is scored against its month's test_split, a live one checked against its
+    # round: which one is in the upload's metadata, so the edges name every partition. Dagster
+    # does not follow them for staleness (an AllPartitionMapping from time partitions), so a
+    # new month or round leaves earlier submissions as they are.
+    deps=[
+        dg.AssetDep(test_split, partition_mapping=dg.AllPartitionMapping()),
+        dg.AssetDep(live_round, partition_mapping=dg.AllPartitionMapping()),
+    ],
     group_name="evaluation",
     code_version=RECORD_FORMAT,
-    description="A submission from the release store's submissions/<name>/: scored (strict), contaminated "
+    description="A submission from the release store's `submissions/<name>/`: scored (strict), contaminated "
     "(scored, never ranked: cutoff not before the month) or rejected (rejection.json written beside it); "
     "one for a live round is accepted (by its deadline, on the store's clock) or rejected. "
-    "Recorded in <data_dir>/submissions/<name>/record.json; a re-run returns the record unchanged.",
+    "Recorded in `<data_dir>/submissions/<name>/record.json`; a re-run returns the record unchanged.",
 )
 def submission(
     context: dg.AssetExecutionContext, dataset: Dataset, network: Network, release_store: ReleaseBucket

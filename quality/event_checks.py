@@ -148,7 +148,7 @@ def events_history_current(context: dg.AssetCheckExecutionContext, dataset: Data
 def articles_valid(context: dg.AssetCheckExecutionContext, dataset: Dataset) -> dg.AssetCheckResult:
     """The day's articles: url and url_md5 unique (url_md5 32 hex digits); kept rows carry text,
     an abstract, lang "en" and no failing filter; dropped rows name their failing filter; profile
-    mirai/obelics; n_words >= 0. Metadata: rows, kept, dropped and dropped_<filter> from the file.
+    mirai/obelics; n_words >= 0. Metadata: rows, kept, dropped and `dropped_<filter>` from the file.
     Non-blocking: a bad article row is reported, nothing downstream is held back."""
     layout = DataLayout(Path(dataset.data_dir))
     return _validate_file(

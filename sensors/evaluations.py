@@ -40,11 +40,17 @@ IN_FLIGHT = [
 evaluation_job = dg.define_asset_job(
     "agent_evaluation",
     selection=[evaluation],
+    description="Evaluates one agent of agents.yaml on one month's test split (a (month, agent) partition of "
+    "evaluation) at each of its distances, or records why it is refused; evaluation_sensor launches it.",
     # One run evaluates one (month, agent): a single step, so no per-step subprocess.
     executor_def=dg.in_process_executor,
 )
 leaderboard_job = dg.define_asset_job(
-    "leaderboard_refresh", selection=[leaderboard], executor_def=dg.in_process_executor
+    "leaderboard_refresh",
+    selection=[leaderboard],
+    executor_def=dg.in_process_executor,
+    description="Rebuilds the leaderboard from every stored run and scored submission and publishes it beside the "
+    "releases; evaluation_sensor and submission_sensor launch it after new results.",
 )
 
 

@@ -40,6 +40,8 @@ MAX_DAYS_LISTED = 100  # in the alert's payload; the count says how many in all
 events_follow_job = dg.define_asset_job(
     "events_follow_history",
     selection=[events, daily_quads],
+    description="Rebuilds one day's events and daily quads whose history changed after they were built; "
+    "the events_follow_history sensor launches it, oldest day first.",
     executor_def=dg.in_process_executor,
     tags=max_runtime_tag("gdelt_ingest"),
 )

@@ -19,7 +19,11 @@ from pipeline.splits.database import day_inputs_missing
 FIRST_HOUR, LAST_HOUR = 2, 12
 
 live_round_job = dg.define_asset_job(
-    "live_round_publication", selection=[live_round], executor_def=dg.in_process_executor
+    "live_round_publication",
+    selection=[live_round],
+    executor_def=dg.in_process_executor,
+    description="Publishes day D's live round (questions, manifest, baselines' submissions) to the release store, "
+    "once; the live_round_daily schedule launches it.",
 )
 
 

@@ -20,10 +20,18 @@ from pipeline.live.resolve import published_round_days, unresolved_dates
 from sensors.evaluations import IN_FLIGHT
 
 live_resolution_job = dg.define_asset_job(
-    "live_round_resolution", selection=[live_resolution], executor_def=dg.in_process_executor
+    "live_round_resolution",
+    selection=[live_resolution],
+    executor_def=dg.in_process_executor,
+    description="Resolves the closed target dates of one live round and scores its accepted submissions; "
+    "live_resolution_sensor launches it.",
 )
 live_leaderboard_job = dg.define_asset_job(
-    "live_leaderboard_refresh", selection=[live_leaderboard], executor_def=dg.in_process_executor
+    "live_leaderboard_refresh",
+    selection=[live_leaderboard],
+    executor_def=dg.in_process_executor,
+    description="Rebuilds the live leaderboard (per round and cumulative) and publishes it to live/; "
+    "live_resolution_sensor launches it after a resolution.",
 )
 
 

@@ -26,6 +26,8 @@ monthly_release_job = dg.define_asset_job(
     # One run per month: the release step runs only if test_split's blocking checks (the leakage
     # audit) passed in the same run.
     selection=[event_database, test_split, release],
+    description="Builds one closed month's event database and test split, audits the split for leakage and "
+    "publishes the release (skipped if the audit fails); the monthly_release_daily schedule launches it.",
     executor_def=dg.in_process_executor,
     tags=max_runtime_tag("monthly_release"),
 )

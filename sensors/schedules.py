@@ -28,6 +28,8 @@ gdelt_ingest_job = dg.define_asset_job(
     "gdelt_ingest",
     # The day's whole chain, so events and quads follow every new slot; partitions are inferred.
     selection=[gdelt_files, gdelt_events, gdelt_mentions, events, daily_quads],
+    description="Lands one UTC day's GDELT files and builds its parsed rows, events and daily quads; "
+    "the gdelt_every_15_minutes schedule launches it.",
     # Small, frequent runs: one process, no per-step subprocess start-up (https://docs.dagster.io/guides/operate/run-executors).
     executor_def=dg.in_process_executor,
     tags=max_runtime_tag("gdelt_ingest"),
@@ -63,7 +65,12 @@ def gdelt_every_15_minutes(context: dg.ScheduleEvaluationContext):
 
 
 articles_job = dg.define_asset_job(
-    "articles_daily", selection=[articles], executor_def=dg.in_process_executor, tags=max_runtime_tag("articles_daily")
+    "articles_daily",
+    selection=[articles],
+    executor_def=dg.in_process_executor,
+    tags=max_runtime_tag("articles_daily"),
+    description="Fetches and extracts the articles of one day's well-reported quads; the articles_hourly schedule "
+    "launches it.",
 )
 
 

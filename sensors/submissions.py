@@ -24,7 +24,13 @@ from pipeline.live.submissions import triage
 from pipeline.release.store_uri import open_store
 from sensors.evaluations import leaderboard_job, leaderboard_request
 
-submission_job = dg.define_asset_job("submission_scoring", selection=[submission], executor_def=dg.in_process_executor)
+submission_job = dg.define_asset_job(
+    "submission_scoring",
+    selection=[submission],
+    executor_def=dg.in_process_executor,
+    description="Checks and scores (monthly) or accepts (live) one uploaded submission, or refuses it with "
+    "rejection.json (the submission_accepted check then warns); submission_sensor launches it.",
+)
 
 
 @dg.sensor(

@@ -532,6 +532,7 @@ def run_live_round(runner: Runner, plan: DemoPlan, settings: Settings, data_dir:
             )
         _run_submissions(runner, [late])
     _say("      " + _live_status(settings, day, late))
+    _refresh_after_live_submissions(runner)
     resolved = _resolve_live(runner)
     card = json.loads((settings.dataset.data_dir / "live" / key / "scores.json").read_text())
     _say(
@@ -548,6 +549,21 @@ def run_live_round(runner: Runner, plan: DemoPlan, settings: Settings, data_dir:
             )
         else:
             _say(f"      {name}: not scored: {entry['reason']}")
+
+
+def _latest(runner: Runner, asset: str) -> int:
+    """The storage id of ``asset``'s latest materialisation (0: none)."""
+    records = runner.instance.fetch_materializations(runner.dg.AssetKey(asset), limit=1).records
+    return records[0].storage_id if records else 0
+
+
+def _refresh_after_live_submissions(runner: Runner) -> None:
+    """The leaderboard_refresh that submission_sensor's next tick requests once the live round's
+    submissions are in: they are partitions of `submission` too, so without it the UI would show
+    the leaderboard Unsynced by them (it does not read them: its rows do not change)."""
+    if _latest(runner, "submission") > _latest(runner, "leaderboard"):
+        runner.run(LEADERBOARD_JOB)
+        _say("      leaderboard_refresh after the live submissions (the monthly board is unchanged)")
 
 
 def _resolve_live(runner: Runner) -> list[str]:

@@ -199,6 +199,8 @@ def test_every_schedule_and_sensor_says_what_it_does():
     assert INSTIGATORS <= set(instigators)
     assert [name for name, i in instigators.items() if not (i.description or "").strip()] == []
     assert [name for name in sorted(INSTIGATORS) if "by default" not in instigators[name].description] == []
+    # And every job they launch, on its page and in the Jobs list.
+    assert [job.name for job in defs.jobs if not (job.description or "").strip()] == []
 
 
 def _free_port() -> int:
@@ -241,6 +243,50 @@ def test_webserver_lists_the_schedule(tmp_path):
     assert schedules["gdelt_every_15_minutes"]["pipelineName"] == "gdelt_ingest"
     assets = {"/".join(a["assetKey"]["path"]) for n in nodes for a in n["assetNodes"]}
     assert {"gdelt_files", "gdelt_events", "gdelt_mentions"} <= assets
+
+
+def _ledger_check(tmp_path, mirror):
+    """gdelt_files and its ledger check materialised on the mirror's day; the check's evaluation."""
+    from quality.ingest_checks import gdelt_files_all_green
+
+    resources = resources_for(
+        make_settings(data_dir=str(tmp_path / "data"), gdelt_base_url=mirror.base_url, backoff_base_s=0.01)
+    )
+    with dg.instance_for_test() as instance:
+        result = dg.materialize(
+            [gdelt_files, gdelt_files_all_green],
+            partition_key=MIRROR_DAY.isoformat(),
+            resources=resources,
+            instance=instance,
+        )
+    assert result.success
+    (evaluation,) = result.get_asset_check_evaluations()
+    return evaluation
+
+
+def test_ledger_check_passes_on_the_gaps_gdelt_never_published(tmp_path, mirror, mirror_dir):
+    """The generated day has GDELT's usual gaps (slots absent from its index): they are counted and
+    named as GDELT's own, and the check passes (before: Failed on every day of a healthy demo)."""
+    manifest = json.loads((mirror_dir / "manifest.json").read_text())
+    unlisted = sum(not s[kind]["listed"] for s in manifest["slots"] for kind in ("export", "mentions"))
+    assert unlisted > 0  # the fixture does have gaps
+    evaluation = _ledger_check(tmp_path, mirror)
+    assert evaluation.passed
+    assert evaluation.metadata["gdelt_gaps"].value == unlisted
+    assert evaluation.metadata["not_landed"].value == 0
+    assert f"{unlisted} slot file(s) not in GDELT's index (not published by GDELT" in evaluation.description
+
+
+def test_ledger_check_warns_on_a_listed_file_that_did_not_land(tmp_path, mirror, mirror_dir):
+    """A file GDELT's index lists but that answers 404 after the grace period should exist: it warns."""
+    manifest = json.loads((mirror_dir / "manifest.json").read_text())
+    listed = next(s["ts"] for s in manifest["slots"] if s["export"]["listed"])
+    mirror.faults.add(match=f"{listed}.export", fault="404")
+    evaluation = _ledger_check(tmp_path, mirror)
+    assert not evaluation.passed and evaluation.severity == dg.AssetCheckSeverity.WARN
+    assert evaluation.metadata["not_landed"].value == 1
+    assert "1 file(s) GDELT's index lists are not landed" in evaluation.description
+    assert "missing" in evaluation.metadata["details"].value
 
 
 def test_ledger_check_warns_on_a_corrupt_file(tmp_path, mirror, monkeypatch):

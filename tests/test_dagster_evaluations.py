@@ -21,13 +21,16 @@ from assets.database import event_database
 from assets.evaluations import evaluation, leaderboard
 from assets.resources import LlmRuntime, resources_for
 from assets.splits import test_split as split_asset
+from pipeline.evaluation.board import INTERVAL_RULE
 from pipeline.evaluation.board_files import chart
+from pipeline.evaluation.run import AGGREGATION_RULE, RANK_RULE
 from pipeline.storage import DataLayout
 from sensors.evaluations import evaluation_job, evaluation_sensor, leaderboard_job
 from testbed.chat import ChatServer
 
 from .month_builder import Quad, write_month
 from .settings_builder import make_settings
+from .test_markdown import rendered
 
 FEB, MAR = "2024-02-01", "2024-03-01"
 BASELINE = {"name": "recurrency", "kind": "baseline", "baseline": "recurrency", "distances": [1, 7]}
@@ -222,6 +225,9 @@ def test_requested_runs_evaluate_or_refuse_and_the_leaderboard_follows(data_dir,
     assert meta["chart"].value.startswith("![leaderboard](data:image/png;base64,")
     assert "| 1 | 2024-02 | queries_sample | 1 | recurrency | registered | no | 3 | 1 |" in meta["leaderboard"].value
     assert "| 2024-02 | queries_sample | recent-llm |" in meta["refusals"].value
+    # The rules under the table read as written (before: "max_at_k_*: ... repeated_*" was emphasis).
+    shown, constructs = rendered(meta["leaderboard"].value)
+    assert f"{RANK_RULE}; {INTERVAL_RULE}; {AGGREGATION_RULE}." in shown and constructs == []
     assert meta["published"].value == "unchanged or no release yet"  # nothing released in this store
     board = pl.read_parquet(layout.root / "evaluations/leaderboard.parquet")
     assert board.select("agent", "distance", "rank").rows() == [("recurrency", 1, 1), ("recurrency", 7, 1)]

@@ -149,3 +149,27 @@ def test_the_code_location_has_the_live_round():
     assert repository.get_job("live_round_publication") is not None
     assert defs.resolve_schedule_def("live_round_daily").cron_schedule == "0 2-12 * * *"
     assert defs.resolve_assets_def("live_round").group_names_by_key[live_round.key] == "live"
+
+
+def test_live_rounds_and_submissions_have_lineage_to_what_they_read():
+    """The asset graph draws live_round from the daily quads and articles of its window (round D:
+    D − MIRAI_LIVE_WINDOW_DAYS .. D − 1, per partition) and submission from the test split and
+    live round it is checked against; before, both stood alone in the graph."""
+    from assets.articles import articles
+    from assets.events import daily_quads
+    from assets.partitions import daily_partitions
+    from assets.splits import test_split
+    from pipeline.config import Settings
+
+    (spec,) = live_round.specs
+    deps = {dep.asset_key: dep.partition_mapping for dep in spec.deps}
+    assert set(deps) == {daily_quads.key, articles.key}
+    window = Settings.from_env().live.window_days
+    upstream = deps[daily_quads.key].get_upstream_mapped_partitions_result_for_partitions(
+        daily_partitions.subset_with_partition_keys(["2024-03-10"]), daily_partitions, daily_partitions
+    )
+    days = sorted(upstream.partitions_subset.get_partition_keys())
+    assert days == [(date(2024, 3, 10) - timedelta(days=n)).isoformat() for n in range(window, 0, -1)]
+    (spec,) = submission.specs
+    assert {dep.asset_key for dep in spec.deps} == {test_split.key, live_round.key}
+    assert all(isinstance(dep.partition_mapping, dg.AllPartitionMapping) for dep in spec.deps)

@@ -152,3 +152,41 @@ def test_bidi_controls_and_invisible_characters_are_shown_not_kept(hostile, show
 )
 def test_names_in_other_scripts_and_emoji_are_shown_as_they_are(name):
     assert unescaped(markdown_text(name)) == name
+
+
+def rendered(markdown: str) -> tuple[str, list[str]]:
+    """What a CommonMark viewer shows of ``markdown``: its text (code spans' content included), and
+    the constructs that change how it reads (emphasis, raw HTML, links, images)."""
+    text, constructs = [], []
+    for token in _COMMONMARK.parse(markdown):
+        for t in token.children or []:
+            if t.type in ("text", "code_inline"):
+                text.append(t.content)
+            elif t.type in ("softbreak", "hardbreak"):
+                text.append(" ")
+            elif t.type in ("em_open", "strong_open", *_ACTIVE_TOKENS):
+                constructs.append(f"{t.type}: {t.content or t.markup}")
+        if token.type == "paragraph_close":
+            text.append("\n")
+    return "".join(text), constructs
+
+
+def test_every_description_of_the_code_location_renders_as_written():
+    """The UI renders the descriptions of assets, checks, jobs, schedules and sensors as Markdown:
+    a placeholder such as submissions/<name>/ must not vanish as an HTML tag, nor a pair of * or _
+    turn the text between them italic (before: evaluation's `<agent>/<query_set>` were lost)."""
+    from definitions import defs
+
+    described = {
+        **{
+            f"asset {spec.key.to_user_string()}": spec.description
+            for a in defs.assets
+            for spec in getattr(a, "specs", [a])
+        },
+        **{f"check {spec.name}": spec.description for c in defs.asset_checks for spec in c.check_specs},
+        **{f"job {job.name}": job.description for job in defs.jobs},
+        **{f"schedule {s.name}": s.description for s in defs.schedules},
+        **{f"sensor {s.name}": s.description for s in defs.sensors},
+    }
+    changed = {where: found for where, text in described.items() if text and (found := rendered(text)[1])}
+    assert changed == {}

@@ -44,6 +44,7 @@ from quality.event_checks import (
 )
 from quality.ingest_checks import gdelt_events_intact, gdelt_files_all_green, gdelt_mentions_intact
 from quality.split_checks import split_leakage_audit
+from quality.submission_checks import submission_accepted
 from testbed.generate import MirrorOptions, generate_mirror, news_sites
 from testbed.hostile import relist, zip_member
 from testbed.news import NewsServer
@@ -246,7 +247,7 @@ def event_log(tmp_path_factory):
         names = sorted(p.name for p in (bucket / "submissions").iterdir())
         instance.add_dynamic_partitions("submissions", names)
         for name in names:
-            run([submission], name)
+            run([submission, submission_accepted], name)
         run([live_resolution], ROUND.isoformat())
         run([live_leaderboard])
         run([leaderboard])
@@ -321,6 +322,7 @@ def test_no_bidi_control_or_invisible_character_reaches_the_markdown(event_log):
         ("gdelt_files:gdelt_files_all_green", "details", PAYLOADS),
         ("gdelt_files:gdelt_files_all_green", "description", PAYLOADS),
         ("submission", "reasons", FILE_NAMED),  # a submitter's file names
+        ("submission:submission_accepted", "description", FILE_NAMED),
         ("live_leaderboard", "cumulative", PAYLOADS),  # live submitters' models
     ],
 )

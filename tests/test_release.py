@@ -354,6 +354,8 @@ def test_release_asset_publishes_once_and_never_shows_credentials(data_dir, s3_s
     assert metas[0]["published_now"].value is True and metas[0]["uploaded"].value > 0
     assert metas[1]["published_now"].value is False and metas[1]["uploaded"].value == 0
     assert metas[0]["store"].value == f"s3://{bucket}/mirai/v1 (endpoint {s3_server.endpoint})"
+    # No link to the endpoint's port, which a restarted server no longer has (no public URL configured).
+    assert metas[0]["manifest_key"].value == "releases/2024-02/manifest.json" and "manifest_url" not in metas[0]
     assert SECRET_KEY not in text and ACCESS_KEY not in text
     assert "uploading 20 files" in text  # the split's 5, 6 database months, MIRAI's 9 files
 
@@ -387,6 +389,25 @@ def test_local_store_is_the_default_and_round_trips(data_dir, tmp_path):
     entry = json.loads((root / "index.json").read_text())["releases"][0]
     assert entry["files"]["queries.parquet"] == "releases/2024-01/queries.parquet"
     assert "urls" not in entry and "manifest_url" not in entry  # no public base URL configured
+
+
+def test_the_release_asset_links_the_manifest_only_at_the_configured_public_url(data_dir, tmp_path):
+    """The UI's link to a release's manifest stays valid: the store key always, a URL only under
+    MIRAI_RELEASE_PUBLIC_URL (before: the store's own address, a demo's S3 port gone after it)."""
+    from assets.release import release
+    from assets.resources import resources_for
+
+    metas = []
+    for public in ("", "https://data.example.org/mirai/"):
+        settings = make_settings(data_dir=data_dir, release_uri=str(tmp_path / "bucket"), release_public_url=public)
+        with dg.instance_for_test() as instance:
+            result = dg.materialize(
+                [release], partition_key="2024-02-01", instance=instance, resources=resources_for(settings)
+            )
+        metas.append(result.asset_materializations_for_node("release")[0].metadata)
+    assert [m["manifest_key"].value for m in metas] == ["releases/2024-02/manifest.json"] * 2
+    assert "manifest_url" not in metas[0]
+    assert metas[1]["manifest_url"].value == "https://data.example.org/mirai/releases/2024-02/manifest.json"
 
 
 def test_index_carries_absolute_urls_only_from_the_configured_public_url(data_dir, tmp_path):

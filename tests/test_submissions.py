@@ -20,13 +20,16 @@ from pipeline.cli import main
 from pipeline.config import Settings
 from pipeline.evaluation import submission_metadata
 from pipeline.evaluation import submissions as sub
+from pipeline.markdown import markdown_text
 from pipeline.release.layout import UnsafeRelease
 from pipeline.release.store import LocalStore
 from pipeline.release.store_uri import open_store
+from quality.submission_checks import submission_accepted
 from sensors.evaluations import leaderboard_job
 from sensors.submissions import submission_job, submission_sensor
 
 from .settings_builder import make_settings
+from .test_markdown import active_markdown, unescaped
 
 GOLD = {
     "2024-01-00001": {"04": ["042"], "19": ["190"]},
@@ -560,3 +563,30 @@ def test_round_trip_on_seaweedfs_through_the_sensor(s3_server, bucket, data_dir,
 
 def _settings(data_dir: Path, uri: str, server) -> Settings:
     return make_settings(data_dir=data_dir, release_uri=uri, s3_endpoint_url=server.endpoint, s3_region="us-east-1")
+
+
+def test_a_rejected_submission_fails_its_check_in_the_scoring_run_with_the_reason_escaped(store, data_dir):
+    """The submission_scoring run that refuses a submission succeeds (refusing is the pipeline
+    working), and its submission_accepted check warns with the reason, inert Markdown; a scored
+    submission passes it."""
+    hostile = "<img src=x onerror=alert(1)> *x*"
+    upload(store, "good")
+    (upload(store, "bad") / hostile).write_bytes(b"{}")  # a submitter names the files it uploads
+    defs = dg.Definitions(
+        assets=[submission],
+        asset_checks=[submission_accepted],
+        jobs=[submission_job],
+        resources=resources_for(make_settings(data_dir=str(data_dir), release_uri=str(store.root))),
+    )
+    job = defs.resolve_job_def(submission_job.name)
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions("submissions", ["good", "bad"])
+        runs = {name: job.execute_in_process(instance=instance, partition_key=name) for name in ("good", "bad")}
+    assert all(run.success for run in runs.values())
+    (good,) = runs["good"].get_asset_check_evaluations()
+    assert good.passed and good.metadata["status"].value == "scored"
+    (bad,) = runs["bad"].get_asset_check_evaluations()
+    assert not bad.passed and bad.severity == dg.AssetCheckSeverity.WARN
+    (reason,) = sub.read_record(data_dir, "bad")["reasons"]
+    assert bad.description == f"rejected: {markdown_text(reason)}" and hostile in reason
+    assert active_markdown(bad.description) == [] and unescaped(bad.description) == f"rejected: {reason}"
