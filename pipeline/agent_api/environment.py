@@ -29,6 +29,7 @@ from pipeline.agent_api import lookup
 from pipeline.agent_api.bm25 import mirai_tokens, rank_mirai
 from pipeline.agent_api.table_files import TableFiles
 from pipeline.agent_api.types import (
+    RENDERINGS,
     CAMEOCode,
     Date,
     DateGateError,
@@ -40,6 +41,7 @@ from pipeline.agent_api.types import (
     coerce_date_range,
     coerce_iso,
     coerce_list,
+    date_header,
 )
 from pipeline.reference.tables import iso3_codes, level1_codes, level2_codes
 
@@ -117,7 +119,9 @@ class Environment:
     ``tools`` ("full", "kg" or "news", TOOL_SUBSETS) is the API an agent's code gets: ``functions()``
     binds only those, and a call of any other API function raises a NameError saying why.
     ``count_both_actors`` makes get_entity_distribution count as MIRAI's code does rather than as
-    its docstring says (docs/mirai.md, "The `mirai` mode")."""
+    its docstring says (docs/mirai.md, "The `mirai` mode"). ``rendering`` (types.NATIVE or
+    types.MIRAI) is the text its observations show: the sandbox child renders the data classes
+    that way, and ``browse_news_article`` heads an article with it."""
 
     def __init__(
         self,
@@ -131,14 +135,18 @@ class Environment:
         allow_unconfined_sandbox: bool = False,
         tools: str = "full",
         count_both_actors: bool = False,
+        rendering: str = "native",
         code_libraries: tuple[str, ...] = (),
         memory_mb: int | None = None,
         table_files: Callable[[], list[tuple[Path, Path]]] | None = None,
     ):
         if tools not in TOOL_SUBSETS:
             raise ValueError(f"tools must be one of {', '.join(TOOL_SUBSETS)}, got {tools!r}")
+        if rendering not in RENDERINGS:
+            raise ValueError(f"rendering must be one of {', '.join(RENDERINGS)}, got {rendering!r}")
         self.tools = tools
         self.count_both_actors = count_both_actors
+        self.rendering = rendering
         self._events = events
         self._news = news
         self.start = start
@@ -372,7 +380,7 @@ class Environment:
         if found.height == 0:
             raise ValueError(f"no article titled {title!r} on {day}; get_news_articles lists titles")
         row = found.row(0, named=True)
-        return f"{day.isoformat()}:\n{row['title']}\n{row['text']}"
+        return f"{date_header(day.isoformat(), self.rendering)}\n{row['title']}\n{row['text']}"
 
     # --- code blocks -------------------------------------------------------------------------
 
