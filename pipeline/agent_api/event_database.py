@@ -226,11 +226,11 @@ class EventDatabase:
         *,
         tools: str = "full",
         count_both_actors: bool = False,
-        rendering: str = "native",
+        dialect: str = "native",
         code_libraries: tuple[str, ...] | None = None,
         memory_mb: int | None = None,
     ) -> Environment:
-        """The query's Environment; ``tools``, ``count_both_actors``, ``rendering``,
+        """The query's Environment; ``tools``, ``count_both_actors``, ``dialect``,
         ``code_libraries`` and ``memory_mb`` as in Environment (``code_libraries`` None: the database's own)."""
         if distance_days < 1:
             raise ValueError(
@@ -248,7 +248,7 @@ class EventDatabase:
             allow_unconfined_sandbox=self.allow_unconfined_sandbox,
             tools=tools,
             count_both_actors=count_both_actors,
-            rendering=rendering,
+            dialect=dialect,
             code_libraries=self.code_libraries if code_libraries is None else code_libraries,
             memory_mb=memory_mb,
             table_files=functools.partial(self.gated_files, cutoff),

@@ -368,10 +368,10 @@ def serve_episode(loaded: frozenset[str], libraries: str, namespaces: str) -> in
         "distance_days": config["distance_days"],
         "tools": config["tools"],
         "count_both_actors": config["count_both_actors"],
-        "rendering": config["rendering"],
+        "dialect": config["dialect"],
     }
-    # The process serves this one environment: its data classes print as it renders them.
-    set_rendering(config["rendering"])
+    # The process serves this one environment: its data classes print in its dialect.
+    set_rendering(config["dialect"])
     env = Environment(events, news, **settings)
     # Exercise every table path once so nothing lazy is left to initialise after lockdown: on the
     # first rows only (same schema, same code paths), since a full scan would read every mapped page.

@@ -53,7 +53,7 @@ def react_environment(database, spec: AgentSpec, query_date: date, distance: int
         distance,
         tools=spec.tools,
         count_both_actors=spec.mode == "mirai",
-        rendering=spec.mode,
+        dialect=spec.mode,
         code_libraries=code_libraries(spec),
         memory_mb=spec.memory_mb,
     )
