@@ -91,6 +91,10 @@ class _Rendered:
     # The field a one-field class shows bare (``Date("2024-01-05")``, MIRAI's ``Date('2024-01-05')``).
     _ONLY_FIELD: ClassVar[str | None] = None
 
+    def __post_init__(self) -> None:
+        """Nothing to check here; a class with fields to check, or a subclass with checks of its own
+        (mirai_api.py's), overrides it (a dataclass calls it only if the class has one)."""
+
     def render(self, style: str, short: bool) -> str:
         name = type(self).__name__
         if self._ONLY_FIELD and (style == NATIVE or short):
