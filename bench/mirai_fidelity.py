@@ -525,10 +525,12 @@ def main() -> int:
         started = time.perf_counter()
         calls = draw_calls(data, export, month, args.calls, args.dates, seed)
         mirai = run_mirai(scratch, args.mirai_python, calls, args.mirai_simd)
-        for side, ours in (
-            ("environment", run_environment(data, calls, args.rendering)),
-            ("module", run_module(data, calls)),
-        ):
+        environment = run_environment(data, calls, args.rendering)
+        module = run_module(data, calls)
+        for mine, scored in zip(module, environment):  # the same candidates' scores tell ties apart
+            if "scores" in scored:
+                mine["scores"] = scored["scores"]
+        for side, ours in (("environment", environment), ("module", module)):
             stats = compare(calls, mirai, ours)
             summary = report(f"seed {seed}, ours = {side} ({time.perf_counter() - started:.0f} s)", stats)
             print(f"  seed {seed} {side}: {summary}")
