@@ -22,7 +22,7 @@ Method (printed with the results):
   month (the visible end is the day before: MIRAI gets it by ``set_default_end_date``). Filters
   are drawn from the data (date ranges, 1-3 countries, first- or second-level relations, keywords,
   three-word texts from titles, roles); a third of the country look-ups name the country by a name
-  other than its first, 10% of them change its case; 10% of ``browse_news_article`` calls ask for a
+  other than its first, and 10% of all of them change the name's case; 10% of ``browse_news_article`` calls ask for a
   title that does not exist and 10% change the title's case;
 - MIRAI's side: ``eval`` of the action in the module's namespace, its observation as MIRAI's loop
   (agents/react_agents.py, ReactAgent.step) makes it: "Empty output from the function call." for
