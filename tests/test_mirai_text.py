@@ -125,6 +125,11 @@ def test_a_mode_mirai_sandbox_shows_what_miraiS_loop_shows(data_dir):
             "Empty output from the function call."
         )
         assert _observe(env, "count_events()") == str(env.count_events())
+        # A code block's print() shows MIRAI's str of an object and its repr inside a list.
+        assert (
+            env.run_code("print(CAMEOCode('042'), [Date('2024-01-05')])")
+            == "CAMEOCode('042') [Date(date='2024-01-05')]\n"
+        )
     with database.environment(QUERY_DATE, 1) as native:  # native mode: today's text
         assert _observe(native, "get_events()[:1]").startswith('[Event(date=Date("2024-02-09")')
         assert native.browse_news_article(day.date, title).startswith(f"{day.date}:\n")
