@@ -152,7 +152,9 @@ def ours(data_dir: Path, calls: list[dict], mode: str) -> tuple[list, list]:
     results, scores = [], []
     for call in calls:
         # Mode mirai counts entities as MIRAI's code does (docs/mirai.md, "The `mirai` mode").
-        env = database.environment(date.fromisoformat(call["query_date"]), 1, count_both_actors=mode == "mirai")
+        env = database.environment(
+            date.fromisoformat(call["query_date"]), 1, count_both_actors=mode == "mirai", dialect=mode
+        )
         function = getattr(env, call["fn"])
         try:
             results.append(canon(function(**build(call["args"]))))

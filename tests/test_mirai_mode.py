@@ -17,6 +17,7 @@ import pytest
 
 from pipeline.agent_api import EventDatabase
 from pipeline.agent_api.environment import API_FUNCTIONS, EVENT_FUNCTIONS, NEWS_FUNCTIONS, TOOL_SUBSETS
+from pipeline.agent_api.types import MIRAI, rendering
 from pipeline.evaluation.agent_config import agent_config_hash
 from pipeline.evaluation.agents import react_environment, run_react, run_single_turn
 from pipeline.evaluation.board import leaderboard
@@ -34,6 +35,13 @@ from tests.test_agents import ScriptedClient
 
 QUERY = Query("2024-02-00001", date(2024, 2, 10), "USA", "CHN", "United States", "China")
 DIST = "get_relation_distribution(head_entities=['USA'], tail_entities=['CHN'])"
+# MIRAI's observation of a repeated action (agents/react_agents.py in github.com/yecchen/MIRAI).
+REPEATED = (
+    "The same action has been executed before. Try a different action with correct format. If you are collecting "
+    "data with code, please make sure your action is a valid and executable code with correct syntax based on the "
+    "API description; If you are making the final forecast, please start the action immediately with 'Final "
+    "Answer:' without enclosing within triple backticks, for example, 'Action: Final Answer: {}'"
+)
 LLM = {"name": "m", "kind": "llm", "gguf": "m.gguf", "knowledge_cutoff": "2023-10"}
 
 
@@ -247,7 +255,8 @@ def test_mirai_repeats_are_not_run_and_the_fourth_ends_the_episode(database):
     first, *repeats = trajectory.steps[:4]
     assert first.action_kind == "call" and first.observation.startswith("{CAMEOCode(")
     assert [s.action_kind for s in repeats] == ["repeated"] * 3 and all(s.observation is None for s in repeats)
-    assert "not run again" in client.calls[2][-1]["content"]
+    # MIRAI's text (agents/react_agents.py, ReactAgent.step, a repeated action).
+    assert client.calls[2][-1]["content"] == f"Observation: {REPEATED}"
     # The answer is always extracted by a separate request: one user message, the last useful step.
     extraction = client.calls[-1]
     assert [m["role"] for m in extraction] == ["user"] and DIST in extraction[0]["content"]
@@ -272,10 +281,16 @@ def test_mirai_invalid_actions_null_actions_and_expressions(database):
     )
     assert trajectory.end_state == "invalid_actions" and trajectory.n_actions == 6
     null, sliced, compared, gated, broken, escape = trajectory.steps[:6]
-    assert null.action_kind == "null" and null.error is None and "action was empty" in client.calls[1][-1]["content"]
+    assert null.action_kind == "null" and null.error is None
+    assert client.calls[1][-1]["content"] == "Observation: No feedback from the environment due to the null action."
     assert sliced.observation.startswith("[Event(") and sliced.observation.count("Event(date=") == 2
     assert compared.observation == "True"
     assert gated.error.startswith("invalid action: DateGateError")
+    # MIRAI shows str() of the exception, then its note for function calls (react_agents.py).
+    assert client.calls[4][-1]["content"] == (
+        f"Observation: Invalid action: {gated.error.removeprefix('invalid action: DateGateError: ')}. Please make "
+        "sure your action is a valid and executable function call with correct arguments based on the API description."
+    )
     assert broken.error.startswith("invalid action: SyntaxError") and broken.observation is None
     assert "ImportError: import of 'os' is not allowed" in escape.error
     assert (trajectory.answer, trajectory.answer_source) == ({}, "none")
@@ -296,8 +311,17 @@ def test_mirai_final_answer_is_extracted_and_code_blocks_follow_mirai(database):
         spec(action_type="code_block", max_steps=5),
     )
     silent, empty, printed, final, _ = trajectory.steps
-    assert silent.error == "invalid action: the code block has no print() statement, so it shows nothing"
-    assert empty.error is None and empty.observation.startswith("No printed output")
+    assert silent.error == "invalid action: No print() statement in the action"
+    # MIRAI's texts (agents/react_agents.py, the code-block branch of ReactAgent.step).
+    assert client.calls[1][-1]["content"] == (
+        "Observation: Invalid action: No print() statement in the action. If you are collecting data with code, "
+        "please make sure your action is a valid and executable block of code with correct syntax based on the API "
+        "description, and use print() for outputs; If you are making the final forecast, please start the action "
+        "immediately with 'Final Answer:' without enclosing within triple backticks, for example, 'Action: Final "
+        "Answer: {}'"
+    )
+    assert empty.error is None
+    assert empty.observation == "No printed output from the action because you are printing an empty object."
     assert printed.observation.startswith("n = ") and printed.observation.count("\n") == 1
     assert trajectory.end_state == "final_answer" and final.action_kind == "final"
     info = client.calls[-1][0]["content"]
@@ -369,10 +393,11 @@ def test_mode_mirai_reaches_the_sandboxs_entity_counting(database):
         ],
         spec(max_steps=1),
     )
-    env = database.environment(QUERY.date, 1, count_both_actors=True)
+    env = database.environment(QUERY.date, 1, count_both_actors=True, dialect="mirai")
     expected = env.get_entity_distribution(interacted_entities=["CHN"], entity_role="head")
     # CHN is counted, as the object of every kept event: MIRAI's counting, not the documented one.
-    assert str(expected) == trajectory.steps[0].observation and 'ISOCode("CHN")' in str(expected)
+    with rendering(MIRAI):
+        assert str(expected) == trajectory.steps[0].observation and "ISOCode(code='CHN')" in str(expected)
     documented = database.environment(QUERY.date, 1).get_entity_distribution(
         interacted_entities=["CHN"], entity_role="head"
     )

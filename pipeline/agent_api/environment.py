@@ -25,10 +25,12 @@ from typing import Self
 
 import polars as pl
 
-from pipeline.agent_api import lookup
-from pipeline.agent_api.bm25 import mirai_tokens, rank_mirai
+from pipeline.agent_api import lookup, mirai_order
+from pipeline.agent_api.bm25 import mirai_tokens, okapi_scores, rank_mirai
 from pipeline.agent_api.table_files import TableFiles
 from pipeline.agent_api.types import (
+    MIRAI,
+    RENDERINGS,
     CAMEOCode,
     Date,
     DateGateError,
@@ -40,6 +42,7 @@ from pipeline.agent_api.types import (
     coerce_date_range,
     coerce_iso,
     coerce_list,
+    date_header,
 )
 from pipeline.reference.tables import iso3_codes, level1_codes, level2_codes
 
@@ -117,7 +120,11 @@ class Environment:
     ``tools`` ("full", "kg" or "news", TOOL_SUBSETS) is the API an agent's code gets: ``functions()``
     binds only those, and a call of any other API function raises a NameError saying why.
     ``count_both_actors`` makes get_entity_distribution count as MIRAI's code does rather than as
-    its docstring says (docs/mirai.md, "The `mirai` mode")."""
+    its docstring says (docs/mirai.md, "The `mirai` mode"). ``dialect`` "mirai" (types.MIRAI; default
+    "native") gives MIRAI's text and order: its sandbox child renders the data classes as MIRAI's
+    code prints them, ``browse_news_article`` heads an article with ``Date('…'):``, and what MIRAI
+    leaves to pandas' and numpy's sorts (equal counts, same-day rows, equal BM25 scores) comes in
+    the order those sorts give (``mirai_order``)."""
 
     def __init__(
         self,
@@ -131,14 +138,18 @@ class Environment:
         allow_unconfined_sandbox: bool = False,
         tools: str = "full",
         count_both_actors: bool = False,
+        dialect: str = "native",
         code_libraries: tuple[str, ...] = (),
         memory_mb: int | None = None,
         table_files: Callable[[], list[tuple[Path, Path]]] | None = None,
     ):
         if tools not in TOOL_SUBSETS:
             raise ValueError(f"tools must be one of {', '.join(TOOL_SUBSETS)}, got {tools!r}")
+        if dialect not in RENDERINGS:
+            raise ValueError(f"dialect must be one of {', '.join(RENDERINGS)}, got {dialect!r}")
         self.tools = tools
         self.count_both_actors = count_both_actors
+        self.dialect = dialect
         self._events = events
         self._news = news
         self.start = start
@@ -235,6 +246,8 @@ class Environment:
         by the 30 source articles most relevant to it (BM25 over title and text; words match exactly,
         case-sensitive), most relevant article first."""
         matches = self._matching_events(self._filter(date_range, head_entities, tail_entities, relations))
+        if self.dialect == MIRAI:
+            return self._mirai_events(matches, text_description)
         if not text_description:
             return self._to_events(matches.tail(MAX_EVENTS).reverse())
         # As MIRAI (docs/mirai.md): rank the matching events' articles with MIRAI's BM25 (bm25.py), walk
@@ -254,6 +267,32 @@ class Environment:
         )
         return self._to_events(ordered)
 
+    def _mirai_events(self, matches: pl.DataFrame, text_description: str | None) -> list[Event]:
+        """get_events as MIRAI's code answers it (mirai_order.py): newest first in the order its
+        sort gives same-day rows; with a text, the events of the best articles, walked in rank order
+        until 30 or more are taken (MIRAI checks the count between articles only, and returns them
+        as a set: here in the order they were taken)."""
+        rows = mirai_order.kg_rows(matches)
+        if not text_description:
+            return self._to_events(rows[mirai_order.newest_first(rows.get_column("date"))[:MAX_EVENTS]])
+        links = (
+            rows.with_row_index("__row")
+            .select("__row", pl.col("article_idx").alias("idx"))
+            .explode("idx")
+            .drop_nulls()
+            .filter(pl.col("idx") < self._news.height)
+        )
+        top = self._rank_articles(links.get_column("idx").unique().sort(), text_description, MAX_EVENTS)
+        rows_of = dict(links.group_by("idx").agg(pl.col("__row")).iter_rows())
+        taken: dict[int, None] = {}
+        for idx in top.get_column("idx"):  # at most 30 articles
+            if len(taken) >= MAX_EVENTS:
+                break
+            article_rows = rows[rows_of[idx]]
+            for position in mirai_order.newest_first(article_rows.get_column("date")):
+                taken.setdefault(rows_of[idx][position])
+        return self._to_events(rows[list(taken)])
+
     def get_entity_distribution(
         self, date_range=None, involved_relations=None, interacted_entities=None, entity_role: str | None = None
     ) -> dict[ISOCode, int]:
@@ -267,6 +306,8 @@ class Environment:
         partners = coerce_list(interacted_entities, coerce_iso)
         partner_codes = None if partners is None else _codes(tuple(c.code for c in partners), "iso")
         matches = self._matching_events(flt)
+        if self.dialect == MIRAI:
+            matches = mirai_order.kg_rows(matches)
         if self.count_both_actors:
             sides = self._both_actor_sides(matches, role, partner_codes)
         else:
@@ -275,6 +316,9 @@ class Environment:
                 if role in (wanted, "both"):
                     side = matches if partner_codes is None else matches.filter(pl.col(other).is_in(partner_codes))
                     sides.append(side.select(pl.col(counted).alias("entity")))
+        if self.dialect == MIRAI:  # MIRAI's value_counts, over its rows in data_kg order
+            counted = mirai_order.value_counts(pl.concat(sides).get_column("entity"))
+            return {ISOCode(code): n for code, n in counted}
         counts = pl.concat(sides).group_by("entity").len()
         counts = counts.with_columns(pl.col("entity").cast(pl.String)).sort(["len", "entity"], descending=[True, False])
         return {ISOCode(code): n for code, n in counts.iter_rows()}
@@ -298,6 +342,9 @@ class Environment:
     ) -> dict[CAMEOCode, int]:
         """Second-level relations and their number of matching events, most frequent first."""
         matches = self._matching_events(self._filter(date_range, head_entities, tail_entities, None))
+        if self.dialect == MIRAI:
+            counted = mirai_order.value_counts(mirai_order.kg_rows(matches).get_column("r"))
+            return {CAMEOCode(code): n for code, n in counted}
         counts = (
             matches.group_by("r")
             .len()
@@ -313,6 +360,9 @@ class Environment:
         ``text_description``, best first, with their row number ``idx``."""
         docs = self._news[idx].with_columns(idx.alias("idx"))
         tokens = docs.select(mirai_tokens(pl.col("title"), pl.col("text"))).to_series()
+        if self.dialect == MIRAI:
+            scores = okapi_scores(tokens, text_description.split(" ")) if len(tokens) else []
+            return docs[pl.Series(mirai_order.best_first(scores, limit), dtype=pl.Int64)]
         return docs[pl.Series(rank_mirai(tokens, text_description, limit), dtype=pl.Int64)]
 
     def _matching_articles(self, date_range, head_entities, tail_entities, relations, keywords) -> pl.DataFrame:
@@ -354,7 +404,9 @@ class Environment:
         """At most 15 (date, title) pairs: newest first, or most relevant to ``text_description`` first
         (BM25 over title and text; words match exactly, case-sensitive)."""
         articles = self._matching_articles(date_range, head_entities, tail_entities, relations, keywords)
-        if not text_description:
+        if not text_description and self.dialect == MIRAI:
+            top = articles[mirai_order.newest_first(articles.get_column("date"))[:MAX_ARTICLES]]
+        elif not text_description:
             top = articles.tail(MAX_ARTICLES).reverse()
         else:
             top = self._rank_articles(articles.get_column("idx"), text_description, MAX_ARTICLES)
@@ -372,7 +424,7 @@ class Environment:
         if found.height == 0:
             raise ValueError(f"no article titled {title!r} on {day}; get_news_articles lists titles")
         row = found.row(0, named=True)
-        return f"{day.isoformat()}:\n{row['title']}\n{row['text']}"
+        return f"{date_header(day.isoformat(), self.dialect)}\n{row['title']}\n{row['text']}"
 
     # --- code blocks -------------------------------------------------------------------------
 

@@ -226,11 +226,12 @@ class EventDatabase:
         *,
         tools: str = "full",
         count_both_actors: bool = False,
+        dialect: str = "native",
         code_libraries: tuple[str, ...] | None = None,
         memory_mb: int | None = None,
     ) -> Environment:
-        """The query's Environment; ``tools``, ``count_both_actors``, ``code_libraries`` and
-        ``memory_mb`` as in Environment (``code_libraries`` None: the database's own)."""
+        """The query's Environment; ``tools``, ``count_both_actors``, ``dialect``,
+        ``code_libraries`` and ``memory_mb`` as in Environment (``code_libraries`` None: the database's own)."""
         if distance_days < 1:
             raise ValueError(
                 f"distance_days must be at least 1 (the query day itself is never visible), got {distance_days}"
@@ -247,6 +248,7 @@ class EventDatabase:
             allow_unconfined_sandbox=self.allow_unconfined_sandbox,
             tools=tools,
             count_both_actors=count_both_actors,
+            dialect=dialect,
             code_libraries=self.code_libraries if code_libraries is None else code_libraries,
             memory_mb=memory_mb,
             table_files=functools.partial(self.gated_files, cutoff),

@@ -7,9 +7,12 @@ functions, ``set_default_end_date``, ``get_default_end_date`` and ``use_end_date
 MIRAI's module holds the whole database and filters every call against a module-global end date.
 Here the end date selects a gated ``Environment`` (pipeline/agent_api/environment.py): moving it
 opens a new environment whose tables stop at that day, so no call can return a row after it,
-whatever the arguments. The data classes mirror MIRAI's display, which agents read back as text:
-``repr`` is the dataclass one (``Date(date='2024-02-01')``, inside lists and dicts) and ``str`` the
-short one (``Date('2024-02-01')``, what ``print`` shows).
+whatever the arguments; it counts entities and orders ties as MIRAI's code does (the Environment's
+"mirai" dialect). The data classes are the API's own (types.py) in MIRAI's rendering, which agents
+read back as text: ``repr`` is the dataclass one (``Date(date='2024-02-01')``, inside lists and
+dicts) and ``str`` the short one (``Date('2024-02-01')``, what ``print`` shows); here they also
+check their arguments as MIRAI's do (a Date within the visible days, upper-case ISO codes, data
+classes where MIRAI wants them).
 
 The data: ``open_database(path)`` (a data dir or a downloaded release month, both holding
 ``database/``), else the first call opens ``MIRAI_DATA_DIR``. Differences from MIRAI and why:
@@ -25,7 +28,6 @@ from __future__ import annotations
 
 import sys
 import types
-from dataclasses import dataclass, field
 from datetime import date as _date
 from datetime import timedelta
 from pathlib import Path
@@ -116,7 +118,10 @@ def _database() -> EventDatabase:
 def _environment_for(end_date: str) -> Environment:
     # The environment of a query on the day after the end date, at distance 1, sees exactly the
     # days up to the end date (docs/agent_api.md, "The gate").
-    return _database().environment(_date.fromisoformat(end_date) + timedelta(days=1), distance_days=1)
+    # MIRAI's entity counting and its order of ties (docs/mirai.md, "The `mirai` mode").
+    return _database().environment(
+        _date.fromisoformat(end_date) + timedelta(days=1), distance_days=1, count_both_actors=True, dialect=gated.MIRAI
+    )
 
 
 def set_default_end_date(date: str | None) -> None:
@@ -171,7 +176,7 @@ def _parse_day(value: object, what: str) -> str:
     return value
 
 
-# --- the data classes (MIRAI's fields, checks and display) -----------------------------------------
+# --- the data classes: the API's own (types.py) in MIRAI's rendering, with MIRAI's checks ----------
 
 
 def _require(value: object, kind: type, what: str) -> None:
@@ -179,11 +184,10 @@ def _require(value: object, kind: type, what: str) -> None:
         raise ValueError(f"{what} must be a {kind.__name__} object, got {type(value).__name__}")
 
 
-@dataclass(frozen=True)
-class Date:
+class Date(gated.Date):
     """A day, 'YYYY-MM-DD', from the database's first day up to the end date."""
 
-    date: str
+    RENDERING = gated.MIRAI
 
     def __post_init__(self) -> None:
         _parse_day(self.date, "Date")
@@ -192,18 +196,13 @@ class Date:
         if _state.end_date is not None and self.date > _state.end_date:
             raise ValueError(f"Date must be on or before the current date {_state.end_date}, but received: {self.date}")
 
-    def __str__(self) -> str:
-        return f"Date('{self.date}')"
 
-
-@dataclass(frozen=True)
-class DateRange:
+class DateRange(gated.DateRange):
     """Days from start_date to end_date, inclusive; a missing side is the database's first day or
     the end date, filled in when the range is made (as in MIRAI), unless the database begins after
     the end date: then both stay None, a range over no day."""
 
-    start_date: Date | None = None
-    end_date: Date | None = None
+    RENDERING = gated.MIRAI
 
     def __post_init__(self) -> None:
         for name in ("start_date", "end_date"):
@@ -226,15 +225,11 @@ class DateRange:
                 f"end_date={self.end_date.date}"
             )
 
-    def __str__(self) -> str:
-        return f"DateRange(start_date={self.start_date}, end_date={self.end_date})"
 
-
-@dataclass(frozen=True)
-class ISOCode:
+class ISOCode(gated.ISOCode):
     """An ISO 3166-1 alpha-3 country code, e.g. 'USA' (upper case, as MIRAI requires)."""
 
-    code: str
+    RENDERING = gated.MIRAI
 
     def __post_init__(self) -> None:
         if not isinstance(self.code, str) or self.code not in iso3_codes():
@@ -243,14 +238,9 @@ class ISOCode:
                 "(map_country_name_to_iso(name) finds the code of a country)"
             )
 
-    def __str__(self) -> str:
-        return f"ISOCode('{self.code}')"
 
-
-@dataclass(frozen=True)
-class Country:
-    iso_code: ISOCode
-    name: str
+class Country(gated.Country):
+    RENDERING = gated.MIRAI
 
     def __post_init__(self) -> None:
         _require(self.iso_code, ISOCode, "Country.iso_code")
@@ -258,15 +248,11 @@ class Country:
         if self.name != expected:
             raise ValueError(f"Country name for {self.iso_code.code} is {expected!r}, but received: {self.name!r}")
 
-    def __str__(self) -> str:
-        return f"Country(iso_code={self.iso_code}, name='{self.name}')"
 
-
-@dataclass(frozen=True)
-class CAMEOCode:
+class CAMEOCode(gated.CAMEOCode):
     """A CAMEO relation code: two digits (first level, '04') or three (second level, '042')."""
 
-    code: str
+    RENDERING = gated.MIRAI
 
     def __post_init__(self) -> None:
         if not isinstance(self.code, str) or self.code not in level1_codes() | level2_codes():
@@ -275,15 +261,9 @@ class CAMEOCode:
                 "(map_relation_description_to_cameo(text) finds codes for a description)"
             )
 
-    def __str__(self) -> str:
-        return f"CAMEOCode('{self.code}')"
 
-
-@dataclass(frozen=True)
-class Relation:
-    cameo_code: CAMEOCode
-    name: str
-    description: str
+class Relation(gated.Relation):
+    RENDERING = gated.MIRAI
 
     def __post_init__(self) -> None:
         _require(self.cameo_code, CAMEOCode, "Relation.cameo_code")
@@ -294,16 +274,9 @@ class Relation:
                 "(map_cameo_to_relation gives them)"
             )
 
-    def __str__(self) -> str:
-        return f"Relation(cameo_code={self.cameo_code}, name='{self.name}', description='{self.description}')"
 
-
-@dataclass(frozen=True)
-class Event:
-    date: Date
-    head_entity: ISOCode
-    relation: CAMEOCode
-    tail_entity: ISOCode
+class Event(gated.Event):
+    RENDERING = gated.MIRAI
 
     def __post_init__(self) -> None:
         _require(self.date, Date, "Event.date")
@@ -311,19 +284,9 @@ class Event:
         _require(self.relation, CAMEOCode, "Event.relation")
         _require(self.tail_entity, ISOCode, "Event.tail_entity")
 
-    def __str__(self) -> str:
-        return (
-            f"Event(date={self.date}, head_entity={self.head_entity}, relation={self.relation}, "
-            f"tail_entity={self.tail_entity})"
-        )
 
-
-@dataclass(frozen=True)
-class NewsArticle:
-    date: Date
-    title: str
-    content: str
-    events: list[Event] = field(default_factory=list, hash=False)
+class NewsArticle(gated.NewsArticle):
+    RENDERING = gated.MIRAI
 
     def __post_init__(self) -> None:
         _require(self.date, Date, "NewsArticle.date")
@@ -331,11 +294,8 @@ class NewsArticle:
         _require(self.content, str, "NewsArticle.content")
         _require(self.events, list, "NewsArticle.events")
 
-    def __str__(self) -> str:
-        return f"{self.date}:\n{self.title}\n{self.content}"
 
-
-# --- conversions to and from the gated environment's types -----------------------------------------
+# --- conversions from the gated environment's objects ----------------------------------------------
 
 
 def _gated_range(date_range: DateRange | None) -> gated.DateRange | None:
@@ -475,9 +435,7 @@ def get_news_articles(
 
 def browse_news_article(date: Date, title: str) -> str:
     """'Date('YYYY-MM-DD'):', the title and the article's text, one per line, as MIRAI shows it."""
-    date = _as(Date, date)
-    text = _environment().browse_news_article(date.date, title)
-    return f"{date}:\n{text.removeprefix(f'{date.date}:' + chr(10))}"
+    return _environment().browse_news_article(_as(Date, date).date, title)
 
 
 # --- MIRAI's module globals -------------------------------------------------------------------------

@@ -198,6 +198,7 @@ class _Child:
             "distance_days": env.distance_days,
             "tools": env.tools,
             "count_both_actors": env.count_both_actors,
+            "dialect": env.dialect,
             "memory_mb": memory_mb,
             "cpu_budget_s": cpu_budget_s,
             # The child mounts its empty root only in a mount namespace other than this one.

@@ -355,6 +355,7 @@ def serve_episode(loaded: frozenset[str], libraries: str, namespaces: str) -> in
     """The sandbox child: warm up, wait as a spare on HANDOVER_FD, then serve one episode."""
     from pipeline.agent_api.environment import Environment
     from pipeline.agent_api.lockdown import lock_down
+    from pipeline.agent_api.types import set_rendering
 
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     _warm_spare()
@@ -367,7 +368,10 @@ def serve_episode(loaded: frozenset[str], libraries: str, namespaces: str) -> in
         "distance_days": config["distance_days"],
         "tools": config["tools"],
         "count_both_actors": config["count_both_actors"],
+        "dialect": config["dialect"],
     }
+    # The process serves this one environment: its data classes print in its dialect.
+    set_rendering(config["dialect"])
     env = Environment(events, news, **settings)
     # Exercise every table path once so nothing lazy is left to initialise after lockdown: on the
     # first rows only (same schema, same code paths), since a full scan would read every mapped page.

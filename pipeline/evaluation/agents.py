@@ -48,12 +48,13 @@ def code_libraries(spec: AgentSpec) -> tuple[str, ...]:
 
 def react_environment(database, spec: AgentSpec, query_date: date, distance: int):
     """The Environment a ReAct episode of ``spec`` gets: its tool subset, and in mode mirai MIRAI's
-    entity counting and code-block libraries (docs/mirai.md)."""
+    entity counting, observation text and code-block libraries (docs/mirai.md)."""
     return database.environment(
         query_date,
         distance,
         tools=spec.tools,
         count_both_actors=spec.mode == "mirai",
+        dialect=spec.mode,
         code_libraries=code_libraries(spec),
         memory_mb=spec.memory_mb,
     )

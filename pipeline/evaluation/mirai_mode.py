@@ -35,18 +35,42 @@ EXTRACTION_WORDS = 4000
 _LEADING_FENCE = re.compile(r"```(?:\w+\n)?(.*?)```", re.DOTALL)
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>")
 _WHITESPACE = re.compile(r"\s+")
+# What MIRAI's loop (agents/react_agents.py, ReactAgent.step) shows the model, word for word, so an
+# agent in mode mirai reads what it would read there: the observation of an empty list or dict, of
+# a code block that printed an empty object, of an empty, a repeated or an invalid action (the
+# exception's message, then the note of the action type).
+EMPTY_VALUE = "Empty output from the function call."
+EMPTY_PRINT = "No printed output from the action because you are printing an empty object."
+NULL_ACTION = "No feedback from the environment due to the null action."
+_FINAL_HINT = (
+    "If you are making the final forecast, please start the action immediately with 'Final Answer:' "
+    "without enclosing within triple backticks, for example, 'Action: Final Answer: {}'"
+)
+REPEATED_ACTION = (
+    "The same action has been executed before. Try a different action with correct format. If you are "
+    "collecting data with code, please make sure your action is a valid and executable code with correct "
+    "syntax based on the API description; " + _FINAL_HINT
+)
+ERROR_NOTES = {
+    "single_function": "Please make sure your action is a valid and executable function call with correct "
+    "arguments based on the API description.",
+    "code_block": "If you are collecting data with code, please make sure your action is a valid and executable "
+    "block of code with correct syntax based on the API description, and use print() for outputs; " + _FINAL_HINT,
+}
+NO_PRINT = "No print() statement in the action"
+# The sandbox reports an exception as "ValueError: message"; MIRAI's loop shows str() of it.
+_EXCEPTION_TYPE = re.compile(r"^[A-Za-z_][\w.]*: ")
 # Mode mirai, single function: the harness asks the sandbox for the expression's str() (MIRAI's
-# observation), or, as MIRAI does, a note (ours) for an empty list or dict.
-_EMPTY_VALUE_NOTE = "Empty result: the call returned an empty list or dict."
+# observation), or MIRAI's note for an empty list or dict.
 _SHOW_VALUE = (
     "_mirai_value = ({expression})\n"
-    f"print({_EMPTY_VALUE_NOTE!r} if isinstance(_mirai_value, (list, dict)) and not _mirai_value else _mirai_value)"
+    f"print({EMPTY_VALUE!r} if isinstance(_mirai_value, (list, dict)) and not _mirai_value else _mirai_value)"
 )
-_MIRAI_NOTES = {
-    "single_function": "The action must be one valid, executable expression calling the API with correct arguments.",
-    "code_block": "To collect data, the action must be valid, executable Python that print()s what it finds; to "
-    "forecast, start the action with 'Final Answer:' and do not put it in a code fence.",
-}
+
+
+def invalid_observation(problem: str, action_type: str) -> str:
+    """MIRAI's observation of an invalid action: "Invalid action: <the exception's message>. <note>"."""
+    return f"Invalid action: {_EXCEPTION_TYPE.sub('', problem, count=1)}. {ERROR_NOTES[action_type]}"
 
 
 def mirai_answer(text: str) -> dict | None:
@@ -126,9 +150,9 @@ def _mirai_act(env, action: str, action_type: str, step: Step) -> bool:
         problem = execution_error(output, action_type)
         if problem is None and action_type == "code_block" and output == "":
             if "print(" in code:
-                output = "No printed output: what the action printed was empty."
+                output = EMPTY_PRINT
             else:
-                problem = "the code block has no print() statement, so it shows nothing"
+                problem = NO_PRINT
         step.observation = output.rstrip("\n") if action_type == "single_function" else output
     step.action_kind = "invalid" if problem else ("call" if action_type == "single_function" else "code")
     step.error = problem and f"invalid action: {problem}"
@@ -150,7 +174,7 @@ def mirai_turns(client: ChatClient, spec: AgentSpec, env, messages: list[dict], 
         messages.append({"role": "assistant", "content": step.reply.strip()})
         if not step.action:
             step.action_kind = "null"
-            feedback = "Observation: No feedback: the action was empty. Write the action after 'Action:'."
+            feedback = f"Observation: {NULL_ACTION}"
         else:
             performed[step.action] += 1
             seen = performed[step.action]
@@ -159,10 +183,7 @@ def mirai_turns(client: ChatClient, spec: AgentSpec, env, messages: list[dict], 
                 return "repeated_actions"
             if seen > 1:
                 step.action_kind, step.error = "repeated", "the same action as before; not run again"
-                feedback = (
-                    "Observation: This exact action was taken before, so it was not run again. Take a different "
-                    "action. " + _MIRAI_NOTES[spec.action_type]
-                )
+                feedback = f"Observation: {REPEATED_ACTION}"
             elif "final answer" in step.action.lower():
                 step.action_kind = "final"
                 return "final_answer"
@@ -174,6 +195,6 @@ def mirai_turns(client: ChatClient, spec: AgentSpec, env, messages: list[dict], 
                 if invalid >= CONSECUTIVE_LIMIT:
                     return "invalid_actions"
                 problem = step.error.removeprefix("invalid action: ")
-                feedback = f"Observation: Invalid action: {problem} {_MIRAI_NOTES[spec.action_type]}"
+                feedback = f"Observation: {invalid_observation(problem, spec.action_type)}"
         messages.append({"role": "user", "content": feedback})
     return "max_steps"
