@@ -5,6 +5,7 @@ another user could write is refused."""
 from __future__ import annotations
 
 import os
+import random
 import subprocess
 import sys
 import threading
@@ -157,3 +158,58 @@ def test_a_thread_that_holds_a_cutoff_joins_it_at_once_and_is_refused_another(tm
     waiting.join(5)
     with gate.hold(B):  # this thread holds nothing now
         pass
+
+
+def test_a_second_lease_given_while_the_first_is_released_elsewhere_keeps_other_cutoffs_out(tmp_path):
+    """A re-attack of issue 30: a thread holding cutoff A takes a second lease of A while another
+    thread gives the first back (Environment.__del__ may). A second lease that opened A's file anew
+    raced that release: a waiter of B took the file, removed it and ran, then the lease made a new
+    A file and locked it, and A and B were held at once (10 of 400 tries). Each try: B waits on A."""
+    directory = tmp_path / "gate"
+    ours, theirs = CutoffGate(directory), CutoffGate(directory)  # two evaluations on one machine
+    b_held, stop, overlaps = threading.Event(), threading.Event(), []
+
+    def other_evaluation():
+        while not stop.is_set():
+            with theirs.hold(B):
+                b_held.set()
+                time.sleep(0.002)
+                b_held.clear()
+
+    waiter = threading.Thread(target=other_evaluation, daemon=True)
+    for i in range(400):
+        first = ours.lease(A)
+        if i == 0:
+            waiter.start()
+        time.sleep(0.003)  # B's waiter is blocked on A's file now
+        releaser = threading.Timer(random.uniform(0, 60e-6), first.release)
+        releaser.start()
+        second = ours.lease(A)
+        time.sleep(0.003)
+        overlaps.append(b_held.is_set())
+        releaser.join()
+        second.release()
+        time.sleep(0.004)  # B's turn
+    stop.set()
+    waiter.join(5)
+    assert not any(overlaps), f"A and B held at once in {sum(overlaps)} of 400 tries"
+
+
+def test_the_machine_s_gate_is_one_whatever_tmpdir_says(tmp_path):
+    """Two evaluations of one user with different TMPDIR (a shell's export, systemd's PrivateTmp)
+    must share one gate: a re-attack ran blocks of two cutoffs at once on two gates."""
+    code = "from pipeline.agent_api.cutoff_gate import CUTOFF_GATE; print(CUTOFF_GATE.directory)"
+    seen = set()
+    for tmpdir in (tmp_path / "one", tmp_path / "two"):
+        tmpdir.mkdir()
+        seen.add(
+            subprocess.run(
+                [sys.executable, "-c", code],
+                cwd=Path(__file__).resolve().parents[1],
+                env={**os.environ, "TMPDIR": str(tmpdir)},
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout.strip()
+        )
+    assert seen == {f"/tmp/mirai-sandbox-gate-{os.geteuid()}"}, seen

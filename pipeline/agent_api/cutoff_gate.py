@@ -28,10 +28,8 @@ from __future__ import annotations
 import fcntl
 import os
 import stat
-import tempfile
 import threading
 import time
-from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import date
@@ -51,8 +49,11 @@ class HeldByThisThread(GateError):
 
 
 def default_directory() -> Path:
-    """This user's gate on this machine: every evaluation the user runs shares it."""
-    return Path(tempfile.gettempdir()) / f"mirai-sandbox-gate-{os.geteuid()}"
+    """This user's gate on this machine: every evaluation the user runs shares it. A fixed path,
+    not TMPDIR's: two evaluations with different temporary directories would hold two gates (a
+    re-attack of issue 30 ran blocks of two cutoffs at once that way). Containers that should be
+    gated against each other share this directory (docs/deploy.md)."""
+    return Path("/tmp") / f"mirai-sandbox-gate-{os.geteuid()}"
 
 
 class Lease:
@@ -67,15 +68,15 @@ class Lease:
     def release(self) -> None:
         if not self._released:
             self._released = True
-            self._gate._forget(self.cutoff, self._thread)
-            os.close(self._descriptor)  # closing a lock file's descriptor unlocks it
+            self._gate._forget(self.cutoff, self._thread, self._descriptor)
 
 
 class CutoffGate:
     def __init__(self, directory: Path | None = None):
         self.directory = Path(directory) if directory is not None else default_directory()
         self._lock = threading.Lock()
-        self._by_thread: dict[int, Counter[date]] = {}  # the cutoffs each thread holds leases of
+        # Each thread's leases: the descriptors of the cutoff lock files they hold, by cutoff.
+        self._by_thread: dict[int, dict[date, list[int]]] = {}
 
     def _checked_directory(self) -> int:
         """A descriptor of the directory, made 0700 if missing. Another user's directory, or one
@@ -104,26 +105,31 @@ class CutoffGate:
         reason."""
         started, thread = time.monotonic(), threading.get_ident()
         with self._lock:
-            mine = self._by_thread.setdefault(thread, Counter())
+            mine = self._by_thread.get(thread, {})
             other = next((held for held in mine if held != cutoff), None)
             if other is not None:
                 raise HeldByThisThread(
                     f"this thread still runs an episode of cutoff {other}: close that environment "
                     f"(Environment.close() or a with-block) before a code block of cutoff {cutoff}"
                 )
-            rejoin = cutoff in mine
-            mine[cutoff] += 1
-        try:
-            descriptor = self._rejoin(cutoff) if rejoin else self._take_turn(cutoff)
-        except BaseException:
-            self._forget(cutoff, thread)
-            raise
+            if cutoff in mine:
+                # Another descriptor of the open file this thread's lease locked: the lock lasts
+                # until the last of them is closed, whichever lease is released first. (Opening
+                # the file anew would race a release from another thread: a waiter could take and
+                # remove the file in between.)
+                descriptor = os.dup(mine[cutoff][0])
+                mine[cutoff].append(descriptor)
+                return Lease(self, cutoff, thread, descriptor, time.monotonic() - started)
+        descriptor = self._take_turn(cutoff)
+        with self._lock:
+            self._by_thread.setdefault(thread, {}).setdefault(cutoff, []).append(descriptor)
         return Lease(self, cutoff, thread, descriptor, time.monotonic() - started)
 
-    def _forget(self, cutoff: date, thread: int) -> None:
+    def _forget(self, cutoff: date, thread: int, descriptor: int) -> None:
         with self._lock:
             mine = self._by_thread[thread]
-            mine[cutoff] -= 1
+            mine[cutoff].remove(descriptor)
+            os.close(descriptor)  # the lock goes with the open file's last descriptor
             if not mine[cutoff]:
                 del mine[cutoff]
             if not mine:
@@ -137,17 +143,6 @@ class CutoffGate:
             yield lease.waited
         finally:
             lease.release()
-
-    def _rejoin(self, cutoff: date) -> int:
-        """Another shared lock on the cutoff's file, which this thread holds already: no one can
-        lock it exclusively, or remove it, meanwhile, so no turn is needed."""
-        directory = self._checked_directory()
-        try:
-            own = _open_lock(directory, cutoff.isoformat() + SUFFIX)
-            fcntl.flock(own, fcntl.LOCK_SH)
-            return own
-        finally:
-            os.close(directory)
 
     def _take_turn(self, cutoff: date) -> int:
         """A descriptor of ``cutoff``'s lock file, locked shared, once no other cutoff holds one."""
