@@ -5,6 +5,7 @@ real OpenAI-compatible server on 127.0.0.1 (testbed/chat.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -19,7 +20,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from pipeline.agent_api import EventDatabase
+from pipeline.agent_api import EventDatabase, cutoff_gate
 from pipeline.agent_api.sandbox import DEFAULT_MEMORY_MB
 from pipeline.agent_api.sandbox_spares import SPARES
 from pipeline.evaluation import throughput
@@ -495,3 +496,35 @@ def test_progress_reports_at_a_bounded_rate():
         "4/5 episodes, tokens in/out 40/8",
         "5/5 episodes, tokens in/out 50/10",
     ]
+
+
+def test_a_later_cutoff_never_takes_the_gate_before_an_earlier_one_of_the_same_run(data_dir, monkeypatch):
+    """A re-attack of issue 30: the episode whose sandbox takes the gate after another cutoff's
+    starts at the moment that one ended, its agent's to choose (4-5 bits a handover). In a run the
+    gate passes from earlier cutoffs to later ones only: here the later query's agent runs code at
+    once while the earlier one's model is slow, and still the earlier cutoff's sandbox comes first."""
+    leased = []
+
+    class RecordingGate(cutoff_gate.CutoffGate):
+        def lease(self, cutoff):
+            granted = super().lease(cutoff)
+            leased.append(cutoff)
+            return granted
+
+    monkeypatch.setattr(cutoff_gate, "CUTOFF_GATE", RecordingGate(cutoff_gate.CUTOFF_GATE.directory))
+    calls = api_calls_policy(2)
+
+    def slow_for_the_earlier_query(messages: list[dict]) -> str:
+        question = next(m["content"] for m in messages if m["role"] == "user")
+        if "on February 10, 2024?" in question and not any(m["role"] == "assistant" for m in messages):
+            time.sleep(1.5)
+        return calls(messages)
+
+    frame = split().head(2)  # 2024-02-10 and 2024-02-11: cutoffs 02-09 and 02-10
+    shutil.rmtree(run_dir(data_dir), ignore_errors=True)
+    checkpoint_path(run_dir(data_dir)).unlink(missing_ok=True)
+    with ChatServer(slow_for_the_earlier_query) as server:
+        one_round = dataclasses.replace(agent(server.base_url), rounds=1)
+        _, record = evaluate_agent(frame, data_dir, one_round, 1, query_set="t", concurrency=2)
+    assert record["end_states"] == {"final_answer": 2}
+    assert leased == [date(2024, 2, 9), date(2024, 2, 10)], leased

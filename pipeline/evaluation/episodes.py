@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import json
 import threading
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from datetime import timedelta
+from datetime import date, timedelta
 
 import polars as pl
 
@@ -62,16 +63,42 @@ class _SpareDemand:
             SPARES.release(self._libraries, self._n)
 
 
+class _CutoffOrder:
+    """A run's sandboxes take the cutoff gate in cutoff order: an episode's first code block waits
+    until every episode of an earlier cutoff in the run has ended. Inside a run the gate then never
+    passes from a later cutoff to an earlier one, whose first block would start at a moment the
+    later episode chose by when it ended (a re-attack of issue 30 read 4-5 bits from that moment).
+    The run starts its episodes in cutoff order, so the earlier ones are running by then."""
+
+    def __init__(self, cutoffs: list[date]):
+        self._left = Counter(cutoffs)
+        self._changed = threading.Condition()
+
+    def wait_for_earlier(self, cutoff: date) -> None:
+        with self._changed:
+            self._changed.wait_for(lambda: min(self._left, default=cutoff) >= cutoff)
+
+    def ended(self, cutoff: date) -> None:
+        with self._changed:
+            self._left[cutoff] -= 1
+            if not self._left[cutoff]:
+                del self._left[cutoff]
+            self._changed.notify_all()
+
+
 class _SlottedEnvironment:
     """An episode's Environment whose sandbox counts against the run's SandboxSlots: the first
-    code run (which starts the sandbox) waits for a slot, closing (which stops it) frees it.
-    ``started`` is called once the slot is taken (the run's _SpareDemand)."""
+    code run (which starts the sandbox) waits for the episodes of earlier cutoffs (_CutoffOrder)
+    and for a slot, closing (which stops it) frees it. ``started`` is called once the slot is taken
+    (the run's _SpareDemand)."""
 
-    def __init__(self, env, slots: SandboxSlots, started: Callable[[], None]):
+    def __init__(self, env, slots: SandboxSlots, started: Callable[[], None], order: _CutoffOrder, cutoff: date):
         self._env, self._slots, self._held, self._started = env, slots, False, started
+        self._order, self._cutoff = order, cutoff
 
     def run_code(self, code: str, timeout_s: float | None = None, memory_mb: int | None = None) -> str:
         if not self._held:
+            self._order.wait_for_earlier(self._cutoff)
             self._slots.acquire()
             self._held = True
             self._started()
@@ -102,6 +129,7 @@ def _episode(
     database_lock: threading.Lock,
     sandboxes: SandboxSlots,
     started: Callable[[], None],
+    order: _CutoffOrder,
 ) -> Trajectory:
     cutoff = query.date - timedelta(days=distance)
     if spec.strategy != "react":
@@ -112,7 +140,7 @@ def _episode(
         # environment is a concat and a slice, and its sandbox starts later, in this episode's thread.
         with database_lock:
             env = react_environment(database, spec, query.date, distance)
-        return _SlottedEnvironment(env, sandboxes, started)
+        return _SlottedEnvironment(env, sandboxes, started, order, cutoff)
 
     return run_react(client, spec, query, cutoff, environment, first_day=database.start)
 
@@ -165,7 +193,7 @@ def run_episodes(
     sandboxes: SandboxSlots | None = None,
 ) -> list[list[dict]]:
     """Every (round, query) episode's trajectory record, in round then query order whatever the
-    order they ran in (cutoff order when concurrent) or finished in; episodes in ``log`` are not
+    order they ran in (cutoff order) or finished in; episodes in ``log`` are not
     run again, and each one run is appended to it as it finishes. ModelUnavailable stops the run
     (after the episodes in flight finish), and so do TRANSPORT_FAILURES_TO_STOP episodes in a row
     that failed on transport: the rest are left to the next run.
@@ -178,11 +206,14 @@ def run_episodes(
         progress.done += 1
         progress.tokens_in += record["tokens_in"]
         progress.tokens_out += record["tokens_out"]
-    pending = [(r, q) for r in range(rounds) for q in queries if (r, q.query_id) not in records]
-    if concurrency > 1:
-        # In cutoff order (the distance is the run's): an episode's sandbox holds the cutoff gate
-        # from its first block to its end, so episodes in flight together should share a cutoff.
-        pending.sort(key=lambda episode: episode[1].date)
+    # In cutoff order (the distance is the run's): an episode's sandbox holds the cutoff gate from
+    # its first block to its end, so episodes in flight together share a cutoff, and the gate
+    # passes from earlier cutoffs to later ones only (_CutoffOrder).
+    pending = sorted(
+        ((r, q) for r in range(rounds) for q in queries if (r, q.query_id) not in records),
+        key=lambda episode: episode[1].date,
+    )
+    order = _CutoffOrder([q.date - timedelta(days=distance) for _, q in pending])
     spares = (
         _SpareDemand(code_libraries(spec), sandboxes.n, len(pending))
         if spec.strategy == "react" and concurrency > 1 and pending
@@ -197,13 +228,14 @@ def run_episodes(
                 spares.started()
 
         try:
-            trajectory = _episode(client, spec, query, distance, database, lock, sandboxes, started)
+            trajectory = _episode(client, spec, query, distance, database, lock, sandboxes, started, order)
         except ModelUnavailable:
             raise
         except Exception as exc:
             trajectory = _failed_episode(spec, query, exc)
         finally:
             started()
+            order.ended(query.date - timedelta(days=distance))
         # Through JSON once, so that a fresh episode's record and a resumed one's are the same.
         record = json.loads(json.dumps(trajectory.record(), default=str))
         log.append(round_no, query.query_id, record)
