@@ -389,3 +389,51 @@ def test_a_queries_file_whose_footer_understates_its_rows_is_refused(tmp_path, m
     path.write_bytes(_rows_understated(pa.table(frame.to_arrow()), 10))
     with pytest.raises(InvalidQueries, match=f"{rows:,} rows, more than the {MAX_QUERIES:,}"):
         read_queries(path)
+
+
+# A re-attack of issue 30: answers within every byte cap whose parsed JSON is 10-25 times their text.
+LINE_CAP = 4 * 64 * 1024  # score_inputs.MAX_LINE_CHARS
+EMPTY_DICTS = "[" + ",".join(["{}"] * ((LINE_CAP - 2) // 3)) + "]"  # 87,000 values in 256 KiB
+
+
+def test_answers_that_parse_into_gigabytes_are_refused_before_they_are_parsed(tmp_path):
+    """A 9 KB parquet file (one 256 KiB answer of empty dicts, dictionary-encoded, in 250 rows)
+    passed every byte cap and took 1.7 GB to read; the same answers as JSONL too. Both are refused
+    by their count of JSON values, with the parse's memory far below what it would have cost."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipeline.evaluation.score_inputs import ScoringError, read_jsonl, read_parquet
+
+    rows = 250
+    table = pa.table({"query_id": [f"q{i}" for i in range(rows)], "answer": [EMPTY_DICTS] * rows})
+    parquet = tmp_path / "predictions.parquet"
+    pq.write_table(table, parquet, compression="zstd", use_dictionary=True)
+    assert parquet.stat().st_size < 64 * 1024
+    jsonl = tmp_path / "predictions.jsonl"
+    jsonl.write_text("".join(f'{{"query_id": "q{i}", "answer": {EMPTY_DICTS}}}\n' for i in range(rows)))
+    for read, path in ((read_parquet, parquet), (read_jsonl, jsonl)):
+        with peak_mib() as peak, pytest.raises(ScoringError, match="JSON values in its answers"):
+            read(path)
+        assert peak[0] < 400, (path, peak)  # the text itself (64 MiB) and one decoded column, no parse
+
+
+def test_gold_answers_that_parse_into_gigabytes_or_nest_too_deeply_are_refused(tmp_path):
+    """A 2 KB queries.parquet in a handed-over --split directory (900 answers of 256 KiB of
+    "010"s) made `mirai score` take 3 GB; an answer nested 100,000 deep raised RecursionError."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipeline.evaluation.score_inputs import ScoringError, load_split
+
+    big = '{"01": [' + ",".join(['"010"'] * ((LINE_CAP - 20) // 6)) + "]}"
+    deep = '{"01": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    for name, answers in (("big", [big] * 900), ("deep", [deep])):
+        directory = tmp_path / name
+        directory.mkdir()
+        ids = [f"2024-01-{i:05d}" for i in range(len(answers))]
+        pq.write_table(pa.table({"query_id": ids, "answer_dict": answers}), directory / "queries.parquet")
+        match = "more JSON values" if name == "big" else "nested too deeply"
+        with peak_mib() as peak, pytest.raises(ScoringError, match=match):
+            load_split(directory)
+        assert peak[0] < 600, (name, peak)

@@ -80,10 +80,11 @@ class _CutoffOrder:
 
     def ended(self, cutoff: date) -> None:
         with self._changed:
-            self._left[cutoff] -= 1
-            if not self._left[cutoff]:
-                del self._left[cutoff]
-            self._changed.notify_all()
+            if cutoff in self._left:
+                self._left[cutoff] -= 1
+                if not self._left[cutoff]:
+                    del self._left[cutoff]
+                self._changed.notify_all()
 
 
 class _SlottedEnvironment:
@@ -208,12 +209,14 @@ def run_episodes(
         progress.tokens_out += record["tokens_out"]
     # In cutoff order (the distance is the run's): an episode's sandbox holds the cutoff gate from
     # its first block to its end, so episodes in flight together share a cutoff, and the gate
-    # passes from earlier cutoffs to later ones only (_CutoffOrder).
+    # passes from earlier cutoffs to later ones only (_CutoffOrder). One at a time, round by round
+    # (each in cutoff order), as a sequential run always went: the gate passes back once a round.
     pending = sorted(
         ((r, q) for r in range(rounds) for q in queries if (r, q.query_id) not in records),
-        key=lambda episode: episode[1].date,
+        key=(lambda episode: episode[1].date) if concurrency > 1 else (lambda episode: (episode[0], episode[1].date)),
     )
-    order = _CutoffOrder([q.date - timedelta(days=distance) for _, q in pending])
+    # One at a time the order above is the order the gate is taken in.
+    order = _CutoffOrder([q.date - timedelta(days=distance) for _, q in pending] if concurrency > 1 else [])
     spares = (
         _SpareDemand(code_libraries(spec), sandboxes.n, len(pending))
         if spec.strategy == "react" and concurrency > 1 and pending

@@ -44,6 +44,12 @@ MAX_SPLIT_DECODED_BYTES = 256 * 2**20
 MAX_LINE_CHARS = 4 * MAX_ANSWER_CHARS  # one JSONL line or CSV field: an answer plus a ranked list
 # A query's id and its actors' codes: at most 100 characters (is_query_id) and ISO 3166 alpha-3.
 MAX_KEY_CHARS = 100
+# JSON values (containers and elements, counted as the ',', '[' and '{' that make them: an upper
+# bound) one file's answers and ranked lists may hold. Parsed, a value costs 50-100 bytes of Python
+# objects, not its 2-6 bytes of text: a re-attack of issue 30 turned a 9 KB parquet file of
+# `[{},{},…]` answers into 1.7 GB, and 2 KB of gold answers into 3 GB. A month's ~2,000 queries
+# answered with every second-level code (~240) and ranked in full are about 1,000,000.
+MAX_JSON_VALUES = 4_000_000
 MAX_RANKED = 1000  # as mirai_predictions: there are ~240 second-level codes
 PARQUET_COLUMNS = ("query_id", "answer", "ranked", "p_event")
 
@@ -119,11 +125,17 @@ def load_split(directory: Path, sample: bool = False) -> Split:
     longest, total = text_bytes(table, ["answer_dict"])
     if longest > MAX_LINE_CHARS or total > MAX_SPLIT_BYTES:
         raise ScoringError(f"{path}: not a split's queries file (answer_dict values too long to be gold answers)")
+    if _column_values(table, ("answer_dict",)) > MAX_JSON_VALUES:
+        raise ScoringError(f"{path}: not a split's queries file (more JSON values in answer_dict than any month has)")
     gold: dict[str, dict[str, list[str]]] = {}
     for query_id, answer in table.iter_rows():
         try:
             gold[query_id] = json.loads(answer)
             gold_relations(gold[query_id])
+        except RecursionError:
+            raise ScoringError(
+                f"{path}: query {shown(query_id)} has a broken answer_dict (nested too deeply)"
+            ) from None
         except (TypeError, ValueError, AttributeError) as exc:
             raise ScoringError(f"{path}: query {shown(query_id)} has a broken answer_dict ({exc})") from None
     if not gold:
@@ -173,6 +185,26 @@ def _json(text: str) -> tuple[object, str | None]:
         return None, f"not JSON ({str(exc).splitlines()[0][:80]})"
 
 
+def _check_values(path: Path, values: int) -> None:
+    if values > MAX_JSON_VALUES:
+        raise ScoringError(
+            f"{path}: refused: about {values:,} JSON values in its answers, more than the {MAX_JSON_VALUES:,} "
+            "a month's predictions could need"
+        )
+
+
+def _text_values(text: str) -> int:
+    return text.count(",") + text.count("[") + text.count("{")
+
+
+def _column_values(table: pl.DataFrame, text_columns: tuple[str, ...], list_columns: tuple[str, ...] = ()) -> int:
+    """_text_values summed over ``text_columns``' JSON strings, plus the elements of ``list_columns``,
+    counted by polars before any row becomes Python objects."""
+    counts = [pl.col(c).str.count_matches(r"[,\[{]").sum() for c in text_columns if c in table.columns]
+    counts += [pl.col(c).list.len().sum() for c in list_columns if c in table.columns]
+    return int(sum(v or 0 for v in table.select(counts).row(0))) if counts and table.height else 0
+
+
 def _too_many(path: Path) -> ScoringError:
     return ScoringError(f"{path}: refused: more than {MAX_RECORDS} records")
 
@@ -180,8 +212,9 @@ def _too_many(path: Path) -> ScoringError:
 def read_jsonl(path: Path) -> tuple[list[Submitted], list[str]]:
     """Records of a JSONL file (one object per line; blank lines skipped) and the lines that are
     not records."""
-    records, problems = [], []
-    for number, line in enumerate(_text(path, read_capped(path)).splitlines(), 1):
+    records, problems, text = [], [], _text(path, read_capped(path))
+    _check_values(path, _text_values(text))
+    for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         if len(records) >= MAX_RECORDS:
@@ -209,7 +242,9 @@ def read_jsonl(path: Path) -> tuple[list[Submitted], list[str]]:
 def read_csv(path: Path) -> tuple[list[Submitted], list[str]]:
     """Records of a CSV file with a header: ``query_id``, ``answer`` (JSON: an answer dict or a
     list of codes) and optionally ``ranked`` (a JSON list of codes) and ``p_event`` (a number)."""
-    reader = csv.reader(io.StringIO(_text(path, read_capped(path)), newline=""))
+    text = _text(path, read_capped(path))
+    _check_values(path, _text_values(text))
+    reader = csv.reader(io.StringIO(text, newline=""))
     try:
         header = next(reader, None)
         if header is None or "query_id" not in header or not {"answer", "ranked"} & set(header):
@@ -277,6 +312,7 @@ def read_parquet(path: Path) -> tuple[list[Submitted], list[str]]:
     oversized = _oversized_cells(table)
     if oversized:
         raise ScoringError(f"{path}: refused: {oversized}")
+    _check_values(path, _column_values(table, ("answer",), ("ranked",)))
     records, problems = [], []
     for number, row in enumerate(table.iter_rows(named=True), 1):
         where = f"record {number}"
