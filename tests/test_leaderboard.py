@@ -1,5 +1,6 @@
 """The leaderboard (pipeline/evaluation/board.py): registered runs and submissions in one table,
-the interval-tier ranking rule, the self-contained HTML page (looked at in headless Chromium),
+the ranking rule (the mean's rank, the ≈ leader mark), the self-contained HTML page with its key,
+sections per distance and chart across months (looked at in headless Chromium),
 and its publication beside index.json, rewritten only when its bytes change."""
 
 from __future__ import annotations
@@ -697,3 +698,44 @@ def test_the_newest_months_summary_is_one_labelled_table_per_distance(months_boa
         assert rows.get_column("rank").to_list() == [1, 2, 3]
         assert "overlaps_leader" in markdown_table(rows).splitlines()[0]
     assert newest_sections(board_frame([])) == []
+
+
+@pytest.mark.skipif(
+    CHROMIUM is None or CHROMEDRIVER is None,
+    reason="Debian's chromium and chromium-driver are not installed (make test installs them when run as root with apt-get)",
+)
+def test_three_months_render_in_chromium_as_distance_sections_with_their_charts_and_key(months_board, tmp_path):
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium (the `test` extra) is not installed")
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'chromium-profile'}"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(options=options, service=Service(executable_path=CHROMEDRIVER))
+    try:
+        driver.get((months_board / "evaluations" / PAGE_FILE).as_uri())
+        key = driver.find_element(By.CSS_SELECTOR, "ul.legend").text
+        assert "blue bar: a registered run" in key and "a name in italics is a submission" in key
+        sections = driver.find_elements(By.CSS_SELECTOR, "section.distance")
+        assert [s.find_element(By.TAG_NAME, "h2").text for s in sections] == [
+            "Distance 1 day · queries_sample",
+            "Distance 7 days · queries_sample",
+        ]
+        for section in sections:
+            chart = section.find_element(By.CSS_SELECTOR, "figure.months svg")
+            box = driver.execute_script("return arguments[0].getBBox()", chart)
+            assert chart.size["width"] > 500 and box["width"] > 300 and box["height"] > 150
+            assert len(section.find_elements(By.CSS_SELECTOR, "section.board figure svg")) == 3
+            # A submission's name renders in italics, and the ≈ column holds only its three marks.
+            name = section.find_element(By.CSS_SELECTOR, "tr.submission td:nth-child(3)")
+            assert name.value_of_css_property("font-style") == "italic"
+            marks = {td.text for td in section.find_elements(By.CSS_SELECTOR, "tbody td:nth-child(2)")}
+            assert marks <= {"leader", "≈", ""} and "leader" in marks
+        assert driver.execute_script("return document.scripts.length") == 0
+        assert driver.execute_script("return performance.getEntriesByType('resource').length") == 0
+        driver.set_window_size(1400, 1600)
+        assert driver.save_screenshot(str(tmp_path / "three-months.png"))
+    finally:
+        driver.quit()

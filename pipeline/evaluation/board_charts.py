@@ -92,7 +92,7 @@ def trend_svg(series: list[Series], ticks: list[str], *, ylabel: str, key: Key, 
         ax.set_xlim(-0.5, len(ticks) - 0.5)
         ax.set_ylabel(ylabel)
         ax.grid(axis="y", color="0.9")
-        fig.legend(loc="outside right upper", fontsize=8, title="name", title_fontsize=8)
+        fig.legend(loc="outside right upper", fontsize=8, title="name", title_fontsize=8, handlelength=3.5)
         styles = [Line2D([], [], color="0.3", linestyle="-", marker="o", label=key.solid)]
         if key.dashed:
             styles.append(Line2D([], [], color="0.3", linestyle="--", marker="o", label=key.dashed))
@@ -101,7 +101,9 @@ def trend_svg(series: list[Series], ticks: list[str], *, ylabel: str, key: Key, 
                 Line2D([], [], color="0.3", linestyle="", marker="o", markerfacecolor="white", label=key.hollow)
             )
         styles.append(Line2D([], [], color="0.3", linestyle="", marker="|", markersize=12, label="95% interval"))
-        fig.legend(handles=styles, loc="outside lower center", ncols=len(styles), fontsize=8, frameon=False)
+        fig.legend(
+            handles=styles, loc="outside lower center", ncols=len(styles), fontsize=8, frameon=False, handlelength=3.5
+        )
         buf = io.StringIO()
         fig.savefig(buf, format="svg", metadata=dict.fromkeys(("Date", "Creator", "Format", "Type")))
     text = buf.getvalue()

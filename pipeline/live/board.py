@@ -88,7 +88,7 @@ LEGEND = (
     "the \u201c≈ leader\u201d column: <b>leader</b> marks the rank-1 rows; <b>≈</b> a row whose interval overlaps "
     "the leader's (not separable from it on these questions); blank: its interval lies below the leader's",
     'table: a <span class="sample-baseline">grey italic row</span> is a baseline the pipeline submits itself '
-    "(docs/live.md, \u201cBaselines\u201d); the others are participants' models",
+    "(docs/live.md); the others are participants' models",
 )
 # The board's files are ours, but a hostile store may serve anything at their keys.
 MAX_BOARD_BYTES = 64 * 2**20
