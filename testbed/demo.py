@@ -634,16 +634,17 @@ def summary(plan: DemoPlan, settings: Settings, release_where: str, say: Callabl
     for row in sample.head(3).select("query_code", "s_name", "o_name", "answer_list").iter_rows(named=True):
         say(f"              {row['query_code']}  {row['s_name']} -> {row['o_name']}: {', '.join(row['answer_list'])}")
     say(f"  release     {release_where}")
-    from pipeline.evaluation.board import markdown_table
-    from pipeline.evaluation.board import summary as board_summary
+    from pipeline.evaluation.board import GROUP, markdown_table, newest_sections
     from pipeline.evaluation.board_files import BOARD_FILE
     from pipeline.evaluation.run import RANK_RULE
 
     board = pl.read_parquet(settings.dataset.data_dir / "evaluations" / BOARD_FILE)
-    top = board_summary(board).select("rank", "agent", "source", "distance", "level2_f1", "level1_f1", "mrr").head(5)
-    say(f"  leaderboard top 5 of {board.height} rows (F1 and MRR in %):")
-    for line in markdown_table(top).splitlines():
-        say("              " + line)
+    shown = board.select("rank", "overlaps_leader", "agent", "source", "level2_f1", "level1_f1", "mrr", *GROUP)
+    say(f"  leaderboard {board.height} rows; the newest month's top 5 of each distance (F1 and MRR in %):")
+    for title, rows in newest_sections(shown, top=5):
+        say(f"              {title}")
+        for line in markdown_table(rows.drop(GROUP)).splitlines():
+            say("              " + line)
     say(f"              {RANK_RULE}")
     record = json.loads((settings.dataset.data_dir / "submissions" / submission_name(plan) / "record.json").read_text())
     say(

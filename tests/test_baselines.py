@@ -270,9 +270,9 @@ def test_all_zero_runs_are_ranked_last_and_ties_fall_to_level1_f1_then_mrr(tmp_p
     board = leaderboard(tmp_path)
     rows = {row["agent"]: row for row in board.iter_rows(named=True)}
     assert rows["frequency"]["level2_f1"] == rows["aaa-empty"]["level2_f1"] == 0
-    assert rows["frequency"]["level1_f1"] > 0  # not all zero: ranked, below recurrency's disjoint interval
+    assert rows["frequency"]["level1_f1"] > 0  # not all zero: ranked, below recurrency
     assert board.select("rank", "agent").rows() == [(1, "recurrency"), (2, "frequency"), (None, "aaa-empty")]
-    assert "then first-level F1, MRR and name" in RANK_RULE and "not ranked and listed last" in RANK_RULE
+    assert "ties by first-level F1, then MRR" in RANK_RULE and "not ranked and listed last" in RANK_RULE
     assert markdown_table(summary(board)).splitlines()[-1].startswith("|  | 2024-02 |")  # unranked, last
     assert chart(board)[:8] == b"\x89PNG\r\n\x1a\n"
 

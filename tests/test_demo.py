@@ -195,6 +195,7 @@ def test_mirai_demo_runs_the_chain_through_dagster_and_twice_changes_nothing(tmp
     )
     assert f"MIRAI_DATA_DIR={data} " in out and " serve-release" in out
     assert "not ranked and listed last" in out  # the leaderboard's ranking rule, under its rows
+    assert "Distance 1 day · queries_sample · 2023-02" in out and "Distance 7 days · queries_sample · 2023-02" in out
     assert "concurrency:" in (data / "dagster_home" / "dagster.yaml").read_text()
 
     split = data / "splits" / "2023-02"

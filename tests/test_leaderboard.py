@@ -1,5 +1,6 @@
 """The leaderboard (pipeline/evaluation/board.py): registered runs and submissions in one table,
-the interval-tier ranking rule, the self-contained HTML page (looked at in headless Chromium),
+the ranking rule (the mean's rank, the ≈ leader mark), the self-contained HTML page with its key,
+sections per distance and chart across months (looked at in headless Chromium),
 and its publication beside index.json, rewritten only when its bytes change."""
 
 from __future__ import annotations
@@ -61,25 +62,29 @@ def ranks(rows):
     return [(r["agent"], r["source"], r["rank"]) for r in rank(rows)]
 
 
-def test_overlapping_intervals_share_the_tier_leaders_rank_and_disjoint_ones_open_a_tier():
+def marks(rows):
+    return [(r["agent"], r["rank"], r["overlaps_leader"]) for r in rank(rows)]
+
+
+def test_rows_rank_by_their_point_estimate_and_a_mark_says_which_overlap_the_leaders_interval():
+    """Issue 33: overlapping intervals on 100 queries gave every row rank 1 (L2 F1 26.33 tied with
+    41.67). The rank is the point estimate's; the interval only sets the ≈ leader mark."""
     rows = [
-        row("a", 40, 35, 45),
-        row("b", 38, 33, 43),  # overlaps a: tied with it
-        row("c", 30, 25, 34),  # below a's interval: a new tier, ranked by position
-        row("d", 28, 24, 35),  # overlaps c (its leader) and a: only the leader counts
-        row("e", 10, 5, 20),  # disjoint from c: a new tier
+        row("a", 41.67, 34.0, 49.5),
+        row("b", 26.33, 19.0, 34.5),  # overlaps a: ranked 2nd, marked
+        row("c", 30, 25, 33.9),  # below a's interval: ranked 2nd by its mean, not marked
+        row("d", 28, 24, 35),  # overlaps a
+        row("e", 10, 5, 20),
     ]
-    assert ranks(rows) == [
-        ("a", "registered", 1),
-        ("b", "registered", 1),
-        ("c", "registered", 3),
-        ("d", "registered", 3),
-        ("e", "registered", 5),
-    ]
-    # Sequential, not transitive: f overlaps b but not the leader a, so it opens a tier.
-    assert ranks([row("a", 40, 39, 41), row("b", 38, 35, 41), row("f", 36, 34, 37)])[2] == ("f", "registered", 3)
-    # Touching intervals overlap.
-    assert ranks([row("a", 40, 30, 50), row("b", 20, 10, 30)])[1][2] == 1
+    assert marks(rows) == [("a", 1, True), ("c", 2, False), ("d", 3, True), ("b", 4, True), ("e", 5, False)]
+    # Only the leader's interval counts: f overlaps b, not a.
+    assert marks([row("a", 40, 39, 41), row("b", 38, 35, 41), row("f", 36, 34, 37)])[2] == ("f", 3, False)
+    # Touching intervals overlap; a row without an interval is the point at its mean.
+    assert marks([row("a", 40, 30, 50), row("b", 20, 10, 30)])[1] == ("b", 2, True)
+    assert marks([row("a", 40, None, None), row("b", 20, 10, 40)])[1] == ("b", 2, True)
+    # Equal on all three ranking metrics (to the scorecards' 4 decimals): one rank, "1, 1, 3".
+    tied = [row("x", 40.00001, 35, 45), row("y", 40.0, 35, 45), row("z", 39.9, 35, 45)]
+    assert ranks(tied) == [("x", "registered", 1), ("y", "registered", 1), ("z", "registered", 3)]
 
 
 def test_all_zero_rows_come_after_every_ranked_row_and_contaminated_rows_are_never_ranked():
@@ -90,9 +95,16 @@ def test_all_zero_rows_come_after_every_ranked_row_and_contaminated_rows_are_nev
         row("wrong-at-l2", 0, 0, 0, l1=5, mrr=0),  # not all zero: ranked
         row("leak-zero", 0, 0, 0, l1=0, mrr=0, contaminated=True),
     ]
+    assert marks(rows) == [
+        ("low", 1, True),
+        ("wrong-at-l2", 2, True),  # [0, 0] touches low's [0, 2]
+        ("zero", None, None),
+        ("leak", None, None),
+        ("leak-zero", None, None),
+    ]
     assert ranks(rows) == [
         ("low", "registered", 1),
-        ("wrong-at-l2", "registered", 1),  # [0, 0] touches low's [0, 2]
+        ("wrong-at-l2", "registered", 2),
         ("zero", "registered", None),
         ("leak", "registered", None),
         ("leak-zero", "registered", None),
@@ -103,7 +115,7 @@ def test_all_zero_rows_come_after_every_ranked_row_and_contaminated_rows_are_nev
     }
 
 
-def test_tie_breaks_are_level1_f1_then_mrr_then_name_then_source_and_input_order_does_not_matter():
+def test_ties_rank_by_level1_f1_then_mrr_then_list_by_name_and_source_and_input_order_does_not_matter():
     rows = [
         row("m", 30, 20, 40, l1=60, mrr=10),
         row("k", 30, 20, 40, l1=60, mrr=20),
@@ -115,12 +127,12 @@ def test_tie_breaks_are_level1_f1_then_mrr_then_name_then_source_and_input_order
     ]
     expected = [
         ("top", "registered", 1),  # the best second-level F1 leads, whatever its other metrics
-        ("z", "registered", 1),
-        ("k", "registered", 1),
-        ("m", "registered", 1),
-        ("b", "registered", 1),
-        ("same", "registered", 1),
-        ("same", "submission", 1),
+        ("z", "registered", 2),
+        ("k", "registered", 3),
+        ("m", "registered", 4),
+        ("b", "registered", 5),  # equal on all three: one rank, listed by name, then source
+        ("same", "registered", 5),
+        ("same", "submission", 5),
     ]
     assert ranks(rows) == expected
     shuffled = rows[:]
@@ -148,6 +160,7 @@ def test_registered_runs_and_submissions_rank_together_per_month_query_set_and_d
         ("2024-01", 1, "old", 1),  # newest month first
     ]
     assert "95% bootstrap interval" in RANK_RULE and "not ranked and listed last" in RANK_RULE
+    assert "≈ leader" in RANK_RULE and "overlaps the leader's" in RANK_RULE
 
 
 # --- real runs and submissions ----------------------------------------------------------------------
@@ -347,7 +360,8 @@ def test_the_page_escapes_hostile_text_and_is_the_same_bytes_for_the_same_inputs
     assert b"team@example.org" not in html and b"http" not in html.replace(b"http-equiv", b"").replace(
         b"http://www.w3.org/", b""
     )  # no contact, and no URL but the SVG namespaces
-    assert html.count(b"<svg") == 2  # distance 1 and distance 7
+    # distance 1 and distance 7: each its chart across months and its month's plot
+    assert html.count(b"<svg") == 4
     assert html.count(b'<tr class="') == 5
     assert escape(RANK_RULE).encode() in html
 
@@ -462,12 +476,12 @@ def test_the_page_renders_its_tables_and_plots_in_headless_chromium_without_a_re
         assert driver.title == "MIRAI leaderboard"
         rows = driver.find_elements(By.CSS_SELECTOR, "section.board tbody tr")
         assert len(rows) == 5
-        cells = [[td.text for td in r.find_elements(By.TAG_NAME, "td")[:3]] for r in rows]
+        cells = [[td.text for td in r.find_elements(By.TAG_NAME, "td")[:4]] for r in rows]
         # Tied (the same forecasts), listed by name: "<" sorts before "r".
         assert cells[:3] == [
-            ["1", HOSTILE_NAME, "submission"],
-            ["1", "recurrency", "registered"],
-            ["–", "empty", "registered"],
+            ["1", "leader", HOSTILE_NAME, "submission"],
+            ["1", "leader", "recurrency", "registered"],  # equal scores: both lead
+            ["–", "", "empty", "registered"],
         ]
         # The hostile name and model are shown as text, and no script ran.
         assert HOSTILE_NAME in driver.find_element(By.TAG_NAME, "body").text
@@ -475,6 +489,7 @@ def test_the_page_renders_its_tables_and_plots_in_headless_chromium_without_a_re
         assert driver.execute_script("return document.scripts.length") == 0
         plots = driver.find_elements(By.CSS_SELECTOR, "section.board figure svg")
         assert len(plots) == 2
+        assert len(driver.find_elements(By.CSS_SELECTOR, "section.distance figure.months svg")) == 2
         for plot in plots:
             assert plot.size["width"] > 300 and plot.size["height"] > 100
         # The bars were drawn: the plot's paths cover a real area of the screen.
@@ -531,3 +546,196 @@ def test_the_leaderboard_asset_shows_runs_and_submissions_together(built):
         assert again.asset_materializations_for_node("leaderboard")[0].metadata["published"].value == (
             "unchanged or no release yet"
         )
+
+
+# --- three months of realistic runs and submissions (tests/board_builder.py) ------------------------
+
+
+@pytest.fixture(scope="module")
+def months_board(tmp_path_factory) -> Path:
+    from .board_builder import build_monthly_board
+
+    root = tmp_path_factory.mktemp("months-board")
+    data = build_monthly_board(root / "data", root / "scratch")
+    write_leaderboard(data)
+    return data
+
+
+def _groups(board: pl.DataFrame):
+    return board.group_by("month", "query_set", "distance", maintain_order=True)
+
+
+def test_real_runs_rank_by_their_point_estimate_and_the_mark_follows_the_leaders_interval(months_board):
+    """Issue 33: on 100 queries the old interval tiers gave rows far apart (L2 F1 26.33 and 41.67)
+    one rank. Every group of the three months now ranks by mean, 1 + the rows with better scores,
+    and overlaps_leader is exactly "the row's 95% interval meets the leader's"."""
+    board = pl.read_parquet(months_board / "evaluations" / BOARD_FILE)
+    marked_below_the_leader = 0
+    for _, group in _groups(board):
+        ranked = group.filter(pl.col("rank").is_not_null())
+        assert ranked.height >= 4
+        f1 = ranked.get_column("level2_f1").to_list()
+        assert f1 == sorted(f1, reverse=True)
+        keys = [tuple(round(v, 4) for v in r) for r in ranked.select("level2_f1", "level1_f1", "mrr").rows()]
+        assert ranked.get_column("rank").to_list() == [1 + sum(k > key for k in keys) for key in keys]
+        leader = ranked.row(0, named=True)
+        for row in ranked.iter_rows(named=True):
+            overlaps = (
+                row["level2_f1_ci95_low"] <= leader["level2_f1_ci95_high"]
+                and row["level2_f1_ci95_high"] >= leader["level2_f1_ci95_low"]
+            )
+            assert row["overlaps_leader"] is overlaps
+            marked_below_the_leader += overlaps and row["rank"] > 1
+        assert group.filter(pl.col("rank").is_null()).get_column("overlaps_leader").null_count() == (
+            group.height - ranked.height
+        )
+    # Rows that the old rule tied with the leader now rank below it, marked.
+    assert marked_below_the_leader >= 2
+    # Distinct ranks wherever the means differ: no group is a single tier any more.
+    assert all(group.get_column("rank").drop_nulls().n_unique() >= 4 for _, group in _groups(board))
+
+
+def test_the_page_has_a_section_per_distance_each_with_its_months_and_a_chart_across_them(months_board):
+    board = pl.read_parquet(months_board / "evaluations" / BOARD_FILE)
+    text = (months_board / "evaluations" / PAGE_FILE).read_text()
+    keys = re.findall(r'<section id="([^"]+)" class="distance">', text)
+    assert keys == ["queries_sample-d-1", "queries_sample-d-7"]
+    bodies = re.split(r'<section id="[^"]+" class="distance">', text)[1:]
+    for body, distance in zip(bodies, (1, 7)):
+        assert f"<h2>Distance {distance} day{'s' if distance > 1 else ''} · queries_sample</h2>" in body
+        # One chart across the months, then each month newest first, each a plot and a table of
+        # this distance's rows only.
+        assert body.count('<figure class="months">') == 1
+        months = re.findall(r'<section id="queries_sample-d-\d+-(\d{4}-\d\d)" class="board">', body)
+        assert months == ["2024-03", "2024-02", "2024-01"]
+        rows = board.filter(pl.col("distance") == distance)
+        assert body.count("<tr class=") == rows.height
+        names = set(rows.get_column("agent"))
+        assert all(f"<td>{name}</td>" in body for name in names)
+        # The other distance's submissions (named per month and distance) are not here.
+        others = set(board.filter(pl.col("distance") != distance).get_column("agent")) - names
+        assert others and not [name for name in others if name in body]
+
+
+def test_the_chart_across_months_draws_each_names_score_and_interval_per_month(months_board):
+    from pipeline.evaluation.board_files import month_series
+
+    board = pl.read_parquet(months_board / "evaluations" / BOARD_FILE)
+    rows = board.filter(pl.col("distance") == 7)
+    series = {s.name: s for s in month_series(rows)}
+    # Registered agents are lines across the three months; each submission is its month's point.
+    recurrency = series["recurrency"]
+    assert [p.x for p in recurrency.points] == [0, 1, 2] and not recurrency.dashed
+    for point, month in zip(recurrency.points, ("2024-01", "2024-02", "2024-03")):
+        stored = rows.filter((pl.col("agent") == "recurrency") & (pl.col("month") == month)).row(0, named=True)
+        assert (point.value, point.low, point.high) == (
+            stored["level2_f1"],
+            stored["level2_f1_ci95_low"],
+            stored["level2_f1_ci95_high"],
+        )
+        assert point.low < point.value < point.high
+    assert series["acme-2024-02-d7"].dashed and [p.x for p in series["acme-2024-02-d7"].points] == [1]
+    assert [p.hollow for p in series["leaky-2024-03-d7"].points] == [True]  # contaminated
+    # Listed as the newest month ranks them.
+    newest = rows.filter(pl.col("month") == "2024-03").get_column("agent").to_list()
+    assert list(series)[: len(newest)] == newest
+    # On the page: an error bar per point, and the two legends (names, and what the styles mean).
+    text = (months_board / "evaluations" / PAGE_FILE).read_text()
+    chart = re.search(r'<section id="queries_sample-d-7".*?<figure class="months">(.*?)</figure>', text, re.S).group(1)
+    assert chart.count('<g id="LineCollection_') == sum(len(s.points) for s in series.values())
+    assert re.findall(r'<g id="(legend_\d+)">', chart) == ["legend_1", "legend_2"]
+
+
+def test_every_colour_and_style_of_the_page_has_a_legend(months_board):
+    text = (months_board / "evaluations" / PAGE_FILE).read_text()
+    key = re.search(r'<h2 id="key">Key</h2>\s*<ul class="legend">(.*?)</ul>', text, re.S).group(1)
+    for said in (
+        '<span class="swatch registered"></span>blue bar: a registered run',
+        '<span class="swatch submission"></span>green bar: a submission',
+        '<span class="swatch contaminated"></span>grey bar: contaminated',
+        "error bar: the row's 95% bootstrap interval",
+        '<span class="swatch leader"></span>yellow band: the leader',
+        "▲ Max@K and ◆ repeated",
+        "<b>leader</b> marks the rank-1 rows; <b>≈</b> a ranked row whose interval overlaps the leader's",
+        'a name in <span class="sample-italic">italics</span> is a submission',
+        '<span class="sample-grey">grey row</span> is contaminated',
+        "a solid line a registered run, a dashed one a submission, a hollow marker a contaminated month",
+    ):
+        assert said in key, said
+    # Every row style the tables use is one the key explains, and every bar plot draws its legend.
+    assert set(re.findall(r'<tr class="([^"]+)">', text)) == {"registered", "submission", "submission contaminated"}
+    plots = re.findall(r'<section id="[^"]+" class="board">.*?<figure>(.*?)</figure>', text, re.S)
+    assert len(plots) == 6 and all('<g id="legend_1">' in p for p in plots)
+
+
+def test_a_name_with_dollar_signs_is_drawn_as_written_not_as_mathtext(months_board, tmp_path):
+    """A "$" pair in a name was read by matplotlib as mathtext: an unknown command failed the whole
+    board, a known one drew something else than the name."""
+    copy = tmp_path / "data"
+    shutil.copytree(months_board, copy)
+    record = next((copy / "submissions").glob("acme-2024-03-d1/record.json"))
+    target = record.parent.with_name("$\\undefinedcommand{x}$")
+    record.parent.rename(target)
+    data = json.loads((target / "record.json").read_text()) | {"submission": target.name}
+    (target / "record.json").write_text(json.dumps(data))
+    written = write_leaderboard(copy)
+    assert "<td>$\\undefinedcommand{x}$</td>" in written.page.read_text()
+    assert written.chart.read_bytes().startswith(b"\x89PNG")
+
+
+def test_the_newest_months_summary_is_one_labelled_table_per_distance(months_board):
+    """The demo's summary ran distance-1 and distance-7 rows together, each ranked 1."""
+    from pipeline.evaluation.board import markdown_table, newest_sections
+
+    board = pl.read_parquet(months_board / "evaluations" / BOARD_FILE)
+    sections = newest_sections(board, top=3)
+    assert [title for title, _ in sections] == [
+        "Distance 1 day · queries_sample · 2024-03",
+        "Distance 7 days · queries_sample · 2024-03",
+    ]
+    for (_, rows), distance in zip(sections, (1, 7)):
+        assert rows.height == 3 and set(rows.get_column("distance")) == {distance}
+        assert rows.get_column("rank").to_list() == [1, 2, 3]
+        assert "overlaps_leader" in markdown_table(rows).splitlines()[0]
+    assert newest_sections(board_frame([])) == []
+
+
+@pytest.mark.skipif(
+    CHROMIUM is None or CHROMEDRIVER is None,
+    reason="Debian's chromium and chromium-driver are not installed (make test installs them when run as root with apt-get)",
+)
+def test_three_months_render_in_chromium_as_distance_sections_with_their_charts_and_key(months_board, tmp_path):
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium (the `test` extra) is not installed")
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'chromium-profile'}"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(options=options, service=Service(executable_path=CHROMEDRIVER))
+    try:
+        driver.get((months_board / "evaluations" / PAGE_FILE).as_uri())
+        key = driver.find_element(By.CSS_SELECTOR, "ul.legend").text
+        assert "blue bar: a registered run" in key and "a name in italics is a submission" in key
+        sections = driver.find_elements(By.CSS_SELECTOR, "section.distance")
+        assert [s.find_element(By.TAG_NAME, "h2").text for s in sections] == [
+            "Distance 1 day · queries_sample",
+            "Distance 7 days · queries_sample",
+        ]
+        for section in sections:
+            chart = section.find_element(By.CSS_SELECTOR, "figure.months svg")
+            box = driver.execute_script("return arguments[0].getBBox()", chart)
+            assert chart.size["width"] > 500 and box["width"] > 300 and box["height"] > 150
+            assert len(section.find_elements(By.CSS_SELECTOR, "section.board figure svg")) == 3
+            # A submission's name renders in italics, and the ≈ column holds only its three marks.
+            name = section.find_element(By.CSS_SELECTOR, "tr.submission td:nth-child(3)")
+            assert name.value_of_css_property("font-style") == "italic"
+            marks = {td.text for td in section.find_elements(By.CSS_SELECTOR, "tbody td:nth-child(2)")}
+            assert marks <= {"leader", "≈", ""} and "leader" in marks
+        assert driver.execute_script("return document.scripts.length") == 0
+        assert driver.execute_script("return performance.getEntriesByType('resource').length") == 0
+        driver.set_window_size(1400, 1600)
+        assert driver.save_screenshot(str(tmp_path / "three-months.png"))
+    finally:
+        driver.quit()

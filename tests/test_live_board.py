@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import html
 import json
+import re
 import shutil
 import unicodedata
 from datetime import date, timedelta
@@ -24,6 +25,7 @@ from pipeline.release.store_uri import open_store
 
 from .live_builder import baseline_predictions, history, midnight, pairs, write_accepted, write_round, write_world
 from .settings_builder import make_settings
+from .test_ui import CHROMEDRIVER, CHROMIUM, CHROMIUM_FLAGS
 
 ROUNDS = [date(2024, 3, 10), date(2024, 3, 11)]
 HOSTILE = '<script>alert("x")</script><img src=x onerror=alert(1)>'
@@ -181,3 +183,95 @@ def test_row_ids_are_hmacs_under_a_private_key_made_once(board_data, tmp_path):
     assert {r["id"] for r in other["cumulative"]}.isdisjoint(r["id"] for r in first["cumulative"])
     strip = lambda board: [{k: v for k, v in r.items() if k != "id"} for r in board["cumulative"]]  # noqa: E731
     assert strip(other) == strip(first)
+
+
+def test_rows_rank_by_the_live_score_and_the_mark_follows_the_leaders_interval(board_data):
+    """Issue 33: as on the monthly board, overlapping intervals set the rank (every row near the
+    leader ranked 1). Now the rank is the point estimate's and ≈ leader is the overlap."""
+    board = build_leaderboard(board_data.dataset)
+    below = 0
+    for rows in [board["cumulative"]] + [r["rows"] for r in board["rounds"]]:
+        keys = [(r["live_score"], r["level2_f1"] or 0.0, r["occurrence_accuracy"]) for r in rows]
+        assert [r["rank"] for r in rows] == [1 + sum(k > key for k in keys) for key in keys]
+        leader_low, leader_high = rows[0]["live_score_ci95"]
+        for row in rows:
+            low, high = row["live_score_ci95"]
+            assert row["overlaps_leader"] is (low <= leader_high and high >= leader_low)
+            below += row["overlaps_leader"] and row["rank"] > 1
+    assert below >= 1  # a row the old tiers tied with the leader, now ranked below it and marked
+    assert len({r["rank"] for r in board["cumulative"]}) == len(board["cumulative"])
+
+
+def test_the_cumulative_chart_shows_each_models_score_after_each_round_with_its_interval(board_data):
+    from pipeline.live.board import round_series
+
+    board = build_leaderboard(board_data.dataset)
+    first_round = {r["name"]: r for r in next(e for e in board["rounds"] if e["round"] == str(ROUNDS[0]))["rows"]}
+    for row in board["cumulative"]:
+        history = row["by_round"]
+        assert [h["round"] for h in history] == row["rounds"]
+        # After its first round, a model's cumulative score is that round's; after its last, the row's.
+        assert history[0]["live_score"] == first_round[row["name"]]["live_score"]
+        assert history[0]["live_score_ci95"] == first_round[row["name"]]["live_score_ci95"]
+        assert (history[-1]["live_score"], history[-1]["live_score_ci95"]) == (
+            row["live_score"],
+            row["live_score_ci95"],
+        )
+        assert history[-1]["questions"] == row["questions"] > history[0]["questions"]
+    series, days = round_series(board)
+    assert days == [str(d) for d in ROUNDS]
+    assert [s.name for s in series] == [r["name"] for r in board["cumulative"]]  # in rank order
+    assert {s.name for s in series if s.dashed} == {"recurrency baseline", "frequency baseline"}
+    assert all([p.x for p in s.points] == [0, 1] for s in series)
+    text = page(board).decode()
+    chart = re.search(r'<figure class="rounds">(.*?)</figure>', text, re.S).group(1)
+    assert chart.count('<g id="LineCollection_') == sum(len(s.points) for s in series)  # an error bar each
+    assert re.findall(r'<g id="(legend_\d+)">', chart) == ["legend_1", "legend_2"]  # names, and the styles
+    assert "<script" not in chart and html.escape(HOSTILE) not in chart  # names drawn as paths, not text
+
+
+def test_the_live_page_has_a_key_to_its_chart_and_row_styles(board_data):
+    text = page(build_leaderboard(board_data.dataset)).decode()
+    key = re.search(r'<h2 id="key">Key</h2>\s*<ul class="legend">(.*?)</ul>', text, re.S).group(1)
+    for said in (
+        "a solid line a submitted model, a dashed one a baseline; error bars are 95% intervals",
+        "<b>leader</b> marks the rank-1 rows; <b>≈</b> a row whose interval overlaps the leader's",
+        '<span class="sample-baseline">grey italic row</span> is a baseline',
+    ):
+        assert said in key, said
+    assert set(re.findall(r'<tr class="([^"]+)">', text)) == {"baseline", "submission"}
+    assert "tr.baseline td { color: #555; font-style: italic; }" in text
+
+
+@pytest.mark.skipif(
+    CHROMIUM is None or CHROMEDRIVER is None,
+    reason="Debian's chromium and chromium-driver are not installed (make test installs them when run as root with apt-get)",
+)
+def test_the_live_page_renders_its_chart_and_tables_in_headless_chromium_without_a_request(board_data, tmp_path):
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium (the `test` extra) is not installed")
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+
+    written = write_live_leaderboard(board_data.dataset)
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'chromium-profile'}"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(options=options, service=Service(executable_path=CHROMEDRIVER))
+    try:
+        driver.get(written.html_path.as_uri())
+        assert driver.title == "MIRAI live leaderboard"
+        chart = driver.find_element(By.CSS_SELECTOR, "section#cumulative figure.rounds svg")
+        assert chart.size["width"] > 300 and chart.size["height"] > 150
+        box = driver.execute_script("return arguments[0].getBBox()", chart)
+        assert box["width"] > 300 and box["height"] > 150
+        rows = driver.find_elements(By.CSS_SELECTOR, "section#cumulative tbody tr")
+        assert [r.find_elements(By.TAG_NAME, "td")[0].text for r in rows] == [str(i) for i in range(1, len(rows) + 1)]
+        assert HOSTILE in driver.find_element(By.TAG_NAME, "body").text  # shown as text
+        assert driver.execute_script("return document.scripts.length") == 0
+        assert driver.execute_script("return performance.getEntriesByType('resource').length") == 0
+        shot = tmp_path / "live-leaderboard.png"
+        driver.set_window_size(1400, 1600)
+        assert driver.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
+    finally:
+        driver.quit()

@@ -2,7 +2,8 @@
 
 ``leaderboard`` reads every registered run (evaluations/…/scores.json with its results.parquet)
 and every scored or contaminated submission (submissions/<name>/record.json, written by the
-submission sensor) into one row each, ranked in interval tiers; pipeline/evaluation/board_files.py
+submission sensor) into one row each, ranked by the point estimate with a mark for the rows whose
+interval overlaps the leader's (RANK_RULE); pipeline/evaluation/board_files.py
 stores that table as evaluations/leaderboard.parquet and draws evaluations/leaderboard.png and
 evaluations/leaderboard.html from it (docs/evaluation.md, "The leaderboard").
 
@@ -37,6 +38,7 @@ from pipeline.storage import DataLayout
 SUBMISSIONS_DIR = "submissions"
 RECORD_FILE = "record.json"
 RECORD_FORMAT = "mirai-submission-record-v1"
+RANK_DIGITS = 4  # scoring's precision (scoring._round): ranks compare the metrics as scorecards store them
 BOOTSTRAP_SEED = 0  # scoring.score_predictions' default seed: `mirai score` gives the same intervals
 SOURCES = ("registered", "submission")
 # The columns of every row, before the metrics (<metric>, <metric>_std, <metric>_ci95_low/high).
@@ -68,6 +70,9 @@ TAIL_SCHEMA = {
 }
 BOARD_SCHEMA = {
     "rank": pl.UInt32,
+    # Whether the row's 95% interval of RANK_METRIC overlaps its group leader's (RANK_RULE); null
+    # for unranked rows.
+    "overlaps_leader": pl.Boolean,
     **KEY_SCHEMA,
     **{f"{m}{suffix}": pl.Float64 for m in METRICS for suffix in ("", "_std", "_ci95_low", "_ci95_high")},
     **TAIL_SCHEMA,
@@ -87,6 +92,7 @@ SUMMARY_COLUMNS = (
     "level2_f1",
     "level2_f1_ci95_low",
     "level2_f1_ci95_high",
+    "overlaps_leader",
     "level1_f1",
     "level2_precision",
     "level2_recall",
@@ -313,21 +319,29 @@ def rank_interval(row: Mapping) -> tuple[float, float]:
     return (value, value) if low is None or high is None else (low, high)
 
 
+def intervals_overlap(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    """Whether two intervals share a point (touching counts)."""
+    return a[0] <= b[1] and a[1] >= b[0]
+
+
+def _scores(row: Mapping) -> tuple[float, ...]:
+    """RANK_METRIC and the TIEBREAK_METRICS at the scorecards' precision (RANK_DIGITS), higher first:
+    a submission's scorecard rounds to 4 decimals, so the same forecasts stored as a run and as a
+    submission are equal here."""
+    return tuple(-round(row[m] or 0.0, RANK_DIGITS) for m in (RANK_METRIC, *TIEBREAK_METRICS))
+
+
 def _order_key(row: Mapping) -> tuple:
-    return (
-        -row[RANK_METRIC],
-        *(-(row[m] or 0.0) for m in TIEBREAK_METRICS),
-        row["agent"],
-        SOURCES.index(row["source"]),
-    )
+    return (*_scores(row), row["agent"], SOURCES.index(row["source"]))
 
 
 def rank(rows: Iterable[dict]) -> list[dict]:
-    """``rows`` in board order with ``rank`` set, per RANK_RULE: within each group (month desc,
-    then query set and distance), the ranked rows (not contaminated, not 0 on RANK_METRIC and every
-    TIEBREAK_METRIC) sorted by _order_key form tiers: each row joins the current tier when its
-    interval overlaps the tier's first row's, and shares its rank; otherwise it opens a new tier
-    whose rank is its 1-based position. Then the unranked rows: all-zero ones, then contaminated."""
+    """``rows`` in board order with ``rank`` and ``overlaps_leader`` set, per RANK_RULE: within each
+    group (month desc, then query set and distance), the ranked rows (not contaminated, not 0 on
+    RANK_METRIC and every TIEBREAK_METRIC) sorted by _order_key get the competition rank of their
+    point estimates (1 + the rows with better scores: "1, 1, 3" for equal ones), and
+    ``overlaps_leader`` says whether their 95% interval of RANK_METRIC overlaps the leader's (the
+    first row). Then the unranked rows (both fields null): all-zero ones, then contaminated."""
     groups: dict[tuple, list[dict]] = {}
     for row in rows:
         groups.setdefault(tuple(row[k] for k in GROUP), []).append(row)
@@ -337,19 +351,18 @@ def rank(rows: Iterable[dict]) -> list[dict]:
         members = groups[key]
         scored = [r for r in members if any((r[m] or 0.0) > 0 for m in (RANK_METRIC, *TIEBREAK_METRICS))]
         ranked = sorted((r for r in scored if not r["contaminated"]), key=_order_key)
-        leader = None
+        previous: dict | None = None
         for position, row in enumerate(ranked, 1):
-            if leader is not None:
-                low, high = rank_interval(row)
-                leader_low, leader_high = rank_interval(leader)
-                if low <= leader_high and high >= leader_low:
-                    out.append(row | {"rank": leader["rank"]})
-                    continue
-            leader = row | {"rank": position}
-            out.append(leader)
+            place = previous["rank"] if previous and _scores(previous) == _scores(row) else position
+            overlaps = intervals_overlap(rank_interval(row), rank_interval(ranked[0]))
+            previous = row | {"rank": place, "overlaps_leader": overlaps}
+            out.append(previous)
         ranked_ids = {id(r) for r in ranked}
         unranked = [r for r in members if id(r) not in ranked_ids]
-        out += [r | {"rank": None} for r in sorted(unranked, key=lambda r: (r["contaminated"], _order_key(r)))]
+        out += [
+            r | {"rank": None, "overlaps_leader": None}
+            for r in sorted(unranked, key=lambda r: (r["contaminated"], _order_key(r)))
+        ]
     return out
 
 
@@ -386,3 +399,20 @@ def markdown_table(frame: pl.DataFrame) -> str:
 def summary(board: pl.DataFrame) -> pl.DataFrame:
     """The board's headline columns."""
     return board.select([c for c in SUMMARY_COLUMNS if c in board.columns])
+
+
+def distance_title(query_set: str, distance: int) -> str:
+    """A section's heading: each query set and distance is a board of its own."""
+    return f"Distance {distance} day{'s' if distance != 1 else ''} · {query_set}"
+
+
+def newest_sections(board: pl.DataFrame, top: int | None = None) -> list[tuple[str, pl.DataFrame]]:
+    """The newest month's rows in board order, one (distance_title, rows) per query set and
+    distance (at most ``top`` rows each): ranks are only comparable within one."""
+    if board.is_empty():
+        return []
+    newest = board.filter(pl.col("month") == board.get_column("month").max())
+    return [
+        (f"{distance_title(query_set, distance)} · {month}", rows.head(top) if top else rows)
+        for (month, query_set, distance), rows in newest.group_by(*GROUP, maintain_order=True)
+    ]

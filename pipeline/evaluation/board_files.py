@@ -19,11 +19,22 @@ import polars as pl
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.backends.backend_svg import FigureCanvasSVG
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
 
-from pipeline.evaluation.board import INTERVAL_RULE, board_frame, rank_interval, registered_rows, submission_rows
+from pipeline.evaluation.board import (
+    GROUP,
+    INTERVAL_RULE,
+    board_frame,
+    distance_title,
+    rank_interval,
+    registered_rows,
+    submission_rows,
+)
+from pipeline.evaluation.board_charts import SAFE_TEXT, Key, Point, Series, shown_name, trend_svg
 from pipeline.evaluation.run import AGGREGATION_RULE, RANK_METRIC, RANK_RULE
 from pipeline.evaluation.scoring import HIT_K
-from pipeline.markdown import html_text, visible_text
+from pipeline.markdown import html_text
 from pipeline.storage import DataLayout, atomic_write_bytes, atomic_write_parquet
 
 BOARD_FILE = "leaderboard.parquet"
@@ -31,64 +42,93 @@ CHART_FILE = "leaderboard.png"
 PAGE_FILE = "leaderboard.html"
 
 _COLORS = {"registered": "tab:blue", "submission": "tab:green"}
+CONTAMINATED_COLOR = "0.7"
+LEADER_BAND = "gold"
+# What each colour and mark of the bar charts means, drawn as their legend (and said on the page).
+BAR_KEY = (
+    ("registered", "registered run"),
+    ("submission", "submission"),
+    ("contaminated", "contaminated (not ranked)"),
+)
+DISTANCE_NOTE = "the agent sees events up to {distance} day{s} before each query's date"
 
 
-def _label(row: Mapping) -> str:
-    head = f"{row['rank']}. " if row["rank"] else ""
-    tail = " (contaminated)" if row["contaminated"] else ""
-    source = " [submission]" if row["source"] == "submission" else ""
-    return f"{head}{visible_text(row['agent'])}{source} · d={row['distance']} · {row['query_set']}{tail}"
+def _name(row: Mapping) -> str:
+    """A row's label on a bar chart: rank, name, and ≈ when it is not separable from the leader."""
+    name = shown_name(row["agent"])
+    if row["rank"] is None:
+        return f"{name} (not ranked)"
+    near = " ≈" if row["overlaps_leader"] and row["rank"] > 1 else ""
+    return f"{row['rank']}. {name}{near}"
 
 
-def _draw(ax, rows: list[dict], labels: list[str]) -> None:
-    """Horizontal bars of RANK_METRIC with 95% interval error bars, in board order; contaminated
-    rows grey; a run's Max@K and repeated second-level F1 as markers where it stored them."""
+def _draw(ax, rows: list[dict]) -> None:
+    """Horizontal bars of RANK_METRIC with 95% interval error bars, in board order: registered runs
+    blue, submissions green, contaminated rows grey; the leader's interval as a band (a row whose
+    bar reaches it is ≈ leader); a run's Max@K and repeated second-level F1 as markers where it
+    stored them; a legend for each."""
     y = list(range(len(rows)))[::-1]
     values = [r[RANK_METRIC] for r in rows]
     lows = [rank_interval(r)[0] for r in rows]
     highs = [rank_interval(r)[1] for r in rows]
+    leader = next((r for r in rows if r["rank"] is not None), None)
+    if leader is not None:
+        ax.axvspan(*rank_interval(leader), color=LEADER_BAND, alpha=0.25, zorder=0)
+    colors = [CONTAMINATED_COLOR if r["contaminated"] else _COLORS[r["source"]] for r in rows]
     ax.barh(
         y,
         values,
         # A percentile interval need not contain the mean; an error bar cannot be negative.
         xerr=[[max(v - lo, 0.0) for v, lo in zip(values, lows)], [max(hi - v, 0.0) for v, hi in zip(values, highs)]],
-        color=["0.7" if r["contaminated"] else _COLORS[r["source"]] for r in rows],
+        color=colors,
         capsize=3,
     )
+    used = {"contaminated" if r["contaminated"] else r["source"] for r in rows}
+    handles = [
+        Patch(color=CONTAMINATED_COLOR if kind == "contaminated" else _COLORS[kind], label=label)
+        for kind, label in BAR_KEY
+        if kind in used
+    ]
+    handles.append(Line2D([], [], color="black", marker="|", linestyle="", markersize=10, label="95% interval"))
+    if leader is not None:
+        handles.append(Patch(color=LEADER_BAND, alpha=0.25, label="leader's 95% interval (≈: overlaps it)"))
     for column, marker, color, name in (
         (f"max_at_k_{RANK_METRIC}", "^", "black", "Max@K"),
         (f"repeated_{RANK_METRIC}", "D", "tab:orange", "repeated (≥ 2 of K)"),
     ):
         points = [(r[column], i) for i, r in zip(y, rows) if r.get(column) is not None]
         if points:
-            ax.scatter(*zip(*points), marker=marker, color=color, s=24, zorder=3, label=name)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(loc="lower right", fontsize=8)
-    ax.set_yticks(y, labels, fontsize=9)
+            handles.append(ax.scatter(*zip(*points), marker=marker, color=color, s=24, zorder=3, label=name))
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
+    ax.set_yticks(y, [_name(r) for r in rows], fontsize=9)
     ax.set_xlabel("second-level F1 (%), mean with 95% bootstrap interval over queries")
     ax.set_xlim(0, 100)
 
 
 def _figure(height_rows: int) -> Figure:
-    return Figure(figsize=(9, 1.2 + 0.35 * max(height_rows, 1)), dpi=100, layout="constrained")
+    return Figure(figsize=(10, 1.4 + 0.35 * max(height_rows, 1)), dpi=100, layout="constrained")
 
 
 def chart(board: pl.DataFrame) -> bytes:
-    """PNG: second-level F1 with its 95% interval of every row of the newest month, in board order
-    (RANK_RULE, printed under the chart); submissions green, contaminated rows grey."""
-    with matplotlib.style.context("default"):
-        # A bare Figure on an Agg canvas: no pyplot state in the Dagster process, no window.
-        fig = _figure(board.height)
-        FigureCanvasAgg(fig)
-        ax = fig.add_subplot()
+    """PNG: second-level F1 with its 95% interval of every row of the newest month, in board order,
+    one panel per query set and distance (RANK_RULE printed under them); submissions green,
+    contaminated rows grey, a legend for each colour and mark."""
+    with matplotlib.style.context("default"), matplotlib.rc_context(SAFE_TEXT):
         if board.is_empty():
-            ax.set_axis_off()
+            fig = _figure(1)
+            FigureCanvasAgg(fig)  # a bare Figure on an Agg canvas: no pyplot state, no window
             fig.text(0.5, 0.5, "no evaluation runs yet", ha="center", va="center", fontsize=16, color="0.4")
         else:
             month = board.get_column("month").max()
-            rows = board.filter(pl.col("month") == month).to_dicts()  # already in rank order
-            _draw(ax, rows, [_label(r) for r in rows])
-            ax.set_title(f"Leaderboard {month}", fontsize=12)
+            newest = board.filter(pl.col("month") == month)  # already in rank order
+            groups = [(key, rows.to_dicts()) for key, rows in newest.group_by(*GROUP[1:], maintain_order=True)]
+            fig = _figure(sum(len(rows) + 2 for _, rows in groups))
+            FigureCanvasAgg(fig)
+            axes = fig.subplots(len(groups), 1, squeeze=False, height_ratios=[len(rows) + 1 for _, rows in groups])
+            for ax, ((query_set, distance), rows) in zip(axes[:, 0], groups):
+                _draw(ax, rows)
+                ax.set_title(distance_title(query_set, distance), fontsize=10, loc="left")
+            fig.suptitle(f"Leaderboard {month}", fontsize=12)
             # A figure-level label, so the constrained layout leaves room for all its lines.
             fig.supxlabel(textwrap.fill(RANK_RULE, 170), x=0.01, ha="left", fontsize=7, color="0.35")
         buf = io.BytesIO()
@@ -101,17 +141,39 @@ def section_svg(rows: list[dict], salt: str) -> str:
     """An inline <svg> element: one section's rows as in ``chart``. Text is drawn as paths (no
     font is fetched), and with no date and a fixed hash salt the same rows give the same bytes;
     ``salt`` keeps each section's element ids apart within the page."""
-    rc = {"svg.fonttype": "path", "svg.hashsalt": salt}
+    rc = SAFE_TEXT | {"svg.fonttype": "path", "svg.hashsalt": salt}
     with matplotlib.style.context("default"), matplotlib.rc_context(rc):
         fig = _figure(len(rows))
         FigureCanvasSVG(fig)
-        names = [visible_text(r["agent"]) for r in rows]  # as in the table beside it
-        labels = [f"{r['rank']}. {n}" if r["rank"] else f"{n} (not ranked)" for r, n in zip(rows, names)]
-        _draw(fig.add_subplot(), rows, labels)
+        _draw(fig.add_subplot(), rows)
         buf = io.StringIO()
         fig.savefig(buf, format="svg", metadata=dict.fromkeys(("Date", "Creator", "Format", "Type")))
     text = buf.getvalue()
     return text[text.index("<svg") :]  # without the XML prolog and DOCTYPE, which HTML does not take
+
+
+def month_series(rows: pl.DataFrame) -> list[Series]:
+    """One query set and distance's rows as lines across months: each name's second-level F1 per
+    month with its 95% interval (x: the month's index, oldest first); submissions dashed,
+    contaminated months hollow. Listed as the newest month ranks them, then the names no longer
+    there (a submission is one month's: its name is new each time)."""
+    months = sorted(rows.get_column("month").unique().to_list())
+    order = rows.sort("month", descending=True, maintain_order=True).unique(["agent", "source"], maintain_order=True)
+    series = []
+    for agent, source in order.select("agent", "source").iter_rows():
+        own = rows.filter((pl.col("agent") == agent) & (pl.col("source") == source)).sort("month").to_dicts()
+        points = [
+            Point(months.index(r["month"]), r[RANK_METRIC], *rank_interval(r), hollow=r["contaminated"]) for r in own
+        ]
+        series.append(Series(agent, points, dashed=source == "submission"))
+    return series
+
+
+def months_svg(rows: pl.DataFrame, salt: str) -> str:
+    """An inline <svg> element: ``month_series`` drawn with its legends (board_charts.trend_svg)."""
+    months = sorted(rows.get_column("month").unique().to_list())
+    key = Key(solid="registered run", dashed="submission", hollow="contaminated (not ranked)")
+    return trend_svg(month_series(rows), months, ylabel="second-level F1 (%)", key=key, salt=salt)
 
 
 def _number(value: float | None, digits: int = 2) -> str:
@@ -130,6 +192,10 @@ def _with_interval(row: Mapping, metric: str) -> str:
 # shown (pipeline.markdown.html_text), unless it is markup made here from numbers.
 _PAGE_COLUMNS = (
     ("rank", lambda r: str(r["rank"]) if r["rank"] is not None else ("contaminated" if r["contaminated"] else "–")),
+    (
+        "≈ leader",
+        lambda r: "leader" if r["rank"] == 1 and r["overlaps_leader"] else "≈" if r["overlaps_leader"] else "",
+    ),
     ("name", lambda r: html_text(r["agent"])),
     ("source", lambda r: html_text(r["source"])),
     ("model", lambda r: html_text(r["model"] or "")),
@@ -158,19 +224,65 @@ table { border-collapse: collapse; font-size: 0.85em; margin-bottom: 2em; }
 th, td { border: 1px solid #ccc; padding: 0.25em 0.5em; text-align: left; vertical-align: top; }
 th { background: #f0f0f0; }
 tr.contaminated td { color: #888; }
-tr.submission td:nth-child(2) { font-style: italic; }
+tr.submission td:nth-child(3) { font-style: italic; }
 .ci { color: #666; font-size: 0.9em; }
 .rule { max-width: 60em; color: #444; }
 figure { margin: 0 0 1em 0; }
 figure svg { max-width: 100%; height: auto; }
+section.distance { border-top: 3px solid #888; margin-top: 2em; }
+.legend { max-width: 60em; color: #444; padding-left: 1.2em; }
+.swatch { display: inline-block; width: 1.6em; height: 0.9em; vertical-align: middle; margin-right: 0.3em; }
+.swatch.registered { background: #1f77b4; }
+.swatch.submission { background: #2ca02c; }
+.swatch.contaminated { background: #b3b3b3; }
+.swatch.leader { background: rgba(255, 215, 0, 0.35); }
+.sample-italic { font-style: italic; }
+.sample-grey { color: #888; }
 """
+# The page's key: every colour and style of its plots and tables, in the order a reader meets them.
+_LEGEND = (
+    '<span class="swatch registered"></span>blue bar: a registered run (evaluated by the pipeline); '
+    '<span class="swatch submission"></span>green bar: a submission (scored from its submitter\'s predictions); '
+    '<span class="swatch contaminated"></span>grey bar: contaminated, shown but not ranked',
+    "error bar: the row's 95% bootstrap interval over queries; "
+    '<span class="swatch leader"></span>yellow band: the leader\'s interval; ▲ Max@K and ◆ repeated '
+    'second-level F1 (runs of K rounds, "Aggregation" in docs/evaluation.md)',
+    "bar labels and the \u201c≈ leader\u201d column: <b>leader</b> marks the rank-1 rows; <b>≈</b> a ranked "
+    "row whose interval overlaps the leader's (not separable from it at this number of queries); "
+    "blank: its interval lies below the leader's",
+    'table: a name in <span class="sample-italic">italics</span> is a submission; a '
+    '<span class="sample-grey">grey row</span> is contaminated; rank \u201c–\u201d: scored 0 on all three '
+    "ranking metrics, not ranked",
+    "across months: one line per name (its colour in the chart's legend), a solid line a registered "
+    "run, a dashed one a submission, a hollow marker a contaminated month; error bars are 95% intervals",
+)
+
+
+def _section_id(*parts: object) -> str:
+    return html.escape("-".join(str(p) for p in parts))
+
+
+def _table(rows: list[dict]) -> list[str]:
+    out = [
+        "<table>",
+        "<thead><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h, _ in _PAGE_COLUMNS) + "</tr></thead>",
+        "<tbody>",
+    ]
+    for row in rows:
+        classes = " ".join(c for c in (row["source"], "contaminated" if row["contaminated"] else "") if c)
+        cells = "".join(f"<td>{cell(row)}</td>" for _, cell in _PAGE_COLUMNS)
+        out.append(f'<tr class="{classes}">{cells}</tr>')
+    return [*out, "</tbody>", "</table>"]
 
 
 def page(board: pl.DataFrame) -> bytes:
-    """leaderboard.html: one section per month (newest first) and query set × distance, each a
-    plot and a table, the ranking and interval rules stated. Self-contained (inline style, inline
-    SVG; the CSP forbids any request) and free of the time it was made, so the same board gives
-    the same bytes. Every text from a record is escaped: names and models come from submitters."""
+    """leaderboard.html: one section per query set × distance, each a chart of every name's
+    second-level F1 across months and, per month (newest first), a plot and a table; the ranking,
+    interval and aggregation rules and a key to every colour and style at the top. Self-contained
+    (inline style, inline SVG; the CSP forbids any request) and free of the time it was made, so
+    the same board gives the same bytes. Every text from a record is escaped: names and models
+    come from submitters."""
+    groups = sorted({(q, d) for q, d in board.select("query_set", "distance").iter_rows()})
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en">',
@@ -185,32 +297,46 @@ def page(board: pl.DataFrame) -> bytes:
         "<h1>MIRAI leaderboard</h1>",
         '<p class="rule">Registered agents, evaluated by the pipeline, and submissions, scored from '
         "the predictions their submitters sent (docs/evaluate-your-agent.md). Metrics are percentages "
-        "(KL: lower is better).</p>",
+        "(KL: lower is better). Each distance is its own board: rows of different distances are never "
+        "compared.</p>",
         f'<p class="rule" id="rank-rule">{html.escape(RANK_RULE)}.</p>',
         f'<p class="rule">{html.escape(INTERVAL_RULE)}; {html.escape(AGGREGATION_RULE)}.</p>',
         '<p class="rule">Contaminated: the knowledge cutoff is not before the month, so the model may '
         "have seen its events; shown, never ranked.</p>",
+        '<h2 id="key">Key</h2>',
+        '<ul class="legend">',
+        *(f"<li>{item}</li>" for item in _LEGEND),
+        "</ul>",
     ]
     if board.is_empty():
         parts.append("<p>No evaluation runs or submissions yet.</p>")
-    for (month,), month_rows in board.group_by("month", maintain_order=True):
-        parts.append(f'<section id="month-{html.escape(month)}"><h2>{html.escape(month)}</h2>')
-        for (query_set, distance), rows in month_rows.group_by("query_set", "distance", maintain_order=True):
-            rows = rows.to_dicts()
-            key = f"{month}-{query_set}-d{distance}"
+    else:
+        parts.append('<nav><ul class="legend">')
+        parts += [
+            f'<li><a href="#{_section_id(q, "d", d)}">{html.escape(distance_title(q, d))}</a></li>' for q, d in groups
+        ]
+        parts.append("</ul></nav>")
+    for query_set, distance in groups:
+        rows = board.filter((pl.col("query_set") == query_set) & (pl.col("distance") == distance))
+        key = _section_id(query_set, "d", distance)
+        note = DISTANCE_NOTE.format(distance=distance, s="s" if distance != 1 else "")
+        parts += [
+            f'<section id="{key}" class="distance">',
+            f"<h2>{html.escape(distance_title(query_set, distance))}</h2>",
+            f'<p class="rule">Distance {distance}: {html.escape(note)}.</p>',
+            "<h3>Across months</h3>",
+            f'<figure class="months">{months_svg(rows, f"{key}-months")}</figure>',
+        ]
+        for (month,), month_rows in rows.group_by("month", maintain_order=True):
+            month_key = _section_id(query_set, "d", distance, month)
+            month_rows = month_rows.to_dicts()
             parts += [
-                f'<section id="{html.escape(key)}" class="board">',
-                f"<h3>{html.escape(query_set)}, distance {distance} day{'s' if distance != 1 else ''}</h3>",
-                f"<figure>{section_svg(rows, key)}</figure>",
-                "<table>",
-                "<thead><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h, _ in _PAGE_COLUMNS) + "</tr></thead>",
-                "<tbody>",
+                f'<section id="{month_key}" class="board">',
+                f"<h3>{html.escape(month)} · {html.escape(distance_title(query_set, distance))}</h3>",
+                f"<figure>{section_svg(month_rows, month_key)}</figure>",
+                *_table(month_rows),
+                "</section>",
             ]
-            for row in rows:
-                classes = " ".join(c for c in (row["source"], "contaminated" if row["contaminated"] else "") if c)
-                cells = "".join(f"<td>{cell(row)}</td>" for _, cell in _PAGE_COLUMNS)
-                parts.append(f'<tr class="{classes}">{cells}</tr>')
-            parts += ["</tbody>", "</table>", "</section>"]
         parts.append("</section>")
     parts += ["</body>", "</html>", ""]
     return "\n".join(parts).encode()

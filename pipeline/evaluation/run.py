@@ -80,16 +80,18 @@ from pipeline.version import code_version
 
 EVALUATION_VERSION = "evaluation-v1"
 RANK_METRIC = "level2_f1"
-# Within a tier the rows are listed by second-level F1, then by these (all higher-is-better), then name.
+# Rows equal on second-level F1 are ranked by these (all higher-is-better), then listed by name.
 TIEBREAK_METRICS = ("level1_f1", "mrr")
 # Said wherever the leaderboard shows (demo summary, Dagster metadata, chart, HTML page,
 # docs/evaluation.md); board.rank applies it.
 RANK_RULE = (
-    "rank: within each month, query set and distance, rows are taken in order of second-level F1; a row whose "
-    "95% bootstrap interval (over queries) of second-level F1 overlaps that of its tier's first row shares that row's rank, "
-    "otherwise it starts a new tier ranked by its position (1 + the rows above it); within a tier rows are "
-    "listed by second-level F1, then first-level F1, MRR and name; runs that scored 0 on all three and "
-    "contaminated runs are not ranked and listed last"
+    "rank: within each month, query set and distance, rows are ranked by their mean second-level F1 over queries, "
+    "ties by first-level F1, then MRR (rows equal on all three to 4 decimals share a rank: 1, 1, 3), and listed "
+    "by rank, then name; runs that scored 0 on all three and contaminated runs are not ranked and listed last. "
+    "≈ leader: a ranked row whose 95% bootstrap interval (over queries) of second-level F1 overlaps the leader's "
+    "(the first row) is not separable from it at this number of queries; disjoint intervals mean a difference "
+    "significant well beyond the 5% level, while intervals that overlap a little may still hide one (the mark "
+    "errs on the side of 'not separable')"
 )
 HIT_K = 10  # Hit@10, as in MIRAI (arXiv:2407.01231) Appendix D.8
 

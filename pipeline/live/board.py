@@ -1,7 +1,8 @@
 """The live leaderboard (docs/live.md, "Live leaderboard"): per round and cumulative, every accepted
 submission scored against the answers resolved so far (pipeline/live/score.py), baselines
-included, with 95% percentile-bootstrap intervals over questions and interval tiers as the
-monthly board ranks (pipeline/evaluation/board.py rank).
+included, with 95% percentile-bootstrap intervals over questions, ranked by the live score with
+the monthly board's ≈ leader mark (pipeline/evaluation/board.py rank), and a chart of each
+model's cumulative score after each round it took part in.
 
 A model is identified across rounds by its records' (model, contact) and the sha256 of the owner
 key its submitter chose (the optional ``owner_key`` of submission.json): a later submission takes
@@ -32,6 +33,8 @@ from pathlib import Path
 import polars as pl
 
 from pipeline.config import DatasetSettings
+from pipeline.evaluation.board import intervals_overlap
+from pipeline.evaluation.board_charts import Key, Point, Series, trend_svg
 from pipeline.evaluation.scoring import DEFAULT_RESAMPLES
 from pipeline.live.resolve import RoundNotPublished, read_round, resolved_answers
 from pipeline.live.score import (
@@ -53,9 +56,10 @@ from pipeline.storage import DataLayout, atomic_write_bytes
 LEADERBOARD_FORMAT = "mirai-live-leaderboard-v1"
 TIEBREAK_METRICS = ("level2_f1", "occurrence_accuracy")
 RANK_RULE = (
-    f"ranked by the live score ({LIVE_SCORE_RULE}); a row whose 95% interval overlaps its tier leader's shares the "
-    "leader's rank, otherwise it opens a new tier ranked by its position; ties broken by level-2 F1, then event "
-    "accuracy, then name"
+    f"ranked by the live score ({LIVE_SCORE_RULE}), ties by level-2 F1, then event accuracy (rows equal on all "
+    "three share a rank), listed by rank, then name. ≈ leader: a row whose 95% interval of the live score overlaps "
+    "the leader's (the first row) is not separable from it on these questions; disjoint intervals mean a "
+    "difference significant well beyond the 5% level (the mark errs on the side of 'not separable')"
 )
 INTERVAL_RULE = (
     f"intervals: 95% percentile bootstrap over resolved questions ({DEFAULT_RESAMPLES} resamples, seed "
@@ -71,7 +75,21 @@ th { background: #f0f0f0; }
 tr.baseline td { color: #555; font-style: italic; }
 .ci { color: #666; font-size: 0.9em; }
 .rule { max-width: 60em; color: #444; }
+.legend { max-width: 60em; color: #444; padding-left: 1.2em; }
+.sample-baseline { color: #555; font-style: italic; }
+figure { margin: 0 0 1em 0; }
+figure svg { max-width: 100%; height: auto; }
 """
+# The page's key: every colour and style of its chart and tables.
+LEGEND = (
+    "chart: one line per model (its colour in the chart's legend), its cumulative live score after each round "
+    "it took part in, over every resolved question of its rounds so far; a solid line a submitted model, a dashed "
+    "one a baseline; error bars are 95% intervals",
+    "the \u201c≈ leader\u201d column: <b>leader</b> marks the rank-1 rows; <b>≈</b> a row whose interval overlaps "
+    "the leader's (not separable from it on these questions); blank: its interval lies below the leader's",
+    'table: a <span class="sample-baseline">grey italic row</span> is a baseline the pipeline submits itself '
+    "(docs/live.md); the others are participants' models",
+)
 # The board's files are ours, but a hostile store may serve anything at their keys.
 MAX_BOARD_BYTES = 64 * 2**20
 BOARD_ID_KEY = "board-id.key"
@@ -186,23 +204,41 @@ def _row(
     return row
 
 
+def _scores(row: dict) -> tuple[float, ...]:
+    return tuple(-(row[m] or 0.0) for m in (RANK_METRIC, *TIEBREAK_METRICS))
+
+
 def _order_key(row: dict) -> tuple:
-    return (-(row[RANK_METRIC] or 0.0), *(-(row[m] or 0.0) for m in TIEBREAK_METRICS), row["name"], row["id"])
+    return (*_scores(row), row["name"], row["id"])
 
 
 def rank(rows: list[dict]) -> list[dict]:
-    """pipeline/evaluation/board.py's interval tiers on the live score: in order, a row joins the
-    current tier when its interval overlaps the tier leader's, else opens a tier at its position."""
-    out, leader = [], None
-    for position, row in enumerate(sorted(rows, key=_order_key), 1):
-        low, high = row[f"{RANK_METRIC}_ci95"]
-        if leader is not None:
-            leader_low, leader_high = leader[f"{RANK_METRIC}_ci95"]
-            if low <= leader_high and high >= leader_low:
-                out.append(row | {"rank": leader["rank"]})
-                continue
-        leader = row | {"rank": position}
-        out.append(leader)
+    """As pipeline/evaluation/board.py ranks a group, on the live score: in _order_key's order,
+    ``rank`` is 1 + the rows with better scores (equal ones share it), and ``overlaps_leader``
+    whether the row's 95% interval of the live score overlaps the first row's."""
+    ordered = sorted(rows, key=_order_key)
+    out: list[dict] = []
+    for position, row in enumerate(ordered, 1):
+        place = out[-1]["rank"] if out and _scores(out[-1]) == _scores(row) else position
+        overlaps = intervals_overlap(row[f"{RANK_METRIC}_ci95"], ordered[0][f"{RANK_METRIC}_ci95"])
+        out.append(row | {"rank": place, "overlaps_leader": overlaps})
+    return out
+
+
+def _history(entries: list[Entry]) -> list[dict]:
+    """The model's cumulative live score after each round it took part in (oldest first), with its
+    95% interval: every resolved question of its rounds up to that one, as the cumulative row."""
+    out = []
+    for k in range(1, len(entries) + 1):
+        card = summarize(pl.concat([e.scores for e in entries[:k]]))
+        out.append(
+            {
+                "round": entries[k - 1].scores.get_column("round")[0],
+                RANK_METRIC: card["metrics"][RANK_METRIC]["value"],
+                f"{RANK_METRIC}_ci95": card["metrics"][RANK_METRIC]["ci95"],
+                "questions": card["questions"],
+            }
+        )
     return out
 
 
@@ -248,16 +284,15 @@ def build_leaderboard(dataset: DatasetSettings) -> dict:
     for key, entries in sorted(by_identity.items()):
         entries = sorted(entries, key=lambda e: e.scores.get_column("round")[0])
         scores = pl.concat([e.scores for e in entries])
-        cumulative.append(
-            _row(
-                row_id(secret, key),
-                entries[-1].name,
-                entries[-1].baseline,
-                [e.submission for e in entries],
-                [e.scores.get_column("round")[0] for e in entries],
-                scores,
-            )
+        row = _row(
+            row_id(secret, key),
+            entries[-1].name,
+            entries[-1].baseline,
+            [e.submission for e in entries],
+            [e.scores.get_column("round")[0] for e in entries],
+            scores,
         )
+        cumulative.append(row | {"by_round": _history(entries)})
     return {
         "format": LEADERBOARD_FORMAT,
         "rank_rule": RANK_RULE,
@@ -281,6 +316,7 @@ def _cell(row: dict, metric: str) -> str:
 # shown (pipeline.markdown.html_text: bidi controls and zero-width characters).
 _COLUMNS = (
     ("rank", lambda r: str(r["rank"])),
+    ("≈ leader", lambda r: "leader" if r["rank"] == 1 else "≈" if r["overlaps_leader"] else ""),
     ("model", lambda r: html_text(r["name"])),
     ("id", lambda r: html_text(r["id"])),
     ("baseline", lambda r: "yes" if r["baseline"] else ""),
@@ -310,6 +346,35 @@ def _table(rows: list[dict]) -> list[str]:
     return [*out, "</tbody>", "</table>"]
 
 
+def round_series(board: dict) -> tuple[list[Series], list[str]]:
+    """The cumulative rows as lines over the rounds (oldest first): each model's cumulative live
+    score after each round it took part in, with its interval; baselines dashed; in rank order."""
+    days = sorted({entry["round"] for row in board["cumulative"] for entry in row.get("by_round", [])})
+    series = [
+        Series(
+            row["name"],
+            [Point(days.index(e["round"]), e[RANK_METRIC], *e[f"{RANK_METRIC}_ci95"]) for e in row["by_round"]],
+            dashed=row["baseline"],
+        )
+        for row in board["cumulative"]
+    ]
+    return series, days
+
+
+def _chart(board: dict) -> list[str]:
+    series, days = round_series(board)
+    if not days:
+        return []
+    svg = trend_svg(
+        series,
+        days,
+        ylabel="cumulative live score (%)",
+        key=Key(solid="submitted model", dashed="baseline"),
+        salt="live-cumulative",
+    )
+    return ["<h3>Cumulative live score over rounds</h3>", f'<figure class="rounds">{svg}</figure>']
+
+
 def page(board: dict) -> bytes:
     """leaderboard.html: the cumulative board, then each round's, the rules stated. Self-contained
     (inline style; the CSP forbids any request) and free of the time it was made. Every text from
@@ -330,7 +395,12 @@ def page(board: dict) -> bytes:
         "target date closed (docs/live.md). Live score and F1 are percentages.</p>",
         f'<p class="rule" id="rank-rule">{html.escape(RANK_RULE)}.</p>',
         f'<p class="rule">{html.escape(INTERVAL_RULE)}.</p>',
+        '<h2 id="key">Key</h2>',
+        '<ul class="legend">',
+        *(f"<li>{item}</li>" for item in LEGEND),
+        "</ul>",
         '<section id="cumulative"><h2>All rounds</h2>',
+        *_chart(board),
         *_table(board["cumulative"]),
         "</section>",
     ]
