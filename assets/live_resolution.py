@@ -107,10 +107,13 @@ def live_leaderboard(
     published = publish_live_leaderboard(open_store(settings.dataset, settings.network, settings.release), written)
     board = written.board
     top = "\n".join(
-        f"{r['rank']}. {markdown_text(r['name'][:80])}: {r['live_score']:.2f} "
-        f"[{r['live_score_ci95'][0]:.2f}, {r['live_score_ci95'][1]:.2f}] over {r['questions']} questions"
+        f"{r['rank']}.{' ≈' if r['rank'] != 1 and r['overlaps_leader'] else ''} {markdown_text(r['name'][:80])}: "
+        f"{r['live_score']:.2f} [{r['live_score_ci95'][0]:.2f}, {r['live_score_ci95'][1]:.2f}] "
+        f"over {r['questions']} questions"
         for r in board["cumulative"][:20]
     )
+    if top:  # the page's rule (pipeline/live/board.py), in one line
+        top += "\n\n≈: its 95% interval overlaps the leader's"
     return dg.MaterializeResult(
         metadata={
             "rounds": len(board["rounds"]),

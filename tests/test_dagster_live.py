@@ -148,3 +148,6 @@ def test_a_hostile_model_name_is_inert_in_every_live_asset_s_metadata(live_data)
     assert any("127.0.0.1:9" in text for _, _, text in markdown), "the hostile name is not shown at all"
     for asset, key, text in markdown:
         assert active_markdown(text) == [], (asset, key, text)
+    # The page's mark for rows indistinguishable from the leader, with its rule (issue 33, point 7).
+    (cumulative,) = [text for asset, key, text in markdown if key == "cumulative"]
+    assert cumulative.startswith("1. ") and cumulative.endswith("≈: its 95% interval overlaps the leader's")
