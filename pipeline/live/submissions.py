@@ -285,6 +285,34 @@ def check_live_locally(prepared: Prepared, store: ReleaseStore) -> tuple[dict, l
     return manifest, [f"{prepared.filename}: {line}" for line in problems + found]
 
 
+def deadline_courtesy(
+    store: ReleaseStore, manifest: dict, now: datetime, warn_before: timedelta
+) -> tuple[str | None, str | None]:
+    """(why `mirai submit` refuses to upload now, a warning): the round's deadline as acceptance
+    places it on the store's clock (``store_deadline``), against ``now`` on the submitter's clock.
+    A courtesy that saves a doomed upload: the store's timestamps decide acceptance, so a clock
+    that runs early or late can only make this check wrong, never the verdict."""
+    day = manifest.get("round")
+    try:
+        due, how = store_deadline(store, manifest)
+        due.astimezone(UTC)
+    except (KeyError, TypeError, ValueError, OverflowError):
+        return f"round {day}: its manifest's deadline cannot be read; nothing was uploaded", None
+    left = timedelta(seconds=round((due - now).total_seconds()))  # whole seconds, as store times are
+    if now > due:
+        return (
+            f"round {day}: its deadline {due.astimezone(UTC).isoformat()} (store time: {how}) passed "
+            f"{-left} ago by this machine's clock; the pipeline would refuse the submission as late, so nothing "
+            "was uploaded (the store's clock decides acceptance; this refusal is only a courtesy)"
+        ), None
+    if left < warn_before:
+        return None, (
+            f"round {day}: only {left} left before its deadline {due.astimezone(UTC).isoformat()} (store time, "
+            "by this machine's clock): an upload that reaches the store later is refused as late"
+        )
+    return None, None
+
+
 # --- every submission, monthly or live -------------------------------------------------------------
 
 LIVE_PATH = LivePath(read_record=read_live_record, wait=live_wait, process=_process_live)
