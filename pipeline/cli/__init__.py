@@ -3,8 +3,8 @@
 Each command's code and parser live together in a module by topic: ``ingest`` (ledger, ingest,
 events, gaps), ``mirror`` (mirror generate/serve, demo: testbed/'s code), ``releases`` (split,
 release, download, export, import, serve-release), ``scoring`` (score, submit), ``live`` (live
-list, live questions), ``evaluate`` and ``settings``; ``common`` holds the argument types, the
-parser class and the error reporting they share."""
+list, live questions, status), ``evaluate`` and ``settings``; ``common`` holds the argument types,
+the parser class and the error reporting they share."""
 
 from __future__ import annotations
 
@@ -33,6 +33,7 @@ _COMMANDS = (
     evaluate.add_evaluate,
     scoring.add_submit,
     live.add_live,
+    live.add_status,
     releases.add_serve_release,
     mirror.add_demo,
     settings.add_settings,

@@ -1,6 +1,7 @@
-"""`mirai live list` and `mirai live questions D`: the published live rounds and a round's
-questions, read from the release store and verified as `mirai download` verifies a release
-(docs/live.md, "Finding a round")."""
+"""`mirai live list`, `mirai live questions D` and `mirai status NAME`: the published live rounds,
+a round's questions, read from the release store and verified as `mirai download` verifies a
+release (docs/live.md, "Finding a round"), and a live submission's public status (docs/live.md,
+"A submission's status")."""
 
 from __future__ import annotations
 
@@ -113,3 +114,63 @@ def add_live(sub, debug: argparse.ArgumentParser) -> None:
     questions.add_argument("round", type=day_arg, metavar="D", help="the round's day YYYY-MM-DD")
     questions.add_argument("--out", type=Path, help="write the file here (default: print it)")
     questions.set_defaults(func=cmd_live_questions)
+
+
+def _metric(metrics: dict, name: str) -> str:
+    value = metrics.get(name) if isinstance(metrics.get(name), dict) else {}
+    point, interval = value.get("value"), value.get("ci95")
+    if not isinstance(point, int | float) or isinstance(point, bool):
+        return f"{name} -"
+    if isinstance(interval, list) and len(interval) == 2 and all(isinstance(v, int | float) for v in interval):
+        return f"{name} {point:g} [{interval[0]:g}, {interval[1]:g}]"
+    return f"{name} {point:g}"
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """What became of a live submission: accepted or refused and why, its score once resolved."""
+    from pipeline.live.participate import read_status
+    from pipeline.live.status import SHOWN_METRICS
+    from pipeline.markdown import visible_text
+
+    store = _store(args)
+    try:
+        status = read_status(store, args.name)
+    except ReleaseError as exc:
+        raise CommandError(str(exc)) from None
+
+    def text(value: object) -> str:  # submitter text and a hostile store's: nothing may drive the terminal
+        return visible_text(str(value)).replace("\n", "<U+000A>").replace("\r", "<U+000D>")
+
+    print(
+        f"{args.name}: {status['status']} for round {status['round']} (model {text(status.get('model'))}"
+        f"{', a baseline' if status.get('baseline') is True else ''})"
+    )
+    print(f"  uploaded {text(status.get('submitted_at'))} (store time), deadline {text(status.get('deadline'))}")
+    for reason in status["reasons"]:
+        print(f"  refused: {text(reason)}")
+    if status["status"] == "accepted":
+        print(f"  answered {text(status.get('answered'))} of {text(status.get('questions'))} questions")
+        score = status.get("score")
+        if score is None:
+            print("  not scored yet: no target date of the round is resolved")
+        elif score.get("scored") is True and isinstance(score.get("metrics"), dict):
+            shown = ", ".join(_metric(score["metrics"], m) for m in SHOWN_METRICS)
+            print(
+                f"  scored over {text(score.get('resolved_questions'))} of {text(score.get('questions'))} "
+                f"questions resolved so far: {shown} (95% intervals)"
+            )
+        else:
+            print(f"  not scored: {text(score.get('reason'))}")
+    return 0
+
+
+def add_status(sub, debug: argparse.ArgumentParser) -> None:
+    p = sub.add_parser(
+        "status", parents=[debug], help="a live submission's public status: accepted or refused and why, its score"
+    )
+    p.add_argument("name", help="the submission's name (as given to `mirai submit --name`)")
+    p.add_argument(
+        "--from", dest="source", help="s3://bucket/prefix, file:///path or a path (default MIRAI_RELEASE_URI)"
+    )
+    p.add_argument("--signed", action="store_true", help="sign requests with AWS credentials (private buckets)")
+    p.set_defaults(func=cmd_status)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from pipeline.evaluation.submissions import MAX_SUBMISSION_BYTES
 from pipeline.live.publication import INDEX_FORMAT, ROUND_FORMAT
+from pipeline.live.status import STATUS_FORMAT
 from pipeline.live.submissions import store_deadline
 from pipeline.release.download import ChecksumMismatch, download_file
 from pipeline.release.layout import (
@@ -26,7 +27,9 @@ from pipeline.release.layout import (
     ReleaseError,
     UnsafeRelease,
     is_day,
+    is_submission_name,
     live_round_key,
+    live_status_key,
     load_json,
     shown,
 )
@@ -150,3 +153,31 @@ def download_questions(store: ReleaseStore, day: date, target: Path, *, bar: boo
         store, live_round_key(day.isoformat(), LIVE_QUESTIONS), target, manifest["files"][LIVE_QUESTIONS], bar=bar
     )
     return manifest
+
+
+def read_status(store: ReleaseStore, name: str) -> dict:
+    """Submission ``name``'s public status (live/status/<name>.json), its shape checked: the store
+    may be hostile, and every text in it reaches a terminal (shown with visible_text by the CLI)."""
+    if not is_submission_name(name):
+        raise ReleaseError(f"{shown(name)} is not a submission name (letters, digits and '._-', at most 64)")
+    key = live_status_key(name)
+    raw = store.get_bytes(key, limit=MAX_JSON_BYTES)
+    if raw is None:
+        raise ReleaseError(
+            f"no status for {name!r} at {store.description} (no {key}): not processed yet (the pipeline looks at "
+            "new submissions every few minutes), or not a live round's submission"
+        )
+    where = f"{key} at {store.description}"
+    status = load_json(raw, where)
+    if not (
+        isinstance(status, dict)
+        and status.get("format") == STATUS_FORMAT
+        and status.get("submission") == name
+        and status.get("status") in ("accepted", "rejected")
+        and is_day(status.get("round"))
+        and isinstance(status.get("reasons"), list)
+        and all(isinstance(r, str) for r in status["reasons"])
+        and (status.get("score") is None or isinstance(status.get("score"), dict))
+    ):
+        raise UnsafeRelease(f"{where} is not the {STATUS_FORMAT} status of {name!r}; refused")
+    return status

@@ -42,6 +42,7 @@ from pipeline.evaluation.submissions import (
 from pipeline.evaluation.submit import Prepared
 from pipeline.live.publication import read_local_manifest, recorded_baselines
 from pipeline.live.rounds import resolved_targets, round_dir
+from pipeline.live.status import publish_status
 from pipeline.release.layout import (
     LIVE_QUESTIONS,
     MANIFEST_NAME,
@@ -320,8 +321,13 @@ LIVE_PATH = LivePath(read_record=read_live_record, wait=live_wait, process=_proc
 
 def process(store: ReleaseStore, name: str, data_dir: Path, *, now: datetime | None = None) -> dict:
     """Check and record submission ``name``, monthly (scored) or live (accepted or refused); return
-    its record: pipeline/evaluation/submissions.py's ``process`` with LIVE_PATH."""
-    return evaluation_submissions.process(store, name, data_dir, now=now, live=LIVE_PATH)
+    its record: pipeline/evaluation/submissions.py's ``process`` with LIVE_PATH. A live record's
+    public status is (re)published (live/status/<name>.json, pipeline/live/status.py), also for a
+    record made earlier: a run that stopped between the two writes is completed by the next."""
+    record = evaluation_submissions.process(store, name, data_dir, now=now, live=LIVE_PATH)
+    if record.get("format") == LIVE_RECORD_FORMAT:
+        publish_status(store, data_dir, record)
+    return record
 
 
 def triage(
