@@ -5,6 +5,7 @@ a local store whose index, manifest or questions were tampered with."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import time
@@ -137,3 +138,20 @@ def test_a_hostile_index_is_one_line(local, capsys, index, expected):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("mirai live list: error: ") and expected in err
     assert "\x1b" not in err
+
+
+def test_printed_questions_show_hidden_characters_a_store_put_in(local, capsys):
+    """A store that rewrote the questions, manifest and index consistently passes the checksums; a
+    bidi override in a name is still shown as <U+202E>, never sent to the terminal."""
+    store = local
+    folder = store.root / "live" / "rounds" / "2024-03-11"
+    data = (folder / "questions.jsonl").read_bytes().replace(b'"South Africa"', '"South\u202eAfrica"'.encode())
+    assert "\u202e".encode() in data
+    (folder / "questions.jsonl").write_bytes(data)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["files"]["questions.jsonl"] |= {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    write_live_index(store)
+    assert main(["live", "questions", "2024-03-11", "--from", str(store.root)]) == 0
+    out = capsys.readouterr().out
+    assert "\u202e" not in out and '"South<U+202E>Africa"' in out

@@ -398,3 +398,16 @@ def test_mirai_submit_live_must_name_the_round_of_submission_json(published, tmp
     meta.write_text(json.dumps({k: v for k, v in META.items() if k != "round"} | {"month": "2024-02"}))
     assert _submit_live(store, preds, meta, "other", "--live", "2024-03-10") != 0
     assert store.list_keys("submissions/other/", max_keys=10).keys == []
+
+
+def test_mirai_submit_refuses_a_manifest_of_another_round(published, tmp_path, capsys):
+    settings, store = published
+    preds, meta = tmp_path / "predictions.jsonl", tmp_path / "submission.json"
+    meta.write_text(json.dumps(META))
+    preds.write_text("".join(json.dumps(r) + "\n" for r in good_records(settings)))
+    manifest = store.root / "live" / "rounds" / "2024-03-10" / "manifest.json"
+    manifest.write_text(json.dumps(json.loads(manifest.read_text()) | {"round": "2024-03-\x1b[2J09"}))
+    assert _submit_live(store, preds, meta, "elsewhere", "--live", "2024-03-10") == 1
+    err = capsys.readouterr().err
+    assert "live/rounds/2024-03-10/manifest.json in " in err and "is not the manifest of round 2024-03-10" in err
+    assert "\x1b" not in err and store.list_keys("submissions/elsewhere/", max_keys=10).keys == []

@@ -82,16 +82,20 @@ def cmd_live_questions(args: argparse.Namespace) -> int:
             print(f"{said}: {args.out}")
             return 0
         data = target.read_bytes()
-    # JSON lines only: a JSON string cannot hold a raw control character, so nothing reaches the
-    # terminal that could drive it.
+    # JSON lines only (a JSON string cannot hold a raw control character), and a bidi or invisible
+    # character a hostile store put in a name shown as <U+XXXX>: nothing reaches the terminal that
+    # could drive it or hide text.
+    from pipeline.markdown import visible_text
+
     try:
-        for line in data.splitlines():
+        text = data.decode()
+        for line in text.splitlines():
             if not isinstance(json.loads(line), dict):
                 raise ValueError("not an object")
-    except ValueError:
+    except ValueError:  # UnicodeDecodeError and JSONDecodeError included
         raise CommandError(f"round {args.round}: its questions.jsonl is not JSON lines; not printed") from None
     print(said, file=sys.stderr)
-    sys.stdout.write(data.decode())
+    sys.stdout.write(visible_text(text))
     return 0
 
 

@@ -47,6 +47,7 @@ from pipeline.release.layout import (
     LIVE_QUESTIONS,
     MANIFEST_NAME,
     SUBMISSIONS_DIR,
+    ReleaseError,
     UnsafeRelease,
     is_day,
     live_round_key,
@@ -275,6 +276,8 @@ def check_live_locally(prepared: Prepared, store: ReleaseStore) -> tuple[dict, l
         return {}, [f"round {day}: its published files cannot be read ({type(exc).__name__})"]
     if not isinstance(manifest, dict) or not query_ids:
         return {}, [f"round {day} is not published in {store.description} (no {where})"]
+    if manifest.get("round") != day:
+        return {}, [f"{where} is not the manifest of round {day}; nothing was uploaded"]
     with tempfile.TemporaryDirectory(prefix="mirai-submit-") as private:
         path = Path(private) / prepared.filename
         path.write_bytes(prepared.predictions)
@@ -297,7 +300,7 @@ def deadline_courtesy(
     try:
         due, how = store_deadline(store, manifest)
         due.astimezone(UTC)
-    except (KeyError, TypeError, ValueError, OverflowError):
+    except (KeyError, TypeError, ValueError, OverflowError, ReleaseError):
         return f"round {day}: its manifest's deadline cannot be read; nothing was uploaded", None
     left = timedelta(seconds=round((due - now).total_seconds()))  # whole seconds, as store times are
     if now > due:
