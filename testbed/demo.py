@@ -812,6 +812,9 @@ def serve_release(data_dir: Path, port: int, say: Callable[[str], None] = _say) 
             say(
                 "The Dagster UI (the command `mirai demo` printed last) picks submissions up from here while this runs."
             )
+            say("Live rounds (docs/live.md): which are open, a round's questions, a live submission's status:")
+            say(f"  MIRAI_S3_ENDPOINT_URL={endpoint} {_mirai()} live list --from {uri}")
+            say(f"  MIRAI_S3_ENDPOINT_URL={endpoint} {_mirai()} status NAME --from {uri}")
         sys.stdout.flush()
         # Waited for in steps: Ctrl-C's SIGINT may be delivered to any thread (polars' and
         # jemalloc's included), and Python raises KeyboardInterrupt only once the main thread runs
