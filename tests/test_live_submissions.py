@@ -411,3 +411,19 @@ def test_mirai_submit_refuses_a_manifest_of_another_round(published, tmp_path, c
     err = capsys.readouterr().err
     assert "live/rounds/2024-03-10/manifest.json in " in err and "is not the manifest of round 2024-03-10" in err
     assert "\x1b" not in err and store.list_keys("submissions/elsewhere/", max_keys=10).keys == []
+
+
+@pytest.mark.parametrize("deadline", ["soon", "2024-03-11T00:00:00", None])
+def test_mirai_submit_refuses_a_manifest_whose_deadline_cannot_be_read(published, tmp_path, capsys, deadline):
+    settings, store = published
+    preds, meta = tmp_path / "predictions.jsonl", tmp_path / "submission.json"
+    meta.write_text(json.dumps(META))
+    preds.write_text("".join(json.dumps(r) + "\n" for r in good_records(settings)))
+    manifest = store.root / "live" / "rounds" / "2024-03-10" / "manifest.json"
+    manifest.write_text(json.dumps(json.loads(manifest.read_text()) | {"deadline": deadline}))
+    assert _submit_live(store, preds, meta, "unclear", "--live", "2024-03-10") == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        "mirai submit: error: round 2024-03-10: its manifest's deadline cannot be read; nothing was uploaded"
+    ]
+    assert store.list_keys("submissions/unclear/", max_keys=10).keys == []

@@ -299,8 +299,9 @@ def deadline_courtesy(
     day = manifest.get("round")
     try:
         due, how = store_deadline(store, manifest)
-        due.astimezone(UTC)
     except (KeyError, TypeError, ValueError, OverflowError, ReleaseError):
+        due = None
+    if due is None or due.tzinfo is None:  # a time without a zone cannot be placed on any clock
         return f"round {day}: its manifest's deadline cannot be read; nothing was uploaded", None
     left = timedelta(seconds=round((due - now).total_seconds()))  # whole seconds, as store times are
     if now > due:
