@@ -13,6 +13,7 @@ from assets.resources import Dataset, LiveRounds, Network, ReleaseBucket, compos
 from pipeline.live.board import RANK_RULE, publish_live_leaderboard, write_live_leaderboard
 from pipeline.live.resolve import RESOLUTION_VERSION, RoundNotPublished, resolve_round
 from pipeline.live.score import score_round
+from pipeline.live.status import publish_round_statuses
 from pipeline.markdown import markdown_text
 from pipeline.release.layout import ReleaseError
 from pipeline.release.publish import ReleaseConflict
@@ -50,7 +51,8 @@ def _scores_table(card: dict) -> str:
         "The live round published on the partition's day D: each target date's answers once it has closed "
         "(ledger settled, files stored, grace over), written once to `live/<D>/answers/<t>.parquet` and "
         "`live/rounds/<D>/answers-<t>.jsonl` in the release store; then every accepted submission scored "
-        "(`live/<D>/scores.json`). Idempotent: a resolved date is never recomputed."
+        "(`live/<D>/scores.json`) and every submission's public status updated (`live/status/<name>.json` "
+        "in the release store). Idempotent: a resolved date is never recomputed."
     ),
 )
 def live_resolution(
@@ -72,6 +74,7 @@ def live_resolution(
     except ReleaseError as exc:  # the store is unreachable or refused a request: a retry may pass
         raise dg.Failure(description=str(exc)) from exc
     card = score_round(settings.dataset, round_day)
+    statuses = publish_round_statuses(store, settings.dataset.data_dir, round_day)
     answered = sum(d.questions for d in result.dates if d.resolved)
     empty = sum(d.empty for d in result.dates if d.resolved)
     return dg.MaterializeResult(
@@ -83,6 +86,7 @@ def live_resolution(
             "questions answered": answered,
             "share empty": dg.MetadataValue.float(round(empty / answered, 4) if answered else 0.0),
             "submissions scored": sum(1 for e in card["submissions"].values() if e.get("scored")),
+            "public statuses updated": statuses,
             "scores": dg.MetadataValue.md(_scores_table(card) if card["submissions"] else "no accepted submission"),
             "scores path": dg.MetadataValue.path(
                 str(settings.dataset.data_dir / "live" / context.partition_key / "scores.json")

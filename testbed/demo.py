@@ -457,15 +457,15 @@ def run_live_round(runner: Runner, plan: DemoPlan, settings: Settings, data_dir:
     """A live round replayed on the generated days (docs/live.md, "Demo"): the `live_round` asset
     publishes round D with a replay clock LIVE_LEAD before its deadline, so the deadline falls
     LIVE_LEAD after the manifest reaches the store (acceptance anchors it there); its baselines,
-    uploaded at publication, are accepted; a newcomer's `mirai submit` after that moment is refused
-    as late. Then what the daemon does: `live_resolution_sensor` resolves the target dates (already
+    uploaded at publication, are accepted; a newcomer's submission after that moment is refused
+    by `mirai submit --live D` locally, then, uploaded anyway, by the pipeline as late. Then what the daemon does: `live_resolution_sensor` resolves the target dates (already
     ingested: D + 1 .. the last generated day), scores the accepted submissions, and refreshes the
     live leaderboard."""
-    from contextlib import redirect_stdout
+    from contextlib import redirect_stderr, redirect_stdout
 
     from pipeline.cli import main as mirai
     from pipeline.evaluation.submissions import SubmissionError
-    from pipeline.evaluation.submit import check_name_free
+    from pipeline.evaluation.submit import check_name_free, prepare, upload
     from pipeline.live.publication import baseline_name, read_local_manifest
     from pipeline.live.rounds import deadline
     from pipeline.live.submissions import store_deadline
@@ -523,13 +523,18 @@ def run_live_round(runner: Runner, plan: DemoPlan, settings: Settings, data_dir:
             wait = (due - datetime.now(UTC)).total_seconds() + 1.1  # the store's times are whole seconds
             if wait > 0:
                 time.sleep(wait)
-            argv = ["submit", str(predictions), "--meta", str(metadata), "--name", late]
-            with open(directory / "submit.log", "w") as out, redirect_stdout(out):
-                if mirai(argv) != 0:
-                    raise RuntimeError(f"mirai submit failed: see {directory / 'submit.log'}")
-            _say(
-                f"      mirai submit ... --name {late} at {_hms(datetime.now(UTC))}: uploaded ({directory / 'submit.log'})"
-            )
+            # `mirai submit` refuses it locally (a courtesy); the newcomer then uploads it as any S3
+            # client can, and the pipeline refuses it on the store's clock.
+            argv = ["submit", str(predictions), "--meta", str(metadata), "--name", late, "--live", key]
+            with open(directory / "submit.log", "w") as out, redirect_stdout(out), redirect_stderr(out):
+                if mirai(argv) != 1:
+                    raise RuntimeError(f"mirai submit did not refuse a late submission: see {directory / 'submit.log'}")
+            _say(f"      mirai submit ... --name {late} --live {key}: refused locally ({directory / 'submit.log'})")
+            prepared, problems = prepare(late, predictions, metadata)
+            if prepared is None:
+                raise RuntimeError("; ".join(problems))
+            upload(store, prepared)
+            _say(f"      uploaded anyway (as any S3 client can) at {_hms(datetime.now(UTC))}")
         _run_submissions(runner, [late])
     _say("      " + _live_status(settings, day, late))
     _refresh_after_live_submissions(runner)
@@ -808,6 +813,9 @@ def serve_release(data_dir: Path, port: int, say: Callable[[str], None] = _say) 
             say(
                 "The Dagster UI (the command `mirai demo` printed last) picks submissions up from here while this runs."
             )
+            say("Live rounds (docs/live.md): which are open, a round's questions, a live submission's status:")
+            say(f"  MIRAI_S3_ENDPOINT_URL={endpoint} {_mirai()} live list --from {uri}")
+            say(f"  MIRAI_S3_ENDPOINT_URL={endpoint} {_mirai()} status NAME --from {uri}")
         sys.stdout.flush()
         # Waited for in steps: Ctrl-C's SIGINT may be delivered to any thread (polars' and
         # jemalloc's included), and Python raises KeyboardInterrupt only once the main thread runs

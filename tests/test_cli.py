@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC
 from pathlib import Path
 
@@ -296,6 +297,18 @@ def test_serve_release_serves_the_demo_store_and_its_printed_commands_download_i
         # A submission's metadata holds its contact address: never public.
         submission_key = f"{RELEASE_PREFIX}/submissions/a-model/submission.json"
         s3.client().put_object(Bucket=BUCKET, Key=submission_key, Body=b'{"contact": "me@example.org"}')
+        # Its public status is (docs/live.md, "A submission's status").
+        status = {
+            "format": "mirai-live-status-v1",
+            "submission": "a-model",
+            "round": "2024-02-20",
+            "status": "rejected",
+            "reasons": ["late: after the deadline"],
+            "score": None,
+        }
+        s3.client().put_object(
+            Bucket=BUCKET, Key=f"{RELEASE_PREFIX}/live/status/a-model.json", Body=json.dumps(status).encode()
+        )
         temporary = s3.endpoint
 
     port = _free_port()
@@ -307,7 +320,12 @@ def test_serve_release_serves_the_demo_store_and_its_printed_commands_download_i
         env={**clean_env, "MIRAI_DATA_DIR": str(data)},
     )
     try:
-        lines = [server.stdout.readline() for _ in range(6)]
+        # Each line within 30 s: a missing one fails the test rather than hanging it.
+        reader = ThreadPoolExecutor(max_workers=1)
+        try:
+            lines = [reader.submit(server.stdout.readline).result(timeout=30) for _ in range(13)]
+        finally:
+            reader.shutdown(wait=False)  # a readline still waiting ends when the server is stopped below
         assert lines[0].startswith(f"serving the demo's release store {data / 's3'} at http://127.0.0.1:{port}")
         assert lines[1].startswith("newest release: 2024-02")
         command = lines[2].strip()
@@ -334,6 +352,15 @@ def test_serve_release_serves_the_demo_store_and_its_printed_commands_download_i
             requests.get(lines[5].split()[-1], timeout=10).content
             == (data / "splits/2024-02/queries.parquet").read_bytes()
         )
+
+        # The printed `mirai status` command reads a live submission's status anonymously.
+        assert " live list --from " in lines[11]
+        assignment, *argv = shlex.split(lines[12].replace("NAME", "a-model"))
+        name, value = assignment.split("=", 1)
+        shown = subprocess.run(argv, capture_output=True, text=True, timeout=60, env={**clean_env, name: value})
+        assert shown.returncode == 0, shown.stderr
+        assert shown.stdout.splitlines()[0] == "a-model: rejected for round 2024-02-20 (model None)"
+        assert "  refused: late: after the deadline" in shown.stdout
 
         anonymous = boto3.client(
             "s3",

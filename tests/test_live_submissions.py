@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -354,3 +355,75 @@ def test_an_owner_key_is_kept_only_as_its_sha256_and_a_bad_one_is_never_quoted(p
     assert short not in json.dumps(refused) and short.encode() not in store.get_bytes(
         "submissions/short-key/rejection.json"
     )
+
+
+def _submit_live(store, preds, meta, name, *extra) -> int:
+    return main(["submit", str(preds), "--meta", str(meta), "--name", name, "--store", str(store.root), *extra])
+
+
+def test_mirai_submit_refuses_locally_once_the_deadline_passed_and_warns_before(published, tmp_path, capsys):
+    """docs/live.md, "Submitting": the deadline on the store's clock (19 h after the manifest reached
+    it), against this machine's clock; past it, one line and nothing uploaded."""
+    settings, store = published
+    preds, meta = tmp_path / "predictions.jsonl", tmp_path / "submission.json"
+    meta.write_text(json.dumps(META))
+    preds.write_text("".join(json.dumps(r) + "\n" for r in good_records(settings)))
+    manifest = store.root / "live" / "rounds" / "2024-03-10" / "manifest.json"
+    landed = time.time() - 19 * 3600 - 120  # the store-time deadline passed two minutes ago
+    os.utime(manifest, (landed, landed))
+    assert _submit_live(store, preds, meta, "too-late", "--live", "2024-03-10") == 1
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("mirai submit: error: round 2024-03-10: its deadline ")
+    assert "ago by this machine's clock" in err[0] and "nothing was uploaded" in err[0]
+    assert "the store's clock decides acceptance" in err[0]
+    assert store.list_keys("submissions/too-late/", max_keys=10).keys == []
+    # Ten minutes left: uploaded, with a warning (none when more than --warn-minutes are left).
+    landed = time.time() - 19 * 3600 + 600
+    os.utime(manifest, (landed, landed))
+    assert _submit_live(store, preds, meta, "hurried", "--live", "2024-03-10") == 0
+    captured = capsys.readouterr()
+    assert re.search(r"^warning: round 2024-03-10: only 0:(09:5\d|10:00) left before its deadline ", captured.err, re.M)
+    assert store.stat("submissions/hurried/submission.json") is not None
+    assert _submit_live(store, preds, meta, "calm", "--live", "2024-03-10", "--warn-minutes", "5") == 0
+    assert "warning" not in capsys.readouterr().err
+
+
+def test_mirai_submit_live_must_name_the_round_of_submission_json(published, tmp_path, capsys):
+    settings, store = published
+    preds, meta = tmp_path / "predictions.jsonl", tmp_path / "submission.json"
+    preds.write_text("".join(json.dumps(r) + "\n" for r in good_records(settings)))
+    meta.write_text(json.dumps(META))
+    assert _submit_live(store, preds, meta, "other", "--live", "2024-03-11") == 2
+    assert f"--live 2024-03-11: {meta} names round 2024-03-10; nothing was uploaded" in capsys.readouterr().err
+    meta.write_text(json.dumps({k: v for k, v in META.items() if k != "round"} | {"month": "2024-02"}))
+    assert _submit_live(store, preds, meta, "other", "--live", "2024-03-10") != 0
+    assert store.list_keys("submissions/other/", max_keys=10).keys == []
+
+
+def test_mirai_submit_refuses_a_manifest_of_another_round(published, tmp_path, capsys):
+    settings, store = published
+    preds, meta = tmp_path / "predictions.jsonl", tmp_path / "submission.json"
+    meta.write_text(json.dumps(META))
+    preds.write_text("".join(json.dumps(r) + "\n" for r in good_records(settings)))
+    manifest = store.root / "live" / "rounds" / "2024-03-10" / "manifest.json"
+    manifest.write_text(json.dumps(json.loads(manifest.read_text()) | {"round": "2024-03-\x1b[2J09"}))
+    assert _submit_live(store, preds, meta, "elsewhere", "--live", "2024-03-10") == 1
+    err = capsys.readouterr().err
+    assert "live/rounds/2024-03-10/manifest.json in " in err and "is not the manifest of round 2024-03-10" in err
+    assert "\x1b" not in err and store.list_keys("submissions/elsewhere/", max_keys=10).keys == []
+
+
+@pytest.mark.parametrize("deadline", ["soon", "2024-03-11T00:00:00", None])
+def test_mirai_submit_refuses_a_manifest_whose_deadline_cannot_be_read(published, tmp_path, capsys, deadline):
+    settings, store = published
+    preds, meta = tmp_path / "predictions.jsonl", tmp_path / "submission.json"
+    meta.write_text(json.dumps(META))
+    preds.write_text("".join(json.dumps(r) + "\n" for r in good_records(settings)))
+    manifest = store.root / "live" / "rounds" / "2024-03-10" / "manifest.json"
+    manifest.write_text(json.dumps(json.loads(manifest.read_text()) | {"deadline": deadline}))
+    assert _submit_live(store, preds, meta, "unclear", "--live", "2024-03-10") == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        "mirai submit: error: round 2024-03-10: its manifest's deadline cannot be read; nothing was uploaded"
+    ]
+    assert store.list_keys("submissions/unclear/", max_keys=10).keys == []

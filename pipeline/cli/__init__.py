@@ -2,16 +2,16 @@
 
 Each command's code and parser live together in a module by topic: ``ingest`` (ledger, ingest,
 events, gaps), ``mirror`` (mirror generate/serve, demo: testbed/'s code), ``releases`` (split,
-release, download, export, import, serve-release), ``scoring`` (score, submit), ``evaluate`` and
-``settings``; ``common`` holds the argument types, the parser class and the error reporting they
-share."""
+release, download, export, import, serve-release), ``scoring`` (score, submit), ``live`` (live
+list, live questions, status), ``evaluate`` and ``settings``; ``common`` holds the argument types,
+the parser class and the error reporting they share."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from pipeline.cli import evaluate, ingest, mirror, releases, scoring, settings
+from pipeline.cli import evaluate, ingest, live, mirror, releases, scoring, settings
 from pipeline.cli.common import CommandError, Parser, problem_line
 from pipeline.config import env_names
 
@@ -32,6 +32,8 @@ _COMMANDS = (
     scoring.add_score,
     evaluate.add_evaluate,
     scoring.add_submit,
+    live.add_live,
+    live.add_status,
     releases.add_serve_release,
     mirror.add_demo,
     settings.add_settings,
@@ -68,7 +70,16 @@ def main(argv: list[str] | None = None) -> int:
         if args.debug:
             raise
         command = " ".join(
-            filter(None, ["mirai", args.command, getattr(args, "mirror_command", None), getattr(args, "format", None)])
+            filter(
+                None,
+                [
+                    "mirai",
+                    args.command,
+                    getattr(args, "mirror_command", None),
+                    getattr(args, "live_command", None),
+                    getattr(args, "format", None),
+                ],
+            )
         )
         if isinstance(exc, CommandError):
             print(f"{command}: error: {exc}", file=sys.stderr)

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from pipeline.cli.common import CommandError, count_arg
+from pipeline.cli.common import CommandError, count_arg, day_arg
 from pipeline.config import Settings
 from pipeline.storage import atomic_write_bytes
 
@@ -88,7 +89,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     from pipeline.evaluation.submission_metadata import LiveMetadata, cutoff_rule
     from pipeline.evaluation.submissions import SubmissionError
     from pipeline.evaluation.submit import check_name_free, prepare, score_locally
-    from pipeline.live.submissions import check_live_locally
+    from pipeline.live.submissions import check_live_locally, deadline_courtesy
     from pipeline.release.store_uri import open_store
 
     prepared, problems = prepare(args.name, args.predictions, args.meta)
@@ -96,6 +97,10 @@ def cmd_submit(args: argparse.Namespace) -> int:
         for line in bounded(problems):
             print(line, file=sys.stderr)
         raise CommandError(f"{len(problems)} problem(s); nothing was uploaded")
+    round_named = prepared.meta.round if isinstance(prepared.meta, LiveMetadata) else None
+    if args.live is not None and round_named != args.live:
+        named = f"names round {round_named}" if round_named else 'has no "round": a monthly submission'
+        raise CommandError(f"--live {args.live}: {args.meta} {named}; nothing was uploaded", status=2)
     settings = Settings.from_env()
     store = open_store(settings.dataset, settings.network, settings.release, uri=args.store)
     try:
@@ -104,6 +109,12 @@ def cmd_submit(args: argparse.Namespace) -> int:
         raise CommandError(str(exc)) from None
     if isinstance(prepared.meta, LiveMetadata):
         manifest, problems = check_live_locally(prepared, store)
+        if manifest:
+            late, warning = deadline_courtesy(store, manifest, datetime.now(UTC), timedelta(minutes=args.warn_minutes))
+            if late:
+                raise CommandError(late)
+            if warning:
+                print(f"warning: {warning}", file=sys.stderr)
         if problems:
             for line in bounded(problems):
                 print(line, file=sys.stderr)
@@ -162,6 +173,19 @@ def add_submit(sub, debug: argparse.ArgumentParser) -> None:
     p.add_argument("--name", required=True, help="the submission's name: letters, digits and '._-', at most 64")
     p.add_argument(
         "--split", type=Path, help="the month's release directory to score against first (default: the data dir's)"
+    )
+    p.add_argument(
+        "--live",
+        type=day_arg,
+        metavar="D",
+        help="a live round's submission: submission.json must name round D; refused here once its deadline passed",
+    )
+    p.add_argument(
+        "--warn-minutes",
+        type=count_arg(0),
+        default=30,
+        metavar="N",
+        help="a live submission: warn when less than N minutes are left before the deadline (default 30)",
     )
     p.add_argument("--store", help="the release store: s3://bucket/prefix or a path (default: MIRAI_RELEASE_URI)")
     p.set_defaults(func=cmd_submit)

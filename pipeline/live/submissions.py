@@ -42,10 +42,12 @@ from pipeline.evaluation.submissions import (
 from pipeline.evaluation.submit import Prepared
 from pipeline.live.publication import read_local_manifest, recorded_baselines
 from pipeline.live.rounds import resolved_targets, round_dir
+from pipeline.live.status import publish_status
 from pipeline.release.layout import (
     LIVE_QUESTIONS,
     MANIFEST_NAME,
     SUBMISSIONS_DIR,
+    ReleaseError,
     UnsafeRelease,
     is_day,
     live_round_key,
@@ -274,6 +276,8 @@ def check_live_locally(prepared: Prepared, store: ReleaseStore) -> tuple[dict, l
         return {}, [f"round {day}: its published files cannot be read ({type(exc).__name__})"]
     if not isinstance(manifest, dict) or not query_ids:
         return {}, [f"round {day} is not published in {store.description} (no {where})"]
+    if manifest.get("round") != day:
+        return {}, [f"{where} is not the manifest of round {day}; nothing was uploaded"]
     with tempfile.TemporaryDirectory(prefix="mirai-submit-") as private:
         path = Path(private) / prepared.filename
         path.write_bytes(prepared.predictions)
@@ -285,6 +289,35 @@ def check_live_locally(prepared: Prepared, store: ReleaseStore) -> tuple[dict, l
     return manifest, [f"{prepared.filename}: {line}" for line in problems + found]
 
 
+def deadline_courtesy(
+    store: ReleaseStore, manifest: dict, now: datetime, warn_before: timedelta
+) -> tuple[str | None, str | None]:
+    """(why `mirai submit` refuses to upload now, a warning): the round's deadline as acceptance
+    places it on the store's clock (``store_deadline``), against ``now`` on the submitter's clock.
+    A courtesy that saves a doomed upload: the store's timestamps decide acceptance, so a clock
+    that runs early or late can only make this check wrong, never the verdict."""
+    day = manifest.get("round")
+    try:
+        due, how = store_deadline(store, manifest)
+    except (KeyError, TypeError, ValueError, OverflowError, ReleaseError):
+        due = None
+    if due is None or due.tzinfo is None:  # a time without a zone cannot be placed on any clock
+        return f"round {day}: its manifest's deadline cannot be read; nothing was uploaded", None
+    left = timedelta(seconds=round((due - now).total_seconds()))  # whole seconds, as store times are
+    if now > due:
+        return (
+            f"round {day}: its deadline {due.astimezone(UTC).isoformat()} (store time: {how}) passed "
+            f"{-left} ago by this machine's clock; the pipeline would refuse the submission as late, so nothing "
+            "was uploaded (the store's clock decides acceptance; this refusal is only a courtesy)"
+        ), None
+    if left < warn_before:
+        return None, (
+            f"round {day}: only {left} left before its deadline {due.astimezone(UTC).isoformat()} (store time, "
+            "by this machine's clock): an upload that reaches the store later is refused as late"
+        )
+    return None, None
+
+
 # --- every submission, monthly or live -------------------------------------------------------------
 
 LIVE_PATH = LivePath(read_record=read_live_record, wait=live_wait, process=_process_live)
@@ -292,8 +325,13 @@ LIVE_PATH = LivePath(read_record=read_live_record, wait=live_wait, process=_proc
 
 def process(store: ReleaseStore, name: str, data_dir: Path, *, now: datetime | None = None) -> dict:
     """Check and record submission ``name``, monthly (scored) or live (accepted or refused); return
-    its record: pipeline/evaluation/submissions.py's ``process`` with LIVE_PATH."""
-    return evaluation_submissions.process(store, name, data_dir, now=now, live=LIVE_PATH)
+    its record: pipeline/evaluation/submissions.py's ``process`` with LIVE_PATH. A live record's
+    public status is (re)published (live/status/<name>.json, pipeline/live/status.py), also for a
+    record made earlier: a run that stopped between the two writes is completed by the next."""
+    record = evaluation_submissions.process(store, name, data_dir, now=now, live=LIVE_PATH)
+    if record.get("format") == LIVE_RECORD_FORMAT:
+        publish_status(store, data_dir, record)
+    return record
 
 
 def triage(

@@ -210,6 +210,28 @@ def download_release(
     return result
 
 
+def download_file(store: ReleaseStore, key: str, target: Path, meta: dict, *, bar: bool | None = None) -> int:
+    """One file ``key`` into ``target``, as download_release fetches each of a release's: no link
+    followed, streamed into a .part (resumed), renamed into place only once its size and sha256
+    match ``meta`` (``{"sha256": hex, "bytes": n}``), else ChecksumMismatch and nothing kept.
+    Returns the bytes transferred (0 when ``target`` was already verified)."""
+    for path in (target, _part_path(target)):  # the directory is the user's choice (and may be a link)
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            continue
+        if not stat.S_ISREG(st.st_mode) or (path != target and st.st_nlink > 1):
+            raise UnsafeRelease(f"{str(path)!r} is not a plain file: never written through; remove it and run again")
+    if _verified(target, meta):
+        return 0
+    progress = ProgressBar(meta["bytes"], enabled=bar)
+    try:
+        progress.file(target.name)
+        return _fetch(store, key, target, meta, progress, durable=False)
+    finally:
+        progress.close()
+
+
 def _part_path(target: Path) -> Path:
     return target.with_name(f".{target.name}.part")
 

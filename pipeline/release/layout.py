@@ -51,6 +51,9 @@ LIVE_ROUNDS_DIR = f"{LIVE_DIR}/rounds"
 LIVE_INDEX_KEY = f"{LIVE_DIR}/index.json"
 LIVE_LEADERBOARD_KEYS = {"json": f"{LIVE_DIR}/leaderboard.json", "html": f"{LIVE_DIR}/leaderboard.html"}
 LIVE_QUESTIONS = "questions.jsonl"
+# live/status/<name>.json: a live submission's public status (pipeline/live/status.py): live/ is
+# public-read, submissions/ is not (a submission's metadata holds its contact).
+LIVE_STATUS_DIR = f"{LIVE_DIR}/status"
 LIVE_ANSWERS = re.compile(r"answers-([0-9]{4}-[0-9]{2}-[0-9]{2})\.jsonl")
 # A submission's name is one short path segment: letters, digits and "._-", starting with a
 # letter or digit (so never "." or ".."), at most 64 characters.
@@ -261,6 +264,10 @@ def live_round_key(day: str, name: str) -> str:
     return f"{LIVE_ROUNDS_DIR}/{day}/{name}"
 
 
+def live_status_key(name: str) -> str:
+    return f"{LIVE_STATUS_DIR}/{name}.json"
+
+
 def live_answers_name(target: str) -> str:
     """The answers file of target date ``target`` (YYYY-MM-DD) in its round's directory."""
     return f"answers-{target}.jsonl"
@@ -289,7 +296,7 @@ def check_store_key(key: str) -> str:
     """``key`` when a release store may hold it: a pointer under releases/, releases/YYYY-MM/
     followed by the manifest's name or a name check_name allows, submissions/<name>/ followed by
     one of SUBMISSION_FILES, or a live round's key (live/index.json, live/leaderboard.*,
-    live/rounds/YYYY-MM-DD/ followed by a name live_name_problem allows)."""
+    live/rounds/YYYY-MM-DD/ followed by a name live_name_problem allows, live/status/<name>.json)."""
     if key in (INDEX_KEY, LATEST_KEY, *LEADERBOARD_KEYS.values(), LIVE_INDEX_KEY, *LIVE_LEADERBOARD_KEYS.values()):
         return key
     if key.startswith(f"{LIVE_ROUNDS_DIR}/"):
@@ -299,6 +306,13 @@ def check_store_key(key: str) -> str:
         if problem:
             raise UnsafeRelease(
                 f"the store key {shown(key)} is not {LIVE_ROUNDS_DIR}/YYYY-MM-DD/<file>: its file {problem}; refused"
+            )
+        return key
+    if key.startswith(f"{LIVE_STATUS_DIR}/"):
+        name = key.removeprefix(f"{LIVE_STATUS_DIR}/").removesuffix(".json")
+        if not (key.endswith(".json") and is_submission_name(name)):
+            raise UnsafeRelease(
+                f"the store key {shown(key)} is not {LIVE_STATUS_DIR}/<name>.json with a submission's name; refused"
             )
         return key
     head, _, rest = key.partition("/")

@@ -1,0 +1,183 @@
+"""A participant's side of the live rounds (docs/live.md, "Finding a round"): `mirai live list`
+and `mirai live questions D`. The store is read as untrusted input, as `mirai download` reads a
+release: live/index.json is checked entry by entry, a round's manifest against the sha256 the
+index publishes for it, and its questions.jsonl is fetched by the release download's own
+verified-file code (pipeline/release/download.py ``download_file``) against the manifest's
+sha256. Whether a round is still open is judged as acceptance judges it, on the store's clock
+(pipeline/live/submissions.py ``store_deadline``).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
+
+from pipeline.evaluation.submissions import MAX_SUBMISSION_BYTES
+from pipeline.live.publication import INDEX_FORMAT, ROUND_FORMAT
+from pipeline.live.status import STATUS_FORMAT
+from pipeline.live.submissions import store_deadline
+from pipeline.release.download import ChecksumMismatch, download_file
+from pipeline.release.layout import (
+    LIVE_INDEX_KEY,
+    LIVE_QUESTIONS,
+    MANIFEST_NAME,
+    MAX_JSON_BYTES,
+    ReleaseError,
+    UnsafeRelease,
+    is_day,
+    is_submission_name,
+    live_round_key,
+    live_status_key,
+    load_json,
+    shown,
+)
+from pipeline.release.publish import sha256_hex
+from pipeline.release.store import ReleaseStore
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+@dataclass(frozen=True)
+class ListedRound:
+    """One round of live/index.json, checked: days are real days, the deadline an aware ISO time."""
+
+    day: str
+    deadline: datetime  # as published (the round's own time; acceptance moves it onto the store's clock)
+    target_dates: tuple[str, ...]
+    resolved_dates: tuple[str, ...]
+    manifest_sha256: str
+
+
+def _moment(value: object) -> datetime | None:
+    try:
+        moment = datetime.fromisoformat(value)
+    except (TypeError, ValueError):
+        return None
+    return moment if moment.tzinfo is not None else None
+
+
+def _days(value: object) -> tuple[str, ...] | None:
+    return tuple(value) if isinstance(value, list) and all(is_day(t) for t in value) else None
+
+
+def _entry(entry: object, where: str) -> ListedRound:
+    if not isinstance(entry, dict) or not is_day(entry.get("round")):
+        raise UnsafeRelease(f"{where} has an entry that is not a round YYYY-MM-DD: {shown(entry)}; refused")
+    day = entry["round"]
+    digest, deadline = entry.get("manifest_sha256"), _moment(entry.get("deadline"))
+    targets, resolved = _days(entry.get("target_dates")), _days(entry.get("resolved_dates", []))
+    if not (isinstance(digest, str) and _SHA256.fullmatch(digest)):
+        raise UnsafeRelease(f"{where}: round {day} has the manifest sha256 {shown(digest)}; refused")
+    if deadline is None:
+        raise UnsafeRelease(f"{where}: round {day} has the deadline {shown(entry.get('deadline'))}; refused")
+    if not targets or resolved is None or not set(resolved) <= set(targets):
+        raise UnsafeRelease(f"{where}: round {day} has target or resolved dates that are not days; refused")
+    return ListedRound(day, deadline, targets, resolved, digest)
+
+
+def read_index(store: ReleaseStore) -> list[ListedRound]:
+    """The published rounds, newest first, from live/index.json (its keys are not trusted: a
+    round's files are read at the layout's keys for its day)."""
+    raw = store.get_bytes(LIVE_INDEX_KEY, limit=MAX_JSON_BYTES)
+    if raw is None:
+        raise ReleaseError(f"no live round is published at {store.description} (no {LIVE_INDEX_KEY})")
+    where = f"{LIVE_INDEX_KEY} at {store.description}"
+    index = load_json(raw, where)
+    rounds = index.get("rounds") if isinstance(index, dict) and index.get("format") == INDEX_FORMAT else None
+    if not isinstance(rounds, list):
+        raise UnsafeRelease(f"{where} is not a {INDEX_FORMAT} index with a 'rounds' list; refused")
+    listed = [_entry(entry, where) for entry in rounds]
+    if len({r.day for r in listed}) != len(listed):
+        raise UnsafeRelease(f"{where} lists a round twice; refused")
+    return sorted(listed, key=lambda r: r.day, reverse=True)
+
+
+def find_round(store: ReleaseStore, day: date) -> ListedRound:
+    listed = read_index(store)
+    for entry in listed:
+        if entry.day == day.isoformat():
+            return entry
+    newest = ", ".join(r.day for r in listed[:5]) or "none"
+    raise ReleaseError(f"round {day} is not published at {store.description} (newest published: {newest})")
+
+
+def verified_manifest(store: ReleaseStore, entry: ListedRound) -> dict:
+    """The round's manifest.json, checked against the sha256 the index publishes and against the
+    fields a participant uses (its round, deadline, publication time, questions' sha256 and size)."""
+    key = live_round_key(entry.day, MANIFEST_NAME)
+    raw = store.get_bytes(key, limit=MAX_JSON_BYTES)
+    if raw is None:
+        raise ReleaseError(f"round {entry.day} is listed but {key} is not at {store.description}")
+    if sha256_hex(raw) != entry.manifest_sha256:
+        raise ChecksumMismatch(
+            f"{key} has sha256 {sha256_hex(raw)} but {LIVE_INDEX_KEY} publishes {entry.manifest_sha256}"
+        )
+    where = f"{key} at {store.description}"
+    manifest = load_json(raw, where)
+    if not isinstance(manifest, dict) or manifest.get("format") != ROUND_FORMAT or manifest.get("round") != entry.day:
+        raise UnsafeRelease(f"{where} is not the {ROUND_FORMAT} manifest of round {entry.day}; refused")
+    questions = (manifest.get("files") or {}).get(LIVE_QUESTIONS) if isinstance(manifest.get("files"), dict) else None
+    size = questions.get("bytes") if isinstance(questions, dict) else None
+    digest = questions.get("sha256") if isinstance(questions, dict) else None
+    if not (isinstance(digest, str) and _SHA256.fullmatch(digest)) or not (
+        type(size) is int and 0 < size <= MAX_SUBMISSION_BYTES
+    ):
+        raise UnsafeRelease(f"{where}: files.{LIVE_QUESTIONS} has no valid sha256 and size; refused")
+    if _moment(manifest.get("deadline")) is None or _moment(manifest.get("published_at")) is None:
+        raise UnsafeRelease(f"{where}: its deadline or published_at is not an ISO time with a zone; refused")
+    if not is_day(manifest.get("history_cutoff")):
+        raise UnsafeRelease(f"{where}: history_cutoff {shown(manifest.get('history_cutoff'))} is not a day; refused")
+    return manifest
+
+
+def status(store: ReleaseStore, entry: ListedRound, now: datetime) -> tuple[bool, str]:
+    """(open, what to say): a round with resolved dates is closed without a request; any other is
+    open while ``now`` is before its deadline on the store's clock (its manifest read and verified)."""
+    if entry.resolved_dates:
+        return False, f"closed (resolved: {', '.join(entry.resolved_dates)})"
+    due, _ = store_deadline(store, verified_manifest(store, entry))
+    due = due.astimezone(UTC)
+    if now > due:
+        return False, f"closed at {due.isoformat()} (store time)"
+    left = timedelta(seconds=round((due - now).total_seconds()))
+    return True, f"open until {due.isoformat()} (store time; {left} left)"
+
+
+def download_questions(store: ReleaseStore, day: date, target: Path, *, bar: bool | None = None) -> dict:
+    """The round's questions.jsonl into ``target``, verified against its manifest's sha256 (the
+    manifest against the index's); returns the manifest. ChecksumMismatch keeps nothing."""
+    manifest = verified_manifest(store, find_round(store, day))
+    download_file(
+        store, live_round_key(day.isoformat(), LIVE_QUESTIONS), target, manifest["files"][LIVE_QUESTIONS], bar=bar
+    )
+    return manifest
+
+
+def read_status(store: ReleaseStore, name: str) -> dict:
+    """Submission ``name``'s public status (live/status/<name>.json), its shape checked: the store
+    may be hostile, and every text in it reaches a terminal (shown with visible_text by the CLI)."""
+    if not is_submission_name(name):
+        raise ReleaseError(f"{shown(name)} is not a submission name (letters, digits and '._-', at most 64)")
+    key = live_status_key(name)
+    raw = store.get_bytes(key, limit=MAX_JSON_BYTES)
+    if raw is None:
+        raise ReleaseError(
+            f"no status for {name!r} at {store.description} (no {key}): not processed yet (the pipeline looks at "
+            "new submissions every few minutes), or not a live round's submission"
+        )
+    where = f"{key} at {store.description}"
+    status = load_json(raw, where)
+    if not (
+        isinstance(status, dict)
+        and status.get("format") == STATUS_FORMAT
+        and status.get("submission") == name
+        and status.get("status") in ("accepted", "rejected")
+        and is_day(status.get("round"))
+        and isinstance(status.get("reasons"), list)
+        and all(isinstance(r, str) for r in status["reasons"])
+        and (status.get("score") is None or isinstance(status.get("score"), dict))
+    ):
+        raise UnsafeRelease(f"{where} is not the {STATUS_FORMAT} status of {name!r}; refused")
+    return status
