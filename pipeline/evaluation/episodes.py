@@ -121,6 +121,35 @@ class _SlottedEnvironment:
                 self._slots.release()
 
 
+def _pending(queries: list[Query], rounds: int, records: dict, concurrency: int) -> list[tuple[int, Query]]:
+    """The (round, query) episodes not in ``records``, in cutoff order (the distance is the run's):
+    an episode's sandbox holds the cutoff gate from its first block to its end, so episodes in
+    flight together share a cutoff, and the gate passes from earlier cutoffs to later ones only
+    (_CutoffOrder). One at a time, round by round (each in cutoff order), as a sequential run always
+    went: the gate passes back once a round."""
+    by_cutoff = (
+        (lambda episode: episode[1].date) if concurrency > 1 else (lambda episode: (episode[0], episode[1].date))
+    )
+    return sorted(((r, q) for r in range(rounds) for q in queries if (r, q.query_id) not in records), key=by_cutoff)
+
+
+class _TransportStop:
+    """Counts episodes that failed on transport in a row, in the order they finish, and stops the
+    run (ModelUnavailable) at TRANSPORT_FAILURES_TO_STOP."""
+
+    def __init__(self):
+        self._in_a_row, self._lock = 0, threading.Lock()
+
+    def note(self, record: dict) -> None:
+        with self._lock:
+            self._in_a_row = self._in_a_row + 1 if record.get("failure") == "transport" else 0
+            if self._in_a_row == TRANSPORT_FAILURES_TO_STOP:
+                raise ModelUnavailable(
+                    f"the endpoint stopped answering: {TRANSPORT_FAILURES_TO_STOP} episodes in a row failed on "
+                    f"transport (the last: {record.get('error')}); the episodes not run are left to the next run"
+                )
+
+
 def _episode(
     client: ChatClient,
     spec: AgentSpec,
@@ -199,23 +228,15 @@ def run_episodes(
     (after the episodes in flight finish), and so do TRANSPORT_FAILURES_TO_STOP episodes in a row
     that failed on transport: the rest are left to the next run.
     ``sandboxes`` bounds the live sandboxes (default: one per episode in flight)."""
-    lock = threading.Lock()
-    transport_failures, transport_lock = [0], threading.Lock()  # in a row, in the order episodes finish
+    lock, stop = threading.Lock(), _TransportStop()
     sandboxes = sandboxes or SandboxSlots(concurrency)
     records: dict[tuple[int, str], dict] = dict(log.done)
     for record in records.values():
         progress.done += 1
         progress.tokens_in += record["tokens_in"]
         progress.tokens_out += record["tokens_out"]
-    # In cutoff order (the distance is the run's): an episode's sandbox holds the cutoff gate from
-    # its first block to its end, so episodes in flight together share a cutoff, and the gate
-    # passes from earlier cutoffs to later ones only (_CutoffOrder). One at a time, round by round
-    # (each in cutoff order), as a sequential run always went: the gate passes back once a round.
-    pending = sorted(
-        ((r, q) for r in range(rounds) for q in queries if (r, q.query_id) not in records),
-        key=(lambda episode: episode[1].date) if concurrency > 1 else (lambda episode: (episode[0], episode[1].date)),
-    )
-    # One at a time the order above is the order the gate is taken in.
+    pending = _pending(queries, rounds, records, concurrency)
+    # One at a time the order of ``pending`` is the order the gate is taken in.
     order = _CutoffOrder([q.date - timedelta(days=distance) for _, q in pending] if concurrency > 1 else [])
     spares = (
         _SpareDemand(code_libraries(spec), sandboxes.n, len(pending))
@@ -244,13 +265,7 @@ def run_episodes(
         log.append(round_no, query.query_id, record)
         records[(round_no, query.query_id)] = record
         progress.add(record["tokens_in"], record["tokens_out"])
-        with transport_lock:
-            transport_failures[0] = transport_failures[0] + 1 if record.get("failure") == "transport" else 0
-            if transport_failures[0] == TRANSPORT_FAILURES_TO_STOP:
-                raise ModelUnavailable(
-                    f"the endpoint stopped answering: {TRANSPORT_FAILURES_TO_STOP} episodes in a row failed on "
-                    f"transport (the last: {record.get('error')}); the episodes not run are left to the next run"
-                )
+        stop.note(record)
 
     if concurrency <= 1:
         for round_no, query in pending:
