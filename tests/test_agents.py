@@ -348,16 +348,17 @@ def test_evaluate_agent_stores_scores_and_trajectories(data_dir):
         temperature=0.0,
         max_steps=3,
     )
+    # Episodes run in cutoff order, the rounds of a query together (episodes._pending).
     replies = [
-        # round 0: a call then a right answer; three invalid actions then the final request
+        # q1 round 0: a call then a right answer; round 1: a wrong answer at once
         f"Action: {DIST}",
         'Final Answer: {"04": ["042"]}',
+        'Final Answer: {"01": ["010"]}',
+        # q2 round 0: three invalid actions then the final request; round 1: a wrong answer at once
         "x",
         "y",
         "z",
         '{"19": ["190"]}',
-        # round 1: two wrong answers at once
-        'Final Answer: {"01": ["010"]}',
         'Final Answer: {"01": ["010"]}',
     ]
     results, record = evaluate_agent(
@@ -406,20 +407,21 @@ def test_evaluate_agent_stores_max_at_k_repeated_and_avg_steps_and_the_board_sho
         temperature=0.0,
         max_steps=3,
     )
+    # Episodes run in cutoff order, the rounds of a query together (episodes._pending).
     replies = [
-        # round 0: q1 {04: [042]} in 1 step; q2 a call, then {19: [190]} (2 steps)
+        # q1: round 0 {04: [042]} in 1 step; round 1 {04: [042, 043]} (1 step); round 2 {} (1 step)
         'Final Answer: {"04": ["042"]}',
+        'Final Answer: {"04": ["042", "043"]}',
+        "Final Answer: {}",
+        # q2: round 0 a call, then {19: [190]} (2 steps); round 1 three invalid actions, then
+        # {19: [193]} from the final request (3 steps: the request is not a step); round 2
+        # {19: [190, 193], 01: [010]} (1 step)
         f"Action: {DIST}",
         'Final Answer: {"19": ["190"]}',
-        # round 1: q1 {04: [042, 043]} (1 step); q2 three invalid actions, then {19: [193]} from
-        # the final request (3 steps: the request is not a step)
-        'Final Answer: {"04": ["042", "043"]}',
         "x",
         "y",
         "z",
         '{"19": ["193"]}',
-        # round 2: q1 {} (1 step); q2 {19: [190, 193], 01: [010]} (1 step)
-        "Final Answer: {}",
         'Final Answer: {"19": ["190", "193"], "01": ["010"]}',
     ]
     _, record = evaluate_agent(_split(data_dir), data_dir, agent, 1, client=ScriptedClient(replies), query_set="t")

@@ -528,3 +528,26 @@ def test_a_later_cutoff_never_takes_the_gate_before_an_earlier_one_of_the_same_r
         _, record = evaluate_agent(frame, data_dir, one_round, 1, query_set="t", concurrency=2)
     assert record["end_states"] == {"final_answer": 2}
     assert leased == [date(2024, 2, 9), date(2024, 2, 10)], leased
+
+
+def test_a_sequential_run_takes_the_gate_in_cutoff_order_across_rounds(data_dir, monkeypatch):
+    """One episode at a time, a run that went round by round handed the gate from its last cutoff
+    back to its first at every new round, at a moment the last cutoff's agent chose: the rounds of
+    one cutoff run together, so the gate only passes forward in time inside the run."""
+    leased = []
+
+    class RecordingGate(cutoff_gate.CutoffGate):
+        def lease(self, cutoff):
+            granted = super().lease(cutoff)
+            leased.append(cutoff)
+            return granted
+
+    monkeypatch.setattr(cutoff_gate, "CUTOFF_GATE", RecordingGate(cutoff_gate.CUTOFF_GATE.directory))
+    frame = split().head(2)  # 2024-02-10 and 2024-02-11: cutoffs 02-09 and 02-10
+    shutil.rmtree(run_dir(data_dir), ignore_errors=True)
+    checkpoint_path(run_dir(data_dir)).unlink(missing_ok=True)
+    with ChatServer(api_calls_policy(2)) as server:  # one code block, then the answer
+        two_rounds = dataclasses.replace(agent(server.base_url), rounds=2)
+        _, record = evaluate_agent(frame, data_dir, two_rounds, 1, query_set="t", concurrency=1)
+    assert record["end_states"] == {"final_answer": 4}
+    assert leased == [date(2024, 2, 9)] * 2 + [date(2024, 2, 10)] * 2, leased

@@ -93,13 +93,14 @@ class _SlottedEnvironment:
     and for a slot, closing (which stops it) frees it. ``started`` is called once the slot is taken
     (the run's _SpareDemand)."""
 
-    def __init__(self, env, slots: SandboxSlots, started: Callable[[], None], order: _CutoffOrder, cutoff: date):
+    def __init__(self, env, slots: SandboxSlots, started: Callable[[], None], order: _CutoffOrder | None, cutoff: date):
         self._env, self._slots, self._held, self._started = env, slots, False, started
         self._order, self._cutoff = order, cutoff
 
     def run_code(self, code: str, timeout_s: float | None = None, memory_mb: int | None = None) -> str:
         if not self._held:
-            self._order.wait_for_earlier(self._cutoff)
+            if self._order is not None:
+                self._order.wait_for_earlier(self._cutoff)
             self._slots.acquire()
             self._held = True
             self._started()
@@ -121,16 +122,17 @@ class _SlottedEnvironment:
                 self._slots.release()
 
 
-def _pending(queries: list[Query], rounds: int, records: dict, concurrency: int) -> list[tuple[int, Query]]:
-    """The (round, query) episodes not in ``records``, in cutoff order (the distance is the run's):
-    an episode's sandbox holds the cutoff gate from its first block to its end, so episodes in
-    flight together share a cutoff, and the gate passes from earlier cutoffs to later ones only
-    (_CutoffOrder). One at a time, round by round (each in cutoff order), as a sequential run always
-    went: the gate passes back once a round."""
-    by_cutoff = (
-        (lambda episode: episode[1].date) if concurrency > 1 else (lambda episode: (episode[0], episode[1].date))
+def _pending(queries: list[Query], rounds: int, records: dict) -> list[tuple[int, Query]]:
+    """The (round, query) episodes not in ``records``, in cutoff order across rounds (the distance
+    is the run's), rounds apart within a cutoff: an episode's sandbox holds the cutoff gate from its
+    first block to its end, so episodes in flight together share a cutoff, and inside a run the gate
+    passes from earlier cutoffs to later ones only (_CutoffOrder), one episode at a time as well as
+    many: a run that went round by round handed the gate back to the first cutoff at each new round,
+    at a moment the last cutoff's agent chose."""
+    return sorted(
+        ((r, q) for r in range(rounds) for q in queries if (r, q.query_id) not in records),
+        key=lambda episode: (episode[1].date, episode[0]),
     )
-    return sorted(((r, q) for r in range(rounds) for q in queries if (r, q.query_id) not in records), key=by_cutoff)
 
 
 class _TransportStop:
@@ -159,7 +161,7 @@ def _episode(
     database_lock: threading.Lock,
     sandboxes: SandboxSlots,
     started: Callable[[], None],
-    order: _CutoffOrder,
+    order: _CutoffOrder | None,
 ) -> Trajectory:
     cutoff = query.date - timedelta(days=distance)
     if spec.strategy != "react":
@@ -235,9 +237,9 @@ def run_episodes(
         progress.done += 1
         progress.tokens_in += record["tokens_in"]
         progress.tokens_out += record["tokens_out"]
-    pending = _pending(queries, rounds, records, concurrency)
+    pending = _pending(queries, rounds, records)
     # One at a time the order of ``pending`` is the order the gate is taken in.
-    order = _CutoffOrder([q.date - timedelta(days=distance) for _, q in pending] if concurrency > 1 else [])
+    order = _CutoffOrder([q.date - timedelta(days=distance) for _, q in pending]) if concurrency > 1 else None
     spares = (
         _SpareDemand(code_libraries(spec), sandboxes.n, len(pending))
         if spec.strategy == "react" and concurrency > 1 and pending
@@ -259,7 +261,8 @@ def run_episodes(
             trajectory = _failed_episode(spec, query, exc)
         finally:
             started()
-            order.ended(query.date - timedelta(days=distance))
+            if order is not None:
+                order.ended(query.date - timedelta(days=distance))
         # Through JSON once, so that a fresh episode's record and a resumed one's are the same.
         record = json.loads(json.dumps(trajectory.record(), default=str))
         log.append(round_no, query.query_id, record)
