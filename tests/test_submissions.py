@@ -590,3 +590,42 @@ def test_a_rejected_submission_fails_its_check_in_the_scoring_run_with_the_reaso
     (reason,) = sub.read_record(data_dir, "bad")["reasons"]
     assert bad.description == f"rejected: {markdown_text(reason)}" and hostile in reason
     assert active_markdown(bad.description) == [] and unescaped(bad.description) == f"rejected: {reason}"
+
+
+def test_every_monthly_outcome_has_a_public_status_without_the_contact(store, data_dir, capsys):
+    """releases/status/<name>.json (public-read, unlike submissions/): the verdict, the reasons and
+    the scorecard's headline, never the contact; `mirai status NAME` prints it, and a hostile
+    store's status is refused or shown with its controls visible."""
+    upload(store, "good-1")
+    upload(store, "late", {**META, "knowledge_cutoff": "2024-01-01"}, predictions({**ANSWERS, "2024-01-00003": {}}))
+    upload(store, "bad", {**META, "distance": 0})
+    for name in ("good-1", "late", "bad"):
+        sub.process(store, name, data_dir)
+        raw = store.get_bytes(f"releases/status/{name}.json")
+        assert raw is not None and META["contact"].encode() not in raw, name
+    assert main(["status", "good-1", "--from", str(store.root)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "good-1: scored for 2024-01 (model llama-3.1-8b-instruct, queries, distance 1)"
+    assert out[2].startswith("  scored over 3 queries (0 not answered): level2_f1 ") and "(95% intervals)" in out[2]
+    assert main(["status", "late", "--from", str(store.root)]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].startswith("  never ranked: the knowledge cutoff")
+    assert main(["status", "bad", "--from", str(store.root)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("bad: rejected for 2024-01") and out[2].startswith("  refused: ") and len(out) == 3
+    # A record made by a run that stopped before its status: the next look publishes it.
+    (store.root / "releases" / "status" / "good-1.json").unlink()
+    sub.process(store, "good-1", data_dir)
+    assert store.get_bytes("releases/status/good-1.json") is not None
+    # Neither kind of status: one line, exit 1.
+    assert main(["status", "nobody", "--from", str(store.root)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no status for 'nobody' at " in err and "releases/status/nobody.json" in err
+    path = store.root / "releases" / "status" / "bad.json"
+    hostile = json.loads(path.read_bytes()) | {"model": "x\x1b]0;owned\x07\u202e"}
+    path.write_text(json.dumps(hostile))
+    assert main(["status", "bad", "--from", str(store.root)]) == 0
+    shown = capsys.readouterr().out
+    assert "\x1b" not in shown and "\u202e" not in shown and "x<U+001B>]0;owned<U+0007><U+202E>" in shown
+    path.write_text(json.dumps(hostile | {"submission": "good-1"}))
+    assert main(["status", "bad", "--from", str(store.root)]) == 1
+    assert "is not the mirai-submission-status-v1 status of 'bad'; refused" in capsys.readouterr().err

@@ -1,7 +1,8 @@
 """`mirai live list`, `mirai live questions D` and `mirai status NAME`: the published live rounds,
 a round's questions, read from the release store and verified as `mirai download` verifies a
-release (docs/live.md, "Finding a round"), and a live submission's public status (docs/live.md,
-"A submission's status")."""
+release (docs/live.md, "Finding a round"), and a submission's public status, a live round's
+(docs/live.md, "A submission's status") or a monthly one's (docs/evaluation.md, "A submission's
+status")."""
 
 from __future__ import annotations
 
@@ -130,23 +131,67 @@ def _metric(metrics: dict, name: str) -> str:
     return f"{name} {point:g}"
 
 
-def cmd_status(args: argparse.Namespace) -> int:
-    """What became of a live submission: accepted or refused and why, its score once resolved."""
-    from pipeline.live.participate import read_status
-    from pipeline.live.status import SHOWN_METRICS
+def _visible(value: object) -> str:
+    """Submitter text and a hostile store's, for a terminal: nothing in it may drive the terminal."""
     from pipeline.markdown import visible_text
 
+    return visible_text(str(value)).replace("\n", "<U+000A>").replace("\r", "<U+000D>")
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """What became of a submission: a monthly one's verdict and score, or a live one's acceptance
+    and its score once resolved. Names are one namespace (submissions/<name>/), so at most one exists."""
+    from pipeline.evaluation.submission_status import read_status as read_monthly_status
+    from pipeline.release.layout import is_submission_name, shown
+
+    if not is_submission_name(args.name):
+        raise CommandError(f"{shown(args.name)} is not a submission name (letters, digits and '._-', at most 64)")
     store = _store(args)
     try:
-        status = read_status(store, args.name)
+        monthly = read_monthly_status(store, args.name)
+        if monthly is not None:
+            _print_monthly_status(args.name, monthly)
+            return 0
+        _print_live_status(args.name, store)
     except ReleaseError as exc:
         raise CommandError(str(exc)) from None
+    return 0
 
-    def text(value: object) -> str:  # submitter text and a hostile store's: nothing may drive the terminal
-        return visible_text(str(value)).replace("\n", "<U+000A>").replace("\r", "<U+000D>")
 
+def _print_monthly_status(name: str, status: dict) -> None:
+    from pipeline.evaluation.submission_status import SHOWN_METRICS
+
+    text = _visible
+    # A metadata field that failed its check is null: said as "?" (a live upload refused before its
+    # round could be named has no month at all).
+    month = f" for {text(status['month'])}" if status.get("month") else ""
+    fields = ", ".join(
+        f"{label}{text(status.get(key) if status.get(key) is not None else '?')}"
+        for label, key in (("model ", "model"), ("", "query_set"), ("distance ", "distance"))
+    )
+    print(f"{name}: {status['status']}{month} ({fields})")
+    print(f"  uploaded {text(status.get('submitted_at'))} (store time), processed {text(status.get('scored_at'))}")
+    for reason in status["reasons"]:
+        print(f"  refused: {text(reason)}")
+    score = status.get("score")
+    if isinstance(score, dict) and isinstance(score.get("metrics"), dict):
+        shown = ", ".join(_metric(score["metrics"], m) for m in SHOWN_METRICS)
+        print(
+            f"  scored over {text(score.get('queries'))} queries ({text(score.get('missing'))} not answered): "
+            f"{shown} (95% intervals)"
+        )
+    if status["status"] == "contaminated":
+        print("  never ranked: the knowledge cutoff is not before the month (docs/evaluation.md, 'Submissions')")
+
+
+def _print_live_status(name: str, store) -> None:
+    from pipeline.live.participate import read_status
+    from pipeline.live.status import SHOWN_METRICS
+
+    status = read_status(store, name)
+    text = _visible
     print(
-        f"{args.name}: {status['status']} for round {status['round']} (model {text(status.get('model'))}"
+        f"{name}: {status['status']} for round {status['round']} (model {text(status.get('model'))}"
         f"{', a baseline' if status.get('baseline') is True else ''})"
     )
     print(f"  uploaded {text(status.get('submitted_at'))} (store time), deadline {text(status.get('deadline'))}")
@@ -165,12 +210,11 @@ def cmd_status(args: argparse.Namespace) -> int:
             )
         else:
             print(f"  not scored: {text(score.get('reason'))}")
-    return 0
 
 
 def add_status(sub, debug: argparse.ArgumentParser) -> None:
     p = sub.add_parser(
-        "status", parents=[debug], help="a live submission's public status: accepted or refused and why, its score"
+        "status", parents=[debug], help="a submission's public status (monthly or live): its verdict and why, its score"
     )
     p.add_argument("name", help="the submission's name (as given to `mirai submit --name`)")
     p.add_argument(

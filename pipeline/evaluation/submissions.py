@@ -49,6 +49,7 @@ from pipeline.evaluation.submission_metadata import (
     is_live_metadata,
     parse_metadata,
 )
+from pipeline.evaluation.submission_status import publish_status
 from pipeline.release.layout import (
     PREDICTION_NAMES,
     SPLIT_FILES,
@@ -254,12 +255,16 @@ def process(
     was written. One submission at a time per data directory (a flock): the duplicate check, the
     scoring and the record are one step, so two identical files cannot both be scored. A live
     round's submission is processed by ``live`` (live/submissions.py's ``process`` passes its
-    LIVE_PATH); without it, one is a SubmissionError."""
+    LIVE_PATH); without it, one is a SubmissionError. A monthly record's public status is
+    (re)published (releases/status/<name>.json, submission_status.py), also for a record made
+    earlier: a run that stopped between the two writes is completed by the next."""
     with file_lock(DataLayout(data_dir).lock_path("submissions"), LOCK_TIMEOUT_S):
-        existing = read_record(data_dir, name) or (live.read_record(data_dir, name) if live else None)
-        if existing is not None:
-            return existing
-        return _process(store, list_upload(store, name), data_dir, now or _now(), live)
+        record = read_record(data_dir, name) or (live.read_record(data_dir, name) if live else None)
+        if record is None:
+            record = _process(store, list_upload(store, name), data_dir, now or _now(), live)
+        if record["format"] == RECORD_FORMAT:
+            publish_status(store, record)
+        return record
 
 
 # _process's checks of what was listed, before any byte is read (out of it to keep it ~80 lines).

@@ -32,6 +32,7 @@ from pipeline.release.layout import (
     live_status_key,
     load_json,
     shown,
+    submission_status_key,
 )
 from pipeline.release.publish import sha256_hex
 from pipeline.release.store import ReleaseStore
@@ -164,8 +165,8 @@ def read_status(store: ReleaseStore, name: str) -> dict:
     raw = store.get_bytes(key, limit=MAX_JSON_BYTES)
     if raw is None:
         raise ReleaseError(
-            f"no status for {name!r} at {store.description} (no {key}): not processed yet (the pipeline looks at "
-            "new submissions every few minutes), or not a live round's submission"
+            f"no status for {name!r} at {store.description} (neither {submission_status_key(name)} nor {key}): "
+            "not processed yet (the pipeline looks at new submissions every few minutes)"
         )
     where = f"{key} at {store.description}"
     status = load_json(raw, where)

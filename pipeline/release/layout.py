@@ -54,6 +54,9 @@ LIVE_QUESTIONS = "questions.jsonl"
 # live/status/<name>.json: a live submission's public status (pipeline/live/status.py): live/ is
 # public-read, submissions/ is not (a submission's metadata holds its contact).
 LIVE_STATUS_DIR = f"{LIVE_DIR}/status"
+# releases/status/<name>.json: a monthly submission's public status (pipeline/evaluation/
+# submission_status.py), public-read with the releases; "status" is not a month, so no release's.
+SUBMISSION_STATUS_DIR = f"{RELEASES_DIR}/status"
 LIVE_ANSWERS = re.compile(r"answers-([0-9]{4}-[0-9]{2}-[0-9]{2})\.jsonl")
 # A submission's name is one short path segment: letters, digits and "._-", starting with a
 # letter or digit (so never "." or ".."), at most 64 characters.
@@ -268,6 +271,10 @@ def live_status_key(name: str) -> str:
     return f"{LIVE_STATUS_DIR}/{name}.json"
 
 
+def submission_status_key(name: str) -> str:
+    return f"{SUBMISSION_STATUS_DIR}/{name}.json"
+
+
 def live_answers_name(target: str) -> str:
     """The answers file of target date ``target`` (YYYY-MM-DD) in its round's directory."""
     return f"answers-{target}.jsonl"
@@ -308,13 +315,14 @@ def check_store_key(key: str) -> str:
                 f"the store key {shown(key)} is not {LIVE_ROUNDS_DIR}/YYYY-MM-DD/<file>: its file {problem}; refused"
             )
         return key
-    if key.startswith(f"{LIVE_STATUS_DIR}/"):
-        name = key.removeprefix(f"{LIVE_STATUS_DIR}/").removesuffix(".json")
-        if not (key.endswith(".json") and is_submission_name(name)):
-            raise UnsafeRelease(
-                f"the store key {shown(key)} is not {LIVE_STATUS_DIR}/<name>.json with a submission's name; refused"
-            )
-        return key
+    for status_dir in (LIVE_STATUS_DIR, SUBMISSION_STATUS_DIR):
+        if key.startswith(f"{status_dir}/"):
+            name = key.removeprefix(f"{status_dir}/").removesuffix(".json")
+            if not (key.endswith(".json") and is_submission_name(name)):
+                raise UnsafeRelease(
+                    f"the store key {shown(key)} is not {status_dir}/<name>.json with a submission's name; refused"
+                )
+            return key
     head, _, rest = key.partition("/")
     if head == SUBMISSIONS_DIR:
         name, _, file = rest.partition("/")
