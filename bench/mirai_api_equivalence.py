@@ -26,6 +26,7 @@ from collections import defaultdict
 from datetime import date, timedelta
 from pathlib import Path
 
+from common import call_pools, draw_api_calls
 from pipeline.agent_api.environment import API_FUNCTIONS
 
 # The MIRAI side: runs in MIRAI's interpreter, reads calls on stdin, prints answers as JSON.
@@ -167,79 +168,24 @@ def ours(data_dir: Path, calls: list[dict], mode: str) -> tuple[list, list]:
 
 
 def draw_calls(data_dir: Path, month: date, n: int, seed: int) -> list[dict]:
-    """``n`` random calls of each function, each for a random query date of ``month``."""
-    import polars as pl
-
+    """``n`` random calls of each function, each for a random query date of ``month``; the
+    countries asked for by their first names, the relations by theirs."""
     from pipeline.splits.mirai_files import country_dictionary, relation_dictionary
 
     rng = random.Random(seed)
-    events = pl.read_parquet(data_dir / "database/events/*.parquet")
-    news = pl.read_parquet(data_dir / "database/news/*.parquet")
-    first = events.get_column("date").min()
-    countries = sorted(set(events.get_column("s")) | set(events.get_column("o")))
+    pools = call_pools(data_dir, seed)
     relations = relation_dictionary()
-    level1 = [c for c in relations if len(c) == 2]
-    level2 = [c for c in relations if len(c) == 3]
     names = [v[0] for v in country_dictionary().values()]
-    words = [
-        w for t in news.get_column("title").sample(200, seed=seed) for w in t.split() if w.isalpha() and len(w) > 3
-    ]
-    calls = []
     days = (month.replace(day=28) - month).days + 1
-    for fn in API_FUNCTIONS:
-        for _ in range(n):
-            query_date = month + timedelta(days=rng.randrange(days))
-            cutoff = query_date - timedelta(days=1)
-
-            def date_range(cutoff=cutoff):
-                if rng.random() < 0.25:
-                    return None
-                a = first + timedelta(days=rng.randrange((cutoff - first).days + 1))
-                b = a + timedelta(days=rng.randrange((cutoff - a).days + 1))
-                return [a.isoformat(), b.isoformat() if rng.random() < 0.8 else None]
-
-            def some(pool, most=3, p=0.5):
-                return sorted(rng.sample(pool, rng.randint(1, most))) if rng.random() < p else None
-
-            args: dict = {}
-            if fn == "map_country_name_to_iso":
-                args = {"name": rng.choice(names)}
-            elif fn == "map_iso_to_country_name":
-                args = {"iso_code": rng.choice(countries)}
-            elif fn == "map_relation_description_to_cameo":
-                args = {"description": relations[rng.choice(level1 + level2)]["Name"]}
-            elif fn in ("map_cameo_to_relation", "get_sibling_relations"):
-                args = {"cameo_code": rng.choice(level1 + level2)}
-            elif fn == "get_parent_relation":
-                args = {"cameo_code": rng.choice(level2)}
-            elif fn == "get_child_relations":
-                args = {"cameo_code": rng.choice(level1)}
-            elif fn in ("count_events", "get_events", "count_news_articles", "get_news_articles"):
-                args = {
-                    "date_range": date_range(),
-                    "head_entities": some(countries),
-                    "tail_entities": some(countries),
-                    "relations": some(level1 + level2, 2, 0.4),
-                }
-                if fn in ("count_news_articles", "get_news_articles"):
-                    args["keywords"] = some(words, 2, 0.3)
-                if fn in ("get_events", "get_news_articles") and rng.random() < 0.5:
-                    args["text_description"] = " ".join(rng.sample(words, 3))
-            elif fn == "get_entity_distribution":
-                args = {
-                    "date_range": date_range(),
-                    "involved_relations": some(level1 + level2, 2, 0.4),
-                    "interacted_entities": some(countries),
-                    "entity_role": rng.choice([None, "head", "tail", "both"]),
-                }
-            elif fn == "get_relation_distribution":
-                args = {"date_range": date_range(), "head_entities": some(countries), "tail_entities": some(countries)}
-            elif fn == "browse_news_article":
-                visible = news.filter(pl.col("date") <= cutoff)
-                row = visible.row(rng.randrange(visible.height), named=True)
-                args = {"date": row["date"].isoformat(), "title": row["title"]}
-            calls.append({"fn": fn, "query_date": query_date.isoformat(), "cutoff": cutoff.isoformat(), "args": args})
-    return calls
+    return draw_api_calls(
+        rng,
+        pools,
+        relations,
+        n,
+        query_date=lambda: month + timedelta(days=rng.randrange(days)),
+        country_name=lambda: rng.choice(names),
+        relation_description=lambda code: relations[code]["Name"],
+    )
 
 
 def category(call: dict) -> str:

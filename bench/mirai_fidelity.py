@@ -55,7 +55,7 @@ from collections import defaultdict
 from datetime import date, timedelta
 from pathlib import Path
 
-from common import machine
+from common import call_pools, draw_api_calls, machine
 from pipeline.agent_api.environment import API_FUNCTIONS
 
 MIRAI_URL = "https://github.com/yecchen/MIRAI"
@@ -168,96 +168,39 @@ def _case_change(rng: random.Random, text: str) -> str:
 
 
 def draw_calls(data_dir: Path, export: Path, month: date, n: int, dates: int, seed: int) -> list[dict]:
-    """``n`` random calls of each function on ``dates`` random query dates of ``month``."""
-    import polars as pl
-
+    """``n`` random calls of each function on ``dates`` random query dates of ``month``, each with
+    its action."""
     rng = random.Random(seed)
-    events = pl.read_parquet(data_dir / "database/events/*.parquet")
-    news = pl.read_parquet(data_dir / "database/news/*.parquet")
-    first = events.get_column("date").min()
-    countries = sorted(set(events.get_column("s")) | set(events.get_column("o")))
+    pools = call_pools(data_dir, seed)
     relations = json.loads((export / "data/info/dict_code2relation.json").read_text())
     alternames = json.loads((export / "data/info/dict_iso2alternames_GeoNames.json").read_text())
-    level1 = [c for c in relations if len(c) == 2]
-    level2 = [c for c in relations if len(c) == 3]
     others = [(iso, name) for iso, names in alternames.items() for name in names[1:]]
-    words = [
-        w for t in news.get_column("title").sample(200, seed=seed) for w in t.split() if w.isalpha() and len(w) > 3
-    ]
     days = (month.replace(day=28) - month).days + 1
     query_dates = sorted({month + timedelta(days=rng.randrange(days)) for _ in range(dates)})
-    calls = []
-    for fn in API_FUNCTIONS:
-        for _ in range(n):
-            query_date = rng.choice(query_dates)
-            cutoff = query_date - timedelta(days=1)
 
-            def date_range(cutoff=cutoff):
-                if rng.random() < 0.25:
-                    return None
-                a = first + timedelta(days=rng.randrange((cutoff - first).days + 1))
-                b = a + timedelta(days=rng.randrange((cutoff - a).days + 1))
-                return [a.isoformat() if rng.random() < 0.9 else None, b.isoformat() if rng.random() < 0.8 else None]
+    def country_name() -> str:
+        name = rng.choice(others)[1] if rng.random() < 1 / 3 else alternames[rng.choice(pools.countries)][0]
+        return _case_change(rng, name) if rng.random() < 0.1 else name
 
-            def some(pool, most=3, p=0.5):
-                return sorted(rng.sample(pool, rng.randint(1, most))) if rng.random() < p else None
+    def title(real: str) -> str:
+        draw = rng.random()
+        if draw < 0.1:
+            return real + " (no such article)"
+        return _case_change(rng, real) if draw < 0.2 else real
 
-            args: dict = {}
-            if fn == "map_country_name_to_iso":
-                if rng.random() < 1 / 3:
-                    name = rng.choice(others)[1]
-                else:
-                    name = alternames[rng.choice(countries)][0]
-                args = {"name": _case_change(rng, name) if rng.random() < 0.1 else name}
-            elif fn == "map_iso_to_country_name":
-                args = {"iso_code": rng.choice(countries)}
-            elif fn == "map_relation_description_to_cameo":
-                code = rng.choice(level1 + level2)
-                args = {"description": relations[code][rng.choice(["Name", "Description"])]}
-            elif fn in ("map_cameo_to_relation", "get_sibling_relations"):
-                args = {"cameo_code": rng.choice(level1 + level2)}
-            elif fn == "get_parent_relation":
-                args = {"cameo_code": rng.choice(level2)}
-            elif fn == "get_child_relations":
-                args = {"cameo_code": rng.choice(level1)}
-            elif fn in ("count_events", "get_events", "count_news_articles", "get_news_articles"):
-                args = {
-                    "date_range": date_range(),
-                    "head_entities": some(countries),
-                    "tail_entities": some(countries),
-                    "relations": some(level1 + level2, 2, 0.4),
-                }
-                if fn in ("count_news_articles", "get_news_articles"):
-                    args["keywords"] = some(words, 2, 0.3)
-                if fn in ("get_events", "get_news_articles") and rng.random() < 0.5:
-                    args["text_description"] = " ".join(rng.sample(words, 3))
-            elif fn == "get_entity_distribution":
-                args = {
-                    "date_range": date_range(),
-                    "involved_relations": some(level1 + level2, 2, 0.4),
-                    "interacted_entities": some(countries),
-                    "entity_role": rng.choice([None, "head", "tail", "both"]),
-                }
-            elif fn == "get_relation_distribution":
-                args = {"date_range": date_range(), "head_entities": some(countries), "tail_entities": some(countries)}
-            elif fn == "browse_news_article":
-                visible = news.filter(pl.col("date") <= cutoff)
-                row = visible.row(rng.randrange(visible.height), named=True)
-                title, draw = row["title"], rng.random()
-                if draw < 0.1:
-                    title = title + " (no such article)"
-                elif draw < 0.2:
-                    title = _case_change(rng, title)
-                args = {"date": row["date"].isoformat(), "title": title}
-            calls.append(
-                {
-                    "fn": fn,
-                    "query_date": query_date.isoformat(),
-                    "cutoff": cutoff.isoformat(),
-                    "args": args,
-                    "action": _action(fn, args),
-                }
-            )
+    calls = draw_api_calls(
+        rng,
+        pools,
+        relations,
+        n,
+        query_date=lambda: rng.choice(query_dates),
+        country_name=country_name,
+        relation_description=lambda code: relations[code][rng.choice(["Name", "Description"])],
+        title=title,
+        ranges_without_start=True,
+    )
+    for call in calls:
+        call["action"] = _action(call["fn"], call["args"])
     return calls
 
 

@@ -32,9 +32,9 @@ from pipeline.release.publish import publish_leaderboard
 from pipeline.release.store import LocalStore
 from pipeline.storage import DataLayout, atomic_write_parquet
 
+from .chromium import headless_chromium, needs_chromium
 from .settings_builder import make_settings
 from .test_baselines import PAIR_HISTORY, baseline, d, queries, write_database
-from .test_ui import CHROMEDRIVER, CHROMIUM, CHROMIUM_FLAGS
 
 # --- the ranking rule on hand-made rows -----------------------------------------------------------
 
@@ -456,22 +456,12 @@ def test_the_page_on_seaweedfs_is_served_as_html_and_written_once(built, tmp_pat
         assert {o["Key"]: o["LastModified"] for o in admin.list_objects_v2(Bucket="board")["Contents"]} == before
 
 
-@pytest.mark.skipif(
-    CHROMIUM is None or CHROMEDRIVER is None,
-    reason="Debian's chromium and chromium-driver are not installed (make test installs them when run as root with apt-get)",
-)
+@needs_chromium
 def test_the_page_renders_its_tables_and_plots_in_headless_chromium_without_a_request(built, tmp_path):
-    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium (the `test` extra) is not installed")
-    from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
 
     written = write_leaderboard(built)
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'chromium-profile'}"):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(options=options, service=Service(executable_path=CHROMEDRIVER))
-    try:
+    with headless_chromium(tmp_path) as driver:
         driver.get(written.page.as_uri())
         assert driver.title == "MIRAI leaderboard"
         rows = driver.find_elements(By.CSS_SELECTOR, "section.board tbody tr")
@@ -507,8 +497,6 @@ def test_the_page_renders_its_tables_and_plots_in_headless_chromium_without_a_re
         driver.set_window_size(1600, 1400)
         assert driver.save_screenshot(str(shot))
         assert shot.stat().st_size > 10_000
-    finally:
-        driver.quit()
 
 
 # --- the Dagster asset -----------------------------------------------------------------------------------
@@ -700,21 +688,11 @@ def test_the_newest_months_summary_is_one_labelled_table_per_distance(months_boa
     assert newest_sections(board_frame([])) == []
 
 
-@pytest.mark.skipif(
-    CHROMIUM is None or CHROMEDRIVER is None,
-    reason="Debian's chromium and chromium-driver are not installed (make test installs them when run as root with apt-get)",
-)
+@needs_chromium
 def test_three_months_render_in_chromium_as_distance_sections_with_their_charts_and_key(months_board, tmp_path):
-    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium (the `test` extra) is not installed")
-    from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
 
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'chromium-profile'}"):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(options=options, service=Service(executable_path=CHROMEDRIVER))
-    try:
+    with headless_chromium(tmp_path) as driver:
         driver.get((months_board / "evaluations" / PAGE_FILE).as_uri())
         key = driver.find_element(By.CSS_SELECTOR, "ul.legend").text
         assert "blue bar: a registered run" in key and "a name in italics is a submission" in key
@@ -737,5 +715,3 @@ def test_three_months_render_in_chromium_as_distance_sections_with_their_charts_
         assert driver.execute_script("return performance.getEntriesByType('resource').length") == 0
         driver.set_window_size(1400, 1600)
         assert driver.save_screenshot(str(tmp_path / "three-months.png"))
-    finally:
-        driver.quit()

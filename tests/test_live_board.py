@@ -23,9 +23,9 @@ from pipeline.release.layout import LIVE_LEADERBOARD_KEYS
 from pipeline.release.store import LocalStore
 from pipeline.release.store_uri import open_store
 
+from .chromium import headless_chromium, needs_chromium
 from .live_builder import baseline_predictions, history, midnight, pairs, write_accepted, write_round, write_world
 from .settings_builder import make_settings
-from .test_ui import CHROMEDRIVER, CHROMIUM, CHROMIUM_FLAGS
 
 ROUNDS = [date(2024, 3, 10), date(2024, 3, 11)]
 HOSTILE = '<script>alert("x")</script><img src=x onerror=alert(1)>'
@@ -243,22 +243,12 @@ def test_the_live_page_has_a_key_to_its_chart_and_row_styles(board_data):
     assert "tr.baseline td { color: #555; font-style: italic; }" in text
 
 
-@pytest.mark.skipif(
-    CHROMIUM is None or CHROMEDRIVER is None,
-    reason="Debian's chromium and chromium-driver are not installed (make test installs them when run as root with apt-get)",
-)
+@needs_chromium
 def test_the_live_page_renders_its_chart_and_tables_in_headless_chromium_without_a_request(board_data, tmp_path):
-    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium (the `test` extra) is not installed")
-    from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
 
     written = write_live_leaderboard(board_data.dataset)
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'chromium-profile'}"):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(options=options, service=Service(executable_path=CHROMEDRIVER))
-    try:
+    with headless_chromium(tmp_path) as driver:
         driver.get(written.html_path.as_uri())
         assert driver.title == "MIRAI live leaderboard"
         chart = driver.find_element(By.CSS_SELECTOR, "section#cumulative figure.rounds svg")
@@ -273,5 +263,3 @@ def test_the_live_page_renders_its_chart_and_tables_in_headless_chromium_without
         shot = tmp_path / "live-leaderboard.png"
         driver.set_window_size(1400, 1600)
         assert driver.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
-    finally:
-        driver.quit()

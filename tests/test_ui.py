@@ -6,7 +6,6 @@ what a maintainer would look for, then read from the DOM and photographed."""
 from __future__ import annotations
 
 import os
-import shutil
 import time
 from datetime import date
 
@@ -20,26 +19,11 @@ from assets.splits import test_split as split_asset
 from quality.split_checks import split_leakage_audit
 from testbed.dagster_services import graphql, running_daemon, running_webserver
 
+from .chromium import headless_chromium, needs_chromium
 from .month_builder import write_month
 from .settings_builder import make_settings
 from .test_splits import QUADS
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-CHROMEDRIVER = shutil.which("chromedriver")
-# The flags a sandboxed root CI needs; background networking off because the machine's closed
-# network refuses Chromium's own update and metrics connections.
-CHROMIUM_FLAGS = [
-    "--headless=new",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-dev-shm-usage",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--window-size=1600,1000",
-]
 # The UI renders after its GraphQL answers arrive; on a loaded 2-core CI machine that takes seconds.
 RENDER_TIMEOUT_S = 90
 EVERY_ASSET = {
@@ -58,10 +42,7 @@ EVERY_ASSET = {
     "leaderboard",
 }
 
-pytestmark = pytest.mark.skipif(
-    CHROMIUM is None or CHROMEDRIVER is None,
-    reason="Debian's chromium and chromium-driver are not installed (make test installs them when run as root with apt-get)",
-)
+pytestmark = needs_chromium
 
 
 @pytest.fixture(scope="module")
@@ -141,21 +122,10 @@ def test_the_daemon_is_healthy(ui):
 
 @pytest.fixture(scope="module")
 def browser(ui):
-    """One headless Chromium for the module, driven through Debian's chromedriver (named
-    explicitly, so Selenium never tries to download a driver or a browser)."""
-    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium (the `test` extra) is not installed")
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={ui['root'] / 'chromium-profile'}"):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(options=options, service=Service(executable_path=CHROMEDRIVER))
-    driver.set_window_size(1600, 1000)
-    try:
+    """One headless Chromium for the module."""
+    with headless_chromium(ui["root"]) as driver:
+        driver.set_window_size(1600, 1000)
         yield driver
-    finally:
-        driver.quit()
 
 
 def _open_and_wait_for(driver, url: str, texts: list[str]) -> str:
