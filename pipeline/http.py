@@ -4,6 +4,7 @@ which failures are worth retrying (timeouts, resets, 429, 5xx) and honour Retry-
 from __future__ import annotations
 
 import email.utils
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -54,21 +55,34 @@ def make_session(network: NetworkSettings, concurrency: int = 4) -> requests.Ses
     return session
 
 
+# The longest Retry-After taken as said, whatever a server sends: a day, where the article ledger's
+# default retry schedule ends. In-run waits are shorter still (backoff_wait's max_s, the LLM rate
+# limiter's minute); a longer one defers an article URL in the ledger, which adds it to a datetime:
+# a huge number overflowed it, a date in year 9999 deferred the URL for ever.
+RETRY_AFTER_MAX_S = 86_400.0
+
+
 def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
-    """Retry-After is either delta-seconds or an HTTP date (RFC 9110 §10.2.3)."""
+    """A Retry-After header's delay in seconds (RFC 9110 §10.2.3), at most RETRY_AFTER_MAX_S:
+    delay-seconds (a fraction too, as some servers send), or an HTTP-date (0 once it has passed;
+    ``now``: the epoch seconds to count from). None when absent or unreadable, a negative or NaN
+    delay included: the caller then backs off on its own."""
+    value = (value or "").strip()
     if not value:
         return None
-    value = value.strip()
-    if value.isdigit():
-        return float(value)
     try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)
+        seconds = max(0.0, when.timestamp() - (time.time() if now is None else now))
+    if math.isnan(seconds) or seconds < 0:
         return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    now = time.time() if now is None else now
-    return max(0.0, when.timestamp() - now)
+    return min(seconds, RETRY_AFTER_MAX_S)
 
 
 def raise_for_transient(response: requests.Response) -> None:

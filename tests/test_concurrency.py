@@ -27,7 +27,7 @@ from pipeline.evaluation import throughput
 from pipeline.evaluation.agent_config import agent_config_hash, endpoint_limits
 from pipeline.evaluation.agents import react_environment
 from pipeline.evaluation.episodes import episode_concurrency, sandbox_slots
-from pipeline.evaluation.llm import HttpSettings, LLMError, ModelUnavailable, OpenAIChatClient, retry_after_s
+from pipeline.evaluation.llm import HttpSettings, LLMError, ModelUnavailable, OpenAIChatClient
 from pipeline.evaluation.registry import Agent, Endpoint, RegistryError, parse_agents
 from pipeline.evaluation.run import checkpoint_path, evaluate_agent
 from pipeline.evaluation.throughput import (
@@ -41,6 +41,7 @@ from pipeline.evaluation.throughput import (
     sandbox_start_mb,
 )
 from pipeline.evaluation.trajectory import AgentSpec
+from pipeline.http import parse_retry_after
 from pipeline.storage import DataLayout
 from testbed.chat import ChatServer, api_calls_policy
 from testbed.database import generate_event_database
@@ -297,8 +298,8 @@ def test_a_429_pauses_every_caller_for_retry_after_then_backs_off_exponentially(
     limiter.succeeded()
     assert limiter.throttled(None) == 1.0
     now = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
-    assert retry_after_s("Thu, 01 Jan 2026 12:00:30 GMT", now) == 30.0  # RFC 9110's HTTP-date form
-    assert retry_after_s("2.5") == 2.5 and retry_after_s("soon") is None and retry_after_s(None) is None
+    assert parse_retry_after("Thu, 01 Jan 2026 12:00:30 GMT", now.timestamp()) == 30.0  # RFC 9110's HTTP-date form
+    assert parse_retry_after("2.5") == 2.5 and parse_retry_after("soon") is None and parse_retry_after(None) is None
 
 
 def test_the_client_honours_429_and_retry_after_from_a_real_server():

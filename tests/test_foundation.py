@@ -16,7 +16,7 @@ import requests
 
 from pipeline.cli import main
 from pipeline.config import Settings, env_names, settings_table
-from pipeline.http import RetryLog, TransientHTTPError, parse_retry_after, with_retries
+from pipeline.http import RETRY_AFTER_MAX_S, RetryLog, TransientHTTPError, parse_retry_after, with_retries
 from pipeline.storage import (
     WRITE_PIECE,
     LockTimeout,
@@ -181,6 +181,13 @@ def test_retry_after_forms():
     assert parse_retry_after("7") == 7.0
     assert parse_retry_after("Thu, 01 Jan 2099 00:00:10 GMT", now=4070908800.0) == 10.0
     assert parse_retry_after("soon") is None and parse_retry_after(None) is None
+    assert parse_retry_after(" 2.5 ") == 2.5  # a fraction, as some LLM endpoints send
+    assert parse_retry_after("Thu, 01 Jan 2099 00:00:10 GMT", now=4070908900.0) == 0.0  # passed: now
+    # Hostile values: unreadable ones are no delay, long ones are capped (the ledger adds them to a datetime).
+    assert [parse_retry_after(v) for v in ("-5", "nan", "-inf", "0x10", "")] == [None] * 5
+    assert parse_retry_after("9" * 5000) == parse_retry_after("inf") == RETRY_AFTER_MAX_S
+    assert parse_retry_after("Fri, 31 Dec 9999 23:59:59 GMT") == RETRY_AFTER_MAX_S
+    assert parse_retry_after("Fri, 31 Dec 99999 23:59:59 GMT") is None
 
 
 def test_retry_loop_backs_off_honours_retry_after_and_gives_up():

@@ -6,7 +6,6 @@ under evaluations/. Matplotlib draws both plots; the same board gives the same b
 
 from __future__ import annotations
 
-import html
 import io
 import textwrap
 from collections.abc import Mapping
@@ -16,6 +15,7 @@ from pathlib import Path
 import matplotlib
 import matplotlib.style
 import polars as pl
+from markupsafe import Markup
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.backends.backend_svg import FigureCanvasSVG
 from matplotlib.figure import Figure
@@ -32,9 +32,9 @@ from pipeline.evaluation.board import (
     submission_rows,
 )
 from pipeline.evaluation.board_charts import SAFE_TEXT, Key, Point, Series, shown_name, trend_svg
+from pipeline.evaluation.board_html import render
 from pipeline.evaluation.run import AGGREGATION_RULE, RANK_METRIC, RANK_RULE
 from pipeline.evaluation.scoring import HIT_K
-from pipeline.markdown import html_text
 from pipeline.storage import DataLayout, atomic_write_bytes, atomic_write_parquet
 
 BOARD_FILE = "leaderboard.parquet"
@@ -180,26 +180,28 @@ def _number(value: float | None, digits: int = 2) -> str:
     return "" if value is None else f"{value:,.{digits}f}"
 
 
-def _with_interval(row: Mapping, metric: str) -> str:
+def _with_interval(row: Mapping, metric: str) -> Markup | str:
     low, high = row[f"{metric}_ci95_low"], row[f"{metric}_ci95_high"]
     if row[metric] is None:
         return ""
-    interval = "" if low is None else f' <span class="ci">[{low:.2f}, {high:.2f}]</span>'
-    return f"{row[metric]:.2f}{interval}"
+    if low is None:
+        return f"{row[metric]:.2f}"
+    # Markup.format escapes what it fills in: here numbers only.
+    return Markup('{:.2f} <span class="ci">[{:.2f}, {:.2f}]</span>').format(row[metric], low, high)
 
 
-# (header, cell) of each column of the page's tables; a cell's text is escaped, its hidden characters
-# shown (pipeline.markdown.html_text), unless it is markup made here from numbers.
+# (header, cell) of each column of the page's tables; a cell is text (the template escapes it and
+# shows its hidden characters) unless it is Markup made here from numbers.
 _PAGE_COLUMNS = (
     ("rank", lambda r: str(r["rank"]) if r["rank"] is not None else ("contaminated" if r["contaminated"] else "–")),
     (
         "≈ leader",
         lambda r: "leader" if r["rank"] == 1 and r["overlaps_leader"] else "≈" if r["overlaps_leader"] else "",
     ),
-    ("name", lambda r: html_text(r["agent"])),
-    ("source", lambda r: html_text(r["source"])),
-    ("model", lambda r: html_text(r["model"] or "")),
-    ("knowledge cutoff", lambda r: html_text(r["knowledge_cutoff"] or "")),
+    ("name", lambda r: r["agent"]),
+    ("source", lambda r: r["source"]),
+    ("model", lambda r: r["model"] or ""),
+    ("knowledge cutoff", lambda r: r["knowledge_cutoff"] or ""),
     ("L2 F1 [95% CI]", lambda r: _with_interval(r, "level2_f1")),
     ("L1 F1 [95% CI]", lambda r: _with_interval(r, "level1_f1")),
     ("L2 precision", lambda r: _number(r["level2_precision"])),
@@ -209,137 +211,66 @@ _PAGE_COLUMNS = (
     (f"Hit@{HIT_K}", lambda r: _number(r[f"hit_at_{HIT_K}"])),
     ("n", lambda r: str(r["n"])),
     ("rounds", lambda r: str(r["rounds"])),
-    ("aggregation", lambda r: html_text(r["aggregation"] or "")),
+    ("aggregation", lambda r: r["aggregation"] or ""),
     ("tokens in / out", lambda r: "" if r["tokens_in"] is None else f"{r['tokens_in']:,} / {r['tokens_out'] or 0:,}"),
     ("cost (USD)", lambda r: _number(r["cost_usd"])),
-    ("API mode", lambda r: html_text(r["mode"] or "")),
-    ("tools", lambda r: html_text(r["tools"] or "")),
-    ("action type", lambda r: html_text(r["action_type"] or "")),
-)
-# No request leaves the page: nothing but inline styles may load, not even an image.
-_CSP = "default-src 'none'; style-src 'unsafe-inline'"
-_STYLE = """
-body { font-family: sans-serif; margin: 1.5em; color: #222; }
-table { border-collapse: collapse; font-size: 0.85em; margin-bottom: 2em; }
-th, td { border: 1px solid #ccc; padding: 0.25em 0.5em; text-align: left; vertical-align: top; }
-th { background: #f0f0f0; }
-tr.contaminated td { color: #888; }
-tr.submission td:nth-child(3) { font-style: italic; }
-.ci { color: #666; font-size: 0.9em; }
-.rule { max-width: 60em; color: #444; }
-figure { margin: 0 0 1em 0; }
-figure svg { max-width: 100%; height: auto; }
-section.distance { border-top: 3px solid #888; margin-top: 2em; }
-.legend { max-width: 60em; color: #444; padding-left: 1.2em; }
-.swatch { display: inline-block; width: 1.6em; height: 0.9em; vertical-align: middle; margin-right: 0.3em; }
-.swatch.registered { background: #1f77b4; }
-.swatch.submission { background: #2ca02c; }
-.swatch.contaminated { background: #b3b3b3; }
-.swatch.leader { background: rgba(255, 215, 0, 0.35); }
-.sample-italic { font-style: italic; }
-.sample-grey { color: #888; }
-"""
-# The page's key: every colour and style of its plots and tables, in the order a reader meets them.
-_LEGEND = (
-    '<span class="swatch registered"></span>blue bar: a registered run (evaluated by the pipeline); '
-    '<span class="swatch submission"></span>green bar: a submission (scored from its submitter\'s predictions); '
-    '<span class="swatch contaminated"></span>grey bar: contaminated, shown but not ranked',
-    "error bar: the row's 95% bootstrap interval over queries; "
-    '<span class="swatch leader"></span>yellow band: the leader\'s interval; ▲ Max@K and ◆ repeated '
-    'second-level F1 (runs of K rounds, "Aggregation" in docs/evaluation.md)',
-    "bar labels and the \u201c≈ leader\u201d column: <b>leader</b> marks the rank-1 rows; <b>≈</b> a ranked "
-    "row whose interval overlaps the leader's (not separable from it at this number of queries); "
-    "blank: its interval lies below the leader's",
-    'table: a name in <span class="sample-italic">italics</span> is a submission; a '
-    '<span class="sample-grey">grey row</span> is contaminated; rank \u201c–\u201d: scored 0 on all three '
-    "ranking metrics, not ranked",
-    "across months: one line per name (its colour in the chart's legend), a solid line a registered "
-    "run, a dashed one a submission, a hollow marker a contaminated month; error bars are 95% intervals",
+    ("API mode", lambda r: r["mode"] or ""),
+    ("tools", lambda r: r["tools"] or ""),
+    ("action type", lambda r: r["action_type"] or ""),
 )
 
 
-def _section_id(*parts: object) -> str:
-    return html.escape("-".join(str(p) for p in parts))
-
-
-def _table(rows: list[dict]) -> list[str]:
-    out = [
-        "<table>",
-        "<thead><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h, _ in _PAGE_COLUMNS) + "</tr></thead>",
-        "<tbody>",
+def _table_rows(rows: list[dict]) -> list[dict]:
+    """A month's rows as the template's table shows them: the row's classes, then its cells."""
+    return [
+        {
+            "classes": " ".join(c for c in (row["source"], "contaminated" if row["contaminated"] else "") if c),
+            "cells": [cell(row) for _, cell in _PAGE_COLUMNS],
+        }
+        for row in rows
     ]
-    for row in rows:
-        classes = " ".join(c for c in (row["source"], "contaminated" if row["contaminated"] else "") if c)
-        cells = "".join(f"<td>{cell(row)}</td>" for _, cell in _PAGE_COLUMNS)
-        out.append(f'<tr class="{classes}">{cells}</tr>')
-    return [*out, "</tbody>", "</table>"]
 
 
 def page(board: pl.DataFrame) -> bytes:
-    """leaderboard.html: one section per query set × distance, each a chart of every name's
-    second-level F1 across months and, per month (newest first), a plot and a table; the ranking,
-    interval and aggregation rules and a key to every colour and style at the top. Self-contained
-    (inline style, inline SVG; the CSP forbids any request) and free of the time it was made, so
-    the same board gives the same bytes. Every text from a record is escaped: names and models
-    come from submitters."""
-    groups = sorted({(q, d) for q, d in board.select("query_set", "distance").iter_rows()})
-    parts = [
-        "<!DOCTYPE html>",
-        '<html lang="en">',
-        "<head>",
-        '<meta charset="utf-8">',
-        f'<meta http-equiv="Content-Security-Policy" content="{_CSP}">',
-        '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        "<title>MIRAI leaderboard</title>",
-        f"<style>{_STYLE}</style>",
-        "</head>",
-        "<body>",
-        "<h1>MIRAI leaderboard</h1>",
-        '<p class="rule">Registered agents, evaluated by the pipeline, and submissions, scored from '
-        "the predictions their submitters sent (docs/evaluate-your-agent.md). Metrics are percentages "
-        "(KL: lower is better). Each distance is its own board: rows of different distances are never "
-        "compared.</p>",
-        f'<p class="rule" id="rank-rule">{html.escape(RANK_RULE)}.</p>',
-        f'<p class="rule">{html.escape(INTERVAL_RULE)}; {html.escape(AGGREGATION_RULE)}.</p>',
-        '<p class="rule">Contaminated: the knowledge cutoff is not before the month, so the model may '
-        "have seen its events; shown, never ranked.</p>",
-        '<h2 id="key">Key</h2>',
-        '<ul class="legend">',
-        *(f"<li>{item}</li>" for item in _LEGEND),
-        "</ul>",
-    ]
-    if board.is_empty():
-        parts.append("<p>No evaluation runs or submissions yet.</p>")
-    else:
-        parts.append('<nav><ul class="legend">')
-        parts += [
-            f'<li><a href="#{_section_id(q, "d", d)}">{html.escape(distance_title(q, d))}</a></li>' for q, d in groups
-        ]
-        parts.append("</ul></nav>")
-    for query_set, distance in groups:
+    """leaderboard.html (templates/leaderboard.html): one section per query set × distance, each a
+    chart of every name's second-level F1 across months and, per month (newest first), a plot and a
+    table; the ranking, interval and aggregation rules and a key to every colour and style at the
+    top. Self-contained (inline style, inline SVG; the CSP forbids any request) and free of the time
+    it was made, so the same board gives the same bytes. Every text from a record is escaped: names
+    and models come from submitters."""
+    sections = []
+    for query_set, distance in sorted({(q, d) for q, d in board.select("query_set", "distance").iter_rows()}):
         rows = board.filter((pl.col("query_set") == query_set) & (pl.col("distance") == distance))
-        key = _section_id(query_set, "d", distance)
-        note = DISTANCE_NOTE.format(distance=distance, s="s" if distance != 1 else "")
-        parts += [
-            f'<section id="{key}" class="distance">',
-            f"<h2>{html.escape(distance_title(query_set, distance))}</h2>",
-            f'<p class="rule">Distance {distance}: {html.escape(note)}.</p>',
-            "<h3>Across months</h3>",
-            f'<figure class="months">{months_svg(rows, f"{key}-months")}</figure>',
+        key = f"{query_set}-d-{distance}"
+        boards = [
+            {
+                "id": f"{key}-{month}",
+                "month": month,
+                # matplotlib's SVG writer escapes what it writes, and every text in it is a path
+                # (section_svg, board_charts' module doc): no record's text reaches the markup.
+                "svg": Markup(section_svg(month_rows.to_dicts(), f"{key}-{month}")),
+                "rows": _table_rows(month_rows.to_dicts()),
+            }
+            for (month,), month_rows in rows.group_by("month", maintain_order=True)
         ]
-        for (month,), month_rows in rows.group_by("month", maintain_order=True):
-            month_key = _section_id(query_set, "d", distance, month)
-            month_rows = month_rows.to_dicts()
-            parts += [
-                f'<section id="{month_key}" class="board">',
-                f"<h3>{html.escape(month)} · {html.escape(distance_title(query_set, distance))}</h3>",
-                f"<figure>{section_svg(month_rows, month_key)}</figure>",
-                *_table(month_rows),
-                "</section>",
-            ]
-        parts.append("</section>")
-    parts += ["</body>", "</html>", ""]
-    return "\n".join(parts).encode()
+        sections.append(
+            {
+                "id": key,
+                "title": distance_title(query_set, distance),
+                "distance": distance,
+                "note": DISTANCE_NOTE.format(distance=distance, s="s" if distance != 1 else ""),
+                "months_svg": Markup(months_svg(rows, f"{key}-months")),  # as "svg" above (trend_svg)
+                "boards": boards,
+            }
+        )
+    return render(
+        "leaderboard.html",
+        rank_rule=RANK_RULE,
+        interval_rule=INTERVAL_RULE,
+        aggregation_rule=AGGREGATION_RULE,
+        columns=[header for header, _ in _PAGE_COLUMNS],
+        sections=sections,
+    )
 
 
 @dataclass(frozen=True)

@@ -14,15 +14,13 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
-from email.utils import parsedate_to_datetime
 from typing import Protocol
 
 import requests
 from tenacity import Retrying, retry_if_exception, stop_after_attempt
 
 from pipeline.evaluation.throughput import RateLimiter, estimate_tokens
-from pipeline.http import backoff_wait
+from pipeline.http import backoff_wait, parse_retry_after
 
 DEFAULT_MAX_TOKENS = 1024
 DEFAULT_N_CTX = 8192  # of a GGUF model: SmolLM2 and Llama-3.1-class models all handle 8k; capped by the model's own
@@ -91,25 +89,6 @@ class HttpSettings:
     attempts: int = 5
     backoff_base_s: float = 2.0
     backoff_max_s: float = 60.0
-
-
-def retry_after_s(value: str | None, now: datetime | None = None) -> float | None:
-    """A Retry-After header's delay: delay-seconds or an HTTP-date (RFC 9110, section 10.2.3);
-    None when absent or unreadable."""
-    value = (value or "").strip()
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    return max(0.0, (when - (now or datetime.now(UTC))).total_seconds())
 
 
 class OpenAIChatClient:
@@ -231,7 +210,7 @@ class OpenAIChatClient:
             problem = f"HTTP {response.status_code}: {response.text[:300]}"
             if response.status_code in UNAVAILABLE_STATUSES:
                 raise ModelUnavailable(f"{self.model} at {self.url}: {problem}")
-            delay = retry_after_s(response.headers.get("Retry-After"))
+            delay = parse_retry_after(response.headers.get("Retry-After"))
             if response.status_code == 429 and self.limiter:
                 self.limiter.throttled(delay)
                 # The limiter's pause holds this caller's retry too (in acquire), as it holds every

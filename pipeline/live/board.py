@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import html
 import json
 import os
 import secrets
@@ -31,10 +30,12 @@ from datetime import date
 from pathlib import Path
 
 import polars as pl
+from markupsafe import Markup
 
 from pipeline.config import DatasetSettings
 from pipeline.evaluation.board import intervals_overlap
 from pipeline.evaluation.board_charts import Key, Point, Series, trend_svg
+from pipeline.evaluation.board_html import render
 from pipeline.evaluation.scoring import DEFAULT_RESAMPLES
 from pipeline.live.resolve import RoundNotPublished, read_round, resolved_answers
 from pipeline.live.score import (
@@ -47,7 +48,6 @@ from pipeline.live.score import (
     score_accepted,
     summarize,
 )
-from pipeline.markdown import html_text
 from pipeline.release.layout import LIVE_LEADERBOARD_KEYS, is_day
 from pipeline.release.publish import POINTER_CACHE
 from pipeline.release.store import ReleaseStore
@@ -64,31 +64,6 @@ RANK_RULE = (
 INTERVAL_RULE = (
     f"intervals: 95% percentile bootstrap over resolved questions ({DEFAULT_RESAMPLES} resamples, seed "
     f"{BOOTSTRAP_SEED}); cumulative rows resample all resolved questions of every round the model took part in"
-)
-# As the monthly board's page (pipeline/evaluation/board_files.py page): no request leaves the page.
-CSP = "default-src 'none'; style-src 'unsafe-inline'"
-STYLE = """
-body { font-family: sans-serif; margin: 1.5em; color: #222; }
-table { border-collapse: collapse; font-size: 0.85em; margin-bottom: 2em; }
-th, td { border: 1px solid #ccc; padding: 0.25em 0.5em; text-align: left; vertical-align: top; }
-th { background: #f0f0f0; }
-tr.baseline td { color: #555; font-style: italic; }
-.ci { color: #666; font-size: 0.9em; }
-.rule { max-width: 60em; color: #444; }
-.legend { max-width: 60em; color: #444; padding-left: 1.2em; }
-.sample-baseline { color: #555; font-style: italic; }
-figure { margin: 0 0 1em 0; }
-figure svg { max-width: 100%; height: auto; }
-"""
-# The page's key: every colour and style of its chart and tables.
-LEGEND = (
-    "chart: one line per model (its colour in the chart's legend), its cumulative live score after each round "
-    "it took part in, over every resolved question of its rounds so far; a solid line a submitted model, a dashed "
-    "one a baseline; error bars are 95% intervals",
-    "the \u201c≈ leader\u201d column: <b>leader</b> marks the rank-1 rows; <b>≈</b> a row whose interval overlaps "
-    "the leader's (not separable from it on these questions); blank: its interval lies below the leader's",
-    'table: a <span class="sample-baseline">grey italic row</span> is a baseline the pipeline submits itself '
-    "(docs/live.md); the others are participants' models",
 )
 # The board's files are ours, but a hostile store may serve anything at their keys.
 MAX_BOARD_BYTES = 64 * 2**20
@@ -303,47 +278,43 @@ def build_leaderboard(dataset: DatasetSettings) -> dict:
     }
 
 
-def _cell(row: dict, metric: str) -> str:
+def _cell(row: dict, metric: str) -> Markup | str:
     value, (low, high) = row[metric], row[f"{metric}_ci95"]
     if value is None:
         return ""
     digits = 4 if metric in ("brier", "occurrence_accuracy") else 2
-    interval = "" if low is None else f' <span class="ci">[{low:.{digits}f}, {high:.{digits}f}]</span>'
-    return f"{value:.{digits}f}{interval}"
+    if low is None:
+        return f"{value:.{digits}f}"
+    # Markup.format escapes what it fills in: here numbers only.
+    return Markup('{0:.{3}f} <span class="ci">[{1:.{3}f}, {2:.{3}f}]</span>').format(value, low, high, digits)
 
 
-# A record's texts (model and submission names come from submitters) escaped, hidden characters
-# shown (pipeline.markdown.html_text: bidi controls and zero-width characters).
+# A record's texts (model and submission names come from submitters) are cells of text: the
+# template escapes them and shows their hidden characters (bidi controls and zero-width characters).
 _COLUMNS = (
     ("rank", lambda r: str(r["rank"])),
     ("≈ leader", lambda r: "leader" if r["rank"] == 1 else "≈" if r["overlaps_leader"] else ""),
-    ("model", lambda r: html_text(r["name"])),
-    ("id", lambda r: html_text(r["id"])),
+    ("model", lambda r: r["name"]),
+    ("id", lambda r: r["id"]),
     ("baseline", lambda r: "yes" if r["baseline"] else ""),
     ("live score [95% CI]", lambda r: _cell(r, RANK_METRIC)),
     ("L2 F1 [95% CI]", lambda r: _cell(r, "level2_f1")),
     ("L1 F1", lambda r: _cell(r, "level1_f1")),
     ("Brier [95% CI]", lambda r: _cell(r, "brier")),
     ("event accuracy", lambda r: _cell(r, "occurrence_accuracy")),
-    ("event forecast", lambda r: html_text(r["occurrence_forecast"])),
+    ("event forecast", lambda r: r["occurrence_forecast"]),
     ("questions (answered)", lambda r: f"{r['questions']} ({r['answered']})"),
     ("rounds", lambda r: str(len(r["rounds"]))),
-    ("submissions", lambda r: html_text(", ".join(r["submissions"]))),
+    ("submissions", lambda r: ", ".join(r["submissions"])),
 )
 
 
-def _table(rows: list[dict]) -> list[str]:
-    if not rows:
-        return ["<p>No scored submission yet.</p>"]
-    out = [
-        "<table>",
-        "<thead><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h, _ in _COLUMNS) + "</tr></thead>",
-        "<tbody>",
+def _table_rows(rows: list[dict]) -> list[dict]:
+    """A board's rows as the template's table shows them: the row's class, then its cells."""
+    return [
+        {"classes": "baseline" if row["baseline"] else "submission", "cells": [cell(row) for _, cell in _COLUMNS]}
+        for row in rows
     ]
-    for row in rows:
-        cells = "".join(f"<td>{cell(row)}</td>" for _, cell in _COLUMNS)
-        out.append(f'<tr class="{"baseline" if row["baseline"] else "submission"}">{cells}</tr>')
-    return [*out, "</tbody>", "</table>"]
 
 
 def round_series(board: dict) -> tuple[list[Series], list[str]]:
@@ -361,10 +332,10 @@ def round_series(board: dict) -> tuple[list[Series], list[str]]:
     return series, days
 
 
-def _chart(board: dict) -> list[str]:
+def _chart(board: dict) -> Markup | None:
     series, days = round_series(board)
     if not days:
-        return []
+        return None
     svg = trend_svg(
         series,
         days,
@@ -372,48 +343,33 @@ def _chart(board: dict) -> list[str]:
         key=Key(solid="submitted model", dashed="baseline"),
         salt="live-cumulative",
     )
-    return ["<h3>Cumulative live score over rounds</h3>", f'<figure class="rounds">{svg}</figure>']
+    # matplotlib's SVG writer escapes what it writes, and every text in it is a path (board_charts'
+    # module doc): no model name reaches the markup.
+    return Markup(svg)
 
 
 def page(board: dict) -> bytes:
-    """leaderboard.html: the cumulative board, then each round's, the rules stated. Self-contained
-    (inline style; the CSP forbids any request) and free of the time it was made. Every text from
-    a record (model names, submission names) is escaped: submitters write them."""
-    parts = [
-        "<!DOCTYPE html>",
-        '<html lang="en">',
-        "<head>",
-        '<meta charset="utf-8">',
-        f'<meta http-equiv="Content-Security-Policy" content="{CSP}">',
-        '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        "<title>MIRAI live leaderboard</title>",
-        f"<style>{STYLE}</style>",
-        "</head>",
-        "<body>",
-        "<h1>MIRAI live leaderboard</h1>",
-        '<p class="rule">Questions published before the events they ask about, answered from GDELT once each '
-        "target date closed (docs/live.md). Live score and F1 are percentages.</p>",
-        f'<p class="rule" id="rank-rule">{html.escape(RANK_RULE)}.</p>',
-        f'<p class="rule">{html.escape(INTERVAL_RULE)}.</p>',
-        '<h2 id="key">Key</h2>',
-        '<ul class="legend">',
-        *(f"<li>{item}</li>" for item in LEGEND),
-        "</ul>",
-        '<section id="cumulative"><h2>All rounds</h2>',
-        *_chart(board),
-        *_table(board["cumulative"]),
-        "</section>",
-    ]
-    for entry in board["rounds"]:
-        day = html.escape(entry["round"])
-        parts += [
-            f'<section id="round-{day}"><h2>Round {day}</h2>',
-            f'<p class="rule">{entry["resolved_questions"]} resolved questions, {entry["empty_answers"]} with an empty answer.</p>',
-            *_table(entry["rows"]),
-            "</section>",
-        ]
-    parts += ["</body>", "</html>", ""]
-    return "\n".join(parts).encode()
+    """leaderboard.html (pipeline/evaluation/templates/live_leaderboard.html): the cumulative board,
+    then each round's, the rules stated. Self-contained (inline style; the CSP forbids any request)
+    and free of the time it was made. Every text from a record (model names, submission names) is
+    escaped: submitters write them."""
+    return render(
+        "live_leaderboard.html",
+        rank_rule=RANK_RULE,
+        interval_rule=INTERVAL_RULE,
+        columns=[header for header, _ in _COLUMNS],
+        chart=_chart(board),
+        cumulative=_table_rows(board["cumulative"]),
+        rounds=[
+            {
+                "day": entry["round"],
+                "resolved_questions": entry["resolved_questions"],
+                "empty_answers": entry["empty_answers"],
+                "rows": _table_rows(entry["rows"]),
+            }
+            for entry in board["rounds"]
+        ],
+    )
 
 
 @dataclass(frozen=True)
