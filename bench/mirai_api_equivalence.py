@@ -170,7 +170,8 @@ def draw_calls(data_dir: Path, month: date, n: int, seed: int) -> list[dict]:
     """``n`` random calls of each function, each for a random query date of ``month``."""
     import polars as pl
 
-    from pipeline.splits.mirai_files import country_dictionary, relation_dictionary
+    from pipeline.reference.alternate_names import country_alternate_names
+    from pipeline.splits.mirai_files import relation_dictionary
 
     rng = random.Random(seed)
     events = pl.read_parquet(data_dir / "database/events/*.parquet")
@@ -180,7 +181,7 @@ def draw_calls(data_dir: Path, month: date, n: int, seed: int) -> list[dict]:
     relations = relation_dictionary()
     level1 = [c for c in relations if len(c) == 2]
     level2 = [c for c in relations if len(c) == 3]
-    names = [v[0] for v in country_dictionary().values()]
+    names = [v[0] for v in country_alternate_names().values()]
     words = [
         w for t in news.get_column("title").sample(200, seed=seed) for w in t.split() if w.isalpha() and len(w) > 3
     ]

@@ -10,10 +10,12 @@ import random
 import shutil
 import unicodedata
 from datetime import UTC, date, datetime
+from importlib.metadata import version
 from pathlib import Path
 
 import polars as pl
 import pytest
+from babel.core import get_cldr_version
 
 from pipeline.agent_api.lookup import map_cameo_to_relation, map_iso_to_country_name
 from pipeline.reference import level1_codes, level2_codes
@@ -109,6 +111,11 @@ def test_the_export_holds_miraiS_files_columns_and_id_scheme(exported, data_dir)
     assert len(countries) == 250 and all(names[0] == map_iso_to_country_name(iso) for iso, names in countries.items())
     owners = [name for names in countries.values() for name in names]
     assert len(owners) == len(set(owners))  # MIRAI's name→code map keeps one code per name
+    # The display name stays first; CLDR's English name (through babel) follows it.
+    assert countries["RUS"][0] == "Russian Federation" and "Russia" in countries["RUS"]
+    assert "Vatican City" in countries["VAT"] and "Myanmar (Burma)" in countries["MMR"]
+    sources = json.loads((exported / EXPORT_MANIFEST).read_text())["country_name_sources"]
+    assert sources == {"pycountry": version("pycountry"), "babel": version("babel"), "cldr": get_cldr_version()}
 
 
 def test_export_then_import_is_a_round_trip(exported, data_dir, tmp_path):

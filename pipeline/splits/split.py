@@ -30,6 +30,7 @@ from pipeline.reference import (
     RELATION_TABLE_VERSION,
     region_table,
 )
+from pipeline.reference.alternate_names import country_name_sources
 from pipeline.release.layout import MIRAI_BUNDLE_DIR
 from pipeline.splits.database import MonthNotReady, month_days
 from pipeline.splits.mirai_export import write_bundle
@@ -335,6 +336,8 @@ def _manifest(
             "region_table": REGION_TABLE_VERSION,
             "relation_table": RELATION_TABLE_VERSION,
             "relation_descriptions": RELATION_DESCRIPTION_VERSION,
+            # the sources of mirai/data/info/dict_iso2alternames_GeoNames.json's alternate names
+            "country_names": ", ".join(f"{name} {v}" for name, v in country_name_sources().items()),
             "articles": ARTICLES_VERSION,
             "article_profile": db_meta.get("article_profile", ""),
             "database": db_meta.get("database_version", ""),
