@@ -3,10 +3,12 @@ maintained sources only (none written by hand here):
 
 - our country table (countries.csv): the display name, and CAMEO's spelling of an alias;
 - pycountry (ISO 3166-1): each code's name, official name and common name;
-- babel (Unicode CLDR): the English name of each territory in every Latin-script English locale
-  CLDR has (en, en_001, en_CA, …: "Russia", "Vatican City", "St Kitts & Nevis"). Babel keeps
-  CLDR's main name of a territory, not its alt="variant" and alt="short" forms ("Turkey",
-  "Ivory Coast", "UK"), so those are not here.
+- babel (Unicode CLDR): the English name of each territory in CLDR's region-neutral English
+  locales, en, en_001 (world) and en_150 (Europe): "Russia", "Vatican City", "St Kitts & Nevis".
+  The country variants (en_CA, en_IN, …) add only spellings pycountry mostly has ("Saint Lucia")
+  and would take ~0.4 s to load in every sandbox child. Babel keeps CLDR's main name of a
+  territory, not its alt="variant" and alt="short" forms ("Turkey", "Ivory Coast", "UK"), so those
+  are not here.
 
 A name two codes share is dropped from both, and so is a name that is another code's display name:
 MIRAI's name→code map keeps one code per name, and a look-up by name must give one answer.
@@ -21,6 +23,7 @@ import babel.core
 import polars as pl
 import pycountry
 from babel import Locale
+from babel.core import parse_locale
 from babel.localedata import locale_identifiers
 
 from pipeline.reference.tables import country_names, country_table
@@ -36,14 +39,15 @@ def country_name_sources() -> dict[str, str]:
 
 
 def _cldr_english_names() -> dict[str, set[str]]:
-    """ISO alpha-3 -> the names CLDR's English locales give its territory (keyed by alpha-2)."""
+    """ISO alpha-3 -> the names CLDR's region-neutral English locales give its territory."""
     alpha3 = {entry.alpha_2: entry.alpha_3 for entry in pycountry.countries}
-    locales = (Locale.parse(ident) for ident in locale_identifiers() if ident == "en" or ident.startswith("en_"))
     names: dict[str, set[str]] = {}
-    for locale in locales:
-        if locale.script not in (None, "Latn"):  # en_Dsrt, en_Shaw: English in Deseret and Shavian
+    for ident in locale_identifiers():
+        language, region, script, *_ = parse_locale(ident)
+        # en_Dsrt and en_Shaw write English in the Deseret and Shavian scripts.
+        if language != "en" or script not in (None, "Latn") or not (region is None or region.isdigit()):
             continue
-        for alpha2, name in locale.territories.items():
+        for alpha2, name in Locale.parse(ident).territories.items():
             if alpha2 in alpha3:
                 names.setdefault(alpha3[alpha2], set()).add(name)
     return names
