@@ -19,11 +19,10 @@ from __future__ import annotations
 from functools import cache
 from importlib.metadata import version
 
-import babel.core
 import polars as pl
 import pycountry
 from babel import Locale
-from babel.core import parse_locale
+from babel.core import get_cldr_version, parse_locale
 from babel.localedata import locale_identifiers
 
 from pipeline.reference.tables import country_names, country_table
@@ -34,7 +33,7 @@ def country_name_sources() -> dict[str, str]:
     return {
         "pycountry": version("pycountry"),
         "babel": version("babel"),
-        "cldr": babel.core.get_cldr_version(),
+        "cldr": get_cldr_version(),
     }
 
 
