@@ -170,7 +170,7 @@ def draw_calls(data_dir: Path, month: date, n: int, seed: int) -> list[dict]:
     """``n`` random calls of each function, each for a random query date of ``month``."""
     import polars as pl
 
-    from pipeline.reference.alternate_names import country_alternate_names
+    from pipeline.reference.tables import country_alternate_names
     from pipeline.splits.mirai_files import relation_dictionary
 
     rng = random.Random(seed)

@@ -2,8 +2,8 @@
 
 MIRAI matched unknown names with OpenAI embeddings. We stay offline and dependency-free:
 
-- countries: every name we know for an ISO code (pipeline/reference/alternate_names.py: our country
-  table, pycountry's names, CLDR's English names through babel), compared without case, accents
+- countries: every name we know for an ISO code (pipeline/reference/country_names.csv: our country
+  table, pycountry's names, CLDR's English names), compared without case, accents
   or punctuation, is scored against the query with difflib's ratio, boosted when one string
   contains the other or they share words; the best score per code ranks the codes.
 - relations: BM25 (Okapi, as rank_bm25 computes it; see bm25.py) over each relation's "name: description"
@@ -32,8 +32,7 @@ from pipeline.agent_api.types import (
     coerce_cameo,
     coerce_iso,
 )
-from pipeline.reference.alternate_names import country_alternate_names
-from pipeline.reference.tables import country_table, named_relations
+from pipeline.reference.tables import country_alternate_names, country_table, named_relations
 
 TOP_K = 5
 _NON_WORD = re.compile(r"[^a-z0-9]+")
@@ -180,8 +179,7 @@ def expand_relations(codes: list[CAMEOCode]) -> list[str]:
 
 
 def warm_caches() -> None:
-    """Load every table a look-up needs (files, pycountry's and babel's databases) before a sandbox
-    forbids opening files."""
+    """Load every table a look-up needs before a sandbox forbids opening files."""
     _name_index()
     _relations_by_code()
     map_country_name_to_iso("United States")

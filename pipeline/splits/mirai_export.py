@@ -20,7 +20,7 @@ from pathlib import Path
 
 import polars as pl
 
-from pipeline.reference.alternate_names import country_alternate_names, country_name_sources
+from pipeline.reference.tables import COUNTRY_NAME_SOURCES, COUNTRY_NAMES_VERSION, country_alternate_names
 from pipeline.splits.mirai_files import (
     BUNDLE_FILES,
     COUNTRIES_FILE,
@@ -251,8 +251,9 @@ def export_mirai(month: date, data_dir: Path, out: Path) -> ExportResult:
             "month": f"{month:%Y-%m}",
             "database_months": months,
             "files": files,
-            # Where dict_iso2alternames_GeoNames.json's alternate names come from (docs/mirai.md).
-            "country_name_sources": country_name_sources(),
+            # dict_iso2alternames_GeoNames.json's table and the sources it was built from (docs/mirai.md).
+            "country_names": COUNTRY_NAMES_VERSION,
+            "country_name_sources": COUNTRY_NAME_SOURCES,
             "not_included": dict.fromkeys(
                 EMBEDDING_FILES,
                 "made by MIRAI's dataset_construction/_encode_country_relation.py with a paid OpenAI key "
