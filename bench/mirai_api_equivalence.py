@@ -170,12 +170,13 @@ def ours(data_dir: Path, calls: list[dict], mode: str) -> tuple[list, list]:
 def draw_calls(data_dir: Path, month: date, n: int, seed: int) -> list[dict]:
     """``n`` random calls of each function, each for a random query date of ``month``; the
     countries asked for by their first names, the relations by theirs."""
-    from pipeline.splits.mirai_files import country_dictionary, relation_dictionary
+    from pipeline.reference.tables import country_alternate_names
+    from pipeline.splits.mirai_files import relation_dictionary
 
     rng = random.Random(seed)
     pools = call_pools(data_dir, seed)
     relations = relation_dictionary()
-    names = [v[0] for v in country_dictionary().values()]
+    names = [v[0] for v in country_alternate_names().values()]
     days = (month.replace(day=28) - month).days + 1
     return draw_api_calls(
         rng,

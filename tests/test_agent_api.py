@@ -293,6 +293,25 @@ def test_country_lookup(env):
     assert env.map_iso_to_country_name("CHN") == "China"
 
 
+def test_country_lookup_knows_cldrS_english_names(env):
+    # CLDR's English names (babel) and pycountry's give one code each, returned under its display
+    # name; accents and curly apostrophes do not matter.
+    for name, iso in (
+        ("Russia", "RUS"),
+        ("vatican city", "VAT"),
+        ("Myanmar (Burma)", "MMR"),
+        ("Congo - Kinshasa", "COD"),
+        ("Palestinian Territories", "PSE"),
+        ("St Lucia", "LCA"),
+        ("Cote d'Ivoire", "CIV"),
+        ("Côte d’Ivoire", "CIV"),
+    ):
+        found = env.map_country_name_to_iso(name)
+        assert [(c.iso_code.code, c.name) for c in found] == [(iso, env.map_iso_to_country_name(iso))], name
+    assert env.map_country_name_to_iso("Burma")[0].iso_code.code == "MMR"  # a word of CLDR's "Myanmar (Burma)"
+    assert env.map_country_name_to_iso("Turkey")[0].iso_code.code == "TUR"  # close to "Türkiye" without its accent
+
+
 def test_relation_lookup_and_hierarchy(env):
     assert env.map_relation_description_to_cameo("Make a visit")[0].cameo_code.code == "042"
     assert "193" in [r.cameo_code.code for r in env.map_relation_description_to_cameo("fight with small arms")]

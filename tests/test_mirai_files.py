@@ -16,7 +16,7 @@ import polars as pl
 import pytest
 
 from pipeline.agent_api.lookup import map_cameo_to_relation, map_iso_to_country_name
-from pipeline.reference import level1_codes, level2_codes
+from pipeline.reference import COUNTRY_NAME_SOURCES, COUNTRY_NAMES_VERSION, level1_codes, level2_codes
 from pipeline.release.download import download_release
 from pipeline.release.layout import MIRAI_BUNDLE_DIR, MIRAI_BUNDLE_FILES, name_problem
 from pipeline.release.publish import publish_release
@@ -109,6 +109,12 @@ def test_the_export_holds_miraiS_files_columns_and_id_scheme(exported, data_dir)
     assert len(countries) == 250 and all(names[0] == map_iso_to_country_name(iso) for iso, names in countries.items())
     owners = [name for names in countries.values() for name in names]
     assert len(owners) == len(set(owners))  # MIRAI's name→code map keeps one code per name
+    # The display name stays first; CLDR's English name (through babel) follows it.
+    assert countries["RUS"][0] == "Russian Federation" and "Russia" in countries["RUS"]
+    assert "Vatican City" in countries["VAT"] and "Myanmar (Burma)" in countries["MMR"]
+    metadata = json.loads((exported / EXPORT_MANIFEST).read_text())
+    assert metadata["country_names"] == COUNTRY_NAMES_VERSION
+    assert metadata["country_name_sources"] == COUNTRY_NAME_SOURCES
 
 
 def test_export_then_import_is_a_round_trip(exported, data_dir, tmp_path):

@@ -1,9 +1,10 @@
-"""The versioned reference tables: CAMEO country -> ISO 3166-1 alpha-3, MIRAI's CAMEO relations and
-their descriptions."""
+"""The versioned reference tables: CAMEO country -> ISO 3166-1 alpha-3, every country's names, MIRAI's
+CAMEO relations and their descriptions."""
 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import polars as pl
 import pycountry
@@ -11,8 +12,12 @@ import pytest
 
 from pipeline.agent_api.lookup import map_cameo_to_relation, map_relation_description_to_cameo
 from pipeline.reference import (
+    COUNTRY_NAME_SOURCES,
     RELATION_DESCRIPTION_VERSION,
     cameo_to_iso3,
+    country_alternate_names,
+    country_name_table,
+    country_names,
     country_table,
     iso3_codes,
     level1_codes,
@@ -20,17 +25,23 @@ from pipeline.reference import (
     region_table,
     relation_descriptions,
     relation_table,
+    tables,
 )
 from pipeline.reference.build import (
     CONTINENTS,
+    build_country_name_table,
     build_country_table,
     build_region_table,
+    cldr_english_names,
     iso_names,
+    name_sources,
+    pycountry_names,
     read_cameo_countries,
     read_geonames_continents,
+    record_name_sources,
     render_csv,
 )
-from pipeline.reference.tables import COUNTRIES_CSV, REGIONS_CSV
+from pipeline.reference.tables import COUNTRIES_CSV, COUNTRY_NAMES_CSV, REGIONS_CSV
 
 from .conftest import shared_fixture
 
@@ -138,6 +149,64 @@ def test_reader_tolerates_lf_and_bad_bytes(tmp_path):
     table = read_cameo_countries(source)
     assert set(table) == {"REU", "WST"}
     assert table["WST"] == "The West"
+
+
+# --- country names (country_names.csv) --------------------------------------------------------
+
+
+def test_committed_country_names_csv_is_the_build_output():
+    # Built from the committed countries.csv and the installed pycountry and babel: no ../shared needed.
+    rebuilt = render_csv(build_country_name_table(country_table(), pycountry_names(), cldr_english_names()))
+    assert rebuilt == COUNTRY_NAMES_CSV.read_text(encoding="utf-8"), (
+        "country_names.csv is stale: rerun `python -m pipeline.reference.build` (see its docstring), "
+        "review the diff, bump COUNTRY_NAMES_VERSION"
+    )
+
+
+def test_recorded_name_sources_are_the_installed_ones():
+    assert COUNTRY_NAME_SOURCES == name_sources(), (
+        "country_names.csv was built with other pycountry/babel/CLDR versions: rerun "
+        "`python -m pipeline.reference.build`, which rewrites tables.COUNTRY_NAME_SOURCES"
+    )
+    text = Path(tables.__file__).read_text(encoding="utf-8")
+    assert record_name_sources(text, COUNTRY_NAME_SOURCES) == text  # the line is exactly what the build writes
+
+
+def test_country_names_start_with_the_display_name_and_belong_to_one_code():
+    table = country_name_table()
+    assert table.columns == ["iso3", "name", "source"]
+    assert set(table.get_column("source")) == {"display", "cameo", "pycountry", "cldr"}
+    names = country_alternate_names()
+    assert list(names) == sorted(iso3_codes())
+    assert {iso: known[0] for iso, known in names.items()} == dict(country_names().iter_rows())
+    firsts = table.filter(pl.col("iso3").is_first_distinct())
+    assert set(firsts.get_column("source")) == {"display"} and (table.get_column("source") == "display").sum() == 250
+    assert table.get_column("name").is_unique().all()  # MIRAI's name->code map keeps one code per name
+    assert "Russia" in names["RUS"] and "Gaza Strip" in names["PSE"]
+
+
+def test_a_shared_name_or_another_codes_display_name_is_left_out():
+    countries = pl.DataFrame(
+        [
+            ("AAA", "AAA", "Alpha", "identity"),
+            ("BBB", "BBB", "Beta", "identity"),
+            ("OLD", "AAA", "Old Alpha", "alias"),
+            ("REG", None, "Region", "excluded"),
+        ],
+        schema=["cameo_code", "iso3", "name", "status"],
+        orient="row",
+    )
+    iso_sources = {"AAA": ["Alpha", "Republic of Alpha", "Shared"], "BBB": ["Beta", "Shared"], "CCC": ["Gamma"]}
+    cldr = {"AAA": {"Beta", "Alfa", "Republic of Alpha"}, "BBB": {"B-Land"}}
+    rows = build_country_name_table(countries, iso_sources, cldr).rows()
+    assert rows == [
+        ("AAA", "Alpha", "display"),
+        ("AAA", "Old Alpha", "cameo"),
+        ("AAA", "Republic of Alpha", "pycountry"),
+        ("AAA", "Alfa", "cldr"),
+        ("BBB", "Beta", "display"),
+        ("BBB", "B-Land", "cldr"),
+    ]
 
 
 # --- relations -------------------------------------------------------------------------------

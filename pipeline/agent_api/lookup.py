@@ -2,9 +2,10 @@
 
 MIRAI matched unknown names with OpenAI embeddings. We stay offline and dependency-free:
 
-- countries: every name we know for an ISO code (our country table, plus pycountry's name,
-  official name and common name) is scored against the query with difflib's ratio, boosted when
-  one string contains the other or they share words; the best score per code ranks the codes.
+- countries: every name we know for an ISO code (pipeline/reference/country_names.csv: our country
+  table, pycountry's names, CLDR's English names), compared without case, accents
+  or punctuation, is scored against the query with difflib's ratio, boosted when one string
+  contains the other or they share words; the best score per code ranks the codes.
 - relations: BM25 (Okapi, as rank_bm25 computes it; see bm25.py) over each relation's "name: description"
   (the text MIRAI embedded), its parent's name, all analysed (lowercase, stemmed).
 
@@ -16,11 +17,11 @@ v1.1b3 (2012), each with the codebook section it paraphrases (pipeline/reference
 from __future__ import annotations
 
 import re
+import unicodedata
 from difflib import SequenceMatcher
 from functools import cache
 
 import polars as pl
-import pycountry
 
 from pipeline.agent_api.bm25 import analysed_scores
 from pipeline.agent_api.types import (
@@ -31,14 +32,16 @@ from pipeline.agent_api.types import (
     coerce_cameo,
     coerce_iso,
 )
-from pipeline.reference.tables import country_table, named_relations
+from pipeline.reference.tables import country_alternate_names, country_table, named_relations
 
 TOP_K = 5
 _NON_WORD = re.compile(r"[^a-z0-9]+")
 
 
 def _normalise(name: str) -> str:
-    return _NON_WORD.sub(" ", name.lower()).strip()
+    """Lower case, accents dropped ("Côte d’Ivoire" -> "cote d ivoire"), punctuation as spaces."""
+    unaccented = "".join(c for c in unicodedata.normalize("NFKD", name) if not unicodedata.combining(c))
+    return _NON_WORD.sub(" ", unaccented.lower()).strip()
 
 
 @cache
@@ -51,15 +54,7 @@ def country_names() -> dict[str, str]:
 @cache
 def _name_index() -> tuple[tuple[str, str], ...]:
     """(normalised name, ISO code) for every known name of every code."""
-    pairs = {
-        (_normalise(name), iso)
-        for name, iso in country_table().filter(pl.col("iso3").is_not_null()).select("name", "iso3").iter_rows()
-    }
-    for entry in pycountry.countries:
-        if entry.alpha_3 in country_names():
-            for attr in ("name", "official_name", "common_name"):
-                if value := getattr(entry, attr, None):
-                    pairs.add((_normalise(value), entry.alpha_3))
+    pairs = {(_normalise(name), iso) for iso, names in country_alternate_names().items() for name in names}
     return tuple(sorted(pairs))
 
 
@@ -184,8 +179,7 @@ def expand_relations(codes: list[CAMEOCode]) -> list[str]:
 
 
 def warm_caches() -> None:
-    """Load every table a look-up needs (files, pycountry's database) before a sandbox forbids opening
-    files."""
+    """Load every table a look-up needs before a sandbox forbids opening files."""
     _name_index()
     _relations_by_code()
     map_country_name_to_iso("United States")

@@ -1,12 +1,16 @@
-"""Versioned reference tables: CAMEO actor countries -> ISO 3166-1 alpha-3, their regions, and
-MIRAI's CAMEO relations and their descriptions."""
+"""Versioned reference tables: CAMEO actor countries -> ISO 3166-1 alpha-3, their regions and names,
+and MIRAI's CAMEO relations and their descriptions."""
 
 from pipeline.reference.tables import (
+    COUNTRY_NAME_SOURCES,
+    COUNTRY_NAMES_VERSION,
     COUNTRY_TABLE_VERSION,
     REGION_TABLE_VERSION,
     RELATION_DESCRIPTION_VERSION,
     RELATION_TABLE_VERSION,
     cameo_to_iso3,
+    country_alternate_names,
+    country_name_table,
     country_names,
     country_table,
     iso3_codes,
@@ -18,11 +22,15 @@ from pipeline.reference.tables import (
 )
 
 __all__ = [
+    "COUNTRY_NAMES_VERSION",
+    "COUNTRY_NAME_SOURCES",
     "COUNTRY_TABLE_VERSION",
     "REGION_TABLE_VERSION",
     "RELATION_DESCRIPTION_VERSION",
     "RELATION_TABLE_VERSION",
     "cameo_to_iso3",
+    "country_alternate_names",
+    "country_name_table",
     "country_names",
     "country_table",
     "iso3_codes",

@@ -1,13 +1,15 @@
-"""Regenerate countries.csv from GDELT's CAMEO actor-country lookup, pycountry and the rules below.
+"""Regenerate countries.csv from GDELT's CAMEO actor-country lookup, pycountry and the rules below,
+regions.csv from GeoNames, and country_names.csv from countries.csv, pycountry and CLDR (babel).
 
     python -m pipeline.reference.build --cameo ../shared/fixtures/reference/CAMEO.country.txt \
         --geonames ../shared/fixtures/reference/countryInfo.txt
 
-The committed countries.csv is this script's output; tests/test_reference.py rebuilds it and fails
-on any difference, so a rule change (or a pycountry release that renames a country) must be
-followed by a rerun and a bump of COUNTRY_TABLE_VERSION in tables.py.
+The committed CSV files are this script's output; tests/test_reference.py rebuilds them and fails
+on any difference, so a rule change (or a pycountry or babel release that renames a country) must be
+followed by a rerun and a bump of the table's version in tables.py. The run also rewrites
+tables.py's COUNTRY_NAME_SOURCES line with the versions of pycountry, babel and CLDR it used.
 
-Row rules, one row per code (sorted by code):
+Row rules of countries.csv, one row per code (sorted by code):
   identity  every current ISO 3166-1 alpha-3 code (pycountry) plus EXTRA_IDENTITY; iso3 = code
   alias     a CAMEO code for a place that ISO codes differently (ALIASES); iso3 = that ISO code
   excluded  any other CAMEO code (EXCLUDED): regions, blocs, a dissolved country; iso3 empty
@@ -18,13 +20,26 @@ decision with a reason, not a silent default.
 from __future__ import annotations
 
 import argparse
+import json
 import re
+from importlib.metadata import version
 from pathlib import Path
 
 import polars as pl
 import pycountry
+from babel import Locale
+from babel.core import get_cldr_version, parse_locale
+from babel.localedata import locale_identifiers
 
-from pipeline.reference.tables import COUNTRIES_CSV, COUNTRY_COLUMNS, REGION_COLUMNS, REGIONS_CSV
+from pipeline.reference import tables
+from pipeline.reference.tables import (
+    COUNTRIES_CSV,
+    COUNTRY_COLUMNS,
+    COUNTRY_NAME_COLUMNS,
+    COUNTRY_NAMES_CSV,
+    REGION_COLUMNS,
+    REGIONS_CSV,
+)
 
 # Kosovo has no ISO 3166-1 code. XKX is the user-assigned code used by the World Bank and
 # GeoNames, and MIRAI's own country list (paper Table 14) includes "XKX Kosovo", so the benchmark
@@ -191,6 +206,84 @@ def build_region_table(countries: pl.DataFrame, continents: dict[str, str]) -> p
     return pl.DataFrame(rows, schema=dict.fromkeys(REGION_COLUMNS, pl.String))
 
 
+def pycountry_names() -> dict[str, list[str]]:
+    """ISO alpha-3 -> pycountry's (ISO 3166-1) name, official name and common name, those it has."""
+    return {
+        entry.alpha_3: [v for a in ("name", "official_name", "common_name") if (v := getattr(entry, a, None))]
+        for entry in pycountry.countries
+    }
+
+
+def cldr_english_names() -> dict[str, set[str]]:
+    """ISO alpha-3 -> the names CLDR's region-neutral English locales (en, en_001 for the world,
+    en_150 for Europe) give its territory. The country variants (en_CA, en_IN, ...) add only
+    spellings pycountry mostly has ("Saint Lucia"). Babel keeps CLDR's main name of a territory,
+    not its alt="variant" and alt="short" forms ("Turkey", "Ivory Coast", "UK")."""
+    alpha3 = {entry.alpha_2: entry.alpha_3 for entry in pycountry.countries}
+    names: dict[str, set[str]] = {}
+    for ident in locale_identifiers():
+        language, region, script, *_ = parse_locale(ident)
+        # en_Dsrt and en_Shaw write English in the Deseret and Shavian scripts.
+        if language != "en" or script not in (None, "Latn") or not (region is None or region.isdigit()):
+            continue
+        for alpha2, name in Locale.parse(ident).territories.items():
+            if alpha2 in alpha3:
+                names.setdefault(alpha3[alpha2], set()).add(name)
+    return names
+
+
+def build_country_name_table(
+    countries: pl.DataFrame, iso_sources: dict[str, list[str]], cldr: dict[str, set[str]]
+) -> pl.DataFrame:
+    """Every name of every ISO code of the countries table, by code (sorted): its display name
+    (source display), then in this order CAMEO's spelling of an alias (cameo), pycountry's names
+    (pycountry) and CLDR's English names, sorted (cldr), each under the first source that gives
+    it. A name two codes share is dropped from both, and so is a name that is another code's
+    display name: MIRAI's name->code map keeps one code per name, and a look-up by name must give
+    one answer."""
+    display = dict(countries.filter(pl.col("status") == "identity").select("iso3", "name").iter_rows())
+    candidates: dict[str, list[tuple[str, str]]] = {iso: [(display[iso], "display")] for iso in sorted(display)}
+    for cameo_name, iso in countries.filter(pl.col("iso3").is_not_null()).select("name", "iso3").iter_rows():
+        candidates[iso].append((cameo_name, "cameo"))
+    for iso, names in iso_sources.items():
+        if iso in candidates:
+            candidates[iso] += [(name, "pycountry") for name in names]
+    for iso, names in cldr.items():
+        if iso in candidates:
+            candidates[iso] += [(name, "cldr") for name in sorted(names)]
+    owners: dict[str, set[str]] = {}
+    for iso, known in candidates.items():
+        for name, _ in known:
+            owners.setdefault(name, set()).add(iso)
+    displayed = set(display.values())
+    rows = []
+    for iso, ((first, _), *rest) in candidates.items():
+        rows.append((iso, first, "display"))
+        seen = {first}
+        for name, source in rest:
+            if name not in seen and len(owners[name]) == 1 and name not in displayed:
+                rows.append((iso, name, source))
+            seen.add(name)
+    return pl.DataFrame(rows, schema=dict.fromkeys(COUNTRY_NAME_COLUMNS, pl.String), orient="row")
+
+
+def name_sources() -> dict[str, str]:
+    """The installed versions of country_names.csv's sources, as tables.COUNTRY_NAME_SOURCES records them."""
+    return {"pycountry": version("pycountry"), "babel": version("babel"), "cldr": get_cldr_version()}
+
+
+_NAME_SOURCES_LINE = re.compile(r"^COUNTRY_NAME_SOURCES = .*$", re.MULTILINE)
+
+
+def record_name_sources(tables_text: str, sources: dict[str, str]) -> str:
+    """tables.py's text with its COUNTRY_NAME_SOURCES line set to ``sources``."""
+    line = f"COUNTRY_NAME_SOURCES = {json.dumps(sources)}"
+    text, count = _NAME_SOURCES_LINE.subn(lambda _: line, tables_text)
+    if count != 1:
+        raise ValueError(f"expected one COUNTRY_NAME_SOURCES line in tables.py, found {count}")
+    return text
+
+
 def render_csv(table: pl.DataFrame) -> str:
     """The exact committed text: LF endings, quoting only where a field needs it."""
     return table.write_csv(line_terminator="\n")
@@ -202,6 +295,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--geonames", type=Path, required=True, help="GeoNames countryInfo.txt")
     parser.add_argument("--out", type=Path, default=COUNTRIES_CSV, help="default: the committed countries.csv")
     parser.add_argument("--regions-out", type=Path, default=REGIONS_CSV, help="default: the committed regions.csv")
+    parser.add_argument(
+        "--names-out", type=Path, default=COUNTRY_NAMES_CSV, help="default: the committed country_names.csv"
+    )
+    parser.add_argument(
+        "--tables-py",
+        type=Path,
+        default=Path(tables.__file__),
+        help="the tables.py whose COUNTRY_NAME_SOURCES line records the sources' versions; default: the package's",
+    )
     args = parser.parse_args(argv)
     table = build_country_table(read_cameo_countries(args.cameo), iso_names())
     args.out.write_text(render_csv(table), encoding="utf-8", newline="")
@@ -210,6 +312,15 @@ def main(argv: list[str] | None = None) -> None:
     regions = build_region_table(table, read_geonames_continents(args.geonames))
     args.regions_out.write_text(render_csv(regions), encoding="utf-8", newline="")
     print(f"wrote {args.regions_out}: {regions.height} rows")
+    names = build_country_name_table(table, pycountry_names(), cldr_english_names())
+    args.names_out.write_text(render_csv(names), encoding="utf-8", newline="")
+    by_source = dict(names.group_by("source").len().sort("source").iter_rows())
+    print(f"wrote {args.names_out}: {names.height} names of {names.get_column('iso3').n_unique()} codes {by_source}")
+    sources = name_sources()
+    args.tables_py.write_text(
+        record_name_sources(args.tables_py.read_text(encoding="utf-8"), sources), encoding="utf-8"
+    )
+    print(f"recorded {sources} in {args.tables_py}")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
-"""The versioned reference tables: CAMEO actor country -> ISO 3166-1 alpha-3, MIRAI's CAMEO relations and
-their descriptions.
+"""The versioned reference tables: CAMEO actor country -> ISO 3166-1 alpha-3, every country's names,
+MIRAI's CAMEO relations and their descriptions.
 
-Both are CSV files committed next to this module, so the pipeline needs nothing outside the
+All are CSV files committed next to this module, so the pipeline needs nothing outside the
 repository at run time. Every column is read as text because codes carry leading zeros ("010")
 that a numeric type would drop. Frames are cached: treat them as read-only.
 """
@@ -23,15 +23,22 @@ RELATION_TABLE_VERSION = "cameo-relations-v1"
 # Bump when cameo_descriptions.csv changes: the descriptions agents read (map_cameo_to_relation) and
 # match against (map_relation_description_to_cameo), so answers under two versions may differ.
 RELATION_DESCRIPTION_VERSION = "cameo-descriptions-v1"
+# Bump when country_names.csv changes (rerun build.py): the look-up (map_country_name_to_iso) and
+# MIRAI's dict_iso2alternames_GeoNames.json take their names from it.
+COUNTRY_NAMES_VERSION = "country-names-v1"
+# The versions of the sources country_names.csv was built from; build.py rewrites this line.
+COUNTRY_NAME_SOURCES = {"pycountry": "26.2.16", "babel": "2.18.0", "cldr": "47"}
 
 COUNTRIES_CSV = Path(__file__).with_name("countries.csv")
 RELATIONS_CSV = Path(__file__).with_name("cameo_relations.csv")
 DESCRIPTIONS_CSV = Path(__file__).with_name("cameo_descriptions.csv")
 REGIONS_CSV = Path(__file__).with_name("regions.csv")
+COUNTRY_NAMES_CSV = Path(__file__).with_name("country_names.csv")
 
 COUNTRY_COLUMNS = ("cameo_code", "iso3", "name", "status", "reason")
 REGION_COLUMNS = ("iso3", "continent", "region")
 DESCRIPTION_COLUMNS = ("code", "description", "codebook_section")
+COUNTRY_NAME_COLUMNS = ("iso3", "name", "source")
 _RELATION_SCHEMA = {
     "code": pl.String,
     "name": pl.String,
@@ -112,3 +119,19 @@ def region_table() -> pl.DataFrame:
 def country_names() -> pl.DataFrame:
     """iso3 -> the display name of its identity row (aliases name the CAMEO spelling instead)."""
     return country_table().filter(pl.col("status") == "identity").select("iso3", "name")
+
+
+@cache
+def country_name_table() -> pl.DataFrame:
+    """Every name of every ISO code: iso3, name, source (display, cameo, pycountry or cldr). Each
+    code's display name comes first, then its alternate names; no name belongs to two codes."""
+    return pl.read_csv(COUNTRY_NAMES_CSV, schema=dict.fromkeys(COUNTRY_NAME_COLUMNS, pl.String))
+
+
+@cache
+def country_alternate_names() -> dict[str, list[str]]:
+    """ISO code (sorted) -> [display name, alternate names...]: MIRAI's dict_iso2alternames_GeoNames.json."""
+    names: dict[str, list[str]] = {}
+    for iso, name in country_name_table().select("iso3", "name").iter_rows():
+        names.setdefault(iso, []).append(name)
+    return names

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import polars as pl
 
+from pipeline.reference.tables import COUNTRY_NAME_SOURCES, COUNTRY_NAMES_VERSION, country_alternate_names
 from pipeline.splits.mirai_files import (
     BUNDLE_FILES,
     COUNTRIES_FILE,
@@ -40,7 +41,6 @@ from pipeline.splits.mirai_files import (
     TEST_FILE,
     ExportError,
     answer_dict_repr,
-    country_dictionary,
     date_nlp,
     inert_cell,
     quad_code,
@@ -182,7 +182,7 @@ def write_bundle(
         TEST_FILE: _write_csv(directory / TEST_FILE, QUERY_COLUMNS, _query_rows(queries)),
         SUBSET_FILE: _write_csv(directory / SUBSET_FILE, QUERY_COLUMNS, _query_rows(sample)),
     }
-    relations, countries = relation_dictionary(), country_dictionary()
+    relations, countries = relation_dictionary(), country_alternate_names()
     texts = {
         RELATIONS_FILE: json.dumps(relations, indent=4, ensure_ascii=False) + "\n",
         COUNTRIES_FILE: json.dumps(countries, indent=4, ensure_ascii=False) + "\n",
@@ -251,6 +251,9 @@ def export_mirai(month: date, data_dir: Path, out: Path) -> ExportResult:
             "month": f"{month:%Y-%m}",
             "database_months": months,
             "files": files,
+            # dict_iso2alternames_GeoNames.json's table and the sources it was built from (docs/mirai.md).
+            "country_names": COUNTRY_NAMES_VERSION,
+            "country_name_sources": COUNTRY_NAME_SOURCES,
             "not_included": dict.fromkeys(
                 EMBEDDING_FILES,
                 "made by MIRAI's dataset_construction/_encode_country_relation.py with a paid OpenAI key "

@@ -21,10 +21,6 @@ import unicodedata
 from datetime import date
 from functools import cache
 
-import polars as pl
-import pycountry
-
-from pipeline.reference import country_names, country_table
 from pipeline.reference.tables import named_relations
 
 EXPORT_FORMAT = "mirai-export-v1"
@@ -174,34 +170,6 @@ def relation_dictionary() -> dict[str, dict[str, str]]:
         code: {"Name": name, "Description": description}
         for code, name, description in named_relations().select("code", "name", "description").iter_rows()
     }
-
-
-@cache
-def country_dictionary() -> dict[str, list[str]]:
-    """dict_iso2alternames_GeoNames.json: each ISO code with its display name first (MIRAI's API
-    checks a Country's name against the first entry), then the other names we know for it
-    (pycountry's name, official and common names, CAMEO's spelling of an alias). A name two codes
-    share is left out of both lists, since MIRAI's name→code map would keep only the last."""
-    primary = dict(country_names().iter_rows())
-    names: dict[str, list[str]] = {iso: [primary[iso]] for iso in sorted(primary)}
-    for cameo_name, iso in country_table().filter(pl.col("iso3").is_not_null()).select("name", "iso3").iter_rows():
-        names[iso].append(cameo_name)
-    for entry in pycountry.countries:
-        if entry.alpha_3 in names:
-            names[entry.alpha_3] += [
-                v for a in ("name", "official_name", "common_name") if (v := getattr(entry, a, None))
-            ]
-    owners: dict[str, set[str]] = {}
-    for iso, known in names.items():
-        for name in known:
-            owners.setdefault(name, set()).add(iso)
-    out = {}
-    for iso, known in names.items():
-        rest = [
-            n for n in dict.fromkeys(known[1:]) if n != known[0] and len(owners[n]) == 1 and n not in primary.values()
-        ]
-        out[iso] = [known[0], *rest]
-    return out
 
 
 # Spreadsheet formula injection (OWASP, "CSV Injection"; ASVS 5.0, 1.2.10): a spreadsheet opening

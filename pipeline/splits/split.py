@@ -24,6 +24,8 @@ from pipeline.config import DatasetSettings, GdeltSettings, data_source
 from pipeline.events.normalize import RULES_VERSION
 from pipeline.gdelt.ledger import read_ledger, summarize
 from pipeline.reference import (
+    COUNTRY_NAME_SOURCES,
+    COUNTRY_NAMES_VERSION,
     COUNTRY_TABLE_VERSION,
     REGION_TABLE_VERSION,
     RELATION_DESCRIPTION_VERSION,
@@ -335,6 +337,9 @@ def _manifest(
             "region_table": REGION_TABLE_VERSION,
             "relation_table": RELATION_TABLE_VERSION,
             "relation_descriptions": RELATION_DESCRIPTION_VERSION,
+            # the names of the look-up and of mirai/data/info/dict_iso2alternames_GeoNames.json
+            "country_names": COUNTRY_NAMES_VERSION,
+            "country_name_sources": ", ".join(f"{name} {v}" for name, v in COUNTRY_NAME_SOURCES.items()),
             "articles": ARTICLES_VERSION,
             "article_profile": db_meta.get("article_profile", ""),
             "database": db_meta.get("database_version", ""),
