@@ -393,7 +393,7 @@ def mirai_source(args, work: Path) -> bytes:
 def build_data(args, month: date, work: Path) -> Path:
     from datetime import UTC, datetime
 
-    from pipeline.config import DatasetSettings, Settings
+    from pipeline.config import DatasetSettings, GdeltSettings
     from pipeline.splits.split import Override, build_split
     from testbed.database import generate_event_database
 
@@ -402,7 +402,7 @@ def build_data(args, month: date, work: Path) -> Path:
     generate_event_database(data, first, 3, seed=21, quads_per_day=args.quads_per_day)
     now = datetime.now(UTC)
     build_split(
-        month, Settings(dataset=DatasetSettings(data_dir=data)), now=now, override=Override("bench", "bench", now)
+        month, DatasetSettings(data_dir=data), GdeltSettings(), now=now, override=Override("bench", "bench", now)
     )
     return data
 
