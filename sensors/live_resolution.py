@@ -1,8 +1,8 @@
 """Resolve live rounds as their target dates close, then refresh the live leaderboard.
 
 Each tick asks every published round (a local live/<D>/manifest.json) which of its target dates
-are unresolved and would resolve now (pipeline/live/resolve.py resolvable_dates: deadline passed,
-ledger settled, files stored, grace over) and requests one `live_round_resolution` run (the `live_resolution` asset) for each round
+are unresolved and would resolve now (pipeline/live/resolve.py unresolved_dates: deadline passed on
+the store's clock, ledger settled, files stored, grace over) and requests one `live_round_resolution` run (the `live_resolution` asset) for each round
 with such dates. The run key ``live_resolution:<D>:<dates>`` makes a re-tick a no-op (Dagster
 never launches a run key twice); once the run has resolved them, the dates are no longer asked
 for. When live_resolution was materialised since the last refresh and none is in flight, it
@@ -15,8 +15,9 @@ from datetime import UTC, date, datetime
 import dagster as dg
 
 from assets.live_resolution import live_leaderboard, live_resolution
-from assets.resources import Dataset, LiveRounds, compose
+from assets.resources import Dataset, LiveRounds, Network, ReleaseBucket, compose
 from pipeline.live.resolve import published_round_days, unresolved_dates
+from pipeline.release.store_uri import open_store
 from sensors.evaluations import IN_FLIGHT
 
 live_resolution_job = dg.define_asset_job(
@@ -39,19 +40,26 @@ live_leaderboard_job = dg.define_asset_job(
     jobs=[live_resolution_job, live_leaderboard_job],
     minimum_interval_seconds=300,
     description="Every 5 minutes launches one live_round_resolution run per published live round with target "
-    "dates that have closed (deadline passed, slots settled, daily_quads and articles in, grace over), then one "
+    "dates that have closed (deadline passed on the store's clock, slots settled, daily_quads and articles in, grace over), then one "
     "live_leaderboard_refresh. Stopped by default like live_round_daily, whose rounds it resolves: turn both on "
     "together.",
 )
-def live_resolution_sensor(context: dg.SensorEvaluationContext, dataset: Dataset, live: LiveRounds) -> dg.SensorResult:
+def live_resolution_sensor(
+    context: dg.SensorEvaluationContext,
+    dataset: Dataset,
+    network: Network,
+    live: LiveRounds,
+    release_store: ReleaseBucket,
+) -> dg.SensorResult:
     state = json.loads(context.cursor) if context.cursor else {"board": 0}
-    settings = compose(dataset, live)
+    settings = compose(dataset, network, live, release_store)
+    store = open_store(settings.dataset, settings.network, settings.release)
     now = datetime.now(UTC)
     requests = []
     rounds = published_round_days(settings.dataset)
     waits: dict[tuple[date, date], tuple[str, ...]] = {}  # (target date, round) -> what it waits for
     for round_day in rounds:
-        unresolved = unresolved_dates(settings.dataset, settings.live, round_day, now)
+        unresolved = unresolved_dates(settings.dataset, settings.live, round_day, now, store)
         waits.update({(target, round_day): reasons for target, reasons in unresolved.items() if reasons})
         dates = [target for target, reasons in unresolved.items() if not reasons]
         if dates:

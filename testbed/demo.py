@@ -466,9 +466,8 @@ def run_live_round(runner: Runner, plan: DemoPlan, settings: Settings, data_dir:
     from pipeline.cli import main as mirai
     from pipeline.evaluation.submissions import SubmissionError
     from pipeline.evaluation.submit import check_name_free, prepare, upload
-    from pipeline.live.publication import baseline_name, read_local_manifest
+    from pipeline.live.publication import baseline_name, read_local_manifest, store_deadline
     from pipeline.live.rounds import deadline
-    from pipeline.live.submissions import store_deadline
     from pipeline.release.layout import SUBMISSION_META, submission_key
     from pipeline.release.store_uri import open_store
 

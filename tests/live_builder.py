@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import random
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
@@ -21,7 +22,7 @@ from pipeline.live.rounds import round_dir
 from pipeline.live.submissions import owner_sha256
 from pipeline.reference import region_table
 from pipeline.release.layout import live_round_key
-from pipeline.release.store import ReleaseStore
+from pipeline.release.store import LocalStore
 from pipeline.splits.database import day_events
 from pipeline.storage import atomic_write_bytes, atomic_write_parquet
 
@@ -87,7 +88,7 @@ def write_round(
     *,
     horizons: tuple[int, ...] = (1, 7),
     published_at: datetime | None = None,
-    store: ReleaseStore | None = None,
+    store: LocalStore | None = None,
 ) -> pl.DataFrame:
     """questions.parquet (every pair on every target date) and manifest.json as publication
     writes them (with a store, the manifest in it too); returns the questions."""
@@ -131,7 +132,12 @@ def write_round(
     data = json.dumps(manifest, indent=2).encode()
     atomic_write_bytes(directory / "manifest.json", data)
     if store is not None:
-        store.put_bytes(live_round_key(str(round_day), "manifest.json"), data, cache_control="no-cache", if_absent=True)
+        key = live_round_key(str(round_day), "manifest.json")
+        store.put_bytes(key, data, cache_control="no-cache", if_absent=True)
+        # A live round's manifest lands when it is published: the store's clock agrees with the
+        # round's timeline (acceptance and resolution place the deadline by it).
+        moment = datetime.fromisoformat(manifest["published_at"]).timestamp()
+        os.utime(store.root / key, (moment, moment))
     return questions
 
 

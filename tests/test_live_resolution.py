@@ -5,13 +5,14 @@ passed, written once, and the same on every re-run; in a local store and on Seaw
 from __future__ import annotations
 
 import json
-from datetime import date, timedelta
+import os
+from datetime import UTC, date, datetime, timedelta
 
 import polars as pl
 import pytest
 
 from pipeline.config import Settings
-from pipeline.live.resolve import ANSWERS_SCHEMA, answers_path, resolve_round
+from pipeline.live.resolve import ANSWERS_SCHEMA, answers_path, resolve_round, unresolved_dates
 from pipeline.release.layout import UnsafeRelease, check_store_key
 from pipeline.release.publish import ReleaseConflict
 from pipeline.release.store import LocalStore
@@ -183,3 +184,27 @@ def test_resolution_publishes_to_seaweedfs_once(settings, s3_server, bucket):
     )
     assert [d.newly for d in again.dates] == [False, False]
     assert {o["Key"]: o["LastModified"] for o in client.list_objects_v2(Bucket=bucket)["Contents"]} == keys
+
+
+def test_a_replayed_round_resolves_only_once_its_deadline_passed_on_the_store_s_clock(settings):
+    """A round replayed today (the demo's open round) has a published deadline years ago, but
+    acceptance places it in store time, after its manifest landed: resolution waits for the same
+    moment, or answers would be out while a submission is still accepted."""
+    world_pairs = pairs(seed=1)
+    write_days(settings, [T1, T7], world(2, world_pairs, [T1, T7]))
+    store = LocalStore(settings.dataset.data_dir / "bucket")
+    write_round(settings, ROUND, world_pairs, store=store)
+    manifest = store.root / "live" / "rounds" / str(ROUND) / "manifest.json"
+    now = datetime.now(UTC)
+    landed = now - timedelta(hours=1)  # published deadline − published_at is 23 h
+    os.utime(manifest, (landed.timestamp(), landed.timestamp()))
+    waiting = resolve_round(ROUND, settings.dataset, settings.live, now=now, store=store)
+    assert waiting.resolved == []
+    closes = (landed + timedelta(hours=23)).isoformat()
+    assert waiting.waiting[T1.isoformat()] == [f"submissions are open until {closes}"]
+    assert unresolved_dates(settings.dataset, settings.live, ROUND, now, store)[T1] == (
+        f"submissions are open until {closes}",
+    )
+    landed = now - timedelta(hours=23, seconds=1)
+    os.utime(manifest, (landed.timestamp(), landed.timestamp()))
+    assert resolve_round(ROUND, settings.dataset, settings.live, now=now, store=store).resolved == [T1, T7]

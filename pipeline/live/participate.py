@@ -4,7 +4,7 @@ release: live/index.json is checked entry by entry, a round's manifest against t
 index publishes for it, and its questions.jsonl is fetched by the release download's own
 verified-file code (pipeline/release/download.py ``download_file``) against the manifest's
 sha256. Whether a round is still open is judged as acceptance judges it, on the store's clock
-(pipeline/live/submissions.py ``store_deadline``).
+(pipeline/live/publication.py ``store_deadline``).
 """
 
 from __future__ import annotations
@@ -15,9 +15,8 @@ from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
 from pipeline.evaluation.submissions import MAX_SUBMISSION_BYTES
-from pipeline.live.publication import INDEX_FORMAT, ROUND_FORMAT
+from pipeline.live.publication import INDEX_FORMAT, ROUND_FORMAT, store_deadline
 from pipeline.live.status import STATUS_FORMAT
-from pipeline.live.submissions import store_deadline
 from pipeline.release.download import ChecksumMismatch, download_file
 from pipeline.release.layout import (
     LIVE_INDEX_KEY,

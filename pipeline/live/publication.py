@@ -351,3 +351,17 @@ def write_live_index(store: ReleaseStore) -> bool:
         return False
     store.put_bytes(LIVE_INDEX_KEY, data, cache_control=POINTER_CACHE, if_absent=False)
     return True
+
+
+def store_deadline(store: ReleaseStore, manifest: dict) -> tuple[datetime, str]:
+    """The round's deadline on the store's clock, and how it was found. The published deadline is
+    anchored to the store's own timestamp of the round's manifest: manifest.modified + (deadline −
+    published_at). Live, that is the deadline up to the upload's latency, with no skew between our
+    clock and the store's; for a replayed past round (the demo), it keeps the round's timeline in
+    store time (docs/live.md, "Timeline")."""
+    published_deadline = datetime.fromisoformat(manifest["deadline"])
+    info = store.stat(live_round_key(manifest["round"], MANIFEST_NAME))
+    if info is None:
+        return published_deadline, f"the published deadline (no {MANIFEST_NAME} of the round in the store to anchor it)"
+    lead = published_deadline - datetime.fromisoformat(manifest["published_at"])
+    return info.modified + lead, f"{lead} after the round's {MANIFEST_NAME} reached the store"

@@ -27,7 +27,7 @@ import polars as pl
 
 from pipeline.config import DatasetSettings, LiveSettings
 from pipeline.gdelt.ledger import read_ledger, summarize
-from pipeline.live.publication import write_live_index
+from pipeline.live.publication import store_deadline, write_live_index
 from pipeline.live.rounds import answers_file, round_dir
 from pipeline.release.layout import is_day, live_answers_name, live_round_key
 from pipeline.release.publish import IMMUTABLE_CACHE, ReleaseConflict
@@ -158,8 +158,14 @@ def publish_answers(store: ReleaseStore, round_day: date, target: date, data: by
     return key
 
 
-def deadline_of(manifest: dict) -> datetime:
-    return datetime.fromisoformat(manifest["deadline"])
+def closing_time(manifest: dict, store: ReleaseStore | None) -> datetime:
+    """When the round stops taking submissions, as acceptance judges it: the deadline on the
+    store's clock (publication.store_deadline: live, the published deadline plus the manifest's
+    upload latency; for a replayed round, its timeline placed in store time), never before the
+    published deadline; without a store, the published deadline. Resolving earlier would publish
+    answers while a submission could still be accepted (docs/live.md, "Timeline")."""
+    published = datetime.fromisoformat(manifest["deadline"])
+    return published if store is None else max(published, store_deadline(store, manifest)[0])
 
 
 def resolve_round(
@@ -170,7 +176,7 @@ def resolve_round(
     (again when a previous run stopped between the local write and the upload), then rebuild
     live/index.json, whose resolved_dates come from the answers in the store."""
     questions, manifest = read_round(dataset, round_day)
-    deadline = deadline_of(manifest)
+    deadline = closing_time(manifest, store)
     targets = sorted({date.fromisoformat(t) for t in manifest["target_dates"]})
     out = []
     for target in targets:
@@ -227,20 +233,18 @@ def published_round_days(dataset: DatasetSettings) -> list[date]:
 
 
 def unresolved_dates(
-    dataset: DatasetSettings, live: LiveSettings, round_day: date, now: datetime
+    dataset: DatasetSettings, live: LiveSettings, round_day: date, now: datetime, store: ReleaseStore | None = None
 ) -> dict[date, tuple[str, ...]]:
     """The round's target dates that are not resolved yet, each with what it waits for (nothing:
     it would resolve now); reads the manifest and each such date's ledger only (a sensor asks this
-    of every round on every tick), and before the deadline not even those."""
+    of every round on every tick), before the deadline not even those, and asks the store for the
+    manifest's timestamp (closing_time) only while some date is unresolved."""
     manifest = json.loads((round_dir(dataset.data_dir, round_day) / "manifest.json").read_text())
-    deadline = deadline_of(manifest)
     targets = sorted({date.fromisoformat(t) for t in manifest["target_dates"]})
     unresolved = [t for t in targets if not answers_path(dataset, round_day, t).exists()]
+    if not unresolved:
+        return {}
+    deadline = closing_time(manifest, store)
     if now < deadline:
         return dict.fromkeys(unresolved, (f"submissions are open until {deadline.isoformat()}",))
     return {t: day_closure(t, dataset, live, now).reasons for t in unresolved}
-
-
-def resolvable_dates(dataset: DatasetSettings, live: LiveSettings, round_day: date, now: datetime) -> list[date]:
-    """The round's target dates that are not resolved yet and would resolve now."""
-    return [t for t, reasons in unresolved_dates(dataset, live, round_day, now).items() if not reasons]

@@ -40,7 +40,7 @@ from pipeline.evaluation.submissions import (
     read_capped,
 )
 from pipeline.evaluation.submit import Prepared
-from pipeline.live.publication import read_local_manifest, recorded_baselines
+from pipeline.live.publication import read_local_manifest, recorded_baselines, store_deadline
 from pipeline.live.rounds import resolved_targets, round_dir
 from pipeline.live.status import publish_status
 from pipeline.release.layout import (
@@ -93,20 +93,6 @@ def live_wait(data_dir: Path, raw: bytes, now: datetime) -> str | None:
     if read_local_manifest(data_dir, day) is None and now < _published_by(day):
         return f"round {day} is not published yet: waits for live_round {day} (awaited until {_published_by(day).isoformat()})"
     return None
-
-
-def store_deadline(store: ReleaseStore, manifest: dict) -> tuple[datetime, str]:
-    """The round's deadline on the store's clock, and how it was found. The published deadline is
-    anchored to the store's own timestamp of the round's manifest: manifest.modified + (deadline −
-    published_at). Live, that is the deadline up to the upload's latency, with no skew between our
-    clock and the store's; for a replayed past round (the demo), it keeps the round's timeline in
-    store time (docs/live.md, "Timeline")."""
-    published_deadline = datetime.fromisoformat(manifest["deadline"])
-    info = store.stat(live_round_key(manifest["round"], MANIFEST_NAME))
-    if info is None:
-        return published_deadline, f"the published deadline (no {MANIFEST_NAME} of the round in the store to anchor it)"
-    lead = published_deadline - datetime.fromisoformat(manifest["published_at"])
-    return info.modified + lead, f"{lead} after the round's {MANIFEST_NAME} reached the store"
 
 
 def _live_record(
