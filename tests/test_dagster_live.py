@@ -58,7 +58,7 @@ def test_a_round_is_resolved_scored_and_boarded_through_dagster(live_data):
         sensors=[live_resolution_sensor],
         resources=resources,
     )
-    sensor_resources = {"dataset": resources["dataset"], "live": resources["live"]}
+    sensor_resources = {k: resources[k] for k in ("dataset", "network", "live", "release_store")}
     store = LocalStore(settings.release.uri)
     with dg.instance_for_test() as instance:
         first = tick(instance, defs, sensor_resources, None)

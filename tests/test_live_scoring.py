@@ -6,7 +6,7 @@ recurrency and frequency baselines, while a calibrated p_event on top of a basel
 from __future__ import annotations
 
 import json
-from datetime import date, timedelta
+from datetime import UTC, date, datetime, timedelta
 
 import polars as pl
 import pytest
@@ -205,12 +205,10 @@ def test_a_published_round_with_accepted_submissions_ranks_its_baselines_above_e
     assert len(found.ready) == 2 + len(degenerate(questions, base_rate))
     for name in found.ready:
         assert submissions.process(store, name, settings.dataset.data_dir, now=processing)["status"] == "accepted", name
-    assert (
-        resolve_round(
-            ROUND, settings.dataset, settings.live, now=midnight(TARGETS[-1]) + timedelta(days=2), store=store
-        ).resolved
-        == TARGETS
-    )
+    # Its manifest landed in the store now, so on the store's clock (acceptance's and resolution's)
+    # the round closes 23 h from now.
+    resolved_at = datetime.now(UTC) + timedelta(days=2)
+    assert resolve_round(ROUND, settings.dataset, settings.live, now=resolved_at, store=store).resolved == TARGETS
     answers = resolved_answers(settings.dataset, ROUND)
     assert answers.select((pl.col("answer_list").list.len() > 0).mean()).item() == pytest.approx(base_rate)
     card = score_round(settings.dataset, ROUND)
