@@ -44,15 +44,19 @@ QUERIES = pl.DataFrame(
 DIST = 'get_relation_distribution(head_entities=["USA"], tail_entities=["CHN"])'
 # Two rounds of three episodes, with the answers eval.py and a careless reader disagree on: a code
 # under the wrong key, a string for a list, JSON's null (an unknown name to eval.py's `eval`), none.
+# In the order the episodes run: by cutoff, a query's rounds together (episodes._pending).
 REPLIES = [
+    # 2024-02-10: query 1, rounds 1 and 2
     f"Action: {DIST}",
     'Final Answer: {"04": ["042", "190"], "19": ["190"]}',
+    'Final Answer: {"04": ["042"], "note": null}',
+    # 2024-02-11, round 1: queries 2 and 3
     'Final Answer: {"19": "190", "1": ["193"]}',
     "x",
     "y",
     "z",
     "I cannot tell.",
-    'Final Answer: {"04": ["042"], "note": null}',
+    # 2024-02-11, round 2: queries 2 and 3
     'Final Answer: {"03": ["036"], "04": ["042", "043"]}',
     'Final Answer: {"19": ["190", "193"]}',
 ]
