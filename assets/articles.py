@@ -5,6 +5,7 @@ from datetime import date
 import dagster as dg
 
 from assets.events import daily_quads
+from assets.owners import DATA_OWNERS
 from assets.partitions import daily_partitions
 from assets.resources import ArticleFetcher, Dataset, Network, compose
 from pipeline.articles.day import ARTICLES_VERSION, build_articles
@@ -19,6 +20,7 @@ fetch_ledger = dg.AssetSpec(
     "error class, attempts, next retry time (widening schedule), the stored HTML.",
     kinds={"parquet"},
     group_name="articles",
+    owners=DATA_OWNERS,
 )
 
 
@@ -26,6 +28,7 @@ fetch_ledger = dg.AssetSpec(
     partitions_def=daily_partitions,
     deps=[daily_quads],
     group_name="articles",
+    owners=DATA_OWNERS,
     kinds={"http", "polars", "parquet"},
     code_version=ARTICLES_VERSION,
     # Fetching talks to thousands of news sites: one articles run at a time per deployment.

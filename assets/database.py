@@ -6,6 +6,7 @@ import dagster as dg
 
 from assets.articles import articles
 from assets.events import daily_quads
+from assets.owners import DATA_OWNERS
 from assets.partitions import monthly_partitions
 from assets.resources import ArticleFetcher, Dataset
 from pipeline.splits.database import DATABASE_VERSION, MonthNotReady, build_event_database
@@ -16,6 +17,7 @@ from pipeline.splits.database import DATABASE_VERSION, MonthNotReady, build_even
     # Daily upstreams map onto the month by time window (Dagster's default for time partitions).
     deps=[daily_quads, articles],
     group_name="splits",
+    owners=DATA_OWNERS,
     kinds={"polars", "parquet"},
     code_version=DATABASE_VERSION,
     description="database/{events,news}/month=YYYY-MM.parquet: quads with daily_mentions ≥ "

@@ -7,6 +7,7 @@ import dagster as dg
 from pydantic import Field
 
 from assets.metadata import png_metadata
+from assets.owners import BENCHMARK_OWNERS
 from assets.partitions import monthly_partitions
 from assets.resources import Dataset, LlmRuntime, Network, ReleaseBucket, compose
 from assets.splits import test_split
@@ -140,6 +141,7 @@ def _run(
     partitions_def=evaluation_partitions,
     deps=[test_split],
     group_name="evaluation",
+    owners=BENCHMARK_OWNERS,
     kinds={"python", "parquet"},
     code_version=EVALUATION_VERSION,
     description="`evaluations/YYYY-MM/<agent>/<query_set>/distance=<d>/`: results.parquet, scores.json and, for "
@@ -212,6 +214,7 @@ def evaluation(
 @dg.asset(
     deps=[evaluation, submission],
     group_name="evaluation",
+    owners=BENCHMARK_OWNERS,
     kinds={"polars", "parquet"},
     code_version=EVALUATION_VERSION,
     description=(

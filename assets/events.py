@@ -5,6 +5,7 @@ from datetime import date
 import dagster as dg
 
 from assets.ingest import gdelt_events, gdelt_mentions
+from assets.owners import DATA_OWNERS
 from assets.partitions import daily_partitions
 from assets.resources import Dataset
 from pipeline.events.daily import build_daily_quads, build_events
@@ -26,6 +27,7 @@ PREVIOUS_DAY = dg.TimeWindowPartitionMapping(start_offset=-1, end_offset=-1)
             "with every excluded row counted under the first rule it failed.",
             kinds={"polars", "parquet"},
             group_name="events",
+            owners=DATA_OWNERS,
             code_version=RULES_VERSION,
         ),
         dg.AssetSpec(
@@ -34,6 +36,7 @@ PREVIOUS_DAY = dg.TimeWindowPartitionMapping(start_offset=-1, end_offset=-1)
             description="Actor country codes the CAMEO→ISO table does not know (a schema-drift signal).",
             kinds={"polars", "parquet"},
             group_name="events",
+            owners=DATA_OWNERS,
             code_version=RULES_VERSION,
         ),
     ],
@@ -66,6 +69,7 @@ def events(context: dg.AssetExecutionContext, dataset: Dataset):
     partitions_def=daily_partitions,
     deps=["events", gdelt_mentions],
     group_name="events",
+    owners=DATA_OWNERS,
     kinds={"polars", "parquet"},
     code_version=RULES_VERSION,
     description="One row per (date, s, r, o): daily mentions, event count, article URLs and the "

@@ -4,6 +4,7 @@ from datetime import date
 
 import dagster as dg
 
+from assets.owners import DATA_OWNERS
 from assets.partitions import daily_partitions
 from assets.resources import Dataset, GdeltFeed, Network
 from pipeline.gdelt.ingest import PARSED_FORMAT_VERSION, ingest_day, parse_day
@@ -14,6 +15,7 @@ from pipeline.markdown import markdown_text
 @dg.asset(
     partitions_def=daily_partitions,
     group_name="ingestion",
+    owners=DATA_OWNERS,
     kinds={"http"},
     code_version=LEDGER_VERSION,
     # Every run of every day downloads from the one GDELT host: the pool caps how many runs do so
@@ -50,6 +52,7 @@ def _parsed_asset(kind: str):
         partitions_def=daily_partitions,
         deps=[gdelt_files],
         group_name="ingestion",
+        owners=DATA_OWNERS,
         kinds={"polars", "parquet"},
         code_version=PARSED_FORMAT_VERSION,
         description=f"Typed GDELT 2.0 {kind} rows, one parquet file per landed slot; malformed lines "

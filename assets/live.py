@@ -8,6 +8,7 @@ import dagster as dg
 
 from assets.articles import articles
 from assets.events import daily_quads
+from assets.owners import BENCHMARK_OWNERS
 from assets.partitions import LIVE_WINDOW, daily_partitions
 from assets.resources import Dataset, GdeltFeed, LiveRounds, Network, ReleaseBucket, compose
 from pipeline.live.publication import ROUND_FORMAT, RoundRefused, publish_round
@@ -32,6 +33,7 @@ class LiveRoundConfig(dg.Config):
         dg.AssetDep(articles, partition_mapping=LIVE_WINDOW),
     ],
     group_name="live",
+    owners=BENCHMARK_OWNERS,
     kinds={"s3"},
     code_version=ROUND_FORMAT,
     description="`live/rounds/<D>/` in MIRAI_RELEASE_URI: questions (t, s, o) for t = D + each horizon, drawn from "

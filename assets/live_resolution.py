@@ -8,6 +8,7 @@ from datetime import UTC, date, datetime
 import dagster as dg
 
 from assets.live import live_round
+from assets.owners import BENCHMARK_OWNERS
 from assets.partitions import daily_partitions
 from assets.resources import Dataset, LiveRounds, Network, ReleaseBucket, compose
 from pipeline.live.board import RANK_RULE, publish_live_leaderboard, write_live_leaderboard
@@ -45,6 +46,7 @@ def _scores_table(card: dict) -> str:
     deps=[live_round],
     partitions_def=daily_partitions,
     group_name="live",
+    owners=BENCHMARK_OWNERS,
     code_version=RESOLUTION_VERSION,
     kinds={"polars", "parquet"},
     description=(
@@ -98,6 +100,7 @@ def live_resolution(
 @dg.asset(
     deps=[live_resolution],
     group_name="live",
+    owners=BENCHMARK_OWNERS,
     kinds={"json", "html"},
     code_version=RESOLUTION_VERSION,
     description=f"live/leaderboard.json and live/leaderboard.html, per round and cumulative ({RANK_RULE}); "

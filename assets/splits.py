@@ -6,6 +6,7 @@ import dagster as dg
 
 from assets.database import event_database
 from assets.metadata import png_metadata
+from assets.owners import DATA_OWNERS
 from assets.partitions import monthly_partitions
 from assets.resources import Dataset, GdeltFeed
 from pipeline.http import utc_now
@@ -26,6 +27,7 @@ class SplitConfig(dg.Config):
     partitions_def=monthly_partitions,
     deps=[event_database],
     group_name="splits",
+    owners=DATA_OWNERS,
     kinds={"polars", "parquet"},
     code_version=SPLIT_VERSION,
     description="splits/YYYY-MM/: queries.parquet, queries_sample.parquet, manifest.json (sha256 of "

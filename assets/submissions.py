@@ -7,6 +7,7 @@ from datetime import date
 import dagster as dg
 
 from assets.live import live_round
+from assets.owners import BENCHMARK_OWNERS
 from assets.resources import Dataset, Network, ReleaseBucket, compose
 from assets.splits import test_split
 from pipeline.evaluation.scoring import markdown
@@ -32,6 +33,7 @@ HEADLINE = ("level2_f1", "level1_f1", "mrr")
         dg.AssetDep(live_round, partition_mapping=dg.AllPartitionMapping()),
     ],
     group_name="evaluation",
+    owners=BENCHMARK_OWNERS,
     code_version=RECORD_FORMAT,
     description="A submission from the release store's `submissions/<name>/`: scored (strict), contaminated "
     "(scored, never ranked: cutoff not before the month) or rejected (rejection.json written beside it); "

@@ -203,6 +203,20 @@ def test_every_schedule_and_sensor_says_what_it_does():
     assert [job.name for job in defs.jobs if not (job.description or "").strip()] == []
 
 
+def test_every_asset_and_job_has_an_owner():
+    """The UI's Owner column and filter: every asset and job names who answers for it, one of the
+    owners assets/owners.py defines."""
+    from assets.owners import BENCHMARK_OWNERS, DATA_OWNERS
+    from definitions import defs
+
+    known = {*DATA_OWNERS, *BENCHMARK_OWNERS}
+    specs = defs.resolve_all_asset_specs()
+    # A bare AssetSpec and a multi_asset's specs too.
+    assert {"fetch_ledger", "events", "unmapped_codes"} <= {s.key.to_user_string() for s in specs}
+    assert [s.key.to_user_string() for s in specs if not s.owners or not set(s.owners) <= known] == []
+    assert [job.name for job in defs.jobs if not job.owners or not set(job.owners) <= known] == []
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
