@@ -4,9 +4,10 @@ from datetime import date
 from pathlib import Path
 
 import dagster as dg
+import polars as pl
 from pydantic import Field
 
-from assets.metadata import png_metadata
+from assets.metadata import column_schema, png_metadata
 from assets.owners import BENCHMARK_OWNERS
 from assets.partitions import monthly_partitions
 from assets.resources import Dataset, LlmRuntime, Network, ReleaseBucket, compose
@@ -14,7 +15,7 @@ from assets.splits import test_split
 from assets.submissions import submission
 from pipeline.agent_api import EventDatabase
 from pipeline.evaluation.agent_config import agent_config_hash, endpoint_limits
-from pipeline.evaluation.board import INTERVAL_RULE, markdown_table, summary
+from pipeline.evaluation.board import BOARD_SCHEMA, INTERVAL_RULE, markdown_table, summary
 from pipeline.evaluation.board_files import write_leaderboard
 from pipeline.evaluation.clients import client_for
 from pipeline.evaluation.episodes import episode_concurrency
@@ -168,7 +169,8 @@ def evaluation(
                 "query_set": config.query_set,
             }
         )
-    split_file = DataLayout(settings.dataset.data_dir).split_dir(month) / f"{config.query_set}.parquet"
+    layout = DataLayout(settings.dataset.data_dir)
+    split_file = layout.split_dir(month) / f"{config.query_set}.parquet"
     if not split_file.exists():
         raise dg.Failure(
             description=f"no split at {split_file}; materialise test_split for {month:%Y-%m} first", allow_retries=False
@@ -178,20 +180,17 @@ def evaluation(
         records = _run(agent, split_file, settings.dataset.data_dir, config, llm, context, llm.allow_unconfined)
     except (MonthNotReady, ModelUnavailable) as exc:
         raise dg.Failure(description=str(exc), allow_retries=False) from exc
+    first = layout.evaluation_dir(month, agent.name, config.query_set, agent.distances[0])
     metadata = {
+        # Read back from the file: its columns depend on the agent's kind (ReAct runs add episode columns).
+        **column_schema(pl.read_parquet_schema(first / "results.parquet")),
         "status": "contaminated" if records[0]["contaminated"] else "evaluated",
         "eligibility": reason,
         "agent config": agent_config_hash(agent),
         "query_set": config.query_set,
         "dagster/row_count": sum(r["n"] * r["rounds"] for r in records),
         "scores": dg.MetadataValue.md(_scores_table(records)),
-        "path": dg.MetadataValue.path(
-            str(
-                DataLayout(settings.dataset.data_dir)
-                .evaluation_dir(month, agent.name, config.query_set, agent.distances[0])
-                .parent
-            )
-        ),
+        "path": dg.MetadataValue.path(str(first.parent)),
     }
     if agent.kind == "llm":
         # Which harness and API subset produced the scores (docs/mirai.md, "The `mirai` mode").
@@ -217,6 +216,7 @@ def evaluation(
     owners=BENCHMARK_OWNERS,
     kinds={"polars", "parquet"},
     code_version=EVALUATION_VERSION,
+    metadata=column_schema(BOARD_SCHEMA),
     description=(
         f"evaluations/leaderboard.parquet (every stored run and scored submission; {RANK_RULE}), "
         "evaluations/leaderboard.png and the self-contained evaluations/leaderboard.html. Live rounds' "
@@ -238,6 +238,7 @@ def leaderboard(dataset: Dataset, network: Network, release_store: ReleaseBucket
     rules = markdown_text(f"{RANK_RULE}; {INTERVAL_RULE}; {AGGREGATION_RULE}.")
     return dg.MaterializeResult(
         metadata={
+            **column_schema(board.schema),
             "dagster/row_count": board.height,
             "path": dg.MetadataValue.path(str(written.table)),
             "page": dg.MetadataValue.path(str(written.page)),

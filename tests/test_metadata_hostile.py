@@ -43,6 +43,7 @@ from quality.event_checks import (
     gdelt_events_valid,
 )
 from quality.ingest_checks import gdelt_events_intact, gdelt_files_all_green, gdelt_mentions_intact
+from quality.schema_checks import column_schema_checks
 from quality.split_checks import split_leakage_audit
 from quality.submission_checks import submission_accepted
 from testbed.generate import MirrorOptions, generate_mirror, news_sites
@@ -52,6 +53,7 @@ from testbed.serve import MirrorServer
 
 from .month_builder import write_days
 from .settings_builder import make_settings
+from .test_column_schemas import columns_of
 from .test_dagster_evaluations import split_quads
 from .test_live_dagster import LIVE
 from .test_live_rounds import DAY as ROUND
@@ -195,8 +197,16 @@ def event_log(tmp_path_factory):
         )
 
         def run(selection: list, partition_key: str | None = None, run_config: dict | None = None) -> None:
+            # With the column-schema-change checks of the assets run (their descriptions are Markdown too).
+            keys = {a.key for a in selection if isinstance(a, dg.AssetSpec)}
+            keys |= {k for a in selection if isinstance(a, dg.AssetsDefinition) for k in a.keys}
+            schema = [c for c in column_schema_checks if {spec.asset_key for spec in c.check_specs} <= keys]
             dg.materialize(
-                selection, partition_key=partition_key, run_config=run_config, resources=resources, instance=instance
+                [*selection, *schema],
+                partition_key=partition_key,
+                run_config=run_config,
+                resources=resources,
+                instance=instance,
             )
 
         # The hostile day, then the rest of January as the daily assets write it: the month
@@ -252,7 +262,7 @@ def event_log(tmp_path_factory):
         run([live_leaderboard])
         run([leaderboard])
 
-        walked, shown = set(), []
+        walked, shown, columns = set(), [], {}
         for record in instance.get_runs():
             for entry in instance.all_logs(
                 record.run_id,
@@ -262,6 +272,7 @@ def event_log(tmp_path_factory):
                 if entry.dagster_event.event_type == dg.DagsterEventType.ASSET_MATERIALIZATION:
                     event = event.materialization
                     where = event.asset_key.to_user_string()
+                    columns.setdefault(where, []).append(columns_of(event.metadata))
                 else:
                     where = f"{event.asset_key.to_user_string()}:{event.check_name}"
                 walked.add(where)
@@ -276,18 +287,18 @@ def event_log(tmp_path_factory):
         check_keys = {
             f"{key.asset_key.to_user_string()}:{key.name}" for key in defs.resolve_asset_graph().asset_check_keys
         }
-    return walked, shown, asset_keys, check_keys
+    return walked, shown, asset_keys, check_keys, columns
 
 
 def test_every_asset_and_check_of_the_code_location_is_walked(event_log):
     """A new asset or check fails this test until the walk materialises it."""
-    walked, _, asset_keys, check_keys = event_log
+    walked, _, asset_keys, check_keys, _ = event_log
     assert asset_keys - walked == set()
     assert check_keys - walked == set()
 
 
 def test_no_hostile_text_opens_an_image_a_link_or_html_anywhere(event_log):
-    _, shown, _, _ = event_log
+    _, shown, _, _, _ = event_log
     active = [(where, label, found) for where, label, text in shown if (found := active_markdown(text))]
     assert active == []
 
@@ -306,7 +317,7 @@ def visible(payload: str, markdown: str) -> bool:
 def test_no_bidi_control_or_invisible_character_reaches_the_markdown(event_log):
     """A bidi override or a zero-width space in a model, file name or GDELT code would change what
     the UI displays (Trojan Source, CVE-2021-42574; Unicode TR36): none is left in any Markdown."""
-    _, shown, _, _ = event_log
+    _, shown, _, _, _ = event_log
     hidden = [
         (where, label, {c for c in text if unicodedata.category(c) in ("Cc", "Cf")} - {"\n"})
         for where, label, text in shown
@@ -327,7 +338,26 @@ def test_no_bidi_control_or_invisible_character_reaches_the_markdown(event_log):
     ],
 )
 def test_hostile_text_is_still_shown_escaped_not_dropped(event_log, where, label, payloads):
-    _, shown, _, _ = event_log
+    _, shown, _, _, _ = event_log
     texts = [text for w, key, text in shown if (w, key) == (where, label)]
     assert texts, f"no Markdown {label!r} on {where}"
     assert [p for p in payloads if not any(visible(p, text) for text in texts)] == []
+
+
+def test_every_materialisation_carries_the_columns_its_asset_declares(event_log):
+    """What the schema-change checks compare: each materialisation's columns, from the frame it
+    wrote, are the ones the asset declares; evaluation's, declared by none, are its results file's."""
+    from definitions import defs
+
+    _, _, _, _, columns = event_log
+    declared = {
+        spec.key.to_user_string(): schema
+        for spec in defs.resolve_all_asset_specs()
+        if (schema := columns_of(spec.metadata)) is not None
+    }
+    assert {"articles", "fetch_ledger", "event_database", "test_split", "leaderboard", "live_resolution"} <= set(
+        declared
+    )
+    assert [(key, i) for key, schema in declared.items() for i, c in enumerate(columns[key]) if c != schema] == []
+    results = {column.name for schema in columns["evaluation"] if schema for column in schema.columns}
+    assert {"query_id", "gold", "prediction", "level2_f1"} <= results
