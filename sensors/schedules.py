@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 
 import dagster as dg
 
-from assets.articles import articles
+from assets.articles import articles, fetch_ledger
 from assets.events import daily_quads, events
 from assets.ingest import gdelt_events, gdelt_files, gdelt_mentions
 from assets.owners import DATA_OWNERS
@@ -69,7 +69,8 @@ def gdelt_every_15_minutes(context: dg.ScheduleEvaluationContext):
 articles_job = dg.define_asset_job(
     "articles_daily",
     owners=DATA_OWNERS,
-    selection=[articles],
+    # fetch_ledger has no step of its own (articles records it), so its checks are selected by name.
+    selection=dg.AssetSelection.assets(articles) | dg.AssetSelection.checks_for_assets(fetch_ledger.key),
     executor_def=dg.in_process_executor,
     tags=max_runtime_tag("articles_daily"),
     description="Fetches and extracts the articles of one day's well-reported quads; the articles_hourly schedule "
