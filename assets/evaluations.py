@@ -7,7 +7,7 @@ import dagster as dg
 import polars as pl
 from pydantic import Field
 
-from assets.metadata import column_schema, png_metadata
+from assets.metadata import column_schema, frame_table, png_metadata
 from assets.owners import BENCHMARK_OWNERS
 from assets.partitions import monthly_partitions
 from assets.resources import Dataset, LlmRuntime, Network, ReleaseBucket, compose
@@ -15,7 +15,7 @@ from assets.splits import test_split
 from assets.submissions import submission
 from pipeline.agent_api import EventDatabase
 from pipeline.evaluation.agent_config import agent_config_hash, endpoint_limits
-from pipeline.evaluation.board import BOARD_SCHEMA, INTERVAL_RULE, markdown_table, summary
+from pipeline.evaluation.board import BOARD_SCHEMA, INTERVAL_RULE, summary
 from pipeline.evaluation.board_files import write_leaderboard
 from pipeline.evaluation.clients import client_for
 from pipeline.evaluation.episodes import episode_concurrency
@@ -24,7 +24,6 @@ from pipeline.evaluation.refusals import clear_refusal, refusals, write_refusal
 from pipeline.evaluation.registry import Agent, RegistryError, eligibility, load_agents
 from pipeline.evaluation.run import AGGREGATION_RULE, EVALUATION_VERSION, RANK_RULE, evaluate_agent, evaluate_baseline
 from pipeline.evaluation.throughput import RateLimiter
-from pipeline.markdown import markdown_text
 from pipeline.release.publish import publish_leaderboard
 from pipeline.release.store_uri import open_store
 from pipeline.splits.database import MonthNotReady
@@ -34,6 +33,15 @@ from pipeline.storage import DataLayout
 agent_partitions = dg.DynamicPartitionsDefinition(name="agents")
 evaluation_partitions = dg.MultiPartitionsDefinition({"month": monthly_partitions, "agent": agent_partitions})
 QUERY_SETS = ("queries_sample", "queries")
+# The scores table's metric columns: label → scores.json metric.
+SCORE_COLUMNS = {
+    "L2 F1": "level2_f1",
+    "L1 F1": "level1_f1",
+    "L2 precision": "level2_precision",
+    "L2 recall": "level2_recall",
+    "quad KL": "quad_kl",
+    "MRR": "mrr",
+}
 
 
 class EvaluationConfig(dg.Config):
@@ -59,24 +67,25 @@ def _agent(agents_file: Path, name: str) -> Agent:
     return agents[name]
 
 
-def _scores_table(records: list[dict]) -> str:
-    header = (
-        "| distance | n | rounds | L2 F1 | L1 F1 | L2 precision | L2 recall | quad KL | MRR "
-        "| Max@K L2 F1 | repeated L2 F1 | avg steps |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
-    )
-
-    def cell(value: float | None) -> str:
-        return "" if value is None else f"{value:.2f}"
-
+def _scores_frame(records: list[dict]) -> pl.DataFrame:
+    """One row per distance: the headline metrics of its scores record, and the across-round aggregates."""
     rows = [
-        f"| {r['distance']} | {r['n']} | {r['rounds']} | {m['level2_f1']:.2f} | {m['level1_f1']:.2f} | "
-        f"{m['level2_precision']:.2f} | {m['level2_recall']:.2f} | {m['quad_kl']:.2f} | {m['mrr']:.2f} | "
-        f"{cell(r['max_at_k']['level2_f1'])} | {cell((r['repeated'] or {}).get('level2_f1'))} | "
-        f"{cell(r['avg_steps'])} |"
+        {
+            "distance": r["distance"],
+            "n": r["n"],
+            "rounds": r["rounds"],
+            **{label: m[metric] for label, metric in SCORE_COLUMNS.items()},
+            "Max@K L2 F1": r["max_at_k"]["level2_f1"],
+            "repeated L2 F1": (r["repeated"] or {}).get("level2_f1"),
+            "avg steps": r["avg_steps"],
+        }
         for r in records
         for m in [r["metrics"]]
     ]
-    return "\n".join([header, *rows])
+    floats = [*SCORE_COLUMNS, "Max@K L2 F1", "repeated L2 F1", "avg steps"]
+    return pl.DataFrame(
+        rows, schema={**dict.fromkeys(("distance", "n", "rounds"), pl.Int64), **dict.fromkeys(floats, pl.Float64)}
+    )
 
 
 def _concurrency(agent: Agent, llm: LlmRuntime) -> int:
@@ -189,7 +198,7 @@ def evaluation(
         "agent config": agent_config_hash(agent),
         "query_set": config.query_set,
         "dagster/row_count": sum(r["n"] * r["rounds"] for r in records),
-        "scores": dg.MetadataValue.md(_scores_table(records)),
+        "scores": frame_table(_scores_frame(records)),
         "path": dg.MetadataValue.path(str(first.parent)),
     }
     if agent.kind == "llm":
@@ -234,8 +243,6 @@ def leaderboard(dataset: Dataset, network: Network, release_store: ReleaseBucket
     # there is at least one release to sit beside.
     store = open_store(settings.dataset, settings.network, settings.release)
     published = publish_leaderboard(store, written.table, written.chart, written.page) if store.release_months() else []
-    # Shown as written: raw, "max_at_k_*: ... repeated_*" would be emphasis between the stars.
-    rules = markdown_text(f"{RANK_RULE}; {INTERVAL_RULE}; {AGGREGATION_RULE}.")
     return dg.MaterializeResult(
         metadata={
             **column_schema(board.schema),
@@ -243,15 +250,12 @@ def leaderboard(dataset: Dataset, network: Network, release_store: ReleaseBucket
             "path": dg.MetadataValue.path(str(written.table)),
             "page": dg.MetadataValue.path(str(written.page)),
             "submissions": int((board.get_column("source") == "submission").sum()),
-            "leaderboard": dg.MetadataValue.md(
-                f"{markdown_table(summary(board))}\n\n{rules}"
-                if board.height
-                else "no evaluation runs or submissions yet"
-            ),
+            "leaderboard": frame_table(summary(board)),
+            "rules": f"{RANK_RULE}; {INTERVAL_RULE}; {AGGREGATION_RULE}.",
             "chart": png_metadata(written.chart),
             # A submission record the board could not read (docs/evaluation.md, "The leaderboard").
             "skipped submission records": dg.MetadataValue.json(written.skipped),
-            "refusals": dg.MetadataValue.md(markdown_table(refused) if refused.height else "none"),
+            "refusals": frame_table(refused),
             "published": ", ".join(published) or "unchanged or no release yet",
         }
     )

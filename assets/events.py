@@ -5,14 +5,13 @@ from datetime import date
 import dagster as dg
 
 from assets.ingest import gdelt_events, gdelt_mentions
-from assets.metadata import column_schema
+from assets.metadata import column_schema, frame_table
 from assets.owners import DATA_OWNERS
 from assets.partitions import daily_partitions
 from assets.resources import Dataset
 from pipeline.events.daily import build_daily_quads, build_events
 from pipeline.events.normalize import EVENTS_SCHEMA, RULES_VERSION, UNMAPPED_CODES_SCHEMA
 from pipeline.events.quads import QUADS_SCHEMA
-from pipeline.gdelt.ledger import to_markdown
 
 PREVIOUS_DAY = dg.TimeWindowPartitionMapping(start_offset=-1, end_offset=-1)
 
@@ -66,7 +65,7 @@ def events(context: dg.AssetExecutionContext, dataset: Dataset):
         metadata={
             **column_schema(n.unmapped_codes.schema),
             "dagster/row_count": n.unmapped_codes.height,
-            "codes": dg.MetadataValue.md(to_markdown(n.unmapped_codes)),
+            "codes": frame_table(n.unmapped_codes),
         },
     )
 

@@ -4,12 +4,12 @@ from datetime import date
 
 import dagster as dg
 
-from assets.metadata import column_schema
+from assets.metadata import column_schema, frame_table
 from assets.owners import DATA_OWNERS
 from assets.partitions import daily_partitions
 from assets.resources import Dataset, GdeltFeed, Network
 from pipeline.gdelt.ingest import PARSED_FORMAT_VERSION, ingest_day, parse_day
-from pipeline.gdelt.ledger import LEDGER_SCHEMA, LEDGER_VERSION, problems, to_markdown
+from pipeline.gdelt.ledger import LEDGER_SCHEMA, LEDGER_VERSION, problems
 from pipeline.gdelt.schema import SCHEMAS
 from pipeline.markdown import markdown_text
 
@@ -46,7 +46,7 @@ def gdelt_files(
             **{f"files_{status}": count for status, count in counts.items()},
             "downloaded_this_run": result.downloaded,
             "index_refresh": f"{result.index_refresh.mode} ({result.index_refresh.bytes_transferred} bytes)",
-            "problems": dg.MetadataValue.md(to_markdown(problems(result.ledger))),
+            "problems": frame_table(problems(result.ledger)),
         }
     )
 

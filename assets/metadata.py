@@ -7,6 +7,8 @@ from pathlib import Path
 import dagster as dg
 import polars as pl
 
+from pipeline.markdown import visible_text
+
 
 def png_metadata(path: Path) -> dg.MetadataValue:
     """A PNG inline in the asset's metadata: the UI renders Markdown images with a data URI, so
@@ -29,3 +31,20 @@ def column_schema(schema: Mapping[str, pl.DataType]) -> dict[str, dg.TableSchema
     """``dagster/column_schema`` metadata (the UI's Columns tab; what the column-schema-change
     checks compare between materialisations) for a table written with ``schema``."""
     return {COLUMN_SCHEMA: table_schema(schema)}
+
+
+def _cell(value: object) -> str | int | float | bool | None:
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    return visible_text(value if isinstance(value, str) else str(value))
+
+
+def frame_table(frame: pl.DataFrame) -> dg.TableMetadataValue:
+    """``frame`` as a table the UI shows with its columns and types. The UI renders each cell as
+    plain text (React text, not Markdown), so a cell needs no Markdown escaping; text still gets
+    its hidden characters shown (pipeline.markdown.visible_text): a bidi control or a zero-width
+    space in a GDELT code or a submitter's name would change what the cell displays."""
+    return dg.MetadataValue.table(
+        records=[dg.TableRecord({k: _cell(v) for k, v in row.items()}) for row in frame.iter_rows(named=True)],
+        schema=table_schema(frame.schema),
+    )

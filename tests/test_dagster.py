@@ -25,6 +25,7 @@ from pipeline.storage import DataLayout
 
 from .conftest import MIRROR_DAY, ROOT
 from .settings_builder import make_settings
+from .table_metadata import table_text
 
 BIN = Path(sys.executable).parent
 
@@ -300,7 +301,7 @@ def test_ledger_check_warns_on_a_listed_file_that_did_not_land(tmp_path, mirror,
     assert not evaluation.passed and evaluation.severity == dg.AssetCheckSeverity.WARN
     assert evaluation.metadata["not_landed"].value == 1
     assert "1 file(s) GDELT's index lists are not landed" in evaluation.description
-    assert "missing" in evaluation.metadata["details"].value
+    assert "missing" in table_text(evaluation.metadata["details"])
 
 
 def test_ledger_check_warns_on_a_corrupt_file(tmp_path, mirror, monkeypatch):
@@ -322,4 +323,5 @@ def test_ledger_check_warns_on_a_corrupt_file(tmp_path, mirror, monkeypatch):
     assert not evaluation.passed
     assert evaluation.severity == dg.AssetCheckSeverity.WARN
     assert evaluation.metadata["corrupt_or_failed"].value == 1
-    assert "10:15:00" in evaluation.metadata["details"].value and "corrupt" in evaluation.metadata["details"].value
+    details = table_text(evaluation.metadata["details"])
+    assert "10:15:00" in details and "corrupt" in details
