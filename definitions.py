@@ -22,6 +22,7 @@ from quality.event_checks import (
     gdelt_events_valid,
 )
 from quality.ingest_checks import gdelt_events_intact, gdelt_files_all_green, gdelt_mentions_intact
+from quality.schema_checks import column_schema_checks
 from quality.split_checks import split_leakage_audit
 from quality.submission_checks import submission_accepted
 from sensors.alerts import alert_on_run_failure, gdelt_freshness
@@ -66,6 +67,7 @@ defs = dg.Definitions(
         articles_fetch_health,
         split_leakage_audit,
         submission_accepted,
+        *column_schema_checks,
     ],
     jobs=[
         gdelt_ingest_job,

@@ -5,10 +5,12 @@ from datetime import date
 import dagster as dg
 
 from assets.events import daily_quads
+from assets.metadata import column_schema
+from assets.owners import DATA_OWNERS
 from assets.partitions import daily_partitions
 from assets.resources import ArticleFetcher, Dataset, Network, compose
-from pipeline.articles.day import ARTICLES_VERSION, build_articles
-from pipeline.articles.ledger import read_ledger, summarize
+from pipeline.articles.day import ARTICLES_SCHEMA, ARTICLES_VERSION, build_articles
+from pipeline.articles.ledger import FETCH_LEDGER_SCHEMA, read_ledger, summarize
 from pipeline.storage import DataLayout
 
 # The fetch ledger spans every day (an article is fetched once ever), so it is an asset of its
@@ -18,7 +20,9 @@ fetch_ledger = dg.AssetSpec(
     description="One row per normalised article URL ever selected: status, HTTP code, final URL, "
     "error class, attempts, next retry time (widening schedule), the stored HTML.",
     kinds={"parquet"},
+    metadata=column_schema(FETCH_LEDGER_SCHEMA),
     group_name="articles",
+    owners=DATA_OWNERS,
 )
 
 
@@ -26,8 +30,10 @@ fetch_ledger = dg.AssetSpec(
     partitions_def=daily_partitions,
     deps=[daily_quads],
     group_name="articles",
+    owners=DATA_OWNERS,
     kinds={"http", "polars", "parquet"},
     code_version=ARTICLES_VERSION,
+    metadata=column_schema(ARTICLES_SCHEMA),
     # Fetching talks to thousands of news sites: one articles run at a time per deployment.
     pool="article_fetch",
     description="The day's selected articles (quads with daily_mentions ≥ MIRAI_ARTICLE_MIN_MENTIONS): "
@@ -40,14 +46,20 @@ def articles(
     result = build_articles(
         date.fromisoformat(context.partition_key), settings.dataset, settings.network, settings.articles
     )
-    ledger_counts = summarize(read_ledger(DataLayout(settings.dataset.data_dir)))
+    ledger = read_ledger(DataLayout(settings.dataset.data_dir))
+    ledger_counts = summarize(ledger)
     context.log_event(
         dg.AssetMaterialization(
-            asset_key="fetch_ledger", metadata={f"urls_{k}" if k != "urls" else k: v for k, v in ledger_counts.items()}
+            asset_key="fetch_ledger",
+            metadata={
+                **column_schema(ledger.schema),
+                **{f"urls_{k}" if k != "urls" else k: v for k, v in ledger_counts.items()},
+            },
         )
     )
     return dg.MaterializeResult(
         metadata={
+            **column_schema(result.articles.schema),
             "dagster/row_count": result.articles.height,
             "profile": settings.articles.article_profile,
             **result.counts,

@@ -4,16 +4,18 @@ from datetime import date
 from pathlib import Path
 
 import dagster as dg
+import polars as pl
 from pydantic import Field
 
-from assets.metadata import png_metadata
+from assets.metadata import column_schema, frame_table, png_metadata
+from assets.owners import BENCHMARK_OWNERS
 from assets.partitions import monthly_partitions
 from assets.resources import Dataset, LlmRuntime, Network, ReleaseBucket, compose
 from assets.splits import test_split
 from assets.submissions import submission
 from pipeline.agent_api import EventDatabase
 from pipeline.evaluation.agent_config import agent_config_hash, endpoint_limits
-from pipeline.evaluation.board import INTERVAL_RULE, markdown_table, summary
+from pipeline.evaluation.board import BOARD_SCHEMA, INTERVAL_RULE, summary
 from pipeline.evaluation.board_files import write_leaderboard
 from pipeline.evaluation.clients import client_for
 from pipeline.evaluation.episodes import episode_concurrency
@@ -22,7 +24,6 @@ from pipeline.evaluation.refusals import clear_refusal, refusals, write_refusal
 from pipeline.evaluation.registry import Agent, RegistryError, eligibility, load_agents
 from pipeline.evaluation.run import AGGREGATION_RULE, EVALUATION_VERSION, RANK_RULE, evaluate_agent, evaluate_baseline
 from pipeline.evaluation.throughput import RateLimiter
-from pipeline.markdown import markdown_text
 from pipeline.release.publish import publish_leaderboard
 from pipeline.release.store_uri import open_store
 from pipeline.splits.database import MonthNotReady
@@ -32,6 +33,15 @@ from pipeline.storage import DataLayout
 agent_partitions = dg.DynamicPartitionsDefinition(name="agents")
 evaluation_partitions = dg.MultiPartitionsDefinition({"month": monthly_partitions, "agent": agent_partitions})
 QUERY_SETS = ("queries_sample", "queries")
+# The scores table's metric columns: label → scores.json metric.
+SCORE_COLUMNS = {
+    "L2 F1": "level2_f1",
+    "L1 F1": "level1_f1",
+    "L2 precision": "level2_precision",
+    "L2 recall": "level2_recall",
+    "quad KL": "quad_kl",
+    "MRR": "mrr",
+}
 
 
 class EvaluationConfig(dg.Config):
@@ -57,24 +67,25 @@ def _agent(agents_file: Path, name: str) -> Agent:
     return agents[name]
 
 
-def _scores_table(records: list[dict]) -> str:
-    header = (
-        "| distance | n | rounds | L2 F1 | L1 F1 | L2 precision | L2 recall | quad KL | MRR "
-        "| Max@K L2 F1 | repeated L2 F1 | avg steps |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
-    )
-
-    def cell(value: float | None) -> str:
-        return "" if value is None else f"{value:.2f}"
-
+def _scores_frame(records: list[dict]) -> pl.DataFrame:
+    """One row per distance: the headline metrics of its scores record, and the across-round aggregates."""
     rows = [
-        f"| {r['distance']} | {r['n']} | {r['rounds']} | {m['level2_f1']:.2f} | {m['level1_f1']:.2f} | "
-        f"{m['level2_precision']:.2f} | {m['level2_recall']:.2f} | {m['quad_kl']:.2f} | {m['mrr']:.2f} | "
-        f"{cell(r['max_at_k']['level2_f1'])} | {cell((r['repeated'] or {}).get('level2_f1'))} | "
-        f"{cell(r['avg_steps'])} |"
+        {
+            "distance": r["distance"],
+            "n": r["n"],
+            "rounds": r["rounds"],
+            **{label: m[metric] for label, metric in SCORE_COLUMNS.items()},
+            "Max@K L2 F1": r["max_at_k"]["level2_f1"],
+            "repeated L2 F1": (r["repeated"] or {}).get("level2_f1"),
+            "avg steps": r["avg_steps"],
+        }
         for r in records
         for m in [r["metrics"]]
     ]
-    return "\n".join([header, *rows])
+    floats = [*SCORE_COLUMNS, "Max@K L2 F1", "repeated L2 F1", "avg steps"]
+    return pl.DataFrame(
+        rows, schema={**dict.fromkeys(("distance", "n", "rounds"), pl.Int64), **dict.fromkeys(floats, pl.Float64)}
+    )
 
 
 def _concurrency(agent: Agent, llm: LlmRuntime) -> int:
@@ -140,6 +151,7 @@ def _run(
     partitions_def=evaluation_partitions,
     deps=[test_split],
     group_name="evaluation",
+    owners=BENCHMARK_OWNERS,
     kinds={"python", "parquet"},
     code_version=EVALUATION_VERSION,
     description="`evaluations/YYYY-MM/<agent>/<query_set>/distance=<d>/`: results.parquet, scores.json and, for "
@@ -166,7 +178,8 @@ def evaluation(
                 "query_set": config.query_set,
             }
         )
-    split_file = DataLayout(settings.dataset.data_dir).split_dir(month) / f"{config.query_set}.parquet"
+    layout = DataLayout(settings.dataset.data_dir)
+    split_file = layout.split_dir(month) / f"{config.query_set}.parquet"
     if not split_file.exists():
         raise dg.Failure(
             description=f"no split at {split_file}; materialise test_split for {month:%Y-%m} first", allow_retries=False
@@ -176,20 +189,17 @@ def evaluation(
         records = _run(agent, split_file, settings.dataset.data_dir, config, llm, context, llm.allow_unconfined)
     except (MonthNotReady, ModelUnavailable) as exc:
         raise dg.Failure(description=str(exc), allow_retries=False) from exc
+    first = layout.evaluation_dir(month, agent.name, config.query_set, agent.distances[0])
     metadata = {
+        # Read back from the file: its columns depend on the agent's kind (ReAct runs add episode columns).
+        **column_schema(pl.read_parquet_schema(first / "results.parquet")),
         "status": "contaminated" if records[0]["contaminated"] else "evaluated",
         "eligibility": reason,
         "agent config": agent_config_hash(agent),
         "query_set": config.query_set,
         "dagster/row_count": sum(r["n"] * r["rounds"] for r in records),
-        "scores": dg.MetadataValue.md(_scores_table(records)),
-        "path": dg.MetadataValue.path(
-            str(
-                DataLayout(settings.dataset.data_dir)
-                .evaluation_dir(month, agent.name, config.query_set, agent.distances[0])
-                .parent
-            )
-        ),
+        "scores": frame_table(_scores_frame(records)),
+        "path": dg.MetadataValue.path(str(first.parent)),
     }
     if agent.kind == "llm":
         # Which harness and API subset produced the scores (docs/mirai.md, "The `mirai` mode").
@@ -212,8 +222,10 @@ def evaluation(
 @dg.asset(
     deps=[evaluation, submission],
     group_name="evaluation",
+    owners=BENCHMARK_OWNERS,
     kinds={"polars", "parquet"},
     code_version=EVALUATION_VERSION,
+    metadata=column_schema(BOARD_SCHEMA),
     description=(
         f"evaluations/leaderboard.parquet (every stored run and scored submission; {RANK_RULE}), "
         "evaluations/leaderboard.png and the self-contained evaluations/leaderboard.html. Live rounds' "
@@ -231,23 +243,19 @@ def leaderboard(dataset: Dataset, network: Network, release_store: ReleaseBucket
     # there is at least one release to sit beside.
     store = open_store(settings.dataset, settings.network, settings.release)
     published = publish_leaderboard(store, written.table, written.chart, written.page) if store.release_months() else []
-    # Shown as written: raw, "max_at_k_*: ... repeated_*" would be emphasis between the stars.
-    rules = markdown_text(f"{RANK_RULE}; {INTERVAL_RULE}; {AGGREGATION_RULE}.")
     return dg.MaterializeResult(
         metadata={
+            **column_schema(board.schema),
             "dagster/row_count": board.height,
             "path": dg.MetadataValue.path(str(written.table)),
             "page": dg.MetadataValue.path(str(written.page)),
             "submissions": int((board.get_column("source") == "submission").sum()),
-            "leaderboard": dg.MetadataValue.md(
-                f"{markdown_table(summary(board))}\n\n{rules}"
-                if board.height
-                else "no evaluation runs or submissions yet"
-            ),
+            "leaderboard": frame_table(summary(board)),
+            "rules": f"{RANK_RULE}; {INTERVAL_RULE}; {AGGREGATION_RULE}.",
             "chart": png_metadata(written.chart),
             # A submission record the board could not read (docs/evaluation.md, "The leaderboard").
             "skipped submission records": dg.MetadataValue.json(written.skipped),
-            "refusals": dg.MetadataValue.md(markdown_table(refused) if refused.height else "none"),
+            "refusals": frame_table(refused),
             "published": ", ".join(published) or "unchanged or no release yet",
         }
     )

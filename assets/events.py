@@ -5,11 +5,13 @@ from datetime import date
 import dagster as dg
 
 from assets.ingest import gdelt_events, gdelt_mentions
+from assets.metadata import column_schema, frame_table
+from assets.owners import DATA_OWNERS
 from assets.partitions import daily_partitions
 from assets.resources import Dataset
 from pipeline.events.daily import build_daily_quads, build_events
-from pipeline.events.normalize import RULES_VERSION
-from pipeline.gdelt.ledger import to_markdown
+from pipeline.events.normalize import EVENTS_SCHEMA, RULES_VERSION, UNMAPPED_CODES_SCHEMA
+from pipeline.events.quads import QUADS_SCHEMA
 
 PREVIOUS_DAY = dg.TimeWindowPartitionMapping(start_offset=-1, end_offset=-1)
 
@@ -26,7 +28,9 @@ PREVIOUS_DAY = dg.TimeWindowPartitionMapping(start_offset=-1, end_offset=-1)
             "with every excluded row counted under the first rule it failed.",
             kinds={"polars", "parquet"},
             group_name="events",
+            owners=DATA_OWNERS,
             code_version=RULES_VERSION,
+            metadata=column_schema(EVENTS_SCHEMA),
         ),
         dg.AssetSpec(
             "unmapped_codes",
@@ -34,7 +38,9 @@ PREVIOUS_DAY = dg.TimeWindowPartitionMapping(start_offset=-1, end_offset=-1)
             description="Actor country codes the CAMEO→ISO table does not know (a schema-drift signal).",
             kinds={"polars", "parquet"},
             group_name="events",
+            owners=DATA_OWNERS,
             code_version=RULES_VERSION,
+            metadata=column_schema(UNMAPPED_CODES_SCHEMA),
         ),
     ],
     partitions_def=daily_partitions,
@@ -46,6 +52,7 @@ def events(context: dg.AssetExecutionContext, dataset: Dataset):
     yield dg.MaterializeResult(
         asset_key="events",
         metadata={
+            **column_schema(n.events.schema),
             "dagster/row_count": n.events.height,
             "input_rows": n.input_rows,
             **{f"excluded_{reason}": count for reason, count in n.exclusions.items()},
@@ -56,8 +63,9 @@ def events(context: dg.AssetExecutionContext, dataset: Dataset):
     yield dg.MaterializeResult(
         asset_key="unmapped_codes",
         metadata={
+            **column_schema(n.unmapped_codes.schema),
             "dagster/row_count": n.unmapped_codes.height,
-            "codes": dg.MetadataValue.md(to_markdown(n.unmapped_codes)),
+            "codes": frame_table(n.unmapped_codes),
         },
     )
 
@@ -66,8 +74,10 @@ def events(context: dg.AssetExecutionContext, dataset: Dataset):
     partitions_def=daily_partitions,
     deps=["events", gdelt_mentions],
     group_name="events",
+    owners=DATA_OWNERS,
     kinds={"polars", "parquet"},
     code_version=RULES_VERSION,
+    metadata=column_schema(QUADS_SCHEMA),
     description="One row per (date, s, r, o): daily mentions, event count, article URLs and the "
     "number of distinct first-day WEB mention URLs.",
 )
@@ -75,6 +85,7 @@ def daily_quads(context: dg.AssetExecutionContext, dataset: Dataset) -> dg.Mater
     quads = build_daily_quads(date.fromisoformat(context.partition_key), dataset.settings())
     return dg.MaterializeResult(
         metadata={
+            **column_schema(quads.schema),
             "dagster/row_count": quads.height,
             "quads_ge_50_mentions": quads.filter(quads["daily_mentions"] >= 50).height,
             "quads_ge_100_mentions": quads.filter(quads["daily_mentions"] >= 100).height,

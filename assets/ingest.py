@@ -4,18 +4,24 @@ from datetime import date
 
 import dagster as dg
 
+from assets.metadata import column_schema, frame_table
+from assets.owners import DATA_OWNERS
 from assets.partitions import daily_partitions
 from assets.resources import Dataset, GdeltFeed, Network
 from pipeline.gdelt.ingest import PARSED_FORMAT_VERSION, ingest_day, parse_day
-from pipeline.gdelt.ledger import LEDGER_VERSION, problems, to_markdown
+from pipeline.gdelt.ledger import LEDGER_SCHEMA, LEDGER_VERSION, problems
+from pipeline.gdelt.schema import SCHEMAS
 from pipeline.markdown import markdown_text
 
 
 @dg.asset(
     partitions_def=daily_partitions,
     group_name="ingestion",
+    owners=DATA_OWNERS,
     kinds={"http"},
     code_version=LEDGER_VERSION,
+    # The day's table is its slot ledger (ledger/<day>.parquet); the zips are GDELT's own.
+    metadata=column_schema(LEDGER_SCHEMA),
     # Every run of every day downloads from the one GDELT host: the pool caps how many runs do so
     # at once across the deployment (a backfill of many days must not hammer GDELT or starve the
     # live 15-minute run); limits in deploy/dagster.yaml and docs/deploy.md.
@@ -36,10 +42,11 @@ def gdelt_files(
     context.log.info(f"{day}: {counts}")
     return dg.MaterializeResult(
         metadata={
+            **column_schema(result.ledger.schema),
             **{f"files_{status}": count for status, count in counts.items()},
             "downloaded_this_run": result.downloaded,
             "index_refresh": f"{result.index_refresh.mode} ({result.index_refresh.bytes_transferred} bytes)",
-            "problems": dg.MetadataValue.md(to_markdown(problems(result.ledger))),
+            "problems": frame_table(problems(result.ledger)),
         }
     )
 
@@ -50,8 +57,10 @@ def _parsed_asset(kind: str):
         partitions_def=daily_partitions,
         deps=[gdelt_files],
         group_name="ingestion",
+        owners=DATA_OWNERS,
         kinds={"polars", "parquet"},
         code_version=PARSED_FORMAT_VERSION,
+        metadata=column_schema(SCHEMAS[kind]),
         description=f"Typed GDELT 2.0 {kind} rows, one parquet file per landed slot; malformed lines "
         "go to parsed/rejects with file, line number, reason and the line's first 4 KiB, length and sha256. "
         "Each file's sha256 is recorded in parsed/digests; a file that no longer matches is quarantined and "
@@ -62,6 +71,8 @@ def _parsed_asset(kind: str):
         result = parse_day(date.fromisoformat(context.partition_key), kind, dataset.settings(), gdelt.settings())
         return dg.MaterializeResult(
             metadata={
+                # Each slot's file holds exactly the kind's schema (parse.py's ParsedFile.rows).
+                **column_schema(SCHEMAS[kind]),
                 "dagster/row_count": result.rows,
                 "rejects": result.rejects,
                 "files": result.files,

@@ -8,9 +8,12 @@ import dagster as dg
 
 from assets.articles import articles
 from assets.events import daily_quads
+from assets.metadata import column_schema
+from assets.owners import BENCHMARK_OWNERS
 from assets.partitions import LIVE_WINDOW, daily_partitions
 from assets.resources import Dataset, GdeltFeed, LiveRounds, Network, ReleaseBucket, compose
 from pipeline.live.publication import ROUND_FORMAT, RoundRefused, publish_round
+from pipeline.live.rounds import QUESTIONS_SCHEMA
 from pipeline.markdown import markdown_text
 from pipeline.release.layout import ReleaseError
 from pipeline.release.publish import ReleaseConflict
@@ -32,8 +35,11 @@ class LiveRoundConfig(dg.Config):
         dg.AssetDep(articles, partition_mapping=LIVE_WINDOW),
     ],
     group_name="live",
+    owners=BENCHMARK_OWNERS,
     kinds={"s3"},
     code_version=ROUND_FORMAT,
+    # The round's questions.parquet in the data directory (the store gets questions.jsonl without the stratum).
+    metadata=column_schema(QUESTIONS_SCHEMA),
     description="`live/rounds/<D>/` in MIRAI_RELEASE_URI: questions (t, s, o) for t = D + each horizon, drawn from "
     "the daily files of D - window .. D - 1 only, and manifest.json (written once, last); the recurrency and "
     "frequency baselines' submissions; live/index.json. Refused from the round's deadline on; a re-run that builds "
@@ -73,6 +79,7 @@ def live_round(
     manifest = result.manifest
     return dg.MaterializeResult(
         metadata={
+            **column_schema(QUESTIONS_SCHEMA),
             "questions": result.questions,
             "pairs_active": result.drawn["active"],
             "pairs_quiet": result.drawn["quiet"],

@@ -1,9 +1,13 @@
 """Metadata helpers shared by the assets."""
 
 import base64
+from collections.abc import Mapping
 from pathlib import Path
 
 import dagster as dg
+import polars as pl
+
+from pipeline.markdown import visible_text
 
 
 def png_metadata(path: Path) -> dg.MetadataValue:
@@ -11,3 +15,36 @@ def png_metadata(path: Path) -> dg.MetadataValue:
     the figure is visible without access to the data directory."""
     encoded = base64.b64encode(path.read_bytes()).decode()
     return dg.MetadataValue.md(f"![{path.stem}](data:image/png;base64,{encoded})")
+
+
+def table_schema(schema: Mapping[str, pl.DataType]) -> dg.TableSchema:
+    """The columns of a frame or parquet file with ``schema`` (a pl.Schema, or a dict of polars
+    types) in order, each typed as polars names it (``Datetime(time_unit='us', time_zone='UTC')``)."""
+    return dg.TableSchema(columns=[dg.TableColumn(name, str(dtype)) for name, dtype in schema.items()])
+
+
+# Dagster's key for a table's columns (https://docs.dagster.io/guides/build/assets/metadata-and-tags/table-metadata).
+COLUMN_SCHEMA = "dagster/column_schema"
+
+
+def column_schema(schema: Mapping[str, pl.DataType]) -> dict[str, dg.TableSchema]:
+    """``dagster/column_schema`` metadata (the UI's Columns tab; what the column-schema-change
+    checks compare between materialisations) for a table written with ``schema``."""
+    return {COLUMN_SCHEMA: table_schema(schema)}
+
+
+def _cell(value: object) -> str | int | float | bool | None:
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    return visible_text(value if isinstance(value, str) else str(value))
+
+
+def frame_table(frame: pl.DataFrame) -> dg.TableMetadataValue:
+    """``frame`` as a table the UI shows with its columns and types. The UI renders each cell as
+    plain text (React text, not Markdown), so a cell needs no Markdown escaping; text still gets
+    its hidden characters shown (pipeline.markdown.visible_text): a bidi control or a zero-width
+    space in a GDELT code or a submitter's name would change what the cell displays."""
+    return dg.MetadataValue.table(
+        records=[dg.TableRecord({k: _cell(v) for k, v in row.items()}) for row in frame.iter_rows(named=True)],
+        schema=table_schema(frame.schema),
+    )

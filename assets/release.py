@@ -5,6 +5,7 @@ from datetime import date
 
 import dagster as dg
 
+from assets.owners import DATA_OWNERS
 from assets.partitions import monthly_partitions
 from assets.resources import Dataset, Network, ReleaseBucket, compose
 from assets.splits import test_split
@@ -19,6 +20,7 @@ from pipeline.release.store_uri import open_store
     # fails, so only a split that passed its checks is ever published.
     deps=[test_split],
     group_name="releases",
+    owners=DATA_OWNERS,
     kinds={"s3"},
     code_version=RELEASE_FORMAT,
     description="releases/YYYY-MM/ in MIRAI_RELEASE_URI: the split, the event database through the month, "

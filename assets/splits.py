@@ -5,12 +5,13 @@ from datetime import date
 import dagster as dg
 
 from assets.database import event_database
-from assets.metadata import png_metadata
+from assets.metadata import column_schema, png_metadata
+from assets.owners import DATA_OWNERS
 from assets.partitions import monthly_partitions
 from assets.resources import Dataset, GdeltFeed
 from pipeline.http import utc_now
 from pipeline.splits.database import MonthNotReady
-from pipeline.splits.schema import SPLIT_VERSION
+from pipeline.splits.schema import QUERIES_SCHEMA, SPLIT_VERSION
 from pipeline.splits.split import Override, build_split
 
 
@@ -26,8 +27,11 @@ class SplitConfig(dg.Config):
     partitions_def=monthly_partitions,
     deps=[event_database],
     group_name="splits",
+    owners=DATA_OWNERS,
     kinds={"polars", "parquet"},
     code_version=SPLIT_VERSION,
+    # queries.parquet's and queries_sample.parquet's.
+    metadata=column_schema(QUERIES_SCHEMA),
     description="splits/YYYY-MM/: queries.parquet, queries_sample.parquet, manifest.json (sha256 of "
     "every file), README.md dataset card and its figures. Built only for a closed month.",
 )
@@ -50,6 +54,7 @@ def test_split(
     figures = {name: png_metadata(split.directory / name) for name in manifest["files"] if name.endswith(".png")}
     return dg.MaterializeResult(
         metadata={
+            **column_schema(split.queries.schema),
             "dagster/row_count": split.queries.height,
             "sample": split.sample.height,
             "path": dg.MetadataValue.path(str(split.directory)),

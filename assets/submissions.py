@@ -5,11 +5,14 @@ round's accepted or refused by pipeline/live/submissions.py (whose ``process`` h
 from datetime import date
 
 import dagster as dg
+import polars as pl
 
 from assets.live import live_round
+from assets.metadata import frame_table
+from assets.owners import BENCHMARK_OWNERS
 from assets.resources import Dataset, Network, ReleaseBucket, compose
 from assets.splits import test_split
-from pipeline.evaluation.scoring import markdown
+from pipeline.evaluation.scoring import TABLE_METRICS, scope
 from pipeline.evaluation.submissions import RECORD_FORMAT, NotReady, SubmissionError, record_path
 from pipeline.live.submissions import LIVE_RECORD_FORMAT, live_record_path, process
 from pipeline.markdown import markdown_text
@@ -19,6 +22,33 @@ from pipeline.storage import LockTimeout
 
 submission_partitions = dg.DynamicPartitionsDefinition(name="submissions")
 HEADLINE = ("level2_f1", "level1_f1", "mrr")
+
+
+def _metrics_frame(card: dict) -> pl.DataFrame:
+    """The scorecard's metric table (pipeline.evaluation.scoring.markdown's first): value and 95% interval."""
+    rows = [
+        {"metric": m, "value": e["value"], "ci95_low": e["ci95"][0], "ci95_high": e["ci95"][1]}
+        for m in TABLE_METRICS
+        for e in [card["metrics"][m]]
+    ]
+    return pl.DataFrame(
+        rows, schema={"metric": pl.String, **dict.fromkeys(("value", "ci95_low", "ci95_high"), pl.Float64)}
+    )
+
+
+def _by_level1_frame(card: dict) -> pl.DataFrame:
+    rows = [
+        {
+            "level-1 code": code,
+            "queries": r["queries"],
+            "level1_f1": r["level1_f1"],
+            "level2_f1": r["level2_f1"],
+            "mrr": r["mrr"],
+        }
+        for code, r in card["by_level1"].items()
+    ]
+    schema = {"level-1 code": pl.String, "queries": pl.Int64}
+    return pl.DataFrame(rows, schema={**schema, **dict.fromkeys(("level1_f1", "level2_f1", "mrr"), pl.Float64)})
 
 
 @dg.asset(
@@ -32,6 +62,7 @@ HEADLINE = ("level2_f1", "level1_f1", "mrr")
         dg.AssetDep(live_round, partition_mapping=dg.AllPartitionMapping()),
     ],
     group_name="evaluation",
+    owners=BENCHMARK_OWNERS,
     code_version=RECORD_FORMAT,
     description="A submission from the release store's `submissions/<name>/`: scored (strict), contaminated "
     "(scored, never ranked: cutoff not before the month) or rejected (rejection.json written beside it); "
@@ -76,7 +107,9 @@ def submission(
             }
         )
     if card is not None:
-        metadata["scorecard"] = dg.MetadataValue.md(markdown(card))
+        metadata["scorecard"] = frame_table(_metrics_frame(card))
+        metadata["scorecard by level-1 code"] = frame_table(_by_level1_frame(card))
+        metadata["scored"] = scope(card)
         metadata.update({m: card["metrics"][m]["value"] for m in HEADLINE})
         metadata["queries"] = card["queries"]
         metadata["missing"] = card["missing"]["count"]

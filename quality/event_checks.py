@@ -30,6 +30,7 @@ import dagster as dg
 import polars as pl
 
 from assets.ingest import gdelt_events
+from assets.metadata import frame_table
 from assets.partitions import daily_partitions
 from assets.resources import ArticleFetcher, Dataset
 from pipeline.articles.fetch_health import day_fetch_health
@@ -52,7 +53,7 @@ def _result(res: SuiteResult, source: Path) -> dg.AssetCheckResult:
         "failed_expectations": len(res.failures),
     }
     if res.failures:
-        metadata["failures"] = dg.MetadataValue.md(res.failures_markdown())
+        metadata["failures"] = frame_table(res.failures_frame())
         metadata["failures_json"] = dg.MetadataValue.json(json.loads(json.dumps(res.failures, default=str)))
     if res.note:
         metadata["note"] = res.note
@@ -177,7 +178,7 @@ def articles_fetch_health(
             "failure_rate": round(health.failure_rate, 4),
             "dominant_reason": health.dominant_reason or "",
             "dominant_count": health.dominant_count,
-            "failures_by_reason": dg.MetadataValue.md(health.failures_markdown()),
+            "failures_by_reason": frame_table(health.failures_frame()),
             "min_fetches": health.min_fetches,
             "max_failure_rate": health.max_failure_rate,
         },

@@ -8,10 +8,11 @@ import dagster as dg
 import polars as pl
 
 from assets.ingest import gdelt_events, gdelt_files, gdelt_mentions
+from assets.metadata import frame_table
 from assets.partitions import daily_partitions
 from assets.resources import Dataset, compose
 from pipeline.gdelt.integrity import verify_day
-from pipeline.gdelt.ledger import GREEN, problems, read_ledger, to_markdown
+from pipeline.gdelt.ledger import GREEN, problems, read_ledger
 from pipeline.markdown import markdown_text
 from pipeline.storage import DataLayout
 
@@ -59,7 +60,7 @@ def gdelt_files_all_green(context: dg.AssetCheckExecutionContext, dataset: Datas
             "corrupt_or_failed": bad.filter(pl.col("status").is_in(["corrupt", "failed"])).height,
             "quarantined": quarantined.height,
             "gdelt_gaps": gaps.height,
-            "details": dg.MetadataValue.md(to_markdown(problems(bad))),
+            "details": frame_table(problems(bad)),
         },
     )
 

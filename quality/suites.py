@@ -25,7 +25,6 @@ from typing import Any
 import polars as pl
 
 from pipeline.gdelt.schema import EXPORT_SCHEMA
-from pipeline.markdown import markdown_text
 
 SLOT_MINUTES = 15
 MAX_UNEXPECTED_VALUES = 5
@@ -46,22 +45,25 @@ class SuiteResult:
     def failed_expectations(self) -> set[str]:
         return {f["expectation"] for f in self.failures}
 
-    def failures_markdown(self) -> str:
-        if not self.failures:
-            return "No failed expectation."
-        lines = ["| expectation | column | rule | unexpected | examples |", "|---|---|---|---|---|"]
+    def failures_frame(self) -> pl.DataFrame:
+        """One row per failed expectation, for the check's table: its examples (unexpected values
+        from the data, so possibly from a hostile GDELT file) as JSON, cut at 300 characters."""
+        rows = []
         for f in self.failures:
             examples = f.get("unexpected_values") or f.get("exception") or f.get("observed") or ""
-            cells = [
-                f["expectation"],
-                f.get("column") or "",
-                f.get("rule") or "",
-                "" if f.get("unexpected_count") is None else str(f["unexpected_count"]),
-                json.dumps(examples, default=str) if not isinstance(examples, str) else examples,
-            ]
-            # Unexpected values come from the data (a hostile GDELT file): inert Markdown.
-            lines.append("| " + " | ".join(markdown_text(c[:300]) for c in cells) + " |")
-        return "\n".join(lines)
+            rows.append(
+                {
+                    "expectation": f["expectation"],
+                    "column": f.get("column") or "",
+                    "rule": f.get("rule") or "",
+                    "unexpected": f.get("unexpected_count"),
+                    "examples": (json.dumps(examples, default=str) if not isinstance(examples, str) else examples)[
+                        :300
+                    ],
+                }
+            )
+        schema = {"expectation": pl.String, "column": pl.String, "rule": pl.String, "unexpected": pl.Int64}
+        return pl.DataFrame(rows, schema={**schema, "examples": pl.String})
 
 
 # ---------------------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from pathlib import Path
 import dagster as dg
 
 from assets.evaluations import agent_partitions, evaluation, leaderboard
+from assets.owners import BENCHMARK_OWNERS
 from assets.resources import Dataset
 from pipeline.evaluation.agent_config import agent_config_hash
 from pipeline.evaluation.registry import Agent, eligibility, load_agents
@@ -39,6 +40,7 @@ IN_FLIGHT = [
 
 evaluation_job = dg.define_asset_job(
     "agent_evaluation",
+    owners=BENCHMARK_OWNERS,
     selection=[evaluation],
     description="Evaluates one agent of agents.yaml on one month's test split (a (month, agent) partition of "
     "evaluation) at each of its distances, or records why it is refused; evaluation_sensor launches it.",
@@ -47,6 +49,7 @@ evaluation_job = dg.define_asset_job(
 )
 leaderboard_job = dg.define_asset_job(
     "leaderboard_refresh",
+    owners=BENCHMARK_OWNERS,
     selection=[leaderboard],
     executor_def=dg.in_process_executor,
     description="Rebuilds the leaderboard from every stored run and scored submission and publishes it beside the "

@@ -26,6 +26,7 @@ import json
 import dagster as dg
 
 from assets.events import daily_quads, events
+from assets.owners import DATA_OWNERS
 from assets.resources import Alerts, Dataset, Network
 from pipeline.alerts import Alert, send_alert
 from pipeline.config import AlertSettings
@@ -39,6 +40,7 @@ MAX_DAYS_LISTED = 100  # in the alert's payload; the count says how many in all
 
 events_follow_job = dg.define_asset_job(
     "events_follow_history",
+    owners=DATA_OWNERS,
     selection=[events, daily_quads],
     description="Rebuilds one day's events and daily quads whose history changed after they were built; "
     "the events_follow_history sensor launches it, oldest day first.",

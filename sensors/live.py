@@ -13,6 +13,7 @@ from datetime import UTC, timedelta
 import dagster as dg
 
 from assets.live import live_round
+from assets.owners import BENCHMARK_OWNERS
 from assets.resources import Dataset
 from pipeline.splits.database import day_inputs_missing
 
@@ -20,6 +21,7 @@ FIRST_HOUR, LAST_HOUR = 2, 12
 
 live_round_job = dg.define_asset_job(
     "live_round_publication",
+    owners=BENCHMARK_OWNERS,
     selection=[live_round],
     executor_def=dg.in_process_executor,
     description="Publishes day D's live round (questions, manifest, baselines' submissions) to the release store, "

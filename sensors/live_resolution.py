@@ -15,6 +15,7 @@ from datetime import UTC, date, datetime
 import dagster as dg
 
 from assets.live_resolution import live_leaderboard, live_resolution
+from assets.owners import BENCHMARK_OWNERS
 from assets.resources import Dataset, LiveRounds, Network, ReleaseBucket, compose
 from pipeline.live.resolve import published_round_days, unresolved_dates
 from pipeline.release.store_uri import open_store
@@ -22,6 +23,7 @@ from sensors.evaluations import IN_FLIGHT
 
 live_resolution_job = dg.define_asset_job(
     "live_round_resolution",
+    owners=BENCHMARK_OWNERS,
     selection=[live_resolution],
     executor_def=dg.in_process_executor,
     description="Resolves the closed target dates of one live round and scores its accepted submissions; "
@@ -29,6 +31,7 @@ live_resolution_job = dg.define_asset_job(
 )
 live_leaderboard_job = dg.define_asset_job(
     "live_leaderboard_refresh",
+    owners=BENCHMARK_OWNERS,
     selection=[live_leaderboard],
     executor_def=dg.in_process_executor,
     description="Rebuilds the live leaderboard (per round and cumulative) and publishes it to live/; "

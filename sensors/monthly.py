@@ -12,6 +12,7 @@ from datetime import date
 import dagster as dg
 
 from assets.database import event_database
+from assets.owners import DATA_OWNERS
 from assets.partitions import monthly_partitions
 from assets.release import release
 from assets.resources import Dataset, Network, ReleaseBucket, compose
@@ -23,6 +24,7 @@ from sensors.run_health import max_runtime_tag
 
 monthly_release_job = dg.define_asset_job(
     "monthly_release",
+    owners=DATA_OWNERS,
     # One run per month: the release step runs only if test_split's blocking checks (the leakage
     # audit) passed in the same run.
     selection=[event_database, test_split, release],

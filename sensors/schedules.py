@@ -11,9 +11,10 @@ from datetime import UTC, datetime, timedelta
 
 import dagster as dg
 
-from assets.articles import articles
+from assets.articles import articles, fetch_ledger
 from assets.events import daily_quads, events
 from assets.ingest import gdelt_events, gdelt_files, gdelt_mentions
+from assets.owners import DATA_OWNERS
 from sensors.run_health import max_runtime_tag
 
 PUBLISH_DELAY = timedelta(minutes=5)
@@ -26,6 +27,7 @@ RECONCILE_PREVIOUS_DAY_HOURS = 6
 
 gdelt_ingest_job = dg.define_asset_job(
     "gdelt_ingest",
+    owners=DATA_OWNERS,
     # The day's whole chain, so events and quads follow every new slot; partitions are inferred.
     selection=[gdelt_files, gdelt_events, gdelt_mentions, events, daily_quads],
     description="Lands one UTC day's GDELT files and builds its parsed rows, events and daily quads; "
@@ -66,7 +68,9 @@ def gdelt_every_15_minutes(context: dg.ScheduleEvaluationContext):
 
 articles_job = dg.define_asset_job(
     "articles_daily",
-    selection=[articles],
+    owners=DATA_OWNERS,
+    # fetch_ledger has no step of its own (articles records it), so its checks are selected by name.
+    selection=dg.AssetSelection.assets(articles) | dg.AssetSelection.checks_for_assets(fetch_ledger.key),
     executor_def=dg.in_process_executor,
     tags=max_runtime_tag("articles_daily"),
     description="Fetches and extracts the articles of one day's well-reported quads; the articles_hourly schedule "

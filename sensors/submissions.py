@@ -17,6 +17,7 @@ import json
 
 import dagster as dg
 
+from assets.owners import BENCHMARK_OWNERS
 from assets.resources import Dataset, Network, ReleaseBucket, compose
 from assets.submissions import submission, submission_partitions
 from pipeline.evaluation.scoring import bounded
@@ -26,6 +27,7 @@ from sensors.evaluations import leaderboard_job, leaderboard_request
 
 submission_job = dg.define_asset_job(
     "submission_scoring",
+    owners=BENCHMARK_OWNERS,
     selection=[submission],
     executor_def=dg.in_process_executor,
     description="Checks and scores (monthly) or accepts (live) one uploaded submission, or refuses it with "

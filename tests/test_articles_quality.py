@@ -24,7 +24,7 @@ from quality.suites import SCHEMA_CHECK, article_counts, filter_label, validate_
 from .conftest import FIXTURES
 from .gx_helpers import assert_fails_only, failure, set_row
 from .settings_builder import make_settings
-from .test_markdown import unescaped
+from .table_metadata import table_text
 
 DAY = date(2024, 1, 1)
 FETCHED_AT = datetime(2024, 1, 2, 3, 4, 5, tzinfo=UTC)
@@ -219,9 +219,9 @@ def test_counts_and_filter_labels():
     assert counts["dropped"] == 3 and counts["dropped_(none)"] == 1
 
 
-def test_failures_render_as_markdown():
-    md = unescaped(validate_articles(set_row(good_articles(), 1, lang="de")).failures_markdown())
-    assert md.startswith("| expectation |") and "kept: lang is 'en'" in md and '["de"]' in md
+def test_failures_make_the_check_s_table():
+    rows = validate_articles(set_row(good_articles(), 1, lang="de")).failures_frame().rows(named=True)
+    assert any("kept: lang is 'en'" in r["rule"] and '["de"]' in r["examples"] for r in rows)
 
 
 # --- the pipeline's own output ----------------------------------------------------------------
@@ -335,7 +335,7 @@ def test_failed_check_is_an_error_that_blocks_nothing(tmp_path, monkeypatch):
     result, check = _materialize(tmp_path, monkeypatch, set_row(good_articles(), 0, lang="de"))
     assert not check.passed and check.severity == dg.AssetCheckSeverity.ERROR
     assert check.metadata["failures_json"].value[0]["expectation"] == IN_SET
-    assert "kept: lang is 'en'" in check.metadata["failures"].value
+    assert "kept: lang is 'en'" in table_text(check.metadata["failures"])
     assert IN_SET in check.description
     # Non-blocking: the run succeeds and the articles are materialised anyway.
     assert result.success

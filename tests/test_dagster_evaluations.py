@@ -30,7 +30,7 @@ from testbed.chat import ChatServer
 
 from .month_builder import Quad, write_month
 from .settings_builder import make_settings
-from .test_markdown import rendered
+from .table_metadata import has_row
 
 FEB, MAR = "2024-02-01", "2024-03-01"
 BASELINE = {"name": "recurrency", "kind": "baseline", "baseline": "recurrency", "distances": [1, 7]}
@@ -207,7 +207,7 @@ def test_requested_runs_evaluate_or_refuse_and_the_leaderboard_follows(data_dir,
         assert (
             evaluated["status"].value == "evaluated" and evaluated["dagster/row_count"].value == 6
         )  # 3 queries × 2 distances
-        assert "| 7 | 3 | 1 |" in evaluated["scores"].value
+        assert has_row(evaluated["scores"], distance=7, n=3, rounds=1)
         for distance in (1, 7):
             assert (
                 layout.evaluation_dir(date(2024, 2, 1), "recurrency", "queries_sample", distance) / "scores.json"
@@ -223,11 +223,11 @@ def test_requested_runs_evaluate_or_refuse_and_the_leaderboard_follows(data_dir,
     meta = board_run.asset_materializations_for_node("leaderboard")[0].metadata
     assert meta["dagster/row_count"].value == 2
     assert meta["chart"].value.startswith("![leaderboard](data:image/png;base64,")
-    assert "| 1 | 2024-02 | queries_sample | 1 | recurrency | registered | no | 3 | 1 |" in meta["leaderboard"].value
-    assert "| 2024-02 | queries_sample | recent-llm |" in meta["refusals"].value
-    # The rules under the table read as written (before: "max_at_k_*: ... repeated_*" was emphasis).
-    shown, constructs = rendered(meta["leaderboard"].value)
-    assert f"{RANK_RULE}; {INTERVAL_RULE}; {AGGREGATION_RULE}." in shown and constructs == []
+    head = {"month": "2024-02", "query_set": "queries_sample", "distance": 1, "agent": "recurrency"}
+    assert has_row(meta["leaderboard"], rank=1, **head, source="registered", contaminated=False, n=3, rounds=1)
+    assert has_row(meta["refusals"], month="2024-02", query_set="queries_sample", agent="recent-llm")
+    # The rules beside the table, plain text as written.
+    assert meta["rules"].value == f"{RANK_RULE}; {INTERVAL_RULE}; {AGGREGATION_RULE}."
     assert meta["published"].value == "unchanged or no release yet"  # nothing released in this store
     board = pl.read_parquet(layout.root / "evaluations/leaderboard.parquet")
     assert board.select("agent", "distance", "rank").rows() == [("recurrency", 1, 1), ("recurrency", 7, 1)]

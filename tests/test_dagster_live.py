@@ -19,6 +19,7 @@ from sensors.live_resolution import live_leaderboard_job, live_resolution_job, l
 from .live_builder import baseline_predictions, history, pairs, world, write_accepted, write_round
 from .month_builder import write_days
 from .settings_builder import make_settings
+from .table_metadata import has_row, table_rows
 from .test_markdown import active_markdown
 
 ROUND = date(2024, 3, 10)
@@ -124,30 +125,29 @@ HOSTILE_MODEL = (
 )
 
 
-def test_a_hostile_model_name_is_inert_in_every_live_asset_s_metadata(live_data):
+def test_a_hostile_model_name_is_plain_text_in_every_live_asset_s_metadata(live_data):
     """Issue 30: live_leaderboard's metadata showed a submitter's model name as Markdown, and a name
-    like HOSTILE_MODEL made the operator's browser fetch a URL. Every Markdown value of the live
-    assets' materialisations, parsed by a CommonMark parser, now holds no image, link or HTML."""
+    like HOSTILE_MODEL made the operator's browser fetch a URL. The scores and the standings are
+    tables now, whose cells the UI shows as plain text: the name is there as submitted; any
+    Markdown value left, parsed by a CommonMark parser, holds no image, link or HTML."""
     settings, _, predictions = live_data
     write_accepted(settings, ROUND, f"live-{ROUND}-outsider", predictions, model=HOSTILE_MODEL)
     resources = resources_for(make_settings(data_dir=str(settings.dataset.data_dir), release_uri=settings.release.uri))
     with dg.instance_for_test() as instance:
         resolved = dg.materialize([live_resolution], instance=instance, resources=resources, partition_key=str(ROUND))
         boarded = dg.materialize([live_leaderboard], instance=instance, resources=resources)
-    markdown = [
-        (event.asset_key.to_user_string(), key, value.value)
+    metadata = {
+        (event.asset_key.to_user_string(), key): value
         for result in (resolved, boarded)
         for event in result.get_asset_materialization_events()
         for key, value in event.materialization.metadata.items()
-        if isinstance(value, dg.MarkdownMetadataValue)
-    ]
-    assert {(asset, key) for asset, key, _ in markdown} >= {
-        ("live_resolution", "scores"),
-        ("live_leaderboard", "cumulative"),
     }
-    assert any("127.0.0.1:9" in text for _, _, text in markdown), "the hostile name is not shown at all"
-    for asset, key, text in markdown:
-        assert active_markdown(text) == [], (asset, key, text)
-    # The page's mark for rows indistinguishable from the leader, with its rule (issue 33, point 7).
-    (cumulative,) = [text for asset, key, text in markdown if key == "cumulative"]
-    assert cumulative.startswith("1. ") and cumulative.endswith("≈: its 95% interval overlaps the leader's")
+    for where, value in metadata.items():
+        if isinstance(value, dg.MarkdownMetadataValue):
+            assert active_markdown(value.value) == [], (where, value.value)
+    scores, cumulative = metadata[("live_resolution", "scores")], metadata[("live_leaderboard", "cumulative")]
+    assert has_row(scores, submission=f"live-{ROUND}-outsider")
+    assert has_row(cumulative, model=HOSTILE_MODEL[:80]), "the hostile name is not shown as it is"
+    # The page's mark for rows indistinguishable from the leader (issue 33, point 7): its own column.
+    first = table_rows(cumulative)[0]
+    assert first["rank"] == 1 and first["overlaps leader"] is False

@@ -43,6 +43,7 @@ from quality.event_checks import (
     gdelt_events_valid,
 )
 from quality.ingest_checks import gdelt_events_intact, gdelt_files_all_green, gdelt_mentions_intact
+from quality.schema_checks import column_schema_checks
 from quality.split_checks import split_leakage_audit
 from quality.submission_checks import submission_accepted
 from testbed.generate import MirrorOptions, generate_mirror, news_sites
@@ -52,6 +53,7 @@ from testbed.serve import MirrorServer
 
 from .month_builder import write_days
 from .settings_builder import make_settings
+from .test_column_schemas import columns_of
 from .test_dagster_evaluations import split_quads
 from .test_live_dagster import LIVE
 from .test_live_rounds import DAY as ROUND
@@ -195,8 +197,16 @@ def event_log(tmp_path_factory):
         )
 
         def run(selection: list, partition_key: str | None = None, run_config: dict | None = None) -> None:
+            # With the column-schema-change checks of the assets run (their descriptions are Markdown too).
+            keys = {a.key for a in selection if isinstance(a, dg.AssetSpec)}
+            keys |= {k for a in selection if isinstance(a, dg.AssetsDefinition) for k in a.keys}
+            schema = [c for c in column_schema_checks if {spec.asset_key for spec in c.check_specs} <= keys]
             dg.materialize(
-                selection, partition_key=partition_key, run_config=run_config, resources=resources, instance=instance
+                [*selection, *schema],
+                partition_key=partition_key,
+                run_config=run_config,
+                resources=resources,
+                instance=instance,
             )
 
         # The hostile day, then the rest of January as the daily assets write it: the month
@@ -205,6 +215,12 @@ def event_log(tmp_path_factory):
         checks = [gdelt_files_all_green, gdelt_events_intact, gdelt_mentions_intact, gdelt_events_valid]
         checks += [events_valid, events_history_current, daily_quads_valid, articles_valid, articles_fetch_health]
         run(daily + checks, JAN.isoformat())
+        # fetch_ledger has no step (articles records it): its checks run as articles_daily selects them.
+        ledger_checks = dg.AssetSelection.checks_for_assets(fetch_ledger.key)
+        ledger_job = dg.define_asset_job("ledger_checks", selection=ledger_checks)
+        dg.Definitions(
+            assets=[fetch_ledger], asset_checks=column_schema_checks, jobs=[ledger_job], resources=resources
+        ).resolve_job_def("ledger_checks").execute_in_process(instance=instance)
         write_days(make_settings(data_dir=data), month_days(JAN)[1:], split_quads(JAN))
         override = {"override_by": "operator", "override_reason": "GDELT served zips that are not GDELT files"}
         run(
@@ -252,7 +268,7 @@ def event_log(tmp_path_factory):
         run([live_leaderboard])
         run([leaderboard])
 
-        walked, shown = set(), []
+        walked, shown, cells, columns = set(), [], [], {}
         for record in instance.get_runs():
             for entry in instance.all_logs(
                 record.run_id,
@@ -262,6 +278,7 @@ def event_log(tmp_path_factory):
                 if entry.dagster_event.event_type == dg.DagsterEventType.ASSET_MATERIALIZATION:
                     event = event.materialization
                     where = event.asset_key.to_user_string()
+                    columns.setdefault(where, []).append(columns_of(event.metadata))
                 else:
                     where = f"{event.asset_key.to_user_string()}:{event.check_name}"
                 walked.add(where)
@@ -272,22 +289,27 @@ def event_log(tmp_path_factory):
                 for label, value in event.metadata.items():
                     if isinstance(value, dg.MarkdownMetadataValue):
                         shown.append((where, label, value.value))
+                    # Table cells the UI shows as plain text (React text nodes), never as Markdown.
+                    if isinstance(value, dg.TableMetadataValue):
+                        cells += [
+                            (where, label, c) for r in value.records for c in r.data.values() if isinstance(c, str)
+                        ]
         asset_keys = {key.to_user_string() for key in defs.resolve_all_asset_keys()}
         check_keys = {
             f"{key.asset_key.to_user_string()}:{key.name}" for key in defs.resolve_asset_graph().asset_check_keys
         }
-    return walked, shown, asset_keys, check_keys
+    return walked, shown, asset_keys, check_keys, columns, cells
 
 
 def test_every_asset_and_check_of_the_code_location_is_walked(event_log):
     """A new asset or check fails this test until the walk materialises it."""
-    walked, _, asset_keys, check_keys = event_log
+    walked, _, asset_keys, check_keys, _, _ = event_log
     assert asset_keys - walked == set()
     assert check_keys - walked == set()
 
 
 def test_no_hostile_text_opens_an_image_a_link_or_html_anywhere(event_log):
-    _, shown, _, _ = event_log
+    _, shown, _, _, _, _ = event_log
     active = [(where, label, found) for where, label, text in shown if (found := active_markdown(text))]
     assert active == []
 
@@ -303,13 +325,14 @@ def visible(payload: str, markdown: str) -> bool:
     return any(form in unescaped(markdown) for form in (hidden_shown(flat(payload)), repr(payload)[1:-1]))
 
 
-def test_no_bidi_control_or_invisible_character_reaches_the_markdown(event_log):
+def test_no_bidi_control_or_invisible_character_reaches_the_markdown_or_a_table(event_log):
     """A bidi override or a zero-width space in a model, file name or GDELT code would change what
-    the UI displays (Trojan Source, CVE-2021-42574; Unicode TR36): none is left in any Markdown."""
-    _, shown, _, _ = event_log
+    the UI displays (Trojan Source, CVE-2021-42574; Unicode TR36): none is left in any Markdown,
+    nor in any table cell (plain text shows them as they act)."""
+    _, shown, _, _, _, cells = event_log
     hidden = [
         (where, label, {c for c in text if unicodedata.category(c) in ("Cc", "Cf")} - {"\n"})
-        for where, label, text in shown
+        for where, label, text in [*shown, *cells]
     ]
     assert [(where, label, found) for where, label, found in hidden if found] == []
 
@@ -317,17 +340,51 @@ def test_no_bidi_control_or_invisible_character_reaches_the_markdown(event_log):
 @pytest.mark.parametrize(
     ("where", "label", "payloads"),
     [
-        ("unmapped_codes", "codes", PAYLOADS),  # GDELT actor country codes
-        ("gdelt_files", "problems", PAYLOADS),  # GDELT zip member names, quoted in the slot ledger
-        ("gdelt_files:gdelt_files_all_green", "details", PAYLOADS),
         ("gdelt_files:gdelt_files_all_green", "description", PAYLOADS),
         ("submission", "reasons", FILE_NAMED),  # a submitter's file names
         ("submission:submission_accepted", "description", FILE_NAMED),
-        ("live_leaderboard", "cumulative", PAYLOADS),  # live submitters' models
     ],
 )
 def test_hostile_text_is_still_shown_escaped_not_dropped(event_log, where, label, payloads):
-    _, shown, _, _ = event_log
+    _, shown, _, _, _, _ = event_log
     texts = [text for w, key, text in shown if (w, key) == (where, label)]
     assert texts, f"no Markdown {label!r} on {where}"
     assert [p for p in payloads if not any(visible(p, text) for text in texts)] == []
+
+
+def test_every_materialisation_carries_the_columns_its_asset_declares(event_log):
+    """What the schema-change checks compare: each materialisation's columns, from the frame it
+    wrote, are the ones the asset declares; evaluation's, declared by none, are its results file's."""
+    from definitions import defs
+
+    _, _, _, _, columns, _ = event_log
+    declared = {
+        spec.key.to_user_string(): schema
+        for spec in defs.resolve_all_asset_specs()
+        if (schema := columns_of(spec.metadata)) is not None
+    }
+    assert {"articles", "fetch_ledger", "event_database", "test_split", "leaderboard", "live_resolution"} <= set(
+        declared
+    )
+    assert [(key, i) for key, schema in declared.items() for i, c in enumerate(columns[key]) if c != schema] == []
+    results = {column.name for schema in columns["evaluation"] if schema for column in schema.columns}
+    assert {"query_id", "gold", "prediction", "level2_f1"} <= results
+
+
+@pytest.mark.parametrize(
+    ("where", "label"),
+    [
+        ("unmapped_codes", "codes"),  # GDELT actor country codes
+        ("gdelt_files", "problems"),  # GDELT zip member names, quoted in the slot ledger
+        ("gdelt_files:gdelt_files_all_green", "details"),
+        ("live_leaderboard", "cumulative"),  # live submitters' models
+    ],
+)
+def test_hostile_text_is_still_shown_in_the_tables_as_plain_text(event_log, where, label):
+    """A table cell is plain text: the payload is there as it came (no Markdown escapes), its
+    hidden characters shown, or quoted as a repr where a reason quotes a file name."""
+    *_, cells = event_log
+    texts = [text for w, key, text in cells if (w, key) == (where, label)]
+    assert texts, f"no table {label!r} on {where}"
+    forms = [(hidden_shown(flat(p)), repr(p)[1:-1]) for p in PAYLOADS]
+    assert [p for p, f in zip(PAYLOADS, forms) if not any(form in text for form in f for text in texts)] == []

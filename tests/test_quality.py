@@ -32,7 +32,7 @@ from quality.suites import (
 from .conftest import MIRROR_DAY, shared_fixture
 from .gx_helpers import assert_fails_only, failure, set_row
 from .settings_builder import make_settings
-from .test_markdown import unescaped
+from .table_metadata import table_text
 
 UTC = UTC
 DAY = MIRROR_DAY  # inside the daily partitions (they start at MIRAI_START_DATE, 2023-01-01)
@@ -273,8 +273,12 @@ def test_a_row_breaking_two_rules_names_each_rule_with_its_count_and_examples():
     )
     assert s_rule["validated_by"] == "expect_column_values_to_be_null on _row_rule_violations"
     assert res.statistics["unsuccessful_expectations"] == 1  # the one combined GX expectation
-    md = unescaped(res.failures_markdown())
-    assert "3: s is an ISO 3166-1 alpha-3 country" in md and '["999", "998"]' in md
+    # The check's table: a row per broken rule.
+    table = res.failures_frame().select("column", "rule", "unexpected", "examples").rows()
+    assert sorted(table) == [
+        ("r", "5: r is a MIRAI level-2 CAMEO code", 2, '["999", "998"]'),
+        ("s", "3: s is an ISO 3166-1 alpha-3 country", 1, '["EUR"]'),
+    ]
 
 
 def test_suites_built_once_per_process_keep_no_state_between_days():
@@ -350,10 +354,12 @@ def test_daily_quads_empty_day_passes_with_a_note():
     assert res.passed and res.note
 
 
-def test_failures_render_as_markdown():
+def test_failures_make_the_check_s_table():
     res = validate_daily_quads(set_row(daily_quads(good_events()), 0, daily_mentions=0))
-    md = unescaped(res.failures_markdown())
-    assert md.startswith("| expectation |") and "daily_mentions" in md and "quads: daily_mentions >= 1" in md
+    frame = res.failures_frame()
+    assert frame.columns == ["expectation", "column", "rule", "unexpected", "examples"]
+    assert frame.get_column("column").to_list() == ["daily_mentions"]
+    assert "quads: daily_mentions >= 1" in frame.item(0, "rule")
 
 
 # --- Dagster: the checks on real runs ---------------------------------------------------------
@@ -431,7 +437,7 @@ def test_bad_raw_day_fails_gdelt_events_valid_without_blocking(tmp_path):
     evals = _evaluations(result)
     raw = evals["gdelt_events_valid"]
     assert not raw.passed and raw.severity == dg.AssetCheckSeverity.ERROR
-    assert "_dateadded_offset_s" in raw.metadata["failures"].value
+    assert "_dateadded_offset_s" in table_text(raw.metadata["failures"])
     assert raw.metadata["failures_json"].value[0]["expectation"] == BETWEEN
     # Non-blocking: the events rules still ran and the rest of the day was built.
     assert result.success
@@ -460,7 +466,7 @@ def test_failed_events_check_blocks_daily_quads(tmp_path, monkeypatch):
         check = evals["events_valid"]
         assert not check.passed and check.severity == dg.AssetCheckSeverity.ERROR
         assert check.metadata["failures_json"].value[0]["expectation"] == WITHIN_RECORD
-        assert "4: no domestic event (s != o)" in unescaped(check.metadata["failures"].value)
+        assert "4: no domestic event (s != o)" in table_text(check.metadata["failures"])
         # Blocking: the run fails and daily_quads is neither run nor written.
         assert not result.success
         assert "events" in _materialized(result)

@@ -23,7 +23,6 @@ import polars as pl
 
 from pipeline.articles.ledger import read_ledger
 from pipeline.config import ArticleSettings, DatasetSettings
-from pipeline.markdown import markdown_text
 from pipeline.storage import DataLayout
 
 # Below this many attempted fetches a day's rate says little: with 10 URLs, five dead links of one
@@ -83,13 +82,12 @@ class FetchHealth:
             return said
         return f"{said}: more than {self.max_failure_rate:.0%} of the day's article fetches failed"
 
-    def failures_markdown(self) -> str:
-        """The failures by reason as a Markdown table (reasons escaped: they are our own status
-        names today, but a table cell must never become markup)."""
-        if not self.failures_by_reason:
-            return "no failed fetches"
-        rows = [f"| {markdown_text(reason)} | {count} |" for reason, count in self.failures_by_reason.items()]
-        return "\n".join(["| reason | fetches |", "|---|---:|", *rows])
+    def failures_frame(self) -> pl.DataFrame:
+        """The failures by reason, commonest first: reason, fetches."""
+        return pl.DataFrame(
+            {"reason": list(self.failures_by_reason), "fetches": list(self.failures_by_reason.values())},
+            schema={"reason": pl.String, "fetches": pl.Int64},
+        )
 
 
 def fetch_health(

@@ -275,18 +275,26 @@ def scorecard(
     }
 
 
-def markdown(card: Mapping) -> str:
-    """The scorecard as Markdown: a metric table with intervals, then the per-level-1 table."""
-    split, subset = card["split"], card.get("subset")
+def scope(card: Mapping) -> str:
+    """What the scorecard scored, in one sentence: queries, rounds, mode, missing, the bootstrap."""
+    subset = card.get("subset")
     queries = f"{card['queries']} queries"
     if subset:
         queries = f"a subset: {subset['limit']} of {subset['of']} queries (--limit {subset['limit']}: {subset['rule']})"
+    return (
+        f"{queries}, {card['rounds']} round(s), {card['mode']} mode; "
+        f"{card['missing']['count']} missing (scored as empty), {card['forgiven']['count']} problems forgiven. "
+        f"95% percentile bootstrap over queries, {card['bootstrap']['resamples']} resamples, seed {card['bootstrap']['seed']}."
+    )
+
+
+def markdown(card: Mapping) -> str:
+    """The scorecard as Markdown: a metric table with intervals, then the per-level-1 table."""
+    split = card["split"]
     lines = [
         f"# Scorecard: {split['month']} {split['query_set']}, distance {card['distance_days']}",
         "",
-        f"{queries}, {card['rounds']} round(s), {card['mode']} mode; "
-        f"{card['missing']['count']} missing (scored as empty), {card['forgiven']['count']} problems forgiven. "
-        f"95% percentile bootstrap over queries, {card['bootstrap']['resamples']} resamples, seed {card['bootstrap']['seed']}.",
+        scope(card),
         "",
         "| metric | value | 95% interval |",
         "|---|---:|---|",

@@ -74,6 +74,8 @@ EVENTS_SCHEMA = pl.Schema(
         ("url", pl.String),
     ]
 )
+# Actor country codes the country table does not know, with the rows naming them.
+UNMAPPED_CODES_SCHEMA = pl.Schema([("code", pl.String), ("rows", pl.Int64)])
 
 INPUT_COLUMNS = (
     "GLOBALEVENTID",
@@ -119,7 +121,7 @@ class History:
 class Normalized:
     events: pl.DataFrame  # EVENTS_SCHEMA, sorted by (date_added, event_id)
     exclusions: dict[str, int]  # every reason in EXCLUSIONS, zeros included
-    unmapped_codes: pl.DataFrame  # code, rows: actor country codes the table does not know
+    unmapped_codes: pl.DataFrame  # UNMAPPED_CODES_SCHEMA
     input_rows: int
 
     @property
@@ -407,4 +409,5 @@ def unmapped_codes(rows: pl.DataFrame | pl.LazyFrame) -> pl.DataFrame:
         .agg(pl.len().cast(pl.Int64).alias("rows"))
         .sort("rows", "code", descending=[True, False])
         .collect()
+        .match_to_schema(UNMAPPED_CODES_SCHEMA)
     )
