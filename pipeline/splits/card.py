@@ -18,13 +18,12 @@ import polars as pl
 import yaml
 
 from pipeline.release.layout import PAIRS_FIGURE, RELATION_FIGURE, release_configs  # names a release may hold
+from pipeline.release.tables import GDELT_TERMS
 from pipeline.splits.card_composition import composition_section
 from pipeline.splits.card_format import manifest_value, markdown_table, number_text
 
 # A line width PyYAML never reaches: the front matter's strings stay on one line each.
 UNWRAPPED = 2**31 - 1
-
-GDELT_TERMS = "https://www.gdeltproject.org/about.html#termsfuse"
 
 ARTICLE_COUNT_DESCRIPTIONS = {
     "fetched": "pages fetched",
