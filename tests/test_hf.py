@@ -1,10 +1,12 @@
-"""Releases that data tools open natively: every config of a release's card opens with
-`datasets.load_dataset`, offline, with the parquet files' row counts."""
+"""Releases that data tools open natively: every config of a release's card, and of the dataset
+repository `mirai export hf` writes, opens with `datasets.load_dataset`, offline, with the parquet
+files' row counts; each release's croissant.json passes the Croissant reference validator."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,9 +15,11 @@ import polars as pl
 import pytest
 import yaml
 
+from pipeline.cli import main
 from pipeline.config import ReleaseSettings
 from pipeline.release.publish import publish_release
 from pipeline.release.store import LocalStore
+from pipeline.release.tables import EVENT_DB_SCHEMA, NEWS_DB_SCHEMA, QUERIES_SCHEMA
 from pipeline.splits.database import build_event_database
 from pipeline.splits.split import build_split
 
@@ -99,3 +103,96 @@ def test_every_config_of_a_release_card_opens_with_load_dataset_offline(release_
     ]
     assert all(rows > 0 for splits in loaded.values() for rows in splits.values())
     assert loaded["events"]["database"] > parquet_rows(release_dir, "database/events/month=2024-02.parquet")
+
+
+# --- Croissant --------------------------------------------------------------------------------
+
+
+def test_the_croissant_file_validates_and_lists_every_file_and_field(release_dir):
+    import mlcroissant
+
+    manifest = json.loads((release_dir / "manifest.json").read_text())
+    assert "croissant.json" in manifest["files"]
+    # The validator of the Croissant reference library raises on any error. Its one warning asks
+    # for a datePublished, which the file cannot hold: like the manifest it has no timestamp, so
+    # that re-planning an unchanged month gives the same bytes (index.json has published_at).
+    dataset = mlcroissant.Dataset(jsonld=release_dir / "croissant.json")
+    assert [w for w in dataset.metadata.ctx.issues.warnings if "datePublished" not in w] == []
+    listed = {f.id: f for f in dataset.metadata.distribution if isinstance(f, mlcroissant.FileObject)}
+    others = {name: meta for name, meta in manifest["files"].items() if name != "croissant.json"}
+    assert {name: (f.sha256, f.content_size) for name, f in listed.items()} == {
+        name: (meta["sha256"], f"{meta['bytes']} B") for name, meta in others.items()
+    }
+    fields = {rs.id: [f.name for f in rs.fields] for rs in dataset.metadata.record_sets}
+    assert fields == {
+        "queries": QUERIES_SCHEMA.names(),
+        "queries_sample": QUERIES_SCHEMA.names(),
+        "events": EVENT_DB_SCHEMA.names(),
+        "news": NEWS_DB_SCHEMA.names(),
+    }
+    # Its records are the files' rows: the loader reads the parquet files it points at.
+    assert sum(1 for _ in dataset.records("queries")) == parquet_rows(release_dir, "queries.parquet")
+    assert sum(1 for _ in dataset.records("events")) == parquet_rows(release_dir, "database/events/*.parquet")
+
+
+# --- mirai export hf --------------------------------------------------------------------------
+
+
+def test_export_hf_writes_one_repository_whose_every_config_opens_offline(release_dir, tmp_path, capsys):
+    out = tmp_path / "repo"
+    assert main(["export", "hf", str(out), "--from", str(release_dir.parent)]) == 0
+    assert "releases 2024-01, 2024-02" in capsys.readouterr().out
+    configs = {c["config_name"]: c for c in card_configs(out / "README.md")}
+    tables = ("queries", "queries_sample", "events", "news")
+    per_month = [f"{t}-{m}" for m in ("2024-01", "2024-02") for t in tables]
+    assert sorted(configs) == sorted([*tables, *per_month])
+    record = json.loads((out / "export.json").read_text())
+    assert record["configs"] == list(configs) and record["database_months"] == ["2024-01", "2024-02"]
+    # Each database month is stored once, though release 2024-02 carries January's again.
+    assert sorted(str(p.relative_to(out)) for p in (out / "database").rglob("*.parquet")) == [
+        f"database/{t}/month={m}.parquet" for t in ("events", "news") for m in ("2024-01", "2024-02")
+    ]
+    loaded = load_every_config(out, list(configs), tmp_path / "cache")
+    expected = {}
+    for month in ("2024-01", "2024-02"):
+        for name in ("queries", "queries_sample"):
+            expected[f"{name}-{month}"] = {"test": parquet_rows(out, f"splits/{month}/{name}.parquet")}
+        for table in ("events", "news"):
+            expected[f"{table}-{month}"] = {"database": parquet_rows(out, f"database/{table}/month={month}.parquet")}
+    for name in ("queries", "queries_sample"):
+        expected[name] = {"test": parquet_rows(out, f"splits/*/{name}.parquet")}
+    for table in ("events", "news"):
+        expected[table] = {"database": parquet_rows(out, f"database/{table}/*.parquet")}
+    assert loaded == expected and all(rows > 0 for splits in loaded.values() for rows in splits.values())
+    # Each file is the release's own, byte for byte.
+    assert (out / "splits" / "2024-02" / "queries.parquet").read_bytes() == (
+        release_dir / "queries.parquet"
+    ).read_bytes()
+    assert (out / "splits" / "2024-02" / "manifest.json").read_bytes() == (release_dir / "manifest.json").read_bytes()
+
+    # Idempotent: the same releases again change nothing; the repository is replaced only whole.
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert main(["export", "hf", str(out), "--from", str(release_dir.parent / "2024-01"), str(release_dir)]) == 0
+    assert "(unchanged)" in capsys.readouterr().out
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    # Only January: fewer configs, and February's files are gone.
+    assert main(["export", "hf", str(out), "--from", str(release_dir.parent / "2024-01")]) == 0
+    assert not (out / "splits" / "2024-02").exists()
+    assert "queries-2024-02" not in json.loads((out / "export.json").read_text())["configs"]
+
+
+def test_export_hf_refuses_a_file_that_is_not_its_releases_and_a_directory_of_the_users(release_dir, tmp_path, capsys):
+    copy = tmp_path / "releases"
+    shutil.copytree(release_dir.parent, copy)
+    path = copy / "2024-02" / "database" / "news" / "month=2024-02.parquet"
+    path.write_bytes(path.read_bytes()[:-1] + b"x")
+    out = tmp_path / "repo"
+    assert main(["export", "hf", str(out), "--from", str(copy)]) != 0
+    assert "does not match its release's manifest" in capsys.readouterr().err and not out.exists()
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep")
+    assert main(["export", "hf", str(mine), "--from", str(release_dir)]) != 0
+    assert "is not an earlier export" in capsys.readouterr().err
+    assert (mine / "notes.txt").read_text() == "keep"

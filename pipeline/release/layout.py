@@ -68,7 +68,8 @@ SPLIT_FILES = ("queries.parquet", "queries_sample.parquet")  # the split (pipeli
 RELATION_FIGURE = "relation_distribution.png"  # the card's figures (pipeline/splits/card.py)
 PAIRS_FIGURE = "country_pairs.png"
 DATABASE_TABLES = ("events", "news")  # database/<table>/month=YYYY-MM.parquet, every month up to the release's
-TOP_LEVEL_FILES = frozenset({CARD_NAME, *SPLIT_FILES, RELATION_FIGURE, PAIRS_FIGURE})
+CROISSANT_NAME = "croissant.json"  # the release's Croissant metadata (pipeline/release/croissant.py)
+TOP_LEVEL_FILES = frozenset({CARD_NAME, *SPLIT_FILES, RELATION_FIGURE, PAIRS_FIGURE, CROISSANT_NAME})
 # Hugging Face's dataset configs of a release (the card's front matter, pipeline/splits/card.py;
 # https://huggingface.co/docs/hub/datasets-manual-configuration): the two query sets as the "test"
 # split, and each database table's months as one "database" split, so
