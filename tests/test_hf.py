@@ -69,46 +69,22 @@ def parquet_rows(directory: Path, pattern: str) -> int:
     return sum(pl.scan_parquet(p).select(pl.len()).collect().item() for p in sorted(directory.glob(pattern)))
 
 
-@pytest.fixture(scope="module")
-def release_dir(tmp_path_factory) -> Path:
-    """Release 2024-02 (database months January and February) as the pipeline publishes it, in a
-    local-directory store."""
-    root = tmp_path_factory.mktemp("hf")
-    settings = make_settings(data_dir=root / "data")
-    for month, quads in ((JAN, JAN_QUADS), (FEB, QUADS)):
-        write_month(settings, month, quads)
-        build_event_database(month, settings.dataset, settings.articles)
-        build_split(month, settings.dataset, settings.gdelt, now=AFTER_GRACE)
-    store = LocalStore(root / "bucket")
-    for month in (JAN, FEB):
-        publish_release(month, settings.dataset, ReleaseSettings(), store)
-    return root / "bucket" / "releases" / "2024-02"
-
-
-def test_every_config_of_a_release_card_opens_with_load_dataset_offline(release_dir, tmp_path):
-    configs = {c["config_name"]: c for c in card_configs(release_dir / "README.md")}
-    assert list(configs) == ["queries", "queries_sample", "events", "news"]
-    assert [name for name, c in configs.items() if c.get("default")] == ["queries"]
-    loaded = load_every_config(release_dir, list(configs), tmp_path)
+def assert_every_config_opens(directory: Path, cache: Path) -> dict[str, dict[str, int]]:
+    """Open every config of ``directory``'s card with load_dataset, offline: each split has as many
+    rows as the parquet files its data_files name, and every one has rows (0 would prove nothing).
+    Returns {config: {split: rows}}."""
+    configs = card_configs(directory / "README.md")
+    loaded = load_every_config(directory, [c["config_name"] for c in configs], cache)
     assert loaded == {
-        "queries": {"test": parquet_rows(release_dir, "queries.parquet")},
-        "queries_sample": {"test": parquet_rows(release_dir, "queries_sample.parquet")},
-        "events": {"database": parquet_rows(release_dir, "database/events/*.parquet")},
-        "news": {"database": parquet_rows(release_dir, "database/news/*.parquet")},
+        c["config_name"]: {f["split"]: parquet_rows(directory, f["path"]) for f in c["data_files"]} for c in configs
     }
-    # Both database months are read, and every table has rows (a count of 0 would prove nothing).
-    assert sorted(p.name for p in (release_dir / "database" / "events").iterdir()) == [
-        "month=2024-01.parquet",
-        "month=2024-02.parquet",
-    ]
-    assert all(rows > 0 for splits in loaded.values() for rows in splits.values())
-    assert loaded["events"]["database"] > parquet_rows(release_dir, "database/events/month=2024-02.parquet")
+    assert all(rows > 0 for splits in loaded.values() for rows in splits.values()), loaded
+    return loaded
 
 
-# --- Croissant --------------------------------------------------------------------------------
-
-
-def test_the_croissant_file_validates_and_lists_every_file_and_field(release_dir):
+def assert_croissant_validates(release_dir: Path) -> None:
+    """croissant.json passes mlcroissant's validator, lists every other file of the manifest with
+    its sha256 and size and every table's columns, and its records are the files' rows."""
     import mlcroissant
 
     manifest = json.loads((release_dir / "manifest.json").read_text())
@@ -130,9 +106,47 @@ def test_the_croissant_file_validates_and_lists_every_file_and_field(release_dir
         "events": EVENT_DB_SCHEMA.names(),
         "news": NEWS_DB_SCHEMA.names(),
     }
-    # Its records are the files' rows: the loader reads the parquet files it points at.
     assert sum(1 for _ in dataset.records("queries")) == parquet_rows(release_dir, "queries.parquet")
     assert sum(1 for _ in dataset.records("events")) == parquet_rows(release_dir, "database/events/*.parquet")
+
+
+@pytest.fixture(scope="module")
+def release_dir(tmp_path_factory) -> Path:
+    """Release 2024-02 (database months January and February) as the pipeline publishes it, in a
+    local-directory store."""
+    root = tmp_path_factory.mktemp("hf")
+    settings = make_settings(data_dir=root / "data")
+    for month, quads in ((JAN, JAN_QUADS), (FEB, QUADS)):
+        write_month(settings, month, quads)
+        build_event_database(month, settings.dataset, settings.articles)
+        build_split(month, settings.dataset, settings.gdelt, now=AFTER_GRACE)
+    store = LocalStore(root / "bucket")
+    for month in (JAN, FEB):
+        publish_release(month, settings.dataset, ReleaseSettings(), store)
+    return root / "bucket" / "releases" / "2024-02"
+
+
+def test_every_config_of_a_release_card_opens_with_load_dataset_offline(release_dir, tmp_path):
+    configs = card_configs(release_dir / "README.md")
+    assert [c["config_name"] for c in configs] == ["queries", "queries_sample", "events", "news"]
+    assert [c["config_name"] for c in configs if c.get("default")] == ["queries"]
+    loaded = assert_every_config_opens(release_dir, tmp_path)
+    assert {name: list(splits) for name, splits in loaded.items()} == {
+        "queries": ["test"],
+        "queries_sample": ["test"],
+        "events": ["database"],
+        "news": ["database"],
+    }
+    # Both database months are read.
+    assert sorted(p.name for p in (release_dir / "database" / "events").iterdir()) == [
+        "month=2024-01.parquet",
+        "month=2024-02.parquet",
+    ]
+    assert loaded["events"]["database"] > parquet_rows(release_dir, "database/events/month=2024-02.parquet")
+
+
+def test_the_croissant_file_validates_and_lists_every_file_and_field(release_dir):
+    assert_croissant_validates(release_dir)
 
 
 # --- mirai export hf --------------------------------------------------------------------------
@@ -152,18 +166,9 @@ def test_export_hf_writes_one_repository_whose_every_config_opens_offline(releas
     assert sorted(str(p.relative_to(out)) for p in (out / "database").rglob("*.parquet")) == [
         f"database/{t}/month={m}.parquet" for t in ("events", "news") for m in ("2024-01", "2024-02")
     ]
-    loaded = load_every_config(out, list(configs), tmp_path / "cache")
-    expected = {}
-    for month in ("2024-01", "2024-02"):
-        for name in ("queries", "queries_sample"):
-            expected[f"{name}-{month}"] = {"test": parquet_rows(out, f"splits/{month}/{name}.parquet")}
-        for table in ("events", "news"):
-            expected[f"{table}-{month}"] = {"database": parquet_rows(out, f"database/{table}/month={month}.parquet")}
-    for name in ("queries", "queries_sample"):
-        expected[name] = {"test": parquet_rows(out, f"splits/*/{name}.parquet")}
-    for table in ("events", "news"):
-        expected[table] = {"database": parquet_rows(out, f"database/{table}/*.parquet")}
-    assert loaded == expected and all(rows > 0 for splits in loaded.values() for rows in splits.values())
+    loaded = assert_every_config_opens(out, tmp_path / "cache")
+    assert loaded["events"]["database"] == loaded["events-2024-01"]["database"] + loaded["events-2024-02"]["database"]
+    assert loaded["queries"]["test"] == loaded["queries-2024-01"]["test"] + loaded["queries-2024-02"]["test"]
     # Each file is the release's own, byte for byte.
     assert (out / "splits" / "2024-02" / "queries.parquet").read_bytes() == (
         release_dir / "queries.parquet"
