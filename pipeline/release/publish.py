@@ -390,7 +390,7 @@ def _upload_while_planning(
     the plan (hence the manifest) is complete only once every upload is verified."""
     total = sum(f.path.stat().st_size for f in sources.files)
     log(
-        f"uploading {len(sources.files)} files ({total:,} bytes) to {store.description}: "
+        f"uploading {len(sources.files)} files ({total:,} bytes) and their {CROISSANT_NAME} to {store.description}: "
         + ", ".join(f.name for f in sources.files)
     )
     objects: list[PlannedObject] = []
