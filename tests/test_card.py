@@ -196,7 +196,12 @@ def test_card_front_matter(manifest, queries, tmp_path):
     assert meta["size_categories"] == ["n<1K"]
     assert meta["task_categories"]
     paths = [f["path"] for config in meta["configs"] for f in config["data_files"]]
-    assert paths == ["queries.parquet", "queries_sample.parquet"]
+    assert paths == [
+        "queries.parquet",
+        "queries_sample.parquet",
+        "database/events/*.parquet",
+        "database/news/*.parquet",
+    ]
     assert "gdelt" in meta["tags"]
 
 

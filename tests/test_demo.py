@@ -25,6 +25,7 @@ from pipeline.articles.safety import (
     checked_addresses,
     make_safe_session,
 )
+from pipeline.cli import main
 from pipeline.config import Settings
 from testbed.generate import (
     DEFAULT_OPTIONS,
@@ -335,6 +336,7 @@ def _follow_the_doc_s_path_on_the_demo(data: Path, out: str, tmp_path: Path) -> 
         done = subprocess.run(["bash", "-c", script], cwd=work, env=clean, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         assert f"submitted '{PATH_SUBMISSION}' to " in done.stdout, done.stdout[-2000:]
+        _open_the_demo_release_natively(work / "mirai-releases", tmp_path)
 
         # What the UI's daemon does once submission_sensor is on, with the settings of the UI
         # command the demo printed: two ticks and the runs they request.
@@ -360,6 +362,20 @@ def _follow_the_doc_s_path_on_the_demo(data: Path, out: str, tmp_path: Path) -> 
     assert record["status"] == "scored", record
     board = pl.read_parquet(data / "evaluations" / "leaderboard.parquet")
     assert PATH_SUBMISSION in board.get_column("agent").to_list()
+
+
+def _open_the_demo_release_natively(releases: Path, tmp_path: Path) -> None:
+    """Issue 35, point 1, on the demo's release as `mirai download` wrote it: every config of its
+    card and of `mirai export hf`'s repository opens with load_dataset, offline; croissant.json
+    validates."""
+    from .test_hf import assert_croissant_validates, assert_every_config_opens
+
+    assert_every_config_opens(releases / "2023-02", tmp_path / "hf-cache")
+    assert_croissant_validates(releases / "2023-02")
+    repo = tmp_path / "hf-repo"
+    assert main(["export", "hf", str(repo), "--from", str(releases)]) == 0
+    assert "queries-2023-02" in json.loads((repo / "export.json").read_text())["configs"]
+    assert_every_config_opens(repo, tmp_path / "hf-cache-repo")
 
 
 DAEMON_TICKS = """

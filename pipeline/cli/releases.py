@@ -1,4 +1,4 @@
-"""`mirai split`, `release`, `download`, `export mirai`/`predictions`, `import mirai` and
+"""`mirai split`, `release`, `download`, `export mirai`/`predictions`/`hf`, `import mirai` and
 `serve-release`: a month's split and release, and MIRAI's file layouts."""
 
 from __future__ import annotations
@@ -193,6 +193,23 @@ def cmd_export_predictions(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export_hf(args: argparse.Namespace) -> int:
+    """Several releases as one Hugging Face dataset repository (docs/releases.md, "Hugging Face")."""
+    from pipeline.release.hf_export import export_hf
+
+    try:
+        result = export_hf(args.sources, args.out)
+    except ReleaseError as exc:
+        raise CommandError(str(exc)) from None
+    print(
+        f"Hugging Face dataset repository in {result.directory}"
+        f"{'' if result.changed else ' (unchanged)'}: releases {', '.join(result.months)}, database months "
+        f"{result.database_months[0]}..{result.database_months[-1]}, {len(result.configs)} configs; "
+        f"push it with: hf upload <user>/<dataset> {result.directory} . --repo-type dataset"
+    )
+    return 0
+
+
 def add_export(sub, debug: argparse.ArgumentParser) -> None:
     export = sub.add_parser("export", parents=[debug], help="write data in another benchmark's layout").add_subparsers(
         dest="format", required=True
@@ -212,6 +229,22 @@ def add_export(sub, debug: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, required=True, help="files go to OUT/round<N>/<QueryId>.json")
     p.add_argument("--relation-query", type=Path, help="name files by the QueryIds of this MIRAI relation_query.csv")
     p.set_defaults(func=cmd_export_predictions)
+
+    p = export.add_parser(
+        "hf",
+        parents=[debug],
+        help="several releases as one Hugging Face dataset repository (a config per table and month)",
+    )
+    p.add_argument("out", type=Path, help="a new or empty directory (or an earlier export), replaced whole")
+    p.add_argument(
+        "--from",
+        dest="sources",
+        type=Path,
+        nargs="+",
+        required=True,
+        help="release directories, or directories of them (mirai download --dest, a local store's releases/)",
+    )
+    p.set_defaults(func=cmd_export_hf)
 
 
 def cmd_import_mirai(args: argparse.Namespace) -> int:

@@ -68,7 +68,33 @@ SPLIT_FILES = ("queries.parquet", "queries_sample.parquet")  # the split (pipeli
 RELATION_FIGURE = "relation_distribution.png"  # the card's figures (pipeline/splits/card.py)
 PAIRS_FIGURE = "country_pairs.png"
 DATABASE_TABLES = ("events", "news")  # database/<table>/month=YYYY-MM.parquet, every month up to the release's
-TOP_LEVEL_FILES = frozenset({CARD_NAME, *SPLIT_FILES, RELATION_FIGURE, PAIRS_FIGURE})
+CROISSANT_NAME = "croissant.json"  # the release's Croissant metadata (pipeline/release/croissant.py)
+TOP_LEVEL_FILES = frozenset({CARD_NAME, *SPLIT_FILES, RELATION_FIGURE, PAIRS_FIGURE, CROISSANT_NAME})
+# Hugging Face's dataset configs of a release (the card's front matter, pipeline/splits/card.py;
+# https://huggingface.co/docs/hub/datasets-manual-configuration): the two query sets as the "test"
+# split, and each database table's months as one "database" split, so
+# `datasets.load_dataset(<release>, "events")` reads every month the release holds.
+DATABASE_SPLIT = "database"
+
+
+def hf_config(name: str, split: str, path: str, *, default: bool = False) -> dict:
+    """One entry of a card's ``configs``: ``path`` (a file or a glob) read as ``split``."""
+    return {
+        "config_name": name,
+        **({"default": True} if default else {}),
+        "data_files": [{"split": split, "path": path}],
+    }
+
+
+def release_configs() -> list[dict]:
+    """The ``configs`` of a release's card: one per query set (``queries`` the default) and per
+    database table."""
+    return [
+        *(hf_config(name.removesuffix(".parquet"), "test", name, default=i == 0) for i, name in enumerate(SPLIT_FILES)),
+        *(hf_config(table, DATABASE_SPLIT, f"database/{table}/*.parquet") for table in DATABASE_TABLES),
+    ]
+
+
 # The split and the database in MIRAI's own file layout (pipeline/splits/mirai_files.py, docs/mirai.md):
 # mirai/data/ is copied into a MIRAI checkout as it is.
 MIRAI_BUNDLE_DIR = "mirai"

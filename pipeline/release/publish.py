@@ -22,8 +22,10 @@ from datetime import UTC, date
 from pathlib import Path
 
 from pipeline.config import DatasetSettings, ReleaseSettings
+from pipeline.release.croissant import croissant_bytes
 from pipeline.release.layout import (
     CARD_NAME,
+    CROISSANT_NAME,
     INDEX_KEY,
     LATEST_KEY,
     LEADERBOARD_KEYS,
@@ -47,7 +49,7 @@ from pipeline.release.store import (
     ReleaseNotReady,
     ReleaseStore,
 )
-from pipeline.storage import DataLayout, FileDigest, recorded_digest
+from pipeline.storage import DataLayout, FileDigest, atomic_write_bytes, recorded_digest
 
 INDEX_FORMAT = "mirai-release-index-v1"
 # Release objects never change, so caches and CDNs may keep them forever; the two pointers
@@ -164,6 +166,7 @@ class ReleaseSources:
     split_manifest: dict
     database_months: list[str]
     files: list[SourceFile]  # the split's files first
+    croissant_path: Path  # where plan_files writes the release's croissant.json, made from the others
 
 
 def release_sources(month: date, dataset: DatasetSettings) -> ReleaseSources:
@@ -200,16 +203,40 @@ def release_sources(month: date, dataset: DatasetSettings) -> ReleaseSources:
     missing = [str(f.path) for f in files if not f.path.exists()]
     if missing:
         raise ReleaseNotReady(f"{label}: {len(missing)} file(s) of the release are missing: {', '.join(missing[:5])}")
-    return ReleaseSources(month=label, split_manifest=split_manifest, database_months=months, files=files)
+    return ReleaseSources(
+        month=label,
+        split_manifest=split_manifest,
+        database_months=months,
+        files=files,
+        croissant_path=layout.croissant_path(month),
+    )
 
 
 def plan_files(sources: ReleaseSources, release: ReleaseSettings) -> Iterator[PlannedObject]:
     """Each file planned (see _planned), in the sources' order, as soon as it is (so uploads can
-    start while later files are still read); raises when a file no longer matches its recorded
+    start while later files are still read), then croissant.json, which lists them all with their
+    sha256 (pipeline/release/croissant.py); raises when a file no longer matches its recorded
     sha256 or size."""
+    planned = []
     # Hashing is most of a publish's own CPU time; hashlib and file reads release the GIL.
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        yield from pool.map(lambda source: _planned(source, release), sources.files)
+        for obj in pool.map(lambda source: _planned(source, release), sources.files):
+            planned.append(obj)
+            yield obj
+    yield _croissant(sources, planned, release)
+
+
+def _croissant(sources: ReleaseSources, planned: list[PlannedObject], release: ReleaseSettings) -> PlannedObject:
+    """croissant.json of the release, written beside the data (a pure function of the planned
+    files, so an unchanged month rewrites nothing) and planned like any other file."""
+    data = croissant_bytes(sources.month, sources.split_manifest.get("source"), {o.name: o.entry() for o in planned})
+    path = sources.croissant_path
+    if not (path.is_file() and path.read_bytes() == data):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(path, data)
+    return _planned(
+        SourceFile(CROISSANT_NAME, path, recorded=FileDigest.of_bytes(data), recorded_in="its plan"), release
+    )
 
 
 def build_plan(sources: ReleaseSources, objects: list[PlannedObject]) -> ReleasePlan:
@@ -363,7 +390,7 @@ def _upload_while_planning(
     the plan (hence the manifest) is complete only once every upload is verified."""
     total = sum(f.path.stat().st_size for f in sources.files)
     log(
-        f"uploading {len(sources.files)} files ({total:,} bytes) to {store.description}: "
+        f"uploading {len(sources.files)} files ({total:,} bytes) and their {CROISSANT_NAME} to {store.description}: "
         + ", ".join(f.name for f in sources.files)
     )
     objects: list[PlannedObject] = []

@@ -17,14 +17,13 @@ from pathlib import Path
 import polars as pl
 import yaml
 
-from pipeline.release.layout import PAIRS_FIGURE, RELATION_FIGURE  # names a release may hold
+from pipeline.release.layout import PAIRS_FIGURE, RELATION_FIGURE, release_configs  # names a release may hold
+from pipeline.release.tables import GDELT_TERMS
 from pipeline.splits.card_composition import composition_section
 from pipeline.splits.card_format import manifest_value, markdown_table, number_text
 
 # A line width PyYAML never reaches: the front matter's strings stay on one line each.
 UNWRAPPED = 2**31 - 1
-
-GDELT_TERMS = "https://www.gdeltproject.org/about.html#termsfuse"
 
 ARTICLE_COUNT_DESCRIPTIONS = {
     "fetched": "pages fetched",
@@ -116,10 +115,7 @@ def _front_matter(manifest: dict, queries: pl.DataFrame) -> str:
         "task_categories": ["question-answering", "text-classification"],
         "task_ids": ["multi-label-classification"],
         "size_categories": [_size_category(queries.height)],
-        "configs": [
-            {"config_name": "queries", "default": True, "data_files": [{"split": "test", "path": "queries.parquet"}]},
-            {"config_name": "queries_sample", "data_files": [{"split": "test", "path": "queries_sample.parquet"}]},
-        ],
+        "configs": release_configs(),
         "tags": [
             "forecasting",
             "event-forecasting",

@@ -31,34 +31,8 @@ from pipeline.reference import (
     country_names,
     relation_table,
 )
+from pipeline.release.tables import EVENT_DB_SCHEMA, NEWS_DB_SCHEMA
 from pipeline.storage import DataLayout, verified, write_sealed_parquet
-
-EVENT_DB_SCHEMA = pl.Schema(
-    [
-        ("date", pl.Date),
-        ("s", pl.String),  # ISO 3166-1 alpha-3 (or XKX)
-        ("r", pl.String),  # CAMEO level-2 code, e.g. "042"
-        ("o", pl.String),
-        ("r1", pl.String),  # CAMEO level-1 code, e.g. "04"
-        ("s_name", pl.String),
-        ("o_name", pl.String),
-        ("r_name", pl.String),
-        ("daily_mentions", pl.Int64),
-        ("n_articles", pl.UInt32),
-        ("article_ids", pl.List(pl.String)),  # sorted, unique
-    ]
-)
-
-NEWS_DB_SCHEMA = pl.Schema(
-    [
-        ("article_id", pl.String),  # md5 of the normalised URL
-        ("date", pl.Date),  # publication day
-        ("url", pl.String),
-        ("title", pl.String),
-        ("text", pl.String),  # paragraphs that survived the filters, "\n"-separated
-        ("abstract", pl.String),
-    ]
-)
 
 DATABASE_VERSION = "database-v1"
 
