@@ -11,6 +11,7 @@ from __future__ import annotations
 import html
 import io
 import json
+import os
 import unicodedata
 import zipfile
 from datetime import UTC, date, datetime, timedelta
@@ -264,6 +265,11 @@ def event_log(tmp_path_factory):
         instance.add_dynamic_partitions("submissions", names)
         for name in names:
             run([submission, submission_accepted], name)
+        # A day later on the store's clock: the round, accepted into until its deadline there, closes
+        # and resolves (its manifest's store time moved back by the 22 h it takes submissions).
+        manifest = bucket / "live" / "rounds" / str(ROUND) / "manifest.json"
+        closed = manifest.stat().st_mtime - 23 * 3600
+        os.utime(manifest, (closed, closed))
         run([live_resolution], ROUND.isoformat())
         run([live_leaderboard])
         run([leaderboard])
