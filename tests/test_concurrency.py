@@ -499,11 +499,10 @@ def test_progress_reports_at_a_bounded_rate():
     ]
 
 
-def test_a_later_cutoff_never_takes_the_gate_before_an_earlier_one_of_the_same_run(data_dir, monkeypatch):
-    """A re-attack of issue 30: the episode whose sandbox takes the gate after another cutoff's
-    starts at the moment that one ended, its agent's to choose (4-5 bits a handover). In a run the
-    gate passes from earlier cutoffs to later ones only: here the later query's agent runs code at
-    once while the earlier one's model is slow, and still the earlier cutoff's sandbox comes first."""
+@pytest.fixture
+def leased(data_dir, monkeypatch) -> list[date]:
+    """The cutoffs the machine's gate is leased for, in order, by a fresh run of the first two
+    queries (2024-02-10 and 2024-02-11: cutoffs 02-09 and 02-10)."""
     leased = []
 
     class RecordingGate(cutoff_gate.CutoffGate):
@@ -513,6 +512,16 @@ def test_a_later_cutoff_never_takes_the_gate_before_an_earlier_one_of_the_same_r
             return granted
 
     monkeypatch.setattr(cutoff_gate, "CUTOFF_GATE", RecordingGate(cutoff_gate.CUTOFF_GATE.directory))
+    shutil.rmtree(run_dir(data_dir), ignore_errors=True)
+    checkpoint_path(run_dir(data_dir)).unlink(missing_ok=True)
+    return leased
+
+
+def test_a_later_cutoff_never_takes_the_gate_before_an_earlier_one_of_the_same_run(data_dir, leased):
+    """A re-attack of issue 30: the episode whose sandbox takes the gate after another cutoff's
+    starts at the moment that one ended, its agent's to choose (4-5 bits a handover). In a run the
+    gate passes from earlier cutoffs to later ones only: here the later query's agent runs code at
+    once while the earlier one's model is slow, and still the earlier cutoff's sandbox comes first."""
     calls = api_calls_policy(2)
 
     def slow_for_the_earlier_query(messages: list[dict]) -> str:
@@ -521,9 +530,7 @@ def test_a_later_cutoff_never_takes_the_gate_before_an_earlier_one_of_the_same_r
             time.sleep(1.5)
         return calls(messages)
 
-    frame = split().head(2)  # 2024-02-10 and 2024-02-11: cutoffs 02-09 and 02-10
-    shutil.rmtree(run_dir(data_dir), ignore_errors=True)
-    checkpoint_path(run_dir(data_dir)).unlink(missing_ok=True)
+    frame = split().head(2)
     with ChatServer(slow_for_the_earlier_query) as server:
         one_round = dataclasses.replace(agent(server.base_url), rounds=1)
         _, record = evaluate_agent(frame, data_dir, one_round, 1, query_set="t", concurrency=2)
@@ -531,22 +538,11 @@ def test_a_later_cutoff_never_takes_the_gate_before_an_earlier_one_of_the_same_r
     assert leased == [date(2024, 2, 9), date(2024, 2, 10)], leased
 
 
-def test_a_sequential_run_takes_the_gate_in_cutoff_order_across_rounds(data_dir, monkeypatch):
+def test_a_sequential_run_takes_the_gate_in_cutoff_order_across_rounds(data_dir, leased):
     """One episode at a time, a run that went round by round handed the gate from its last cutoff
     back to its first at every new round, at a moment the last cutoff's agent chose: the rounds of
     one cutoff run together, so the gate only passes forward in time inside the run."""
-    leased = []
-
-    class RecordingGate(cutoff_gate.CutoffGate):
-        def lease(self, cutoff):
-            granted = super().lease(cutoff)
-            leased.append(cutoff)
-            return granted
-
-    monkeypatch.setattr(cutoff_gate, "CUTOFF_GATE", RecordingGate(cutoff_gate.CUTOFF_GATE.directory))
-    frame = split().head(2)  # 2024-02-10 and 2024-02-11: cutoffs 02-09 and 02-10
-    shutil.rmtree(run_dir(data_dir), ignore_errors=True)
-    checkpoint_path(run_dir(data_dir)).unlink(missing_ok=True)
+    frame = split().head(2)
     with ChatServer(api_calls_policy(2)) as server:  # one code block, then the answer
         two_rounds = dataclasses.replace(agent(server.base_url), rounds=2)
         _, record = evaluate_agent(frame, data_dir, two_rounds, 1, query_set="t", concurrency=1)
