@@ -70,14 +70,22 @@ def read_status(store: ReleaseStore, name: str) -> dict | None:
     where = f"{key} at {store.description}"
     status = load_json(raw, where)
     if not (
-        isinstance(status, dict)
-        and status.get("format") == STATUS_FORMAT
-        and status.get("submission") == name
-        and status.get("status") in OUTCOMES
+        has_status_shape(status, name, STATUS_FORMAT, OUTCOMES)
         and (status.get("month") is None or is_month(status.get("month")))
-        and isinstance(status.get("reasons"), list)
-        and all(isinstance(r, str) for r in status["reasons"])
-        and (status.get("score") is None or isinstance(status.get("score"), dict))
     ):
         raise UnsafeRelease(f"{where} is not the {STATUS_FORMAT} status of {name!r}; refused")
     return status
+
+
+def has_status_shape(status: object, name: str, format_name: str, outcomes: tuple[str, ...]) -> bool:
+    """Whether a status read from the store has the fields every status (monthly or live) shows
+    with the types the CLI expects: a hostile store's file of another shape is refused."""
+    return (
+        isinstance(status, dict)
+        and status.get("format") == format_name
+        and status.get("submission") == name
+        and status.get("status") in outcomes
+        and isinstance(status.get("reasons"), list)
+        and all(isinstance(r, str) for r in status["reasons"])
+        and (status.get("score") is None or isinstance(status.get("score"), dict))
+    )

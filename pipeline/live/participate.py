@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
+from pipeline.evaluation.submission_status import has_status_shape
 from pipeline.evaluation.submissions import MAX_SUBMISSION_BYTES
 from pipeline.live.publication import INDEX_FORMAT, ROUND_FORMAT, store_deadline
 from pipeline.live.status import STATUS_FORMAT
@@ -169,15 +170,6 @@ def read_status(store: ReleaseStore, name: str) -> dict:
         )
     where = f"{key} at {store.description}"
     status = load_json(raw, where)
-    if not (
-        isinstance(status, dict)
-        and status.get("format") == STATUS_FORMAT
-        and status.get("submission") == name
-        and status.get("status") in ("accepted", "rejected")
-        and is_day(status.get("round"))
-        and isinstance(status.get("reasons"), list)
-        and all(isinstance(r, str) for r in status["reasons"])
-        and (status.get("score") is None or isinstance(status.get("score"), dict))
-    ):
+    if not (has_status_shape(status, name, STATUS_FORMAT, ("accepted", "rejected")) and is_day(status.get("round"))):
         raise UnsafeRelease(f"{where} is not the {STATUS_FORMAT} status of {name!r}; refused")
     return status
