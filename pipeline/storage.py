@@ -128,11 +128,6 @@ class DataLayout:
     def evaluation_dir(self, month: date, agent: str, query_set: str, distance: int) -> Path:
         return self.root / "evaluations" / f"{month:%Y-%m}" / agent / query_set / f"distance={distance}"
 
-    # release_metadata/YYYY-MM/croissant.json: a release's Croissant metadata, written when the
-    # release is planned (pipeline/release/publish.py), from its files' sha256s
-    def croissant_path(self, month: date) -> Path:
-        return self.root / "release_metadata" / f"{month:%Y-%m}" / "croissant.json"
-
     # splits/YYYY-MM/: queries.parquet, queries_sample.parquet, figures, manifest.json, README.md
     def split_dir(self, month: date) -> Path:
         return self.root / "splits" / f"{month:%Y-%m}"

@@ -34,6 +34,8 @@ DAY_CHECKS = [
     ("events", "events_valid"),
     ("events", "events_history_current"),
     ("daily_quads", "daily_quads_valid"),
+    # Each day asset's column schema against its previous materialisation (quality/schema_checks.py).
+    *((asset, "column_schema_change") for asset in DAY_ASSETS),
 ]
 PASSWORD = "mirai-test-password"
 

@@ -95,19 +95,23 @@ def _publish(month: date, settings: Settings) -> PublishResult:
     return publish_release(month, settings.dataset, settings.release, store)
 
 
-def _source_files(data_dir: Path, month: date) -> dict[str, Path]:
-    """Release name → the local file it was published from."""
+def _source_bytes(data_dir: Path, month: date) -> dict[str, bytes]:
+    """Release name → the bytes it was published from (a local file, or croissant.json's, made in memory)."""
     plan = plan_release(month, make_settings(data_dir=data_dir).dataset, ReleaseSettings())
-    return {o.name: o.path for o in plan.objects}
+    sources = {}
+    for o in plan.objects:
+        with o.open() as fh:
+            sources[o.name] = fh.read()
+    return sources
 
 
 def _assert_identical(directory: Path, data_dir: Path, month: date, only_split: bool = False) -> None:
-    sources = _source_files(data_dir, month)
+    sources = _source_bytes(data_dir, month)
     expected = {n for n in sources if not (only_split and n.startswith(("database/", "mirai/")))}
     got = {str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file()} - {"manifest.json"}
     assert got == expected
     for name in expected:
-        assert (directory / name).read_bytes() == sources[name].read_bytes(), name
+        assert (directory / name).read_bytes() == sources[name], name
 
 
 def _a_different_february(tmp_path: Path, data_dir: Path) -> Settings:
@@ -135,7 +139,7 @@ def test_s3_publish_then_download_round_trip_is_byte_identical_and_republish_is_
     first = publish_release(JAN, settings.dataset, settings.release, store)
     second = publish_release(FEB, settings.dataset, settings.release, store)
     assert first.manifest_written and second.manifest_written and second.index_written and second.latest_written
-    assert set(second.uploaded) == set(_source_files(data_dir, FEB))
+    assert set(second.uploaded) == set(_source_bytes(data_dir, FEB))
 
     admin = s3_server.client()
     head = admin.head_object(Bucket=bucket, Key="mirai/v1/releases/2024-02/queries.parquet", ChecksumMode="ENABLED")
@@ -242,7 +246,7 @@ def test_s3_server_killed_mid_upload_then_the_next_run_completes_the_release(dat
     )
     assert done.manifest_written
     assert set(done.verified) == {k.removeprefix(feb) for k in left}  # what landed is verified, not re-sent
-    assert set(done.uploaded) | set(done.verified) == set(_source_files(data_dir, FEB))
+    assert set(done.uploaded) | set(done.verified) == set(_source_bytes(data_dir, FEB))
     assert json.loads(admin.get_object(Bucket=bucket, Key=latest_key)["Body"].read())["release"] == "2024-02"
     download_release(
         open_store(settings.dataset, settings.network, settings.release, signed=False), "latest", tmp_path / "dl"
@@ -326,7 +330,7 @@ def test_s3_download_resumes_a_partial_file_with_a_range_request(data_dir, s3_se
     result = download_release(store, "2024-02", tmp_path / "dl", only="database")
     assert target.read_bytes() == source and not part.exists()
     small = sum(
-        len(p.read_bytes()) for n, p in _source_files(data_dir, FEB).items() if n.startswith("database/") and n != name
+        len(data) for n, data in _source_bytes(data_dir, FEB).items() if n.startswith("database/") and n != name
     )
     assert result.bytes_downloaded == BIG - BIG // 3 + small
 
@@ -578,7 +582,7 @@ def test_s3_uploads_send_unsigned_payload_only_with_their_sha256_checksum(data_d
         client.meta.events.register("before-send.s3", record)
     publish_release(FEB, settings.dataset, settings.release, store)
     puts = [s for s in sent if s[0] == "PUT"]
-    assert len(puts) >= len(_source_files(data_dir, FEB)) + 2  # every file (a part each), manifest, pointers
+    assert len(puts) >= len(_source_bytes(data_dir, FEB)) + 2  # every file (a part each), manifest, pointers
     assert all(payload == "UNSIGNED-PAYLOAD" for _, payload, checksum in puts if checksum)
     assert all(checksum for _, payload, checksum in sent if payload == "UNSIGNED-PAYLOAD")
     completes = [s for s in sent if s[0] == "POST" and s[1] != "UNSIGNED-PAYLOAD"]
@@ -605,7 +609,7 @@ def test_s3_first_publish_uploads_files_while_later_ones_are_still_being_planned
 
     monkeypatch.setattr(release, "_planned", plan_last_after_an_upload)
     result = publish_release(FEB, settings.dataset, settings.release, store)
-    assert result.manifest_written and set(result.uploaded) == set(_source_files(data_dir, FEB))
+    assert result.manifest_written and set(result.uploaded) == set(_source_bytes(data_dir, FEB))
     assert result.manifest_sha256 == sha256_hex(plan_release(FEB, settings.dataset, settings.release).manifest_bytes)
 
 
@@ -656,7 +660,7 @@ def test_a_publish_reads_only_the_files_whose_sha256_was_not_recorded(
             layout.database_path("news", date(2023, 12, 1)),
         ]
     )
-    assert result.manifest_written and set(result.uploaded) == set(_source_files(data_dir, FEB))
+    assert result.manifest_written and set(result.uploaded) == set(_source_bytes(data_dir, FEB))
     downloaded = download_release(
         open_store(settings.dataset, settings.network, settings.release), "2024-02", tmp_path / "dl", bar=False
     )

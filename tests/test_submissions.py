@@ -583,10 +583,11 @@ def test_a_rejected_submission_fails_its_check_in_the_scoring_run_with_the_reaso
     with dg.instance_for_test() as instance:
         instance.add_dynamic_partitions("submissions", ["good", "bad"])
         runs = {name: job.execute_in_process(instance=instance, partition_key=name) for name in ("good", "bad")}
-    assert all(run.success for run in runs.values())
-    (good,) = runs["good"].get_asset_check_evaluations()
+        # A run's result reads its events from the instance: inside the block, while it is open.
+        assert all(run.success for run in runs.values())
+        (good,) = runs["good"].get_asset_check_evaluations()
+        (bad,) = runs["bad"].get_asset_check_evaluations()
     assert good.passed and good.metadata["status"].value == "scored"
-    (bad,) = runs["bad"].get_asset_check_evaluations()
     assert not bad.passed and bad.severity == dg.AssetCheckSeverity.WARN
     (reason,) = sub.read_record(data_dir, "bad")["reasons"]
     assert bad.description == f"rejected: {markdown_text(reason)}" and hostile in reason

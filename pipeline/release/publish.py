@@ -49,7 +49,7 @@ from pipeline.release.store import (
     ReleaseNotReady,
     ReleaseStore,
 )
-from pipeline.storage import DataLayout, FileDigest, atomic_write_bytes, recorded_digest
+from pipeline.storage import DataLayout, FileDigest, recorded_digest
 
 INDEX_FORMAT = "mirai-release-index-v1"
 # Release objects never change, so caches and CDNs may keep them forever; the two pointers
@@ -166,7 +166,6 @@ class ReleaseSources:
     split_manifest: dict
     database_months: list[str]
     files: list[SourceFile]  # the split's files first
-    croissant_path: Path  # where plan_files writes the release's croissant.json, made from the others
 
 
 def release_sources(month: date, dataset: DatasetSettings) -> ReleaseSources:
@@ -208,7 +207,6 @@ def release_sources(month: date, dataset: DatasetSettings) -> ReleaseSources:
         split_manifest=split_manifest,
         database_months=months,
         files=files,
-        croissant_path=layout.croissant_path(month),
     )
 
 
@@ -223,19 +221,21 @@ def plan_files(sources: ReleaseSources, release: ReleaseSettings) -> Iterator[Pl
         for obj in pool.map(lambda source: _planned(source, release), sources.files):
             planned.append(obj)
             yield obj
-    yield _croissant(sources, planned, release)
+    yield _croissant(sources, planned)
 
 
-def _croissant(sources: ReleaseSources, planned: list[PlannedObject], release: ReleaseSettings) -> PlannedObject:
-    """croissant.json of the release, written beside the data (a pure function of the planned
-    files, so an unchanged month rewrites nothing) and planned like any other file."""
+def _croissant(sources: ReleaseSources, planned: list[PlannedObject]) -> PlannedObject:
+    """croissant.json of the release, a pure function of the planned files (so an unchanged month
+    gives the same bytes), planned like any other file but held in memory."""
     data = croissant_bytes(sources.month, sources.split_manifest.get("source"), {o.name: o.entry() for o in planned})
-    path = sources.croissant_path
-    if not (path.is_file() and path.read_bytes() == data):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(path, data)
-    return _planned(
-        SourceFile(CROISSANT_NAME, path, recorded=FileDigest.of_bytes(data), recorded_in="its plan"), release
+    return PlannedObject(
+        name=CROISSANT_NAME,
+        path=None,
+        sha256=hashlib.sha256(data).hexdigest(),
+        size=len(data),
+        part_size=None,
+        part_sha256=(),
+        content=data,
     )
 
 

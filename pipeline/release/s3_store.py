@@ -150,7 +150,7 @@ class S3Store(ReleaseStore):
     def _put_whole(self, key: str, obj: PlannedObject, head: dict, progress: Progress | None) -> None:
         # Streamed from the file (up to the multipart threshold, times the concurrency, would
         # otherwise sit in memory); botocore rewinds it for a retry.
-        with open(obj.path, "rb") as body:
+        with obj.open() as body:
             self._call(
                 "put_object",
                 self._checksummed,

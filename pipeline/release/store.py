@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import errno
 import hashlib
+import io
 import os
 import stat as stat_mode
 from abc import ABC, abstractmethod
@@ -23,6 +24,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import BinaryIO
 from urllib.parse import quote
 
 from pipeline.release.layout import (
@@ -95,12 +97,18 @@ class Listing:
 @dataclass(frozen=True)
 class PlannedObject:
     name: str  # key relative to releases/YYYY-MM/
-    path: Path
+    path: Path | None  # None: ``content`` holds the bytes
     sha256: str
     size: int
     part_size: int | None  # None: one PUT
     part_sha256: tuple[bytes, ...]  # SHA-256 of each part, sent with it and checked by S3
     rows: int | None = None
+    # A small file made while publishing (croissant.json), held in memory: publishing writes
+    # nothing into the data directory.
+    content: bytes | None = None
+
+    def open(self) -> BinaryIO:
+        return io.BytesIO(self.content) if self.content is not None else open(self.path, "rb")
 
     @property
     def composite(self) -> str | None:
@@ -225,23 +233,23 @@ class LocalStore(ReleaseStore):
         self, files: Iterable[tuple[str, PlannedObject]], *, cache_control: str, progress: Progress | None
     ) -> None:
         for key, obj in files:
-            self._put_file(key, obj.path, obj.sha256, progress)
+            self._put_file(key, obj, progress)
 
-    def _put_file(self, key: str, path: Path, sha256: str, progress: Progress | None) -> None:
+    def _put_file(self, key: str, obj: PlannedObject, progress: Progress | None) -> None:
         target = self._path(key)
         target.parent.mkdir(parents=True, exist_ok=True)
         temp = temp_path_for(target)
         try:
             digest = hashlib.sha256()
-            with open(path, "rb") as src, open(temp, "wb") as dst:
+            with obj.open() as src, open(temp, "wb") as dst:
                 while chunk := src.read(CHUNK):
                     digest.update(chunk)
                     write_all(dst, chunk)
                     if progress:
                         progress(len(chunk))
-            if digest.hexdigest() != sha256:
+            if digest.hexdigest() != obj.sha256:
                 raise ReleaseNotReady(
-                    f"{path}: {CHANGED_SINCE_HASHED} (its bytes' sha256 {digest.hexdigest()}, expected {sha256})"
+                    f"{obj.path}: {CHANGED_SINCE_HASHED} (its bytes' sha256 {digest.hexdigest()}, expected {obj.sha256})"
                 )
             self._link(temp, target)
         finally:
