@@ -10,13 +10,12 @@ time, and never appears in a log line, an exception or a stored record.
 from __future__ import annotations
 
 import os
-import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-import requests
+import openai
 from tenacity import Retrying, retry_if_exception, stop_after_attempt
 
 from pipeline.evaluation.throughput import RateLimiter, estimate_tokens
@@ -93,15 +92,15 @@ class HttpSettings:
 
 class OpenAIChatClient:
     """``POST {base_url}/chat/completions`` of any OpenAI-compatible server (OpenAI, vLLM,
-    llama.cpp's server, Ollama, ...). Retries connection errors, timeouts, 408/409/425/429 and 5xx
-    (tenacity) with exponential backoff and jitter, honouring a Retry-After up to ``backoff_max_s``
-    (``pipeline.http.backoff_wait``). With a ``limiter`` every attempt first waits for the
-    endpoint's requests/tokens per minute, and a 429 pauses every thread sharing it
-    (``throughput.RateLimiter``). Safe to share between threads: each has its own session
-    (connection pool) unless one is given. ``api_key`` is a key the harness made itself (a local
-    model server's), sent instead of ``api_key_env``'s; ``extra_body`` adds fields beyond OpenAI's
-    to every request; ``trust_env`` False ignores the environment's proxies and .netrc (for a
-    server on this machine, whose key no proxy may see)."""
+    llama.cpp's server, Ollama, ...), through the ``openai`` client with its own retries off:
+    retries are ours (tenacity), for connection errors, timeouts, 408/409/425/429 and 5xx, with
+    exponential backoff and jitter, honouring a Retry-After up to ``backoff_max_s``
+    (``pipeline.http.backoff_wait``), so that with a ``limiter`` every attempt first waits for the
+    endpoint's requests/tokens per minute and a 429 pauses every thread sharing it
+    (``throughput.RateLimiter``). Safe to share between threads (one connection pool). ``api_key``
+    is a key the harness made itself (a local model server's), sent instead of ``api_key_env``'s;
+    ``extra_body`` adds fields beyond OpenAI's to every request; ``trust_env`` False ignores the
+    environment's proxies and .netrc (for a server on this machine, whose key no proxy may see)."""
 
     def __init__(
         self,
@@ -111,77 +110,71 @@ class OpenAIChatClient:
         *,
         seed: int = DEFAULT_SEED,
         http: HttpSettings = HttpSettings(),
-        session: requests.Session | None = None,
         limiter: RateLimiter | None = None,
         api_key: str | None = None,
         extra_body: Mapping[str, object] | None = None,
         trust_env: bool = True,
     ):
-        self.url = base_url.rstrip("/") + "/chat/completions"
+        self.base_url = base_url.rstrip("/")
+        self.url = self.base_url + "/chat/completions"
         self.model = model
         self.api_key_env = api_key_env
         self.seed = seed
         self.http = http
         self.limiter = limiter
         self.extra_body = dict(extra_body or {})
-        self.trust_env = trust_env
         self._api_key = api_key
-        self._session = session
-        self._local = threading.local()
-        self._sessions: list[requests.Session] = []
-        self._sessions_lock = threading.Lock()
-
-    @property
-    def session(self) -> requests.Session:
-        if self._session is not None:
-            return self._session
-        if not hasattr(self._local, "session"):
-            self._local.session = requests.Session()
-            self._local.session.trust_env = self.trust_env
-            with self._sessions_lock:
-                self._sessions.append(self._local.session)
-        return self._local.session
+        self._client = openai.OpenAI(
+            # The key goes in each request's headers (read at call time, see _headers); this one
+            # only satisfies the client's check that some key is configured, and is never sent.
+            api_key="sent-per-request",
+            base_url=self.base_url,
+            max_retries=0,
+            timeout=openai.Timeout(http.read_timeout_s, connect=http.connect_timeout_s),
+            http_client=openai.DefaultHttpxClient(trust_env=trust_env),
+        )
 
     def close(self) -> None:
-        """Closes the connection pools this client opened (a session handed to it stays open)."""
-        with self._sessions_lock:
-            for session in self._sessions:
-                session.close()
-            self._sessions.clear()
+        """Closes the client's connection pool."""
+        self._client.close()
 
     def check_reachable(self, timeout_s: float = 10.0) -> None:
         """Raise ModelUnavailable unless the endpoint answers at all (``GET {base_url}/models``,
         once, no retries): a run against a server that is not there says so before its first
         episode. Any HTTP answer counts (a server without /models answers 404); 401 and 403 say
         the key is refused."""
-        base = self.url.removesuffix("/chat/completions")
         try:
-            response = self.session.get(base + "/models", headers=self._headers(), timeout=timeout_s)
-        except requests.RequestException as exc:
-            reason = type(exc).__name__ if not str(exc) else str(exc).splitlines()[0][:160]
-            raise ModelUnavailable(f"the endpoint {base} does not answer ({reason}); is the server running?") from None
-        if response.status_code in (401, 403):
-            raise ModelUnavailable(f"the endpoint {base} refused the key: HTTP {response.status_code}")
+            self._client.models.with_raw_response.list(extra_headers=self._headers(), timeout=timeout_s)
+        except openai.APIConnectionError as exc:
+            cause = exc.__cause__ or exc
+            reason = str(cause).splitlines()[0][:160] if str(cause) else type(cause).__name__
+            raise ModelUnavailable(
+                f"the endpoint {self.base_url} does not answer ({reason}); is the server running?"
+            ) from None
+        except openai.APIStatusError as exc:
+            if exc.status_code in (401, 403):
+                raise ModelUnavailable(
+                    f"the endpoint {self.base_url} refused the key: HTTP {exc.status_code}"
+                ) from None
 
-    def _headers(self) -> dict[str, str]:
+    def _headers(self) -> dict[str, object]:
         if self._api_key is not None:
             return {"Authorization": f"Bearer {self._api_key}"}
         if not self.api_key_env:
-            return {}
+            return {"Authorization": openai.omit}  # no key: no Authorization header at all
         key = os.environ.get(self.api_key_env)
         if not key:
             raise ModelUnavailable(f"environment variable {self.api_key_env} (the endpoint's api_key_env) is not set")
         return {"Authorization": f"Bearer {key}"}
 
     def chat(self, messages, *, temperature, max_tokens, stop) -> Reply:
-        payload = {
+        request = {
             "model": self.model,
             "messages": messages,
             "temperature": temperature,
             "max_tokens": max_tokens,
             "stop": stop or None,
             "seed": self.seed,
-            **self.extra_body,
         }
         started = time.perf_counter()
         attempts = 0
@@ -192,31 +185,30 @@ class OpenAIChatClient:
             attempts += 1
             entry = self.limiter.acquire(estimate) if self.limiter else None
             try:
-                response = self.session.post(
-                    self.url,
-                    json=payload,
-                    headers=self._headers(),
-                    timeout=(self.http.connect_timeout_s, self.http.read_timeout_s),
+                raw = self._client.chat.completions.with_raw_response.create(
+                    **request, extra_headers=self._headers(), extra_body=self.extra_body or None
                 )
-            except (requests.ConnectionError, requests.Timeout) as exc:
-                unanswered = "timeout" if isinstance(exc, requests.Timeout) else "connection"
-                raise _Failure(type(exc).__name__, retryable=True, unanswered=unanswered) from exc
-            if response.status_code == 200:
-                reply = self._reply(response, started)
-                if self.limiter:
-                    self.limiter.settle(entry, reply.tokens_in + reply.tokens_out or estimate)
-                    self.limiter.succeeded()
-                return reply
-            problem = f"HTTP {response.status_code}: {response.text[:300]}"
-            if response.status_code in UNAVAILABLE_STATUSES:
-                raise ModelUnavailable(f"{self.model} at {self.url}: {problem}")
-            delay = parse_retry_after(response.headers.get("Retry-After"))
-            if response.status_code == 429 and self.limiter:
-                self.limiter.throttled(delay)
-                # The limiter's pause holds this caller's retry too (in acquire), as it holds every
-                # other caller: one place waits, and counts the wait for the run's report.
-                delay = 0.0
-            raise _Failure(problem, retryable=response.status_code in RETRY_STATUSES, retry_after_s=delay)
+            except openai.APITimeoutError as exc:
+                raise _Failure(type(exc.__cause__ or exc).__name__, retryable=True, unanswered="timeout") from exc
+            except openai.APIConnectionError as exc:
+                raise _Failure(type(exc.__cause__ or exc).__name__, retryable=True, unanswered="connection") from exc
+            except openai.APIStatusError as exc:
+                status, response = exc.status_code, exc.response
+                problem = f"HTTP {status}: {response.text[:300]}"
+                if status in UNAVAILABLE_STATUSES:
+                    raise ModelUnavailable(f"{self.model} at {self.url}: {problem}") from None
+                delay = parse_retry_after(response.headers.get("Retry-After"))
+                if status == 429 and self.limiter:
+                    self.limiter.throttled(delay)
+                    # The limiter's pause holds this caller's retry too (in acquire), as it holds every
+                    # other caller: one place waits, and counts the wait for the run's report.
+                    delay = 0.0
+                raise _Failure(problem, retryable=status in RETRY_STATUSES, retry_after_s=delay) from None
+            reply = self._reply(raw, started)
+            if self.limiter:
+                self.limiter.settle(entry, reply.tokens_in + reply.tokens_out or estimate)
+                self.limiter.succeeded()
+            return reply
 
         retrying = Retrying(
             stop=stop_after_attempt(max(1, self.http.attempts)),
@@ -233,19 +225,21 @@ class OpenAIChatClient:
                 transport=exc.retryable,
             ) from None
 
-    def _reply(self, response: requests.Response, started: float) -> Reply:
+    def _reply(self, raw, started: float) -> Reply:
+        """The completion's text and token counts; a body that is not a completion (not JSON, no
+        choices) is an LLMError, as the server answered but gave nothing usable."""
         try:
-            body = response.json()
-            text = body["choices"][0]["message"]["content"] or ""
-        except (ValueError, KeyError, IndexError, TypeError) as exc:
+            completion = raw.parse()
+            text = completion.choices[0].message.content or ""
+            usage = completion.usage
+        except (ValueError, AttributeError, IndexError, TypeError, openai.APIResponseValidationError) as exc:
             raise LLMError(
-                f"{self.model}: malformed completion ({type(exc).__name__}): {response.text[:300]}", transport=True
+                f"{self.model}: malformed completion ({type(exc).__name__}): {raw.text[:300]}", transport=True
             ) from exc
-        usage = body.get("usage") or {}
         return Reply(
             text,
-            int(usage.get("prompt_tokens", 0)),
-            int(usage.get("completion_tokens", 0)),
+            int(getattr(usage, "prompt_tokens", 0) or 0),
+            int(getattr(usage, "completion_tokens", 0) or 0),
             time.perf_counter() - started,
         )
 
