@@ -76,6 +76,7 @@ def build_release(data_dir: Path, total_mb: int, *, sealed: bool = True) -> None
         "queries_sample.parquet": _write_random(split / "queries_sample.parquet", 40_000),
         "relation_distribution.png": _write_random(split / "relation_distribution.png", 60_000),
         "country_pairs.png": _write_random(split / "country_pairs.png", 80_000),
+        "queries_by_month.png": _write_random(split / "queries_by_month.png", 60_000),
     }
     (split / "manifest.json").write_text(json.dumps({"month": "2024-02", "files": files}))
     (split / "README.md").write_text("# MIRAI test split 2024-02 (benchmark)\n" * 200)

@@ -132,6 +132,17 @@ class DataLayout:
     def split_dir(self, month: date) -> Path:
         return self.root / "splits" / f"{month:%Y-%m}"
 
+    def split_months(self, before: date) -> list[date]:
+        """The months before ``before`` with a split (splits/YYYY-MM/queries.parquet), oldest
+        first. Never ``before`` or later: what a split is built from must not include later data.
+        A staging directory (hidden, not named YYYY-MM) is not a split."""
+        months = (
+            date.fromisoformat(f"{path.parent.name}-01")
+            for path in (self.root / "splits").glob("*/queries.parquet")
+            if re.fullmatch(r"[0-9]{4}-(0[1-9]|1[0-2])", path.parent.name)
+        )
+        return sorted(m for m in months if m < before.replace(day=1))
+
 
 def outside_or_not_regular(directory: Path, path: Path) -> str | None:
     """Why ``path`` is not a regular file inside ``directory`` once every link is followed (it

@@ -17,9 +17,11 @@ from pipeline.splits import card, card_composition, card_figures
 from pipeline.splits.card import dataset_card
 from pipeline.splits.card_figures import render_figures
 from pipeline.splits.schema import QUERIES_SCHEMA
+from pipeline.storage import DataLayout
 
 ROOT = Path(__file__).resolve().parent.parent
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+NOV, DEC, JAN, FEB = date(2023, 11, 1), date(2023, 12, 1), date(2024, 1, 1), date(2024, 2, 1)
 SECTIONS = (
     "## Motivation",
     "## Composition",
@@ -138,12 +140,103 @@ def test_country_involvement_and_pair_matrix(queries):
     assert matrix.sum() == queries.height and np.trace(matrix) == 0
 
 
+def month_split(month: date, rows: list[tuple[list[str], str | None]]) -> pl.DataFrame:
+    """A month's queries from (answer codes, subject's region) pairs."""
+    return pl.DataFrame(
+        [
+            query(i, 3, "USA", "CHN", answers) | {"date": month.replace(day=3), "s_region": region}
+            for i, (answers, region) in enumerate(rows)
+        ],
+        schema=QUERIES_SCHEMA,
+    )
+
+
+@pytest.fixture
+def months(tmp_path) -> DataLayout:
+    """A data directory with the splits of 2023-11, a stale 2024-01 (the month being rebuilt) and
+    2024-02 (later than it); 2023-12 has none."""
+    layout = DataLayout(tmp_path / "data")
+    splits = {
+        NOV: [(["010"], "Europe"), (["190", "042"], "Asia"), (["111"], "Europe")],  # quads 1 | 4, 1 | 3
+        JAN: [(["190"], "Asia")] * 5,
+        FEB: [(["190"], "Asia")] * 7,
+    }
+    for month, rows in splits.items():
+        layout.split_dir(month).mkdir(parents=True)
+        month_split(month, rows).write_parquet(layout.split_dir(month) / "queries.parquet")
+    (layout.root / "splits" / ".2023-12.123.abcdef").mkdir()  # a staging directory left behind: no split
+    month_split(DEC, [(["010"], "Asia")]).write_parquet(
+        layout.root / "splits" / ".2023-12.123.abcdef" / "queries.parquet"
+    )
+    return layout
+
+
+@pytest.fixture
+def january() -> pl.DataFrame:
+    """The month being split: quads 4, 2 | 1 (two codes of one class, counted once) | 3."""
+    return month_split(JAN, [(["173", "051"], "Africa"), (["010", "013"], "Europe"), (["130"], None)])
+
+
+def earlier_splits(layout: DataLayout, month: date) -> dict[date, Path]:
+    return {m: layout.split_dir(m) / "queries.parquet" for m in layout.split_months(before=month)}
+
+
+def test_split_months_lists_only_earlier_splits(months):
+    assert months.split_months(before=JAN) == [NOV]  # not the stale 2024-01, nor 2024-02, nor a staging directory
+    assert months.split_months(before=date(2024, 2, 15)) == [NOV, JAN]
+    assert months.split_months(before=NOV) == []
+
+
+def test_months_composition_counts_each_split_month(months, january):
+    composition = card_figures.months_composition(january, JAN, earlier_splits(months, JAN))
+    assert composition.months == [NOV, JAN]  # the split's own frame, never the stale file; no later month
+    assert composition.quads.rows() == [
+        (NOV, 1, 2), (NOV, 2, 0), (NOV, 3, 1), (NOV, 4, 1),
+        (JAN, 1, 1), (JAN, 2, 1), (JAN, 3, 1), (JAN, 4, 1),
+    ]  # fmt: skip
+    # Europe 3, then Africa and Asia 1 each (ties by name); the subject without a region is Other.
+    assert composition.regions.rows() == [
+        (NOV, "Europe", 2), (NOV, "Africa", 0), (NOV, "Asia", 1), (NOV, "Other", 0),
+        (JAN, "Europe", 1), (JAN, "Africa", 1), (JAN, "Asia", 0), (JAN, "Other", 1),
+    ]  # fmt: skip
+    top_two = card_figures.months_composition(january, JAN, earlier_splits(months, JAN), top_regions=2)
+    assert top_two.regions.rows() == [
+        (NOV, "Europe", 2), (NOV, "Africa", 0), (NOV, "Other", 1),
+        (JAN, "Europe", 1), (JAN, "Africa", 1), (JAN, "Other", 1),
+    ]  # fmt: skip
+    without_other = card_figures.months_composition(january.head(2), JAN, earlier_splits(months, JAN))
+    assert "Other" not in without_other.regions["region"].to_list()
+
+
+def test_months_composition_refuses_a_later_split(months, january):
+    with pytest.raises(ValueError, match="given the split of 2024-02"):
+        card_figures.months_composition(january, JAN, {FEB: months.split_dir(FEB) / "queries.parquet"})
+
+
+def test_months_figure_is_a_png_of_every_month(months, january, tmp_path):
+    earlier = earlier_splits(months, JAN)
+    path = render_figures(january, tmp_path / "a", JAN, earlier)["queries_by_month.png"]
+    image = matplotlib.image.imread(path)
+    assert image.shape[:2] == (800, 1200)  # 12 x 8 inches at 100 dpi
+    assert len(np.unique(image.reshape(-1, image.shape[-1]), axis=0)) > 10  # drawn, not one colour
+    assert (
+        path.read_bytes() == render_figures(january, tmp_path / "b", JAN, earlier)["queries_by_month.png"].read_bytes()
+    )
+    figure = card_figures._months_figure(card_figures.months_composition(january, JAN, earlier))
+    top, bottom = figure.axes[:2]
+    assert [t.get_text() for t in bottom.get_xticklabels()] == ["2023-11", "2023-12", "2024-01"]
+    for panel in (top, bottom):  # 2023-12 keeps its place, empty
+        assert "no split" in [t.get_text() for t in panel.texts]
+    assert [t.get_text() for t in bottom.texts if t.get_text()[:1].isdigit()] == ["3", "3"]  # the months' queries
+    assert figure.get_suptitle().endswith("(2 split(s), 6 queries)")
+
+
 # --- figures ------------------------------------------------------------------------------------
 
 
 def test_figures_are_valid_pngs(queries, tmp_path):
-    figures = render_figures(queries, tmp_path)
-    assert set(figures) == {"relation_distribution.png", "country_pairs.png"}
+    figures = render_figures(queries, tmp_path, JAN, {})
+    assert set(figures) == {"relation_distribution.png", "country_pairs.png", "queries_by_month.png"}
     for name, path in figures.items():
         assert path == tmp_path / name
         data = path.read_bytes()
@@ -154,33 +247,35 @@ def test_figures_are_valid_pngs(queries, tmp_path):
 
 
 def test_figures_are_byte_identical_across_renders(queries, tmp_path):
-    first = render_figures(queries, tmp_path / "a")
-    second = render_figures(queries, tmp_path / "b")
+    first = render_figures(queries, tmp_path / "a", JAN, {})
+    second = render_figures(queries, tmp_path / "b", JAN, {})
     for name in first:
         assert first[name].read_bytes() == second[name].read_bytes()
         assert b"Matplotlib" not in first[name].read_bytes()  # no version string in the metadata
 
 
 def test_figures_ignore_the_callers_rc_settings(queries, tmp_path):
-    plain = render_figures(queries, tmp_path / "plain")
+    plain = render_figures(queries, tmp_path / "plain", JAN, {})
     with matplotlib.rc_context({"font.size": 20, "lines.linewidth": 5, "savefig.dpi": 40, "axes.facecolor": "red"}):
-        styled = render_figures(queries, tmp_path / "styled")
+        styled = render_figures(queries, tmp_path / "styled", JAN, {})
     for name in plain:
         assert plain[name].read_bytes() == styled[name].read_bytes()
 
 
 def test_empty_input_renders_no_queries(queries, tmp_path):
     empty = queries.clear()
-    figures = render_figures(empty, tmp_path)
+    figures = render_figures(empty, tmp_path, JAN, {})
     for path in figures.values():
         assert path.read_bytes().startswith(PNG_SIGNATURE)
         matplotlib.image.imread(path)
     for draw in (card_figures._relation_figure, card_figures._pairs_figure):
         assert "no queries" in [t.get_text() for t in draw(empty).texts]
+    nothing = card_figures.months_composition(empty, JAN, {})
+    assert "no queries" in [t.get_text() for t in card_figures._months_figure(nothing).texts]
 
 
 def test_one_query_renders(queries, tmp_path):
-    figures = render_figures(queries.head(1), tmp_path)
+    figures = render_figures(queries.head(1), tmp_path, JAN, {})
     assert all(p.read_bytes().startswith(PNG_SIGNATURE) for p in figures.values())
 
 
@@ -188,7 +283,7 @@ def test_one_query_renders(queries, tmp_path):
 
 
 def test_card_front_matter(manifest, queries, tmp_path):
-    text = dataset_card(manifest, queries, queries.head(3), render_figures(queries, tmp_path))
+    text = dataset_card(manifest, queries, queries.head(3), render_figures(queries, tmp_path, JAN, {}))
     meta = front_matter(text)
     assert meta["pretty_name"].startswith("MIRAI test split 2024-01")
     assert meta["license"] == "other" and "gdeltproject.org" in meta["license_link"]
@@ -217,7 +312,7 @@ def test_front_matter_keeps_a_generated_description_that_looks_like_yaml(queries
 
 
 def test_card_sections_and_manifest_values(manifest, queries, tmp_path):
-    text = dataset_card(manifest, queries, queries.head(3), render_figures(queries, tmp_path))
+    text = dataset_card(manifest, queries, queries.head(3), render_figures(queries, tmp_path, JAN, {}))
     for section in SECTIONS:
         assert f"\n{section}\n" in text
     assert "alice" in text and "GDELT outage 2024-01-17, slots confirmed lost" in text
@@ -229,6 +324,7 @@ def test_card_sections_and_manifest_values(manifest, queries, tmp_path):
     assert "| fetched | 120,000 |" in text and "| kept | 98,311 |" in text
     assert "| `test_min_mentions` | 100 |" in text and "`rules-v1`" in text
     assert "](relation_distribution.png)" in text and "](country_pairs.png)" in text
+    assert "](queries_by_month.png)\n\nHow this month's queries compare with the earlier months'" in text
     assert "articles are copyright of their outlets" in text
 
 
@@ -270,13 +366,13 @@ def test_card_without_optional_keys(queries):
 def test_card_for_an_empty_month(manifest, queries, tmp_path):
     empty = queries.clear()
     manifest["counts"].update(queries=0, sample=0)
-    text = dataset_card(manifest, empty, empty, render_figures(empty, tmp_path))
+    text = dataset_card(manifest, empty, empty, render_figures(empty, tmp_path, JAN, {}))
     assert "| queries | 0 | 0 |" in text
     assert front_matter(text)["size_categories"] == ["n<1K"]
 
 
 def test_card_is_deterministic(manifest, queries, tmp_path):
-    figures = render_figures(queries, tmp_path)
+    figures = render_figures(queries, tmp_path, JAN, {})
     assert dataset_card(manifest, queries, queries.head(3), figures) == dataset_card(
         manifest, queries, queries.head(3), figures
     )

@@ -361,7 +361,8 @@ def test_release_asset_publishes_once_and_never_shows_credentials(data_dir, s3_s
     # No link to the endpoint's port, which a restarted server no longer has (no public URL configured).
     assert metas[0]["manifest_key"].value == "releases/2024-02/manifest.json" and "manifest_url" not in metas[0]
     assert SECRET_KEY not in text and ACCESS_KEY not in text
-    assert "uploading 20 files" in text  # the split's 5, 6 database months, MIRAI's 9 files
+    # The split's 6 (card, 2 query sets, 3 figures), 6 database months, MIRAI's 9 files.
+    assert "uploading 21 files" in text
 
 
 # --- local directory store ----------------------------------------------------------------------

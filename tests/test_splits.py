@@ -183,6 +183,29 @@ def test_split_files_manifest_and_determinism(month_settings):
     assert not [p for p in split.directory.parent.iterdir() if p.name.startswith(".")]  # no staging left
 
 
+def test_the_months_figure_reads_earlier_splits_and_never_a_later_one(month_settings):
+    """queries_by_month.png of 2024-02 changes when a 2024-01 split appears, never for a 2024-03 one;
+    the manifest's sha256 follows the bytes."""
+    build_event_database(FEB, month_settings.dataset, month_settings.articles)
+    layout = DataLayout(month_settings.dataset.data_dir)
+
+    def months_figure() -> bytes:
+        split = build_split(FEB, month_settings.dataset, month_settings.gdelt, now=AFTER_GRACE)
+        data = (split.directory / "queries_by_month.png").read_bytes()
+        assert split.manifest["files"]["queries_by_month.png"]["sha256"] == hashlib.sha256(data).hexdigest()
+        return data
+
+    alone = months_figure()
+    queries = pl.read_parquet(layout.split_dir(FEB) / "queries.parquet")
+    for month in (date(2024, 3, 1), date(2025, 1, 1)):
+        layout.split_dir(month).mkdir(parents=True)
+        pl.concat([queries] * 3).write_parquet(layout.split_dir(month) / "queries.parquet")
+    assert months_figure() == alone
+    layout.split_dir(date(2024, 1, 1)).mkdir(parents=True)
+    queries.write_parquet(layout.split_dir(date(2024, 1, 1)) / "queries.parquet")
+    assert months_figure() != alone
+
+
 def _synthetic_queries(n: int, seed: int) -> pl.DataFrame:
     """Skewed like GDELT: a few countries, dates and level-1 codes dominate."""
     rng = random.Random(seed)

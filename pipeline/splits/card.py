@@ -1,4 +1,4 @@
-"""The dataset card of a monthly split: its README.md and the two figures it embeds.
+"""The dataset card of a monthly split: its README.md and the three figures it embeds.
 
 The card follows the Hugging Face dataset-card layout (YAML front matter, then Markdown) with the
 datasheet sections of Gebru et al. (2021), adapted from MIRAI's own datasheet (paper, Appendix J).
@@ -17,7 +17,12 @@ from pathlib import Path
 import polars as pl
 import yaml
 
-from pipeline.release.layout import PAIRS_FIGURE, RELATION_FIGURE, release_configs  # names a release may hold
+from pipeline.release.layout import (
+    MONTHS_FIGURE,
+    PAIRS_FIGURE,
+    RELATION_FIGURE,
+    release_configs,
+)  # names a release may hold
 from pipeline.release.tables import GDELT_TERMS
 from pipeline.splits.card_composition import composition_section
 from pipeline.splits.card_format import manifest_value, markdown_table, number_text
@@ -378,6 +383,17 @@ def _deviations(manifest: dict) -> str:
 FIGURE_CAPTIONS = {
     RELATION_FIGURE: "Queries whose answer includes each CAMEO level-1 relation, coloured by MIRAI quad class",
     PAIRS_FIGURE: "Queries by (subject, object) for the countries in most queries",
+    MONTHS_FIGURE: "Queries per month of every split through this one, by MIRAI quad class and by the subject's region",
+}
+# What a figure shows that its caption cannot say, printed under it: the months figure draws other
+# splits than this one.
+FIGURE_NOTES = {
+    MONTHS_FIGURE: (
+        "How this month's queries compare with the earlier months': the queries of every split up to this one "
+        "(those built when this one was; no later month is read), stacked by the MIRAI quad classes of the "
+        "answer (a query with relations in two classes counts in both) and by the subject's region "
+        "(the number above a bar is the month's queries)."
+    ),
 }
 
 
@@ -390,7 +406,11 @@ def _figures(figures: dict[str, Path]) -> str:
     if not figures:
         return "## Figures\n\nNo figures."
     images = [
-        f"![{FIGURE_CAPTIONS.get(name, Path(name).stem)}]({_figure_link(path)})"
+        "\n\n".join(
+            filter(
+                None, [f"![{FIGURE_CAPTIONS.get(name, Path(name).stem)}]({_figure_link(path)})", FIGURE_NOTES.get(name)]
+            )
+        )
         for name, path in sorted(figures.items())
     ]
     return "## Figures\n\n" + "\n\n".join(images)

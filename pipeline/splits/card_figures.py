@@ -1,5 +1,6 @@
-"""The two figures of a split's dataset card and the counts they draw: answer relations by CAMEO
-level-1 code and MIRAI quad class, and queries by (subject, object) for the busiest countries.
+"""The three figures of a split's dataset card and the counts they draw: answer relations by CAMEO
+level-1 code and MIRAI quad class, queries by (subject, object) for the busiest countries, and the
+queries of every split up to the month by quad class and by the subject's region.
 
 Out of card.py, which writes the card's text; the text also reads these counts (quad classes in
 Composition). Bare Agg figures and matplotlib's default style, so the same queries give the same
@@ -9,6 +10,9 @@ PNG bytes on any machine.
 from __future__ import annotations
 
 import io
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import date
 from pathlib import Path
 
 import matplotlib
@@ -21,7 +25,7 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
 from pipeline.reference.tables import relation_table
-from pipeline.release.layout import PAIRS_FIGURE, RELATION_FIGURE  # names a release may hold
+from pipeline.release.layout import MONTHS_FIGURE, PAIRS_FIGURE, RELATION_FIGURE  # names a release may hold
 from pipeline.storage import atomic_write_bytes
 
 TOP_COUNTRIES = 20
@@ -30,6 +34,14 @@ TOP_COUNTRIES = 20
 QUAD_NAMES = {1: "Verbal cooperation", 2: "Material cooperation", 3: "Verbal conflict", 4: "Material conflict"}
 # Okabe-Ito colours: distinguishable with the common colour-vision deficiencies.
 QUAD_COLOURS = {1: "#56B4E9", 2: "#0072B2", 3: "#E69F00", 4: "#D55E00"}
+# The months figure stacks the subject's region: GeoNames has 7 continents, so the 6 in most
+# queries are shown and the rest (Antarctica, a country without a region) is "Other".
+TOP_REGIONS = 6
+OTHER_REGION = "Other"
+# Paul Tol's "muted" qualitative scheme (https://personal.sron.nl/~pault/#sec:qualitative): also
+# colour-blind safe, and unlike the quad classes' colours, so a region never reads as a class.
+REGION_COLOURS = ("#332288", "#88CCEE", "#44AA99", "#117733", "#DDCC77", "#CC6677")
+OTHER_COLOUR = "#DDDDDD"
 
 # ---------------------------------------------------------------------------------------------
 # Counting (shared by the figures and the card)
@@ -56,20 +68,27 @@ def level1_counts(queries: pl.DataFrame) -> pl.DataFrame:
     )
 
 
+def _quad_classes() -> pl.DataFrame:
+    return pl.DataFrame({"mirai_quad_class": list(QUAD_NAMES)}, schema={"mirai_quad_class": pl.Int8})
+
+
+def _query_quads(queries: pl.LazyFrame, *keep: str) -> pl.LazyFrame:
+    """One row per query and quad class its answer includes, with the query's ``keep`` columns."""
+    return (
+        queries.select(*keep, pl.int_range(pl.len()).alias("row"), pl.col("answer_level1").alias("level1"))
+        .explode("level1")
+        .join(_level1_table().lazy(), on="level1")
+        .select(*keep, "row", "mirai_quad_class")
+        .unique()
+    )
+
+
 def quad_counts(queries: pl.DataFrame) -> pl.DataFrame:
     """Queries whose answer includes at least one relation of each quad class (a query with
     relations in two classes counts in both, so the column can sum to more than the queries)."""
-    per_query = (
-        queries.select(pl.int_range(pl.len()).alias("row"), pl.col("answer_level1").alias("level1"))
-        .explode("level1")
-        .join(_level1_table(), on="level1")
-        .select("row", "mirai_quad_class")
-        .unique()
-        .group_by("mirai_quad_class")
-        .agg(pl.len().alias("queries"))
-    )
+    per_query = _query_quads(queries.lazy()).group_by("mirai_quad_class").agg(pl.len().alias("queries")).collect()
     return (
-        pl.DataFrame({"mirai_quad_class": list(QUAD_NAMES)}, schema={"mirai_quad_class": pl.Int8})
+        _quad_classes()
         .join(per_query, on="mirai_quad_class", how="left")
         .with_columns(pl.col("queries").fill_null(0).cast(pl.Int64))
     )
@@ -102,24 +121,101 @@ def pair_matrix(queries: pl.DataFrame, countries: list[str]) -> np.ndarray:
     return matrix
 
 
+@dataclass(frozen=True)
+class MonthsComposition:
+    """What the months figure draws; each frame has every month with every group, zero when absent."""
+
+    months: list[date]  # the months with a split, oldest first (the split being built last)
+    quads: pl.DataFrame  # month, mirai_quad_class, queries: in (month, class) order
+    regions: pl.DataFrame  # month, region, queries: in (month, region rank) order
+
+
+def months_composition(
+    queries: pl.DataFrame, month: date, earlier: Mapping[date, Path], top_regions: int = TOP_REGIONS
+) -> MonthsComposition:
+    """The queries of ``month`` (the frame being split) and of each earlier split (``earlier``:
+    month -> its queries.parquet, scanned lazily) per month, by quad class and by the subject's region.
+
+    Per quad class, as in quad_counts: the queries whose answer includes a relation of the class (a
+    query counts once in each of its classes). Per region: the ``top_regions`` in most queries over
+    all the months (ties by name), then OTHER_REGION for the rest and for a subject without a
+    region, so a month's region counts sum to its queries.
+
+    Raises ValueError for a split of ``month`` or later: a split, and the release that carries it,
+    must not depend on later data.
+    """
+    later = sorted(m for m in earlier if m >= month)
+    if later:
+        raise ValueError(f"the months figure of {month:%Y-%m} was given the split of {later[0]:%Y-%m}, not earlier")
+    months = [*sorted(earlier), month]
+    columns = ("answer_level1", "s_region")
+    scans = [pl.scan_parquet(earlier[m]).select(columns) for m in months[:-1]] + [queries.lazy().select(columns)]
+    rows = pl.concat([scan.with_columns(month=pl.lit(m, dtype=pl.Date)) for scan, m in zip(scans, months)])
+    per_class = _query_quads(rows, "month").group_by("month", "mirai_quad_class").agg(pl.len().alias("queries"))
+    per_region = rows.group_by("month", "s_region").agg(pl.len().alias("queries"))
+    per_class, per_region = pl.collect_all([per_class, per_region])
+
+    ranked = (
+        per_region.drop_nulls("s_region")
+        .group_by("s_region")
+        .agg(pl.col("queries").sum())
+        .sort(["queries", "s_region"], descending=[True, False])
+        .head(top_regions)["s_region"]
+        .to_list()
+    )
+    regions = per_region.group_by(
+        "month",
+        region=pl.when(pl.col("s_region").is_in(ranked)).then("s_region").otherwise(pl.lit(OTHER_REGION)),
+    ).agg(pl.col("queries").sum())
+    # OTHER_REGION only when some query falls in it: an empty band would still take a legend entry.
+    shown = [*ranked, *([OTHER_REGION] if (regions["region"] == OTHER_REGION).any() else [])]
+    every_month = pl.DataFrame({"month": months}, schema={"month": pl.Date})
+    return MonthsComposition(
+        months=months,
+        quads=_every_month(every_month, _quad_classes(), per_class, ["month", "mirai_quad_class"]),
+        regions=_every_month(
+            every_month, pl.DataFrame({"region": shown}, schema={"region": pl.String}), regions, ["month", "region"]
+        ),
+    )
+
+
+def _every_month(months: pl.DataFrame, groups: pl.DataFrame, counts: pl.DataFrame, key: list[str]) -> pl.DataFrame:
+    """``counts`` on every (month, group), zero when absent, in month then ``groups``' order."""
+    return (
+        months.join(groups.with_row_index("order"), how="cross")
+        .join(counts, on=key, how="left")
+        .with_columns(pl.col("queries").fill_null(0).cast(pl.Int64))
+        .sort("month", "order")
+        .drop("order")
+    )
+
+
 # ---------------------------------------------------------------------------------------------
 # Figures
 # ---------------------------------------------------------------------------------------------
 
 
-def render_figures(queries: pl.DataFrame, out_dir: Path) -> dict[str, Path]:
-    """Write relation_distribution.png and country_pairs.png into out_dir; {file name: path}.
+def render_figures(queries: pl.DataFrame, out_dir: Path, month: date, earlier: Mapping[date, Path]) -> dict[str, Path]:
+    """Write relation_distribution.png, country_pairs.png and queries_by_month.png into out_dir;
+    {file name: path}. ``queries`` is ``month``'s split; ``earlier`` maps each earlier month with a
+    split to its queries.parquet (DataLayout.split_months), for the months figure.
 
-    The same frame gives byte-identical files, so their sha256 in the manifest is reproducible.
+    The same inputs give byte-identical files, so their sha256 in the manifest is reproducible.
     """
     out_dir = Path(out_dir)
+    composition = months_composition(queries, month.replace(day=1), earlier)
+    drawings = (
+        (RELATION_FIGURE, lambda: _relation_figure(queries)),
+        (PAIRS_FIGURE, lambda: _pairs_figure(queries)),
+        (MONTHS_FIGURE, lambda: _months_figure(composition)),
+    )
     paths = {}
     # matplotlib's built-in defaults for drawing and saving, so a matplotlibrc on the machine
     # cannot change the published bytes.
     with matplotlib.style.context("default"):
-        for name, draw in ((RELATION_FIGURE, _relation_figure), (PAIRS_FIGURE, _pairs_figure)):
+        for name, draw in drawings:
             paths[name] = out_dir / name
-            atomic_write_bytes(paths[name], _png_bytes(draw(queries)))
+            atomic_write_bytes(paths[name], _png_bytes(draw()))
     return paths
 
 
@@ -222,3 +318,62 @@ def _annotate_cells(ax, matrix: np.ndarray) -> None:
             fontsize=7,
             color="white" if matrix[i, j] > dark else "black",
         )
+
+
+def _months_figure(composition: MonthsComposition) -> Figure:
+    quads, regions = composition.quads, composition.regions
+    per_month = dict(regions.group_by("month").agg(pl.col("queries").sum()).iter_rows())
+    month = composition.months[-1]
+    fig = _new_figure(12, 8)
+    title = (
+        f"Queries per month of every split through {month:%Y-%m} "
+        f"({len(composition.months)} split(s), {sum(per_month.values()):,} queries)"
+    )
+    if not sum(per_month.values()):
+        return _no_queries(fig, title)
+    # Every month from the first split on: a month without a split keeps its place on the axis.
+    axis = pl.date_range(composition.months[0], month, interval="1mo", eager=True).to_list()
+    top, bottom = fig.subplots(2, 1, sharex=True)
+    quad_bands = [
+        (f"{q} {name}", QUAD_COLOURS[q], quads.filter(pl.col("mirai_quad_class") == q))
+        for q, name in QUAD_NAMES.items()
+    ]
+    _stacked_months(top, axis, quad_bands)
+    top.set_ylabel("queries with a relation\nin the class")
+    top.set_title(
+        "By MIRAI quad class of the answer (a query with relations in two classes counts in both)", fontsize=11
+    )
+    top.legend(title="MIRAI quad class", loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=9)
+    shown = regions["region"].unique(maintain_order=True).to_list()
+    region_bands = [
+        (name, OTHER_COLOUR if name == OTHER_REGION else REGION_COLOURS[i], regions.filter(pl.col("region") == name))
+        for i, name in enumerate(shown)
+    ]
+    bars = _stacked_months(bottom, axis, region_bands)
+    # The region bands sum to the month's queries: that total above each bar.
+    bottom.bar_label(bars, labels=[f"{per_month[m]:,}" if m in per_month else "" for m in axis], fontsize=8)
+    bottom.set_ylabel("queries")
+    bottom.set_title("By the subject's region", fontsize=11)
+    bottom.legend(title="subject's region", loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=9)
+    for ax in (top, bottom):
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # counts: no 0.5
+        ax.margins(y=0.1)
+        for i, m in enumerate(axis):
+            if m not in per_month:
+                ax.text(i, 0, "no split", rotation=90, ha="center", va="bottom", fontsize=8, color="0.4")
+    bottom.set_xticks(range(len(axis)), [f"{m:%Y-%m}" for m in axis], rotation=90 if len(axis) > 12 else 0)
+    fig.suptitle(title, fontsize=13)
+    return fig
+
+
+def _stacked_months(ax, axis: list[date], bands: list[tuple[str, str, pl.DataFrame]]):
+    """Bars per month of ``axis`` stacked from (label, colour, month and queries) bands, first at
+    the bottom; returns the top band's bars."""
+    index = {m: i for i, m in enumerate(axis)}
+    base = np.zeros(len(axis), dtype=np.int64)
+    for label, colour, band in bands:
+        heights = np.zeros(len(axis), dtype=np.int64)
+        heights[band["month"].replace_strict(index, return_dtype=pl.Int64).to_numpy()] = band["queries"].to_numpy()
+        bars = ax.bar(range(len(axis)), heights, bottom=base, color=colour, label=label, width=0.8)
+        base = base + heights
+    return bars

@@ -393,7 +393,9 @@ def build_split(
         split_meta = {"split_version": SPLIT_VERSION, "month": f"{month:%Y-%m}"}
         atomic_write_parquet(queries, staging / "queries.parquet", metadata=split_meta)
         atomic_write_parquet(sample, staging / "queries_sample.parquet", metadata=split_meta)
-        figures = render_figures(queries, staging)
+        # The months figure reads the earlier months' splits, never a later one (DataLayout.split_months).
+        earlier = {m: layout.split_dir(m) / "queries.parquet" for m in layout.split_months(before=month)}
+        figures = render_figures(queries, staging, month, earlier)
         files = {
             "queries.parquet": _file_entry(staging / "queries.parquet", queries.height),
             "queries_sample.parquet": _file_entry(staging / "queries_sample.parquet", sample.height),
