@@ -4,14 +4,16 @@ from datetime import date
 
 import dagster as dg
 
-from assets.metadata import column_schema, frame_table
+from assets.metadata import column_schema, frame_table, png_bytes_metadata
 from assets.owners import DATA_OWNERS
 from assets.partitions import daily_partitions
 from assets.resources import Dataset, GdeltFeed, Network
 from pipeline.gdelt.ingest import PARSED_FORMAT_VERSION, ingest_day, parse_day
 from pipeline.gdelt.ledger import LEDGER_SCHEMA, LEDGER_VERSION, problems
+from pipeline.gdelt.ledger_figure import month_heatmap_png, month_slot_states, read_month_ledgers
 from pipeline.gdelt.schema import SCHEMAS
 from pipeline.markdown import markdown_text
+from pipeline.storage import DataLayout
 
 
 @dg.asset(
@@ -37,9 +39,11 @@ def gdelt_files(
     context: dg.AssetExecutionContext, dataset: Dataset, network: Network, gdelt: GdeltFeed
 ) -> dg.MaterializeResult:
     day = date.fromisoformat(context.partition_key)
-    result = ingest_day(day, dataset.settings(), network.settings(), gdelt.settings(), log=context.log.info)
+    settings = dataset.settings()
+    result = ingest_day(day, settings, network.settings(), gdelt.settings(), log=context.log.info)
     counts = result.counts
     context.log.info(f"{day}: {counts}")
+    month = month_slot_states(read_month_ledgers(DataLayout(settings.data_dir), day), day)
     return dg.MaterializeResult(
         metadata={
             **column_schema(result.ledger.schema),
@@ -47,6 +51,8 @@ def gdelt_files(
             "downloaded_this_run": result.downloaded,
             "index_refresh": f"{result.index_refresh.mode} ({result.index_refresh.bytes_transferred} bytes)",
             "problems": frame_table(problems(result.ledger)),
+            # The month up to this day, one cell per slot: where the day's problems sit among the others'.
+            "ledger_month": png_bytes_metadata("ledger_month", month_heatmap_png(month)),
         }
     )
 
