@@ -5,11 +5,12 @@ from datetime import date
 import dagster as dg
 
 from assets.events import daily_quads
-from assets.metadata import column_schema
+from assets.metadata import column_schema, png_bytes_metadata
 from assets.owners import DATA_OWNERS
 from assets.partitions import daily_partitions
 from assets.resources import ArticleFetcher, Dataset, Network, compose
 from pipeline.articles.day import ARTICLES_SCHEMA, ARTICLES_VERSION, build_articles
+from pipeline.articles.funnel import funnel_frame, funnel_png
 from pipeline.articles.ledger import FETCH_LEDGER_SCHEMA, read_ledger, summarize
 from pipeline.storage import DataLayout
 
@@ -46,6 +47,8 @@ def articles(
     result = build_articles(
         date.fromisoformat(context.partition_key), settings.dataset, settings.network, settings.articles
     )
+    profile = settings.articles.article_profile
+    funnel = funnel_frame(result.selected, result.articles, profile)
     ledger = read_ledger(DataLayout(settings.dataset.data_dir))
     ledger_counts = summarize(ledger)
     context.log_event(
@@ -61,7 +64,8 @@ def articles(
         metadata={
             **column_schema(result.articles.schema),
             "dagster/row_count": result.articles.height,
-            "profile": settings.articles.article_profile,
+            "profile": profile,
             **result.counts,
+            "obelics_funnel": png_bytes_metadata("obelics_funnel", funnel_png(funnel, profile)),
         }
     )

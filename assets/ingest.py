@@ -4,14 +4,16 @@ from datetime import date
 
 import dagster as dg
 
-from assets.metadata import column_schema, frame_table
+from assets.metadata import column_schema, frame_table, png_bytes_metadata
 from assets.owners import DATA_OWNERS
 from assets.partitions import daily_partitions
 from assets.resources import Dataset, GdeltFeed, Network
 from pipeline.gdelt.ingest import PARSED_FORMAT_VERSION, ingest_day, parse_day
 from pipeline.gdelt.ledger import LEDGER_SCHEMA, LEDGER_VERSION, problems
+from pipeline.gdelt.ledger_figure import month_heatmap_png, month_slot_states, read_month_ledgers
 from pipeline.gdelt.schema import SCHEMAS
 from pipeline.markdown import markdown_text
+from pipeline.storage import DataLayout
 
 
 @dg.asset(
@@ -37,11 +39,13 @@ def gdelt_files(
     context: dg.AssetExecutionContext, dataset: Dataset, network: Network, gdelt: GdeltFeed
 ) -> dg.MaterializeResult:
     day = date.fromisoformat(context.partition_key)
-    result = ingest_day(day, dataset.settings(), network.settings(), gdelt.settings(), log=context.log.info)
+    settings = dataset.settings()
+    result = ingest_day(day, settings, network.settings(), gdelt.settings(), log=context.log.info)
     counts = result.counts
     context.log.info(f"{day}: {counts}")
     return dg.MaterializeResult(
         metadata={
+            **_ledger_month(context, settings.data_dir, day),
             **column_schema(result.ledger.schema),
             **{f"files_{status}": count for status, count in counts.items()},
             "downloaded_this_run": result.downloaded,
@@ -49,6 +53,18 @@ def gdelt_files(
             "problems": frame_table(problems(result.ledger)),
         }
     )
+
+
+def _ledger_month(context: dg.AssetExecutionContext, data_dir: str, day: date) -> dict[str, dg.MetadataValue]:
+    """The month up to ``day``, one cell per slot: where the day's problems sit among the others'.
+    A picture only: another day's damaged ledger leaves it out with a warning, never fails the
+    day's ingestion (that day's own run reports its ledger)."""
+    try:
+        month = month_slot_states(read_month_ledgers(DataLayout(data_dir), day), day)
+        return {"ledger_month": png_bytes_metadata("ledger_month", month_heatmap_png(month))}
+    except Exception as exc:  # any failure of the picture leaves the ingestion as it is
+        context.log.warning(f"ledger_month not drawn: {type(exc).__name__}: {str(exc)[:300]}")
+        return {}
 
 
 def _parsed_asset(kind: str):

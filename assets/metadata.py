@@ -10,11 +10,17 @@ import polars as pl
 from pipeline.markdown import visible_text
 
 
-def png_metadata(path: Path) -> dg.MetadataValue:
+def png_bytes_metadata(name: str, data: bytes) -> dg.MetadataValue:
     """A PNG inline in the asset's metadata: the UI renders Markdown images with a data URI, so
-    the figure is visible without access to the data directory."""
-    encoded = base64.b64encode(path.read_bytes()).decode()
-    return dg.MetadataValue.md(f"![{path.stem}](data:image/png;base64,{encoded})")
+    the figure is visible without access to the data directory (and one drawn in memory needs no
+    file there). ``name``, the image's alt text, is ours, never outside text."""
+    encoded = base64.b64encode(data).decode()
+    return dg.MetadataValue.md(f"![{name}](data:image/png;base64,{encoded})")
+
+
+def png_metadata(path: Path) -> dg.MetadataValue:
+    """The PNG file at ``path`` inline (png_bytes_metadata), named by its stem."""
+    return png_bytes_metadata(path.stem, path.read_bytes())
 
 
 def table_schema(schema: Mapping[str, pl.DataType]) -> dg.TableSchema:

@@ -11,6 +11,7 @@ import polars as pl
 import pytest
 
 from pipeline.articles.day import ARTICLES_SCHEMA, abstract, build_articles, select_urls
+from pipeline.articles.funnel import funnel_frame
 from pipeline.articles.urls import normalize_url
 from pipeline.config import Settings
 from pipeline.events.quads import QUADS_SCHEMA
@@ -19,6 +20,7 @@ from testbed.news import NewsServer
 
 from .conftest import FIXTURES
 from .settings_builder import make_settings
+from .test_pictures_ops import metadata_png
 
 DAY = date(2024, 1, 1)
 HTML = FIXTURES / "html"
@@ -92,6 +94,12 @@ def test_a_day_of_articles(tmp_path, news):
     german = by_page["zeit.de.zugverkehr.html"]
     assert not german["kept"] and german["failing_filter"] == "language_id" and german["lang"] == "de"
     assert first.counts["kept"] == 1 and first.counts["dropped_language_id"] == 1
+    # The funnel picture's numbers are the day's counts, step by step.
+    funnel = dict(funnel_frame(first.selected, first.articles, "mirai").select("stage", "documents").iter_rows())
+    assert {stage: funnel[stage] for stage in ("selected", "stored", "extracted", "kept")} == {
+        stage: first.counts[stage] for stage in ("selected", "stored", "extracted", "kept")
+    }
+    assert funnel["language_id"] == funnel["kept"] == funnel["extracted"] - 1
     on_disk = pl.read_parquet(DataLayout(tmp_path).articles_path(DAY))
     assert on_disk.equals(first.articles)
 
@@ -225,6 +233,8 @@ def test_articles_asset_records_the_fetch_ledger(tmp_path, news):
         assert result.success
         events = {m.asset_key.to_user_string(): m.metadata for m in result.asset_materializations_for_node("articles")}
         assert events["articles"]["kept"].value == 1 and events["articles"]["selected"].value == 1
+        # Ten stages of the mirai profile's funnel, 0.4 inch each (tests/test_pictures_ops.py).
+        assert metadata_png(events["articles"]["obelics_funnel"].value).shape == (540, 1000, 4)
         # The ledger is its own asset: every articles run records it, with its counts.
         ledger_event = instance.get_latest_materialization_event(dg.AssetKey("fetch_ledger"))
         assert ledger_event.asset_materialization.metadata["urls_fetched"].value == 1

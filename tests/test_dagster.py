@@ -26,6 +26,7 @@ from pipeline.storage import DataLayout
 from .conftest import MIRROR_DAY, ROOT
 from .settings_builder import make_settings
 from .table_metadata import table_text
+from .test_pictures_ops import metadata_png
 
 BIN = Path(sys.executable).parent
 
@@ -61,6 +62,8 @@ def test_materialize_a_day_on_a_real_instance(tmp_path, mirror, mirror_dir):
         ledger = read_ledger(DataLayout(tmp_path / "data"), MIRROR_DAY)
         assert files_meta["files_landed"].value == ledger.filter(pl.col("listed")).height
         assert files_meta["files_corrupt"].value == 0 and files_meta["files_failed"].value == 0
+        # The month so far as a picture, inline: the day is its last row (tests/test_pictures_ops.py).
+        assert metadata_png(files_meta["ledger_month"].value).shape == (700, 1200, 4)
         events_meta = result.asset_materializations_for_node("gdelt_events")[0].metadata
         assert events_meta["dagster/row_count"].value == _expected_rows(mirror_dir, "export")
         mentions_meta = result.asset_materializations_for_node("gdelt_mentions")[0].metadata

@@ -3,27 +3,25 @@ level-1 code and MIRAI quad class, queries by (subject, object) for the busiest 
 queries of every split up to the month by quad class and by the subject's region.
 
 Out of card.py, which writes the card's text; the text also reads these counts (quad classes in
-Composition). Bare Agg figures and matplotlib's default style, so the same queries give the same
-PNG bytes on any machine.
+Composition). Bare Agg figures and matplotlib's default style (pipeline/figures.py), so the same
+queries give the same PNG bytes on any machine.
 """
 
 from __future__ import annotations
 
-import io
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
 
 import matplotlib
-import matplotlib.style
 import numpy as np
 import polars as pl
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
+from pipeline.figures import OKABE_ITO, new_figure, rendered_png
 from pipeline.reference.tables import relation_table
 from pipeline.release.layout import MONTHS_FIGURE, PAIRS_FIGURE, RELATION_FIGURE  # names a release may hold
 from pipeline.storage import atomic_write_bytes
@@ -32,8 +30,12 @@ TOP_COUNTRIES = 20
 # MIRAI's grouping of the 20 root codes (mirai_quad_class), not GDELT's QuadClass: the two differ
 # on 05, 09, 15 and 16, and MIRAI's quad-level metrics use this one.
 QUAD_NAMES = {1: "Verbal cooperation", 2: "Material cooperation", 3: "Verbal conflict", 4: "Material conflict"}
-# Okabe-Ito colours: distinguishable with the common colour-vision deficiencies.
-QUAD_COLOURS = {1: "#56B4E9", 2: "#0072B2", 3: "#E69F00", 4: "#D55E00"}
+QUAD_COLOURS = {
+    1: OKABE_ITO["sky_blue"],
+    2: OKABE_ITO["blue"],
+    3: OKABE_ITO["orange"],
+    4: OKABE_ITO["vermillion"],
+}
 # The months figure stacks the subject's region: GeoNames has 7 continents, so the 6 in most
 # queries are shown and the rest (Antarctica, a country without a region) is "Other".
 TOP_REGIONS = 6
@@ -210,29 +212,10 @@ def render_figures(queries: pl.DataFrame, out_dir: Path, month: date, earlier: M
         (MONTHS_FIGURE, lambda: _months_figure(composition)),
     )
     paths = {}
-    # matplotlib's built-in defaults for drawing and saving, so a matplotlibrc on the machine
-    # cannot change the published bytes.
-    with matplotlib.style.context("default"):
-        for name, draw in drawings:
-            paths[name] = out_dir / name
-            atomic_write_bytes(paths[name], _png_bytes(draw()))
+    for name, draw in drawings:
+        paths[name] = out_dir / name
+        atomic_write_bytes(paths[name], rendered_png(draw))
     return paths
-
-
-def _new_figure(width: float, height: float) -> Figure:
-    # A bare Figure on an Agg canvas: no pyplot, so no global figure registry or backend switch
-    # in the Dagster process, and nothing ever tries to open a window.
-    fig = Figure(figsize=(width, height), dpi=100, layout="constrained")
-    FigureCanvasAgg(fig)
-    return fig
-
-
-def _png_bytes(fig: Figure) -> bytes:
-    buf = io.BytesIO()
-    # Agg PNGs carry no timestamp; "Software" would carry the matplotlib version, which would
-    # change the bytes (and the published sha256) on a mere library upgrade.
-    fig.savefig(buf, format="png", metadata={"Software": None})
-    return buf.getvalue()
 
 
 def _no_queries(fig: Figure, title: str) -> Figure:
@@ -242,7 +225,7 @@ def _no_queries(fig: Figure, title: str) -> Figure:
 
 
 def _relation_figure(queries: pl.DataFrame) -> Figure:
-    fig = _new_figure(12, 7)
+    fig = new_figure(12, 7)
     title = f"Answer relations by CAMEO level-1 code ({queries.height:,} queries)"
     if queries.is_empty():
         return _no_queries(fig, title)
@@ -282,7 +265,7 @@ def _quad_panel(ax, counts: pl.DataFrame) -> None:
 
 
 def _pairs_figure(queries: pl.DataFrame) -> Figure:
-    fig = _new_figure(10, 9)
+    fig = new_figure(10, 9)
     if queries.is_empty():
         return _no_queries(fig, "Queries by (subject, object) country")
     countries = country_involvement(queries).head(TOP_COUNTRIES)["country"].to_list()
@@ -324,7 +307,7 @@ def _months_figure(composition: MonthsComposition) -> Figure:
     quads, regions = composition.quads, composition.regions
     per_month = dict(regions.group_by("month").agg(pl.col("queries").sum()).iter_rows())
     month = composition.months[-1]
-    fig = _new_figure(12, 8)
+    fig = new_figure(12, 8)
     title = (
         f"Queries per month of every split through {month:%Y-%m} "
         f"({len(composition.months)} split(s), {sum(per_month.values()):,} queries)"
