@@ -145,8 +145,10 @@ def test_download_live_syncs_once_then_one_new_day(settings, store, tmp_path, ca
                 store.root / "live" / "history" / day.isoformat() / f"{table}.parquet"
             ).read_bytes()
     code, out, _ = download(tmp_path, capsys)
-    assert code == 0 and "0 days downloaded (0 bytes), 2 already there" in out
+    assert code == 0 and "0 days downloaded (0 bytes, each file sha256-verified), 2 already there" in out
     publish(settings, store, DAY, now=CLOCK + timedelta(days=1))
+    assert main(["download", "2024-03", "--live"]) == 1  # a release and the history are two downloads
+    assert "--live downloads the live history" in capsys.readouterr().err
     code, out, _ = download(tmp_path, capsys)
     assert code == 0 and f"live history {FIRST}..{DAY}" in out and "1 days downloaded" in out
     assert (database / "events" / f"day={DAY}.parquet").is_file()

@@ -160,7 +160,7 @@ def _download_live(store, args: argparse.Namespace) -> int:
     span = f"{min(synced)}..{max(synced)}" if synced else "no day"
     print(
         f"live history {span} in {out / 'database'}: {len(result.downloaded)} days downloaded "
-        f"({result.bytes_downloaded:,} bytes), {len(result.present)} already there; all sha256 verified"
+        f"({result.bytes_downloaded:,} bytes, each file sha256-verified), {len(result.present)} already there"
     )
     return 0
 

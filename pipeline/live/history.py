@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 
@@ -49,6 +50,7 @@ HISTORY_INDEX_FORMAT = "mirai-live-history-index-v1"
 MAX_HISTORY_KEYS = 20_000
 # A day's table is a few MB (news text included); a file past this is no part of ours.
 MAX_HISTORY_FILE_BYTES = 2**30
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 class HistoryRefused(ReleaseError):
@@ -71,7 +73,9 @@ def history_tables(day: date, dataset: DatasetSettings) -> tuple[dict[str, pl.Da
     return {"events": events, "news": news}, counts
 
 
-def _file_bytes(tables: dict[str, pl.DataFrame], day: date, dataset: DatasetSettings, articles: ArticleSettings):
+def _file_bytes(
+    tables: dict[str, pl.DataFrame], day: date, dataset: DatasetSettings, articles: ArticleSettings
+) -> dict[str, bytes]:
     """{file name: parquet bytes}, with the monthly files' key-value metadata for one day."""
     meta = {
         "database_version": DATABASE_VERSION,
@@ -84,7 +88,9 @@ def _file_bytes(tables: dict[str, pl.DataFrame], day: date, dataset: DatasetSett
     return {f"{table}.parquet": parquet_bytes(tables[table], meta) for table in DATABASE_TABLES}
 
 
-def history_manifest(day: date, files: dict[str, bytes], tables: dict, counts: dict, source: dict, now: datetime):
+def history_manifest(
+    day: date, files: dict[str, bytes], tables: dict[str, pl.DataFrame], counts: dict, source: dict, now: datetime
+) -> dict:
     return {
         "format": HISTORY_FORMAT,
         "day": day.isoformat(),
@@ -116,7 +122,7 @@ def check_history_manifest(raw: bytes, day: str, where: str) -> dict:
     for name, meta in files.items():
         digest = meta.get("sha256") if isinstance(meta, dict) else None
         size = meta.get("bytes") if isinstance(meta, dict) else None
-        if not (isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)):
+        if not (isinstance(digest, str) and _SHA256.fullmatch(digest)):
             raise UnsafeRelease(
                 f"{where}: {name} has no sha256 of 64 lowercase hex digits; refused, nothing was written"
             )
