@@ -8,6 +8,7 @@ from assets.evaluations import evaluation, leaderboard
 from assets.events import daily_quads, events
 from assets.ingest import gdelt_events, gdelt_files, gdelt_mentions
 from assets.live import live_round
+from assets.live_history import live_history
 from assets.live_resolution import live_leaderboard, live_resolution
 from assets.release import release
 from assets.resources import resources_from_env
@@ -29,7 +30,7 @@ from sensors.alerts import alert_on_run_failure, gdelt_freshness
 from sensors.evaluations import evaluation_job, evaluation_sensor, leaderboard_job
 from sensors.fetch_health import alert_on_articles_fetch_failing
 from sensors.history import events_follow_history, events_follow_job
-from sensors.live import live_round_daily, live_round_job
+from sensors.live import live_history_daily, live_history_job, live_round_daily, live_round_job
 from sensors.live_resolution import live_leaderboard_job, live_resolution_job, live_resolution_sensor
 from sensors.monthly import monthly_release_daily, monthly_release_job
 from sensors.run_health import run_worker_watch
@@ -52,6 +53,7 @@ defs = dg.Definitions(
         leaderboard,
         submission,
         live_round,
+        live_history,
         live_resolution,
         live_leaderboard,
     ],
@@ -78,10 +80,11 @@ defs = dg.Definitions(
         leaderboard_job,
         submission_job,
         live_round_job,
+        live_history_job,
         live_resolution_job,
         live_leaderboard_job,
     ],
-    schedules=[gdelt_every_15_minutes, articles_hourly, monthly_release_daily, live_round_daily],
+    schedules=[gdelt_every_15_minutes, articles_hourly, monthly_release_daily, live_round_daily, live_history_daily],
     sensors=[
         alert_on_run_failure,
         alert_on_articles_fetch_failing,

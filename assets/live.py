@@ -28,6 +28,17 @@ class LiveRoundConfig(dg.Config):
     replay_at: str = ""
 
 
+def replay_clock(replay_at: str) -> datetime:
+    """The run's clock: ``replay_at`` (a replayed past day), or now when it is empty."""
+    try:
+        now = datetime.fromisoformat(replay_at) if replay_at else datetime.now(UTC)
+    except ValueError as exc:
+        raise dg.Failure(description=f"replay_at {replay_at!r} is not an ISO time", allow_retries=False) from exc
+    if now.tzinfo is None:
+        raise dg.Failure(description=f"replay_at {replay_at!r} has no time zone", allow_retries=False)
+    return now
+
+
 @dg.asset(
     partitions_def=daily_partitions,
     deps=[
@@ -57,12 +68,7 @@ def live_round(
     day = date.fromisoformat(context.partition_key)
     # The GDELT feed's URL is the round's recorded source, as it is a split's.
     settings = compose(dataset, network, gdelt, release_store, live)
-    try:
-        now = datetime.fromisoformat(config.replay_at) if config.replay_at else datetime.now(UTC)
-    except ValueError as exc:
-        raise dg.Failure(description=f"replay_at {config.replay_at!r} is not an ISO time", allow_retries=False) from exc
-    if now.tzinfo is None:
-        raise dg.Failure(description=f"replay_at {config.replay_at!r} has no time zone", allow_retries=False)
+    now = replay_clock(config.replay_at)
     try:
         result = publish_round(
             day,

@@ -11,6 +11,7 @@ from assets.evaluations import leaderboard
 from assets.events import daily_quads, events
 from assets.ingest import gdelt_events, gdelt_files, gdelt_mentions
 from assets.live import live_round
+from assets.live_history import live_history
 from assets.live_resolution import live_resolution
 from assets.splits import test_split
 
@@ -27,6 +28,7 @@ SCHEMA_DECLARING = [
     test_split,
     leaderboard,
     live_round,
+    live_history,
     live_resolution,
 ]
 # One checks definition per asset (Dagster builds one for all the assets it is given), so a run or a

@@ -42,6 +42,7 @@ WRITTEN_WITH = {
     "test_split": QUERIES_SCHEMA,
     "leaderboard": BOARD_SCHEMA,
     "live_round": QUESTIONS_SCHEMA,
+    "live_history": EVENT_DB_SCHEMA,
     "live_resolution": ANSWERS_SCHEMA,
 }
 # Its columns depend on the agent's kind: given at materialisation only, from the file written.
@@ -68,8 +69,9 @@ def test_every_parquet_asset_declares_the_schema_it_is_written_with():
     for key, schema in WRITTEN_WITH.items():
         assert columns_of(specs[key].metadata) == table_schema(schema), key
     assert COLUMN_SCHEMA not in specs["evaluation"].metadata
-    news = specs["event_database"].metadata["news columns"]
-    assert news == dg.MetadataValue.table_schema(table_schema(NEWS_DB_SCHEMA))
+    for key in ("event_database", "live_history"):
+        news = specs[key].metadata["news columns"]
+        assert news == dg.MetadataValue.table_schema(table_schema(NEWS_DB_SCHEMA)), key
 
 
 def test_the_schema_change_checks_cover_every_declared_schema():

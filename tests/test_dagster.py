@@ -181,6 +181,7 @@ INSTIGATORS = {
     "articles_hourly",
     "monthly_release_daily",
     "live_round_daily",
+    "live_history_daily",
     "alert_on_run_failure",
     "gdelt_freshness",
     "evaluation_sensor",

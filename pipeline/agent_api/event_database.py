@@ -1,7 +1,9 @@
 """The monthly event database of a data dir, as the gated tables an Environment holds.
 
 ``EventDatabase`` reads the month files (pipeline/splits/database.py writes them) once each, in the
-in-memory layout environment.py describes: events and news sorted ascending, each event's
+in-memory layout environment.py describes (a month with no month file may instead be given as
+day files, ``day=YYYY-MM-DD.parquet``: the live history `mirai download --live` writes,
+pipeline/live/history.py; a month file, where there is one, is the month): events and news sorted ascending, each event's
 ``article_idx`` the row numbers of its articles in the concatenated news table. It hands each
 query's Environment every month before the cutoff month whole and the cutoff month sliced at the
 cutoff, and never opens a later month (docs/agent_api.md, "The gate"). A directory anyone handed
@@ -31,6 +33,7 @@ STORED_TYPES = {
     "news": {c: NEWS_DB_SCHEMA[c] for c in NEWS_COLUMNS},
 }
 _MONTH_FILE = re.compile(r"^month=(\d{4})-(\d{2})\.parquet$")
+_DAY_FILE = re.compile(r"^day=(\d{4}-\d{2}-\d{2})\.parquet$")
 # What one month file of a handed-over database may take once decoded: far above a month the
 # pipeline writes, far below what would take a machine of our kind down.
 MAX_UNTRUSTED_MONTH_BYTES = 4 * 2**30
@@ -38,6 +41,15 @@ MAX_UNTRUSTED_MONTH_BYTES = 4 * 2**30
 
 def month_start(day: date) -> date:
     return day.replace(day=1)
+
+
+def _day_of(name: str) -> date | None:
+    """The day a ``day=YYYY-MM-DD.parquet`` file is of, None for any other name (or no real day)."""
+    found = _DAY_FILE.match(name)
+    try:
+        return date.fromisoformat(found[1]) if found else None
+    except ValueError:
+        return None
 
 
 class DatabaseFileError(ValueError):
@@ -74,17 +86,21 @@ def _read_month(path: Path, table: str, untrusted: bool = False) -> pl.LazyFrame
     return frame.lazy()
 
 
-def _check_dates(frame: pl.DataFrame, month: date, path: Path) -> None:
-    """Refuse a month file holding a row dated outside its month (or undated): the gate hands every
-    month before the cutoff's whole to an environment, so such a row would pass it."""
-    end = (month.replace(day=28) + timedelta(days=4)).replace(day=1) - timedelta(days=1)
+def month_end(month: date) -> date:
+    return (month.replace(day=28) + timedelta(days=4)).replace(day=1) - timedelta(days=1)
+
+
+def _check_dates(frame: pl.DataFrame, first: date, last: date, span: str, path: Path) -> None:
+    """Refuse a month (or day) file holding a row dated outside its month (day) ``span``, from
+    ``first`` to ``last``, or undated: the gate hands every month before the cutoff's whole to an
+    environment, so such a row would pass it."""
     dates = frame.get_column("date").drop_nulls()
-    outside = dates.filter(~dates.is_between(month, end))
+    outside = dates.filter(~dates.is_between(first, last))
     undated = frame.get_column("date").null_count()
     if outside.len() or undated:
         latest = f", the latest {outside.max()}" if outside.len() else ""
         raise DatabaseFileError(
-            f"{path}: {outside.len()} row(s) dated outside {month:%Y-%m}{latest}, {undated} undated; refused (the gate "
+            f"{path}: {outside.len()} row(s) dated outside {span}{latest}, {undated} undated; refused (the gate "
             "passes a month before the cutoff's whole: nothing past a query's cutoff may reach its agent)"
         )
 
@@ -147,13 +163,19 @@ class EventDatabase:
         self.code_libraries = code_libraries
         self.layout = DataLayout(data_dir)
         events_dir = self.layout.database_dir() / "events"
-        found = sorted(
+        month_files = {
             date(int(m[1]), int(m[2]), 1)
             for p in events_dir.glob("month=*.parquet")
             if (m := _MONTH_FILE.match(p.name))
-        )
+        }
+        # {month: its day files' days}, for the months with no month file.
+        self.days: dict[date, list[date]] = {}
+        for day in sorted(d for p in events_dir.glob("day=*.parquet") if (d := _day_of(p.name))):
+            if month_start(day) not in month_files:
+                self.days.setdefault(month_start(day), []).append(day)
+        found = sorted(month_files | set(self.days))
         if not found:
-            raise FileNotFoundError(f"no event database months under {events_dir}")
+            raise FileNotFoundError(f"no event database months (or days) under {events_dir}")
         self.months = found
         self.start = found[0]
         self._loaded: list[tuple[pl.DataFrame, pl.DataFrame]] = []
@@ -163,12 +185,15 @@ class EventDatabase:
     @property
     def last_day(self) -> date:
         last = self.months[-1]
-        return (last.replace(day=28) + timedelta(days=4)).replace(day=1) - timedelta(days=1)
+        return self.days[last][-1] if last in self.days else month_end(last)
 
     def _month(self, i: int) -> tuple[pl.DataFrame, pl.DataFrame]:
         while len(self._loaded) <= i:
             month = self.months[len(self._loaded)]
             offset = sum(news.height for _, news in self._loaded)
+            if month in self.days:
+                self._loaded.append(self._days_of(month, offset))
+                continue
             # Sealed months are checked once, as they are cached (~1 ms per MB; a downloaded
             # release has no digests: `mirai download` checked it against its manifest).
             events, news = verified(
@@ -188,9 +213,31 @@ class EventDatabase:
                     f"{events} or {news}: cannot be read as a database month ({type(exc).__name__}: {first}); refused"
                 ) from None
             for frame, path in zip(prepared, (events, news), strict=True):
-                _check_dates(frame, month, path)
+                _check_dates(frame, month, month_end(month), f"{month:%Y-%m}", path)
             self._loaded.append(prepared)
         return self._loaded[i]
+
+    def _days_of(self, month: date, offset: int) -> tuple[pl.DataFrame, pl.DataFrame]:
+        """A month given as day files, in the layout of a month's: each day's rows checked to be of
+        its day, then the days prepared together (an event's articles are of its own day)."""
+        tables: dict[str, list[pl.LazyFrame]] = {"events": [], "news": []}
+        for day in self.days[month]:
+            for table, frames in tables.items():
+                path = self.layout.database_dir() / table / f"day={day.isoformat()}.parquet"
+                try:
+                    frame = _read_month(path, table, self.untrusted_files).select(list(STORED_TYPES[table]))
+                    _check_dates(frame.select("date").collect(), day, day, day.isoformat(), path)
+                except (OSError, pl.exceptions.PolarsError) as exc:
+                    raise DatabaseFileError(
+                        f"{path}: cannot be read as a database day ({type(exc).__name__}); refused"
+                    ) from None
+                frames.append(frame)
+        try:
+            return _prepare_month(pl.concat(tables["events"]), pl.concat(tables["news"]), offset)
+        except (OSError, pl.exceptions.PolarsError) as exc:
+            raise DatabaseFileError(
+                f"the day files of {month:%Y-%m} cannot be read as a database month ({type(exc).__name__}); refused"
+            ) from None
 
     def _gated_parts(self, cutoff: date) -> list[tuple[str, Callable[[], tuple[pl.DataFrame, pl.DataFrame]]]]:
         """(name, build) per part of the gated tables for ``cutoff``: each month before the cutoff

@@ -11,7 +11,15 @@ from pathlib import Path
 
 import polars as pl
 
-from pipeline.cli.common import CommandError, count_arg, month_arg, port_arg, release_name_arg, testbed_module
+from pipeline.cli.common import (
+    CommandError,
+    count_arg,
+    day_arg,
+    month_arg,
+    port_arg,
+    release_name_arg,
+    testbed_module,
+)
 from pipeline.config import Settings
 from pipeline.release.layout import ReleaseError
 from pipeline.storage import DataLayout
@@ -104,6 +112,12 @@ def cmd_download(args: argparse.Namespace) -> int:
     from pipeline.release.store_uri import open_store
 
     settings = Settings.from_env()
+    if args.live and (args.release != "latest" or args.only or args.dest or args.fsync):
+        raise CommandError(
+            "--live downloads the live history: it takes --through and --out, not a release or its options"
+        )
+    if not args.live and (args.through or args.out):
+        raise CommandError("--through and --out go with --live (a release goes to --dest)")
     try:
         store = open_store(
             settings.dataset,
@@ -112,8 +126,15 @@ def cmd_download(args: argparse.Namespace) -> int:
             uri=args.source,
             signed=args.signed or settings.release.signed_download,
         )
+        if args.live:
+            return _download_live(store, args)
         result = download_release(
-            store, args.release, args.dest, only=args.only, workers=settings.release.concurrency, durable=args.fsync
+            store,
+            args.release,
+            args.dest or Path("mirai-releases"),
+            only=args.only,
+            workers=settings.release.concurrency,
+            durable=args.fsync,
         )
     except ChecksumMismatch as exc:
         print(f"checksum mismatch: {exc}", file=sys.stderr)
@@ -128,10 +149,26 @@ def cmd_download(args: argparse.Namespace) -> int:
     return 0
 
 
+def _download_live(store, args: argparse.Namespace) -> int:
+    """`mirai download --live`: the published history days through --through into --out (docs/live.md,
+    "The history a participant may use"); errors go to cmd_download's one-line report."""
+    from pipeline.live.participate import sync_history
+
+    out = args.out or Path("mirai-live")
+    result = sync_history(store, out, args.through)
+    synced = [*result.present, *result.downloaded]
+    span = f"{min(synced)}..{max(synced)}" if synced else "no day"
+    print(
+        f"live history {span} in {out / 'database'}: {len(result.downloaded)} days downloaded "
+        f"({result.bytes_downloaded:,} bytes, each file sha256-verified), {len(result.present)} already there"
+    )
+    return 0
+
+
 def add_download(sub, debug: argparse.ArgumentParser) -> None:
     p = sub.add_parser("download", parents=[debug], help="download and verify a published release")
     p.add_argument("release", nargs="?", default="latest", type=release_name_arg, help="latest (default) or YYYY-MM")
-    p.add_argument("--dest", type=Path, default=Path("mirai-releases"), help="files go to DEST/YYYY-MM/")
+    p.add_argument("--dest", type=Path, help="files go to DEST/YYYY-MM/ (default mirai-releases)")
     p.add_argument(
         "--only",
         choices=("split", "database", "mirai"),
@@ -146,6 +183,13 @@ def add_download(sub, debug: argparse.ArgumentParser) -> None:
         action="store_true",
         help="fsync every file before writing manifest.json (survives a power cut; slower on busy disks)",
     )
+    p.add_argument(
+        "--live",
+        action="store_true",
+        help="the live history instead: each published day's event database (once; then one new day a round)",
+    )
+    p.add_argument("--through", type=day_arg, help="with --live: the last day to download (default: every published)")
+    p.add_argument("--out", type=Path, help="with --live: files go to OUT/database/ (default mirai-live)")
     p.set_defaults(func=cmd_download)
 
 

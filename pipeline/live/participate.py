@@ -1,5 +1,6 @@
-"""A participant's side of the live rounds (docs/live.md, "Finding a round"): `mirai live list`
-and `mirai live questions D`. The store is read as untrusted input, as `mirai download` reads a
+"""A participant's side of the live rounds (docs/live.md, "Finding a round"): `mirai live list`,
+`mirai live questions D` and `mirai download --live` (the history, "The history a participant may
+use"). The store is read as untrusted input, as `mirai download` reads a
 release: live/index.json is checked entry by entry, a round's manifest against the sha256 the
 index publishes for it, and its questions.jsonl is fetched by the release download's own
 verified-file code (pipeline/release/download.py ``download_file``) against the manifest's
@@ -9,17 +10,23 @@ sha256. Whether a round is still open is judged as acceptance judges it, on the 
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
 from pipeline.evaluation.submission_status import has_status_shape
 from pipeline.evaluation.submissions import MAX_SUBMISSION_BYTES
+from pipeline.live.history import HISTORY_INDEX_FORMAT, check_history_manifest
 from pipeline.live.publication import INDEX_FORMAT, ROUND_FORMAT, store_deadline
 from pipeline.live.status import STATUS_FORMAT
-from pipeline.release.download import ChecksumMismatch, download_file
+from pipeline.release.download import ChecksumMismatch, download_file, refuse_links
 from pipeline.release.layout import (
+    LIVE_HISTORY_FILES,
+    LIVE_HISTORY_INDEX_KEY,
     LIVE_INDEX_KEY,
     LIVE_QUESTIONS,
     MANIFEST_NAME,
@@ -28,6 +35,7 @@ from pipeline.release.layout import (
     UnsafeRelease,
     is_day,
     is_submission_name,
+    live_history_key,
     live_round_key,
     live_status_key,
     load_json,
@@ -36,6 +44,7 @@ from pipeline.release.layout import (
 )
 from pipeline.release.publish import sha256_hex
 from pipeline.release.store import ReleaseStore
+from pipeline.storage import DataLayout, atomic_write_bytes
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
@@ -173,3 +182,115 @@ def read_status(store: ReleaseStore, name: str) -> dict:
     if not (has_status_shape(status, name, STATUS_FORMAT, ("accepted", "rejected")) and is_day(status.get("round"))):
         raise UnsafeRelease(f"{where} is not the {STATUS_FORMAT} status of {name!r}; refused")
     return status
+
+
+# --- the live history (docs/live.md, "The history a participant may use") -------------------
+
+
+@dataclass
+class HistorySync:
+    directory: Path
+    downloaded: list[str] = field(default_factory=list)  # days fetched now
+    present: list[str] = field(default_factory=list)  # days already there
+    bytes_downloaded: int = 0
+
+
+def read_history_index(store: ReleaseStore) -> dict[str, str]:
+    """{day: manifest sha256} of live/history/index.json, every entry checked (its keys are not
+    trusted: a day's files are read at the layout's keys for its day)."""
+    raw = store.get_bytes(LIVE_HISTORY_INDEX_KEY, limit=MAX_JSON_BYTES)
+    if raw is None:
+        raise ReleaseError(f"no live history is published at {store.description} (no {LIVE_HISTORY_INDEX_KEY})")
+    where = f"{LIVE_HISTORY_INDEX_KEY} at {store.description}"
+    index = load_json(raw, where)
+    days = index.get("days") if isinstance(index, dict) and index.get("format") == HISTORY_INDEX_FORMAT else None
+    if not isinstance(days, list):
+        raise UnsafeRelease(f"{where} is not a {HISTORY_INDEX_FORMAT} index with a 'days' list; refused")
+    published: dict[str, str] = {}
+    for entry in days:
+        day = entry.get("day") if isinstance(entry, dict) else None
+        digest = entry.get("manifest_sha256") if isinstance(entry, dict) else None
+        if not is_day(day):
+            raise UnsafeRelease(f"{where} has an entry that is not a day YYYY-MM-DD: {shown(entry)}; refused")
+        if not (isinstance(digest, str) and _SHA256.fullmatch(digest)):
+            raise UnsafeRelease(f"{where}: day {day} has the manifest sha256 {shown(digest)}; refused")
+        if day in published:
+            raise UnsafeRelease(f"{where} lists day {day} twice; refused")
+        published[day] = digest
+    return published
+
+
+def history_paths(out: Path, day: str) -> dict[str, Path]:
+    """Where a synced day goes: its tables as EventDatabase reads them, and its manifest (written
+    last: its presence means the day was verified)."""
+    database = DataLayout(out).database_dir()
+    return {
+        **{name: database / name.removesuffix(".parquet") / f"day={day}.parquet" for name in LIVE_HISTORY_FILES},
+        MANIFEST_NAME: database / "manifests" / f"day={day}.json",
+    }
+
+
+def _present(paths: dict[str, Path], digest: str) -> bool:
+    """The day's manifest is the published one and its files have the manifest's sizes (a synced
+    day is not hashed again on every sync: its files were verified when they were written)."""
+    try:
+        raw = paths[MANIFEST_NAME].read_bytes()
+        files = json.loads(raw)["files"]
+        return sha256_hex(raw) == digest and all(
+            paths[n].stat().st_size == files[n]["bytes"] for n in LIVE_HISTORY_FILES
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def sync_history(
+    store: ReleaseStore, out: Path, through: date | None = None, *, bar: bool | None = None
+) -> HistorySync:
+    """Download every published history day ≤ ``through`` (all when None) not yet in ``out``.
+    Every manifest to fetch is checked against the index's sha256 and the layout before any file
+    is written; each day's files are fetched by the release download's verified-file code into
+    database/.staging/ and renamed into place only once both match their manifest, its manifest
+    written last. A refusal (UnsafeRelease, ChecksumMismatch) leaves no unverified file in place."""
+    published = read_history_index(store)
+    wanted = sorted(d for d in published if through is None or d <= through.isoformat())
+    result = HistorySync(directory=out)
+    todo: dict[str, tuple[bytes, dict]] = {}
+    for day in wanted:
+        if _present(history_paths(out, day), published[day]):
+            result.present.append(day)
+            continue
+        key = live_history_key(day, MANIFEST_NAME)
+        raw = store.get_bytes(key, limit=MAX_JSON_BYTES)
+        if raw is None:
+            raise ReleaseError(f"history day {day} is listed but {key} is not at {store.description}")
+        if sha256_hex(raw) != published[day]:
+            raise ChecksumMismatch(
+                f"{key} has sha256 {sha256_hex(raw)} but {LIVE_HISTORY_INDEX_KEY} publishes {published[day]}; "
+                "nothing was written"
+            )
+        todo[day] = (raw, check_history_manifest(raw, day, f"{key} at {store.description}"))
+    staging = DataLayout(out).database_dir() / ".staging"
+    targets = [p for day in todo for p in (*history_paths(out, day).values(), *_staged(staging, day).values())]
+    refuse_links(Path(out), targets)
+    try:
+        for day, (raw, manifest) in todo.items():
+            staged, paths = _staged(staging, day), history_paths(out, day)
+            for name in LIVE_HISTORY_FILES:
+                meta = manifest["files"][name]
+                result.bytes_downloaded += download_file(
+                    store, live_history_key(day, name), staged[name], meta, bar=bar
+                )
+            for name in LIVE_HISTORY_FILES:
+                paths[name].parent.mkdir(parents=True, exist_ok=True)
+                os.replace(staged[name], paths[name])
+            atomic_write_bytes(paths[MANIFEST_NAME], raw)
+            result.downloaded.append(day)
+    finally:
+        for directory in [*sorted((p for p in staging.glob("*") if p.is_dir()), reverse=True), staging]:
+            with contextlib.suppress(OSError):  # not empty: a .part an interrupted download resumes
+                directory.rmdir()
+    return result
+
+
+def _staged(staging: Path, day: str) -> dict[str, Path]:
+    return {name: staging / f"day={day}" / name for name in LIVE_HISTORY_FILES}

@@ -180,7 +180,7 @@ def baseline_metadata(day: date, method: str) -> bytes:
     ).encode()
 
 
-def _put_once(store: ReleaseStore, key: str, data: bytes, cache_control: str) -> str | None:
+def put_once(store: ReleaseStore, key: str, data: bytes, cache_control: str) -> str | None:
     """Write ``data`` at ``key`` unless there; None when the key holds ``data`` now, else why not."""
     if store.put_bytes(key, data, cache_control=cache_control, if_absent=True):
         return None
@@ -205,7 +205,7 @@ def submit_baselines(rnd: Round, dataset: DatasetSettings, store: ReleaseStore) 
     outcome = {}
     for method, data in predictions.items():
         name = baseline_name(rnd.day, method)
-        problem = _put_once(store, submission_key(name, "predictions.jsonl"), data, POINTER_CACHE) or _put_once(
+        problem = put_once(store, submission_key(name, "predictions.jsonl"), data, POINTER_CACHE) or put_once(
             store, submission_key(name, SUBMISSION_META), baseline_metadata(rnd.day, method), POINTER_CACHE
         )
         outcome[name] = problem or "submitted"
@@ -262,7 +262,7 @@ def publish_round(
                 f"round {day}: publication at {_iso(now)} is not before its deadline {_iso(due)}; a round is "
                 "published before any of its answers can happen, never after"
             )
-        problem = _put_once(store, live_round_key(day.isoformat(), LIVE_QUESTIONS), questions, IMMUTABLE_CACHE)
+        problem = put_once(store, live_round_key(day.isoformat(), LIVE_QUESTIONS), questions, IMMUTABLE_CACHE)
         if problem:
             raise ReleaseConflict(f"round {day}: {problem}; a published round is never rewritten")
         written = store.put_bytes(manifest_key, manifest_bytes(ours), cache_control=IMMUTABLE_CACHE, if_absent=True)

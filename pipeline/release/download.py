@@ -171,7 +171,7 @@ def download_release(
     month, raw_manifest, manifest = resolve_release(store, which)
     files = select_files(manifest, only)
     directory = path_inside(Path(dest), month)
-    _refuse_links(directory, [path_inside(directory, name) for name in files])
+    refuse_links(directory, [path_inside(directory, name) for name in files])
     result = DownloadResult(release=month, directory=directory)
     todo = {}
     for name, meta in sorted(files.items()):
@@ -236,7 +236,7 @@ def _part_path(target: Path) -> Path:
     return target.with_name(f".{target.name}.part")
 
 
-def _refuse_links(directory: Path, targets: list[Path]) -> None:
+def refuse_links(directory: Path, targets: list[Path]) -> None:
     """Refuse, before anything is written, a symbolic link (or anything but a directory or a
     regular file) wherever the download would write: dest/YYYY-MM, a directory under it, a
     file, its .part or manifest.json. The kernel follows a link anywhere in a path, so one there

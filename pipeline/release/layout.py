@@ -51,6 +51,11 @@ LIVE_ROUNDS_DIR = f"{LIVE_DIR}/rounds"
 LIVE_INDEX_KEY = f"{LIVE_DIR}/index.json"
 LIVE_LEADERBOARD_KEYS = {"json": f"{LIVE_DIR}/leaderboard.json", "html": f"{LIVE_DIR}/leaderboard.html"}
 LIVE_QUESTIONS = "questions.jsonl"
+# The event database a live participant may forecast from (pipeline/live/history.py, docs/live.md,
+# "The history a participant may use"): live/history/<YYYY-MM-DD>/ holds the day's events.parquet
+# and news.parquet, then manifest.json (written last, once); live/history/index.json lists the days.
+LIVE_HISTORY_DIR = f"{LIVE_DIR}/history"
+LIVE_HISTORY_INDEX_KEY = f"{LIVE_HISTORY_DIR}/index.json"
 # live/status/<name>.json: a live submission's public status (pipeline/live/status.py): live/ is
 # public-read, submissions/ is not (a submission's metadata holds its contact).
 LIVE_STATUS_DIR = f"{LIVE_DIR}/status"
@@ -129,6 +134,10 @@ _MONTH = re.compile(r"[0-9]{4}-(?:0[1-9]|1[0-2])")
 _DAY = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _DATABASE_FILE = re.compile(rf"database/(?:{'|'.join(DATABASE_TABLES)})/month=([0-9]{{4}}-[0-9]{{2}})\.parquet")
+
+
+# A live history day's tables, named as in a release's database/ (DATABASE_TABLES).
+LIVE_HISTORY_FILES = tuple(f"{table}.parquet" for table in DATABASE_TABLES)
 
 
 class ReleaseError(RuntimeError):
@@ -294,6 +303,10 @@ def live_round_key(day: str, name: str) -> str:
     return f"{LIVE_ROUNDS_DIR}/{day}/{name}"
 
 
+def live_history_key(day: str, name: str) -> str:
+    return f"{LIVE_HISTORY_DIR}/{day}/{name}"
+
+
 def live_status_key(name: str) -> str:
     return f"{LIVE_STATUS_DIR}/{name}.json"
 
@@ -330,8 +343,19 @@ def check_store_key(key: str) -> str:
     """``key`` when a release store may hold it: a pointer under releases/, releases/YYYY-MM/
     followed by the manifest's name or a name check_name allows, submissions/<name>/ followed by
     one of SUBMISSION_FILES, or a live round's key (live/index.json, live/leaderboard.*,
-    live/rounds/YYYY-MM-DD/ followed by a name live_name_problem allows, live/status/<name>.json)."""
-    if key in (INDEX_KEY, LATEST_KEY, *LEADERBOARD_KEYS.values(), LIVE_INDEX_KEY, *LIVE_LEADERBOARD_KEYS.values()):
+    live/rounds/YYYY-MM-DD/ followed by a name live_name_problem allows, live/status/<name>.json),
+    or the live history's (live/history/index.json, live/history/YYYY-MM-DD/ followed by
+    manifest.json or one of LIVE_HISTORY_FILES)."""
+    pointers = (INDEX_KEY, LATEST_KEY, *LEADERBOARD_KEYS.values(), LIVE_INDEX_KEY, *LIVE_LEADERBOARD_KEYS.values())
+    if key in (*pointers, LIVE_HISTORY_INDEX_KEY):
+        return key
+    if key.startswith(f"{LIVE_HISTORY_DIR}/"):
+        day, _, name = key.removeprefix(f"{LIVE_HISTORY_DIR}/").partition("/")
+        if not (is_day(day) and name in (MANIFEST_NAME, *LIVE_HISTORY_FILES)):
+            raise UnsafeRelease(
+                f"the store key {shown(key)} is not {LIVE_HISTORY_DIR}/YYYY-MM-DD/<file> with a file among "
+                f"{MANIFEST_NAME}, {', '.join(LIVE_HISTORY_FILES)}; refused"
+            )
         return key
     if key.startswith(f"{LIVE_ROUNDS_DIR}/"):
         day, _, name = key.removeprefix(f"{LIVE_ROUNDS_DIR}/").partition("/")

@@ -115,10 +115,11 @@ def day_events(day: date, dataset: DatasetSettings) -> pl.DataFrame:
     return events
 
 
-def build_database_month(month: date, dataset: DatasetSettings) -> DatabaseMonth:
-    """The month's event and news tables from its daily quads and articles (every day needed)."""
+def database_tables(days: list[date], span: str, dataset: DatasetSettings) -> tuple[pl.DataFrame, pl.DataFrame, dict]:
+    """(events, news, counts) of the event database over ``days`` from their daily quads and
+    articles (every day needed; ``span`` names the span in the refusal): the monthly database's
+    tables, and a live history day's (pipeline/live/history.py) with ``days`` one day."""
     layout = DataLayout(dataset.data_dir)
-    days = month_days(month)
     missing = [
         f"{d}: {what}"
         for d in days
@@ -126,7 +127,7 @@ def build_database_month(month: date, dataset: DatasetSettings) -> DatabaseMonth
         if not path.exists()
     ]
     if missing:
-        raise MonthNotReady(f"{month:%Y-%m}: {len(missing)} daily inputs missing, e.g. {missing[:5]}")
+        raise MonthNotReady(f"{span}: {len(missing)} daily inputs missing, e.g. {missing[:5]}")
     all_quads = pl.scan_parquet(verified(layout, *(layout.daily_quads_path(d) for d in days)))
     quads = all_quads.filter(pl.col("daily_mentions") >= dataset.article_min_mentions)
     articles = pl.scan_parquet(verified(layout, *(layout.articles_path(d) for d in days)))
@@ -160,6 +161,12 @@ def build_database_month(month: date, dataset: DatasetSettings) -> DatabaseMonth
         "articles_kept": int(stored.get_column("kept").sum()),
         "articles_kept_unlinked": int(stored.get_column("kept").sum()) - news.height,
     }
+    return events, news, counts
+
+
+def build_database_month(month: date, dataset: DatasetSettings) -> DatabaseMonth:
+    """The month's event and news tables from its daily quads and articles (every day needed)."""
+    events, news, counts = database_tables(month_days(month), f"{month:%Y-%m}", dataset)
     return DatabaseMonth(month=month.replace(day=1), events=events, news=news, counts=counts)
 
 
