@@ -28,6 +28,7 @@ from assets.evaluations import evaluation, leaderboard
 from assets.events import daily_quads, events
 from assets.ingest import gdelt_events, gdelt_files, gdelt_mentions
 from assets.live import live_round
+from assets.live_history import live_history
 from assets.live_resolution import live_leaderboard, live_resolution
 from assets.release import release
 from assets.resources import resources_for
@@ -246,6 +247,12 @@ def event_log(tmp_path_factory):
             [live_round],
             ROUND.isoformat(),
             {"ops": {"live_round": {"config": {"replay_at": f"{ROUND}T02:00:00+00:00"}}}},
+        )
+        # The history participants may use: the window's last day, published the day after it.
+        run(
+            [live_history],
+            WINDOW[-1].isoformat(),
+            {"ops": {"live_history": {"config": {"replay_at": f"{ROUND}T02:30:00+00:00"}}}},
         )
         questions = pl.read_parquet(data / "live" / str(ROUND) / "questions.parquet").get_column("query_id")
         for i, payload in enumerate(PAYLOADS):
