@@ -14,12 +14,15 @@ import pytest
 import requests
 
 from assets.database import event_database
+from assets.ingest import gdelt_files
 from assets.resources import resources_for
 from assets.splits import test_split as split_asset
 from quality.split_checks import split_leakage_audit
 from testbed.dagster_services import graphql, running_daemon, running_webserver
+from testbed.serve import MirrorServer
 
 from .chromium import headless_chromium, needs_chromium
+from .conftest import MIRROR_DAY
 from .month_builder import write_month
 from .settings_builder import make_settings
 from .test_splits import QUADS
@@ -46,8 +49,9 @@ pytestmark = needs_chromium
 
 
 @pytest.fixture(scope="module")
-def ui(tmp_path_factory):
-    """A materialised month on a persistent SQLite instance, with the webserver and the daemon."""
+def ui(tmp_path_factory, generated_day):
+    """A materialised month on a persistent SQLite instance, with the webserver and the daemon;
+    and a day of GDELT files from the generated mirror (its slot ledger's picture)."""
     root = tmp_path_factory.mktemp("ui")
     home, data = root / "dagster_home", root / "data"
     home.mkdir()
@@ -62,6 +66,14 @@ def ui(tmp_path_factory):
             resources=resources_for(make_settings(data_dir=str(data))),
         )
         assert result.success
+        with MirrorServer(generated_day) as mirror:
+            day = dg.materialize(
+                [gdelt_files],
+                partition_key=MIRROR_DAY.isoformat(),
+                instance=instance,
+                resources=resources_for(make_settings(data_dir=str(data), gdelt_base_url=mirror.base_url)),
+            )
+        assert day.success
     env = {**os.environ, "DAGSTER_HOME": str(home), "MIRAI_DATA_DIR": str(data)}
     with running_webserver(env) as url, running_daemon(env) as daemon:
         yield {"url": url, "root": root, "daemon": daemon}
@@ -188,10 +200,16 @@ def test_asset_graph_renders_every_group_and_a_group_opens_on_click(ui, browser)
     assert pixels.shape[:2] == (height, width) and width >= 1500 and height >= 800
     # A blank or error page is (nearly) one colour; the graph page has text, boxes and edges.
     assert pixels[..., :3].std() > 0.05
-    catalog = _open_and_wait_for(
-        browser, f"{ui['url']}/assets", ["gdelt_files", "daily_quads", "test_split", "leaderboard"]
-    )
-    assert all(name in catalog for name in EVERY_ASSET)
+    # The catalog renders only the rows in view: a window tall enough to hold every asset's row.
+    size = browser.get_window_size()
+    browser.set_window_size(size["width"], 4000)
+    try:
+        catalog = _open_and_wait_for(
+            browser, f"{ui['url']}/assets", ["gdelt_files", "daily_quads", "test_split", "leaderboard"]
+        )
+    finally:
+        browser.set_window_size(size["width"], size["height"])
+    assert [name for name in sorted(EVERY_ASSET) if name not in catalog] == []
 
 
 def test_asset_page_shows_the_latest_materialisation_its_figure_and_its_check(ui, browser):
@@ -228,3 +246,41 @@ def test_asset_page_shows_the_latest_materialisation_its_figure_and_its_check(ui
     browser.find_element(By.XPATH, "//*[normalize-space(text())='split_leakage_audit']").click()
     checks = _wait_for(browser, ["This is a blocking asset check.", "Evaluation result\nPassed"])
     assert "Evaluation result\nPassed" in checks and "violations 0" in checks and "query dates audited 2" in checks
+
+
+def _shown_png(browser, label: str):
+    """Open the Markdown metadata row ``label`` of the asset page and wait for its inline PNG."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    row = browser.find_element(By.XPATH, f"//tr[.//*[normalize-space(text())='{label}']]")
+    row.find_element(By.XPATH, ".//*[contains(text(), 'Show Markdown')]").click()
+    return WebDriverWait(browser, RENDER_TIMEOUT_S).until(
+        lambda d: next(
+            (
+                img
+                for img in d.find_elements(By.TAG_NAME, "img")
+                if (img.get_attribute("src") or "").startswith("data:image/png;base64,")
+                and img.get_property("naturalWidth")
+                and img.is_displayed()
+            ),
+            None,
+        )
+    )
+
+
+@pytest.mark.parametrize(
+    ("asset", "partition", "label", "width"),
+    [
+        ("gdelt_files", MIRROR_DAY.isoformat(), "ledger_month", 1200),
+        ("test_split", "2024-02-01", "queries_by_month.png", 1200),
+    ],
+)
+def test_the_pictures_open_from_the_asset_page(ui, browser, asset, partition, label, width):
+    """The operator's pictures (the month's slot ledger, the split's months) render in the UI from
+    the materialisation's metadata, at their drawn size; photographed for a look."""
+    _open_and_wait_for(browser, f"{ui['url']}/assets/{asset}", ["Latest materialization", partition, label])
+    picture = _shown_png(browser, label)
+    assert picture.get_property("naturalWidth") == width
+    _wait_until_still(browser)
+    browser.save_screenshot(str(ui["root"] / f"{label.removesuffix('.png')}_in_ui.png"))
