@@ -22,6 +22,7 @@ from pipeline.storage import DataLayout
 ROOT = Path(__file__).resolve().parent.parent
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 NOV, DEC, JAN, FEB = date(2023, 11, 1), date(2023, 12, 1), date(2024, 1, 1), date(2024, 2, 1)
+NO_DATA = DataLayout(ROOT / "tests" / "no-such-data-dir")  # a data directory without ledgers or articles
 SECTIONS = (
     "## Motivation",
     "## Composition",
@@ -215,12 +216,13 @@ def test_months_composition_refuses_a_later_split(months, january):
 
 def test_months_figure_is_a_png_of_every_month(months, january, tmp_path):
     earlier = earlier_splits(months, JAN)
-    path = render_figures(january, tmp_path / "a", JAN, earlier)["queries_by_month.png"]
+    path = render_figures(january, tmp_path / "a", JAN, earlier, NO_DATA)["queries_by_month.png"]
     image = matplotlib.image.imread(path)
     assert image.shape[:2] == (800, 1200)  # 12 x 8 inches at 100 dpi
     assert len(np.unique(image.reshape(-1, image.shape[-1]), axis=0)) > 10  # drawn, not one colour
     assert (
-        path.read_bytes() == render_figures(january, tmp_path / "b", JAN, earlier)["queries_by_month.png"].read_bytes()
+        path.read_bytes()
+        == render_figures(january, tmp_path / "b", JAN, earlier, NO_DATA)["queries_by_month.png"].read_bytes()
     )
     figure = card_figures._months_figure(card_figures.months_composition(january, JAN, earlier))
     top, bottom = figure.axes[:2]
@@ -235,8 +237,14 @@ def test_months_figure_is_a_png_of_every_month(months, january, tmp_path):
 
 
 def test_figures_are_valid_pngs(queries, tmp_path):
-    figures = render_figures(queries, tmp_path, JAN, {})
-    assert set(figures) == {"relation_distribution.png", "country_pairs.png", "queries_by_month.png"}
+    figures = render_figures(queries, tmp_path, JAN, {}, NO_DATA)
+    assert set(figures) == {
+        "relation_distribution.png",
+        "country_pairs.png",
+        "queries_by_month.png",
+        "slot_ledger.png",
+        "obelics_funnel.png",
+    }
     for name, path in figures.items():
         assert path == tmp_path / name
         data = path.read_bytes()
@@ -247,24 +255,24 @@ def test_figures_are_valid_pngs(queries, tmp_path):
 
 
 def test_figures_are_byte_identical_across_renders(queries, tmp_path):
-    first = render_figures(queries, tmp_path / "a", JAN, {})
-    second = render_figures(queries, tmp_path / "b", JAN, {})
+    first = render_figures(queries, tmp_path / "a", JAN, {}, NO_DATA)
+    second = render_figures(queries, tmp_path / "b", JAN, {}, NO_DATA)
     for name in first:
         assert first[name].read_bytes() == second[name].read_bytes()
         assert b"Matplotlib" not in first[name].read_bytes()  # no version string in the metadata
 
 
 def test_figures_ignore_the_callers_rc_settings(queries, tmp_path):
-    plain = render_figures(queries, tmp_path / "plain", JAN, {})
+    plain = render_figures(queries, tmp_path / "plain", JAN, {}, NO_DATA)
     with matplotlib.rc_context({"font.size": 20, "lines.linewidth": 5, "savefig.dpi": 40, "axes.facecolor": "red"}):
-        styled = render_figures(queries, tmp_path / "styled", JAN, {})
+        styled = render_figures(queries, tmp_path / "styled", JAN, {}, NO_DATA)
     for name in plain:
         assert plain[name].read_bytes() == styled[name].read_bytes()
 
 
 def test_empty_input_renders_no_queries(queries, tmp_path):
     empty = queries.clear()
-    figures = render_figures(empty, tmp_path, JAN, {})
+    figures = render_figures(empty, tmp_path, JAN, {}, NO_DATA)
     for path in figures.values():
         assert path.read_bytes().startswith(PNG_SIGNATURE)
         matplotlib.image.imread(path)
@@ -275,7 +283,7 @@ def test_empty_input_renders_no_queries(queries, tmp_path):
 
 
 def test_one_query_renders(queries, tmp_path):
-    figures = render_figures(queries.head(1), tmp_path, JAN, {})
+    figures = render_figures(queries.head(1), tmp_path, JAN, {}, NO_DATA)
     assert all(p.read_bytes().startswith(PNG_SIGNATURE) for p in figures.values())
 
 
@@ -283,7 +291,7 @@ def test_one_query_renders(queries, tmp_path):
 
 
 def test_card_front_matter(manifest, queries, tmp_path):
-    text = dataset_card(manifest, queries, queries.head(3), render_figures(queries, tmp_path, JAN, {}))
+    text = dataset_card(manifest, queries, queries.head(3), render_figures(queries, tmp_path, JAN, {}, NO_DATA))
     meta = front_matter(text)
     assert meta["pretty_name"].startswith("MIRAI test split 2024-01")
     assert meta["license"] == "other" and "gdeltproject.org" in meta["license_link"]
@@ -312,7 +320,7 @@ def test_front_matter_keeps_a_generated_description_that_looks_like_yaml(queries
 
 
 def test_card_sections_and_manifest_values(manifest, queries, tmp_path):
-    text = dataset_card(manifest, queries, queries.head(3), render_figures(queries, tmp_path, JAN, {}))
+    text = dataset_card(manifest, queries, queries.head(3), render_figures(queries, tmp_path, JAN, {}, NO_DATA))
     for section in SECTIONS:
         assert f"\n{section}\n" in text
     assert "alice" in text and "GDELT outage 2024-01-17, slots confirmed lost" in text
@@ -366,13 +374,13 @@ def test_card_without_optional_keys(queries):
 def test_card_for_an_empty_month(manifest, queries, tmp_path):
     empty = queries.clear()
     manifest["counts"].update(queries=0, sample=0)
-    text = dataset_card(manifest, empty, empty, render_figures(empty, tmp_path, JAN, {}))
+    text = dataset_card(manifest, empty, empty, render_figures(empty, tmp_path, JAN, {}, NO_DATA))
     assert "| queries | 0 | 0 |" in text
     assert front_matter(text)["size_categories"] == ["n<1K"]
 
 
 def test_card_is_deterministic(manifest, queries, tmp_path):
-    figures = render_figures(queries, tmp_path, JAN, {})
+    figures = render_figures(queries, tmp_path, JAN, {}, NO_DATA)
     assert dataset_card(manifest, queries, queries.head(3), figures) == dataset_card(
         manifest, queries, queries.head(3), figures
     )

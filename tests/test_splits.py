@@ -10,10 +10,15 @@ from datetime import UTC, date, datetime
 
 import polars as pl
 import pytest
+from matplotlib.image import imread
 
+from pipeline.articles.funnel import funnel_png
 from pipeline.articles.urls import url_md5
 from pipeline.config import Settings
+from pipeline.gdelt.ledger import write_ledger
+from pipeline.gdelt.ledger_figure import month_heatmap_png, month_slot_states, read_month_ledgers, state_counts
 from pipeline.reference import RELATION_DESCRIPTION_VERSION
+from pipeline.splits.card_figures import month_articles, month_funnel
 from pipeline.splits.database import (
     EVENT_DB_SCHEMA,
     NEWS_DB_SCHEMA,
@@ -33,6 +38,7 @@ from pipeline.storage import DamagedFile, DataLayout, seal_problem
 
 from .month_builder import Quad, write_month
 from .settings_builder import make_settings
+from .test_pictures_ops import ledger
 
 FEB = date(2024, 2, 1)
 D1, D2 = date(2024, 2, 3), date(2024, 2, 29)
@@ -181,6 +187,61 @@ def test_split_files_manifest_and_determinism(month_settings):
     again = build_split(FEB, month_settings.dataset, month_settings.gdelt, now=AFTER_GRACE)
     assert {p.relative_to(again.directory): p.read_bytes() for p in again.directory.rglob("*") if p.is_file()} == first
     assert not [p for p in split.directory.parent.iterdir() if p.name.startswith(".")]  # no staging left
+
+
+def test_the_split_carries_the_months_slot_ledger_and_obelics_funnel(month_settings):
+    """slot_ledger.png draws the month's stored ledgers (Feb 3 hand-written with a GDELT gap and a
+    quarantined file) and obelics_funnel.png the month's articles tables; the card links both. With
+    every ledger and articles file gone the split still builds, and the pictures say so."""
+    layout = DataLayout(month_settings.dataset.data_dir)
+    # Feb 3's six short pages failed the mirai profile's first filter, as build_articles names it.
+    articles = pl.read_parquet(layout.articles_path(D1))
+    articles.with_columns(pl.col("failing_filter").replace("doc_word_count", "words")).write_parquet(
+        layout.articles_path(D1)
+    )
+    build_event_database(FEB, month_settings.dataset, month_settings.articles)
+    write_ledger(layout, D1, ledger(D1, {(5, "export"): "missing", (6, "mentions"): "quarantined"}))
+    override = Override(by="maintainer", reason="a quarantined file", at=AFTER_GRACE)
+    split = build_split(FEB, month_settings.dataset, month_settings.gdelt, now=AFTER_GRACE, override=override)
+
+    card = (split.directory / "README.md").read_text()
+    assert "](slot_ledger.png)\n\nHow completely the month's GDELT 15-minute files were collected" in card
+    assert "](obelics_funnel.png)\n\nHow many articles each OBELICS step dropped" in card
+    funnel, profile = month_funnel(month_articles(layout, FEB))
+    # 53 stored pages of quads at >= 50 mentions (the failed fetches have no row), 6 of them too short.
+    assert profile == "mirai"
+    assert funnel.filter(pl.col("stage").is_in(["selected", "stored", "extracted"]))["documents"].to_list() == [53] * 3
+    assert funnel.filter(stage="words")["dropped"].item() == 6
+    assert funnel.filter(stage="kept")["documents"].item() == 47
+    assert (
+        split.manifest["files"]["obelics_funnel.png"]["sha256"]
+        == hashlib.sha256(funnel_png(funnel, profile)).hexdigest()
+    )
+    states = month_slot_states(read_month_ledgers(layout, date(2024, 2, 29)), date(2024, 2, 29))
+    assert {k: n for k, n in state_counts(states).items() if n} == {
+        "landed": 29 * 96 - 2,
+        "missing": 1,
+        "quarantined": 1,
+    }
+    assert split.manifest["files"]["slot_ledger.png"]["sha256"] == hashlib.sha256(month_heatmap_png(states)).hexdigest()
+    for name, (width, height) in {
+        "slot_ledger.png": (1200, 700),
+        "obelics_funnel.png": (1000, 140 + 40 * funnel.height),
+    }.items():
+        path = split.directory / name
+        assert imread(path).shape[:2] == (height, width)
+        assert split.manifest["files"][name]["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+
+    for path in [*(layout.root / "ledger" / "slots").iterdir(), *(layout.root / "articles").iterdir()]:
+        path.unlink()
+    bare = build_split(FEB, month_settings.dataset, month_settings.gdelt, now=AFTER_GRACE, override=override)
+    assert month_funnel(month_articles(layout, FEB))[0]["documents"].to_list() == [0] * funnel.height
+    nothing = month_slot_states(read_month_ledgers(layout, date(2024, 2, 29)), date(2024, 2, 29))
+    assert bare.manifest["files"]["slot_ledger.png"]["sha256"] == hashlib.sha256(month_heatmap_png(nothing)).hexdigest()
+    assert state_counts(nothing)["no ledger"] == 29 * 96
+    for name in ("slot_ledger.png", "obelics_funnel.png"):
+        imread(bare.directory / name)
+        assert bare.manifest["files"][name]["sha256"] != split.manifest["files"][name]["sha256"]
 
 
 def test_the_months_figure_reads_earlier_splits_and_never_a_later_one(month_settings):

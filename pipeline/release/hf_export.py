@@ -27,14 +27,12 @@ from pathlib import Path
 import yaml
 
 from pipeline.release.layout import (
+    CARD_FIGURES,
     CARD_NAME,
     DATABASE_SPLIT,
     DATABASE_TABLES,
     MANIFEST_NAME,
     MAX_JSON_BYTES,
-    MONTHS_FIGURE,
-    PAIRS_FIGURE,
-    RELATION_FIGURE,
     SPLIT_FILES,
     ReleaseError,
     check_inside,
@@ -49,7 +47,7 @@ from pipeline.storage import staged_directory
 EXPORT_FORMAT = "mirai-hf-export-v1"
 EXPORT_MANIFEST = "export.json"
 # What a month contributes under splits/YYYY-MM/: the split, its card and figures, its manifest.
-MONTH_FILES = (*SPLIT_FILES, CARD_NAME, RELATION_FIGURE, PAIRS_FIGURE, MONTHS_FIGURE)
+MONTH_FILES = (*SPLIT_FILES, CARD_NAME, *CARD_FIGURES)
 # A line width PyYAML never reaches: each front matter string stays on one line.
 UNWRAPPED = 2**31 - 1
 

@@ -73,9 +73,14 @@ SPLIT_FILES = ("queries.parquet", "queries_sample.parquet")  # the split (pipeli
 RELATION_FIGURE = "relation_distribution.png"  # the card's figures (pipeline/splits/card.py)
 PAIRS_FIGURE = "country_pairs.png"
 MONTHS_FIGURE = "queries_by_month.png"  # every split through the month (pipeline/splits/card_figures.py)
+# The month's operator pictures, on the card too (pipeline/splits/card_figures.py): its GDELT slot
+# ledger (pipeline/gdelt/ledger_figure.py) and its OBELICS funnel (pipeline/articles/funnel.py).
+LEDGER_FIGURE = "slot_ledger.png"
+FUNNEL_FIGURE = "obelics_funnel.png"
 DATABASE_TABLES = ("events", "news")  # database/<table>/month=YYYY-MM.parquet, every month up to the release's
 CROISSANT_NAME = "croissant.json"  # the release's Croissant metadata (pipeline/release/croissant.py)
-TOP_LEVEL_FILES = frozenset({CARD_NAME, *SPLIT_FILES, RELATION_FIGURE, PAIRS_FIGURE, MONTHS_FIGURE, CROISSANT_NAME})
+CARD_FIGURES = (RELATION_FIGURE, PAIRS_FIGURE, MONTHS_FIGURE, LEDGER_FIGURE, FUNNEL_FIGURE)
+TOP_LEVEL_FILES = frozenset({CARD_NAME, *SPLIT_FILES, *CARD_FIGURES, CROISSANT_NAME})
 # Hugging Face's dataset configs of a release (the card's front matter, pipeline/splits/card.py;
 # https://huggingface.co/docs/hub/datasets-manual-configuration): the two query sets as the "test"
 # split, and each database table's months as one "database" split, so

@@ -1,8 +1,9 @@
-"""The dataset card of a monthly split: its README.md and the three figures it embeds.
+"""The dataset card of a monthly split: its README.md and the five figures it embeds.
 
 The card follows the Hugging Face dataset-card layout (YAML front matter, then Markdown) with the
 datasheet sections of Gebru et al. (2021), adapted from MIRAI's own datasheet (paper, Appendix J).
-Everything in it comes from the manifest and the query frames, never from the clock, so rebuilding
+Everything in it comes from the manifest and the query frames (the figures also from the month's
+stored slot ledgers and articles tables), never from the clock, so rebuilding
 a split rebuilds the same card and the same PNG bytes, and the release's checksums stay stable.
 
 This module assembles the card and writes its sections; the figures and their counts are
@@ -18,6 +19,8 @@ import polars as pl
 import yaml
 
 from pipeline.release.layout import (
+    FUNNEL_FIGURE,
+    LEDGER_FIGURE,
     MONTHS_FIGURE,
     PAIRS_FIGURE,
     RELATION_FIGURE,
@@ -384,15 +387,28 @@ FIGURE_CAPTIONS = {
     RELATION_FIGURE: "Queries whose answer includes each CAMEO level-1 relation, coloured by MIRAI quad class",
     PAIRS_FIGURE: "Queries by (subject, object) for the countries in most queries",
     MONTHS_FIGURE: "Queries per month of every split through this one, by MIRAI quad class and by the subject's region",
+    LEDGER_FIGURE: "The month's GDELT slot ledger: each day's 96 15-minute slots, by the worst status of their two files",
+    FUNNEL_FIGURE: "The month's OBELICS funnel: the stored articles left after each extraction and filter step",
 }
 # What a figure shows that its caption cannot say, printed under it: the months figure draws other
-# splits than this one.
+# splits than this one; the ledger and the funnel are the operators' pictures of how the month was collected.
 FIGURE_NOTES = {
     MONTHS_FIGURE: (
         "How this month's queries compare with the earlier months': the queries of every split up to this one "
         "(those built when this one was; no later month is read), stacked by the MIRAI quad classes of the "
         "answer (a query with relations in two classes counts in both) and by the subject's region "
         "(the number above a bar is the month's queries)."
+    ),
+    LEDGER_FIGURE: (
+        "How completely the month's GDELT 15-minute files were collected: one row per day, one cell per "
+        "15-minute slot, green where both the export and the mentions file landed (on time or late), other "
+        "colours for GDELT's gaps and for failed, corrupt or quarantined files, grey where no ledger was written."
+    ),
+    FUNNEL_FIGURE: (
+        "How many articles each OBELICS step dropped, summed over the month's daily articles tables: those "
+        'tables hold only the pages that were fetched and stored, so the funnel\'s first bar ("selected") '
+        "counts the stored pages, and the selected URLs whose fetch failed are counted only in the "
+        "Collection process table above."
     ),
 }
 

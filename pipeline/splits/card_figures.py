@@ -1,6 +1,8 @@
-"""The three figures of a split's dataset card and the counts they draw: answer relations by CAMEO
-level-1 code and MIRAI quad class, queries by (subject, object) for the busiest countries, and the
-queries of every split up to the month by quad class and by the subject's region.
+"""The figures of a split's dataset card and the counts they draw: answer relations by CAMEO
+level-1 code and MIRAI quad class, queries by (subject, object) for the busiest countries, the
+queries of every split up to the month by quad class and by the subject's region, and the month's
+two operator pictures (its GDELT slot ledger and its OBELICS funnel), read from the data directory
+and drawn by the functions the Dagster metadata shows them with.
 
 Out of card.py, which writes the card's text; the text also reads these counts (quad classes in
 Composition). Bare Agg figures and matplotlib's default style (pipeline/figures.py), so the same
@@ -21,10 +23,21 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
+from pipeline.articles.day import ARTICLES_SCHEMA
+from pipeline.articles.funnel import funnel_frame, funnel_png
+from pipeline.config import ArticleSettings
 from pipeline.figures import OKABE_ITO, new_figure, rendered_png
+from pipeline.gdelt.ledger_figure import month_heatmap_png, month_slot_states, read_month_ledgers
 from pipeline.reference.tables import relation_table
-from pipeline.release.layout import MONTHS_FIGURE, PAIRS_FIGURE, RELATION_FIGURE  # names a release may hold
-from pipeline.storage import atomic_write_bytes
+from pipeline.release.layout import (  # names a release may hold
+    FUNNEL_FIGURE,
+    LEDGER_FIGURE,
+    MONTHS_FIGURE,
+    PAIRS_FIGURE,
+    RELATION_FIGURE,
+)
+from pipeline.splits.database import month_days
+from pipeline.storage import DataLayout, atomic_write_bytes, verified
 
 TOP_COUNTRIES = 20
 # MIRAI's grouping of the 20 root codes (mirai_quad_class), not GDELT's QuadClass: the two differ
@@ -197,25 +210,76 @@ def _every_month(months: pl.DataFrame, groups: pl.DataFrame, counts: pl.DataFram
 # ---------------------------------------------------------------------------------------------
 
 
-def render_figures(queries: pl.DataFrame, out_dir: Path, month: date, earlier: Mapping[date, Path]) -> dict[str, Path]:
-    """Write relation_distribution.png, country_pairs.png and queries_by_month.png into out_dir;
-    {file name: path}. ``queries`` is ``month``'s split; ``earlier`` maps each earlier month with a
-    split to its queries.parquet (DataLayout.split_months), for the months figure.
+def render_figures(
+    queries: pl.DataFrame, out_dir: Path, month: date, earlier: Mapping[date, Path], data: DataLayout
+) -> dict[str, Path]:
+    """Write relation_distribution.png, country_pairs.png, queries_by_month.png, slot_ledger.png
+    and obelics_funnel.png into out_dir; {file name: path}. ``queries`` is ``month``'s split;
+    ``earlier`` maps each earlier month with a split to its queries.parquet
+    (DataLayout.split_months), for the months figure; ``data`` is the data directory the month's
+    slot ledgers and articles tables are read from.
 
     The same inputs give byte-identical files, so their sha256 in the manifest is reproducible.
     """
     out_dir = Path(out_dir)
-    composition = months_composition(queries, month.replace(day=1), earlier)
-    drawings = (
-        (RELATION_FIGURE, lambda: _relation_figure(queries)),
-        (PAIRS_FIGURE, lambda: _pairs_figure(queries)),
-        (MONTHS_FIGURE, lambda: _months_figure(composition)),
-    )
+    month = month.replace(day=1)
+    composition = months_composition(queries, month, earlier)
+    pictures = {
+        RELATION_FIGURE: lambda: rendered_png(lambda: _relation_figure(queries)),
+        PAIRS_FIGURE: lambda: rendered_png(lambda: _pairs_figure(queries)),
+        MONTHS_FIGURE: lambda: rendered_png(lambda: _months_figure(composition)),
+        LEDGER_FIGURE: lambda: month_ledger_png(data, month),
+        FUNNEL_FIGURE: lambda: month_funnel_png(data, month),
+    }
     paths = {}
-    for name, draw in drawings:
+    for name, png in pictures.items():
         paths[name] = out_dir / name
-        atomic_write_bytes(paths[name], rendered_png(draw))
+        atomic_write_bytes(paths[name], png())
     return paths
+
+
+def month_ledger_png(data: DataLayout, month: date) -> bytes:
+    """The slot ledger of the whole of ``month`` (days × 96 slots); a day without a ledger file
+    is drawn as "no ledger"."""
+    last = month_days(month)[-1]
+    return month_heatmap_png(month_slot_states(read_month_ledgers(data, last), last))
+
+
+def month_articles(data: DataLayout, month: date) -> pl.DataFrame:
+    """The month's articles tables (the columns the funnel counts, ``day`` and ``profile``) in
+    day order; a day without a table adds no rows. A stored table that changed after it was
+    written raises DamagedFile, as for the database built from the same tables."""
+    paths = [data.articles_path(d) for d in month_days(month) if data.articles_path(d).is_file()]
+    columns = ("day", "extraction_error", "kept", "failing_filter", "profile")
+    if not paths:
+        return ARTICLES_SCHEMA.to_frame().select(columns)
+    return (
+        pl.scan_parquet(verified(data, *paths))
+        .select(columns)
+        .collect()
+        .match_to_schema(pl.Schema({c: ARTICLES_SCHEMA[c] for c in columns}))
+    )
+
+
+def month_funnel(articles: pl.DataFrame) -> tuple[pl.DataFrame, str]:
+    """(funnel_frame, profile) of the month's articles tables summed over its days, for the
+    profile of the last day with articles (the default profile when there are none), over the days
+    filtered with it: one funnel's stages are one profile's filters.
+
+    The tables hold one row per stored page, not the selected URLs a fetch failed on (those are
+    only in the fetch ledger, which keeps no day), so the funnel starts at the stored pages: its
+    "selected" bar is the stored pages, and the card says so."""
+    if articles.is_empty():
+        profile = ArticleSettings.model_fields["article_profile"].default
+        return funnel_frame(0, articles, profile), profile
+    profile = articles.sort("day")["profile"][-1]
+    filtered = articles.filter(pl.col("profile") == profile)
+    return funnel_frame(filtered.height, filtered, profile), profile
+
+
+def month_funnel_png(data: DataLayout, month: date) -> bytes:
+    funnel, profile = month_funnel(month_articles(data, month))
+    return funnel_png(funnel, profile)
 
 
 def _no_queries(fig: Figure, title: str) -> Figure:

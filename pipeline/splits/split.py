@@ -395,7 +395,7 @@ def build_split(
         atomic_write_parquet(sample, staging / "queries_sample.parquet", metadata=split_meta)
         # The months figure reads the earlier months' splits, never a later one (DataLayout.split_months).
         earlier = {m: layout.split_dir(m) / "queries.parquet" for m in layout.split_months(before=month)}
-        figures = render_figures(queries, staging, month, earlier)
+        figures = render_figures(queries, staging, month, earlier, layout)
         files = {
             "queries.parquet": _file_entry(staging / "queries.parquet", queries.height),
             "queries_sample.parquet": _file_entry(staging / "queries_sample.parquet", sample.height),
