@@ -210,7 +210,8 @@ def test_the_split_carries_the_months_slot_ledger_and_obelics_funnel(month_setti
     funnel, profile = month_funnel(month_articles(layout, FEB))
     # 53 stored pages of quads at >= 50 mentions (the failed fetches have no row), 6 of them too short.
     assert profile == "mirai"
-    assert funnel.filter(pl.col("stage").is_in(["selected", "stored", "extracted"]))["documents"].to_list() == [53] * 3
+    # No "selected" bar: the stored tables cannot count the selected URLs a fetch failed on.
+    assert funnel["stage"][:2].to_list() == ["stored", "extracted"] and funnel["documents"][:2].to_list() == [53] * 2
     assert funnel.filter(stage="words")["dropped"].item() == 6
     assert funnel.filter(stage="kept")["documents"].item() == 47
     assert (

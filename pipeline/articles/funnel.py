@@ -64,6 +64,11 @@ def funnel_png(funnel: pl.DataFrame, profile: str) -> bytes:
     return rendered_png(lambda: _funnel_figure(funnel, profile))
 
 
+# What the funnel's first bar counts: a day's funnel starts at selection; a month's, drawn from the
+# stored tables alone, at the stored pages (pipeline/splits/card_figures.py month_funnel).
+_START_NOUN = {"selected": "selected articles", "stored": "stored pages"}
+
+
 def _label(stage: str) -> str:
     if stage == "stored":
         return "stored (fetched HTML)"
@@ -94,7 +99,7 @@ def _funnel_figure(funnel: pl.DataFrame, profile: str) -> Figure:
     ax.set_xlim(0, max(max(documents, default=0), 1) * 1.18)  # room for the labels; an empty day still draws
     ax.xaxis.get_major_locator().set_params(integer=True)
     ax.set_title(
-        f"OBELICS funnel, profile {profile}: {documents[-1]:,} of {documents[0]:,} selected articles kept",
+        f"OBELICS funnel, profile {profile}: {documents[-1]:,} of {documents[0]:,} {_START_NOUN[stages[0]]} kept",
         fontsize=12,
     )
     return fig

@@ -406,9 +406,8 @@ FIGURE_NOTES = {
     ),
     FUNNEL_FIGURE: (
         "How many articles each OBELICS step dropped, summed over the month's daily articles tables: those "
-        'tables hold only the pages that were fetched and stored, so the funnel\'s first bar ("selected") '
-        "counts the stored pages, and the selected URLs whose fetch failed are counted only in the "
-        "Collection process table above."
+        "tables hold only the pages that were fetched and stored, so the funnel starts at the stored pages; "
+        "the selected URLs whose fetch failed are counted only in the Collection process table above."
     ),
 }
 

@@ -267,14 +267,14 @@ def month_funnel(articles: pl.DataFrame) -> tuple[pl.DataFrame, str]:
     filtered with it: one funnel's stages are one profile's filters.
 
     The tables hold one row per stored page, not the selected URLs a fetch failed on (those are
-    only in the fetch ledger, which keeps no day), so the funnel starts at the stored pages: its
-    "selected" bar is the stored pages, and the card says so."""
+    only in the fetch ledger, which keeps no day), so the month's funnel starts at the stored pages:
+    it has no "selected" bar, and the card says so."""
     if articles.is_empty():
         profile = ArticleSettings.model_fields["article_profile"].default
-        return funnel_frame(0, articles, profile), profile
-    profile = articles.sort("day")["profile"][-1]
-    filtered = articles.filter(pl.col("profile") == profile)
-    return funnel_frame(filtered.height, filtered, profile), profile
+    else:
+        profile = articles.sort("day")["profile"][-1]
+        articles = articles.filter(pl.col("profile") == profile)
+    return funnel_frame(articles.height, articles, profile).filter(pl.col("stage") != "selected"), profile
 
 
 def month_funnel_png(data: DataLayout, month: date) -> bytes:
