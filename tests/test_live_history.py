@@ -286,9 +286,10 @@ def test_a_day_file_with_another_days_rows_is_refused(settings, store, tmp_path,
 def test_the_job_publishes_a_partition_and_the_schedule_asks_for_the_day_before(settings, tmp_path):
     resources = resources_for(live_settings(tmp_path / "data", release_uri=str(tmp_path / "bucket")))
     defs = dg.Definitions(assets=[live_history], jobs=[live_history_job], resources=resources)
-    job = defs.resolve_job_def("live_history_publication")
     replay = {"ops": {"live_history": {"config": {"replay_at": CLOCK.isoformat()}}}}
     with dg.instance_for_test() as instance:
+        # Resolved inside the block: resolving reads the current instance's definitions state.
+        job = defs.resolve_job_def("live_history_publication")
         result = job.execute_in_process(partition_key=SECOND.isoformat(), instance=instance, run_config=replay)
         assert result.success
         meta = result.asset_materializations_for_node("live_history")[0].metadata

@@ -579,8 +579,10 @@ def test_a_rejected_submission_fails_its_check_in_the_scoring_run_with_the_reaso
         jobs=[submission_job],
         resources=resources_for(make_settings(data_dir=str(data_dir), release_uri=str(store.root))),
     )
-    job = defs.resolve_job_def(submission_job.name)
     with dg.instance_for_test() as instance:
+        # Resolved inside the block: resolving reads the current instance's definitions state, and
+        # outside one it can find a closed instance that an earlier test of the worker left current.
+        job = defs.resolve_job_def(submission_job.name)
         instance.add_dynamic_partitions("submissions", ["good", "bad"])
         runs = {name: job.execute_in_process(instance=instance, partition_key=name) for name in ("good", "bad")}
         # A run's result reads its events from the instance: inside the block, while it is open.
