@@ -87,17 +87,24 @@ def _entry(entry: object, where: str) -> ListedRound:
     return ListedRound(day, deadline, targets, resolved, digest)
 
 
+def _index_list(store: ReleaseStore, key: str, format_name: str, field: str, absent: str) -> tuple[list, str]:
+    """The ``field`` list of the ``format_name`` index at ``key`` (bounded read), and where it was
+    read for messages; an index of another shape is refused in one line."""
+    raw = store.get_bytes(key, limit=MAX_JSON_BYTES)
+    if raw is None:
+        raise ReleaseError(f"{absent} is published at {store.description} (no {key})")
+    where = f"{key} at {store.description}"
+    index = load_json(raw, where)
+    entries = index.get(field) if isinstance(index, dict) and index.get("format") == format_name else None
+    if not isinstance(entries, list):
+        raise UnsafeRelease(f"{where} is not a {format_name} index with a '{field}' list; refused")
+    return entries, where
+
+
 def read_index(store: ReleaseStore) -> list[ListedRound]:
     """The published rounds, newest first, from live/index.json (its keys are not trusted: a
     round's files are read at the layout's keys for its day)."""
-    raw = store.get_bytes(LIVE_INDEX_KEY, limit=MAX_JSON_BYTES)
-    if raw is None:
-        raise ReleaseError(f"no live round is published at {store.description} (no {LIVE_INDEX_KEY})")
-    where = f"{LIVE_INDEX_KEY} at {store.description}"
-    index = load_json(raw, where)
-    rounds = index.get("rounds") if isinstance(index, dict) and index.get("format") == INDEX_FORMAT else None
-    if not isinstance(rounds, list):
-        raise UnsafeRelease(f"{where} is not a {INDEX_FORMAT} index with a 'rounds' list; refused")
+    rounds, where = _index_list(store, LIVE_INDEX_KEY, INDEX_FORMAT, "rounds", "no live round")
     listed = [_entry(entry, where) for entry in rounds]
     if len({r.day for r in listed}) != len(listed):
         raise UnsafeRelease(f"{where} lists a round twice; refused")
@@ -198,14 +205,7 @@ class HistorySync:
 def read_history_index(store: ReleaseStore) -> dict[str, str]:
     """{day: manifest sha256} of live/history/index.json, every entry checked (its keys are not
     trusted: a day's files are read at the layout's keys for its day)."""
-    raw = store.get_bytes(LIVE_HISTORY_INDEX_KEY, limit=MAX_JSON_BYTES)
-    if raw is None:
-        raise ReleaseError(f"no live history is published at {store.description} (no {LIVE_HISTORY_INDEX_KEY})")
-    where = f"{LIVE_HISTORY_INDEX_KEY} at {store.description}"
-    index = load_json(raw, where)
-    days = index.get("days") if isinstance(index, dict) and index.get("format") == HISTORY_INDEX_FORMAT else None
-    if not isinstance(days, list):
-        raise UnsafeRelease(f"{where} is not a {HISTORY_INDEX_FORMAT} index with a 'days' list; refused")
+    days, where = _index_list(store, LIVE_HISTORY_INDEX_KEY, HISTORY_INDEX_FORMAT, "days", "no live history")
     published: dict[str, str] = {}
     for entry in days:
         day = entry.get("day") if isinstance(entry, dict) else None
