@@ -3,9 +3,9 @@
 MIRAI matched unknown names with OpenAI embeddings. We stay offline and dependency-free:
 
 - countries: every name we know for an ISO code (pipeline/reference/country_names.csv: our country
-  table, pycountry's names, CLDR's English names), compared without case, accents
-  or punctuation, is scored against the query with difflib's ratio, boosted when one string
-  contains the other or they share words; the best score per code ranks the codes.
+  table, pycountry's names, CLDR's English names, countryinfo's common and native names), compared
+  without case, accents or punctuation, is scored against the query with difflib's ratio, boosted
+  when one string contains the other or they share words; the best score per code ranks the codes.
 - relations: BM25 (Okapi, as rank_bm25 computes it; see bm25.py) over each relation's "name: description"
   (the text MIRAI embedded), its parent's name, all analysed (lowercase, stemmed).
 
@@ -35,7 +35,9 @@ from pipeline.agent_api.types import (
 from pipeline.reference.tables import country_alternate_names, country_table, named_relations
 
 TOP_K = 5
-_NON_WORD = re.compile(r"[^a-z0-9]+")
+# Letters and digits of every script are kept: an ASCII-only pattern would turn a name in another
+# script ("Российская Федерация", "中华人民共和国") into "", which every query contains.
+_NON_WORD = re.compile(r"[\W_]+")
 
 
 def _normalise(name: str) -> str:
