@@ -31,6 +31,7 @@ from pipeline.agent_api.audit import leakage_violations
 from pipeline.agent_api.bm25 import mirai_tokens, okapi_scores
 from pipeline.agent_api.lockdown import SECCOMP_ARCHES, machine
 from pipeline.config import Settings
+from pipeline.reference import country_alternate_names
 from pipeline.splits.database import EVENT_DB_SCHEMA, NEWS_DB_SCHEMA
 from pipeline.storage import DamagedFile, DataLayout, atomic_write_parquet
 from testbed.database import generate_event_database
@@ -309,7 +310,34 @@ def test_country_lookup_knows_cldrS_english_names(env):
         found = env.map_country_name_to_iso(name)
         assert [(c.iso_code.code, c.name) for c in found] == [(iso, env.map_iso_to_country_name(iso))], name
     assert env.map_country_name_to_iso("Burma")[0].iso_code.code == "MMR"  # a word of CLDR's "Myanmar (Burma)"
-    assert env.map_country_name_to_iso("Turkey")[0].iso_code.code == "TUR"  # close to "Türkiye" without its accent
+
+
+def test_country_lookup_knows_countryinfos_common_names(env):
+    # The common English names CLDR's main names lack, and native names in any script, each give
+    # one code under its display name.
+    for name, iso in (
+        ("Turkey", "TUR"),
+        ("Ivory Coast", "CIV"),
+        ("UK", "GBR"),
+        ("uk", "GBR"),
+        ("Russia", "RUS"),
+        ("Holland", "NLD"),
+        ("Swaziland", "SWZ"),
+        ("Cape Verde", "CPV"),
+        ("East Timor", "TLS"),
+        ("Российская Федерация", "RUS"),
+        ("中华人民共和国", "CHN"),
+    ):
+        found = env.map_country_name_to_iso(name)
+        assert [(c.iso_code.code, c.name) for c in found] == [(iso, env.map_iso_to_country_name(iso))], name
+
+
+def test_every_dictionary_name_looks_up_its_own_code_only(env):
+    # Names are compared without case, accents or punctuation: two codes' names must stay apart
+    # after that too, else an exact look-up gives two answers.
+    for iso, names in country_alternate_names().items():
+        for name in names:
+            assert [c.iso_code.code for c in env.map_country_name_to_iso(name)] == [iso], (iso, name)
 
 
 def test_relation_lookup_and_hierarchy(env):

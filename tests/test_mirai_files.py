@@ -112,9 +112,13 @@ def test_the_export_holds_miraiS_files_columns_and_id_scheme(exported, data_dir)
     # The display name stays first; CLDR's English name (through babel) follows it.
     assert countries["RUS"][0] == "Russian Federation" and "Russia" in countries["RUS"]
     assert "Vatican City" in countries["VAT"] and "Myanmar (Burma)" in countries["MMR"]
+    assert (
+        "Turkey" in countries["TUR"] and "Ivory Coast" in countries["CIV"] and "UK" in countries["GBR"]
+    )  # countryinfo
     metadata = json.loads((exported / EXPORT_MANIFEST).read_text())
     assert metadata["country_names"] == COUNTRY_NAMES_VERSION
     assert metadata["country_name_sources"] == COUNTRY_NAME_SOURCES
+    assert set(metadata["country_name_sources"]) == {"pycountry", "babel", "cldr", "countryinfo"}
 
 
 def test_export_then_import_is_a_round_trip(exported, data_dir, tmp_path):

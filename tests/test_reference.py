@@ -33,6 +33,7 @@ from pipeline.reference.build import (
     build_country_table,
     build_region_table,
     cldr_english_names,
+    countryinfo_names,
     iso_names,
     name_sources,
     pycountry_names,
@@ -155,8 +156,11 @@ def test_reader_tolerates_lf_and_bad_bytes(tmp_path):
 
 
 def test_committed_country_names_csv_is_the_build_output():
-    # Built from the committed countries.csv and the installed pycountry and babel: no ../shared needed.
-    rebuilt = render_csv(build_country_name_table(country_table(), pycountry_names(), cldr_english_names()))
+    # Built from the committed countries.csv and the installed pycountry, babel and countryinfo: no
+    # ../shared needed.
+    rebuilt = render_csv(
+        build_country_name_table(country_table(), pycountry_names(), cldr_english_names(), countryinfo_names())
+    )
     assert rebuilt == COUNTRY_NAMES_CSV.read_text(encoding="utf-8"), (
         "country_names.csv is stale: rerun `python -m pipeline.reference.build` (see its docstring), "
         "review the diff, bump COUNTRY_NAMES_VERSION"
@@ -165,7 +169,7 @@ def test_committed_country_names_csv_is_the_build_output():
 
 def test_recorded_name_sources_are_the_installed_ones():
     assert COUNTRY_NAME_SOURCES == name_sources(), (
-        "country_names.csv was built with other pycountry/babel/CLDR versions: rerun "
+        "country_names.csv was built with other pycountry/babel/CLDR/countryinfo versions: rerun "
         "`python -m pipeline.reference.build`, which rewrites tables.COUNTRY_NAME_SOURCES"
     )
     text = Path(tables.__file__).read_text(encoding="utf-8")
@@ -175,7 +179,7 @@ def test_recorded_name_sources_are_the_installed_ones():
 def test_country_names_start_with_the_display_name_and_belong_to_one_code():
     table = country_name_table()
     assert table.columns == ["iso3", "name", "source"]
-    assert set(table.get_column("source")) == {"display", "cameo", "pycountry", "cldr"}
+    assert set(table.get_column("source")) == {"display", "cameo", "pycountry", "cldr", "countryinfo"}
     names = country_alternate_names()
     assert list(names) == sorted(iso3_codes())
     assert {iso: known[0] for iso, known in names.items()} == dict(country_names().iter_rows())
@@ -183,6 +187,22 @@ def test_country_names_start_with_the_display_name_and_belong_to_one_code():
     assert set(firsts.get_column("source")) == {"display"} and (table.get_column("source") == "display").sum() == 250
     assert table.get_column("name").is_unique().all()  # MIRAI's name->code map keeps one code per name
     assert "Russia" in names["RUS"] and "Gaza Strip" in names["PSE"]
+    # The common English names CLDR's main names lack come from countryinfo.
+    by_name = dict(table.select("name", "iso3").iter_rows())
+    for name, iso in (("Turkey", "TUR"), ("Ivory Coast", "CIV"), ("UK", "GBR"), ("Holland", "NLD")):
+        assert by_name[name] == iso and name in names[iso]
+    assert table.filter(pl.col("name") == "Turkey").get_column("source").item() == "countryinfo"
+
+
+def test_countryinfo_names_are_its_iso_records_without_codes_or_demonyms():
+    names = countryinfo_names()
+    assert {"Turkey", "Turkiye", "Republic of Turkey"} <= set(names["TUR"])
+    assert {"UK", "Great Britain"} <= set(names["GBR"]) and "Wales" not in names["GBR"]  # data_no_iso/ is left out
+    assert not {"TR", "TUR", "GB", "GBR"} & {*names["TUR"], *names["GBR"]}  # its own codes among its spellings
+    assert "Thai" not in names["THA"] and "Togolese" not in names["TGO"]  # demonyms
+    spellings = [name for known in names.values() for name in known]
+    assert all(name and name == name.strip() for name in spellings)  # Eritrea's "" and Peru's " República del Perú"
+    assert "República del Perú" in names["PER"]
 
 
 def test_a_shared_name_or_another_codes_display_name_is_left_out():
@@ -198,14 +218,17 @@ def test_a_shared_name_or_another_codes_display_name_is_left_out():
     )
     iso_sources = {"AAA": ["Alpha", "Republic of Alpha", "Shared"], "BBB": ["Beta", "Shared"], "CCC": ["Gamma"]}
     cldr = {"AAA": {"Beta", "Alfa", "Republic of Alpha"}, "BBB": {"B-Land"}}
-    rows = build_country_name_table(countries, iso_sources, cldr).rows()
+    countryinfo = {"AAA": ["Alfa", "Alpha Land", "Both"], "BBB": ["Bland", "Both"], "CCC": ["Gamma Land"]}
+    rows = build_country_name_table(countries, iso_sources, cldr, countryinfo).rows()
     assert rows == [
         ("AAA", "Alpha", "display"),
         ("AAA", "Old Alpha", "cameo"),
         ("AAA", "Republic of Alpha", "pycountry"),
         ("AAA", "Alfa", "cldr"),
+        ("AAA", "Alpha Land", "countryinfo"),
         ("BBB", "Beta", "display"),
         ("BBB", "B-Land", "cldr"),
+        ("BBB", "Bland", "countryinfo"),
     ]
 
 

@@ -1,5 +1,6 @@
 """Regenerate countries.csv from GDELT's CAMEO actor-country lookup, pycountry and the rules below,
-regions.csv from GeoNames, and country_names.csv from countries.csv, pycountry and CLDR (babel).
+regions.csv from GeoNames, and country_names.csv from countries.csv, pycountry, CLDR (babel) and
+countryinfo.
 
     python -m pipeline.reference.build --cameo ../shared/fixtures/reference/CAMEO.country.txt \
         --geonames ../shared/fixtures/reference/countryInfo.txt
@@ -7,7 +8,7 @@ regions.csv from GeoNames, and country_names.csv from countries.csv, pycountry a
 The committed CSV files are this script's output; tests/test_reference.py rebuilds them and fails
 on any difference, so a rule change (or a pycountry or babel release that renames a country) must be
 followed by a rerun and a bump of the table's version in tables.py. The run also rewrites
-tables.py's COUNTRY_NAME_SOURCES line with the versions of pycountry, babel and CLDR it used.
+tables.py's COUNTRY_NAME_SOURCES line with the versions of pycountry, babel, CLDR and countryinfo it used.
 
 Row rules of countries.csv, one row per code (sorted by code):
   identity  every current ISO 3166-1 alpha-3 code (pycountry) plus EXTRA_IDENTITY; iso3 = code
@@ -23,6 +24,7 @@ import argparse
 import json
 import re
 from importlib.metadata import version
+from importlib.resources import files
 from pathlib import Path
 
 import polars as pl
@@ -218,7 +220,8 @@ def cldr_english_names() -> dict[str, set[str]]:
     """ISO alpha-3 -> the names CLDR's region-neutral English locales (en, en_001 for the world,
     en_150 for Europe) give its territory. The country variants (en_CA, en_IN, ...) add only
     spellings pycountry mostly has ("Saint Lucia"). Babel keeps CLDR's main name of a territory,
-    not its alt="variant" and alt="short" forms ("Turkey", "Ivory Coast", "UK")."""
+    not its alt="variant" and alt="short" forms ("Turkey", "Ivory Coast", "UK"): countryinfo's
+    names bring those."""
     alpha3 = {entry.alpha_2: entry.alpha_3 for entry in pycountry.countries}
     names: dict[str, set[str]] = {}
     for ident in locale_identifiers():
@@ -232,15 +235,43 @@ def cldr_english_names() -> dict[str, set[str]]:
     return names
 
 
+def countryinfo_names() -> dict[str, list[str]]:
+    """ISO alpha-3 -> the countryinfo package's name of the country and its alternate spellings, in
+    the package's order: the common English names CLDR's main names lack ("Turkey", "Ivory Coast",
+    "UK", "Holland", "Swaziland") and native and official ones ("Österreich", "Republic of Korea").
+
+    Only the records of its data/ folder, the ISO countries (its loader treats them as the ISO
+    record); data_no_iso/ holds places without a code of their own, some tagged with their
+    country's (Wales -> GBR), and a part of a country is not a name of it. A spelling is trimmed
+    and left out when it is empty, an ISO 3166-1 code of any country (the package lists each
+    country's codes among its spellings: "TR", "TUR"), or the record's demonym ("Thai",
+    "Togolese"), a word for its people."""
+    codes = {str(getattr(c, a)) for c in pycountry.countries for a in ("alpha_2", "alpha_3", "numeric")}
+    names: dict[str, list[str]] = {}
+    # data/ also ships an index.js; the package's loader reads the *.json files.
+    records = [path for path in files("countryinfo").joinpath("data").iterdir() if path.name.endswith(".json")]
+    for path in sorted(records, key=lambda path: path.name):
+        record = json.loads(path.read_text(encoding="utf-8"))
+        alpha3 = (record.get("ISO") or {}).get("alpha3")
+        spellings = (s.strip() for s in [record.get("name") or "", *(record.get("altSpellings") or [])])
+        kept = [s for s in spellings if s and s not in codes and s != record.get("demonym")]
+        if alpha3:
+            names.setdefault(alpha3, []).extend(kept)
+    return names
+
+
 def build_country_name_table(
-    countries: pl.DataFrame, iso_sources: dict[str, list[str]], cldr: dict[str, set[str]]
+    countries: pl.DataFrame,
+    iso_sources: dict[str, list[str]],
+    cldr: dict[str, set[str]],
+    countryinfo: dict[str, list[str]],
 ) -> pl.DataFrame:
     """Every name of every ISO code of the countries table, by code (sorted): its display name
     (source display), then in this order CAMEO's spelling of an alias (cameo), pycountry's names
-    (pycountry) and CLDR's English names, sorted (cldr), each under the first source that gives
-    it. A name two codes share is dropped from both, and so is a name that is another code's
-    display name: MIRAI's name->code map keeps one code per name, and a look-up by name must give
-    one answer."""
+    (pycountry), CLDR's English names, sorted (cldr) and countryinfo's names (countryinfo), each
+    under the first source that gives it. A name two codes share is dropped from both, and so is
+    a name that is another code's display name: MIRAI's name->code map keeps one code per name,
+    and a look-up by name must give one answer."""
     display = dict(countries.filter(pl.col("status") == "identity").select("iso3", "name").iter_rows())
     candidates: dict[str, list[tuple[str, str]]] = {iso: [(display[iso], "display")] for iso in sorted(display)}
     for cameo_name, iso in countries.filter(pl.col("iso3").is_not_null()).select("name", "iso3").iter_rows():
@@ -251,6 +282,9 @@ def build_country_name_table(
     for iso, names in cldr.items():
         if iso in candidates:
             candidates[iso] += [(name, "cldr") for name in sorted(names)]
+    for iso, names in countryinfo.items():
+        if iso in candidates:
+            candidates[iso] += [(name, "countryinfo") for name in names]
     owners: dict[str, set[str]] = {}
     for iso, known in candidates.items():
         for name, _ in known:
@@ -269,7 +303,12 @@ def build_country_name_table(
 
 def name_sources() -> dict[str, str]:
     """The installed versions of country_names.csv's sources, as tables.COUNTRY_NAME_SOURCES records them."""
-    return {"pycountry": version("pycountry"), "babel": version("babel"), "cldr": get_cldr_version()}
+    return {
+        "pycountry": version("pycountry"),
+        "babel": version("babel"),
+        "cldr": get_cldr_version(),
+        "countryinfo": version("countryinfo"),
+    }
 
 
 _NAME_SOURCES_LINE = re.compile(r"^COUNTRY_NAME_SOURCES = .*$", re.MULTILINE)
@@ -312,7 +351,7 @@ def main(argv: list[str] | None = None) -> None:
     regions = build_region_table(table, read_geonames_continents(args.geonames))
     args.regions_out.write_text(render_csv(regions), encoding="utf-8", newline="")
     print(f"wrote {args.regions_out}: {regions.height} rows")
-    names = build_country_name_table(table, pycountry_names(), cldr_english_names())
+    names = build_country_name_table(table, pycountry_names(), cldr_english_names(), countryinfo_names())
     args.names_out.write_text(render_csv(names), encoding="utf-8", newline="")
     by_source = dict(names.group_by("source").len().sort("source").iter_rows())
     print(f"wrote {args.names_out}: {names.height} names of {names.get_column('iso3').n_unique()} codes {by_source}")

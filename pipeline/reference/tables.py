@@ -25,9 +25,9 @@ RELATION_TABLE_VERSION = "cameo-relations-v1"
 RELATION_DESCRIPTION_VERSION = "cameo-descriptions-v1"
 # Bump when country_names.csv changes (rerun build.py): the look-up (map_country_name_to_iso) and
 # MIRAI's dict_iso2alternames_GeoNames.json take their names from it.
-COUNTRY_NAMES_VERSION = "country-names-v1"
+COUNTRY_NAMES_VERSION = "country-names-v2"
 # The versions of the sources country_names.csv was built from; build.py rewrites this line.
-COUNTRY_NAME_SOURCES = {"pycountry": "26.2.16", "babel": "2.18.0", "cldr": "47"}
+COUNTRY_NAME_SOURCES = {"pycountry": "26.2.16", "babel": "2.18.0", "cldr": "47", "countryinfo": "1.0.1"}
 
 COUNTRIES_CSV = Path(__file__).with_name("countries.csv")
 RELATIONS_CSV = Path(__file__).with_name("cameo_relations.csv")
@@ -123,7 +123,7 @@ def country_names() -> pl.DataFrame:
 
 @cache
 def country_name_table() -> pl.DataFrame:
-    """Every name of every ISO code: iso3, name, source (display, cameo, pycountry or cldr). Each
+    """Every name of every ISO code: iso3, name, source (display, cameo, pycountry, cldr or countryinfo). Each
     code's display name comes first, then its alternate names; no name belongs to two codes."""
     return pl.read_csv(COUNTRY_NAMES_CSV, schema=dict.fromkeys(COUNTRY_NAME_COLUMNS, pl.String))
 
