@@ -10,15 +10,21 @@ import time
 from datetime import date
 
 import dagster as dg
+import polars as pl
 import pytest
 import requests
 
+from assets.articles import articles, fetch_ledger
 from assets.database import event_database
 from assets.ingest import gdelt_files
 from assets.resources import resources_for
 from assets.splits import test_split as split_asset
+from pipeline.events.quads import QUADS_SCHEMA
+from pipeline.storage import DataLayout, atomic_write_parquet
 from quality.split_checks import split_leakage_audit
 from testbed.dagster_services import graphql, running_daemon, running_webserver
+from testbed.generate import news_sites
+from testbed.news import NewsServer
 from testbed.serve import MirrorServer
 
 from .chromium import headless_chromium, needs_chromium
@@ -45,13 +51,22 @@ EVERY_ASSET = {
     "leaderboard",
 }
 
+# The articles day's quad: its URLs on the generated news sites (testbed/news.py site_page decides
+# each page by its URL): four whole English articles, a paywall teaser too short to extract, a
+# German article the language filter drops, and a page that is gone (404).
+ARTICLE_URLS = [
+    *(f"http://www.worldwire.example/world/2024/01/01/story-{i}" for i in (0, 1, 2, 3, 5, 42)),
+    "http://www.zeitung-heute.example/world/2024/01/01/story-0",
+]
+
 pytestmark = needs_chromium
 
 
 @pytest.fixture(scope="module")
 def ui(tmp_path_factory, generated_day):
     """A materialised month on a persistent SQLite instance, with the webserver and the daemon;
-    and a day of GDELT files from the generated mirror (its slot ledger's picture)."""
+    a day of GDELT files from the generated mirror (its slot ledger's picture); and that day's
+    articles fetched from the generated news sites (its OBELICS funnel)."""
     root = tmp_path_factory.mktemp("ui")
     home, data = root / "dagster_home", root / "data"
     home.mkdir()
@@ -74,6 +89,29 @@ def ui(tmp_path_factory, generated_day):
                 resources=resources_for(make_settings(data_dir=str(data), gdelt_base_url=mirror.base_url)),
             )
         assert day.success
+        # The day's quads as daily_quads writes them: one quad over the mention threshold.
+        quad = {"date": MIRROR_DAY, "s": "USA", "r": "042", "o": "CHN", "r1": "04", "daily_mentions": 80}
+        quad |= {"n_events": 1, "urls": ARTICLE_URLS, "n_urls": len(ARTICLE_URLS), "web_mention_urls": 0}
+        atomic_write_parquet(pl.DataFrame([quad], schema=QUADS_SCHEMA), DataLayout(data).daily_quads_path(MIRROR_DAY))
+        with NewsServer(sites=news_sites()) as news:
+            fetched = dg.materialize(
+                [articles, fetch_ledger],
+                partition_key=MIRROR_DAY.isoformat(),
+                instance=instance,
+                resources=resources_for(
+                    make_settings(
+                        data_dir=str(data),
+                        fetch_allow_loopback=True,
+                        fetch_host_map=f"*.example=127.0.0.1:{news.port}",
+                        extract_workers=1,
+                    )
+                ),
+            )
+        assert fetched.success
+        # Fetched from the news server: the funnel draws four kept of seven selected.
+        [day_articles] = [m for m in fetched.asset_materializations_for_node("articles") if m.asset_key == articles.key]
+        counts = day_articles.metadata
+        assert (counts["selected"].value, counts["stored"].value, counts["kept"].value) == (7, 6, 4)
     env = {**os.environ, "DAGSTER_HOME": str(home), "MIRAI_DATA_DIR": str(data)}
     with running_webserver(env) as url, running_daemon(env) as daemon:
         yield {"url": url, "root": root, "daemon": daemon}
@@ -274,11 +312,13 @@ def _shown_png(browser, label: str):
     [
         ("gdelt_files", MIRROR_DAY.isoformat(), "ledger_month", 1200),
         ("test_split", "2024-02-01", "queries_by_month.png", 1200),
+        ("articles", MIRROR_DAY.isoformat(), "obelics_funnel", 1000),
     ],
 )
 def test_the_pictures_open_from_the_asset_page(ui, browser, asset, partition, label, width):
-    """The operator's pictures (the month's slot ledger, the split's months) render in the UI from
-    the materialisation's metadata, at their drawn size; photographed for a look."""
+    """The operator's pictures (the month's slot ledger, the split's months, the day's OBELICS
+    funnel) render in the UI from the materialisation's metadata, at their drawn size;
+    photographed for a look."""
     _open_and_wait_for(browser, f"{ui['url']}/assets/{asset}", ["Latest materialization", partition, label])
     picture = _shown_png(browser, label)
     assert picture.get_property("naturalWidth") == width
