@@ -5,6 +5,7 @@ what a maintainer would look for, then read from the DOM and photographed."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from datetime import date
@@ -377,3 +378,35 @@ def test_the_columns_of_a_parquet_asset_show_on_its_page(ui, browser):
     browser.execute_script("arguments[0].scrollIntoView({block: 'start'})", heading)
     _wait_until_still(browser)
     browser.save_screenshot(str(ui["root"] / "events_columns_in_ui.png"))
+
+
+def test_the_ledger_problems_show_as_a_table_on_the_asset_page(ui, browser):
+    """gdelt_files' ``problems`` (a table metadata value: the day's slots that are not green) is
+    rendered as an HTML table in the metadata, not as Markdown behind a button; photographed."""
+    from selenium.webdriver.common.by import By
+
+    query = """{ assetOrError(assetKey: {path: ["gdelt_files"]}) { ... on Asset {
+        assetMaterializations(limit: 1) { metadataEntries { label
+          ... on TableMetadataEntry { table { records schema { columns { name } } } } } } } } }"""
+    [materialisation] = graphql(ui["url"], query)["assetOrError"]["assetMaterializations"]
+    [problems] = [e["table"] for e in materialisation["metadataEntries"] if e["label"] == "problems"]
+    records = [json.loads(r) for r in problems["records"]]
+    # The generated day's feed outage: one slot missing from GDELT's index, both of its files.
+    assert [(r["kind"], r["status"]) for r in records] == [("export", "missing"), ("mentions", "missing")]
+
+    _open_and_wait_for(
+        browser,
+        f"{ui['url']}/assets/gdelt_files",
+        ["Latest materialization", "problems", "not listed in the GDELT index"],
+    )
+    entry = "//tr[.//*[normalize-space(text())='problems']]"
+    row = browser.find_element(By.XPATH, entry)
+    assert "Show Markdown" not in row.text
+    header, *cells = _table_rows(browser, f"{entry}//table")
+    assert header == [c["name"] for c in problems["schema"]["columns"]]
+    assert header == ["slot", "kind", "status", "attempts", "http_status", "last_error"]
+    shown = [["" if r[name] is None else str(r[name]) for name in header] for r in records]
+    assert cells == shown
+    browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", row)
+    _wait_until_still(browser)
+    browser.save_screenshot(str(ui["root"] / "ledger_problems_in_ui.png"))
