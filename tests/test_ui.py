@@ -360,10 +360,22 @@ def _table_rows(driver, xpath: str) -> list[list[str]]:
     )
 
 
+def _scroll_to(driver, xpath: str, block: str) -> str:
+    """Scroll the first element at ``xpath`` into view (``block``: start, center) and return its
+    visible text; found and used in one script, like _table_rows."""
+    return driver.execute_script(
+        """const element = document.evaluate(arguments[0], document, null,
+            XPathResult.FIRST_ORDERED_NODE_TYPE, null).singleNodeValue;
+        element.scrollIntoView({block: arguments[1]});
+        return element.innerText;""",
+        xpath,
+        block,
+    )
+
+
 def test_the_columns_of_a_parquet_asset_show_on_its_page(ui, browser):
     """The events asset's page lists its columns with their types (from its definition: the
     fixture never materialises events), as a table; photographed for a look."""
-    from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
     columns = [(c.name, c.type) for c in table_schema(EVENTS_SCHEMA).columns]
@@ -374,8 +386,7 @@ def test_the_columns_of_a_parquet_asset_show_on_its_page(ui, browser):
     header, *rows = _table_rows(browser, table)
     assert header == ["Column name", "Type", "Description"]
     assert [(name, kind) for name, kind, _ in rows] == columns
-    heading = browser.find_element(By.XPATH, "//span[normalize-space(text())='Columns']")
-    browser.execute_script("arguments[0].scrollIntoView({block: 'start'})", heading)
+    _scroll_to(browser, "//span[normalize-space(text())='Columns']", "start")
     _wait_until_still(browser)
     browser.save_screenshot(str(ui["root"] / "events_columns_in_ui.png"))
 
@@ -383,7 +394,6 @@ def test_the_columns_of_a_parquet_asset_show_on_its_page(ui, browser):
 def test_the_ledger_problems_show_as_a_table_on_the_asset_page(ui, browser):
     """gdelt_files' ``problems`` (a table metadata value: the day's slots that are not green) is
     rendered as an HTML table in the metadata, not as Markdown behind a button; photographed."""
-    from selenium.webdriver.common.by import By
 
     query = """{ assetOrError(assetKey: {path: ["gdelt_files"]}) { ... on Asset {
         assetMaterializations(limit: 1) { metadataEntries { label
@@ -400,13 +410,11 @@ def test_the_ledger_problems_show_as_a_table_on_the_asset_page(ui, browser):
         ["Latest materialization", "problems", "not listed in the GDELT index"],
     )
     entry = "//tr[.//*[normalize-space(text())='problems']]"
-    row = browser.find_element(By.XPATH, entry)
-    assert "Show Markdown" not in row.text
+    assert "Show Markdown" not in _scroll_to(browser, entry, "center")
     header, *cells = _table_rows(browser, f"{entry}//table")
     assert header == [c["name"] for c in problems["schema"]["columns"]]
     assert header == ["slot", "kind", "status", "attempts", "http_status", "last_error"]
     shown = [["" if r[name] is None else str(r[name]) for name in header] for r in records]
     assert cells == shown
-    browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", row)
     _wait_until_still(browser)
     browser.save_screenshot(str(ui["root"] / "ledger_problems_in_ui.png"))
