@@ -5,26 +5,36 @@ what a maintainer would look for, then read from the DOM and photographed."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from datetime import date
 
 import dagster as dg
+import polars as pl
 import pytest
 import requests
 
+from assets.articles import articles, fetch_ledger
 from assets.database import event_database
 from assets.ingest import gdelt_files
+from assets.metadata import COLUMN_SCHEMA, table_schema
 from assets.resources import resources_for
 from assets.splits import test_split as split_asset
+from pipeline.events.normalize import EVENTS_SCHEMA
+from pipeline.events.quads import QUADS_SCHEMA
+from pipeline.storage import DataLayout, atomic_write_parquet
 from quality.split_checks import split_leakage_audit
 from testbed.dagster_services import graphql, running_daemon, running_webserver
+from testbed.generate import news_sites
+from testbed.news import NewsServer
 from testbed.serve import MirrorServer
 
 from .chromium import headless_chromium, needs_chromium
 from .conftest import MIRROR_DAY
 from .month_builder import write_month
 from .settings_builder import make_settings
+from .test_column_schemas import SCHEMA_AT_MATERIALISATION, WRITTEN_WITH
 from .test_splits import QUADS
 
 # The UI renders after its GraphQL answers arrive; on a loaded 2-core CI machine that takes seconds.
@@ -45,13 +55,22 @@ EVERY_ASSET = {
     "leaderboard",
 }
 
+# The articles day's quad: its URLs on the generated news sites (testbed/news.py site_page decides
+# each page by its URL): four whole English articles, a paywall teaser too short to extract, a
+# German article the language filter drops, and a page that is gone (404).
+ARTICLE_URLS = [
+    *(f"http://www.worldwire.example/world/2024/01/01/story-{i}" for i in (0, 1, 2, 3, 5, 42)),
+    "http://www.zeitung-heute.example/world/2024/01/01/story-0",
+]
+
 pytestmark = needs_chromium
 
 
 @pytest.fixture(scope="module")
 def ui(tmp_path_factory, generated_day):
     """A materialised month on a persistent SQLite instance, with the webserver and the daemon;
-    and a day of GDELT files from the generated mirror (its slot ledger's picture)."""
+    a day of GDELT files from the generated mirror (its slot ledger's picture); and that day's
+    articles fetched from the generated news sites (its OBELICS funnel)."""
     root = tmp_path_factory.mktemp("ui")
     home, data = root / "dagster_home", root / "data"
     home.mkdir()
@@ -74,6 +93,29 @@ def ui(tmp_path_factory, generated_day):
                 resources=resources_for(make_settings(data_dir=str(data), gdelt_base_url=mirror.base_url)),
             )
         assert day.success
+        # The day's quads as daily_quads writes them: one quad over the mention threshold.
+        quad = {"date": MIRROR_DAY, "s": "USA", "r": "042", "o": "CHN", "r1": "04", "daily_mentions": 80}
+        quad |= {"n_events": 1, "urls": ARTICLE_URLS, "n_urls": len(ARTICLE_URLS), "web_mention_urls": 0}
+        atomic_write_parquet(pl.DataFrame([quad], schema=QUADS_SCHEMA), DataLayout(data).daily_quads_path(MIRROR_DAY))
+        with NewsServer(sites=news_sites()) as news:
+            fetched = dg.materialize(
+                [articles, fetch_ledger],
+                partition_key=MIRROR_DAY.isoformat(),
+                instance=instance,
+                resources=resources_for(
+                    make_settings(
+                        data_dir=str(data),
+                        fetch_allow_loopback=True,
+                        fetch_host_map=f"*.example=127.0.0.1:{news.port}",
+                        extract_workers=1,
+                    )
+                ),
+            )
+        assert fetched.success
+        # Fetched from the news server: the funnel draws four kept of seven selected.
+        [day_articles] = [m for m in fetched.asset_materializations_for_node("articles") if m.asset_key == articles.key]
+        counts = day_articles.metadata
+        assert (counts["selected"].value, counts["stored"].value, counts["kept"].value) == (7, 6, 4)
     env = {**os.environ, "DAGSTER_HOME": str(home), "MIRAI_DATA_DIR": str(data)}
     with running_webserver(env) as url, running_daemon(env) as daemon:
         yield {"url": url, "root": root, "daemon": daemon}
@@ -274,13 +316,105 @@ def _shown_png(browser, label: str):
     [
         ("gdelt_files", MIRROR_DAY.isoformat(), "ledger_month", 1200),
         ("test_split", "2024-02-01", "queries_by_month.png", 1200),
+        ("articles", MIRROR_DAY.isoformat(), "obelics_funnel", 1000),
     ],
 )
 def test_the_pictures_open_from_the_asset_page(ui, browser, asset, partition, label, width):
-    """The operator's pictures (the month's slot ledger, the split's months) render in the UI from
-    the materialisation's metadata, at their drawn size; photographed for a look."""
+    """The operator's pictures (the month's slot ledger, the split's months, the day's OBELICS
+    funnel) render in the UI from the materialisation's metadata, at their drawn size;
+    photographed for a look."""
     _open_and_wait_for(browser, f"{ui['url']}/assets/{asset}", ["Latest materialization", partition, label])
     picture = _shown_png(browser, label)
     assert picture.get_property("naturalWidth") == width
     _wait_until_still(browser)
     browser.save_screenshot(str(ui["root"] / f"{label.removesuffix('.png')}_in_ui.png"))
+
+
+def test_every_parquet_asset_is_served_with_its_columns(ui):
+    """The webserver serves each parquet asset's ``dagster/column_schema`` (the asset page's
+    Columns), column by column as the asset's code writes it."""
+    query = """{ assetNodes { assetKey { path } kinds metadataEntries { label
+        ... on TableSchemaMetadataEntry { schema { columns { name type } } } } } }"""
+    nodes = graphql(ui["url"], query)["assetNodes"]
+    parquet = {"/".join(n["assetKey"]["path"]) for n in nodes if "parquet" in n["kinds"]}
+    served = {
+        "/".join(n["assetKey"]["path"]): [(c["name"], c["type"]) for c in e["schema"]["columns"]]
+        for n in nodes
+        for e in n["metadataEntries"]
+        if e["label"] == COLUMN_SCHEMA
+    }
+    assert {"events", "daily_quads", "articles", "fetch_ledger", "test_split", "leaderboard"} <= parquet
+    assert sorted(parquet - SCHEMA_AT_MATERIALISATION - set(served)) == []
+    written = {key: [(c.name, c.type) for c in table_schema(WRITTEN_WITH[key]).columns] for key in served}
+    assert served == written
+
+
+def _table_rows(driver, xpath: str) -> list[list[str]]:
+    """The visible text of each cell of the first table at ``xpath``, row by row (the header
+    first); none while it is not there. Found and read in one script: React may replace it."""
+    return driver.execute_script(
+        """const table = document.evaluate(arguments[0], document, null,
+            XPathResult.FIRST_ORDERED_NODE_TYPE, null).singleNodeValue;
+        return table ? [...table.rows].map(r => [...r.cells].map(c => c.innerText.trim())) : [];""",
+        xpath,
+    )
+
+
+def _scroll_to(driver, xpath: str, block: str) -> str:
+    """Scroll the first element at ``xpath`` into view (``block``: start, center) and return its
+    visible text; found and used in one script, like _table_rows."""
+    return driver.execute_script(
+        """const element = document.evaluate(arguments[0], document, null,
+            XPathResult.FIRST_ORDERED_NODE_TYPE, null).singleNodeValue;
+        element.scrollIntoView({block: arguments[1]});
+        return element.innerText;""",
+        xpath,
+        block,
+    )
+
+
+def test_the_columns_of_a_parquet_asset_show_on_its_page(ui, browser):
+    """The events asset's page lists its columns with their types (from its definition: the
+    fixture never materialises events), as a table; photographed for a look."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    columns = [(c.name, c.type) for c in table_schema(EVENTS_SCHEMA).columns]
+    _open_and_wait_for(browser, f"{ui['url']}/assets/events", ["Columns", "Column name", columns[-1][0]])
+    table = "//table[.//td[normalize-space(text())='Column name']]"
+    # The rows render after the header: wait until every column has its row.
+    WebDriverWait(browser, RENDER_TIMEOUT_S).until(lambda d: len(_table_rows(d, table)) == 1 + len(columns))
+    header, *rows = _table_rows(browser, table)
+    assert header == ["Column name", "Type", "Description"]
+    assert [(name, kind) for name, kind, _ in rows] == columns
+    _scroll_to(browser, "//span[normalize-space(text())='Columns']", "start")
+    _wait_until_still(browser)
+    browser.save_screenshot(str(ui["root"] / "events_columns_in_ui.png"))
+
+
+def test_the_ledger_problems_show_as_a_table_on_the_asset_page(ui, browser):
+    """gdelt_files' ``problems`` (a table metadata value: the day's slots that are not green) is
+    rendered as an HTML table in the metadata, not as Markdown behind a button; photographed."""
+
+    query = """{ assetOrError(assetKey: {path: ["gdelt_files"]}) { ... on Asset {
+        assetMaterializations(limit: 1) { metadataEntries { label
+          ... on TableMetadataEntry { table { records schema { columns { name } } } } } } } } }"""
+    [materialisation] = graphql(ui["url"], query)["assetOrError"]["assetMaterializations"]
+    [problems] = [e["table"] for e in materialisation["metadataEntries"] if e["label"] == "problems"]
+    records = [json.loads(r) for r in problems["records"]]
+    # The generated day's feed outage: one slot missing from GDELT's index, both of its files.
+    assert [(r["kind"], r["status"]) for r in records] == [("export", "missing"), ("mentions", "missing")]
+
+    _open_and_wait_for(
+        browser,
+        f"{ui['url']}/assets/gdelt_files",
+        ["Latest materialization", "problems", "not listed in the GDELT index"],
+    )
+    entry = "//tr[.//*[normalize-space(text())='problems']]"
+    assert "Show Markdown" not in _scroll_to(browser, entry, "center")
+    header, *cells = _table_rows(browser, f"{entry}//table")
+    assert header == [c["name"] for c in problems["schema"]["columns"]]
+    assert header == ["slot", "kind", "status", "attempts", "http_status", "last_error"]
+    shown = [["" if r[name] is None else str(r[name]) for name in header] for r in records]
+    assert cells == shown
+    _wait_until_still(browser)
+    browser.save_screenshot(str(ui["root"] / "ledger_problems_in_ui.png"))
