@@ -29,6 +29,9 @@ class LiveHistoryConfig(dg.Config):
 
 @dg.asset(
     partitions_def=daily_partitions,
+    # A backfill (a new store's first history, a gap) is one run over its days, not a run a day:
+    # each day is a few small files, and Dagster's per-run start-up would be most of the time.
+    backfill_policy=dg.BackfillPolicy.single_run(),
     # The day's own daily files (the same partition): what the monthly database is built from.
     deps=[daily_quads, articles],
     group_name="live",
@@ -43,7 +46,8 @@ class LiveHistoryConfig(dg.Config):
     description="`live/history/<d>/` in MIRAI_RELEASE_URI: day d's event database (events.parquet, news.parquet: "
     "the monthly database's tables of that day, by its code) and manifest.json (written once, last); "
     "live/history/index.json. Only once d is over and its daily files are in; a re-run that builds the same "
-    "tables changes nothing, one that builds others is refused.",
+    "tables changes nothing, one that builds others is refused. A run over several days (a backfill) "
+    "publishes them oldest first and stops at the first it cannot publish.",
 )
 def live_history(
     context: dg.AssetExecutionContext,
@@ -54,32 +58,35 @@ def live_history(
     fetcher: ArticleFetcher,
     release_store: ReleaseBucket,
 ) -> dg.MaterializeResult:
-    day = date.fromisoformat(context.partition_key)
     settings = compose(dataset, network, gdelt, fetcher, release_store)
     now = replay_clock(config.replay_at)
-    try:
-        result = publish_history_day(
-            day,
-            settings.dataset,
-            settings.articles,
-            settings.gdelt,
-            open_store(settings.dataset, settings.network, settings.release),
-            now=now,
-        )
-    except (HistoryRefused, ReleaseConflict) as exc:  # a retry cannot help: the clock, the files or the store decide
-        raise dg.Failure(description=str(exc), allow_retries=False) from exc
-    except ReleaseError as exc:  # the store is unreachable
-        raise dg.Failure(description=str(exc)) from exc
-    files = result.manifest["files"]
+    store = open_store(settings.dataset, settings.network, settings.release)
+    results = []
+    # Oldest first: a day that cannot be published stops the run with the earlier ones in place.
+    for key in sorted(context.partition_keys):
+        day = date.fromisoformat(key)
+        try:
+            results.append(
+                publish_history_day(day, settings.dataset, settings.articles, settings.gdelt, store, now=now)
+            )
+        except (
+            HistoryRefused,
+            ReleaseConflict,
+        ) as exc:  # a retry cannot help: the clock, the files or the store decide
+            raise dg.Failure(description=str(exc), allow_retries=False) from exc
+        except ReleaseError as exc:  # the store is unreachable
+            raise dg.Failure(description=str(exc)) from exc
+    last = results[-1]
     return dg.MaterializeResult(
         metadata={
             **column_schema(EVENT_DB_SCHEMA),
             "news columns": dg.MetadataValue.table_schema(table_schema(NEWS_DB_SCHEMA)),
-            "dagster/row_count": result.rows["events"],
-            "news": result.rows["news"],
-            "bytes": sum(meta["bytes"] for meta in files.values()),
-            "manifest_key": live_history_key(day.isoformat(), MANIFEST_NAME),
-            "published_now": result.published_now,
-            "index_updated": result.index_written,
+            "dagster/row_count": sum(r.rows["events"] for r in results),
+            "news": sum(r.rows["news"] for r in results),
+            "days": len(results),
+            "bytes": sum(meta["bytes"] for r in results for meta in r.manifest["files"].values()),
+            "manifest_key": live_history_key(last.day.isoformat(), MANIFEST_NAME),
+            "published_now": sum(r.published_now for r in results),
+            "index_updated": any(r.index_written for r in results),
         }
     )

@@ -53,6 +53,9 @@ DEMO_TAGS = {"mirai/source": "demo"}  # every run the demo starts carries it
 # The live round's replay clock runs this long before its deadline: the baselines, uploaded at
 # publication, land well before it; the demo's late submission waits for it (docs/live.md, "Demo").
 LIVE_LEAD = timedelta(seconds=15)
+# The round the demo leaves open: its deadline falls this long after its manifest reaches the store,
+# time for a newcomer to sync its history, forecast and submit on time (docs/live.md, "Demo").
+OPEN_ROUND_LEAD = timedelta(hours=1)
 
 
 @dataclass(frozen=True)
@@ -258,18 +261,26 @@ class Runner:
     def done(self, asset: str) -> set[str]:
         return set(self.instance.get_materialized_partitions(self.dg.AssetKey(asset)))
 
-    def run(self, job: str, partition_key=None, ops: dict | None = None):
-        """One run of ``job``; ``ops``: the run config's "ops" part (e.g. live_round's replay clock)."""
+    def run(
+        self, job: str, partition_key=None, ops: dict | None = None, partition_range: tuple[str, str] | None = None
+    ):
+        """One run of ``job``; ``ops``: the run config's "ops" part (e.g. live_round's replay clock);
+        ``partition_range``: (first, last) partition keys, one run over all of them (as a backfill
+        of an asset with a single-run backfill policy)."""
+        tags = dict(DEMO_TAGS)
+        if partition_range:
+            tags["dagster/asset_partition_range_start"], tags["dagster/asset_partition_range_end"] = partition_range
         result = self.defs.resolve_job_def(job).execute_in_process(
             instance=self.instance,
             partition_key=partition_key,
             raise_on_error=False,
-            tags=DEMO_TAGS,
+            tags=tags,
             # The full event log is in the instance (the UI shows it); the terminal gets problems only.
             run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}} | ({"ops": ops} if ops else {}),
         )
         if not result.success:
-            raise RuntimeError(f"Dagster run {result.run_id} of {job} ({partition_key}) failed: see it in the UI")
+            keys = partition_key or (partition_range and " .. ".join(partition_range))
+            raise RuntimeError(f"Dagster run {result.run_id} of {job} ({keys}) failed: see it in the UI")
         return result
 
 
@@ -422,6 +433,12 @@ def live_round_day(plan: DemoPlan, settings: Settings) -> date:
     return plan.days[-1] - timedelta(days=max(settings.live.horizon_days))
 
 
+def open_round_day(plan: DemoPlan, settings: Settings) -> date:
+    """The round the demo leaves open: the one before live_round_day, so its target dates are
+    generated days too and the UI's daemon can resolve and score it once its deadline has passed."""
+    return live_round_day(plan, settings) - timedelta(days=1)
+
+
 def late_name(day: date) -> str:
     return f"demo-late-{day.isoformat()}"
 
@@ -536,6 +553,7 @@ def run_live_round(runner: Runner, plan: DemoPlan, settings: Settings, data_dir:
             _say(f"      uploaded anyway (as any S3 client can) at {_hms(datetime.now(UTC))}")
         _run_submissions(runner, [late])
     _say("      " + _live_status(settings, day, late))
+    run_open_round(runner, plan, settings, store)
     _refresh_after_live_submissions(runner)
     resolved = _resolve_live(runner)
     card = json.loads((settings.dataset.data_dir / "live" / key / "scores.json").read_text())
@@ -553,6 +571,40 @@ def run_live_round(runner: Runner, plan: DemoPlan, settings: Settings, data_dir:
             )
         else:
             _say(f"      {name}: not scored: {entry['reason']}")
+
+
+def run_open_round(runner: Runner, plan: DemoPlan, settings: Settings, store) -> None:
+    """The round left open for a newcomer (docs/live.md, "Demo"): `live_round` publishes round D
+    with a replay clock OPEN_ROUND_LEAD before its deadline, so submissions close OPEN_ROUND_LEAD
+    after its manifest reaches the store; `live_history` publishes the history it is forecast from
+    (every generated day through D − 1, one run); a `submission_sensor` tick accepts its baselines."""
+    from pipeline.live.publication import baseline_name, read_local_manifest, store_deadline
+    from pipeline.live.rounds import deadline
+
+    day = open_round_day(plan, settings)
+    key, cutoff = day.isoformat(), day - timedelta(days=1)
+    replay_at = deadline(day, settings.live) - OPEN_ROUND_LEAD
+    if key in runner.done("live_round"):
+        _say(f"      open round {key} already published: skipped")
+    else:
+        runner.run("live_round_publication", key, {"live_round": {"config": {"replay_at": replay_at.isoformat()}}})
+    history = [d.isoformat() for d in plan.days if d <= cutoff]
+    if set(history) <= runner.done("live_history"):
+        _say(f"      live history through {cutoff} already published: skipped")
+    else:
+        clock = {"live_history": {"config": {"replay_at": replay_at.isoformat()}}}
+        runner.run("live_history_publication", ops=clock, partition_range=(history[0], history[-1]))
+        _say(f"      live_history {history[0]} .. {history[-1]}: {len(history)} days published (one run)")
+    baselines = [baseline_name(day, method) for method in ("recurrency", "frequency")]
+    if not all(name in runner.done("submission") for name in baselines):
+        _run_submissions(runner, baselines)
+    manifest = read_local_manifest(settings.dataset.data_dir, day)
+    due, _ = store_deadline(store, manifest)
+    _say(
+        f"      open round {key}: questions for {', '.join(manifest['target_dates'])}, history through {cutoff}; "
+        f"open until {_hms(due)} store time (in {max(0, round((due - datetime.now(UTC)).total_seconds() / 60))} min; "
+        "the UI's daemon scores it after)"
+    )
 
 
 def _latest(runner: Runner, asset: str) -> int:
@@ -674,6 +726,13 @@ def live_summary(plan: DemoPlan, settings: Settings, say: Callable[[str], None])
         f"{accepted} submissions accepted, {late['submission']} {late['status']} (late); "
         f"{card['resolved_questions']} questions resolved"
     )
+    opened = open_round_day(plan, settings)
+    manifest = json.loads((settings.dataset.data_dir / "live" / opened.isoformat() / "manifest.json").read_text())
+    say(
+        f"  open round  {opened}: {manifest['files']['questions.jsonl']['rows']} questions for "
+        f"{', '.join(manifest['target_dates'])}, history through {manifest['history_cutoff']} in live/history/; "
+        '`mirai live list` says until when it is open (docs/live.md, "Demo")'
+    )
     board = json.loads((settings.dataset.data_dir / "live" / "leaderboard.json").read_text())
     say(
         "              live leaderboard: "
@@ -725,7 +784,7 @@ def _run_demo(plan: DemoPlan, data_dir: Path) -> int:
             run_evaluations(runner, plan)
         with Stage(6, total, f"a newcomer's path: score and submit {SUBMITTED_BASELINE}'s forecasts, then the sensor"):
             run_submission(runner, plan, settings, data_dir)
-        with Stage(7, total, "a live round: publish, baselines, a late submission refused, resolve, score"):
+        with Stage(7, total, "live rounds: one replayed (a late submission refused, resolved, scored), one left open"):
             run_live_round(runner, plan, settings, data_dir)
     _say(f"[{total}/{total}] summary (servers stopped; {time.perf_counter() - started:.0f}s in all)")
     summary(plan, settings, release_where, _say)

@@ -212,9 +212,12 @@ def test_mirai_demo_runs_the_chain_through_dagster_and_twice_changes_nothing(tmp
     # After the evaluations, after the submission, then after the live round's submissions (partitions
     # of `submission` too, which the board depends on: submission_sensor asks for that refresh).
     assert jobs["leaderboard_refresh"] == 3
-    # The newcomer's monthly submission, then the live round's two baselines and its late submission.
-    assert jobs["submission_scoring"] == 4
-    assert jobs["live_round_publication"] == jobs["live_round_resolution"] == jobs["live_leaderboard_refresh"] == 1
+    # The newcomer's monthly submission, the replayed live round's two baselines and its late
+    # submission, the open round's two baselines.
+    assert jobs["submission_scoring"] == 6
+    assert jobs["live_round_publication"] == 2  # the replayed round and the open one
+    assert jobs["live_history_publication"] == 1  # the open round's history, every day in one run
+    assert jobs["live_round_resolution"] == jobs["live_leaderboard_refresh"] == 1
     # The newcomer's path (issue 16): the baseline's forecasts scored, submitted, scored again by the
     # sensor's run, ranked beside the run they came from.
     assert re.search(r"submission\s+demo-recurrency-2023-02: scored, level-2 F1", out)
@@ -241,6 +244,8 @@ def test_mirai_demo_runs_the_chain_through_dagster_and_twice_changes_nothing(tmp
     assert {p.relative_to(data): p.read_bytes() for p in (data / "live").rglob("*") if p.is_file()} == live_before
     assert "round 2023-02-21 already published: skipped" in out2
     assert "live_resolution 2023-02-21: already resolved" in out2
+    assert "open round 2023-02-20 already published: skipped" in out2
+    assert "live history through 2023-02-19 already published: skipped" in out2
     assert seconds < 60
     with dg.DagsterInstance.from_config(str(data / "dagster_home")) as instance:
         assert collections.Counter(r.job_name for r in instance.get_runs()) == jobs  # nothing ran again
@@ -267,8 +272,10 @@ def test_mirai_demo_runs_the_chain_through_dagster_and_twice_changes_nothing(tmp
     # What the store publishes is what the pipeline recorded: the manifest byte for byte, the index
     # listing both target dates resolved, the answers, the late submission's refusal, the live board.
     assert round_manifest == (data / "live" / "2023-02-21" / "manifest.json").read_bytes()
-    (entry,) = live_index["rounds"]
-    assert entry["round"] == "2023-02-21" and entry["resolved_dates"] == live["target_dates"]
+    rounds = {entry["round"]: entry for entry in live_index["rounds"]}
+    assert sorted(rounds) == ["2023-02-20", "2023-02-21"]
+    assert rounds["2023-02-21"]["resolved_dates"] == live["target_dates"]
+    assert rounds["2023-02-20"]["resolved_dates"] == []  # open: nothing resolved before its deadline
     assert all(answers) and sum(len(a.splitlines()) for a in answers) == live["questions"]
     assert late_rejection["reasons"][0].startswith("late: ")
     assert live_page == (data / "live" / "leaderboard.html").read_bytes()
@@ -293,13 +300,19 @@ def test_mirai_demo_runs_the_chain_through_dagster_and_twice_changes_nothing(tmp
 
 DOC = ROOT / "docs" / "evaluate-your-agent.md"
 DOC_PORT, DOC_CREDENTIALS = "8333", "data/s3/aws-credentials"  # as the doc writes them (from the repo's root)
-PATH_SUBMISSION = "my-first-2023-02"
+# The doc's dates are `make demo`'s (January 2024, 3 days of February); this test's demo is
+# February 2023 with no extra days: the same round offsets from the last generated day.
+DOC_DATES = {"2024-01-26": "2023-02-20", "2024-01-25": "2023-02-19", "2023-12-31": "2022-12-31", "2024-01": "2023-02"}
+PATH_SUBMISSION, LIVE_SUBMISSION = "my-first-2023-02", "my-live-2023-02-20"
 
 
 def _doc_block(marker: str, language: str) -> str:
     found = re.search(rf"<!-- {marker}: [^>]*-->\n```{language}\n(.*?)```", DOC.read_text(), re.DOTALL)
     assert found, f"docs/evaluate-your-agent.md lost its {marker} block"
-    return found.group(1)
+    block = found.group(1)
+    for doc_date, ours in DOC_DATES.items():
+        block = block.replace(doc_date, ours)
+    return block
 
 
 def _follow_the_doc_s_path_on_the_demo(data: Path, out: str, tmp_path: Path) -> None:
@@ -354,6 +367,9 @@ def _follow_the_doc_s_path_on_the_demo(data: Path, out: str, tmp_path: Path) -> 
         )
         assert daemon.returncode == 0, daemon.stdout[-3000:] + daemon.stderr[-3000:]
         ran = json.loads(daemon.stdout.splitlines()[-1])
+        live = _follow_the_live_path(
+            block.splitlines()[0].replace(DOC_PORT, port).replace(DOC_CREDENTIALS, credentials), work, clean, ui_env
+        )
     finally:
         server.terminate()
         server.wait(30)
@@ -362,6 +378,42 @@ def _follow_the_doc_s_path_on_the_demo(data: Path, out: str, tmp_path: Path) -> 
     assert record["status"] == "scored", record
     board = pl.read_parquet(data / "evaluations" / "leaderboard.parquet")
     assert PATH_SUBMISSION in board.get_column("agent").to_list()
+    # The open round's path: on time, accepted, its status public; scored once the round resolves.
+    assert "open" in live["listed"] and ["submission_scoring", LIVE_SUBMISSION] in live["ran"], live
+    record = json.loads((data / "live" / "2023-02-20" / "submissions" / LIVE_SUBMISSION / "record.json").read_text())
+    assert record["status"] == "accepted" and record["answered"] == record["questions"] > 0, record
+    assert "accepted" in live["status"], live["status"]
+
+
+def _follow_the_live_path(export: str, work: Path, clean: dict, ui_env: dict) -> dict:
+    """Issue 33, point 6: docs/evaluate-your-agent.md, "7. A live round on the demo", as written,
+    on the round the demo left open: list, sync the history, fetch the questions, forecast,
+    submit; the sensor's tick accepts it, and `mirai status` says so."""
+    (work / "forecast_live.py").write_text(_doc_block("live-agent", "python"))
+    script = "set -euo pipefail\n" + export + "\n" + _doc_block("live-path", "bash")
+    done = subprocess.run(["bash", "-c", script], cwd=work, env=clean, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert (work / "mirai-live" / "database" / "events" / "day=2023-02-19.parquet").is_file()
+    assert not (work / "mirai-live" / "database" / "events" / "day=2023-02-20.parquet").exists()
+    daemon = subprocess.run(
+        [sys.executable, "-c", DAEMON_TICKS],
+        cwd=ROOT,
+        env={**clean, **ui_env},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert daemon.returncode == 0, daemon.stdout[-3000:] + daemon.stderr[-3000:]
+    status = subprocess.run(
+        ["bash", "-c", f"set -euo pipefail\n{export}\nmirai status {LIVE_SUBMISSION} --from s3://mirai-releases/mirai"],
+        cwd=work,
+        env=clean,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert status.returncode == 0, status.stdout[-3000:] + status.stderr[-3000:]
+    return {"listed": done.stdout, "ran": json.loads(daemon.stdout.splitlines()[-1]), "status": status.stdout}
 
 
 def _open_the_demo_release_natively(releases: Path, tmp_path: Path) -> None:

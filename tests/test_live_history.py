@@ -293,9 +293,26 @@ def test_the_job_publishes_a_partition_and_the_schedule_asks_for_the_day_before(
         result = job.execute_in_process(partition_key=SECOND.isoformat(), instance=instance, run_config=replay)
         assert result.success
         meta = result.asset_materializations_for_node("live_history")[0].metadata
-        assert meta["published_now"].value is True and meta["index_updated"].value is True
+        assert meta["published_now"].value == 1 and meta["index_updated"].value is True
         assert meta["dagster/row_count"].value > 0 and meta["news"].value > 0
         assert meta["manifest_key"].value == f"live/history/{SECOND}/manifest.json"
+        # A backfill is one run over its days (single-run policy): the new day is published, the
+        # published one verified, and each day is a materialised partition.
+        ranged = job.execute_in_process(
+            instance=instance,
+            run_config=replay,
+            tags={
+                "dagster/asset_partition_range_start": FIRST.isoformat(),
+                "dagster/asset_partition_range_end": SECOND.isoformat(),
+            },
+        )
+        assert ranged.success
+        meta = ranged.asset_materializations_for_node("live_history")[0].metadata
+        assert meta["days"].value == 2 and meta["published_now"].value == 1
+        assert instance.get_materialized_partitions(dg.AssetKey("live_history")) == {
+            FIRST.isoformat(),
+            SECOND.isoformat(),
+        }
         # The day is not over on the run's clock: refused, not retried.
         early = {"ops": {"live_history": {"config": {"replay_at": f"{DAY}T00:00:00+00:00"}}}}
         failed = job.execute_in_process(
