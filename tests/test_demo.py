@@ -502,7 +502,9 @@ def _check_live_round(data: Path, out: str) -> dict:
     assert all(entry["scored"] for entry in scores["submissions"].values())
     board = json.loads((data / "live" / "leaderboard.json").read_text())
     assert sorted(row["name"] for row in board["cumulative"]) == ["frequency baseline", "recurrency baseline"]
-    assert [r["round"] for r in board["rounds"]] == ["2023-02-21"]
+    rounds = {r["round"]: r for r in board["rounds"]}
+    assert list(rounds) == ["2023-02-21", "2023-02-20"]  # newest first; the open one is not resolved yet
+    assert rounds["2023-02-20"]["resolved_questions"] == 0 and rounds["2023-02-20"]["rows"] == []
     assert re.search(r"live round\s+2023-02-21: \d+ questions for 2023-02-22, 2023-02-28; 2 submissions accepted", out)
     assert "live leaderboard: 1. " in out
     return {"target_dates": manifest["target_dates"], "questions": questions.height}
