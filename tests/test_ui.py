@@ -17,6 +17,7 @@ import requests
 
 from assets.articles import articles, fetch_ledger
 from assets.database import event_database
+from assets.evaluations import agent_partitions, evaluation, leaderboard
 from assets.ingest import gdelt_files
 from assets.metadata import COLUMN_SCHEMA, table_schema
 from assets.resources import resources_for
@@ -32,7 +33,7 @@ from testbed.serve import MirrorServer
 
 from .chromium import headless_chromium, needs_chromium
 from .conftest import MIRROR_DAY
-from .month_builder import write_month
+from .month_builder import Quad, write_month
 from .settings_builder import make_settings
 from .test_column_schemas import SCHEMA_AT_MATERIALISATION, WRITTEN_WITH
 from .test_splits import QUADS
@@ -62,6 +63,15 @@ ARTICLE_URLS = [
     *(f"http://www.worldwire.example/world/2024/01/01/story-{i}" for i in (0, 1, 2, 3, 5, 42)),
     "http://www.zeitung-heute.example/world/2024/01/01/story-0",
 ]
+# The registry the fixture evaluates and the webserver loads: one baseline (no model needed) at
+# distance 1 only, as its history starts with the split's month (February's first query, on the
+# 3rd, would need January's events at distance 7, and agents.yaml's 90 days back to November).
+AGENTS_YAML = "agents:\n  - {name: recurrency, kind: baseline, baseline: recurrency, distances: [1]}\n"
+EVALUATED = dg.MultiPartitionKey({"month": "2024-02-01", "agent": "recurrency"})
+# Before the split's (Feb 29, UKR, RUS) query, below test grade (100 mentions) but in the event
+# database: recurrency predicts 190, one of that query's two relations, so its run scores above 0
+# and is ranked (an all-zero run is listed unranked).
+HISTORY = [Quad(date(2024, 2, 20), "UKR", "190", "RUS", 60)]
 
 pytestmark = needs_chromium
 
@@ -69,14 +79,16 @@ pytestmark = needs_chromium
 @pytest.fixture(scope="module")
 def ui(tmp_path_factory, generated_day):
     """A materialised month on a persistent SQLite instance, with the webserver and the daemon;
-    a day of GDELT files from the generated mirror (its slot ledger's picture); and that day's
-    articles fetched from the generated news sites (its OBELICS funnel)."""
+    a baseline's evaluation of the month's split and the leaderboard built from it (their scores
+    and board tables); a day of GDELT files from the generated mirror (its slot ledger's picture);
+    and that day's articles fetched from the generated news sites (its OBELICS funnel)."""
     root = tmp_path_factory.mktemp("ui")
-    home, data = root / "dagster_home", root / "data"
+    home, data, agents_file = root / "dagster_home", root / "data", root / "agents.yaml"
     home.mkdir()
+    agents_file.write_text(AGENTS_YAML)
     # The onboarding dialog would cover the page in the screenshot; telemetry needs the network.
     (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\nnux:\n  enabled: false\n")
-    write_month(make_settings(data_dir=data), date(2024, 2, 1), QUADS)
+    write_month(make_settings(data_dir=data), date(2024, 2, 1), [*QUADS, *HISTORY])
     with dg.DagsterInstance.from_config(str(home)) as instance:
         result = dg.materialize(
             [event_database, split_asset, split_leakage_audit],
@@ -85,6 +97,11 @@ def ui(tmp_path_factory, generated_day):
             resources=resources_for(make_settings(data_dir=str(data))),
         )
         assert result.success
+        registered = resources_for(make_settings(data_dir=str(data), agents_file=str(agents_file)))
+        instance.add_dynamic_partitions(agent_partitions.name, [EVALUATED.keys_by_dimension["agent"]])
+        scored = dg.materialize([evaluation], partition_key=EVALUATED, instance=instance, resources=registered)
+        assert scored.success
+        assert dg.materialize([leaderboard], instance=instance, resources=registered).success
         with MirrorServer(generated_day) as mirror:
             day = dg.materialize(
                 [gdelt_files],
@@ -116,7 +133,7 @@ def ui(tmp_path_factory, generated_day):
         [day_articles] = [m for m in fetched.asset_materializations_for_node("articles") if m.asset_key == articles.key]
         counts = day_articles.metadata
         assert (counts["selected"].value, counts["stored"].value, counts["kept"].value) == (7, 6, 4)
-    env = {**os.environ, "DAGSTER_HOME": str(home), "MIRAI_DATA_DIR": str(data)}
+    env = {**os.environ, "DAGSTER_HOME": str(home), "MIRAI_DATA_DIR": str(data), "MIRAI_AGENTS_FILE": str(agents_file)}
     with running_webserver(env) as url, running_daemon(env) as daemon:
         yield {"url": url, "root": root, "daemon": daemon}
 
