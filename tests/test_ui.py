@@ -17,10 +17,13 @@ import requests
 
 from assets.articles import articles, fetch_ledger
 from assets.database import event_database
+from assets.evaluations import agent_partitions, evaluation, leaderboard
 from assets.ingest import gdelt_files
 from assets.metadata import COLUMN_SCHEMA, table_schema
 from assets.resources import resources_for
 from assets.splits import test_split as split_asset
+from pipeline.evaluation.board import summary
+from pipeline.evaluation.board_files import BOARD_FILE
 from pipeline.events.normalize import EVENTS_SCHEMA
 from pipeline.events.quads import QUADS_SCHEMA
 from pipeline.storage import DataLayout, atomic_write_parquet
@@ -32,7 +35,7 @@ from testbed.serve import MirrorServer
 
 from .chromium import headless_chromium, needs_chromium
 from .conftest import MIRROR_DAY
-from .month_builder import write_month
+from .month_builder import Quad, write_month
 from .settings_builder import make_settings
 from .test_column_schemas import SCHEMA_AT_MATERIALISATION, WRITTEN_WITH
 from .test_splits import QUADS
@@ -62,6 +65,15 @@ ARTICLE_URLS = [
     *(f"http://www.worldwire.example/world/2024/01/01/story-{i}" for i in (0, 1, 2, 3, 5, 42)),
     "http://www.zeitung-heute.example/world/2024/01/01/story-0",
 ]
+# The registry the fixture evaluates and the webserver loads: one baseline (no model needed) at
+# distance 1 only, as its history starts with the split's month (February's first query, on the
+# 3rd, would need January's events at distance 7, and agents.yaml's 90 days back to November).
+AGENTS_YAML = "agents:\n  - {name: recurrency, kind: baseline, baseline: recurrency, distances: [1]}\n"
+EVALUATED = dg.MultiPartitionKey({"month": "2024-02-01", "agent": "recurrency"})
+# Before the split's (Feb 29, UKR, RUS) query, below test grade (100 mentions) but in the event
+# database: recurrency predicts 190, one of that query's two relations, so its run scores above 0
+# and is ranked (an all-zero run is listed unranked).
+HISTORY = [Quad(date(2024, 2, 20), "UKR", "190", "RUS", 60)]
 
 pytestmark = needs_chromium
 
@@ -69,14 +81,16 @@ pytestmark = needs_chromium
 @pytest.fixture(scope="module")
 def ui(tmp_path_factory, generated_day):
     """A materialised month on a persistent SQLite instance, with the webserver and the daemon;
-    a day of GDELT files from the generated mirror (its slot ledger's picture); and that day's
-    articles fetched from the generated news sites (its OBELICS funnel)."""
+    a baseline's evaluation of the month's split and the leaderboard built from it (their scores
+    and board tables); a day of GDELT files from the generated mirror (its slot ledger's picture);
+    and that day's articles fetched from the generated news sites (its OBELICS funnel)."""
     root = tmp_path_factory.mktemp("ui")
-    home, data = root / "dagster_home", root / "data"
+    home, data, agents_file = root / "dagster_home", root / "data", root / "agents.yaml"
     home.mkdir()
+    agents_file.write_text(AGENTS_YAML)
     # The onboarding dialog would cover the page in the screenshot; telemetry needs the network.
     (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\nnux:\n  enabled: false\n")
-    write_month(make_settings(data_dir=data), date(2024, 2, 1), QUADS)
+    write_month(make_settings(data_dir=data), date(2024, 2, 1), [*QUADS, *HISTORY])
     with dg.DagsterInstance.from_config(str(home)) as instance:
         result = dg.materialize(
             [event_database, split_asset, split_leakage_audit],
@@ -85,6 +99,11 @@ def ui(tmp_path_factory, generated_day):
             resources=resources_for(make_settings(data_dir=str(data))),
         )
         assert result.success
+        registered = resources_for(make_settings(data_dir=str(data), agents_file=str(agents_file)))
+        instance.add_dynamic_partitions(agent_partitions.name, [EVALUATED.keys_by_dimension["agent"]])
+        scored = dg.materialize([evaluation], partition_key=EVALUATED, instance=instance, resources=registered)
+        assert scored.success
+        assert dg.materialize([leaderboard], instance=instance, resources=registered).success
         with MirrorServer(generated_day) as mirror:
             day = dg.materialize(
                 [gdelt_files],
@@ -116,7 +135,7 @@ def ui(tmp_path_factory, generated_day):
         [day_articles] = [m for m in fetched.asset_materializations_for_node("articles") if m.asset_key == articles.key]
         counts = day_articles.metadata
         assert (counts["selected"].value, counts["stored"].value, counts["kept"].value) == (7, 6, 4)
-    env = {**os.environ, "DAGSTER_HOME": str(home), "MIRAI_DATA_DIR": str(data)}
+    env = {**os.environ, "DAGSTER_HOME": str(home), "MIRAI_DATA_DIR": str(data), "MIRAI_AGENTS_FILE": str(agents_file)}
     with running_webserver(env) as url, running_daemon(env) as daemon:
         yield {"url": url, "root": root, "daemon": daemon}
 
@@ -391,30 +410,85 @@ def test_the_columns_of_a_parquet_asset_show_on_its_page(ui, browser):
     browser.save_screenshot(str(ui["root"] / "events_columns_in_ui.png"))
 
 
-def test_the_ledger_problems_show_as_a_table_on_the_asset_page(ui, browser):
-    """gdelt_files' ``problems`` (a table metadata value: the day's slots that are not green) is
-    rendered as an HTML table in the metadata, not as Markdown behind a button; photographed."""
-
-    query = """{ assetOrError(assetKey: {path: ["gdelt_files"]}) { ... on Asset {
+def _latest_table(url: str, asset: str, label: str) -> tuple[list[str], list[dict]]:
+    """The table metadata ``label`` of the asset's latest materialisation as GraphQL serves it to
+    the UI: its column names and its records, decoded."""
+    query = """query ($path: [String!]!) { assetOrError(assetKey: {path: $path}) { ... on Asset {
         assetMaterializations(limit: 1) { metadataEntries { label
           ... on TableMetadataEntry { table { records schema { columns { name } } } } } } } } }"""
-    [materialisation] = graphql(ui["url"], query)["assetOrError"]["assetMaterializations"]
-    [problems] = [e["table"] for e in materialisation["metadataEntries"] if e["label"] == "problems"]
-    records = [json.loads(r) for r in problems["records"]]
+    [materialisation] = graphql(url, query, {"path": [asset]})["assetOrError"]["assetMaterializations"]
+    [table] = [e["table"] for e in materialisation["metadataEntries"] if e["label"] == label]
+    return [c["name"] for c in table["schema"]["columns"]], [json.loads(r) for r in table["records"]]
+
+
+def _cell_text(value: object) -> str:
+    """A record's value as the UI's table cell shows it, JavaScript's ``value?.toString()``
+    (TableMetadataEntryComponent in Dagster's ui-core MetadataEntry.tsx): null is empty, true is
+    "true" and 1.0 is "1"."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def _shown_table(ui, browser, asset: str, label: str, texts: list[str], shot: str) -> list[list[str]]:
+    """The metadata entry ``label`` on the asset's page, once it shows ``texts``: an HTML table in
+    the metadata, not Markdown behind a button. Its cells' text, row by row (the header first);
+    the entry scrolled into view and photographed as ``shot`` under the fixture's root."""
+    _open_and_wait_for(browser, f"{ui['url']}/assets/{asset}", ["Latest materialization", label, *texts])
+    entry = f"//tr[.//*[normalize-space(text())='{label}']]"
+    assert "Show Markdown" not in _scroll_to(browser, entry, "center")
+    rows = _table_rows(browser, f"{entry}//table")
+    _wait_until_still(browser)
+    browser.save_screenshot(str(ui["root"] / shot))
+    return rows
+
+
+def test_the_ledger_problems_show_as_a_table_on_the_asset_page(ui, browser):
+    """gdelt_files' ``problems`` (a table metadata value: the day's slots that are not green) is
+    rendered as an HTML table, header and rows as recorded; photographed."""
+    columns, records = _latest_table(ui["url"], "gdelt_files", "problems")
     # The generated day's feed outage: one slot missing from GDELT's index, both of its files.
     assert [(r["kind"], r["status"]) for r in records] == [("export", "missing"), ("mentions", "missing")]
+    assert columns == ["slot", "kind", "status", "attempts", "http_status", "last_error"]
 
-    _open_and_wait_for(
-        browser,
-        f"{ui['url']}/assets/gdelt_files",
-        ["Latest materialization", "problems", "not listed in the GDELT index"],
+    shown = _shown_table(
+        ui, browser, "gdelt_files", "problems", ["not listed in the GDELT index"], "ledger_problems_in_ui.png"
     )
-    entry = "//tr[.//*[normalize-space(text())='problems']]"
-    assert "Show Markdown" not in _scroll_to(browser, entry, "center")
-    header, *cells = _table_rows(browser, f"{entry}//table")
-    assert header == [c["name"] for c in problems["schema"]["columns"]]
-    assert header == ["slot", "kind", "status", "attempts", "http_status", "last_error"]
-    shown = [["" if r[name] is None else str(r[name]) for name in header] for r in records]
-    assert cells == shown
-    _wait_until_still(browser)
-    browser.save_screenshot(str(ui["root"] / "ledger_problems_in_ui.png"))
+    assert shown == [columns, *([_cell_text(r[name]) for name in columns] for r in records)]
+
+
+def test_an_evaluation_shows_its_scores_as_a_table(ui, browser):
+    """The baseline's evaluation ``scores`` (one row per distance: its headline metrics) is
+    rendered as an HTML table on the evaluation page, header and rows as recorded; photographed."""
+    columns, records = _latest_table(ui["url"], "evaluation", "scores")
+    assert columns == [
+        *("distance", "n", "rounds", "L2 F1", "L1 F1", "L2 precision", "L2 recall", "quad KL", "MRR"),
+        *("Max@K L2 F1", "repeated L2 F1", "avg steps"),
+    ]
+    # The split's two queries, once each (a baseline is deterministic), at the registry's distance.
+    assert [(r["distance"], r["n"], r["rounds"]) for r in records] == [(1, 2, 1)]
+
+    shown = _shown_table(ui, browser, "evaluation", "scores", ["quad KL", "avg steps"], "evaluation_scores_in_ui.png")
+    assert shown == [columns, *([_cell_text(r[name]) for name in columns] for r in records)]
+
+
+def test_the_leaderboard_shows_as_a_table(ui, browser):
+    """The ``leaderboard`` (the board's headline columns, one row per ranked run) is rendered as
+    an HTML table on the leaderboard page, header and rows as its parquet file holds them;
+    photographed."""
+    columns, records = _latest_table(ui["url"], "leaderboard", "leaderboard")
+    board = summary(pl.read_parquet(DataLayout(ui["root"] / "data").root / "evaluations" / BOARD_FILE))
+    assert columns == board.columns
+    assert [(r["rank"], r["agent"], r["distance"]) for r in records] == [(1, "recurrency", 1)]
+    assert [[_cell_text(r[name]) for name in columns] for r in records] == [
+        [_cell_text(value) for value in row] for row in board.rows()
+    ]
+
+    shown = _shown_table(
+        ui, browser, "leaderboard", "leaderboard", ["refusals", "level2_f1_ci95_low"], "leaderboard_in_ui.png"
+    )
+    assert shown == [columns, *([_cell_text(r[name]) for name in columns] for r in records)]
