@@ -10,7 +10,6 @@ from assets.owners import DATA_OWNERS
 from assets.partitions import daily_partitions
 from assets.resources import ArticleFetcher, Dataset, Network, compose
 from pipeline.articles.day import ARTICLES_SCHEMA, ARTICLES_VERSION, build_articles
-from pipeline.articles.funnel import funnel_frame, funnel_png
 from pipeline.articles.ledger import FETCH_LEDGER_SCHEMA, read_ledger, summarize
 from pipeline.storage import DataLayout
 
@@ -48,6 +47,8 @@ def articles(
         date.fromisoformat(context.partition_key), settings.dataset, settings.network, settings.articles
     )
     profile = settings.articles.article_profile
+    from pipeline.articles.funnel import funnel_frame, funnel_png  # with matplotlib: see assets/ingest.py
+
     funnel = funnel_frame(result.selected, result.articles, profile)
     ledger = read_ledger(DataLayout(settings.dataset.data_dir))
     ledger_counts = summarize(ledger)

@@ -16,7 +16,6 @@ from assets.submissions import submission
 from pipeline.agent_api import EventDatabase
 from pipeline.evaluation.agent_config import agent_config_hash, endpoint_limits
 from pipeline.evaluation.board import BOARD_SCHEMA, INTERVAL_RULE, summary
-from pipeline.evaluation.board_files import write_leaderboard
 from pipeline.evaluation.clients import client_for
 from pipeline.evaluation.episodes import episode_concurrency
 from pipeline.evaluation.llm import ModelUnavailable
@@ -234,6 +233,8 @@ def evaluation(
     ),
 )
 def leaderboard(dataset: Dataset, network: Network, release_store: ReleaseBucket) -> dg.MaterializeResult:
+    from pipeline.evaluation.board_files import write_leaderboard  # with matplotlib: see assets/ingest.py
+
     settings = compose(dataset, network, release_store)
     data_dir = settings.dataset.data_dir
     written = write_leaderboard(data_dir)

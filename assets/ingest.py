@@ -10,7 +10,6 @@ from assets.partitions import daily_partitions
 from assets.resources import Dataset, GdeltFeed, Network
 from pipeline.gdelt.ingest import PARSED_FORMAT_VERSION, ingest_day, parse_day
 from pipeline.gdelt.ledger import LEDGER_SCHEMA, LEDGER_VERSION, problems
-from pipeline.gdelt.ledger_figure import month_heatmap_png, month_slot_states, read_month_ledgers
 from pipeline.gdelt.schema import SCHEMAS
 from pipeline.markdown import markdown_text
 from pipeline.storage import DataLayout
@@ -59,6 +58,10 @@ def _ledger_month(context: dg.AssetExecutionContext, data_dir: str, day: date) -
     """The month up to ``day``, one cell per slot: where the day's problems sit among the others'.
     A picture only: another day's damaged ledger leaves it out with a warning, never fails the
     day's ingestion (that day's own run reports its ledger)."""
+    # Imported here: matplotlib is ~0.4 s of the start of every Dagster process, which imports
+    # this module through the definitions (webserver, daemon, each run and step worker).
+    from pipeline.gdelt.ledger_figure import month_heatmap_png, month_slot_states, read_month_ledgers
+
     try:
         month = month_slot_states(read_month_ledgers(DataLayout(data_dir), day), day)
         return {"ledger_month": png_bytes_metadata("ledger_month", month_heatmap_png(month))}

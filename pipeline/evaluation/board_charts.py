@@ -13,12 +13,6 @@ from __future__ import annotations
 import io
 from dataclasses import dataclass, field
 
-import matplotlib
-import matplotlib.style
-from matplotlib.backends.backend_svg import FigureCanvasSVG
-from matplotlib.figure import Figure
-from matplotlib.lines import Line2D
-
 from pipeline.markdown import visible_text
 
 # Texts are never mathtext (see the module doc); the same figure gives the same bytes.
@@ -68,6 +62,14 @@ def trend_svg(series: list[Series], ticks: list[str], *, ylabel: str, key: Key, 
     (a series' points a little apart from the others', so overlapping bars stay readable), a
     legend naming each line and one saying what solid, dashed, hollow and the bars mean. ``salt``
     keeps the element ids of two charts on one page apart; no date is written."""
+    # Imported when a chart is drawn: the data classes above are read by every Dagster process
+    # (the live board's module), matplotlib is ~0.4 s of a process's start.
+    import matplotlib
+    import matplotlib.style
+    from matplotlib.backends.backend_svg import FigureCanvasSVG
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+
     rc = SAFE_TEXT | {"svg.fonttype": "path", "svg.hashsalt": salt}
     with matplotlib.style.context("default"), matplotlib.rc_context(rc):
         fig = Figure(figsize=(9, 3.6), dpi=100, layout="constrained")
