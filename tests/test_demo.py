@@ -357,16 +357,7 @@ def _follow_the_doc_s_path_on_the_demo(data: Path, out: str, tmp_path: Path) -> 
         words = shlex.split(ui.split("&&", 1)[1])
         ui_env = dict(word.split("=", 1) for word in words[: words.index(".venv/bin/dagster")])
         ui_env = {k: v.replace(DOC_PORT, port) for k, v in ui_env.items()}
-        daemon = subprocess.run(
-            [sys.executable, "-c", DAEMON_TICKS],
-            cwd=ROOT,
-            env={**clean, **ui_env},
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        assert daemon.returncode == 0, daemon.stdout[-3000:] + daemon.stderr[-3000:]
-        ran = json.loads(daemon.stdout.splitlines()[-1])
+        ran = _daemon_ticks(clean, ui_env)
         live = _follow_the_live_path(
             block.splitlines()[0].replace(DOC_PORT, port).replace(DOC_CREDENTIALS, credentials), work, clean, ui_env
         )
@@ -395,15 +386,7 @@ def _follow_the_live_path(export: str, work: Path, clean: dict, ui_env: dict) ->
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert (work / "mirai-live" / "database" / "events" / "day=2023-02-19.parquet").is_file()
     assert not (work / "mirai-live" / "database" / "events" / "day=2023-02-20.parquet").exists()
-    daemon = subprocess.run(
-        [sys.executable, "-c", DAEMON_TICKS],
-        cwd=ROOT,
-        env={**clean, **ui_env},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert daemon.returncode == 0, daemon.stdout[-3000:] + daemon.stderr[-3000:]
+    ran = _daemon_ticks(clean, ui_env)
     status = subprocess.run(
         ["bash", "-c", f"set -euo pipefail\n{export}\nmirai status {LIVE_SUBMISSION} --from s3://mirai-releases/mirai"],
         cwd=work,
@@ -413,7 +396,22 @@ def _follow_the_live_path(export: str, work: Path, clean: dict, ui_env: dict) ->
         timeout=120,
     )
     assert status.returncode == 0, status.stdout[-3000:] + status.stderr[-3000:]
-    return {"listed": done.stdout, "ran": json.loads(daemon.stdout.splitlines()[-1]), "status": status.stdout}
+    return {"listed": done.stdout, "ran": ran, "status": status.stdout}
+
+
+def _daemon_ticks(clean: dict, ui_env: dict) -> list[list]:
+    """What the UI's daemon does once submission_sensor is on, with the settings of the UI command
+    the demo printed: two ticks and the runs they request, as [job, partition] pairs."""
+    daemon = subprocess.run(
+        [sys.executable, "-c", DAEMON_TICKS],
+        cwd=ROOT,
+        env={**clean, **ui_env},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert daemon.returncode == 0, daemon.stdout[-3000:] + daemon.stderr[-3000:]
+    return json.loads(daemon.stdout.splitlines()[-1])
 
 
 def _open_the_demo_release_natively(releases: Path, tmp_path: Path) -> None:
