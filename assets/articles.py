@@ -9,8 +9,8 @@ from assets.metadata import column_schema, png_bytes_metadata
 from assets.owners import DATA_OWNERS
 from assets.partitions import daily_partitions
 from assets.resources import ArticleFetcher, Dataset, Network, compose
-from pipeline.articles.day import ARTICLES_SCHEMA, ARTICLES_VERSION, build_articles
-from pipeline.articles.ledger import FETCH_LEDGER_SCHEMA, read_ledger, summarize
+from pipeline.articles.day import ARTICLES_COLUMNS, ARTICLES_VERSION, build_articles
+from pipeline.articles.ledger import FETCH_LEDGER_COLUMNS, read_ledger, summarize
 from pipeline.storage import DataLayout
 
 # The fetch ledger spans every day (an article is fetched once ever), so it is an asset of its
@@ -20,7 +20,7 @@ fetch_ledger = dg.AssetSpec(
     description="One row per normalised article URL ever selected: status, HTTP code, final URL, "
     "error class, attempts, next retry time (widening schedule), the stored HTML.",
     kinds={"parquet"},
-    metadata=column_schema(FETCH_LEDGER_SCHEMA),
+    metadata=column_schema(FETCH_LEDGER_COLUMNS),
     group_name="articles",
     owners=DATA_OWNERS,
 )
@@ -33,7 +33,7 @@ fetch_ledger = dg.AssetSpec(
     owners=DATA_OWNERS,
     kinds={"http", "polars", "parquet"},
     code_version=ARTICLES_VERSION,
-    metadata=column_schema(ARTICLES_SCHEMA),
+    metadata=column_schema(ARTICLES_COLUMNS),
     # Fetching talks to thousands of news sites: one articles run at a time per deployment.
     pool="article_fetch",
     description="The day's selected articles (quads with daily_mentions ≥ MIRAI_ARTICLE_MIN_MENTIONS): "
@@ -56,14 +56,14 @@ def articles(
         dg.AssetMaterialization(
             asset_key="fetch_ledger",
             metadata={
-                **column_schema(ledger.schema),
+                **column_schema(FETCH_LEDGER_COLUMNS, ledger.schema),
                 **{f"urls_{k}" if k != "urls" else k: v for k, v in ledger_counts.items()},
             },
         )
     )
     return dg.MaterializeResult(
         metadata={
-            **column_schema(result.articles.schema),
+            **column_schema(ARTICLES_COLUMNS, result.articles.schema),
             "dagster/row_count": result.articles.height,
             "profile": profile,
             **result.counts,

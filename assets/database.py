@@ -10,10 +10,9 @@ from assets.metadata import column_schema, table_schema
 from assets.owners import DATA_OWNERS
 from assets.partitions import monthly_partitions
 from assets.resources import ArticleFetcher, Dataset
+from pipeline.release.tables import EVENT_DB_COLUMNS, NEWS_DB_COLUMNS
 from pipeline.splits.database import (
     DATABASE_VERSION,
-    EVENT_DB_SCHEMA,
-    NEWS_DB_SCHEMA,
     MonthNotReady,
     build_event_database,
 )
@@ -29,8 +28,10 @@ from pipeline.splits.database import (
     code_version=DATABASE_VERSION,
     # The events table is the asset's table (its row count); the news table's columns beside it.
     metadata={
-        **column_schema(EVENT_DB_SCHEMA),
-        "news columns": dg.MetadataValue.table_schema(table_schema(NEWS_DB_SCHEMA)),
+        **column_schema(EVENT_DB_COLUMNS),
+        "news columns": dg.MetadataValue.table_schema(
+            table_schema(NEWS_DB_COLUMNS.schema, NEWS_DB_COLUMNS.descriptions)
+        ),
     },
     description="database/{events,news}/month=YYYY-MM.parquet: quads with daily_mentions ≥ "
     "MIRAI_ARTICLE_MIN_MENTIONS that kept at least one filtered article, and those articles.",
@@ -45,8 +46,8 @@ def event_database(
         raise dg.Failure(description=str(exc), allow_retries=False) from exc
     return dg.MaterializeResult(
         metadata={
-            **column_schema(db.events.schema),
-            "news columns": dg.MetadataValue.table_schema(table_schema(db.news.schema)),
+            **column_schema(EVENT_DB_COLUMNS, db.events.schema),
+            "news columns": dg.MetadataValue.table_schema(table_schema(db.news.schema, NEWS_DB_COLUMNS.descriptions)),
             "dagster/row_count": db.events.height,
             **db.counts,
         }

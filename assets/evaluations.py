@@ -7,7 +7,7 @@ import dagster as dg
 import polars as pl
 from pydantic import Field
 
-from assets.metadata import column_schema, frame_table, png_metadata
+from assets.metadata import COLUMN_SCHEMA, column_schema, frame_table, png_metadata, table_schema
 from assets.owners import BENCHMARK_OWNERS
 from assets.partitions import monthly_partitions
 from assets.resources import Dataset, LlmRuntime, Network, ReleaseBucket, compose
@@ -15,13 +15,20 @@ from assets.splits import test_split
 from assets.submissions import submission
 from pipeline.agent_api import EventDatabase
 from pipeline.evaluation.agent_config import agent_config_hash, endpoint_limits
-from pipeline.evaluation.board import BOARD_SCHEMA, INTERVAL_RULE, summary
+from pipeline.evaluation.board import BOARD_COLUMNS, INTERVAL_RULE, summary
 from pipeline.evaluation.clients import client_for
 from pipeline.evaluation.episodes import episode_concurrency
 from pipeline.evaluation.llm import ModelUnavailable
 from pipeline.evaluation.refusals import clear_refusal, refusals, write_refusal
 from pipeline.evaluation.registry import Agent, RegistryError, eligibility, load_agents
-from pipeline.evaluation.run import AGGREGATION_RULE, EVALUATION_VERSION, RANK_RULE, evaluate_agent, evaluate_baseline
+from pipeline.evaluation.run import (
+    AGGREGATION_RULE,
+    EVALUATION_VERSION,
+    RANK_RULE,
+    RESULT_DESCRIPTIONS,
+    evaluate_agent,
+    evaluate_baseline,
+)
 from pipeline.evaluation.throughput import RateLimiter
 from pipeline.release.publish import publish_leaderboard
 from pipeline.release.store_uri import open_store
@@ -191,7 +198,7 @@ def evaluation(
     first = layout.evaluation_dir(month, agent.name, config.query_set, agent.distances[0])
     metadata = {
         # Read back from the file: its columns depend on the agent's kind (ReAct runs add episode columns).
-        **column_schema(pl.read_parquet_schema(first / "results.parquet")),
+        COLUMN_SCHEMA: table_schema(pl.read_parquet_schema(first / "results.parquet"), RESULT_DESCRIPTIONS),
         "status": "contaminated" if records[0]["contaminated"] else "evaluated",
         "eligibility": reason,
         "agent config": agent_config_hash(agent),
@@ -224,7 +231,7 @@ def evaluation(
     owners=BENCHMARK_OWNERS,
     kinds={"polars", "parquet"},
     code_version=EVALUATION_VERSION,
-    metadata=column_schema(BOARD_SCHEMA),
+    metadata=column_schema(BOARD_COLUMNS),
     description=(
         f"evaluations/leaderboard.parquet (every stored run and scored submission; {RANK_RULE}), "
         "evaluations/leaderboard.png and the self-contained evaluations/leaderboard.html. Live rounds' "
@@ -246,7 +253,7 @@ def leaderboard(dataset: Dataset, network: Network, release_store: ReleaseBucket
     published = publish_leaderboard(store, written.table, written.chart, written.page) if store.release_months() else []
     return dg.MaterializeResult(
         metadata={
-            **column_schema(board.schema),
+            **column_schema(BOARD_COLUMNS, board.schema),
             "dagster/row_count": board.height,
             "path": dg.MetadataValue.path(str(written.table)),
             "page": dg.MetadataValue.path(str(written.page)),

@@ -10,8 +10,8 @@ from assets.owners import DATA_OWNERS
 from assets.partitions import daily_partitions
 from assets.resources import Dataset
 from pipeline.events.daily import build_daily_quads, build_events
-from pipeline.events.normalize import EVENTS_SCHEMA, RULES_VERSION, UNMAPPED_CODES_SCHEMA
-from pipeline.events.quads import QUADS_SCHEMA
+from pipeline.events.normalize import EVENTS_COLUMNS, RULES_VERSION, UNMAPPED_CODES_COLUMNS
+from pipeline.events.quads import QUADS_COLUMNS
 
 PREVIOUS_DAY = dg.TimeWindowPartitionMapping(start_offset=-1, end_offset=-1)
 
@@ -30,7 +30,7 @@ PREVIOUS_DAY = dg.TimeWindowPartitionMapping(start_offset=-1, end_offset=-1)
             group_name="events",
             owners=DATA_OWNERS,
             code_version=RULES_VERSION,
-            metadata=column_schema(EVENTS_SCHEMA),
+            metadata=column_schema(EVENTS_COLUMNS),
         ),
         dg.AssetSpec(
             "unmapped_codes",
@@ -40,7 +40,7 @@ PREVIOUS_DAY = dg.TimeWindowPartitionMapping(start_offset=-1, end_offset=-1)
             group_name="events",
             owners=DATA_OWNERS,
             code_version=RULES_VERSION,
-            metadata=column_schema(UNMAPPED_CODES_SCHEMA),
+            metadata=column_schema(UNMAPPED_CODES_COLUMNS),
         ),
     ],
     partitions_def=daily_partitions,
@@ -52,7 +52,7 @@ def events(context: dg.AssetExecutionContext, dataset: Dataset):
     yield dg.MaterializeResult(
         asset_key="events",
         metadata={
-            **column_schema(n.events.schema),
+            **column_schema(EVENTS_COLUMNS, n.events.schema),
             "dagster/row_count": n.events.height,
             "input_rows": n.input_rows,
             **{f"excluded_{reason}": count for reason, count in n.exclusions.items()},
@@ -63,7 +63,7 @@ def events(context: dg.AssetExecutionContext, dataset: Dataset):
     yield dg.MaterializeResult(
         asset_key="unmapped_codes",
         metadata={
-            **column_schema(n.unmapped_codes.schema),
+            **column_schema(UNMAPPED_CODES_COLUMNS, n.unmapped_codes.schema),
             "dagster/row_count": n.unmapped_codes.height,
             "codes": frame_table(n.unmapped_codes),
         },
@@ -77,7 +77,7 @@ def events(context: dg.AssetExecutionContext, dataset: Dataset):
     owners=DATA_OWNERS,
     kinds={"polars", "parquet"},
     code_version=RULES_VERSION,
-    metadata=column_schema(QUADS_SCHEMA),
+    metadata=column_schema(QUADS_COLUMNS),
     description="One row per (date, s, r, o): daily mentions, event count, article URLs and the "
     "number of distinct first-day WEB mention URLs.",
 )
@@ -85,7 +85,7 @@ def daily_quads(context: dg.AssetExecutionContext, dataset: Dataset) -> dg.Mater
     quads = build_daily_quads(date.fromisoformat(context.partition_key), dataset.settings())
     return dg.MaterializeResult(
         metadata={
-            **column_schema(quads.schema),
+            **column_schema(QUADS_COLUMNS, quads.schema),
             "dagster/row_count": quads.height,
             "quads_ge_50_mentions": quads.filter(quads["daily_mentions"] >= 50).height,
             "quads_ge_100_mentions": quads.filter(quads["daily_mentions"] >= 100).height,

@@ -9,8 +9,8 @@ from assets.owners import DATA_OWNERS
 from assets.partitions import daily_partitions
 from assets.resources import Dataset, GdeltFeed, Network
 from pipeline.gdelt.ingest import PARSED_FORMAT_VERSION, ingest_day, parse_day
-from pipeline.gdelt.ledger import LEDGER_SCHEMA, LEDGER_VERSION, problems
-from pipeline.gdelt.schema import SCHEMAS
+from pipeline.gdelt.ledger import LEDGER_COLUMNS, LEDGER_VERSION, problems
+from pipeline.gdelt.schema import COLUMNS_BY_KIND
 from pipeline.markdown import markdown_text
 from pipeline.storage import DataLayout
 
@@ -22,7 +22,7 @@ from pipeline.storage import DataLayout
     kinds={"http"},
     code_version=LEDGER_VERSION,
     # The day's table is its slot ledger (ledger/<day>.parquet); the zips are GDELT's own.
-    metadata=column_schema(LEDGER_SCHEMA),
+    metadata=column_schema(LEDGER_COLUMNS),
     # Every run of every day downloads from the one GDELT host: the pool caps how many runs do so
     # at once across the deployment (a backfill of many days must not hammer GDELT or starve the
     # live 15-minute run); limits in deploy/dagster.yaml and docs/deploy.md.
@@ -45,7 +45,7 @@ def gdelt_files(
     return dg.MaterializeResult(
         metadata={
             **_ledger_month(context, settings.data_dir, day),
-            **column_schema(result.ledger.schema),
+            **column_schema(LEDGER_COLUMNS, result.ledger.schema),
             **{f"files_{status}": count for status, count in counts.items()},
             "downloaded_this_run": result.downloaded,
             "index_refresh": f"{result.index_refresh.mode} ({result.index_refresh.bytes_transferred} bytes)",
@@ -79,7 +79,7 @@ def _parsed_asset(kind: str):
         owners=DATA_OWNERS,
         kinds={"polars", "parquet"},
         code_version=PARSED_FORMAT_VERSION,
-        metadata=column_schema(SCHEMAS[kind]),
+        metadata=column_schema(COLUMNS_BY_KIND[kind]),
         description=f"Typed GDELT 2.0 {kind} rows, one parquet file per landed slot; malformed lines "
         "go to parsed/rejects with file, line number, reason and the line's first 4 KiB, length and sha256. "
         "Each file's sha256 is recorded in parsed/digests; a file that no longer matches is quarantined and "
@@ -91,7 +91,7 @@ def _parsed_asset(kind: str):
         return dg.MaterializeResult(
             metadata={
                 # Each slot's file holds exactly the kind's schema (parse.py's ParsedFile.rows).
-                **column_schema(SCHEMAS[kind]),
+                **column_schema(COLUMNS_BY_KIND[kind]),
                 "dagster/row_count": result.rows,
                 "rejects": result.rejects,
                 "files": result.files,

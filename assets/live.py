@@ -13,7 +13,7 @@ from assets.owners import BENCHMARK_OWNERS
 from assets.partitions import LIVE_WINDOW, daily_partitions
 from assets.resources import Dataset, GdeltFeed, LiveRounds, Network, ReleaseBucket, compose
 from pipeline.live.publication import ROUND_FORMAT, RoundRefused, publish_round
-from pipeline.live.rounds import QUESTIONS_SCHEMA
+from pipeline.live.rounds import QUESTIONS_COLUMNS
 from pipeline.markdown import markdown_text
 from pipeline.release.layout import ReleaseError
 from pipeline.release.publish import ReleaseConflict
@@ -50,7 +50,7 @@ def replay_clock(replay_at: str) -> datetime:
     kinds={"s3"},
     code_version=ROUND_FORMAT,
     # The round's questions.parquet in the data directory (the store gets questions.jsonl without the stratum).
-    metadata=column_schema(QUESTIONS_SCHEMA),
+    metadata=column_schema(QUESTIONS_COLUMNS),
     description="`live/rounds/<D>/` in MIRAI_RELEASE_URI: questions (t, s, o) for t = D + each horizon, drawn from "
     "the daily files of D - window .. D - 1 only, and manifest.json (written once, last); the recurrency and "
     "frequency baselines' submissions; live/index.json. Refused from the round's deadline on; a re-run that builds "
@@ -85,7 +85,7 @@ def live_round(
     manifest = result.manifest
     return dg.MaterializeResult(
         metadata={
-            **column_schema(QUESTIONS_SCHEMA),
+            **column_schema(QUESTIONS_COLUMNS),
             "questions": result.questions,
             "pairs_active": result.drawn["active"],
             "pairs_quiet": result.drawn["quiet"],

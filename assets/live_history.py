@@ -17,7 +17,7 @@ from pipeline.live.history import HISTORY_FORMAT, HistoryRefused, publish_histor
 from pipeline.release.layout import MANIFEST_NAME, ReleaseError, live_history_key
 from pipeline.release.publish import ReleaseConflict
 from pipeline.release.store_uri import open_store
-from pipeline.splits.database import EVENT_DB_SCHEMA, NEWS_DB_SCHEMA
+from pipeline.release.tables import EVENT_DB_COLUMNS, NEWS_DB_COLUMNS
 
 
 class LiveHistoryConfig(dg.Config):
@@ -40,8 +40,10 @@ class LiveHistoryConfig(dg.Config):
     code_version=HISTORY_FORMAT,
     # The events table is the asset's table, the news table's columns beside it (as event_database).
     metadata={
-        **column_schema(EVENT_DB_SCHEMA),
-        "news columns": dg.MetadataValue.table_schema(table_schema(NEWS_DB_SCHEMA)),
+        **column_schema(EVENT_DB_COLUMNS),
+        "news columns": dg.MetadataValue.table_schema(
+            table_schema(NEWS_DB_COLUMNS.schema, NEWS_DB_COLUMNS.descriptions)
+        ),
     },
     description="`live/history/<d>/` in MIRAI_RELEASE_URI: day d's event database (events.parquet, news.parquet: "
     "the monthly database's tables of that day, by its code) and manifest.json (written once, last); "
@@ -79,8 +81,10 @@ def live_history(
     last = results[-1]
     return dg.MaterializeResult(
         metadata={
-            **column_schema(EVENT_DB_SCHEMA),
-            "news columns": dg.MetadataValue.table_schema(table_schema(NEWS_DB_SCHEMA)),
+            **column_schema(EVENT_DB_COLUMNS),
+            "news columns": dg.MetadataValue.table_schema(
+                table_schema(NEWS_DB_COLUMNS.schema, NEWS_DB_COLUMNS.descriptions)
+            ),
             "dagster/row_count": sum(r.rows["events"] for r in results),
             "news": sum(r.rows["news"] for r in results),
             "days": len(results),

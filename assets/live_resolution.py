@@ -14,7 +14,7 @@ from assets.owners import BENCHMARK_OWNERS
 from assets.partitions import daily_partitions
 from assets.resources import Dataset, LiveRounds, Network, ReleaseBucket, compose
 from pipeline.live.board import RANK_RULE, publish_live_leaderboard, write_live_leaderboard
-from pipeline.live.resolve import ANSWERS_SCHEMA, RESOLUTION_VERSION, RoundNotPublished, resolve_round
+from pipeline.live.resolve import ANSWERS_COLUMNS, RESOLUTION_VERSION, RoundNotPublished, resolve_round
 from pipeline.live.score import score_round
 from pipeline.live.status import publish_round_statuses
 from pipeline.release.layout import ReleaseError
@@ -50,7 +50,7 @@ def _scores_frame(card: dict) -> pl.DataFrame:
     code_version=RESOLUTION_VERSION,
     kinds={"polars", "parquet"},
     # Each target date's answers/<t>.parquet.
-    metadata=column_schema(ANSWERS_SCHEMA),
+    metadata=column_schema(ANSWERS_COLUMNS),
     description=(
         "The live round published on the partition's day D: each target date's answers once it has closed "
         "(ledger settled, files stored, grace over), written once to `live/<D>/answers/<t>.parquet` and "
@@ -83,7 +83,7 @@ def live_resolution(
     empty = sum(d.empty for d in result.dates if d.resolved)
     return dg.MaterializeResult(
         metadata={
-            **column_schema(ANSWERS_SCHEMA),
+            **column_schema(ANSWERS_COLUMNS),
             "round": context.partition_key,
             "resolved dates": ", ".join(d.isoformat() for d in result.resolved) or "none yet",
             "newly resolved": ", ".join(d.target.isoformat() for d in result.dates if d.newly) or "none",

@@ -7,6 +7,7 @@ from pathlib import Path
 import dagster as dg
 import polars as pl
 
+from pipeline.columns import Columns
 from pipeline.markdown import visible_text
 
 
@@ -23,20 +24,26 @@ def png_metadata(path: Path) -> dg.MetadataValue:
     return png_bytes_metadata(path.stem, path.read_bytes())
 
 
-def table_schema(schema: Mapping[str, pl.DataType]) -> dg.TableSchema:
+def table_schema(schema: Mapping[str, pl.DataType], descriptions: Mapping[str, str] | None = None) -> dg.TableSchema:
     """The columns of a frame or parquet file with ``schema`` (a pl.Schema, or a dict of polars
-    types) in order, each typed as polars names it (``Datetime(time_unit='us', time_zone='UTC')``)."""
-    return dg.TableSchema(columns=[dg.TableColumn(name, str(dtype)) for name, dtype in schema.items()])
+    types) in order, each typed as polars names it (``Datetime(time_unit='us', time_zone='UTC')``)
+    and described by ``descriptions`` (the UI's Description column; none for a column it lacks)."""
+    descriptions = descriptions or {}
+    return dg.TableSchema(
+        columns=[dg.TableColumn(name, str(dtype), description=descriptions.get(name)) for name, dtype in schema.items()]
+    )
 
 
 # Dagster's key for a table's columns (https://docs.dagster.io/guides/build/assets/metadata-and-tags/table-metadata).
 COLUMN_SCHEMA = "dagster/column_schema"
 
 
-def column_schema(schema: Mapping[str, pl.DataType]) -> dict[str, dg.TableSchema]:
+def column_schema(columns: Columns, written: Mapping[str, pl.DataType] | None = None) -> dict[str, dg.TableSchema]:
     """``dagster/column_schema`` metadata (the UI's Columns tab; what the column-schema-change
-    checks compare between materialisations) for a table written with ``schema``."""
-    return {COLUMN_SCHEMA: table_schema(schema)}
+    checks compare between materialisations) for a table declared as ``columns``: its schema, or
+    at materialisation the ``written`` frame's or file's (so a drift shows), with the declared
+    descriptions."""
+    return {COLUMN_SCHEMA: table_schema(columns.schema if written is None else written, columns.descriptions)}
 
 
 def _cell(value: object) -> str | int | float | bool | None:

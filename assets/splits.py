@@ -10,8 +10,9 @@ from assets.owners import DATA_OWNERS
 from assets.partitions import monthly_partitions
 from assets.resources import Dataset, GdeltFeed
 from pipeline.http import utc_now
+from pipeline.release.tables import QUERIES_COLUMNS
 from pipeline.splits.database import MonthNotReady
-from pipeline.splits.schema import QUERIES_SCHEMA, SPLIT_VERSION
+from pipeline.splits.schema import SPLIT_VERSION
 from pipeline.splits.split import Override, build_split
 
 
@@ -31,7 +32,7 @@ class SplitConfig(dg.Config):
     kinds={"polars", "parquet"},
     code_version=SPLIT_VERSION,
     # queries.parquet's and queries_sample.parquet's.
-    metadata=column_schema(QUERIES_SCHEMA),
+    metadata=column_schema(QUERIES_COLUMNS),
     description="splits/YYYY-MM/: queries.parquet, queries_sample.parquet, manifest.json (sha256 of "
     "every file), README.md dataset card and its figures. Built only for a closed month.",
 )
@@ -54,7 +55,7 @@ def test_split(
     figures = {name: png_metadata(split.directory / name) for name in manifest["files"] if name.endswith(".png")}
     return dg.MaterializeResult(
         metadata={
-            **column_schema(split.queries.schema),
+            **column_schema(QUERIES_COLUMNS, split.queries.schema),
             "dagster/row_count": split.queries.height,
             "sample": split.sample.height,
             "path": dg.MetadataValue.path(str(split.directory)),

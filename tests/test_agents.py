@@ -27,7 +27,7 @@ from pipeline.evaluation.llm import (
 from pipeline.evaluation.prompts import api_description, system_prompt
 from pipeline.evaluation.registry import Agent
 from pipeline.evaluation.replies import execution_error, parse_action
-from pipeline.evaluation.run import evaluate_agent
+from pipeline.evaluation.run import RESULT_DESCRIPTIONS, evaluate_agent
 from pipeline.evaluation.trajectory import CONSECUTIVE_LIMIT, AgentSpec, Query
 from pipeline.storage import DataLayout
 from testbed.database import generate_event_database
@@ -370,6 +370,8 @@ def test_evaluate_agent_stores_scores_and_trajectories(data_dir):
     assert record["rounds"] == 2 and record["n"] == 2 and not record["contaminated"]
     assert record["end_states"] == {"final_answer": 3, "invalid_actions": 1}
     assert record["answer_sources"] == {"final_answer": 3, "final_request": 1}
+    # Every column (an LLM run's episode columns too) is described for the evaluation asset's Columns tab.
+    assert set(results.columns) == set(RESULT_DESCRIPTIONS)
     # Round 0 scores L2 F1 100 (042 exact) and 66.7 (190 of 190/193); round 1 scores 0.
     assert record["metrics"]["level2_f1"] == pytest.approx((100 + 200 / 3) / 2 / 2)
     assert record["metrics_std"]["level2_f1"] == pytest.approx(((100 + 200 / 3) / 2) / 2**0.5)

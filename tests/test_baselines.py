@@ -22,7 +22,7 @@ from pipeline.evaluation.board import leaderboard
 from pipeline.evaluation.metrics import SET_METRICS
 from pipeline.evaluation.queries import load_history
 from pipeline.evaluation.registry import Agent
-from pipeline.evaluation.run import AGGREGATE_COLUMNS, NotEligible, evaluate_baseline
+from pipeline.evaluation.run import AGGREGATE_COLUMNS, RESULT_DESCRIPTIONS, NotEligible, evaluate_baseline
 from pipeline.storage import DataLayout, atomic_write_parquet
 
 T = date(2024, 2, 10)
@@ -186,6 +186,8 @@ def test_evaluate_baseline_writes_results_and_scores(tmp_path):
     stored = json.loads((directory / "scores.json").read_text())
     assert stored == record
     assert pl.read_parquet(directory / "results.parquet").equals(results)
+    # Each column is described for the evaluation asset's Columns tab.
+    assert set(results.columns) <= set(RESULT_DESCRIPTIONS)
     # level 2: pred {036, 042, 043, 057, 190}, gold {036, 190}: P = 2/5 = 40, R = 100.
     assert record["metrics"]["level2_precision"] == pytest.approx(40.0)
     assert record["metrics"]["level2_recall"] == 100.0

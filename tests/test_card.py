@@ -396,10 +396,6 @@ def test_relative_figure_paths_are_kept(manifest, queries):
     assert "](figures/country_pairs.png)" in text
 
 
-def test_every_query_field_is_described():
-    assert set(card_composition.FIELD_DESCRIPTIONS) == set(QUERIES_SCHEMA.names())
-
-
 def test_size_categories():
     assert [card._size_category(n) for n in (0, 999, 1000, 99_999, 100_000)] == [
         "n<1K",

@@ -20,7 +20,7 @@ import polars as pl
 import pytest
 import requests
 
-from pipeline.gdelt.schema import EXPORT_COLUMNS, MENTIONS_COLUMNS
+from pipeline.gdelt.schema import EXPORT_SCHEMA, MENTIONS_SCHEMA
 from testbed.generate import generate_mirror
 from testbed.serve import MirrorServer
 
@@ -59,7 +59,7 @@ def split_lines(data: bytes, n_fields: int) -> tuple[list[bytes], Counter]:
 
 
 def frame(lines: list[bytes], columns) -> pl.DataFrame:
-    names = [name for name, _ in columns]
+    names = list(columns)
     if not lines:
         return pl.DataFrame(schema=dict.fromkeys(names, pl.String))
     return pl.read_csv(
@@ -176,8 +176,8 @@ def parsed(day) -> dict:
         if not s["listed"]:
             continue
         for kind, n_fields, columns, out in (
-            ("export", 61, EXPORT_COLUMNS, export),
-            ("mentions", 16, MENTIONS_COLUMNS, mentions),
+            ("export", 61, EXPORT_SCHEMA, export),
+            ("mentions", 16, MENTIONS_SCHEMA, mentions),
         ):
             f = s[kind]
             data = member(root / "gdeltv2" / f["file"])

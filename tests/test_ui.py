@@ -19,12 +19,12 @@ from assets.articles import articles, fetch_ledger
 from assets.database import event_database
 from assets.evaluations import agent_partitions, evaluation, leaderboard
 from assets.ingest import gdelt_files
-from assets.metadata import COLUMN_SCHEMA, table_schema
+from assets.metadata import COLUMN_SCHEMA, column_schema
 from assets.resources import resources_for
 from assets.splits import test_split as split_asset
 from pipeline.evaluation.board import summary
 from pipeline.evaluation.board_files import BOARD_FILE
-from pipeline.events.normalize import EVENTS_SCHEMA
+from pipeline.events.normalize import EVENTS_COLUMNS
 from pipeline.events.quads import QUADS_SCHEMA
 from pipeline.storage import DataLayout, atomic_write_parquet
 from quality.split_checks import split_leakage_audit
@@ -351,20 +351,23 @@ def test_the_pictures_open_from_the_asset_page(ui, browser, asset, partition, la
 
 def test_every_parquet_asset_is_served_with_its_columns(ui):
     """The webserver serves each parquet asset's ``dagster/column_schema`` (the asset page's
-    Columns), column by column as the asset's code writes it."""
+    Columns), column by column as the asset's code writes and describes it."""
     query = """{ assetNodes { assetKey { path } kinds metadataEntries { label
-        ... on TableSchemaMetadataEntry { schema { columns { name type } } } } } }"""
+        ... on TableSchemaMetadataEntry { schema { columns { name type description } } } } } }"""
     nodes = graphql(ui["url"], query)["assetNodes"]
     parquet = {"/".join(n["assetKey"]["path"]) for n in nodes if "parquet" in n["kinds"]}
     served = {
-        "/".join(n["assetKey"]["path"]): [(c["name"], c["type"]) for c in e["schema"]["columns"]]
+        "/".join(n["assetKey"]["path"]): [(c["name"], c["type"], c["description"]) for c in e["schema"]["columns"]]
         for n in nodes
         for e in n["metadataEntries"]
         if e["label"] == COLUMN_SCHEMA
     }
     assert {"events", "daily_quads", "articles", "fetch_ledger", "test_split", "leaderboard"} <= parquet
     assert sorted(parquet - SCHEMA_AT_MATERIALISATION - set(served)) == []
-    written = {key: [(c.name, c.type) for c in table_schema(WRITTEN_WITH[key]).columns] for key in served}
+    written = {
+        key: [(c.name, c.type, c.description) for c in column_schema(WRITTEN_WITH[key])[COLUMN_SCHEMA].columns]
+        for key in served
+    }
     assert served == written
 
 
@@ -393,18 +396,18 @@ def _scroll_to(driver, xpath: str, block: str) -> str:
 
 
 def test_the_columns_of_a_parquet_asset_show_on_its_page(ui, browser):
-    """The events asset's page lists its columns with their types (from its definition: the
-    fixture never materialises events), as a table; photographed for a look."""
+    """The events asset's page lists its columns with their types and descriptions (from its
+    definition: the fixture never materialises events), as a table; photographed for a look."""
     from selenium.webdriver.support.ui import WebDriverWait
 
-    columns = [(c.name, c.type) for c in table_schema(EVENTS_SCHEMA).columns]
+    columns = [(c.name, c.type, c.description) for c in column_schema(EVENTS_COLUMNS)[COLUMN_SCHEMA].columns]
     _open_and_wait_for(browser, f"{ui['url']}/assets/events", ["Columns", "Column name", columns[-1][0]])
     table = "//table[.//td[normalize-space(text())='Column name']]"
     # The rows render after the header: wait until every column has its row.
     WebDriverWait(browser, RENDER_TIMEOUT_S).until(lambda d: len(_table_rows(d, table)) == 1 + len(columns))
     header, *rows = _table_rows(browser, table)
     assert header == ["Column name", "Type", "Description"]
-    assert [(name, kind) for name, kind, _ in rows] == columns
+    assert [tuple(row) for row in rows] == columns
     _scroll_to(browser, "//span[normalize-space(text())='Columns']", "start")
     _wait_until_still(browser)
     browser.save_screenshot(str(ui["root"] / "events_columns_in_ui.png"))

@@ -19,6 +19,7 @@ from pipeline.articles.fetch import FetchRun, fetch_articles, read_html
 from pipeline.articles.ledger import read_ledger
 from pipeline.articles.obelics import PROFILES, DomainParagraphDedup, filter_document
 from pipeline.articles.urls import normalize_url
+from pipeline.columns import Columns
 from pipeline.config import ArticleSettings, DatasetSettings, NetworkSettings
 from pipeline.events.daily import scan_parsed
 from pipeline.http import utc_now
@@ -27,31 +28,35 @@ from pipeline.storage import DataLayout, verified, write_sealed_parquet
 ARTICLES_VERSION = "articles-v1"
 ABSTRACT_MIN_CHARS = 50  # MIRAI's data_news.csv: add paragraphs while the abstract is ≤ 50 chars
 
-ARTICLES_SCHEMA = pl.Schema(
-    [
-        ("url", pl.String),  # normalised
-        ("url_md5", pl.String),
-        ("day", pl.Date),  # the publication day of the events that selected it
-        ("fetched_at", pl.Datetime("us", "UTC")),
-        ("http_status", pl.Int16),
-        ("final_url", pl.String),
-        ("title", pl.String),
-        ("text", pl.String),  # the paragraphs that survive the filters, "\n"-separated
-        ("abstract", pl.String),
-        ("date_published", pl.String),
-        ("lang", pl.String),
-        ("lang_score", pl.Float64),
-        ("n_words", pl.Int64),
-        ("extraction_error", pl.String),
-        ("kept", pl.Boolean),
-        ("failing_filter", pl.String),
-        ("failing_value", pl.Float64),
-        ("paragraphs_in", pl.Int32),
-        ("paragraphs_kept", pl.Int32),
-        ("paragraph_drops", pl.String),  # JSON {paragraph filter: paragraphs it removed}
-        ("profile", pl.String),
-    ]
+ARTICLES_COLUMNS = Columns(
+    {
+        "url": (pl.String, "Normalised article URL (a quad's SOURCEURL, pipeline.articles.urls.normalize_url)"),
+        "url_md5": (pl.String, "md5 of url: the news table's article_id"),
+        "day": (pl.Date, "Day of the events whose quads selected the URL"),
+        "fetched_at": (pl.Datetime("us", "UTC"), "When the page was fetched (fetch ledger)"),
+        "http_status": (pl.Int16, "HTTP status of the fetch (fetch ledger)"),
+        "final_url": (pl.String, "URL after redirects (fetch ledger)"),
+        "title": (pl.String, "Title extracted by trafilatura"),
+        "text": (pl.String, 'Paragraphs that survive the filters, "\\n"-separated; empty when not kept'),
+        "abstract": (pl.String, "Title, then leading paragraphs until over 50 characters (MIRAI's abstract)"),
+        "date_published": (pl.String, "The page's own publication date (YYYY-MM-DD), if it declares one"),
+        "lang": (pl.String, "fastText lid.176 top-1 language of the text"),
+        "lang_score": (pl.Float64, "fastText lid.176 score of lang"),
+        "n_words": (pl.Int64, "Words of the extracted text (OBELICS words)"),
+        "extraction_error": (pl.String, "Why extraction gave no usable text; null when it did"),
+        "kept": (pl.Boolean, "Whether the article passed every filter of the profile"),
+        "failing_filter": (
+            pl.String,
+            "First failing document filter (or domain_dedup, or extraction:ERROR); null when kept",
+        ),
+        "failing_value": (pl.Float64, "The failing filter's measured value"),
+        "paragraphs_in": (pl.Int32, "Paragraphs of the extracted text"),
+        "paragraphs_kept": (pl.Int32, "Paragraphs that survived the paragraph filters"),
+        "paragraph_drops": (pl.String, "JSON {paragraph filter: paragraphs it removed}"),
+        "profile": (pl.String, "Filter profile applied (MIRAI_ARTICLE_PROFILE)"),
+    }
 )
+ARTICLES_SCHEMA = ARTICLES_COLUMNS.schema
 
 
 def _same_line(a: str, b: str) -> bool:

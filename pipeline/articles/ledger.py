@@ -27,32 +27,34 @@ import polars as pl
 
 from pipeline.articles.outcome import STATUSES, FetchOutcome
 from pipeline.articles.urls import normalize_url, url_md5
+from pipeline.columns import Columns
 from pipeline.storage import DataLayout, atomic_write_parquet
 
 LEDGER_VERSION = "1"
 TS = pl.Datetime("us", "UTC")
 
-FETCH_LEDGER_SCHEMA = pl.Schema(
-    [
-        ("url", pl.String),  # normalised (pipeline.articles.urls.normalize_url): the key
-        ("url_md5", pl.String),
-        ("status", pl.String),  # of the last run that tried it (pipeline.articles.outcome.STATUSES)
-        ("http_status", pl.Int16),
-        ("final_url", pl.String),  # after redirects (or the refused redirect target)
-        ("error_class", pl.String),
-        ("last_error", pl.String),
-        ("content_type", pl.String),
-        ("bytes", pl.Int64),  # decoded HTML size
-        ("attempts", pl.Int32),  # HTTP attempts over all runs
-        ("tries", pl.Int32),  # runs that tried it
-        ("first_tried_at", TS),
-        ("last_tried_at", TS),
-        ("fetched_at", TS),
-        ("next_retry_at", TS),  # null when fetched or given up
-        ("gave_up", pl.Boolean),
-        ("html_path", pl.String),  # raw_html/<md5[:2]>/<md5>.html.gz, relative to MIRAI_DATA_DIR
-    ]
+FETCH_LEDGER_COLUMNS = Columns(
+    {
+        "url": (pl.String, "Normalised article URL (pipeline.articles.urls.normalize_url): the key"),
+        "url_md5": (pl.String, "md5 of url, naming the stored HTML"),
+        "status": (pl.String, "Outcome of the last run that tried it (pipeline.articles.outcome.STATUSES)"),
+        "http_status": (pl.Int16, "HTTP status of the last attempt"),
+        "final_url": (pl.String, "URL after redirects (or the refused redirect target)"),
+        "error_class": (pl.String, "Class of the last error"),
+        "last_error": (pl.String, "Message of the last error"),
+        "content_type": (pl.String, "Content-Type of the response"),
+        "bytes": (pl.Int64, "Decoded HTML size"),
+        "attempts": (pl.Int32, "HTTP attempts over all runs"),
+        "tries": (pl.Int32, "Runs that tried it"),
+        "first_tried_at": (TS, "When a run first tried it"),
+        "last_tried_at": (TS, "When a run last tried it"),
+        "fetched_at": (TS, "When it was fetched; null until then"),
+        "next_retry_at": (TS, "When it is next due; null when fetched or given up"),
+        "gave_up": (pl.Boolean, "Whether it will not be tried again (final status or retries exhausted)"),
+        "html_path": (pl.String, "The stored page, raw_html/{md5[:2]}/{md5}.html.gz relative to MIRAI_DATA_DIR"),
+    }
 )
+FETCH_LEDGER_SCHEMA = FETCH_LEDGER_COLUMNS.schema
 
 
 def _utc(moment: datetime) -> datetime:

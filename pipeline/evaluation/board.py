@@ -23,7 +23,8 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from pipeline.evaluation.metrics import SET_METRICS
+from pipeline.columns import Columns
+from pipeline.evaluation.metrics import SET_METRIC_MEANINGS, SET_METRICS
 from pipeline.evaluation.run import (
     AGGREGATE_COLUMNS,
     RANK_METRIC,
@@ -42,41 +43,72 @@ RANK_DIGITS = 4  # scoring's precision (scoring._round): ranks compare the metri
 BOOTSTRAP_SEED = 0  # scoring.score_predictions' default seed: `mirai score` gives the same intervals
 SOURCES = ("registered", "submission")
 # The columns of every row, before the metrics (<metric>, <metric>_std, <metric>_ci95_low/high).
-KEY_SCHEMA = {
-    "month": pl.String,
-    "query_set": pl.String,
-    "distance": pl.Int64,
-    "agent": pl.String,  # a registered agent's name or a submission's name
-    "source": pl.String,  # registered | submission
-    "kind": pl.String,  # baseline | llm for registered runs; null for submissions
-    "model": pl.String,
-    "knowledge_cutoff": pl.String,
-    "contaminated": pl.Boolean,
-    "n": pl.Int64,
-    "rounds": pl.Int64,
-    "mode": pl.String,
-    "tools": pl.String,
-    "action_type": pl.String,
+KEY_COLUMNS = {
+    "month": (pl.String, "Month of the test split evaluated (YYYY-MM)"),
+    "query_set": (pl.String, "queries (the whole split) or queries_sample (MIRAI's balanced sample)"),
+    "distance": (pl.Int64, "Days before t the agent could see events up to (t − distance)"),
+    "agent": (pl.String, "A registered agent's name or a submission's name"),
+    "source": (pl.String, "registered (evaluated here) or submission (scored from a submitted file)"),
+    "kind": (pl.String, "baseline or llm for registered runs; null for submissions"),
+    "model": (pl.String, "The model's name (or GGUF file); null for a baseline"),
+    "knowledge_cutoff": (pl.String, "The model's knowledge cutoff (YYYY-MM-DD)"),
+    "contaminated": (pl.Boolean, "Whether the knowledge cutoff is not before the month (such rows are not ranked)"),
+    "n": (pl.Int64, "Queries scored"),
+    "rounds": (pl.Int64, "Rounds K each query was run"),
+    "mode": (pl.String, "native (our API) or mirai (MIRAI's own loop); null for a baseline"),
+    "tools": (pl.String, "A ReAct agent's API subset: full, kg or news"),
+    "action_type": (pl.String, "A ReAct agent's action type: single_function or code_block"),
 }
+# What each metric is (docs/evaluation.md; MIRAI's eval.py), in percent except the KL divergences.
+METRIC_DESCRIPTIONS = {
+    **{m: f"{meaning}, mean over queries" for m, meaning in SET_METRIC_MEANINGS.items()},
+    "mrr": "Mean reciprocal rank of the first correct second-level code in the ranked list",
+    f"hit_at_{HIT_K}": f"Share of queries with a correct second-level code in the top {HIT_K} of the ranked list",
+}
+_METRIC_SUFFIXES = {
+    "": "{}",
+    "_std": "{}: sample std over the rounds",
+    "_ci95_low": "{}: 95% bootstrap interval's low end",
+    "_ci95_high": "{}: 95% bootstrap interval's high end",
+}
+
+
+def _aggregate_description(column: str) -> str:
+    """An across-round aggregate column's meaning (run.AGGREGATION_RULE)."""
+    if column.startswith("max_at_k_"):
+        return f"Max@K {column.removeprefix('max_at_k_')}: per query the round with the best second-level F1"
+    if column.startswith("repeated_"):
+        return f"{column.removeprefix('repeated_')} of the codes predicted in at least 2 of the K rounds"
+    return {"avg_steps": "Mean ReAct steps per episode"}[column]
+
+
 # After the metrics: cost and provenance, then the across-round aggregates.
-TAIL_SCHEMA = {
-    "tokens_in": pl.Int64,
-    "tokens_out": pl.Int64,
-    "cost_usd": pl.Float64,
-    "code_version": pl.String,
-    "evaluated_at": pl.String,
-    "aggregation": pl.String,
-    **dict.fromkeys(AGGREGATE_COLUMNS, pl.Float64),
+TAIL_COLUMNS = {
+    "tokens_in": (pl.Int64, "Prompt tokens over the run"),
+    "tokens_out": (pl.Int64, "Completion tokens over the run"),
+    "cost_usd": (pl.Float64, "Estimated cost in US dollars from the registry's token prices"),
+    "code_version": (pl.String, "The pipeline's code version that evaluated the run; null for submissions"),
+    "evaluated_at": (pl.String, "When the run was evaluated or the submission scored (ISO 8601, UTC)"),
+    "aggregation": (pl.String, "What the row's metric columns are: rounds, and which aggregates it stored"),
+    **{column: (pl.Float64, _aggregate_description(column)) for column in AGGREGATE_COLUMNS},
 }
-BOARD_SCHEMA = {
-    "rank": pl.UInt32,
-    # Whether the row's 95% interval of RANK_METRIC overlaps its group leader's (RANK_RULE); null
-    # for unranked rows.
-    "overlaps_leader": pl.Boolean,
-    **KEY_SCHEMA,
-    **{f"{m}{suffix}": pl.Float64 for m in METRICS for suffix in ("", "_std", "_ci95_low", "_ci95_high")},
-    **TAIL_SCHEMA,
-}
+BOARD_COLUMNS = Columns(
+    {
+        "rank": (pl.UInt32, "Rank within month, query set and distance (1 = best); null when not ranked"),
+        "overlaps_leader": (
+            pl.Boolean,
+            "Whether the row's 95% interval of second-level F1 overlaps its leader's (RANK_RULE); null if unranked",
+        ),
+        **KEY_COLUMNS,
+        **{
+            f"{m}{suffix}": (pl.Float64, template.format(METRIC_DESCRIPTIONS[m]))
+            for m in METRICS
+            for suffix, template in _METRIC_SUFFIXES.items()
+        },
+        **TAIL_COLUMNS,
+    }
+)
+BOARD_SCHEMA = BOARD_COLUMNS.schema
 GROUP = ("month", "query_set", "distance")
 # What the Dagster UI and the demo show of each row; the parquet file has every column.
 SUMMARY_COLUMNS = (

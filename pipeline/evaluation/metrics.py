@@ -64,6 +64,22 @@ SET_METRICS = (
     "binary_kl",
     "quad_kl",
 )
+_SCORED = {
+    "level1": "first-level CAMEO codes",
+    "level2": "second-level CAMEO codes",
+    "binary": "binary classes (cooperation, conflict)",
+    "quad": "quad classes (verbal/material cooperation/conflict)",
+}
+# What each set metric measures, for the descriptions of the columns that hold one (board.py, run.py).
+SET_METRIC_MEANINGS = {
+    **{
+        f"{level}_{measure}": f"{name} of the predicted {what}"
+        for level, what in _SCORED.items()
+        for measure, name in (("precision", "Precision"), ("recall", "Recall"), ("f1", "F1"))
+    },
+    "binary_kl": "KL(gold ‖ predicted) of the binary class distributions",
+    "quad_kl": "KL(gold ‖ predicted) of the quad class distributions",
+}
 
 
 @dataclass(frozen=True)

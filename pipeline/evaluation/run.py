@@ -51,6 +51,7 @@ from pipeline.evaluation.clients import client_for
 from pipeline.evaluation.episodes import episode_concurrency, gated_tables_mb, run_episodes, sandbox_slots
 from pipeline.evaluation.llm import ChatClient, ClientSettings
 from pipeline.evaluation.metrics import (
+    SET_METRIC_MEANINGS,
     SET_METRICS,
     aggregate_answers,
     aggregate_rounds,
@@ -106,6 +107,34 @@ def admit(agent: Agent, month: date, force: bool) -> tuple[bool, str]:
     if not eligible and not force:
         raise NotEligible(f"{agent.name} on {month:%Y-%m}: {reason} (force the run to store it as contaminated)")
     return not eligible, reason
+
+
+# What each column of results.parquet holds (the Dagster UI's Columns tab of `evaluation`): the
+# per-query scores, then, for an LLM run, the round and its episode's columns (_episode_columns).
+RESULT_DESCRIPTIONS = {
+    "query_id": "The query scored (the split's query_id)",
+    "date": "Day t the query asks about",
+    "s": "Subject country, ISO 3166-1 alpha-3",
+    "o": "Object country, ISO 3166-1 alpha-3",
+    "gold": "The query's answer_dict (JSON)",
+    "prediction": "The agent's answer as an answer_dict (JSON)",
+    "ranked": "The agent's second-level codes, best first (MRR and Hit@10 read them)",
+    **{
+        m: f"{meaning} for this query{'' if m.endswith('_kl') else ', in percent'}"
+        for m, meaning in SET_METRIC_MEANINGS.items()
+    },
+    "reciprocal_rank": "1 / rank of the first correct second-level code in ranked, 0 if none",
+    f"hit_at_{HIT_K}": f"1 if a correct second-level code is among the first {HIT_K} of ranked, else 0",
+    "round": "The round (0 … K − 1) of an LLM run",
+    "end_state": "How the episode ended (final_answer, invalid_actions, error, …)",
+    "answer_source": "Where the answer came from: final_answer, final_request, extraction or none",
+    "n_actions": "ReAct actions the episode took",
+    "tokens_in": "Prompt tokens of the episode",
+    "tokens_out": "Completion tokens of the episode",
+    "model_s": "Seconds spent in model calls",
+    "env_s": "Seconds spent in environment (sandbox) calls",
+    "wall_s": "Wall-clock seconds of the episode",
+}
 
 
 def score_forecasts(queries: pl.DataFrame, forecasts: pl.DataFrame) -> tuple[pl.DataFrame, dict[str, float]]:

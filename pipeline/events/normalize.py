@@ -29,6 +29,7 @@ import numpy as np
 import polars as pl
 import polars_hash as plh
 
+from pipeline.columns import Columns
 from pipeline.events.code_tables import EXCLUDED, UNKNOWN, code_lookups
 from pipeline.reference.tables import COUNTRY_TABLE_VERSION, RELATION_TABLE_VERSION, country_table
 
@@ -53,29 +54,35 @@ EXCLUSIONS = (
     "invalid_relation",  # rule 5: '--', '---' or any code outside the level-2 set
 )
 
-EVENTS_SCHEMA = pl.Schema(
-    [
-        ("event_id", pl.Int64),
-        ("date", pl.Date),
-        ("s", pl.String),
-        ("r", pl.String),
-        ("o", pl.String),
-        ("r1", pl.String),
-        ("s_cameo", pl.String),
-        ("o_cameo", pl.String),
-        ("event_code", pl.String),
-        ("quad_class", pl.Int8),
-        ("goldstein", pl.Float64),
-        ("num_mentions", pl.Int32),
-        ("num_sources", pl.Int32),
-        ("num_articles", pl.Int32),
-        ("avg_tone", pl.Float64),
-        ("date_added", pl.Datetime("us", "UTC")),
-        ("url", pl.String),
-    ]
+EVENTS_COLUMNS = Columns(
+    {
+        "event_id": (pl.Int64, "GDELT's GLOBALEVENTID"),
+        "date": (pl.Date, "Day GDELT added the event (DATEADDED's UTC day), equal to its SQLDATE (rule 2)"),
+        "s": (pl.String, "Subject country: Actor1CountryCode as ISO 3166-1 alpha-3 (XKX for Kosovo)"),
+        "r": (pl.String, "Relation: GDELT's EventBaseCode, a CAMEO level-2 code (e.g. 042)"),
+        "o": (pl.String, "Object country: Actor2CountryCode as ISO 3166-1 alpha-3 (XKX for Kosovo)"),
+        "r1": (pl.String, "CAMEO level-1 code of r, its first two digits (e.g. 04)"),
+        "s_cameo": (pl.String, "GDELT's Actor1CountryCode (CAMEO country code) as received"),
+        "o_cameo": (pl.String, "GDELT's Actor2CountryCode (CAMEO country code) as received"),
+        "event_code": (pl.String, "GDELT's EventCode: the full CAMEO action code (e.g. 0421)"),
+        "quad_class": (pl.Int8, "GDELT's QuadClass: 1 verbal cooperation … 4 material conflict"),
+        "goldstein": (pl.Float64, "GDELT's GoldsteinScale, -10 to +10"),
+        "num_mentions": (pl.Int32, "GDELT's NumMentions"),
+        "num_sources": (pl.Int32, "GDELT's NumSources"),
+        "num_articles": (pl.Int32, "GDELT's NumArticles"),
+        "avg_tone": (pl.Float64, "GDELT's AvgTone"),
+        "date_added": (pl.Datetime("us", "UTC"), "GDELT's DATEADDED: the 15-minute slot that added the event"),
+        "url": (pl.String, "GDELT's SOURCEURL: the first document reporting the event"),
+    }
 )
-# Actor country codes the country table does not know, with the rows naming them.
-UNMAPPED_CODES_SCHEMA = pl.Schema([("code", pl.String), ("rows", pl.Int64)])
+EVENTS_SCHEMA = EVENTS_COLUMNS.schema
+UNMAPPED_CODES_COLUMNS = Columns(
+    {
+        "code": (pl.String, "An Actor1CountryCode or Actor2CountryCode the CAMEO→ISO country table lacks"),
+        "rows": (pl.Int64, "Rows of the day's GDELT export naming it (as either actor)"),
+    }
+)
+UNMAPPED_CODES_SCHEMA = UNMAPPED_CODES_COLUMNS.schema
 
 INPUT_COLUMNS = (
     "GLOBALEVENTID",

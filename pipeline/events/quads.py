@@ -7,20 +7,26 @@ from __future__ import annotations
 
 import polars as pl
 
-QUADS_SCHEMA = pl.Schema(
-    [
-        ("date", pl.Date),
-        ("s", pl.String),
-        ("r", pl.String),
-        ("o", pl.String),
-        ("r1", pl.String),
-        ("daily_mentions", pl.Int64),
-        ("n_events", pl.UInt32),
-        ("urls", pl.List(pl.String)),
-        ("n_urls", pl.UInt32),
-        ("web_mention_urls", pl.UInt32),
-    ]
+from pipeline.columns import Columns
+
+QUADS_COLUMNS = Columns(
+    {
+        "date": (pl.Date, "Day of the quad's events (the events table's date)"),
+        "s": (pl.String, "Subject country, ISO 3166-1 alpha-3"),
+        "r": (pl.String, "Relation, a CAMEO level-2 code (GDELT's EventBaseCode)"),
+        "o": (pl.String, "Object country, ISO 3166-1 alpha-3"),
+        "r1": (pl.String, "CAMEO level-1 code of r"),
+        "daily_mentions": (pl.Int64, "GDELT's NumMentions summed over the quad's events"),
+        "n_events": (pl.UInt32, "Kept events of the quad"),
+        "urls": (pl.List(pl.String), "Distinct SOURCEURLs of the quad's events, sorted"),
+        "n_urls": (pl.UInt32, "Length of urls"),
+        "web_mention_urls": (
+            pl.UInt32,
+            "Distinct WEB MentionIdentifiers of the events (GDELT mentions table) seen on the quad's day",
+        ),
+    }
 )
+QUADS_SCHEMA = QUADS_COLUMNS.schema
 
 
 def daily_quads(

@@ -23,6 +23,7 @@ from datetime import date
 
 import polars as pl
 
+from pipeline.columns import Columns
 from pipeline.markdown import markdown_text
 from pipeline.storage import DataLayout, atomic_write_parquet
 
@@ -31,27 +32,28 @@ STATUSES = ("landed", "late", "pending", "missing", "corrupt", "failed", "quaran
 GREEN = ("landed", "late")
 TS = pl.Datetime("us", "UTC")
 
-LEDGER_SCHEMA = pl.Schema(
-    [
-        ("day", pl.Date),
-        ("slot", TS),
-        ("kind", pl.String),
-        ("status", pl.String),
-        ("listed", pl.Boolean),
-        ("expected_size", pl.Int64),
-        ("expected_md5", pl.String),
-        ("size", pl.Int64),
-        ("path", pl.String),  # relative to MIRAI_DATA_DIR
-        ("attempts", pl.Int32),  # HTTP attempts over all runs
-        ("http_status", pl.Int16),  # of the last attempt
-        ("last_error", pl.String),
-        ("quarantined", pl.Int32),  # bad copies kept under quarantine/
-        ("first_checked_at", TS),
-        ("unavailable_since", TS),  # first run that could not get it
-        ("landed_at", TS),
-        ("updated_at", TS),
-    ]
+LEDGER_COLUMNS = Columns(
+    {
+        "day": (pl.Date, "The UTC day the slot belongs to"),
+        "slot": (TS, "Start of the 15-minute slot (UTC)"),
+        "kind": (pl.String, "GDELT file kind: export or mentions"),
+        "status": (pl.String, "landed, late, pending, missing, corrupt, failed, quarantined or not_due"),
+        "listed": (pl.Boolean, "Whether GDELT's file index (masterfilelist.txt, lastupdate.txt) lists the file"),
+        "expected_size": (pl.Int64, "Size in bytes GDELT's file index gives"),
+        "expected_md5": (pl.String, "md5 GDELT's file index gives"),
+        "size": (pl.Int64, "Size in bytes of the stored zip"),
+        "path": (pl.String, "The stored file, relative to MIRAI_DATA_DIR"),
+        "attempts": (pl.Int32, "HTTP attempts over all runs"),
+        "http_status": (pl.Int16, "HTTP status of the last attempt"),
+        "last_error": (pl.String, "Why the last attempt failed (or the file is quarantined)"),
+        "quarantined": (pl.Int32, "Bad copies kept under quarantine/"),
+        "first_checked_at": (TS, "When a run first looked at the slot"),
+        "unavailable_since": (TS, "First run that could not get the file"),
+        "landed_at": (TS, "When the file landed"),
+        "updated_at": (TS, "When a run last updated the row"),
+    }
 )
+LEDGER_SCHEMA = LEDGER_COLUMNS.schema
 
 
 def read_ledger(layout: DataLayout, day: date) -> pl.DataFrame:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import polars as pl
 
+from pipeline.columns import Columns
 from pipeline.config import DatasetSettings, LiveSettings
 from pipeline.gdelt.ledger import read_ledger, summarize
 from pipeline.live.publication import store_deadline, write_live_index
@@ -36,7 +37,16 @@ from pipeline.splits.database import day_events, day_inputs_missing
 from pipeline.splits.split import CLOSED_STATUSES
 from pipeline.storage import DataLayout, atomic_write_parquet
 
-ANSWERS_SCHEMA = pl.Schema([("query_id", pl.String), ("answer_list", pl.List(pl.String))])
+ANSWERS_COLUMNS = Columns(
+    {
+        "query_id": (pl.String, "The question answered (the round's query_id)"),
+        "answer_list": (
+            pl.List(pl.String),
+            "Sorted unique CAMEO level-2 codes s took toward o on the target date (event database rule); may be empty",
+        ),
+    }
+)
+ANSWERS_SCHEMA = ANSWERS_COLUMNS.schema
 RESOLUTION_VERSION = "live-resolution-v1"
 # An answers file is ~100 questions × ~60 bytes; anything far larger in the store is not ours.
 MAX_ANSWERS_BYTES = 16 * 2**20

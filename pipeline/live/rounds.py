@@ -29,6 +29,7 @@ from pathlib import Path
 
 import polars as pl
 
+from pipeline.columns import Columns
 from pipeline.config import DatasetSettings, LiveSettings
 from pipeline.reference import country_names, region_table
 from pipeline.release.layout import ReleaseError
@@ -39,22 +40,23 @@ from pipeline.storage import DataLayout, verified
 # The draw below, as each round's manifest records it (publication.round_manifest).
 LIVE_SAMPLER_VERSION = "live-balanced-greedy-v1"
 
-QUESTIONS_SCHEMA = pl.Schema(
-    [
-        ("query_id", pl.String),  # "YYYY-MM-DD-NNNN" (the round's day), numbered in (date, s, o) order
-        ("round", pl.String),
-        ("horizon", pl.Int32),  # days after D
-        ("date", pl.Date),  # the target date t = D + horizon
-        ("s", pl.String),
-        ("o", pl.String),
-        ("s_name", pl.String),
-        ("o_name", pl.String),
-        ("s_region", pl.String),
-        ("o_region", pl.String),
-        ("query_code", pl.String),  # "(2024-01-03, USA, ?, CHN)"
-        ("stratum", pl.String),  # active | quiet: private, never published
-    ]
+QUESTIONS_COLUMNS = Columns(
+    {
+        "query_id": (pl.String, 'Identifier "YYYY-MM-DD-NNNN" (the round\'s day D), numbered in (date, s, o) order'),
+        "round": (pl.String, "The round's day D (YYYY-MM-DD)"),
+        "horizon": (pl.Int32, "Days from D to the target date"),
+        "date": (pl.Date, "The target date t = D + horizon the question asks about"),
+        "s": (pl.String, "Subject country, ISO 3166-1 alpha-3 (XKX for Kosovo)"),
+        "o": (pl.String, "Object country, ISO 3166-1 alpha-3"),
+        "s_name": (pl.String, "Subject country name"),
+        "o_name": (pl.String, "Object country name"),
+        "s_region": (pl.String, "Subject country's region"),
+        "o_region": (pl.String, "Object country's region"),
+        "query_code": (pl.String, 'The question as MIRAI writes it, e.g. "(2024-01-03, USA, ?, CHN)"'),
+        "stratum": (pl.String, "Pool the pair was drawn from, active or quiet: private, never published"),
+    }
 )
+QUESTIONS_SCHEMA = QUESTIONS_COLUMNS.schema
 PUBLISHED_COLUMNS = QUESTIONS_SCHEMA.names()[:-1]
 
 

@@ -11,28 +11,11 @@ from __future__ import annotations
 import polars as pl
 
 from pipeline.reference.tables import relation_table
+from pipeline.release.tables import QUERIES_COLUMNS
 from pipeline.splits.card_figures import QUAD_NAMES, quad_counts
 from pipeline.splits.card_format import manifest_value, markdown_table, number_text
 
 LONG_ANSWER = 10
-
-FIELD_DESCRIPTIONS = {
-    "query_id": 'Identifier "YYYY-MM-NNNNN", numbered in (date, s, o) order',
-    "date": "Day t the query asks about (UTC)",
-    "s": "Subject country, ISO 3166-1 alpha-3 (XKX for Kosovo)",
-    "o": "Object country, ISO 3166-1 alpha-3",
-    "s_name": "Subject country name",
-    "o_name": "Object country name",
-    "s_region": "Subject country's region",
-    "o_region": "Object country's region",
-    "query_code": 'The query as MIRAI writes it, e.g. "(2024-01-03, USA, ?, CHN)"',
-    "answer_list": "Sorted unique CAMEO level-2 codes s took toward o on day t (the label)",
-    "answer_level1": "Sorted unique CAMEO level-1 codes of answer_list",
-    "answer_dict": 'JSON {"01": ["010", "013"], ...}: level-2 codes under their level-1 code, MIRAI\'s answer format',
-    "daily_mentions": "GDELT mentions summed over the query's quads in the event database",
-    "n_articles": "Distinct kept articles over the query's quads",
-    "min_articles": "Fewest kept articles of any test-grade quad of the query",
-}
 
 
 def frame_stats(df: pl.DataFrame) -> dict[str, object]:
@@ -118,7 +101,10 @@ def composition_section(manifest: dict, queries: pl.DataFrame, sample: pl.DataFr
         pl.col("mirai_quad_class").replace_strict(QUAD_NAMES, return_dtype=pl.String).alias("name")
     )
     # From the frame: the card describes the file as it was written.
-    fields = [(f"`{name}`", f"`{dtype}`", FIELD_DESCRIPTIONS.get(name, "")) for name, dtype in queries.schema.items()]
+    fields = [
+        (f"`{name}`", f"`{dtype}`", QUERIES_COLUMNS.descriptions.get(name, ""))
+        for name, dtype in queries.schema.items()
+    ]
     return f"""
 ## Composition
 
