@@ -869,7 +869,8 @@ def serve_release(data_dir: Path, port: int, say: Callable[[str], None] = _say) 
                 f"--split mirai-releases/{month}"
             )
             say(
-                "The Dagster UI (the command `mirai demo` printed last) picks submissions up from here while this runs."
+                "The Dagster UI (the command `mirai demo` printed last, with its MIRAI_S3_ENDPOINT_URL set to "
+                f"{endpoint}) picks submissions up from here while this runs."
             )
             say("Live rounds (docs/live.md): which are open, a round's questions, a live submission's status:")
             say(f"  MIRAI_S3_ENDPOINT_URL={endpoint} {_mirai()} live list --from {uri}")

@@ -61,6 +61,8 @@ def test_live_list_and_questions_on_seaweedfs(tmp_path, s3_server, bucket, monke
     assert (
         captured.err.startswith("round 2024-03-11: ") and "(sha256 verified), history cutoff 2024-03-10" in captured.err
     )
+    # The deadline acceptance uses (the store's clock), then the published one.
+    assert "store time (published deadline 2024-03-12T00:00:00+00:00)" in captured.err, captured.err
     out = tmp_path / "q" / "questions.jsonl"
     out.parent.mkdir()
     assert main(["live", "questions", "2024-03-11", "--from", uri, "--signed", "--out", str(out)]) == 0

@@ -129,7 +129,7 @@ def test_download_live_syncs_once_then_one_new_day(settings, store, tmp_path, ca
     for day in (FIRST, SECOND):
         publish(settings, store, day)
     code, out, _ = download(tmp_path, capsys, "--through", FIRST.isoformat())
-    assert code == 0 and "1 days downloaded" in out
+    assert code == 0 and "1 days downloaded" in out and "published yet" not in out
     code, out, _ = download(tmp_path, capsys)  # default --out mirai-live
     assert code == 0 and "1 days downloaded" in out and "1 already there" in out
     database = tmp_path / "mirai-live" / "database"
@@ -146,6 +146,10 @@ def test_download_live_syncs_once_then_one_new_day(settings, store, tmp_path, ca
             ).read_bytes()
     code, out, _ = download(tmp_path, capsys)
     assert code == 0 and "0 days downloaded (0 bytes, each file sha256-verified), 2 already there" in out
+    # A --through past the newest published day says so, instead of seeming to hold it.
+    later = (SECOND + timedelta(days=5)).isoformat()
+    code, out, _ = download(tmp_path, capsys, "--through", later)
+    assert code == 0 and f"no day after {SECOND} is published yet: --through {later} asked for more" in out
     publish(settings, store, DAY, now=CLOCK + timedelta(days=1))
     assert main(["download", "2024-03", "--live"]) == 1  # a release and the history are two downloads
     assert "--live downloads the live history" in capsys.readouterr().err

@@ -56,6 +56,7 @@ def test_accepted_and_refused_submissions_have_a_public_status(tmp_path, capsys)
     assert main(["status", "nobody", "--from", str(store.root)]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "mirai status: error: no status for 'nobody' at " in err
+    assert err.rstrip().endswith("or no submission has that name: check its spelling")  # a typo is not "pending"
     # A hostile store: a status with terminal controls shows them; one of another shape is refused.
     hostile = json.loads(store.get_bytes("live/status/tardy.json")) | {"model": "x\x1b]0;owned\x07\u202e"}
     (store.root / "live" / "status" / "tardy.json").write_text(json.dumps(hostile))

@@ -147,7 +147,10 @@ def test_a_late_submission_is_refused_naming_both_times(published):
         ({"p_event": 1.5}, "line 1: p_event 1.5 is not a probability from 0 to 1"),
         ({"p_event": "0.5"}, "line 1: p_event '0.5' is not a probability from 0 to 1"),
         ({"p_event": True}, "line 1: p_event True is not a probability from 0 to 1"),
-        ({"query_id": "2024-03-10-0099"}, "line 1: unknown query_id '2024-03-10-0099' (not in the split)"),
+        (
+            {"query_id": "2024-03-10-0099"},
+            "line 1: unknown query_id '2024-03-10-0099' (not in round 2024-03-10's questions, whose ids are 2024-03-10-NNNN)",
+        ),
         ({"answer": {"04": ["999"]}}, "line 1: answer['04']: code '999' is not a CAMEO level-2 code"),
     ],
 )

@@ -62,6 +62,7 @@ def cmd_live_questions(args: argparse.Namespace) -> int:
     """The round's questions.jsonl, verified against its manifest (itself against live/index.json):
     printed, or written to --out."""
     from pipeline.live.participate import download_questions
+    from pipeline.live.publication import store_deadline
     from pipeline.release.download import ChecksumMismatch
 
     store = _store(args)
@@ -75,9 +76,15 @@ def cmd_live_questions(args: argparse.Namespace) -> int:
         except ReleaseError as exc:
             raise CommandError(str(exc)) from None
         info = manifest["files"]["questions.jsonl"]
+        # The store's clock decides acceptance: in a replayed round it is far from the published time.
+        try:
+            due, _ = store_deadline(store, manifest)
+        except ReleaseError as exc:
+            raise CommandError(str(exc)) from None
         said = (
             f"round {args.round}: {info.get('rows', '?')} questions (sha256 verified), history cutoff "
-            f"{manifest['history_cutoff']}, deadline {manifest['deadline']}"
+            f"{manifest['history_cutoff']}, deadline {due.astimezone(UTC).isoformat()} store time "
+            f"(published deadline {manifest['deadline']})"
         )
         if args.out is not None:
             print(f"{said}: {args.out}")

@@ -162,6 +162,9 @@ def _download_live(store, args: argparse.Namespace) -> int:
         f"live history {span} in {out / 'database'}: {len(result.downloaded)} days downloaded "
         f"({result.bytes_downloaded:,} bytes, each file sha256-verified), {len(result.present)} already there"
     )
+    if args.through is not None and (not synced or max(synced) < args.through.isoformat()):
+        newest = f"no day after {max(synced)}" if synced else "no day"
+        print(f"{newest} is published yet: --through {args.through} asked for more")
     return 0
 
 

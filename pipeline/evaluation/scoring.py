@@ -151,12 +151,16 @@ def _as_scored(record: Submitted) -> tuple[object, list]:
 
 
 def match_queries(
-    rounds: Sequence[Sequence[Submitted]], gold: Mapping[str, object], left_out: Collection[str] = ()
+    rounds: Sequence[Sequence[Submitted]],
+    gold: Mapping[str, object],
+    left_out: Collection[str] = (),
+    known_as: str = "the split",
 ) -> tuple[list[dict[str, tuple[object, list]]], list[str], list[str]]:
     """Per round, query_id → (answer, ranking) as scored; the problems, each naming its record
     (malformed, unknown or duplicate query ids; invalid answers, a duplicate's too); and the
     queries with no prediction in some round. Of duplicates the first record is scored.
-    ``left_out``: the split's queries that a --limit subset leaves out (said so when answered)."""
+    ``left_out``: the split's queries that a --limit subset leaves out (said so when answered);
+    ``known_as``: what an unknown query id is not in, as the refusal names it."""
     matched, problems, missing = [], [], set()
     for records in rounds:
         found: dict[str, tuple[object, list]] = {}
@@ -166,7 +170,7 @@ def match_queries(
                 problems.append(f"{record.where}: query_id {shown(query_id)} is not a query id")
                 continue
             if query_id not in gold:
-                where = "the --limit subset" if query_id in left_out else "the split"
+                where = "the --limit subset" if query_id in left_out else known_as
                 problems.append(f"{record.where}: unknown query_id {query_id!r} (not in {where})")
                 continue
             problems += [f"{record.where}: {p}" for p in answer_problems(record.answer, record.ranked)]

@@ -182,7 +182,8 @@ def read_status(store: ReleaseStore, name: str) -> dict:
     if raw is None:
         raise ReleaseError(
             f"no status for {name!r} at {store.description} (neither {submission_status_key(name)} nor {key}): "
-            "not processed yet (the pipeline looks at new submissions every few minutes)"
+            "not processed yet (the pipeline looks at new submissions every few minutes), or no submission has "
+            "that name: check its spelling"
         )
     where = f"{key} at {store.description}"
     status = load_json(raw, where)

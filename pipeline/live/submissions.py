@@ -230,7 +230,7 @@ def _process_live(
             rounds, read_problems = read_submission(path, query_ids)
         except ScoringError as exc:
             return refuse([str(exc).replace(str(path), filename)], sha256)
-    matched, match_problems, _ = match_queries(rounds, dict.fromkeys(query_ids))
+    matched, match_problems, _ = match_queries(rounds, dict.fromkeys(query_ids), known_as=round_questions(day))
     if read_problems or match_problems:
         return refuse([f"{filename}: {line}" for line in read_problems + match_problems], sha256)
     p_event = {}
@@ -271,8 +271,13 @@ def check_live_locally(prepared: Prepared, store: ReleaseStore) -> tuple[dict, l
             rounds, problems = read_submission(path, query_ids)
         except ScoringError as exc:
             return manifest, [str(exc).replace(str(path), prepared.filename)]
-    _, found, _ = match_queries(rounds, dict.fromkeys(query_ids))
+    _, found, _ = match_queries(rounds, dict.fromkeys(query_ids), known_as=round_questions(day))
     return manifest, [f"{prepared.filename}: {line}" for line in problems + found]
+
+
+def round_questions(day: object) -> str:
+    """What a live record's query id must be in, as a refusal says it."""
+    return f"round {day}'s questions, whose ids are {day}-NNNN"
 
 
 def deadline_courtesy(
