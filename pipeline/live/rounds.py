@@ -33,6 +33,7 @@ from pipeline.columns import Columns
 from pipeline.config import DatasetSettings, LiveSettings
 from pipeline.reference import country_names, region_table
 from pipeline.release.layout import ReleaseError
+from pipeline.release.tables import QUERIES_COLUMNS
 from pipeline.splits.database import linked_events
 from pipeline.splits.split import balanced_sample, queries_from_events
 from pipeline.storage import DataLayout, verified
@@ -46,12 +47,8 @@ QUESTIONS_COLUMNS = Columns(
         "round": (pl.String, "The round's day D (YYYY-MM-DD)"),
         "horizon": (pl.Int32, "Days from D to the target date"),
         "date": (pl.Date, "The target date t = D + horizon the question asks about"),
-        "s": (pl.String, "Subject country, ISO 3166-1 alpha-3 (XKX for Kosovo)"),
-        "o": (pl.String, "Object country, ISO 3166-1 alpha-3"),
-        "s_name": (pl.String, "Subject country name"),
-        "o_name": (pl.String, "Object country name"),
-        "s_region": (pl.String, "Subject country's region"),
-        "o_region": (pl.String, "Object country's region"),
+        # The pair's columns are the monthly split's.
+        **QUERIES_COLUMNS.declared("s", "o", "s_name", "o_name", "s_region", "o_region"),
         "query_code": (pl.String, 'The question as MIRAI writes it, e.g. "(2024-01-03, USA, ?, CHN)"'),
         "stratum": (pl.String, "Pool the pair was drawn from, active or quiet: private, never published"),
     }
