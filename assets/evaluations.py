@@ -14,6 +14,7 @@ from assets.resources import Dataset, LlmRuntime, Network, ReleaseBucket, compos
 from assets.splits import test_split
 from assets.submissions import submission
 from pipeline.agent_api import EventDatabase
+from pipeline.config import SandboxSettings
 from pipeline.evaluation.agent_config import agent_config_hash, endpoint_limits
 from pipeline.evaluation.board import BOARD_COLUMNS, INTERVAL_RULE, summary
 from pipeline.evaluation.clients import client_for
@@ -107,7 +108,7 @@ def _run(
     config: EvaluationConfig,
     llm: LlmRuntime,
     context: dg.AssetExecutionContext,
-    allow_unconfined_sandbox: bool = False,
+    sandbox: SandboxSettings,
 ) -> list[dict]:
     """Evaluate the agent at each of its distances; the scores records."""
     records = []
@@ -122,7 +123,11 @@ def _run(
     concurrency = _concurrency(agent, llm)
     # Loaded once for every distance.
     database = (
-        EventDatabase(data_dir, allow_unconfined_sandbox=allow_unconfined_sandbox)
+        EventDatabase(
+            data_dir,
+            allow_unconfined_sandbox=sandbox.allow_unconfined,
+            sandbox_handover_grid_s=sandbox.handover_grid_s,
+        )
         if agent.strategy == "react"
         else None
     )
@@ -170,7 +175,7 @@ def evaluation(
     if config.query_set not in QUERY_SETS:
         raise dg.Failure(description=f"query_set must be one of {QUERY_SETS}, got {config.query_set!r}")
     keys = context.partition_key.keys_by_dimension
-    month, settings = date.fromisoformat(keys["month"]), compose(dataset, network)
+    month, settings = date.fromisoformat(keys["month"]), compose(dataset, network, llm)
     agent = _agent(settings.dataset.agents_file, keys["agent"])
     eligible, reason = eligibility(agent, month)
     if not eligible and not config.force:
@@ -192,7 +197,7 @@ def evaluation(
         )
     clear_refusal(settings.dataset.data_dir, month, agent.name, config.query_set)
     try:
-        records = _run(agent, split_file, settings.dataset.data_dir, config, llm, context, llm.allow_unconfined)
+        records = _run(agent, split_file, settings.dataset.data_dir, config, llm, context, settings.sandbox)
     except (MonthNotReady, ModelUnavailable) as exc:
         raise dg.Failure(description=str(exc), allow_retries=False) from exc
     first = layout.evaluation_dir(month, agent.name, config.query_set, agent.distances[0])

@@ -149,7 +149,7 @@ class _EveryEpisodeAtOnce(CutoffGate):
     """The baseline of --gate-baseline: sandboxes of every cutoff exist and run together, as before
     the gate."""
 
-    def lease(self, cutoff: date) -> _NoLease:
+    def lease(self, cutoff: date, handover_grid_s: float | None = None) -> _NoLease:
         return _NoLease()
 
 

@@ -55,9 +55,10 @@ Date = Annotated[date, _from_env(date.fromisoformat)]
 OptionalDate = Annotated[date | None, _from_env(date.fromisoformat)]
 
 
-def setting(default: Any, env: str, description: str) -> Any:
-    """A setting's default, environment variable (exact name) and description."""
-    return Field(default=default, validation_alias=env, description=description)
+def setting(default: Any, env: str, description: str, **bounds: Any) -> Any:
+    """A setting's default, environment variable (exact name) and description; ``bounds`` are
+    pydantic's (``ge=0``)."""
+    return Field(default=default, validation_alias=env, description=description, **bounds)
 
 
 class SettingsGroup(BaseSettings):
@@ -483,6 +484,16 @@ class SandboxSettings(SettingsGroup):
             "explicit, recorded choice; otherwise such episodes end in an error (docs/agent_api.md, "
             '"Threat model")'
         ),
+    )
+    handover_grid_s: Float = setting(
+        30.0,
+        "MIRAI_SANDBOX_HANDOVER_GRID_S",
+        (
+            "seconds of the wall clock on whose multiples a sandbox of an earlier cutoff starts after one"
+            " of a later cutoff (between runs): a later agent can signal only which multiple, by stalling;"
+            ' 0 starts at once (docs/agent_api.md, "The handover between cutoffs")'
+        ),
+        ge=0,
     )
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.agent_api import cutoff_gate
-from pipeline.config import Settings
+from pipeline.config import SandboxSettings, Settings
 
 from .s3_server import ACCESS_KEY, SECRET_KEY, SeaweedS3, weed_binary
 from .settings_builder import make_settings
@@ -36,8 +36,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def cutoff_gate_of_the_test(tmp_path_factory, monkeypatch) -> cutoff_gate.CutoffGate:
     """Each test's sandboxes under a gate of the test's own: the machine's is shared by the xdist
     workers, and an episode holds it until its sandbox closes (cutoff_gate.py), so a test's episode
-    of one cutoff would hold back the other worker's of another. Subprocesses keep the machine's."""
-    gate = cutoff_gate.CutoffGate(tmp_path_factory.mktemp("cutoff-gate"))
+    of one cutoff would hold back the other worker's of another. Subprocesses keep the machine's.
+    Backward handovers start at once here and in the test's subprocesses, not on the wall clock's
+    grid (tests/test_cutoff_gate.py tests the grid); the caches are swept as on any machine."""
+    monkeypatch.setenv(SandboxSettings.env_name("handover_grid_s"), "0")
+    gate = cutoff_gate.CutoffGate(tmp_path_factory.mktemp("cutoff-gate"), handover_grid_s=0)
     monkeypatch.setattr(cutoff_gate, "CUTOFF_GATE", gate)
     return gate
 

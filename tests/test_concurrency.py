@@ -503,15 +503,21 @@ def test_progress_reports_at_a_bounded_rate():
 def leased(data_dir, monkeypatch) -> list[date]:
     """The cutoffs the machine's gate is leased for, in order, by a fresh run of the first two
     queries (2024-02-10 and 2024-02-11: cutoffs 02-09 and 02-10)."""
-    leased = []
+
+    class Leases(list):
+        grids: list  # what each lease was asked to wait for at a backward handover
+
+    leased = Leases()
+    leased.grids = grids = []
 
     class RecordingGate(cutoff_gate.CutoffGate):
-        def lease(self, cutoff):
-            granted = super().lease(cutoff)
+        def lease(self, cutoff, handover_grid_s=None):
+            granted = super().lease(cutoff, handover_grid_s)
             leased.append(cutoff)
+            grids.append(handover_grid_s)
             return granted
 
-    monkeypatch.setattr(cutoff_gate, "CUTOFF_GATE", RecordingGate(cutoff_gate.CUTOFF_GATE.directory))
+    monkeypatch.setattr(cutoff_gate, "CUTOFF_GATE", RecordingGate(cutoff_gate.CUTOFF_GATE.directory, handover_grid_s=0))
     shutil.rmtree(run_dir(data_dir), ignore_errors=True)
     checkpoint_path(run_dir(data_dir)).unlink(missing_ok=True)
     return leased
@@ -536,6 +542,17 @@ def test_a_later_cutoff_never_takes_the_gate_before_an_earlier_one_of_the_same_r
         _, record = evaluate_agent(frame, data_dir, one_round, 1, query_set="t", concurrency=2)
     assert record["end_states"] == {"final_answer": 2}
     assert leased == [date(2024, 2, 9), date(2024, 2, 10)], leased
+
+
+def test_the_handover_grid_an_evaluation_is_given_reaches_its_leases(data_dir, leased):
+    """MIRAI_SANDBOX_HANDOVER_GRID_S (the CLI's and the Dagster asset's) passes through the
+    database and the environment to each episode's lease of the gate."""
+    env = EventDatabase(data_dir, sandbox_handover_grid_s=7.5).environment(date(2024, 2, 10))
+    try:
+        assert env.run_code("print(1)").strip() == "1"
+    finally:
+        env.close()
+    assert leased.grids == [7.5], leased.grids
 
 
 def test_a_sequential_run_takes_the_gate_in_cutoff_order_across_rounds(data_dir, leased):

@@ -32,7 +32,7 @@ def overlap(first, second) -> bool:
 
 
 def test_blocks_of_one_cutoff_share_the_gate_and_other_cutoffs_wait(tmp_path):
-    gate, intervals = CutoffGate(tmp_path / "gate"), []
+    gate, intervals = CutoffGate(tmp_path / "gate", handover_grid_s=0), []
     threads = [threading.Thread(target=hold_for, args=(gate, cutoff, 0.4, intervals)) for cutoff in (A, A, B, B, A)]
     for thread in threads:
         thread.start()
@@ -160,13 +160,18 @@ def test_a_thread_that_holds_a_cutoff_joins_it_at_once_and_is_refused_another(tm
         pass
 
 
-def test_a_second_lease_given_while_the_first_is_released_elsewhere_keeps_other_cutoffs_out(tmp_path):
+def test_a_second_lease_given_while_the_first_is_released_elsewhere_keeps_other_cutoffs_out(tmp_path, monkeypatch):
     """A re-attack of issue 30: a thread holding cutoff A takes a second lease of A while another
     thread gives the first back (Environment.__del__ may). A second lease that opened A's file anew
     raced that release: a waiter of B took the file, removed it and ran, then the lease made a new
-    A file and locked it, and A and B were held at once (10 of 400 tries). Each try: B waits on A."""
+    A file and locked it, and A and B were held at once (10 of 400 tries). Each try: B waits on A.
+    (Each try is a backward handover too: its cache sweep, 0.1-0.2 s, is left out of this race.)"""
+    from pipeline.agent_api import cutoff_gate
+
+    monkeypatch.setattr(cutoff_gate, "sweep_cpu_caches", lambda: None)
     directory = tmp_path / "gate"
-    ours, theirs = CutoffGate(directory), CutoffGate(directory)  # two evaluations on one machine
+    # two evaluations on one machine; each try's handover from B back to A starts at once here
+    ours, theirs = CutoffGate(directory, handover_grid_s=0), CutoffGate(directory, handover_grid_s=0)
     b_held, stop, overlaps = threading.Event(), threading.Event(), []
 
     def other_evaluation():
@@ -213,3 +218,69 @@ def test_the_machine_s_gate_is_one_whatever_tmpdir_says(tmp_path):
             ).stdout.strip()
         )
     assert seen == {f"/tmp/mirai-sandbox-gate-{os.geteuid()}"}, seen
+
+
+def release_at_phase(lease, grid: float, phase: float) -> float:
+    """Give ``lease`` back at ``phase`` seconds past a multiple of ``grid`` (a later agent ending
+    its episode at a moment it chose); returns that moment."""
+    time.sleep((phase - time.time()) % grid)
+    released = time.time()
+    lease.release()
+    return released
+
+
+@pytest.mark.parametrize("phase", [0.4, 1.3])
+def test_a_backward_handover_starts_on_the_grid_not_when_the_later_cutoff_ended(tmp_path, phase):
+    """A re-attack of issue 30 read 4-5 bits from the moment an earlier cutoff's first block
+    started, which was the moment the later cutoff's last episode chose to end."""
+    grid = 2.0
+    directory = tmp_path / "gate"
+    late = CutoffGate(directory, handover_grid_s=grid).lease(B)
+    started = {}
+
+    def early():
+        with CutoffGate(directory, handover_grid_s=grid).hold(A):
+            started["at"] = time.time()
+
+    waiting = threading.Thread(target=early)
+    waiting.start()
+    time.sleep(0.1)
+    released = release_at_phase(late, grid, phase)
+    waiting.join(30)
+    next_multiple = released + (-released % grid)
+    assert started["at"] >= next_multiple, (released % grid, started["at"] % grid)
+
+
+def test_a_forward_handover_and_one_cutoff_s_leases_do_not_wait_for_the_grid(tmp_path):
+    gate = CutoffGate(tmp_path / "gate", handover_grid_s=60.0)
+    asked = time.monotonic()
+    for cutoff in (A, A, B, B):  # forward only
+        with gate.hold(cutoff):
+            pass
+    assert time.monotonic() - asked < 5.0
+
+
+def test_the_caches_are_swept_at_a_backward_handover_only_once_the_later_sandboxes_are_gone(tmp_path, monkeypatch):
+    from pipeline.agent_api import cutoff_gate
+
+    gate, events = CutoffGate(tmp_path / "gate", handover_grid_s=0), []
+    monkeypatch.setattr(cutoff_gate, "sweep_cpu_caches", lambda: events.append("sweep"))
+    for cutoff in (A, B, B):  # forward: nothing to sweep
+        with gate.hold(cutoff):
+            events.append(cutoff)
+    late = gate.lease(B)
+
+    def early():
+        with CutoffGate(tmp_path / "gate", handover_grid_s=0).hold(A):
+            events.append(A)
+
+    waiting = threading.Thread(target=early)
+    waiting.start()
+    time.sleep(0.3)
+    events.append("late gone")
+    late.release()
+    waiting.join(10)
+    assert events == [A, B, B, "late gone", "sweep", A]
+    with CutoffGate(tmp_path / "gate", handover_grid_s=0).hold(A):  # the same cutoff again
+        pass
+    assert events.count("sweep") == 1

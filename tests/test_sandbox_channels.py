@@ -93,7 +93,7 @@ def test_episodes_of_different_cutoffs_never_overlap(database, tmp_path):
     machine: from its first block until its sandbox is closed an episode never overlaps one of
     another cutoff (each early one waits 0.5 s between its block and its close, where the late
     one's block fitted while the gate was held for a block only), and the early ones overlap."""
-    gate, spans = CutoffGate(tmp_path / "gate"), {}
+    gate, spans = CutoffGate(tmp_path / "gate", handover_grid_s=0), {}  # a late-first order hands back at once
 
     def episode(i: int, cutoff: date) -> None:
         env = started(database.environment(cutoff), gate)
@@ -140,7 +140,7 @@ def mappings(pid: int) -> int:
 
 
 def test_an_early_episode_runs_only_once_a_late_sandbox_and_its_mappings_are_gone(database, tmp_path):
-    gate = CutoffGate(tmp_path / "gate")
+    gate = CutoffGate(tmp_path / "gate", handover_grid_s=0)  # the grid is tests/test_cutoff_gate.py's
     late = started(database.environment(LATE), gate)
     early = database.environment(EARLY)
     try:

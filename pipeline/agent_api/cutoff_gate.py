@@ -21,6 +21,14 @@ turn, which a waiter holds until that thread's episode ends), and none of anothe
 wait for itself (HeldByThisThread). flock locks belong to an open file, so threads of one
 evaluation exclude each other as processes do, and the kernel drops every lock of a process that
 dies: a killed evaluation never holds the gate.
+
+A backward handover, from a later cutoff to an earlier one, is what only the order of two runs on
+the machine brings about (inside a run the gate passes forward: evaluation/episodes.py). Two things
+of the later sandboxes outlive them there, and the gate takes both away before the earlier cutoff
+runs: the lines they loaded in the CPU's caches (swept, cpu_caches.py) and the moment they ended,
+which the earlier sandbox would read from its clock (it starts at the next multiple of the
+handover grid of the wall clock instead, MIRAI_SANDBOX_HANDOVER_GRID_S, so a later agent sets at
+most which multiple, by stalling: docs/agent_api.md, "The handover between cutoffs").
 """
 
 from __future__ import annotations
@@ -34,6 +42,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import date
 from pathlib import Path
+
+from pipeline.agent_api.cpu_caches import sweep_cpu_caches
+from pipeline.config import SandboxSettings
 
 TURN_FILE = "turn.lock"
 SUFFIX = ".cutoff.lock"
@@ -72,8 +83,12 @@ class Lease:
 
 
 class CutoffGate:
-    def __init__(self, directory: Path | None = None):
+    def __init__(self, directory: Path | None = None, handover_grid_s: float | None = None):
+        """``handover_grid_s``: what a lease that names none waits for at a backward handover
+        (default: the setting's declared default)."""
         self.directory = Path(directory) if directory is not None else default_directory()
+        default = SandboxSettings.model_fields["handover_grid_s"].default
+        self.handover_grid_s = default if handover_grid_s is None else handover_grid_s
         self._lock = threading.Lock()
         # Each thread's leases: the descriptors of the cutoff lock files they hold, by cutoff.
         self._by_thread: dict[int, dict[date, list[int]]] = {}
@@ -98,11 +113,12 @@ class CutoffGate:
             )
         return fd
 
-    def lease(self, cutoff: date) -> Lease:
+    def lease(self, cutoff: date, handover_grid_s: float | None = None) -> Lease:
         """Held from an episode's first code block until its sandbox is gone: waits until no other
-        cutoff holds the gate. HeldByThisThread if the calling thread holds another cutoff's lease
-        (it would wait for itself); a thread that holds this cutoff's joins at once, for the same
-        reason."""
+        cutoff holds the gate, and at a backward handover for the next multiple of
+        ``handover_grid_s`` (default the gate's). HeldByThisThread if the calling thread holds
+        another cutoff's lease (it would wait for itself); a thread that holds this cutoff's joins
+        at once, for the same reason."""
         started, thread = time.monotonic(), threading.get_ident()
         with self._lock:
             mine = self._by_thread.get(thread, {})
@@ -120,7 +136,7 @@ class CutoffGate:
                 descriptor = os.dup(mine[cutoff][0])
                 mine[cutoff].append(descriptor)
                 return Lease(self, cutoff, thread, descriptor, time.monotonic() - started)
-        descriptor = self._take_turn(cutoff)
+        descriptor = self._take_turn(cutoff, self.handover_grid_s if handover_grid_s is None else handover_grid_s)
         with self._lock:
             self._by_thread.setdefault(thread, {}).setdefault(cutoff, []).append(descriptor)
         return Lease(self, cutoff, thread, descriptor, time.monotonic() - started)
@@ -136,15 +152,15 @@ class CutoffGate:
                 del self._by_thread[thread]
 
     @contextmanager
-    def hold(self, cutoff: date) -> Iterator[float]:
+    def hold(self, cutoff: date, handover_grid_s: float | None = None) -> Iterator[float]:
         """A lease for the duration of a with-block; yields the seconds it waited for its turn."""
-        lease = self.lease(cutoff)
+        lease = self.lease(cutoff, handover_grid_s)
         try:
             yield lease.waited
         finally:
             lease.release()
 
-    def _take_turn(self, cutoff: date) -> int:
+    def _take_turn(self, cutoff: date, handover_grid_s: float) -> int:
         """A descriptor of ``cutoff``'s lock file, locked shared, once no other cutoff holds one."""
         directory = self._checked_directory()
         try:
@@ -152,9 +168,11 @@ class CutoffGate:
             try:
                 fcntl.flock(turn, fcntl.LOCK_EX)
                 own_name = cutoff.isoformat() + SUFFIX
-                for name in os.listdir(directory):
-                    if name.endswith(SUFFIX) and name != own_name:
-                        _wait_free_and_remove(directory, name)
+                others = [name for name in os.listdir(directory) if name.endswith(SUFFIX) and name != own_name]
+                for name in others:
+                    _wait_free_and_remove(directory, name)
+                if any(_cutoff_of(name) > cutoff for name in others):
+                    _hand_backward(handover_grid_s)
                 own = _open_lock(directory, own_name)
                 fcntl.flock(own, fcntl.LOCK_SH)
                 return own
@@ -162,6 +180,23 @@ class CutoffGate:
                 os.close(turn)  # closing the only descriptor of the turn lock releases it
         finally:
             os.close(directory)
+
+
+def _hand_backward(grid_s: float) -> None:
+    """Every sandbox of the later cutoff is gone: wait for the grid's next multiple, then sweep
+    what they left in the CPU's caches."""
+    if grid_s > 0:
+        time.sleep(-time.time() % grid_s)
+    sweep_cpu_caches()
+
+
+def _cutoff_of(name: str) -> date:
+    """The cutoff a lock file is named for; a name that is none counts as the latest (the gate's
+    directory is this user's alone, so only a bug would put one there)."""
+    try:
+        return date.fromisoformat(name.removesuffix(SUFFIX))
+    except ValueError:
+        return date.max
 
 
 def _open_lock(directory: int, name: str) -> int:

@@ -136,6 +136,7 @@ class Environment:
         query_date: date,
         distance_days: int,
         allow_unconfined_sandbox: bool = False,
+        sandbox_handover_grid_s: float | None = None,
         tools: str = "full",
         count_both_actors: bool = False,
         dialect: str = "native",
@@ -159,6 +160,7 @@ class Environment:
         # The operator's explicit choice to run code blocks where the seccomp allowlist cannot be
         # installed (setting MIRAI_SANDBOX_ALLOW_UNCONFINED); see sandbox.py.
         self.allow_unconfined_sandbox = allow_unconfined_sandbox
+        self.sandbox_handover_grid_s = sandbox_handover_grid_s  # MIRAI_SANDBOX_HANDOVER_GRID_S
         # Libraries code blocks may import beyond the standard-library modules (numpy, pandas, ...);
         # loaded in the sandbox process before lockdown (docs/agent_api.md, "Code blocks").
         self.code_libraries = tuple(code_libraries)
@@ -440,7 +442,11 @@ class Environment:
         if self._sandbox is None:
             memory = {} if self.memory_mb is None else {"memory_mb": self.memory_mb}
             self._sandbox = Sandbox(
-                self, allow_unconfined=self.allow_unconfined_sandbox, libraries=self.code_libraries, **memory
+                self,
+                allow_unconfined=self.allow_unconfined_sandbox,
+                libraries=self.code_libraries,
+                handover_grid_s=self.sandbox_handover_grid_s,
+                **memory,
             )
         return self._sandbox.run(code, timeout_s=timeout_s, memory_mb=memory_mb)
 

@@ -153,13 +153,15 @@ class EventDatabase:
         data_dir: Path | str,
         *,
         allow_unconfined_sandbox: bool = False,
+        sandbox_handover_grid_s: float | None = None,
         code_libraries: tuple[str, ...] = (),
         untrusted_files: bool = False,
     ):
         # A directory anyone handed over (`mirai evaluate`): its months decoded under a bound.
         self.untrusted_files = untrusted_files
-        # Both passed to every Environment.
+        # Passed to every Environment.
         self.allow_unconfined_sandbox = allow_unconfined_sandbox
+        self.sandbox_handover_grid_s = sandbox_handover_grid_s
         self.code_libraries = code_libraries
         self.layout = DataLayout(data_dir)
         events_dir = self.layout.database_dir() / "events"
@@ -293,6 +295,7 @@ class EventDatabase:
             query_date=query_date,
             distance_days=distance_days,
             allow_unconfined_sandbox=self.allow_unconfined_sandbox,
+            sandbox_handover_grid_s=self.sandbox_handover_grid_s,
             tools=tools,
             count_both_actors=count_both_actors,
             dialect=dialect,

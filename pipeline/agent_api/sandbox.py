@@ -338,7 +338,8 @@ class Sandbox:
     sandbox_protocol.LIBRARIES (numpy, pandas, networkx, sklearn) the child loads before lockdown, if
     installed, so that agent code may import them; each costs start time, so none by default.
     ``gate``: the cutoff gate the episode holds from its first block until close (cutoff_gate.py;
-    the machine's by default)."""
+    the machine's by default); ``handover_grid_s``: its lease's wait at a backward handover
+    (MIRAI_SANDBOX_HANDOVER_GRID_S; None: the gate's)."""
 
     def __init__(
         self,
@@ -349,6 +350,7 @@ class Sandbox:
         allow_unconfined: bool = False,
         libraries: tuple[str, ...] = (),
         gate: CutoffGate | None = None,
+        handover_grid_s: float | None = None,
     ):
         unknown = sorted(set(libraries) - set(LIBRARIES))
         if unknown:
@@ -359,6 +361,7 @@ class Sandbox:
         self._cpu_budget_s = cpu_budget_s
         self._allow_unconfined = allow_unconfined
         self._gate = gate if gate is not None else cutoff_gate.CUTOFF_GATE
+        self._handover_grid_s = handover_grid_s
         self._child: _Child | None = None
         self._lease: Lease | None = None
         self.last_report: dict | None = None
@@ -409,12 +412,12 @@ class Sandbox:
         of this sandbox exists without it (cutoff_gate.py)."""
         try:
             try:
-                return self._gate.lease(self._env.cutoff)
+                return self._gate.lease(self._env.cutoff, self._handover_grid_s)
             except HeldByThisThread:
                 # An environment this thread no longer references but a reference cycle keeps
                 # alive closes its sandbox, and gives its lease back, when it is collected.
                 gc.collect()
-                return self._gate.lease(self._env.cutoff)
+                return self._gate.lease(self._env.cutoff, self._handover_grid_s)
         except GateError as exc:
             raise SandboxError(f"code blocks are refused: {exc}") from exc
 

@@ -203,8 +203,12 @@ def _run_episodes(
     )
     database = None
     if agent.strategy == "react":
+        sandbox = Settings.from_env().sandbox
         database = EventDatabase(
-            release, allow_unconfined_sandbox=Settings.from_env().sandbox.allow_unconfined, untrusted_files=True
+            release,
+            allow_unconfined_sandbox=sandbox.allow_unconfined,
+            sandbox_handover_grid_s=sandbox.handover_grid_s,
+            untrusted_files=True,
         )
         try:  # every month the run reads, loaded and checked now: a bad file refuses the run, not its episodes
             database.gated_tables(frame.get_column("date").max() - timedelta(days=distance))
