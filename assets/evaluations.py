@@ -162,6 +162,10 @@ def _run(
     partitions_def=evaluation_partitions,
     deps=[test_split],
     group_name="evaluation",
+    # One evaluation at a time: two at once hand the machine's cutoff gate back and forth between
+    # their cutoffs, each handover from a later one to an earlier one a moment a later agent chose
+    # (docs/agent_api.md, "The handover between cutoffs").
+    pool="agent_evaluation",
     owners=BENCHMARK_OWNERS,
     kinds={"python", "parquet"},
     code_version=EVALUATION_VERSION,

@@ -370,7 +370,7 @@ def test_dagster_yaml_is_valid_instance_config_for_our_pools_and_schedules(sched
     assert config["telemetry"] == {"enabled": False} and config["run_monitoring"]["enabled"]
     _check_limits(config["concurrency"], schedule_names)
     # A new pool must come with a decision about its limit (here and in docs/deploy.md).
-    assert _project_pools() == {"gdelt_http", "article_fetch"}
+    assert _project_pools() == {"gdelt_http", "article_fetch", "agent_evaluation"}
     deploy_doc = (ROOT / "docs" / "deploy.md").read_text()
     assert all(f"`{pool}`" in deploy_doc for pool in _project_pools())
 
@@ -435,4 +435,4 @@ def test_local_instance_yaml_limits_the_pools_and_sends_nothing(tmp_path):
     with dg.DagsterInstance.from_config(str(tmp_path)) as instance:
         assert instance.get_concurrency_config().pool_config.default_pool_limit == 1
         assert not instance.telemetry_enabled and not instance.nux_enabled
-    assert _project_pools() == {"gdelt_http", "article_fetch"}  # default_limit covers both
+    assert _project_pools() == {"gdelt_http", "article_fetch", "agent_evaluation"}  # default_limit covers both
