@@ -4,7 +4,7 @@ child's Python interpreter, so only the kernel layers count.
 Called once by sandbox_child.py after it has imported everything and received its gated tables,
 and before it runs any agent code. Layers, in the order applied: rlimits; an empty root in the
 child's own mount namespace; Landlock with no rights granted back; a pinned descriptor table
-(every number below RLIMIT_NOFILE taken); a seccomp allowlist on every thread, with no_new_privs;
+(every number below RLIMIT_NOFILE taken); no transparent huge pages; a seccomp allowlist on every thread, with no_new_privs;
 an audit hook, a convenience for friendly errors that nothing depends on. What each layer refuses,
 how the allowlist was measured, and what each kernel provides: docs/agent_api.md, "The layers".
 """
@@ -307,6 +307,27 @@ def _pin_descriptors(top: int, filler: int) -> int:
     return top + 1
 
 
+# --- transparent huge pages -------------------------------------------------------------------
+
+_PR_SET_THP_DISABLE, _PR_GET_THP_DISABLE = 41, 42
+
+
+def disable_transparent_hugepages() -> str:
+    """No transparent huge page for any mapping of this process, now or later (prctl
+    PR_SET_THP_DISABLE: a flag on the whole address space, which the allowlist lets no child clear).
+    The huge zero page is one 2 MiB folio for the whole machine, allocated on the first read fault of
+    a THP-eligible anonymous region (MADV_HUGEPAGE, which the allocators use) and freed only at a
+    reclaim after the last process mapping it has ended: a late sandbox could make it exist and an
+    early one that starts later time whether it does (docs/agent_api.md, "Other episodes are
+    adversaries too"). Off, a read fault maps the 4 KiB zero page, which always exists, and
+    khugepaged collapses none of the child's mappings (nor, where the kernel has
+    CONFIG_READ_ONLY_THP_FOR_FS, the page cache of a file the child maps)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_THP_DISABLE, 1, 0, 0, 0) != 0 or libc.prctl(_PR_GET_THP_DISABLE, 0, 0, 0, 0) != 1:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_THP_DISABLE) failed")
+    return "off for every mapping (PR_SET_THP_DISABLE)"
+
+
 # --- audit hook -------------------------------------------------------------------------------
 
 # Events ordinary analysis code raises. Everything else (open, os.*, socket.*, subprocess.*,
@@ -371,6 +392,10 @@ def lock_down(
         except OSError as exc:
             report["landlock"] = f"unavailable: {exc}"
     report["nofile"] = _pin_descriptors(top, filler)
+    try:
+        report["transparent_hugepages"] = disable_transparent_hugepages()
+    except OSError as exc:  # a kernel without THP (< 3.15 or CONFIG_TRANSPARENT_HUGEPAGE=n) has no huge zero page
+        report["transparent_hugepages"] = f"unavailable: {exc}"
     try:
         report["seccomp"] = install_seccomp()
     except (ImportError, OSError, RuntimeError) as exc:  # pyseccomp raises RuntimeError without libseccomp
