@@ -193,3 +193,24 @@ def test_every_description_of_the_code_location_renders_as_written():
     }
     changed = {where: found for where, text in described.items() if text and (found := rendered(text)[1])}
     assert changed == {}
+
+
+def test_a_hostile_gdelt_file_s_codes_reach_a_metadata_table_bounded():
+    """A GDELT export may be hostile, and the parser holds no field to a length: actor country
+    codes of 2,000 characters on 10,000 rows, and one of a million on two, reached the events asset's
+    unmapped-codes table whole (21 MB in the Dagster event log, which the UI loads with the asset's
+    page). frame_table keeps MAX_TABLE_ROWS rows and cuts each text to MAX_CELL_CHARS, saying how
+    long it was; the count of rows is dagster/row_count's, the codes themselves the asset's file."""
+    from assets.metadata import frame_table
+    from pipeline.events.normalize import unmapped_codes
+
+    codes = [f"{i:06d}" + "A" * 2000 for i in range(10_000)]
+    rows = pl.DataFrame({"Actor1CountryCode": codes, "Actor2CountryCode": ["B" * 10**6] * 2 + [None] * 9_998})
+    table = frame_table(unmapped_codes(rows))
+    cells = [value for record in table.records for value in record.data.values() if isinstance(value, str)]
+    assert len(table.records) == 500  # the most frequent codes first (unmapped_codes' order)
+    assert max(map(len, cells)) <= 1000 + 40
+    assert cells[0].startswith("B" * 100) and cells[0].endswith("… (1,000,000 characters)")
+    assert sum(map(len, cells)) < 2**20
+    # A short text is as it was.
+    assert frame_table(pl.DataFrame({"code": ["XYZ"]})).records[0].data == {"code": "XYZ"}
