@@ -214,3 +214,28 @@ def test_a_hostile_gdelt_file_s_codes_reach_a_metadata_table_bounded():
     assert sum(map(len, cells)) < 2**20
     # A short text is as it was.
     assert frame_table(pl.DataFrame({"code": ["XYZ"]})).records[0].data == {"code": "XYZ"}
+
+
+def test_a_quarantine_reason_quoting_long_member_names_is_bounded_markdown():
+    """A hostile GDELT zip of five members named with 60,000 characters each was refused with a
+    reason that quotes the names (300,000 characters), which the gdelt_files check's description
+    (Markdown in the UI) repeated for each quarantined file of the day. markdown_text cuts a text
+    to MAX_MARKDOWN_CHARS, saying how long it was, and the cut stays inert."""
+    import io
+    import zipfile
+
+    from pipeline.gdelt.archive import CorruptArchiveError, open_gdelt_zip
+
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for i in range(5):
+            archive.writestr(f"{i}![p](http://evil.invalid/p.png)" + "N" * 60_000, b"x")
+    with pytest.raises(CorruptArchiveError) as refused:
+        open_gdelt_zip(buffer.getvalue())
+    reason = str(refused.value)
+    assert len(reason) > 300_000
+    text = markdown_text(reason)
+    assert len(text) < 2_200 and text.endswith(f"… ({len(reason):,} characters)")
+    assert active_markdown(text) == [] and not ACTIVE_UNESCAPED.search(
+        text.removesuffix(f"… ({len(reason):,} characters)")
+    )
