@@ -46,18 +46,30 @@ def column_schema(columns: Columns, written: Mapping[str, pl.DataType] | None = 
     return {COLUMN_SCHEMA: table_schema(columns.schema if written is None else written, columns.descriptions)}
 
 
+# A table's bounds in the metadata (the Dagster event log keeps every byte, and the UI loads it with
+# the asset's page): a hostile GDELT file's codes are as long and as many as its lines allow (the
+# parser holds no field to a length). The asset's own file keeps them all.
+MAX_TABLE_ROWS = 500
+MAX_CELL_CHARS = 1000
+
+
 def _cell(value: object) -> str | int | float | bool | None:
     if value is None or isinstance(value, bool | int | float):
         return value
-    return visible_text(value if isinstance(value, str) else str(value))
+    text = visible_text(value if isinstance(value, str) else str(value))
+    return text if len(text) <= MAX_CELL_CHARS else f"{text[: MAX_CELL_CHARS - 1]}… ({len(text):,} characters)"
 
 
 def frame_table(frame: pl.DataFrame) -> dg.TableMetadataValue:
-    """``frame`` as a table the UI shows with its columns and types. The UI renders each cell as
+    """``frame``'s first MAX_TABLE_ROWS rows as a table the UI shows with its columns and types,
+    each text cut to MAX_CELL_CHARS (saying how long it was). The UI renders each cell as
     plain text (React text, not Markdown), so a cell needs no Markdown escaping; text still gets
     its hidden characters shown (pipeline.markdown.visible_text): a bidi control or a zero-width
     space in a GDELT code or a submitter's name would change what the cell displays."""
     return dg.MetadataValue.table(
-        records=[dg.TableRecord({k: _cell(v) for k, v in row.items()}) for row in frame.iter_rows(named=True)],
+        records=[
+            dg.TableRecord({k: _cell(v) for k, v in row.items()})
+            for row in frame.head(MAX_TABLE_ROWS).iter_rows(named=True)
+        ],
         schema=table_schema(frame.schema),
     )

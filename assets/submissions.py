@@ -15,7 +15,7 @@ from assets.splits import test_split
 from pipeline.evaluation.scoring import TABLE_METRICS, scope
 from pipeline.evaluation.submissions import RECORD_FORMAT, NotReady, SubmissionError, record_path
 from pipeline.live.submissions import LIVE_RECORD_FORMAT, live_record_path, process
-from pipeline.markdown import markdown_text
+from pipeline.markdown import markdown_text, visible_text
 from pipeline.release.layout import ReleaseError
 from pipeline.release.store_uri import open_store
 from pipeline.storage import LockTimeout
@@ -89,7 +89,8 @@ def submission(
     metadata = {
         "status": record["status"],
         "reasons": dg.MetadataValue.md("\n".join(f"- {markdown_text(r)}" for r in record["reasons"]) or "none"),
-        "model": record["model"] or "",
+        # Plain text in the UI, which shows a bidi override or a zero-width space as it acts: shown.
+        "model": visible_text(record["model"] or ""),
         "month": record.get("month") or "",
         "record": dg.MetadataValue.path(str(record_path(settings.dataset.data_dir, context.partition_key))),
     }

@@ -77,8 +77,18 @@ _MARKDOWN_ACTIVE = re.compile(r"([\\`*\[\]<>!|~&#@])")
 _AUTOLINK_MARKS = re.compile(r"(?i)(?<=www)(\.)|(:)(?=//)")
 
 
+# The longest text markdown_text keeps (a name is at most 200 characters, a refusal reason 300):
+# a GDELT zip's member names run to 64 KiB each, quoted in a quarantine reason, and the Dagster
+# event log keeps every byte of a description or Markdown value, which the UI loads with its page.
+MAX_MARKDOWN_CHARS = 2000
+
+
 def markdown_text(text: str) -> str:
     """``text`` as one line of inert Markdown: the active punctuation escaped, line breaks and
-    runs of whitespace one space, hidden characters shown (visible_text)."""
-    escaped = _MARKDOWN_ACTIVE.sub(r"\\\1", visible_text(" ".join(text.split())))
+    runs of whitespace one space, hidden characters shown (visible_text), cut to
+    MAX_MARKDOWN_CHARS (saying how long it was)."""
+    shown = visible_text(" ".join(text.split()))
+    if len(shown) > MAX_MARKDOWN_CHARS:
+        shown = f"{shown[: MAX_MARKDOWN_CHARS - 1]}… ({len(shown):,} characters)"
+    escaped = _MARKDOWN_ACTIVE.sub(r"\\\1", shown)
     return _AUTOLINK_MARKS.sub(lambda m: "\\" + (m.group(1) or m.group(2)), escaped)

@@ -13,18 +13,22 @@ tests (tests/s3_server.py) and bench/release.py use the same class with fixed te
 and kill and restart it on the same ports and data.
 
 Its other listeners (the master's, volume server's and filer's HTTP and gRPC ports) trust whoever
-reaches them: the master hands a write token to any caller of /dir/assign, the filer's gRPC API
-creates entries for anyone, and its HTTP port served a submission's contact and took objects that S3
-then served. So weed runs in a network namespace of its own (testbed/s3_relay.py): only the S3
-port, relayed to the gateway's Unix socket in a private directory, reaches the host. Each start also
-gets random JWT signing keys (SeaweedFS's security.toml keys, as WEED_JWT_* environment variables,
-which its S3 gateway signs its own requests with), so where the kernel refuses the namespace the
-filer and the volume server still refuse every read and write without a token. ``isolation`` says
-which of the two holds.
+reaches them: the master hands a volume server's write or read token for any file id to any caller
+of /dir/assign or /dir/lookup and drops a bucket's volumes on /col/delete, the filer's gRPC API
+lists, moves and removes entries for anyone, and its HTTP port served a submission's contact and
+took objects that S3 then served. So weed runs in a network namespace of its own
+(testbed/s3_relay.py): only the S3 port, relayed to the gateway's Unix socket in a private
+directory, reaches the host. Each start also gets random JWT signing keys (SeaweedFS's security.toml
+keys, as WEED_JWT_* environment variables, which its S3 gateway signs its own requests with) and a
+CA of its own for mutual TLS on every gRPC port and on the master's HTTP API (``_mtls_env``), so
+where the kernel refuses the namespace the filer and the volume server still refuse every read and
+write without a token, and no one without the CA's certificate gets a token or reaches a gRPC API.
+``isolation`` says which of the two holds.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import secrets
@@ -36,7 +40,13 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from testbed.s3_relay import PORT_TAKEN_EXIT
 
@@ -51,6 +61,10 @@ JWT_KEYS = (
 # Every listener `weed server -s3` opens; the ones not set would default to fixed ports.
 # s3_behind_relay: the gateway's own TCP port (inside weed's namespace; on the host's loopback too
 # where no namespace could be made); clients use "s3", the relay's.
+# SeaweedFS's mutual-TLS settings (security.toml's grpc.* and https.master sections, as environment
+# variables): every gRPC server of weed's and its clients, and the master's HTTP API, take only a
+# peer with a certificate of the CA made at each start (``_mtls_env``).
+GRPC_SERVERS = ("MASTER", "VOLUME", "FILER", "S3")
 PORTS = (
     "master",
     "master_grpc",
@@ -78,6 +92,64 @@ def weed_binary() -> str | None:
     """`weed` next to the running interpreter (the venv's bin/), else on PATH."""
     local = Path(sys.executable).with_name("weed")
     return str(local) if local.exists() else shutil.which("weed")
+
+
+def _mtls_env(directory: Path) -> dict[str, str]:
+    """WEED_* variables that turn on mutual TLS for weed's gRPC servers and clients and for the
+    master's HTTP API, with a CA made now and one certificate it signs (server and client), both
+    written to ``directory`` (only its user may enter it): a peer without that certificate fails
+    the handshake, so no one but weed itself reaches the master's /dir/assign, /dir/lookup (which
+    hand out the volume servers' JWTs) and /col/delete, or the gRPC APIs of the filer (which
+    lists, moves and removes entries for anyone) and of the others, wherever their ports are.
+    SeaweedFS checks no host name against these certificates (`weed scaffold -config=security`)."""
+    now = datetime.now(UTC)
+
+    def certificate(subject: str, key, issuer: x509.Name, signer, *, ca: bool) -> x509.Certificate:
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+            .issuer_name(issuer)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - timedelta(minutes=5))
+            .not_valid_after(now + timedelta(days=3650))
+            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        )
+        if not ca:
+            builder = builder.add_extension(
+                x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
+                critical=False,
+            ).add_extension(
+                x509.SubjectAlternativeName(
+                    [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+                ),
+                critical=False,
+            )
+        return builder.sign(signer, hashes.SHA256())
+
+    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "mirai demo store CA")])
+    ca = certificate("mirai demo store CA", ca_key, ca_name, ca_key, ca=True)
+    leaf = certificate("weed", key, ca_name, ca_key, ca=False)
+    pem = serialization.Encoding.PEM
+    files = {
+        "ca.pem": ca.public_bytes(pem),
+        "weed.pem": leaf.public_bytes(pem),
+        "weed.key": key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()),
+    }
+    for name, data in files.items():
+        fd = os.open(directory / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+    cert, private = str(directory / "weed.pem"), str(directory / "weed.key")
+    env = {"WEED_GRPC_CA": str(directory / "ca.pem")}
+    for who in (*GRPC_SERVERS, "CLIENT"):
+        env |= {f"WEED_GRPC_{who}_CERT": cert, f"WEED_GRPC_{who}_KEY": private}
+    return env | {
+        "WEED_HTTPS_MASTER_CERT": cert,
+        "WEED_HTTPS_MASTER_KEY": private,
+        "WEED_HTTPS_MASTER_CA": env["WEED_GRPC_CA"],
+    }
 
 
 def _free_ports(n: int) -> list[int]:
@@ -240,7 +312,7 @@ class LocalS3:
         # The gateway's and the filer's Unix sockets: in a directory only this user can enter.
         self.sockets = Path(tempfile.mkdtemp(prefix="mirai-s3-"))
         # Fresh keys each start: a JWT lives seconds and nothing stored depends on the key.
-        signing = {name: secrets.token_hex(32) for name in JWT_KEYS}
+        signing = {name: secrets.token_hex(32) for name in JWT_KEYS} | _mtls_env(self.sockets)
         for _ in range(PORT_ATTEMPTS):
             with open(self.root / "weed.log", "ab") as log:
                 self.process = subprocess.Popen(

@@ -9,7 +9,8 @@ a namespace of their own those ports are not reachable from the host at all; the
 checks signatures and the bucket policy, is reached through its ``-s3.localSocket`` in a private
 directory. Where the kernel refuses the namespace (no CAP_SYS_ADMIN and no unprivileged user
 namespaces), weed runs on the host's loopback as before, its filer and volume server still guarded
-by the JWT keys testbed/s3.py gives them; the first line written to ``DIR/isolation`` says which.
+by the JWT keys testbed/s3.py gives them, its gRPC ports and the master's HTTP API by mutual TLS;
+the first line written to ``DIR/isolation`` says which.
 
 weed also names gRPC Unix sockets after its ports (/tmp/seaweedfs-<service>-grpc-<port>.sock), in
 the host's /tmp whatever the network namespace, with the mode the umask leaves: weed runs with
@@ -120,7 +121,10 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         for s in held:  # weed binds these itself on the host's loopback now
             s.close()
-        isolation = f"none ({exc.strerror}): weed's other ports listen on 127.0.0.1, filer and volume behind JWTs"
+        isolation = (
+            f"none ({exc.strerror}): weed's other ports listen on 127.0.0.1, filer and volume behind JWTs, "
+            "gRPC and the master behind mutual TLS"
+        )
     Path(args.socket).with_name("isolation").write_text(isolation + "\n")
     print(f"s3_relay: {args.listen} -> {args.socket}; isolation: {isolation}", flush=True)
 

@@ -201,3 +201,36 @@ def test_export_hf_refuses_a_file_that_is_not_its_releases_and_a_directory_of_th
     assert main(["export", "hf", str(mine), "--from", str(release_dir)]) != 0
     assert "is not an earlier export" in capsys.readouterr().err
     assert (mine / "notes.txt").read_text() == "keep"
+
+
+def test_export_hf_writes_a_hostile_manifest_s_counts_as_inert_text(release_dir, tmp_path, capsys):
+    """A release comes from a store that may be hostile (docs/releases.md, "Threat model"), and its
+    manifest's split counts are not among the fields check_manifest holds to a shape: numbers that
+    are Markdown (an image that fetches from the reader's browser, a link, raw HTML, a new table
+    row) reached the repository's README.md, the Hub's dataset page. The card writes a count only
+    when it is a whole number, else a dash."""
+    from tests.test_markdown import _COMMONMARK
+
+    copy = tmp_path / "releases"
+    shutil.copytree(release_dir.parent, copy)
+    hostile = "![p](http://evil.invalid/p.png) <img src=http://evil.invalid/i> [x](http://evil.invalid/)\n| 9 | 9 |"
+    manifest_path = copy / "2024-02" / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["split"]["counts"] = {"queries": hostile, "sample": {"nested": hostile}}
+    manifest_path.write_text(json.dumps(manifest))
+    january = copy / "2024-01" / "manifest.json"
+    manifest = json.loads(january.read_text())
+    manifest["split"]["counts"] = hostile
+    january.write_text(json.dumps(manifest))
+    out = tmp_path / "repo"
+    assert main(["export", "hf", str(out), "--from", str(copy)]) == 0, capsys.readouterr().err
+    card = (out / "README.md").read_text()
+    assert "evil.invalid" not in card
+    addresses = [
+        str(t.attrGet("src") or t.attrGet("href") or t.content)
+        for token in _COMMONMARK.parse(card)
+        for t in [token, *(token.children or [])]
+        if t.type in ("image", "link_open", "html_inline", "html_block")
+    ]
+    assert all("evil" not in a for a in addresses), addresses
+    assert "| 2024-02 | – | – |" in card and "| 2024-01 | – | – |" in card

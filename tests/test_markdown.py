@@ -193,3 +193,49 @@ def test_every_description_of_the_code_location_renders_as_written():
     }
     changed = {where: found for where, text in described.items() if text and (found := rendered(text)[1])}
     assert changed == {}
+
+
+def test_a_hostile_gdelt_file_s_codes_reach_a_metadata_table_bounded():
+    """A GDELT export may be hostile, and the parser holds no field to a length: actor country
+    codes of 2,000 characters on 10,000 rows, and one of a million on two, reached the events asset's
+    unmapped-codes table whole (21 MB in the Dagster event log, which the UI loads with the asset's
+    page). frame_table keeps MAX_TABLE_ROWS rows and cuts each text to MAX_CELL_CHARS, saying how
+    long it was; the count of rows is dagster/row_count's, the codes themselves the asset's file."""
+    from assets.metadata import frame_table
+    from pipeline.events.normalize import unmapped_codes
+
+    codes = [f"{i:06d}" + "A" * 2000 for i in range(10_000)]
+    rows = pl.DataFrame({"Actor1CountryCode": codes, "Actor2CountryCode": ["B" * 10**6] * 2 + [None] * 9_998})
+    table = frame_table(unmapped_codes(rows))
+    cells = [value for record in table.records for value in record.data.values() if isinstance(value, str)]
+    assert len(table.records) == 500  # the most frequent codes first (unmapped_codes' order)
+    assert max(map(len, cells)) <= 1000 + 40
+    assert cells[0].startswith("B" * 100) and cells[0].endswith("… (1,000,000 characters)")
+    assert sum(map(len, cells)) < 2**20
+    # A short text is as it was.
+    assert frame_table(pl.DataFrame({"code": ["XYZ"]})).records[0].data == {"code": "XYZ"}
+
+
+def test_a_quarantine_reason_quoting_long_member_names_is_bounded_markdown():
+    """A hostile GDELT zip of five members named with 60,000 characters each was refused with a
+    reason that quotes the names (300,000 characters), which the gdelt_files check's description
+    (Markdown in the UI) repeated for each quarantined file of the day. markdown_text cuts a text
+    to MAX_MARKDOWN_CHARS, saying how long it was, and the cut stays inert."""
+    import io
+    import zipfile
+
+    from pipeline.gdelt.archive import CorruptArchiveError, open_gdelt_zip
+
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for i in range(5):
+            archive.writestr(f"{i}![p](http://evil.invalid/p.png)" + "N" * 60_000, b"x")
+    with pytest.raises(CorruptArchiveError) as refused:
+        open_gdelt_zip(buffer.getvalue())
+    reason = str(refused.value)
+    assert len(reason) > 300_000
+    text = markdown_text(reason)
+    assert len(text) < 2_200 and text.endswith(f"… ({len(reason):,} characters)")
+    assert active_markdown(text) == [] and not ACTIVE_UNESCAPED.search(
+        text.removesuffix(f"… ({len(reason):,} characters)")
+    )

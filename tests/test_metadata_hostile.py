@@ -165,6 +165,17 @@ def upload(bucket: Path, name: str, meta: dict, predictions: list[dict], extra: 
     (directory / "submission.json").write_text(json.dumps(meta))
 
 
+def json_strings(value: object) -> list[str]:
+    """Every string in a JSON value, its keys included."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [*value, *(s for v in value.values() for s in json_strings(v))]
+    if isinstance(value, list | tuple):
+        return [s for v in value for s in json_strings(v)]
+    return []
+
+
 @pytest.fixture(scope="module")
 def event_log(tmp_path_factory):
     """Materialise every asset and check with the hostile inputs, in the order the deployment
@@ -307,6 +318,11 @@ def event_log(tmp_path_factory):
                         cells += [
                             (where, label, c) for r in value.records for c in r.data.values() if isinstance(c, str)
                         ]
+                    # Text values and a JSON value's strings: plain text too (a submission's model).
+                    if isinstance(value, dg.TextMetadataValue):
+                        cells.append((where, label, value.value))
+                    if isinstance(value, dg.JsonMetadataValue):
+                        cells += [(where, label, text) for text in json_strings(value.value)]
         asset_keys = {key.to_user_string() for key in defs.resolve_all_asset_keys()}
         check_keys = {
             f"{key.asset_key.to_user_string()}:{key.name}" for key in defs.resolve_asset_graph().asset_check_keys
@@ -341,7 +357,7 @@ def visible(payload: str, markdown: str) -> bool:
 def test_no_bidi_control_or_invisible_character_reaches_the_markdown_or_a_table(event_log):
     """A bidi override or a zero-width space in a model, file name or GDELT code would change what
     the UI displays (Trojan Source, CVE-2021-42574; Unicode TR36): none is left in any Markdown,
-    nor in any table cell (plain text shows them as they act)."""
+    nor in any table cell, text value or JSON string (plain text shows them as they act)."""
     _, shown, _, _, _, cells = event_log
     hidden = [
         (where, label, {c for c in text if unicodedata.category(c) in ("Cc", "Cf")} - {"\n"})

@@ -840,12 +840,92 @@ def test_without_a_namespace_the_filer_and_volume_server_take_no_anonymous_read_
         assert requests.put(f"{filer}/releases/planted.txt", data=b"planted", timeout=10).status_code == 401
         with pytest.raises(client.exceptions.NoSuchKey):
             client.get_object(Bucket=bucket, Key="releases/planted.txt")
-        assignment = requests.get(f"http://127.0.0.1:{s3_server.ports['master']}/dir/assign", timeout=10).json()
-        volume = f"http://{assignment['url']}/{assignment['fid']}"
+        # A file id of a volume the bucket has (the master's /dir/assign names none to a stranger:
+        # test_without_a_namespace_no_stranger_reaches_the_master_or_the_grpc_apis).
+        volume = f"http://127.0.0.1:{s3_server.ports['volume']}/1,01637037d6"
         assert requests.post(volume, files={"file": ("x", b"blob")}, timeout=10).status_code == 401
+        assert requests.get(volume, timeout=10).status_code == 401
         volume_ui = f"http://127.0.0.1:{s3_server.ports['volume']}/ui/index.html"
         assert requests.get(volume_ui, timeout=10).status_code == 401
         assert client.get_object(Bucket=bucket, Key="submissions/x/submission.json")["Body"].read().startswith(b"{")
+
+
+def _weed_shell(s3_server: LocalS3, commands: str) -> str:
+    """``commands`` run by `weed shell` as a stranger on the host runs it: with no certificate, only
+    the master's and the filer's host:port.grpc_port (what the shell reaches them by)."""
+    import subprocess
+
+    from testbed.s3 import weed_binary
+
+    p = s3_server.ports
+    try:
+        done = subprocess.run(
+            [
+                weed_binary(),
+                "shell",
+                f"-master=127.0.0.1:{p['master']}.{p['master_grpc']}",
+                f"-filer=127.0.0.1:{p['filer']}.{p['filer_grpc']}",
+            ],
+            input=commands,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            env={k: v for k, v in os.environ.items() if not k.startswith("WEED_")},
+        )
+    except subprocess.TimeoutExpired as exc:  # it never connected
+        return (exc.stdout or b"").decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
+    return done.stdout + done.stderr
+
+
+def _master_token(s3_server: LocalS3, query: str) -> str | None:
+    """The volume-server JWT the master's HTTP API hands out for ``query`` (/dir/assign, /dir/lookup),
+    or None when it hands none to a stranger (plain HTTP or TLS without its CA's certificate)."""
+    for scheme in ("http", "https"):
+        try:
+            answer = requests.get(f"{scheme}://127.0.0.1:{s3_server.ports['master']}/{query}", timeout=10, verify=False)
+        except requests.ConnectionError:
+            continue
+        if answer.headers.get("Authorization"):
+            return answer.headers["Authorization"]
+    return None
+
+
+@pytest.mark.filterwarnings("ignore::urllib3.exceptions.InsecureRequestWarning")  # a stranger checks no certificate
+def test_without_a_namespace_no_stranger_reaches_the_master_or_the_grpc_apis(tmp_path):
+    """Where the kernel refuses the namespace, the JWT keys alone did not hold: the filer's gRPC API
+    (`weed shell`) named a submission's volume file id, the master's /dir/lookup gave anyone the
+    volume server's read token for it (so a contact address was read) and its write token (so the
+    object was overwritten), the filer's gRPC removed a release's object, and the master's
+    /col/delete dropped the bucket's every volume. With mutual TLS on every gRPC port and on the
+    master's HTTP API (testbed/s3.py), a peer without the CA's certificate gets none of that."""
+    bucket = "mtls-guarded"
+    with LocalS3(tmp_path / "s3", bucket, isolate=False) as s3_server:
+        client = s3_server.client()
+        contact = b'{"contact": "me@example.org"}'
+        client.put_object(Bucket=bucket, Key="submissions/x/submission.json", Body=contact)
+        client.put_object(Bucket=bucket, Key="releases/latest.json", Body=b'{"release": "2024-01"}')
+        meta = _weed_shell(s3_server, f"fs.meta.cat /buckets/{bucket}/submissions/x/submission.json\n")
+        fids = [line.split('"')[3] for line in meta.splitlines() if '"fileId"' in line]
+        for fid in fids:  # what the filer named: read and write tokens for it, from the master
+            read = _master_token(s3_server, f"dir/lookup?fileId={fid}&read=yes")
+            volume = f"http://127.0.0.1:{s3_server.ports['volume']}/{fid}"
+            assert (
+                read is None or contact not in requests.get(volume, headers={"Authorization": read}, timeout=10).content
+            )
+        assert _master_token(s3_server, "dir/assign") is None
+        assert _master_token(s3_server, "dir/lookup?fileId=1,01637037d6") is None
+        _weed_shell(s3_server, f"fs.rm /buckets/{bucket}/releases/latest.json\n")
+        for scheme in ("http", "https"):
+            try:
+                requests.get(
+                    f"{scheme}://127.0.0.1:{s3_server.ports['master']}/col/delete?collection={bucket}",
+                    timeout=10,
+                    verify=False,
+                )
+            except requests.ConnectionError:
+                pass
+        assert client.get_object(Bucket=bucket, Key="submissions/x/submission.json")["Body"].read() == contact
+        assert client.get_object(Bucket=bucket, Key="releases/latest.json")["Body"].read() == b'{"release": "2024-01"}'
 
 
 def test_an_internal_port_taken_before_the_relay_holds_it_is_chosen_again(tmp_path):

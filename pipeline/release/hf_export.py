@@ -126,6 +126,16 @@ def _configs(months: list[str], database_months: list[str]) -> list[dict]:
     return configs
 
 
+def _count(manifest: dict, name: str) -> str:
+    """The split's count ``name`` as the card's table shows it: a whole number, else "–". The
+    manifest is the store's (which may be hostile, docs/releases.md, "Threat model"), and check_manifest
+    holds only its files to a shape: any other value would be Markdown on the Hub's dataset page."""
+    split = manifest.get("split")
+    counts = split.get("counts") if isinstance(split, dict) else None
+    value = counts.get(name) if isinstance(counts, dict) else None
+    return str(value) if type(value) is int else "–"
+
+
 def _card(manifests: dict[str, dict], database_months: list[str], configs: list[dict], files: dict[str, dict]) -> str:
     months = list(manifests)
     generated = sorted(
@@ -148,8 +158,8 @@ def _card(manifests: dict[str, dict], database_months: list[str], configs: list[
     }
     front = yaml.safe_dump(meta, sort_keys=False, allow_unicode=True, default_flow_style=False, width=UNWRAPPED)
     rows = "\n".join(
-        f"| {m} | {manifests[m]['split'].get('counts', {}).get('queries', '–')} "
-        f"| {manifests[m]['split'].get('counts', {}).get('sample', '–')} | `{files[f'splits/{m}/{MANIFEST_NAME}']['sha256']}` |"
+        f"| {m} | {_count(manifests[m], 'queries')} | {_count(manifests[m], 'sample')} "
+        f"| `{files[f'splits/{m}/{MANIFEST_NAME}']['sha256']}` |"
         for m in months
     )
     return f"""---
