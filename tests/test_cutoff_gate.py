@@ -169,6 +169,7 @@ def test_a_second_lease_given_while_the_first_is_released_elsewhere_keeps_other_
     from pipeline.agent_api import cutoff_gate
 
     monkeypatch.setattr(cutoff_gate, "sweep_cpu_caches", lambda: None)
+    monkeypatch.setattr(cutoff_gate.SPARES, "renew", lambda: None)
     directory = tmp_path / "gate"
     # two evaluations on one machine; each try's handover from B back to A starts at once here
     ours, theirs = CutoffGate(directory, handover_grid_s=0), CutoffGate(directory, handover_grid_s=0)
@@ -265,6 +266,7 @@ def test_the_caches_are_swept_at_a_backward_handover_only_once_the_later_sandbox
 
     gate, events = CutoffGate(tmp_path / "gate", handover_grid_s=0), []
     monkeypatch.setattr(cutoff_gate, "sweep_cpu_caches", lambda: events.append("sweep"))
+    monkeypatch.setattr(cutoff_gate.SPARES, "renew", lambda: events.append("spares"))  # test_sandbox_spares.py
     for cutoff in (A, B, B):  # forward: nothing to sweep
         with gate.hold(cutoff):
             events.append(cutoff)
@@ -280,7 +282,7 @@ def test_the_caches_are_swept_at_a_backward_handover_only_once_the_later_sandbox
     events.append("late gone")
     late.release()
     waiting.join(10)
-    assert events == [A, B, B, "late gone", "sweep", A]
+    assert events == [A, B, B, "late gone", "sweep", "spares", A]
     with CutoffGate(tmp_path / "gate", handover_grid_s=0).hold(A):  # the same cutoff again
         pass
     assert events.count("sweep") == 1

@@ -294,3 +294,23 @@ def test_each_live_sandboxs_spare_counts_in_the_memory_bound(monkeypatch):
     monkeypatch.setattr(throughput, "available_memory_bytes", lambda: available)
     assert sandbox_slots(16, tables_mb, 1024).n == 4
     assert sandbox_slots(3, tables_mb, 1024).n == 3
+
+
+def test_a_backward_handover_replaces_the_spares_that_warmed_up_beside_the_later_cutoff(tmp_path):
+    """A spare that warmed up while a later cutoff's sandboxes ran carries how long that took in its
+    own CPU clock, which the earlier cutoff's episode it serves may read: at a backward handover the
+    gate stops the waiting spares and the starter brings up new ones; a forward one keeps them."""
+    gate = cutoff_gate.CutoffGate(tmp_path / "gate", handover_grid_s=0)
+    SPARES.reserve((), 1)
+    try:
+        [before] = _warm_pool((), 1)
+        for cutoff in (QUERY, QUERY + timedelta(days=5)):  # forward
+            with gate.hold(cutoff):
+                pass
+        assert _warm_pool((), 1) == [before]
+        with gate.hold(QUERY):  # backward
+            pass
+        [after] = _warm_pool((), 1)
+        assert after != before and not Path(f"/proc/{before}").exists()
+    finally:
+        SPARES.release((), 1)

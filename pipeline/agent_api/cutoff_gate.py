@@ -25,7 +25,8 @@ dies: a killed evaluation never holds the gate.
 A backward handover, from a later cutoff to an earlier one, is what only the order of two runs on
 the machine brings about (inside a run the gate passes forward: evaluation/episodes.py). Two things
 of the later sandboxes outlive them there, and the gate takes both away before the earlier cutoff
-runs: the lines they loaded in the CPU's caches (swept, cpu_caches.py) and the moment they ended,
+runs: the lines they loaded in the CPU's caches (swept, cpu_caches.py; the warm spares that
+started beside them are replaced too, sandbox_spares.py) and the moment they ended,
 which the earlier sandbox would read from its clock (it starts at the next multiple of the
 handover grid of the wall clock instead, MIRAI_SANDBOX_HANDOVER_GRID_S, so a later agent sets at
 most which multiple, by stalling: docs/agent_api.md, "The handover between cutoffs").
@@ -44,6 +45,7 @@ from datetime import date
 from pathlib import Path
 
 from pipeline.agent_api.cpu_caches import sweep_cpu_caches
+from pipeline.agent_api.sandbox_spares import SPARES
 from pipeline.config import SandboxSettings
 
 TURN_FILE = "turn.lock"
@@ -183,11 +185,13 @@ class CutoffGate:
 
 
 def _hand_backward(grid_s: float) -> None:
-    """Every sandbox of the later cutoff is gone: wait for the grid's next multiple, then sweep
-    what they left in the CPU's caches."""
+    """Every sandbox of the later cutoff is gone: wait for the grid's next multiple, sweep what
+    they left in the CPU's caches, and replace this process's warm spares, which warmed up beside
+    them."""
     if grid_s > 0:
         time.sleep(-time.time() % grid_s)
     sweep_cpu_caches()
+    SPARES.renew()
 
 
 def _cutoff_of(name: str) -> date:

@@ -392,6 +392,18 @@ class SparePool:
             except (OSError, EOFError, TimeoutError, ProtocolError):
                 pass  # a spare that died is found by take() and replaced
 
+    def renew(self) -> None:
+        """Stop every spare waiting; the starter starts their successors. At a handover from a later
+        cutoff to an earlier one (cutoff_gate.py): a spare that warmed up while the later cutoff's
+        sandboxes ran carries how long that took in its own CPU clock, which its episode may read."""
+        with self._lock:
+            spares = [spare for waiting in self._waiting.values() for spare in waiting]
+            for waiting in self._waiting.values():
+                waiting.clear()
+        for spare in spares:
+            spare.stop()
+        self._wake()
+
     def pids(self) -> list[int]:
         """The process ids of the spares waiting (the tests attack them)."""
         with self._lock:
