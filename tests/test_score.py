@@ -554,3 +554,21 @@ def test_a_handed_over_split_file_that_is_a_fifo_is_refused_not_waited_on(releas
     predictions = _jsonl(tmp_path / "p.jsonl", [{"query_id": q, "answer": a} for q, a in ANSWERS.items()])
     code, _, err = _run(capsys, predictions, "--split", handed)
     assert code == 1 and "manifest.json' is not a regular file; refused" in err, err
+
+
+def test_a_round_file_whose_name_is_not_utf8_is_forgiven_by_lenient_scoring(release, tmp_path, capsys):
+    """A handed-over MIRAI round directory may hold any file name the filesystem allows; one that is
+    not UTF-8 (os.scandir gives it with surrogate escapes) made the scorecard's digest of the
+    directory raise UnicodeEncodeError once --lenient had forgiven it."""
+    rounds = tmp_path / "rounds"
+    (rounds / "round1").mkdir(parents=True)
+    record = {"answer": json.dumps(ANSWERS["2024-01-00001"]), "end_state": "Final Answer", "n_steps": 1}
+    (rounds / "round1" / "2024-01-00001.json").write_text(json.dumps([record]))
+    with open(os.fsencode(rounds / "round1") + b"/\xff\xfe.json", "wb") as fh:
+        fh.write(b"[]")
+    code, out, err = _run(capsys, rounds, "--split", release, "--lenient")
+    assert code == 0, err
+    assert "forgiven: round1/'\\udcff\\udcfe.json': not a query of the split" in err, err
+    assert "# Scorecard" in out
+    code, _, err = _run(capsys, rounds, "--split", release)
+    assert code == 1 and "round1/'\\udcff\\udcfe.json': not a query of the split" in err, err
