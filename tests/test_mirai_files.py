@@ -470,3 +470,23 @@ def test_events_listing_more_articles_than_their_rows_are_refused_in_bounded_mem
     assert "data/MIRAI/data_kg.csv line " in str(refused.value) and "\n" not in str(refused.value)
     assert peak < 48, f"refusing it took {peak:.0f} MiB"
     assert not (tmp_path / "imported").exists()
+
+
+def test_a_relation_query_csv_with_more_queries_than_a_split_may_hold_is_refused(exported, tmp_path, monkeypatch):
+    """Each query row costs ~1.7 KB of Python objects while the file is read: 600,000 rows (45 MB,
+    under the file's 256 MiB cap) took 1 GB and made a split that `mirai score` and `mirai evaluate`
+    then refuse (more than score_inputs.MAX_RECORDS queries). Refused at the row past the bound
+    (lowered here to the export's own count, so the test needs no 200,000-row file)."""
+    from pipeline.evaluation.score_inputs import MAX_RECORDS
+    from pipeline.splits import mirai_import
+
+    assert mirai_files.MAX_QUERIES == MAX_RECORDS
+    test = exported / "data/MIRAI/test/relation_query.csv"
+    count = len(test.read_text().splitlines()) - 1
+    monkeypatch.setattr(mirai_import, "MAX_QUERIES", count - 1)
+    with pytest.raises(MiraiFormatError) as refused:
+        import_mirai(exported, tmp_path / "imported")
+    assert f"relation_query.csv line {count + 1}: more than {count - 1:,} queries" in str(refused.value)
+    assert not (tmp_path / "imported").exists()
+    monkeypatch.setattr(mirai_import, "MAX_QUERIES", count)
+    assert import_mirai(exported, tmp_path / "imported").queries == count

@@ -33,6 +33,7 @@ from pipeline.splits.mirai_files import (
     MAX_DOCIDS,
     MAX_FIELD_CHARS,
     MAX_FILE_BYTES,
+    MAX_QUERIES,
     NEWS_COLUMNS,
     NEWS_FILE,
     QUERY_COLUMNS,
@@ -304,6 +305,8 @@ def _read_queries(path: Path, name: str) -> pl.DataFrame:
     rows, seen_ids, seen_codes = [], set(), set()
     for line, r in _read_tsv(path, name, QUERY_COLUMNS, required):
         where = _where(name, line)
+        if len(rows) >= MAX_QUERIES:
+            raise MiraiFormatError(f"{where}: more than {MAX_QUERIES:,} queries, more than a split may hold; refused")
         qid = _int(r["QueryId"], where, "QueryId")
         if qid in seen_ids:
             raise MiraiFormatError(f"{where}: QueryId {qid} appears twice")
