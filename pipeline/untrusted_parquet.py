@@ -12,7 +12,10 @@ in one line. The cost is a Python start and a polars import, ~0.3 s a file.
 The caller still reads a file's footer (its columns, row counts) before handing it over, and a
 footer is parsed into objects hundreds of times its size (a 3-byte Thrift ColumnChunk becomes a
 C++ object of several hundred: a 12 MB footer took 2.9 GB): ``check_footer`` refuses a footer
-longer than MAX_FOOTER_BYTES before anything parses it.
+longer than MAX_FOOTER_BYTES before anything parses it. It then parses it with pyarrow, which
+refuses a schema nested more than 100 levels deep: polars' reader walks the schema recursively
+and a 24 KB footer of 3,000 nested groups overflowed its stack (SIGSEGV) in
+``pl.read_parquet_schema``, which a caller runs in its own process.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ import sys
 from collections.abc import Sequence
 
 import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 TIMEOUT_S = 120.0
 # The child's own tables and buffers besides the decoded data (polars' working memory).
@@ -48,8 +53,8 @@ class UntrustedParquetError(ValueError):
 
 def check_footer(source: bytes | os.PathLike) -> None:
     """Raise UntrustedParquetError unless ``source`` (a file's bytes or its path) ends as a parquet
-    file does, with a footer of at most MAX_FOOTER_BYTES: checked on the last 8 bytes, before
-    anything parses the footer."""
+    file does, with a footer of at most MAX_FOOTER_BYTES (checked on the last 8 bytes, before
+    anything parses the footer) that pyarrow parses (its schema at most 100 levels deep)."""
     if isinstance(source, bytes):
         size, tail = len(source), source[-8:]
     else:
@@ -62,6 +67,11 @@ def check_footer(source: bytes | os.PathLike) -> None:
         raise UntrustedParquetError("not a readable parquet file (no parquet footer at its end)")
     if length > MAX_FOOTER_BYTES:
         raise UntrustedParquetError(f"its footer is {length:,} bytes, more than the {MAX_FOOTER_BYTES:,} allowed")
+    try:  # bounded by the length just checked; pyarrow refuses a schema nested past 100 levels
+        pq.read_metadata(pa.BufferReader(source) if isinstance(source, bytes) else source)
+    except (OSError, pa.ArrowException) as exc:
+        said = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        raise UntrustedParquetError(f"not a readable parquet file (its footer: {said})") from None
 
 
 def read_untrusted_parquet(data: bytes, budget_bytes: int, columns: list[str] | None = None) -> pl.DataFrame:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 from datetime import date
 from pathlib import Path
 
@@ -326,3 +328,54 @@ def test_a_database_month_larger_than_its_bound_is_refused_before_it_is_read(hos
         f.seek(2**30)
         f.write(data)
     _refused(_evaluate(hostile, tmp_path / "p.jsonl", capsys, monkeypatch), "month=2024-01.parquet", "larger than")
+
+
+def deeply_nested_parquet(depth: int, column: str = "date") -> bytes:
+    """A parquet file (no rows) whose column ``column`` is ``depth`` nested optional groups around
+    an INT32: a footer of ~8 bytes a level, written as Thrift's compact protocol by hand (pyarrow
+    and polars take minutes to build such a type)."""
+
+    def varint(n: int) -> bytes:
+        out = bytearray()
+        while True:
+            out.append((n & 0x7F) | (0x80 if n > 0x7F else 0))
+            n >>= 7
+            if not n:
+                return bytes(out)
+
+    def element(name: str, children: int | None, leaf: bool = False) -> bytes:
+        out = b"\x15\x02" if leaf else b""  # field 1 (type, i32): INT32 (zigzag 2)
+        out += (b"\x25" if leaf else b"\x35") + b"\x02"  # field 3 (repetition, i32): OPTIONAL
+        out += b"\x18" + varint(len(name)) + name.encode()  # field 4 (name, binary)
+        if children is not None:
+            out += b"\x15" + varint(children << 1)  # field 5 (num_children, i32)
+        return out + b"\x00"
+
+    schema = [b"\x48" + b"\x06schema" + b"\x15\x02\x00"]  # the root: name, one child
+    schema += [element(column if i == 0 else "a", 1) for i in range(depth)] + [element("x", None, leaf=True)]
+    count = len(schema)
+    footer = b"\x15\x02" + b"\x19\xfc" + varint(count) + b"".join(schema)  # version 1; schema list
+    footer += b"\x16\x00" + b"\x19\x0c" + b"\x00"  # num_rows 0; no row groups; stop
+    return b"PAR1" + footer + len(footer).to_bytes(4, "little") + b"PAR1"
+
+
+def test_a_database_month_nested_thousands_deep_is_refused_not_a_crash(hostile, tmp_path):
+    """A 24 KB month file whose schema nests 3,000 groups: polars' pl.read_parquet_schema, which
+    EventDatabase ran in the command's own process, overflowed its stack (SIGSEGV, exit -11). Run
+    as the installed command, in a process of its own, so that a crash is a result, not the end of
+    the test run."""
+    (hostile / EVENTS).write_bytes(deeply_nested_parquet(3000))
+    with ChatServer(Recorder()) as server:
+        argv = ["evaluate", str(hostile), *_flags(server.base_url), "--out", str(tmp_path / "p.jsonl")]
+        done = subprocess.run(
+            [sys.executable, "-m", "pipeline.cli", *argv],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=os.environ | {KEY_ENV: KEY, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+        )
+        requests = server.requests
+    assert done.returncode == 1 and requests == 0, (done.returncode, done.stderr[-1000:])
+    err = done.stderr.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("mirai evaluate: error: "), err
+    assert "month=2024-01.parquet" in err and "nested" in err, err

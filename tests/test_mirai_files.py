@@ -432,3 +432,61 @@ def test_formula_cells_from_news_are_inert_in_the_export_and_exact_after_import(
     import_mirai(tmp_path / "bundle", tmp_path / "imported")
     back = pl.read_parquet(tmp_path / "imported/database/news/month=2024-01.parquet")
     assert back.equals(news.sort("date", "article_id"))
+
+
+def test_events_listing_more_articles_than_their_rows_are_refused_in_bounded_memory(exported, tmp_path):
+    """MIRAI's step 6 writes one data_kg.csv row per (event, article), each carrying the event's
+    whole Docids list. Fifty new events of one row each listing 20,000 new articles (a 6 MB file)
+    were imported as a million event-article links held as Python ints in sets, ~190 bytes a link:
+    at the file's 8 GiB cap that is hundreds of GB (a 103 MB file took 3 GB of RSS). Refused, with
+    the links held as 8-byte arrays while the file is read."""
+    import hashlib
+    import tracemalloc
+
+    from pipeline.reference import iso3_codes
+
+    source = tmp_path / "mirai"
+    shutil.copytree(exported, source)
+    news = source / "data/MIRAI/data_news.csv"
+    first_new = max(int(row["Docid"]) for row in csv.DictReader(news.open(newline=""), delimiter="\t")) + 1
+    added = range(first_new, first_new + 20_000)
+    with news.open("a", newline="") as fh:
+        fh.writelines(f"{d}\t{hashlib.md5(str(d).encode()).hexdigest()}\t\t2024-01-05\tt\tx\t\n" for d in added)
+    kg = source / "data/MIRAI/data_kg.csv"
+    docids = "[" + ", ".join(map(str, added)) + "]"
+    countries = sorted(iso3_codes())
+    with kg.open("a", newline="") as fh:
+        for s in countries[:50]:
+            code = f"2024-01-05, {s}, 010, {countries[-1]}"
+            fh.write(f"2024-01-05\t{s}\t{countries[-1]}\t010\t\t\t\t{code}\t\t{first_new}\t{docids}\n")
+    tracemalloc.start()
+    try:
+        with pytest.raises(MiraiFormatError) as refused:
+            import_mirai(source, tmp_path / "imported")
+        peak = tracemalloc.get_traced_memory()[1] / 2**20
+    finally:
+        tracemalloc.stop()
+    assert "lists 20,000 articles in its Docids but has 1 row(s)" in str(refused.value), refused.value
+    assert "data/MIRAI/data_kg.csv line " in str(refused.value) and "\n" not in str(refused.value)
+    assert peak < 48, f"refusing it took {peak:.0f} MiB"
+    assert not (tmp_path / "imported").exists()
+
+
+def test_a_relation_query_csv_with_more_queries_than_a_split_may_hold_is_refused(exported, tmp_path, monkeypatch):
+    """Each query row costs ~1.7 KB of Python objects while the file is read: 600,000 rows (45 MB,
+    under the file's 256 MiB cap) took 1 GB and made a split that `mirai score` and `mirai evaluate`
+    then refuse (more than score_inputs.MAX_RECORDS queries). Refused at the row past the bound
+    (lowered here to the export's own count, so the test needs no 200,000-row file)."""
+    from pipeline.evaluation.score_inputs import MAX_RECORDS
+    from pipeline.splits import mirai_import
+
+    assert mirai_files.MAX_QUERIES == MAX_RECORDS
+    test = exported / "data/MIRAI/test/relation_query.csv"
+    count = len(test.read_text().splitlines()) - 1
+    monkeypatch.setattr(mirai_import, "MAX_QUERIES", count - 1)
+    with pytest.raises(MiraiFormatError) as refused:
+        import_mirai(exported, tmp_path / "imported")
+    assert f"relation_query.csv line {count + 1}: more than {count - 1:,} queries" in str(refused.value)
+    assert not (tmp_path / "imported").exists()
+    monkeypatch.setattr(mirai_import, "MAX_QUERIES", count)
+    assert import_mirai(exported, tmp_path / "imported").queries == count

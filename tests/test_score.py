@@ -527,3 +527,48 @@ def test_a_split_whose_shared_answers_would_parse_to_gigabytes_is_refused(tmp_pa
     pq.write_table(table, split / "queries.parquet", store_schema=False, compression="zstd")
     with pytest.raises(score_inputs.ScoringError, match=r"answer_dict values too long to be gold answers"):
         score_inputs.load_split(split)
+
+
+@pytest.mark.parametrize("name", ["queries.parquet", "manifest.json"])
+def test_a_handed_over_split_linking_out_of_its_directory_is_refused(release, tmp_path, capsys, name):
+    """`mirai score --split DIR` on a directory anyone handed over: a file that leads out of it (here
+    the genuine release's own, elsewhere on the machine) was read and scored against, where `mirai
+    evaluate` refuses the same link (test_evaluate_hostile.py)."""
+    handed = tmp_path / "handed" / "2024-01"
+    handed.mkdir(parents=True)
+    for file in ("queries.parquet", "queries_sample.parquet", "manifest.json"):
+        (handed / file).write_bytes((release / file).read_bytes())
+    (handed / name).unlink()
+    (handed / name).symlink_to(release / name)
+    predictions = _jsonl(tmp_path / "p.jsonl", [{"query_id": q, "answer": a} for q, a in ANSWERS.items()])
+    code, out, err = _run(capsys, predictions, "--split", handed)
+    assert code == 1 and out == "" and len(err.splitlines()) == 1, err
+    assert f"{name}' leads outside" in err and "refused" in err, err
+
+
+def test_a_handed_over_split_file_that_is_a_fifo_is_refused_not_waited_on(release, tmp_path, capsys):
+    handed = tmp_path / "handed" / "2024-01"
+    handed.mkdir(parents=True)
+    (handed / "queries.parquet").write_bytes((release / "queries.parquet").read_bytes())
+    os.mkfifo(handed / "manifest.json")  # nothing would ever end its read
+    predictions = _jsonl(tmp_path / "p.jsonl", [{"query_id": q, "answer": a} for q, a in ANSWERS.items()])
+    code, _, err = _run(capsys, predictions, "--split", handed)
+    assert code == 1 and "manifest.json' is not a regular file; refused" in err, err
+
+
+def test_a_round_file_whose_name_is_not_utf8_is_forgiven_by_lenient_scoring(release, tmp_path, capsys):
+    """A handed-over MIRAI round directory may hold any file name the filesystem allows; one that is
+    not UTF-8 (os.scandir gives it with surrogate escapes) made the scorecard's digest of the
+    directory raise UnicodeEncodeError once --lenient had forgiven it."""
+    rounds = tmp_path / "rounds"
+    (rounds / "round1").mkdir(parents=True)
+    record = {"answer": json.dumps(ANSWERS["2024-01-00001"]), "end_state": "Final Answer", "n_steps": 1}
+    (rounds / "round1" / "2024-01-00001.json").write_text(json.dumps([record]))
+    with open(os.fsencode(rounds / "round1") + b"/\xff\xfe.json", "wb") as fh:
+        fh.write(b"[]")
+    code, out, err = _run(capsys, rounds, "--split", release, "--lenient")
+    assert code == 0, err
+    assert "forgiven: round1/'\\udcff\\udcfe.json': not a query of the split" in err, err
+    assert "# Scorecard" in out
+    code, _, err = _run(capsys, rounds, "--split", release)
+    assert code == 1 and "round1/'\\udcff\\udcfe.json': not a query of the split" in err, err

@@ -437,3 +437,54 @@ def test_gold_answers_that_parse_into_gigabytes_or_nest_too_deeply_are_refused(t
         with peak_mib() as peak, pytest.raises(ScoringError, match=match):
             load_split(directory)
         assert peak[0] < 600, (name, peak)
+
+
+RELATION_QUERY_IN_A_CAPPED_PROCESS = """
+import resource, sys
+from datetime import date
+import polars as pl
+from pipeline.evaluation.mirai_predictions import mirai_query_ids
+resource.setrlimit(resource.RLIMIT_AS, (2 * 2**30, 2 * 2**30))
+queries = pl.DataFrame({"query_id": ["q"], "date": [date(2024, 1, 2)], "s": ["DEU"], "o": ["FRA"]})
+try:
+    mirai_query_ids(queries, sys.argv[1])
+except ValueError as exc:
+    print(f"refused: {exc}")
+"""
+
+
+def test_a_relation_query_csv_with_millions_of_columns_is_refused_on_its_text(tmp_path):
+    """A 17 MB header of two million column names, well under the file's 256 MiB cap: polars'
+    reader took 1.25 GB for it (74 times the file) and, with 2 GiB of address space, aborted the
+    whole process (SIGABRT, a failed Rust allocation). Its columns are counted on its TABs."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "relation_query.csv"
+    names = "\t".join(f"c{i}" for i in range(2_000_000))
+    path.write_text(f"QueryId\tDateStr\tActor1CountryCode\tActor2CountryCode\t{names}\n1\t2024-01-02\tDEU\tFRA\n")
+    done = subprocess.run(
+        [sys.executable, "-c", RELATION_QUERY_IN_A_CAPPED_PROCESS, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=os.environ | {"PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+    )
+    assert done.returncode == 0, (done.returncode, done.stderr[-500:])
+    assert done.stdout.startswith(f"refused: {path} line 1: more than the 256 columns"), done.stdout
+    assert len(done.stdout.splitlines()) == 1
+
+
+def test_a_relation_query_csv_is_read_as_before(tmp_path):
+    """The four columns of a MIRAI relation_query.csv, whatever else it holds (quoted fields too)."""
+    from pipeline.evaluation.mirai_predictions import mirai_query_ids
+
+    path = tmp_path / "relation_query.csv"
+    path.write_text(
+        'QueryId\tDateStr\tActor1CountryCode\tActor2CountryCode\tquery\n7\t2024-01-02\tDEU\tFRA\t"a\tb ""c"""\n'
+    )
+    queries = pl.DataFrame({"query_id": ["q"], "date": [date(2024, 1, 2)], "s": ["DEU"], "o": ["FRA"]})
+    assert mirai_query_ids(queries, path) == {"q": "7"}
+    path.write_text("QueryId\tDateStr\tActor1CountryCode\tActor2CountryCode\n7\t2024-01-02\tDEU\n")
+    with pytest.raises(ValueError, match="line 2: 3 fields, the header has 4"):
+        mirai_query_ids(queries, path)

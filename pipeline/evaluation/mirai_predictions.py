@@ -20,13 +20,14 @@ anything not of MIRAI's shape, each with one line naming the file (PredictionFil
 from __future__ import annotations
 
 import ast
+import csv
 import errno
 import io
 import json
 import os
 import re
 import stat
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,13 +87,8 @@ def mirai_query_ids(queries: pl.DataFrame, relation_query_csv: Path) -> dict[str
     in a MIRAI relation_query.csv, so file names match that file. Every query must be there once.
     The file may come from anyone (a handed-over release's mirai/data/): a regular file, read up
     to the bound ``mirai import mirai`` puts on the same file, else ValueError in one line."""
-    table = pl.read_csv(io.BytesIO(_read_relation_query(Path(relation_query_csv))), separator="\t", infer_schema=False)
-    wanted = ("QueryId", "DateStr", "Actor1CountryCode", "Actor2CountryCode")
-    missing = [c for c in wanted if c not in table.columns]
-    if missing:
-        raise ValueError(f"{relation_query_csv}: no column {', '.join(missing)} (not a MIRAI relation_query.csv)")
     keys: dict[tuple[str, str, str], list[str]] = {}
-    for query_id, day, s, o in table.select(wanted).iter_rows():
+    for query_id, day, s, o in _relation_query_rows(Path(relation_query_csv)):
         keys.setdefault((day, s, o), []).append(query_id)
     out = {}
     for query_id, day, s, o in queries.select("query_id", "date", "s", "o").iter_rows():
@@ -103,6 +99,58 @@ def mirai_query_ids(queries: pl.DataFrame, relation_query_csv: Path) -> dict[str
             )
         out[query_id] = found[0]
     return out
+
+
+# MIRAI's relation_query.csv has 20 columns (pipeline/splits/mirai_files.py QUERY_COLUMNS) and a
+# row per query (705 in MIRAI's test month, ~2,000 in one of ours). A header of millions of names
+# made polars' reader take 74 times the file's size (1.25 GB for a 17 MB header) and abort the
+# process once memory ran out; rows are read by the csv module, the four columns kept.
+MAX_RELATION_QUERY_COLUMNS = 256
+MAX_RELATION_QUERY_ROWS = 200_000
+_RELATION_QUERY_KEYS = ("QueryId", "DateStr", "Actor1CountryCode", "Actor2CountryCode")
+
+
+def _relation_query_rows(path: Path) -> Iterator[tuple[str, str, str, str]]:
+    """(QueryId, DateStr, Actor1CountryCode, Actor2CountryCode) of each row of a MIRAI
+    relation_query.csv (tab-separated as pandas writes it), read under the import's byte bound,
+    at most MAX_RELATION_QUERY_COLUMNS columns and MAX_RELATION_QUERY_ROWS rows; else ValueError
+    in one line naming the file. The columns are counted on the text (its TABs) before the csv
+    module makes a row of them, so no row is ever held with more."""
+    try:
+        text = _read_relation_query(path).decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not UTF-8 text (not a MIRAI relation_query.csv)") from None
+    tabs = 0  # TABs of the lines of the row being read (a quoted field may span lines)
+
+    def lines() -> Iterator[str]:
+        nonlocal tabs
+        for number, line in enumerate(io.StringIO(text, newline=""), 1):
+            tabs += line.count("\t")
+            if tabs >= MAX_RELATION_QUERY_COLUMNS:
+                raise ValueError(
+                    f"{path} line {number}: more than the {MAX_RELATION_QUERY_COLUMNS} columns a MIRAI "
+                    "relation_query.csv may have; refused"
+                )
+            yield line
+
+    reader = csv.reader(lines(), delimiter="\t", quotechar='"')
+    try:
+        header = next(reader, [])
+        tabs = 0
+        missing = [c for c in _RELATION_QUERY_KEYS if c not in header]
+        if missing:
+            raise ValueError(f"{path}: no column {', '.join(missing)} (not a MIRAI relation_query.csv)")
+        where = [header.index(c) for c in _RELATION_QUERY_KEYS]
+        for rows, row in enumerate(reader, 1):
+            tabs = 0
+            if rows > MAX_RELATION_QUERY_ROWS:
+                raise ValueError(f"{path}: more than {MAX_RELATION_QUERY_ROWS:,} queries; refused")
+            if len(row) != len(header):
+                raise ValueError(f"{path} line {reader.line_num}: {len(row)} fields, the header has {len(header)}")
+            query_id, day, s, o = (row[i] for i in where)
+            yield query_id, day, s, o
+    except csv.Error as exc:
+        raise ValueError(f"{path} line {reader.line_num}: not a tab-separated file ({exc})") from None
 
 
 def _read_relation_query(path: Path) -> bytes:

@@ -34,6 +34,7 @@ from pipeline.evaluation.mirai_predictions import (
     read_prediction_file,
 )
 from pipeline.release.layout import MANIFEST_NAME, MAX_JSON_BYTES, SPLIT_FILES, is_month, shown
+from pipeline.storage import outside_or_not_regular
 from pipeline.untrusted_parquet import UntrustedParquetError, check_footer, read_untrusted_parquet, text_bytes
 
 MAX_PREDICTIONS_BYTES = 64 * 2**20  # a month has ~2,000 queries; a full answer is < 3 KB as JSON
@@ -105,11 +106,9 @@ def load_split(directory: Path, sample: bool = False) -> Split:
     ``sample``), every code checked against the CAMEO tables."""
     name = SPLIT_FILES[1] if sample else SPLIT_FILES[0]
     path = directory / name
-    if not path.is_file():
+    if not os.path.lexists(path):
         raise ScoringError(f"{directory} holds no {name} (a release month's directory or splits/YYYY-MM)")
-    if path.stat().st_size > MAX_SPLIT_BYTES:
-        raise ScoringError(f"{path}: refused: larger than {MAX_SPLIT_BYTES} bytes")
-    data = path.read_bytes()
+    data = _split_bytes(directory, path, MAX_SPLIT_BYTES)
     digest = hashlib.sha256(data).hexdigest()
     listed = _manifest_sha256(directory, name)
     if listed is not None and listed != digest:
@@ -150,13 +149,46 @@ def _manifest_sha256(directory: Path, name: str) -> str | None:
     """The sha256 the directory's manifest.json (a release's, or a split's) lists for ``name``,
     or None when there is no such manifest entry."""
     manifest = directory / MANIFEST_NAME
-    if not manifest.is_file() or manifest.stat().st_size > MAX_JSON_BYTES:
+    if not os.path.lexists(manifest):
         return None
     try:
-        entry = json.loads(manifest.read_bytes())["files"][name]["sha256"]
+        raw = _split_bytes(directory, manifest, MAX_JSON_BYTES)
+    except _TooLarge:
+        return None
+    try:
+        entry = json.loads(raw)["files"][name]["sha256"]
     except (ValueError, RecursionError, KeyError, TypeError):
         return None
     return entry if isinstance(entry, str) else None
+
+
+class _TooLarge(ScoringError):
+    pass
+
+
+def _split_bytes(directory: Path, path: Path, cap: int) -> bytes:
+    """A handed-over split directory's file: a regular file inside ``directory`` once links are
+    followed (a link out of it would score against, or quote, a file from elsewhere on the
+    machine, as `mirai evaluate` refuses it too), read up to ``cap`` bytes whatever its size said
+    when it was looked at (it may grow while read). ScoringError otherwise."""
+    problem = outside_or_not_regular(directory, path)
+    if problem is not None:
+        raise ScoringError(f"{problem}; refused")
+    try:  # O_NONBLOCK: a file swapped for a FIFO since the check is not waited on
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        raise ScoringError(f"{path}: refused: {exc.strerror or exc}") from None
+    with os.fdopen(fd, "rb") as fh:
+        info = os.fstat(fh.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise ScoringError(f"{path}: refused: not a regular file")
+        # Its size as a first read (read(n) reserves n bytes), the rest only if it grew meanwhile.
+        data = fh.read(min(info.st_size, cap) + 1)
+        if info.st_size < len(data) <= cap:
+            data += fh.read(cap + 1 - len(data))
+    if len(data) > cap:
+        raise _TooLarge(f"{path}: refused: larger than {cap} bytes")
+    return data
 
 
 # --- reading predictions ----------------------------------------------------------------------------
@@ -407,12 +439,9 @@ def _query_keys(path: Path) -> pl.DataFrame:
     """query_id, date, s and o of a handed-over queries file, decoded as load_split decodes its
     other columns (in the memory-capped child, then measured on the columns): load_split never
     looked at these, and a footer may lie about them as about any."""
-    if path.stat().st_size > MAX_SPLIT_BYTES:
-        raise ScoringError(f"{path}: refused: larger than {MAX_SPLIT_BYTES} bytes")
+    data = _split_bytes(path.parent, path, MAX_SPLIT_BYTES)
     try:
-        table = read_untrusted_parquet(
-            path.read_bytes(), MAX_SPLIT_DECODED_BYTES, columns=["query_id", "date", "s", "o"]
-        )
+        table = read_untrusted_parquet(data, MAX_SPLIT_DECODED_BYTES, columns=["query_id", "date", "s", "o"])
     except UntrustedParquetError as exc:
         raise ScoringError(f"{path}: not a split's queries file ({exc})") from None
     if table.height > MAX_RECORDS:

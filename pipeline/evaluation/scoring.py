@@ -395,7 +395,8 @@ def _digest(path: Path) -> str:
             with os.scandir(path / f"round{n}") as entries:
                 files = sorted(e.name for e in entries if e.name.endswith(".json") and e.is_file(follow_symlinks=False))
             for name in files:
-                digest.update(f"round{n}/{name}".encode() + b"\0" + read_capped(path / f"round{n}" / name))
+                # fsencode: a name that is not UTF-8 comes back as the bytes it is on disk
+                digest.update(os.fsencode(f"round{n}/{name}") + b"\0" + read_capped(path / f"round{n}" / name))
     else:
         digest.update(read_capped(path))
     return digest.hexdigest()

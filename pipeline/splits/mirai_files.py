@@ -127,6 +127,10 @@ MAX_FILE_BYTES = {
     SUBSET_FILE: 256 * 2**20,
 }
 MAX_FIELD_CHARS = 8 * 2**20  # one article's text
+# Queries of one relation_query.csv: as many as `mirai score` and `mirai evaluate` read of a split
+# (pipeline/evaluation/score_inputs.py MAX_RECORDS; MIRAI's test month has 705). Each costs ~1.7 KB
+# of Python objects while the file is read: 600,000 rows (45 MB, under the 256 MiB cap) took 1 GB.
+MAX_QUERIES = 200_000
 MAX_DOCIDS = 100_000  # articles of one quad
 MAX_ANSWER_CHARS = 64 * 2**10
 

@@ -11,6 +11,7 @@ import csv
 import json
 import os
 import re
+from array import array
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from pipeline.splits.mirai_files import (
     MAX_DOCIDS,
     MAX_FIELD_CHARS,
     MAX_FILE_BYTES,
+    MAX_QUERIES,
     NEWS_COLUMNS,
     NEWS_FILE,
     QUERY_COLUMNS,
@@ -238,7 +240,10 @@ def _read_mentions(path: Path) -> dict[str, int]:
 def _read_kg(path: Path, news: pl.DataFrame, mentions: dict[str, int]) -> pl.DataFrame:
     md5_of = dict(zip(news.get_column("Docid"), news.get_column("article_id")))
     countries, relations = iso3_codes(), level2_codes()
-    quads: dict[tuple, set[int]] = {}
+    # quad -> [its rows, its distinct Docids (sorted, 8 bytes each), the line of its first row]. As
+    # Python ints in sets the Docids took ~190 bytes each, 27 times their text: 150 rows of 100,000
+    # Docids (103 MB, within the 8 GiB cap) took 3 GB, and the cap allowed 80 times more.
+    quads: dict[tuple, list] = {}
     for line, r in _read_tsv(path, KG_FILE, KG_COLUMNS, (*KG_COLUMNS[:4], "QuadEventCode", "Docid", "Docids")):
         where = _where(KG_FILE, line)
         day = _day(r["DateStr"], where, "DateStr")
@@ -257,10 +262,22 @@ def _read_kg(path: Path, news: pl.DataFrame, mentions: dict[str, int]) -> pl.Dat
         for d in listed | {docid}:
             if d not in md5_of:
                 raise MiraiFormatError(f"{where}: Docid {d} is not in {NEWS_FILE}")
-        quad = quads.setdefault((day, s, rel, o), set())
-        quad.update(listed)
-        if len(quad) > MAX_DOCIDS:
-            raise MiraiFormatError(f"{where}: the quad has more than {MAX_DOCIDS:,} articles")
+        quad = quads.setdefault((day, s, rel, o), [0, array("q"), line])
+        quad[0] += 1
+        if not listed.issubset(quad[1]):
+            merged = listed.union(quad[1])
+            if len(merged) > MAX_DOCIDS:
+                raise MiraiFormatError(f"{where}: the quad has more than {MAX_DOCIDS:,} articles")
+            quad[1] = array("q", sorted(merged))
+    # MIRAI's step 6 keeps one row per (quad, Docid) (drop_duplicates), and an export writes one
+    # row per event and article: a quad never lists more articles than it has rows. Checked before
+    # any article id is looked up, the step that costs ~50 bytes an article.
+    for (day, s, rel, o), (count, ids, line) in quads.items():
+        if len(ids) > count:
+            raise MiraiFormatError(
+                f"{_where(KG_FILE, line)}: the event {quad_code(day, s, rel, o)} lists {len(ids):,} articles in "
+                f"its Docids but has {count:,} row(s); MIRAI's data_kg.csv has one row per event and article"
+            )
     names = dict(country_names().iter_rows())
     rel_names = dict(relation_table().select("code", "name").iter_rows())
     rows = [
@@ -277,7 +294,7 @@ def _read_kg(path: Path, news: pl.DataFrame, mentions: dict[str, int]) -> pl.Dat
             len(ids),
             sorted({md5_of[d] for d in ids}),
         )
-        for (day, s, rel, o), ids in quads.items()
+        for (day, s, rel, o), (_, ids, _) in quads.items()
     ]
     return pl.DataFrame(rows, schema=EVENT_DB_SCHEMA, orient="row").sort("date", "s", "r", "o")
 
@@ -288,6 +305,8 @@ def _read_queries(path: Path, name: str) -> pl.DataFrame:
     rows, seen_ids, seen_codes = [], set(), set()
     for line, r in _read_tsv(path, name, QUERY_COLUMNS, required):
         where = _where(name, line)
+        if len(rows) >= MAX_QUERIES:
+            raise MiraiFormatError(f"{where}: more than {MAX_QUERIES:,} queries, more than a split may hold; refused")
         qid = _int(r["QueryId"], where, "QueryId")
         if qid in seen_ids:
             raise MiraiFormatError(f"{where}: QueryId {qid} appears twice")
