@@ -271,6 +271,19 @@ def test_late_refused_and_on_time_accepted_on_seaweedfs(tmp_path, s3_server, buc
     record = sub.process(store, "prompt", settings.dataset.data_dir, now=NOW)
     assert record["status"] == "accepted" and record["round"] == "2024-03-11"
     assert store.stat("submissions/prompt/rejection.json") is None
+    # The same forecast for round D + 1, its predictions uploaded in parts, on time: a store may
+    # date such an object by when its upload began, so the round does not take it.
+    put("parted", "2024-03-11")
+    key = "mirai/submissions/parted/predictions.jsonl"
+    body = admin.get_object(Bucket=bucket, Key=key)["Body"].read()
+    upload = admin.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
+    part = admin.upload_part(Bucket=bucket, Key=key, UploadId=upload, PartNumber=1, Body=body)
+    admin.complete_multipart_upload(
+        Bucket=bucket, Key=key, UploadId=upload, MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": part["ETag"]}]}
+    )
+    record = sub.process(store, "parted", settings.dataset.data_dir, now=NOW)
+    assert record["status"] == "rejected", record
+    assert any(r.startswith("predictions.jsonl was uploaded in parts (multipart)") for r in record["reasons"])
 
 
 def test_the_record_of_a_live_submission_is_where_the_pointer_says(published):

@@ -148,10 +148,22 @@ def normalised_predictions(query_ids: list[str], found: dict[str, tuple[object, 
     )
 
 
-def _too_late(data_dir: Path, day: date, manifest: dict, extra: dict, late: bool, how: str) -> list[str]:
-    """A live submission's timing problems: past the deadline, or its round already resolved (out
-    of _process_live to keep it under ~80 lines)."""
+def _too_late(
+    data_dir: Path, day: date, manifest: dict, extra: dict, late: bool, how: str, upload: Upload
+) -> list[str]:
+    """A live submission's timing problems: past the deadline, uploaded in parts, or its round
+    already resolved (out of _process_live to keep it under ~80 lines)."""
     problems = []
+    # A store may date an object uploaded in parts by when its upload began (S3 keeps an upload
+    # open for as long as the client likes): one begun before the deadline could carry bytes
+    # written once the target dates were known. `mirai submit` sends each file in one PUT.
+    problems += [
+        f"{item.key.rsplit('/', 1)[1]} was uploaded in parts (multipart): the store's time for it may be when "
+        "its upload began, not when it was written, so a live round takes only files sent in one PUT, "
+        "as `mirai submit --live` sends them"
+        for item in upload.files.values()
+        if item.multipart
+    ]
     if late:
         problems.append(
             f"late: the submission's last object reached the store at {extra['submitted_at']}, after the round's "
@@ -206,7 +218,7 @@ def _process_live(
         record["reasons"] = put_rejection(store, name, record["reasons"], now.isoformat())
         return _write_live_record(data_dir, day, record)
 
-    problems += _too_late(data_dir, day, manifest, extra, submitted > due, how)
+    problems += _too_late(data_dir, day, manifest, extra, submitted > due, how, upload)
     if problems or meta is None:
         return refuse(problems)
     item = predictions[0]

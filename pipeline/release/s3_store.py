@@ -265,7 +265,9 @@ class S3Store(ReleaseStore):
         strip = len(self._key(""))
         try:
             found = [
-                ListedKey(item["Key"][strip:], item["Size"], item["LastModified"])
+                ListedKey(
+                    item["Key"][strip:], item["Size"], item["LastModified"], multipart="-" in item.get("ETag", "")
+                )
                 for page in pages
                 for item in page.get("Contents", [])
             ]

@@ -84,6 +84,9 @@ class ListedKey:
     size: int
     modified: datetime
     problem: str | None = None  # why it is not a plain object (a link, a directory, a special file)
+    # Uploaded in parts (S3: an ETag "<md5>-<parts>"). A store may date such an object by when its
+    # upload began, not when its last byte came (pipeline/live/submissions.py).
+    multipart: bool = False
 
 
 @dataclass(frozen=True)
