@@ -30,6 +30,105 @@ from pipeline.release.store import (
     read_bounded,
 )
 
+# What botocore reads whole into memory: every error's body and every response of an operation
+# without a streaming body (a listing page: 1,000 keys are ~0.3 MB of XML). A hostile or broken
+# endpoint's endless body is refused past this, not held; GetObject's streamed bodies (read_from,
+# get_bytes' own limit) are not counted here.
+MAX_RESPONSE_BYTES = 8 * 2**20
+
+
+class ResponseTooLarge(ReleaseError):
+    """The endpoint answered with a body past MAX_RESPONSE_BYTES where botocore reads it whole: the
+    store is at fault (hostile or broken), not a submitter, so it is a ReleaseError."""
+
+
+class _CappedBody:
+    """A urllib3 response whose ``stream()`` (what botocore's ``AWSResponse.content`` joins into one
+    bytes object) stops past ``limit`` bytes; every other use (``read``: a streamed GetObject body)
+    passes through uncounted."""
+
+    def __init__(self, raw, limit: int, where: str):
+        self._raw, self._limit, self._where = raw, limit, where
+
+    def stream(self, *args, **kwargs):
+        size = 0
+        for chunk in self._raw.stream(*args, **kwargs):
+            size += len(chunk)
+            if size > self._limit:
+                self._raw.close()
+                raise ResponseTooLarge(
+                    f"{self._where} answered with a body over {self._limit:,} bytes where a listing or an "
+                    "error is a few KB; refused, nothing was written"
+                )
+            yield chunk
+
+    def __getattr__(self, name):
+        return getattr(self._raw, name)
+
+
+def _cap_responses(client, verify, keepalive: bool, where: str, limit: int = MAX_RESPONSE_BYTES) -> None:
+    """Bound what ``client`` reads whole (``_CappedBody``). A ``before-send`` handler may return the
+    response itself (https://docs.aws.amazon.com/botocore/latest/topics/events.html#before-send):
+    the request is signed by then, and each retry is signed and emitted anew. It is sent through a
+    session built as botocore builds the client's own (timeouts, proxies, pool size, ``verify``)."""
+    import socket
+
+    from botocore.awsrequest import AWSResponse
+    from botocore.httpsession import URLLib3Session
+    from botocore.utils import get_environ_proxies
+
+    config = client.meta.config
+    options = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]  # botocore's socket options
+    if keepalive:
+        options.append((socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1))
+    session = URLLib3Session(
+        verify=verify,
+        proxies=config.proxies if config.proxies is not None else get_environ_proxies(client.meta.endpoint_url),
+        timeout=(config.connect_timeout, config.read_timeout),
+        max_pool_connections=config.max_pool_connections,
+        socket_options=options,
+        client_cert=config.client_cert,
+        proxies_config=config.proxies_config,
+    )
+
+    def send(request, **kwargs):
+        # The session would read a non-streaming reply whole, uncapped, unless told it streams.
+        streamed = request.stream_output
+        request.stream_output = True
+        try:
+            sent = session.send(request)
+        finally:
+            request.stream_output = streamed
+        response = AWSResponse(sent.url, sent.status_code, sent.headers, _CappedBody(sent.raw, limit, where))
+        if not streamed or response.status_code >= 300:
+            _read_whole(response, request)
+        return response
+
+    client.meta.events.register("before-send.s3", send)
+
+
+def _read_whole(response, request) -> None:
+    """Read what botocore reads whole here, inside the send, so a dropped or stalled body raises the
+    botocore error its retries retry (https://docs.aws.amazon.com/boto3/latest/guide/retries.html),
+    as before; ResponseTooLarge is not retried."""
+    from botocore.exceptions import ConnectionClosedError, HTTPClientError, ReadTimeoutError, SSLError
+    from urllib3.exceptions import ProtocolError
+    from urllib3.exceptions import ReadTimeoutError as Urllib3ReadTimeout
+    from urllib3.exceptions import SSLError as Urllib3SSLError
+
+    try:
+        response.content  # noqa: B018 (the property reads and keeps the body)
+    except ReleaseError:
+        raise
+    except Urllib3ReadTimeout as exc:
+        raise ReadTimeoutError(endpoint_url=request.url, error=exc) from exc
+    except Urllib3SSLError as exc:
+        raise SSLError(endpoint_url=request.url, error=exc) from exc
+    except ProtocolError as exc:
+        raise ConnectionClosedError(error=exc, request=request, endpoint_url=request.url) from exc
+    except Exception as exc:
+        raise HTTPClientError(error=exc) from exc
+
 
 class S3Store(ReleaseStore):
     """s3://bucket/prefix through boto3. Credentials come from the standard AWS chain (environment,
@@ -39,13 +138,18 @@ class S3Store(ReleaseStore):
         self, bucket: str, prefix: str, release: ReleaseSettings, network: NetworkSettings, *, signed: bool = True
     ):
         import boto3
+        import botocore.session
         from botocore import UNSIGNED
         from botocore.config import Config
 
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         self.endpoint = release.s3_endpoint_url.rstrip("/")
-        session = boto3.session.Session(region_name=release.s3_region or None)
+        core = botocore.session.get_session()
+        session = boto3.session.Session(botocore_session=core, region_name=release.s3_region or None)
+        # Given explicitly, so _cap_responses' session verifies as the clients would (botocore's
+        # order: ca_bundle from AWS_CA_BUNDLE or the profile, then REQUESTS_CA_BUNDLE).
+        verify = core.get_config_variable("ca_bundle") or os.environ.get("REQUESTS_CA_BUNDLE") or True
         self.region = session.region_name or "us-east-1"
         # S3-compatible stores (SeaweedFS, MinIO, Ceph) rarely have per-bucket DNS names.
         s3 = {"addressing_style": "path"} if self.endpoint else {}
@@ -61,7 +165,9 @@ class S3Store(ReleaseStore):
             # and get_bytes asks for botocore's check itself (ChecksumMode).
             response_checksum_validation="when_required",
         )
-        self.client = session.client("s3", region_name=self.region, endpoint_url=self.endpoint or None, config=config)
+        self.client = session.client(
+            "s3", region_name=self.region, endpoint_url=self.endpoint or None, verify=verify, config=config
+        )
         # For the PUTs whose body carries its x-amz-checksum-sha256 (a signed header the server
         # verifies), SigV4 need not hash the payload as well: botocore already sends
         # UNSIGNED-PAYLOAD for them over HTTPS, but over plain HTTP (a local endpoint) it would
@@ -70,12 +176,16 @@ class S3Store(ReleaseStore):
             "s3",
             region_name=self.region,
             endpoint_url=self.endpoint or None,
+            verify=verify,
             config=config.merge(Config(s3={**s3, "payload_signing_enabled": False})),
         )
         self.concurrency = release.concurrency
         self._public = release.public_url.rstrip("/")
         where = f"endpoint {self.endpoint}" if self.endpoint else f"AWS {self.region}"
         self.description = f"s3://{self.bucket}/{self.prefix} ({where}{'' if signed else ', anonymous'})"
+        keepalive = bool(config.tcp_keepalive or core.get_config_variable("tcp_keepalive"))
+        for client in (self.client, self._checksummed):
+            _cap_responses(client, verify, keepalive, self.description)
 
     def _key(self, key: str) -> str:
         return f"{self.prefix}/{key}" if self.prefix else key
