@@ -23,6 +23,7 @@ import errno
 import json
 import mmap
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -658,6 +659,42 @@ def test_a_killed_child_is_gone_before_its_block_returns(late):
     except (FileNotFoundError, ProcessLookupError):
         threads = []
     assert set(threads) <= {"Z", "X"}, threads
+
+
+# 100 MB written and 15,000 mappings: a teardown of tens of milliseconds, long past a bound of zero.
+FILL_AND_SPLIT = """
+_filled = bytearray(100 * 2**20)
+for _i in range(0, len(_filled), 4096):
+    _filled[_i] = 1
+_libc.mmap.restype = _ctypes.c_void_p
+_libc.mmap.argtypes = [_ctypes.c_void_p, _ctypes.c_size_t, _ctypes.c_int, _ctypes.c_int, _ctypes.c_int, _ctypes.c_long]
+_libc.mprotect.argtypes = [_ctypes.c_void_p, _ctypes.c_size_t, _ctypes.c_int]
+_region = _libc.mmap(None, 15000 * 8192, 3, 0x22, -1, 0)
+print(sum(_libc.mprotect(_region + 8192 * _i, 4096, 1) == 0 for _i in range(15000)))
+"""
+
+
+def test_an_episode_gives_the_gate_back_only_once_its_child_has_ended(database, tmp_path, monkeypatch):
+    """Closing an episode kills its child and waits STOP_TIMEOUT_S for the kernel to end it; a
+    child that took longer (a crash dumped to a pipe, whose helper the kernel waits for where
+    kernel.core_pipe_limit is set, or a loaded machine) was still there when the lease was given back, beside the next cutoff's sandboxes.
+    Here the bound is zero, so every child takes longer."""
+    from pipeline.agent_api import sandbox
+
+    gate = CutoffGate(tmp_path / "gate", handover_grid_s=0)
+    late = started(database.environment(LATE), gate)
+    try:
+        assert late.run_code(FILL_AND_SPLIT, timeout_s=60).strip() == "15000"
+        pidfd = os.pidfd_open(late._sandbox._child.sandbox.pid)
+        monkeypatch.setattr(sandbox, "STOP_TIMEOUT_S", 0.0)
+    finally:
+        late.close()
+    try:
+        assert select.select([pidfd], [], [], 0)[0], "the late child still existed when its lease was given back"
+    finally:
+        os.close(pidfd)
+    with gate.hold(EARLY) as waited:  # and the lease was given back
+        assert waited < 5
 
 
 # A clock id made from a pid reads that process's CPU time (clock_getcpuclockid(3)): (~pid << 3) | 2.

@@ -26,6 +26,7 @@ import select
 import signal
 import socket
 import sys
+import threading
 import time
 
 from pipeline.agent_api import cutoff_gate
@@ -48,6 +49,9 @@ ENDED_GRACE_S = 2.0
 # How long a sandbox child may take to stop after SIGSTOP (measured: well under a millisecond); one
 # that is not stopped by then is killed before its block returns.
 STOP_TIMEOUT_S = 2.0
+# How long an episode's close waits for a killed child that had not ended within STOP_TIMEOUT_S
+# before a thread of its own waits for it (the lease is given back only once it has ended).
+LINGER_TIMEOUT_S = 60.0
 # The largest reply a well-behaved child can send: a capped observation, every character escaped
 # by json.dumps to at most 12 bytes (a surrogate pair, "\\udXXX\\udXXX"), plus the envelope.
 MAX_OUTPUT_CHARS = MAX_OBSERVATION_CHARS + len(TRUNCATION_NOTE)
@@ -157,12 +161,12 @@ class _SandboxProcess:
     def kill(self) -> None:
         self._signal(signal.SIGKILL)
 
-    def wait_ended(self) -> None:
-        """Until every thread has exited and its memory is freed (the pidfd turns readable then),
-        for at most STOP_TIMEOUT_S: the kernel's teardown of a large child takes tens of
-        milliseconds, and a sibling of another cutoff must not start meanwhile, since the child
-        chose when it would happen and how much there is to free (a re-attack timed it)."""
-        select.select([self._pidfd], [], [], STOP_TIMEOUT_S)
+    def wait_ended(self, timeout_s: float | None) -> bool:
+        """Whether every thread has exited and its memory is freed (the pidfd turns readable then)
+        within ``timeout_s`` (None: however long it takes): the kernel's teardown of a large child
+        takes tens of milliseconds, and a sibling of another cutoff must not start meanwhile, since
+        the child chose when it would happen and how much there is to free (a re-attack timed it)."""
+        return bool(select.select([self._pidfd], [], [], timeout_s)[0])
 
     def close(self) -> None:
         os.close(self._pidfd)
@@ -175,6 +179,9 @@ class _Child:
         self.proc, self.stderr, self.memory_mb, self.requests = spare.proc, spare.stderr, 0, 0
         self._spare = spare
         self.sandbox: _SandboxProcess | None = None
+        # The child itself once killed, if it had not ended within STOP_TIMEOUT_S: the episode's
+        # close waits for it before it gives the gate back (Sandbox.close).
+        self.lingering: _SandboxProcess | None = None
 
     @classmethod
     def start(cls, env, memory_mb: int, cpu_budget_s: int, allow_unconfined: bool, libraries: tuple[str, ...]):
@@ -227,20 +234,28 @@ class _Child:
             self.sandbox = _SandboxProcess(self.proc.pid)
             self.sandbox.pause()
         except (OSError, EOFError, TimeoutError, ProtocolError) as exc:
-            detail = self.stop()
+            detail = self._stop_unstarted()
             raise SandboxError(f"the sandbox process did not start: {exc}; {detail}") from exc
         finally:
             for fd in passed:
                 os.close(fd)
             SPARES.started(libraries)
         if str(self.report.get("seccomp", "unavailable")).startswith("unavailable") and not allow_unconfined:
-            self.stop()
+            self._stop_unstarted()
             raise SandboxError(
                 f"code blocks are refused: the seccomp allowlist could not be installed "
                 f"({self.report.get('seccomp')}); an operator may allow unconfined code blocks "
                 "with MIRAI_SANDBOX_ALLOW_UNCONFINED=true (docs/agent_api.md)"
             )
         return self
+
+    def _stop_unstarted(self) -> str:
+        """stop() for a child that ran no agent code: one still ending is not waited for."""
+        detail = self.stop()
+        if self.lingering is not None:
+            self.lingering.close()
+            self.lingering = None
+        return detail
 
     def _send(self, payload: bytes, deadline: float) -> None:
         """One length-prefixed message to the child's stdin, or TimeoutError at ``deadline``."""
@@ -319,8 +334,10 @@ class _Child:
             if self.proc.poll() is None and (ended_s <= 0 or self.proc.wait(ended_s) is None):
                 sandbox.kill()
                 ended_s = 0.0  # its waiter is killed at once too
-            sandbox.wait_ended()
-            sandbox.close()
+            if sandbox.wait_ended(STOP_TIMEOUT_S):
+                sandbox.close()
+            else:
+                self.lingering = sandbox
         return self._spare.stop(ended_s)
 
 
@@ -364,6 +381,7 @@ class Sandbox:
         self._handover_grid_s = handover_grid_s
         self._child: _Child | None = None
         self._lease: Lease | None = None
+        self._lingering: list[_SandboxProcess] = []  # killed children not yet ended (_Child.stop)
         self.last_report: dict | None = None
 
     def _ensure(self, memory_mb: int) -> _Child:
@@ -383,7 +401,14 @@ class Sandbox:
         return self._child
 
     def _restart(self, ended_s: float = 0.0) -> str:
-        detail = self._child.stop(ended_s) if self._child is not None else ""
+        detail = ""
+        if self._child is not None:
+            try:
+                detail = self._child.stop(ended_s)
+            finally:
+                if self._child.lingering is not None:
+                    self._lingering.append(self._child.lingering)
+                    self._child.lingering = None
         self._child = None
         return detail
 
@@ -401,9 +426,10 @@ class Sandbox:
         try:
             child = self._ensure(self._memory_mb)
         except BaseException:
-            if self._child is None:  # no child to wait for: give the lease back at once
+            if self._child is None:  # no child running: give the lease back once none exists
                 self._lease, lease = None, self._lease
-                lease.release()
+                lingering, self._lingering = self._lingering, []
+                _release_once_ended(lease, lingering)
             raise
         return self._run_resumed(child, code, timeout)
 
@@ -452,13 +478,40 @@ class Sandbox:
 
     def close(self) -> None:
         """Kill the child and wait until it is gone, then give the episode's lease back (from any
-        thread: close runs from Environment.__del__ too)."""
+        thread: close runs from Environment.__del__ too). A killed child the kernel had not ended
+        within STOP_TIMEOUT_S (a crash dumped to a pipe, for which the kernel ignores RLIMIT_CORE
+        and, with kernel.core_pipe_limit set, waits for the helper; a loaded machine) is waited for up to LINGER_TIMEOUT_S here, then by a thread of its own: the lease
+        is given back only once every child of the episode has ended."""
         try:
             self._restart()
         finally:
             lease, self._lease = self._lease, None
-            if lease is not None:
-                lease.release()
+            lingering, self._lingering = self._lingering, []
+            _release_once_ended(lease, lingering)
+
+
+def _release_once_ended(lease: Lease | None, lingering: list[_SandboxProcess]) -> None:
+    """Give ``lease`` back once every child in ``lingering`` has ended (Sandbox.close)."""
+    deadline = time.monotonic() + LINGER_TIMEOUT_S
+    pending = []
+    for child in lingering:
+        if child.wait_ended(max(0.0, deadline - time.monotonic())):
+            child.close()
+        else:
+            pending.append(child)
+    if not pending:
+        if lease is not None:
+            lease.release()
+        return
+
+    def when_ended() -> None:
+        for child in pending:
+            child.wait_ended(None)
+            child.close()
+        if lease is not None:
+            lease.release()
+
+    threading.Thread(target=when_ended, name="sandbox-lingering", daemon=True).start()
 
 
 def layers(report: dict | None) -> dict | None:
