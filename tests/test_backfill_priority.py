@@ -39,6 +39,16 @@ def _dagster(env: dict, *args: str) -> None:
     subprocess.run([str(BIN / "dagster"), *args], cwd=ROOT, env=env, check=True, capture_output=True, timeout=180)
 
 
+def _why(instance: dg.DagsterInstance, run: dg.DagsterRun) -> str:
+    """The failure events of ``run`` (a CI failure under load left nothing else to read)."""
+    kinds = {dg.DagsterEventType.RUN_FAILURE, dg.DagsterEventType.STEP_FAILURE, dg.DagsterEventType.ENGINE_EVENT}
+    return " | ".join(
+        entry.user_message[:300]
+        for entry in instance.all_logs(run.run_id)
+        if entry.dagster_event is not None and entry.dagster_event.event_type in kinds
+    )
+
+
 def _step_time(instance, run_id: str, event_type, step: str = "gdelt_files") -> float | None:
     times = [e.timestamp for e in instance.all_logs(run_id, of_type=event_type) if e.step_key == step]
     return min(times) if times else None
@@ -73,7 +83,9 @@ def test_a_30_day_backfill_lets_the_live_run_download_next(tmp_path, month_mirro
         deadline = time.monotonic() + 240
         while instance.get_run_by_id(live_run.run_id).status != dg.DagsterRunStatus.SUCCESS:
             assert daemon.poll() is None and time.monotonic() < deadline, "the live run did not finish"
-            assert not instance.get_run_by_id(live_run.run_id).is_finished, "the live run failed"
+            assert not instance.get_run_by_id(live_run.run_id).is_finished, (
+                f"the live run failed: {_why(instance, live_run)}"
+            )
             time.sleep(0.5)
         live_download = _step_time(instance, live_run.run_id, dg.DagsterEventType.STEP_START)
         backfill_runs = [r for r in instance.get_runs() if "dagster/backfill" in r.tags]
